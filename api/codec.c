@@ -1,0 +1,395 @@
+/* codec.c - JSON codecs for plans, effects, results, facts, adapters and errors.
+ * Pure translation: it must never call the device or accept a value it cannot represent. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/codec.h"
+#include "device/status.h"
+
+static const char *const effect_names[] = {
+    [DEVIO_EFFECT_SAMPLE] = "sample",     [DEVIO_EFFECT_FORK] = "fork",
+    [DEVIO_EFFECT_TRUNCATE] = "truncate", [DEVIO_EFFECT_SNAPSHOT] = "snapshot",
+    [DEVIO_EFFECT_FREE] = "free",         [DEVIO_EFFECT_RELEASE] = "release",
+};
+
+const char *devio_effect_kind_str(devio_effect_kind k)
+{
+    return (unsigned)k < sizeof effect_names / sizeof *effect_names ? effect_names[k] : "unknown";
+}
+
+int devio_effect_kind_parse(const char *s)
+{
+    for (unsigned i = 0; s && i < sizeof effect_names / sizeof *effect_names; i++)
+        if (strcmp(s, effect_names[i]) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* ---- field readers ---------------------------------------------------- */
+
+/* Optional unsigned integer field in [0, max]; absent leaves *out alone. */
+static devio_status get_uint(const json_t *obj, const char *key, uint64_t max, bool required,
+                             uint64_t *out, devio_error *err)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (!v) {
+        if (required)
+            return devio_fail(err, DEVIO_E_INVALID, "missing field '%s'", key);
+        return DEVIO_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        (uint64_t)json_integer_value(v) > max)
+        return devio_fail(err, DEVIO_E_INVALID, "field '%s' must be an integer in [0, %llu]", key,
+                          (unsigned long long)max);
+    *out = (uint64_t)json_integer_value(v);
+    return DEVIO_OK;
+}
+
+static devio_status get_float(const json_t *obj, const char *key, float *out, devio_error *err)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (!v)
+        return DEVIO_OK;
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return devio_fail(err, DEVIO_E_INVALID, "field '%s' must be a finite number", key);
+    *out = (float)json_number_value(v);
+    return DEVIO_OK;
+}
+
+static devio_status check_object(const json_t *j, const char *what, devio_error *err)
+{
+    if (!json_is_object(j))
+        return devio_fail(err, DEVIO_E_INVALID, "%s must be a JSON object", what);
+    return DEVIO_OK;
+}
+
+/* ---- decoders --------------------------------------------------------- */
+
+devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
+                                      devio_error *err)
+{
+    *out = devio_sample_params_default();
+    devio_status s = check_object(j, "sample params", err);
+    uint64_t k = 0, seed = 0;
+    if (s == DEVIO_OK)
+        s = get_float(j, "temperature", &out->temperature, err);
+    if (s == DEVIO_OK)
+        s = get_uint(j, "top_k", INT32_MAX, false, &k, err);
+    if (s == DEVIO_OK)
+        s = get_float(j, "top_p", &out->top_p, err);
+    if (s == DEVIO_OK)
+        s = get_float(j, "min_p", &out->min_p, err);
+    if (s == DEVIO_OK)
+        s = get_uint(j, "seed", UINT64_MAX, false, &seed, err);
+    out->top_k = (int32_t)k;
+    out->seed = seed;
+    return s;
+}
+
+static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf,
+                               uint32_t *tok, uint32_t max_tokens, devio_error *err)
+{
+    devio_row *row = &buf->rows[r];
+    if (!json_is_object(jr))
+        return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u must be an object", r);
+    uint64_t seq = 0;
+    devio_status s = get_uint(jr, "seq", UINT64_MAX, true, &seq, err);
+    if (s != DEVIO_OK)
+        return devio_fail_at(err, s, "row", r, "row %u: 'seq' must be a sequence id", r);
+    row->seq = seq;
+    const json_t *jt = json_object_get(jr, "tokens");
+    if (!json_is_array(jt) || json_array_size(jt) == 0)
+        return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
+                             "row %u: 'tokens' must be a non-empty array", r);
+    size_t n = json_array_size(jt);
+    if (n > max_tokens - *tok)
+        return devio_fail_at(err, DEVIO_E_TOO_LARGE, "row", r,
+                             "plan has more than %u tokens", max_tokens);
+    row->tokens = buf->tokens + *tok;
+    row->n_tokens = (uint32_t)n;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(jt, i);
+        if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN ||
+            json_integer_value(v) > INT32_MAX)
+            return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
+                                 "row %u: tokens must be integers", r);
+        buf->tokens[*tok + i] = (int32_t)json_integer_value(v);
+    }
+    *tok += (uint32_t)n;
+    const json_t *jl = json_object_get(jr, "logits");
+    row->logits = DEVIO_LOGITS_NONE;
+    if (jl) {
+        const char *m = json_string_value(jl);
+        if (m && strcmp(m, "none") == 0)
+            row->logits = DEVIO_LOGITS_NONE;
+        else if (m && strcmp(m, "last") == 0)
+            row->logits = DEVIO_LOGITS_LAST;
+        else if (m && strcmp(m, "all") == 0)
+            row->logits = DEVIO_LOGITS_ALL;
+        else
+            return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
+                                 "row %u: 'logits' must be \"none\", \"last\" or \"all\"", r);
+    }
+    const json_t *ja = json_object_get(jr, "adapter");
+    if (ja && !json_is_null(ja)) {
+        if (!json_is_string(ja))
+            return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
+                                 "row %u: 'adapter' must be a string", r);
+        buf->adapters[r] = strdup(json_string_value(ja));
+        if (!buf->adapters[r])
+            return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+        row->adapter = buf->adapters[r];
+    }
+    const json_t *js = json_object_get(jr, "sample");
+    if (js && !json_is_null(js)) {
+        row->has_sample = true;
+        s = devio_json_sample_decode(js, &row->sample, err);
+        if (s != DEVIO_OK) {
+            if (err) {
+                snprintf(err->detail_key, sizeof err->detail_key, "row");
+                err->detail_val = r;
+            }
+            return s;
+        }
+    }
+    const json_t *jn = json_object_get(jr, "snapshot");
+    if (jn && !json_is_null(jn)) {
+        if (!json_is_string(jn) || strcmp(json_string_value(jn), "end") != 0)
+            return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
+                                 "row %u: 'snapshot' must be \"end\"", r);
+        row->snapshot_end = true;
+    }
+    return DEVIO_OK;
+}
+
+devio_status devio_json_plan_decode(const json_t *j, uint32_t max_rows, uint32_t max_tokens,
+                                    devio_plan_buf *buf, devio_error *err)
+{
+    memset(buf, 0, sizeof *buf);
+    devio_status s = check_object(j, "plan", err);
+    if (s != DEVIO_OK)
+        return s;
+    const json_t *jrows = json_object_get(j, "rows");
+    if (!json_is_array(jrows) || json_array_size(jrows) == 0)
+        return devio_fail(err, DEVIO_E_INVALID, "plan needs a non-empty 'rows' array");
+    size_t n = json_array_size(jrows);
+    if (n > max_rows)
+        return devio_fail_at(err, DEVIO_E_TOO_LARGE, "max_rows", max_rows,
+                             "plan has %zu rows, max_rows is %u", n, max_rows);
+    size_t total = 0;
+    for (size_t r = 0; r < n; r++)
+        total += json_array_size(json_object_get(json_array_get(jrows, r), "tokens"));
+    if (total > max_tokens)
+        return devio_fail_at(err, DEVIO_E_TOO_LARGE, "max_batch_tokens", max_tokens,
+                             "plan has %zu tokens, max_batch_tokens is %u", total, max_tokens);
+    buf->rows = calloc(n, sizeof *buf->rows);
+    buf->tokens = calloc(total ? total : 1, sizeof *buf->tokens);
+    buf->adapters = calloc(n, sizeof *buf->adapters);
+    if (!buf->rows || !buf->tokens || !buf->adapters) {
+        devio_plan_buf_free(buf);
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory decoding the plan");
+    }
+    buf->plan.rows = buf->rows;
+    buf->plan.n_rows = (uint32_t)n;
+    uint32_t tok = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        s = decode_row(json_array_get(jrows, r), r, buf, &tok, (uint32_t)total, err);
+        if (s != DEVIO_OK) {
+            devio_plan_buf_free(buf);
+            return s;
+        }
+    }
+    return DEVIO_OK;
+}
+
+void devio_plan_buf_free(devio_plan_buf *buf)
+{
+    if (buf->adapters)
+        for (uint32_t r = 0; r < buf->plan.n_rows; r++)
+            free(buf->adapters[r]);
+    free(buf->adapters);
+    free(buf->rows);
+    free(buf->tokens);
+    memset(buf, 0, sizeof *buf);
+}
+
+devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_error *err)
+{
+    memset(out, 0, sizeof *out);
+    devio_status s = check_object(j, "effect", err);
+    if (s != DEVIO_OK)
+        return s;
+    int kind = devio_effect_kind_parse(json_string_value(json_object_get(j, "kind")));
+    if (kind < 0)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "effect 'kind' must be one of sample, fork, truncate, snapshot, free, "
+                          "release");
+    out->kind = (devio_effect_kind)kind;
+    uint64_t v = 0;
+    switch (out->kind) {
+    case DEVIO_EFFECT_SAMPLE: {
+        s = get_uint(j, "logits", UINT64_MAX, true, &out->logits, err);
+        if (s == DEVIO_OK && json_object_get(j, "row") && !json_is_null(json_object_get(j, "row"))) {
+            s = get_uint(j, "row", UINT32_MAX, true, &v, err);
+            out->has_row = true;
+            out->row = (uint32_t)v;
+        }
+        const json_t *jp = json_object_get(j, "params");
+        out->params = devio_sample_params_default();
+        if (s == DEVIO_OK && jp)
+            s = devio_json_sample_decode(jp, &out->params, err);
+        return s;
+    }
+    case DEVIO_EFFECT_TRUNCATE:
+        s = get_uint(j, "len", UINT32_MAX, true, &v, err);
+        out->len = (uint32_t)v;
+        if (s != DEVIO_OK)
+            return s;
+        /* fall through */
+    case DEVIO_EFFECT_FORK:
+    case DEVIO_EFFECT_SNAPSHOT:
+    case DEVIO_EFFECT_FREE:
+        return get_uint(j, "seq", UINT64_MAX, true, &out->seq, err);
+    case DEVIO_EFFECT_RELEASE:
+        return get_uint(j, "logits", UINT64_MAX, true, &out->logits, err);
+    }
+    return DEVIO_OK;
+}
+
+devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, devio_error *err)
+{
+    static const char *const kinds[] = {"load", "unload", "list", "pin", "unpin"};
+    memset(out, 0, sizeof *out);
+    devio_status s = check_object(j, "adapter command", err);
+    if (s != DEVIO_OK)
+        return s;
+    const char *k = json_string_value(json_object_get(j, "kind"));
+    int kind = -1;
+    for (int i = 0; k && i < 5; i++)
+        if (strcmp(k, kinds[i]) == 0)
+            kind = i;
+    if (kind < 0)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "adapter command 'kind' must be load, unload, list, pin or unpin");
+    out->kind = (devio_lora_kind)kind;
+    out->name = json_string_value(json_object_get(j, "name"));
+    out->path = json_string_value(json_object_get(j, "path"));
+    const json_t *jp = json_object_get(j, "pin");
+    if (jp && !json_is_boolean(jp))
+        return devio_fail(err, DEVIO_E_INVALID, "'pin' must be a boolean");
+    out->pin = jp && json_is_true(jp);
+    if (out->kind != DEVIO_LORA_LIST && !out->name)
+        return devio_fail(err, DEVIO_E_INVALID, "adapter command needs a 'name'");
+    if (out->kind == DEVIO_LORA_LOAD && !out->path)
+        return devio_fail(err, DEVIO_E_INVALID, "load needs a 'path'");
+    return DEVIO_OK;
+}
+
+/* ---- encoders --------------------------------------------------------- */
+
+json_t *devio_json_step_result(const devio_step_result *r)
+{
+    json_t *rows = json_array();
+    for (uint32_t i = 0; rows && i < r->n_rows; i++) {
+        const devio_row_result *x = &r->rows[i];
+        json_t *o = json_pack("{s:I,s:I}", "seq", (json_int_t)x->seq, "len", (json_int_t)x->len);
+        if (o && x->logits)
+            json_object_set_new(o, "logits", json_integer((json_int_t)x->logits));
+        if (o && x->sampled) {
+            json_object_set_new(o, "tokens", json_pack("[i]", x->token));
+            json_object_set_new(o, "logprobs", json_pack("[f]", (double)x->logprob));
+        }
+        json_array_append_new(rows, o);
+    }
+    return json_pack("{s:I,s:o,s:{s:I,s:I},s:I}", "ticket", (json_int_t)r->ticket, "rows", rows,
+                     "timing", "queued_us", (json_int_t)r->queued_us, "compute_us",
+                     (json_int_t)r->compute_us, "tokens", (json_int_t)r->n_tokens);
+}
+
+json_t *devio_json_outcome(const devio_outcome *o)
+{
+    json_t *j = json_pack("{s:s}", "kind", devio_effect_kind_str(o->kind));
+    if (!j)
+        return NULL;
+    switch (o->kind) {
+    case DEVIO_EFFECT_SAMPLE: {
+        json_t *t = json_array(), *l = json_array();
+        for (uint32_t i = 0; i < o->n_tokens; i++) {
+            json_array_append_new(t, json_integer(o->tokens[i]));
+            json_array_append_new(l, json_real((double)o->logprobs[i]));
+        }
+        json_object_set_new(j, "tokens", t);
+        json_object_set_new(j, "logprobs", l);
+        break;
+    }
+    case DEVIO_EFFECT_FORK:
+        json_object_set_new(j, "seq", json_integer((json_int_t)o->seq));
+        json_object_set_new(j, "shared_blocks", json_integer(o->shared_blocks));
+        break;
+    case DEVIO_EFFECT_TRUNCATE:
+        json_object_set_new(j, "len", json_integer(o->len));
+        json_object_set_new(j, "freed_blocks", json_integer(o->freed_blocks));
+        break;
+    case DEVIO_EFFECT_SNAPSHOT:
+        json_object_set_new(j, "len", json_integer(o->len));
+        break;
+    case DEVIO_EFFECT_FREE:
+        json_object_set_new(j, "freed_blocks", json_integer(o->freed_blocks));
+        break;
+    case DEVIO_EFFECT_RELEASE:
+        break;
+    }
+    return j;
+}
+
+json_t *devio_json_facts(const devio_facts *f)
+{
+    return json_pack("{s:{s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i},s:i,s:i,s:i,s:I}", "kv",
+                     "block_size", f->block_size, "blocks_total", f->blocks_total, "blocks_free",
+                     f->blocks_free, "blocks_shared", f->blocks_shared, "ssm", "slots_total",
+                     f->ssm_slots_total, "slots_used", f->ssm_slots_used, "snapshots_total",
+                     f->ssm_snapshots_total, "snapshots_used", f->ssm_snapshots_used,
+                     "tickets_in_flight", f->tickets_in_flight, "logits_live", f->logits_live,
+                     "adapters_loaded", f->adapters_loaded, "epoch", (json_int_t)f->epoch);
+}
+
+json_t *devio_json_seq_info(const devio_seq_info *s)
+{
+    json_t *snaps = json_array();
+    for (uint32_t i = 0; snaps && i < s->n_snapshots && i < 8; i++)
+        json_array_append_new(snaps, json_integer(s->snapshots[i]));
+    return json_pack("{s:I,s:i,s:i,s:o,s:o}", "seq", (json_int_t)s->seq, "len", s->len, "blocks",
+                     s->blocks, "busy",
+                     s->busy_ticket ? json_integer((json_int_t)s->busy_ticket) : json_null(),
+                     "snapshots", snaps);
+}
+
+json_t *devio_json_adapter(const devio_adapter_info *a)
+{
+    return json_pack("{s:s,s:s,s:i,s:f,s:f,s:b,s:I,s:s}", "name", a->name, "path", a->path,
+                     "rank", a->rank, "alpha", (double)a->alpha, "scale", (double)a->scale,
+                     "pinned", a->pinned, "rows_served", (json_int_t)a->rows_served, "state",
+                     "loaded");
+}
+
+json_t *devio_json_lora_ack(const devio_lora_ack *a)
+{
+    json_t *list = json_array();
+    for (uint32_t i = 0; list && i < a->n_adapters; i++)
+        json_array_append_new(list, devio_json_adapter(&a->adapters[i]));
+    json_t *j = json_pack("{s:o}", "adapters", list);
+    if (j && a->evicted[0])
+        json_object_set_new(j, "evicted", json_string(a->evicted));
+    return j;
+}
+
+json_t *devio_json_error(const devio_error *e)
+{
+    json_t *details = json_object();
+    if (details && e->detail_key[0])
+        json_object_set_new(details, e->detail_key, json_integer((json_int_t)e->detail_val));
+    return json_pack("{s:{s:s,s:s,s:o}}", "error", "code", devio_status_str(e->status), "message",
+                     e->message, "details", details);
+}

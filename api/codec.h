@@ -1,0 +1,48 @@
+/* codec.h - JSON <-> C for the wire shapes of DESIGN §7 (jansson).
+ * Decoders validate types and ranges and never touch the device; encoders never fail silently. */
+#ifndef DEVIO_CODEC_H
+#define DEVIO_CODEC_H
+
+#include <jansson.h>
+
+#include "device/devio.h"
+
+/* Every float goes out with 9 significant digits: enough to round-trip binary32. */
+#define DEVIO_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+
+/* A decoded plan and the storage behind it. Release with devio_plan_buf_free(). */
+typedef struct devio_plan_buf {
+    devio_plan plan;
+    devio_row *rows;
+    int32_t *tokens;
+    char **adapters;
+} devio_plan_buf;
+
+/* Decode {"rows":[...]} into buf (zeroed on failure). Caps the sizes it
+ * will allocate at max_rows rows and max_tokens tokens (DEVIO_E_TOO_LARGE). */
+devio_status devio_json_plan_decode(const json_t *j, uint32_t max_rows, uint32_t max_tokens,
+                                    devio_plan_buf *buf, devio_error *err);
+void devio_plan_buf_free(devio_plan_buf *buf);
+
+devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
+                                      devio_error *err);
+devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_error *err);
+
+/* cmd->name and cmd->path borrow strings from j: keep j alive while cmd is used. */
+devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, devio_error *err);
+
+/* Encoders: each returns a new reference (caller json_decref), NULL on out of memory. */
+json_t *devio_json_step_result(const devio_step_result *r);
+json_t *devio_json_outcome(const devio_outcome *o);
+json_t *devio_json_facts(const devio_facts *f);
+json_t *devio_json_seq_info(const devio_seq_info *s);
+json_t *devio_json_adapter(const devio_adapter_info *a);
+json_t *devio_json_lora_ack(const devio_lora_ack *a);
+/* {"error":{"code":..., "message":..., "details":{...}}} */
+json_t *devio_json_error(const devio_error *e);
+
+/* Effect kind names: "sample", "fork", ... ; -1 when unknown. */
+const char *devio_effect_kind_str(devio_effect_kind k);
+int devio_effect_kind_parse(const char *s);
+
+#endif

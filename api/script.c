@@ -1,0 +1,379 @@
+/* script.c - runs conformance scripts: bindings, id naming, logits digests.
+ * Prints only what is deterministic (no timings, no epoch, ids as names); never calls the device directly. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/codec.h"
+#include "api/script.h"
+#include "api/sha256.h"
+
+#define MAX_NAMES 4096
+
+typedef struct id_name {
+    uint64_t id;
+    char *name;
+} id_name;
+
+/* One table per id space: sequences, tickets, logits handles. */
+typedef struct name_table {
+    const char *kind;
+    id_name *v;
+    uint32_t n, cap;
+} name_table;
+
+typedef struct runner {
+    const devio_script_target *t;
+    json_t *bindings; /* name -> raw result */
+    name_table seqs, tickets, logits;
+    char *why;
+    size_t why_len;
+    unsigned line;
+} runner;
+
+static int fail(runner *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = snprintf(r->why, r->why_len, "line %u: ", r->line);
+    if (n >= 0 && (size_t)n < r->why_len)
+        vsnprintf(r->why + n, r->why_len - (size_t)n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+void devio_logits_digest(const float *v, size_t n, char hex[65])
+{
+    devio_sha256 s;
+    devio_sha256_init(&s);
+    uint8_t chunk[1024];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &v[i], 4);
+        if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x007fffffu))
+            b = 0x7fc00000u;
+        chunk[k++] = (uint8_t)b;
+        chunk[k++] = (uint8_t)(b >> 8);
+        chunk[k++] = (uint8_t)(b >> 16);
+        chunk[k++] = (uint8_t)(b >> 24);
+        if (k == sizeof chunk) {
+            devio_sha256_update(&s, chunk, k);
+            k = 0;
+        }
+    }
+    devio_sha256_update(&s, chunk, k);
+    uint8_t d[32];
+    devio_sha256_final(&s, d);
+    devio_sha256_hex(d, hex);
+}
+
+/* ---- naming ids --------------------------------------------------------- */
+
+static const char *name_of(name_table *t, uint64_t id, const char *suggested)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->v[i].id == id)
+            return t->v[i].name;
+    if (t->n == t->cap) {
+        uint32_t cap = t->cap ? t->cap * 2 : 64;
+        id_name *v = realloc(t->v, cap * sizeof *v);
+        if (!v)
+            return "?";
+        t->v = v;
+        t->cap = cap;
+    }
+    char buf[128];
+    if (suggested)
+        snprintf(buf, sizeof buf, "%s", suggested);
+    else
+        snprintf(buf, sizeof buf, "%s#%u", t->kind, t->n + 1);
+    t->v[t->n].id = id;
+    t->v[t->n].name = strdup(buf);
+    return t->v[t->n].name ? t->v[t->n++].name : "?";
+}
+
+static void table_free(name_table *t)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        free(t->v[i].name);
+    free(t->v);
+}
+
+/* ---- resolving "$name.path[i]" references -------------------------------- */
+
+static const json_t *primary_id(const json_t *bound)
+{
+    static const char *const keys[] = {"seq", "ticket", "logits"};
+    if (json_is_integer(bound))
+        return bound;
+    for (int i = 0; i < 3; i++) {
+        const json_t *v = json_object_get(bound, keys[i]);
+        if (json_is_integer(v))
+            return v;
+    }
+    return NULL;
+}
+
+static json_t *resolve_ref(runner *r, const char *ref)
+{
+    char name[128];
+    size_t n = strcspn(ref, ".[");
+    if (n == 0 || n >= sizeof name)
+        return NULL;
+    memcpy(name, ref, n);
+    name[n] = '\0';
+    const json_t *v = json_object_get(r->bindings, name);
+    const char *p = ref + n;
+    if (!*p)
+        return v ? json_deep_copy(primary_id(v)) : NULL;
+    while (v && *p) {
+        if (*p == '.') {
+            p++;
+            size_t k = strcspn(p, ".[");
+            char key[128];
+            if (k == 0 || k >= sizeof key)
+                return NULL;
+            memcpy(key, p, k);
+            key[k] = '\0';
+            v = json_object_get(v, key);
+            p += k;
+        } else if (*p == '[') {
+            char *end;
+            unsigned long i = strtoul(p + 1, &end, 10);
+            if (*end != ']')
+                return NULL;
+            v = json_array_get(v, i);
+            p = end + 1;
+        } else {
+            return NULL;
+        }
+    }
+    return v ? json_deep_copy(v) : NULL;
+}
+
+/* Replace every "$ref" string inside j (in place). */
+static int substitute(runner *r, json_t *j)
+{
+    if (json_is_object(j)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(j, k, v) {
+            if (json_is_string(v) && json_string_value(v)[0] == '$') {
+                json_t *x = resolve_ref(r, json_string_value(v) + 1);
+                if (!x)
+                    return fail(r, "unbound reference '%s'", json_string_value(v));
+                json_object_set_new(j, k, x);
+            } else if (substitute(r, v) < 0) {
+                return -1;
+            }
+        }
+    } else if (json_is_array(j)) {
+        for (size_t i = 0; i < json_array_size(j); i++) {
+            json_t *v = json_array_get(j, i);
+            if (json_is_string(v) && json_string_value(v)[0] == '$') {
+                json_t *x = resolve_ref(r, json_string_value(v) + 1);
+                if (!x)
+                    return fail(r, "unbound reference '%s'", json_string_value(v));
+                json_array_set_new(j, i, x);
+            } else if (substitute(r, v) < 0) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- rendering results -------------------------------------------------- */
+
+static json_t *logits_view(runner *r, uint64_t id, const char *name, bool full)
+{
+    float *data = NULL;
+    uint32_t rows = 0, vocab = 0;
+    devio_error err = {0};
+    json_t *o = json_pack("{s:s}", "id", name);
+    if (r->t->logits(r->t->ctx, id, &data, &rows, &vocab, &err) != DEVIO_OK) {
+        json_object_set_new(o, "error", json_string(devio_status_str(err.status)));
+        return o;
+    }
+    char hex[65];
+    size_t n = (size_t)rows * vocab;
+    devio_logits_digest(data, n, hex);
+    json_object_set_new(o, "shape", json_pack("[i,i]", rows, vocab));
+    json_object_set_new(o, "sha256", json_string(hex));
+    if (full) {
+        json_t *vals = json_array();
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(vals, isfinite(data[i]) ? json_real((double)data[i])
+                                                          : json_null());
+        json_object_set_new(o, "values", vals);
+    }
+    free(data);
+    return o;
+}
+
+/* Rewrite ids as names (suggesting `as`-based names for new ones), expand
+ * logits handles into digests, drop what varies between runs. */
+static void render(runner *r, json_t *j, const char *path, const char *as, bool full)
+{
+    if (json_is_array(j)) {
+        for (size_t i = 0; i < json_array_size(j); i++) {
+            char p[256];
+            snprintf(p, sizeof p, "%s[%zu]", path, i);
+            render(r, json_array_get(j, i), p, as, full);
+        }
+        return;
+    }
+    if (!json_is_object(j))
+        return;
+    json_object_del(j, "timing");
+    json_object_del(j, "epoch");
+    const char *k;
+    json_t *v;
+    void *tmp;
+    json_object_foreach_safe(j, tmp, k, v) {
+        char p[256], sugg[256];
+        snprintf(p, sizeof p, "%s.%s", path, k);
+        const char *suggest = NULL;
+        if (as) {
+            /* The top-level id takes the binding's own name. */
+            snprintf(sugg, sizeof sugg, "%s%s", as, path[0] ? p : "");
+            suggest = sugg;
+        }
+        if (json_is_integer(v)) {
+            uint64_t id = (uint64_t)json_integer_value(v);
+            if (strcmp(k, "seq") == 0)
+                json_object_set_new(j, k, json_string(name_of(&r->seqs, id, suggest)));
+            else if (strcmp(k, "ticket") == 0 || strcmp(k, "busy") == 0)
+                json_object_set_new(j, k, json_string(name_of(&r->tickets, id, suggest)));
+            else if (strcmp(k, "logits") == 0)
+                json_object_set_new(j, k, logits_view(r, id, name_of(&r->logits, id, suggest),
+                                                      full));
+        } else {
+            render(r, v, p, as, full);
+        }
+    }
+}
+
+/* ---- one line ------------------------------------------------------------ */
+
+static json_t *body_of(runner *r, const char *op, json_t *line)
+{
+    if (strcmp(op, "launch") == 0 || strcmp(op, "step") == 0)
+        return json_incref(json_object_get(line, "plan"));
+    if (strcmp(op, "apply") == 0)
+        return json_incref(json_object_get(line, "effect"));
+    if (strcmp(op, "lora") == 0)
+        return json_incref(json_object_get(line, "cmd"));
+    if (strcmp(op, "await") == 0) {
+        json_t *b = json_pack("{s:O}", "ticket", json_object_get(line, "ticket"));
+        json_t *t = json_object_get(line, "timeout_ms");
+        if (b && t)
+            json_object_set(b, "timeout_ms", t);
+        return b;
+    }
+    if (strcmp(op, "seq") == 0)
+        return json_pack("{s:O}", "seq", json_object_get(line, "seq"));
+    (void)r;
+    return NULL;
+}
+
+static int run_line(runner *r, json_t *line, FILE *out)
+{
+    const char *op = json_string_value(json_object_get(line, "op"));
+    if (!op)
+        return fail(r, "missing \"op\"");
+    const char *as = json_string_value(json_object_get(line, "as"));
+    bool full = json_is_true(json_object_get(line, "full"));
+    static const char *const ops[] = {"create", "seq",   "launch", "await", "step",
+                                      "apply",  "facts", "lora",   "logits"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
+        known |= strcmp(op, ops[i]) == 0;
+    if (!known)
+        return fail(r, "unknown op '%s'", op);
+    if (substitute(r, line) < 0)
+        return -1;
+
+    json_t *result = NULL;
+    devio_error err = {0};
+    devio_status s;
+    if (strcmp(op, "logits") == 0) {
+        const json_t *id = json_object_get(line, "logits");
+        if (!json_is_integer(id))
+            return fail(r, "op logits needs \"logits\"");
+        result = json_pack("{s:O}", "logits", id);
+        s = DEVIO_OK;
+    } else {
+        json_t *body = body_of(r, op, line);
+        s = r->t->call(r->t->ctx, op, body, &result, &err);
+        json_decref(body);
+    }
+    /* Keys of the result are sorted so that every target prints the same
+     * bytes; the line itself reads op, ok, result/error as in DESIGN §5. */
+    json_t *payload;
+    if (s == DEVIO_OK) {
+        if (as)
+            json_object_set(r->bindings, as, result);
+        payload = json_deep_copy(result);
+        render(r, payload, "", as, full);
+    } else {
+        payload = json_pack("{s:s}", "code", devio_status_str(err.status));
+    }
+    json_decref(result);
+    char *body = json_dumps(payload, DEVIO_JSON_FLAGS | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    json_t *jop = json_string(op);
+    char *op_text = json_dumps(jop, JSON_ENCODE_ANY);
+    json_decref(jop);
+    json_decref(payload);
+    char *text = NULL;
+    if (body && op_text) {
+        size_t n = strlen(body) + strlen(op_text) + 64;
+        text = malloc(n);
+        if (text)
+            snprintf(text, n, "{\"op\":%s,\"ok\":%s,\"%s\":%s}", op_text,
+                     s == DEVIO_OK ? "true" : "false", s == DEVIO_OK ? "result" : "error", body);
+    }
+    free(body);
+    free(op_text);
+    if (!text)
+        return fail(r, "out of memory");
+    fprintf(out, "%s\n", text);
+    free(text);
+    return 0;
+}
+
+int devio_script_run(const devio_script_target *t, FILE *in, FILE *out, char *why,
+                     size_t why_len)
+{
+    runner r = {.t = t, .bindings = json_object(), .why = why, .why_len = why_len,
+                .seqs = {.kind = "seq"}, .tickets = {.kind = "ticket"},
+                .logits = {.kind = "logits"}};
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int rc = 0;
+    if (why_len)
+        why[0] = '\0';
+    while (rc == 0 && (n = getline(&buf, &cap, in)) >= 0) {
+        r.line++;
+        size_t skip = strspn(buf, " \t\r\n");
+        if (buf[skip] == '\0' || buf[skip] == '#')
+            continue;
+        json_error_t je;
+        json_t *line = json_loads(buf, 0, &je);
+        if (!json_is_object(line)) {
+            rc = fail(&r, "not a JSON object: %s", line ? "" : je.text);
+        } else {
+            rc = run_line(&r, line, out);
+        }
+        json_decref(line);
+    }
+    free(buf);
+    json_decref(r.bindings);
+    table_free(&r.seqs);
+    table_free(&r.tickets);
+    table_free(&r.logits);
+    return rc;
+}

@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# devio's one entry point on a Debian machine: install what is missing, build
+# with Bazel, run the main job (`up`) or the whole test suite (`test`).
+# Must never hide a failure: a build that breaks is reported as failed, never as 0 failed.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+usage: deploy/devio.sh setup
+       deploy/devio.sh up [--model DIR] [extra args for the main job...]
+       deploy/devio.sh test
+
+  setup  install missing Debian packages and the PyPI packages in tests/requirements.txt
+  up     setup, build everything, make a demo model under .devio/ when no --model
+         is given, then run the main job in the foreground
+  test   setup, then run every Bazel test and every check in tests/checks.txt;
+         the last line is "N passed, M failed" and the exit status is non-zero
+         when anything failed
+EOF
+}
+
+# Everything runs from the repository root, wherever the caller stands;
+# paths the caller passes are resolved against where they stood.
+CALLER_DIR=$(pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+STATE_DIR="$ROOT/.devio"
+DEMO_MODEL="$STATE_DIR/demo-model"
+
+DEB_PACKAGES=(
+    bazel-bootstrap build-essential
+    libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev
+    python3 python3-pip curl
+    clang lld wasi-libc libclang-rt-14-dev-wasm32
+)
+
+log() { printf 'devio: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        die "need root (or sudo) to run: $*"
+    fi
+}
+
+deb_installed() {
+    [ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null)" = "ii " ]
+}
+
+setup_debian() {
+    command -v dpkg-query >/dev/null 2>&1 || die "not a Debian system (no dpkg-query)"
+    local missing=() pkg
+    for pkg in "${DEB_PACKAGES[@]}"; do
+        deb_installed "$pkg" || missing+=("$pkg")
+    done
+    # WASI tests run under Node's built-in WASI; any installed node will do,
+    # so Debian's nodejs is only pulled in when there is none at all.
+    command -v node >/dev/null 2>&1 || missing+=(nodejs)
+    if [ "${#missing[@]}" -eq 0 ]; then
+        return 0
+    fi
+    log "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get -o DPkg::Lock::Timeout=600 update -q
+    as_root apt-get -o DPkg::Lock::Timeout=600 install -y -q "${missing[@]}" </dev/null
+}
+
+setup_python() {
+    local req="$ROOT/tests/requirements.txt" out rc
+    [ -f "$req" ] || return 0
+    command -v python3 >/dev/null 2>&1 || die "python3 not found after setup"
+    python3 -m pip --version >/dev/null 2>&1 || die "python3 has no pip (install python3-pip)"
+    export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+    rc=0
+    out=$(python3 -m pip install -q -r "$req" 2>&1 </dev/null) || rc=$?
+    if [ "$rc" -ne 0 ] && grep -q 'externally-managed-environment' <<<"$out"; then
+        # Debian's own python3 refuses pip (PEP 668); this machine is set up
+        # for devio alone, so the packages go into the system interpreter.
+        log "python3 is externally managed; installing with --break-system-packages"
+        rc=0
+        out=$(python3 -m pip install -q --break-system-packages -r "$req" 2>&1 </dev/null) || rc=$?
+    fi
+    [ -z "$out" ] || printf '%s\n' "$out" >&2
+    [ "$rc" -eq 0 ] || die "pip install -r tests/requirements.txt failed (exit $rc)"
+}
+
+cmd_setup() {
+    setup_debian
+    setup_python
+    command -v bazel >/dev/null 2>&1 || die "bazel not found after setup"
+}
+
+# Makes the seeded demo model once; a half-written one never takes its place.
+ensure_demo_model() {
+    if [ -f "$DEMO_MODEL/config.json" ]; then
+        return 0
+    fi
+    log "making demo model in $DEMO_MODEL"
+    mkdir -p "$STATE_DIR"
+    rm -rf "$DEMO_MODEL.partial"
+    bazel-bin/ref/devio-mkmodel --preset small --out "$DEMO_MODEL.partial"
+    rm -rf "$DEMO_MODEL"
+    mv "$DEMO_MODEL.partial" "$DEMO_MODEL"
+}
+
+# ---------------------------------------------------------------------------
+# The main job that `up` runs in the foreground, given the model directory
+# and the caller's extra arguments. Today: the conformance runner on the demo
+# script, generating tokens greedily with the reference backend.
+run_main_job() {
+    local model=$1
+    shift
+    exec bazel-bin/ref/devio-ref --model "$model" "$@" deploy/demo.jsonl
+}
+# ---------------------------------------------------------------------------
+
+cmd_up() {
+    local model="" extra=()
+    while [ "$#" -gt 0 ]; do
+        case "$1" in
+            --model) [ "$#" -ge 2 ] || die "--model needs a directory"; model=$2; shift 2 ;;
+            --model=*) model=${1#--model=}; shift ;;
+            *) extra+=("$1"); shift ;;
+        esac
+    done
+    cmd_setup
+    bazel build //...
+    if [ -z "$model" ]; then
+        ensure_demo_model
+        model=$DEMO_MODEL
+    fi
+    case "$model" in /*) ;; *) model="$CALLER_DIR/$model" ;; esac
+    [ -d "$model" ] || die "model directory not found: $model"
+    run_main_job "$model" "${extra[@]+"${extra[@]}"}"
+}
+
+cmd_test() {
+    local passed=0 failed=0 rc=0 line target status log
+    cmd_setup
+    mkdir -p "$STATE_DIR"
+    log="$STATE_DIR/bazel-test.log"
+
+    # PIPESTATUS must be read straight after the pipeline, so errexit is
+    # lifted around it instead of appending `|| true`.
+    set +e
+    bazel test //... --keep_going --test_output=errors --color=no --curses=no \
+        </dev/null 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    set -e
+
+    # One summary line per test target: "//pkg:name   (cached) PASSED in 0.1s",
+    # "FAILED in ...", "FAILED TO BUILD", "NO STATUS", "TIMEOUT in ...", ...
+    while IFS= read -r line; do
+        target=${line%%[[:space:]]*}
+        status=${line#"$target"}
+        status=${status#"${status%%[![:space:]]*}"}
+        status=${status#"(cached) "}
+        case "$status" in
+            "PASSED in "*|"PASSED") passed=$((passed + 1)) ;;
+            *) failed=$((failed + 1)); log "FAILED: $target ($status)" ;;
+        esac
+    done < <(grep -E '^(@[A-Za-z0-9_.-]*)?//[^[:space:]]*[[:space:]]+((\(cached\)[[:space:]]+)?[A-Z][A-Z_ ]*)( in [0-9.]+s.*)?$' "$log" || true)
+
+    # 0: all passed; 3: some tests failed; 4: there were no test targets.
+    # Anything else (1: build failed, 2: bad command line or BUILD file, ...)
+    # is a broken build, which always counts as a failure of its own.
+    case "$rc" in
+        0|4) ;;
+        3) [ "$failed" -gt 0 ] || failed=$((failed + 1)) ;;
+        *) failed=$((failed + 1)); log "FAILED: bazel build (bazel exit $rc)" ;;
+    esac
+
+    run_checks
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+}
+
+# tests/checks.txt: one shell command per line, run from the repository root
+# after the Bazel tests; blank lines and lines starting with # are skipped.
+# Adds to the caller's `passed` and `failed` (bash locals are dynamically scoped).
+run_checks() {
+    local file="$ROOT/tests/checks.txt" cmd crc
+    [ -f "$file" ] || return 0
+    while IFS= read -r cmd || [ -n "$cmd" ]; do
+        cmd=${cmd#"${cmd%%[![:space:]]*}"}
+        case "$cmd" in ''|'#'*) continue ;; esac
+        log "check: $cmd"
+        crc=0
+        bash -c "$cmd" </dev/null || crc=$?
+        if [ "$crc" -eq 0 ]; then
+            passed=$((passed + 1))
+            log "PASSED: $cmd"
+        else
+            failed=$((failed + 1))
+            log "FAILED: $cmd (exit $crc)"
+        fi
+    done <"$file"
+}
+
+main() {
+    [ "$#" -ge 1 ] || { usage >&2; exit 2; }
+    local sub=$1
+    shift
+    case "$sub" in
+        setup) [ "$#" -eq 0 ] || die "setup takes no arguments"; cmd_setup ;;
+        up) cmd_up "$@" ;;
+        test) [ "$#" -eq 0 ] || die "test takes no arguments"; cmd_test ;;
+        -h|--help|help) usage ;;
+        *) usage >&2; exit 2 ;;
+    esac
+}
+
+main "$@"

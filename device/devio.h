@@ -1,0 +1,280 @@
+/* devio.h - the DeviceIo interface in C: one device, one model, batched steps.
+ * Backend-neutral; never includes HTTP, JSON or SQL. Every number is in host order.
+ *
+ * Threads: devio_launch and devio_await may be called from different threads
+ * at once; every other call is serialised by the device's own lock. A step
+ * runs on the device's worker thread (native) or inside devio_await (builds
+ * without threads); its numbers are the same either way.
+ *
+ * Failure rule: a call that returns anything but DEVIO_OK changes nothing
+ * that a later call can observe, and fills the caller's devio_error when one
+ * is given. */
+#ifndef DEVIO_DEVIO_H
+#define DEVIO_DEVIO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The one status enum of the device core. service/http_error.c is the only
+ * place that maps it to HTTP codes. */
+typedef enum devio_status {
+    DEVIO_OK = 0,
+    DEVIO_E_INVALID,          /* malformed plan, effect, parameter (400) */
+    DEVIO_E_UNKNOWN_SEQ,      /* no such sequence (404) */
+    DEVIO_E_UNKNOWN_TICKET,   /* no such ticket (404) */
+    DEVIO_E_UNKNOWN_LOGITS,   /* no such logits handle (404) */
+    DEVIO_E_UNKNOWN_ADAPTER,  /* plan or command names an adapter not loaded (404) */
+    DEVIO_E_SEQ_BUSY,         /* sequence inside an unawaited ticket (409) */
+    DEVIO_E_DEPTH_EXCEEDED,   /* max_depth tickets already in flight (409) */
+    DEVIO_E_TICKET_CONSUMED,  /* ticket already awaited (409) */
+    DEVIO_E_TICKET_PENDING,   /* await timed out, retry (408) */
+    DEVIO_E_OUT_OF_KV_BLOCKS, /* plan needs more KV blocks than are free (409) */
+    DEVIO_E_OUT_OF_LOGITS,    /* no free logits handle or rows (409) */
+    DEVIO_E_OUT_OF_SEQS,      /* sequence table full (409) */
+    DEVIO_E_OUT_OF_SSM_SLOTS, /* no free SSM slot or snapshot slot (409) */
+    DEVIO_E_NO_SNAPSHOT,      /* truncate to a length with no SSM snapshot (409) */
+    DEVIO_E_ADAPTER_CAPACITY, /* max_loras loaded and none evictable (409) */
+    DEVIO_E_UNSUPPORTED,      /* feature absent from this model or build (400) */
+    DEVIO_E_TOO_LARGE,        /* plan over max_rows/max_batch_tokens/max_seq_len (413) */
+    DEVIO_E_TORN_DOWN,        /* device torn down (503) */
+    DEVIO_E_MODEL,            /* model files missing or malformed (500 at start) */
+    DEVIO_E_IO,               /* file system error (500) */
+    DEVIO_E_NOMEM,            /* allocation failed (500) */
+    DEVIO_E_DEVICE,           /* backend failure (500) */
+    DEVIO_STATUS_COUNT
+} devio_status;
+
+/* Stable snake_case code, e.g. "out_of_kv_blocks". Never NULL. */
+const char *devio_status_str(devio_status s);
+
+/* A status with a human message and one optional detail pair.
+ * Filled by the failing call; caller-owned storage. */
+typedef struct devio_error {
+    devio_status status;
+    char message[256];
+    char detail_key[32]; /* "" when none, e.g. "row" */
+    int64_t detail_val;
+} devio_error;
+
+typedef struct devio_model devio_model;   /* device/model.h */
+typedef struct devio_device devio_device; /* opaque */
+
+/* Sampling parameters. Exact definitions live in device/sampler.h. */
+typedef struct devio_sample_params {
+    float temperature; /* 0 = greedy */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* 1 = off */
+    float min_p;       /* 0 = off */
+    uint64_t seed;
+} devio_sample_params;
+
+devio_sample_params devio_sample_params_default(void);
+
+typedef enum devio_logits_mode {
+    DEVIO_LOGITS_NONE = 0,
+    DEVIO_LOGITS_LAST,
+    DEVIO_LOGITS_ALL,
+} devio_logits_mode;
+
+/* One row of a step plan. All pointers are borrowed for the call only. */
+typedef struct devio_row {
+    uint64_t seq;
+    const int32_t *tokens;
+    uint32_t n_tokens;
+    devio_logits_mode logits;
+    const char *adapter; /* NULL = base model */
+    bool has_sample;     /* sample the last position with `sample` */
+    devio_sample_params sample;
+    bool snapshot_end;   /* snapshot SSM state at the new length */
+} devio_row;
+
+typedef struct devio_plan {
+    const devio_row *rows;
+    uint32_t n_rows;
+} devio_plan;
+
+/* Per-row result of a settled step. */
+typedef struct devio_row_result {
+    uint64_t seq;
+    uint32_t len;        /* sequence length after the step */
+    uint64_t logits;     /* handle, 0 when none was asked for */
+    bool sampled;
+    int32_t token;       /* valid when sampled */
+    float logprob;       /* log-softmax of the raw logits at the token */
+} devio_row_result;
+
+/* Result of devio_await. Caller frees with devio_step_result_free(). */
+typedef struct devio_step_result {
+    uint64_t ticket;
+    uint32_t n_rows;
+    devio_row_result *rows;
+    uint64_t queued_us;  /* launch to start of compute */
+    uint64_t compute_us; /* compute of the step */
+    uint32_t n_tokens;   /* tokens processed by the step */
+} devio_step_result;
+
+void devio_step_result_free(devio_step_result *r);
+
+typedef enum devio_effect_kind {
+    DEVIO_EFFECT_SAMPLE = 0,
+    DEVIO_EFFECT_FORK,
+    DEVIO_EFFECT_TRUNCATE,
+    DEVIO_EFFECT_SNAPSHOT,
+    DEVIO_EFFECT_FREE,
+    DEVIO_EFFECT_RELEASE,
+} devio_effect_kind;
+
+typedef struct devio_effect {
+    devio_effect_kind kind;
+    uint64_t seq;        /* fork, truncate, snapshot, free */
+    uint32_t len;        /* truncate */
+    uint64_t logits;     /* sample, release */
+    bool has_row;        /* sample: one position; otherwise every position */
+    uint32_t row;        /* sample: position index inside the handle */
+    devio_sample_params params; /* sample */
+} devio_effect;
+
+/* Outcome of devio_apply. Caller frees with devio_outcome_free(). */
+typedef struct devio_outcome {
+    devio_effect_kind kind;
+    uint64_t seq;          /* fork: the new sequence */
+    uint32_t len;          /* snapshot: the length snapshotted */
+    uint32_t shared_blocks;/* fork */
+    uint32_t freed_blocks; /* truncate, free */
+    uint32_t n_tokens;     /* sample */
+    int32_t *tokens;       /* sample; owned by the outcome */
+    float *logprobs;       /* sample; owned by the outcome */
+} devio_outcome;
+
+void devio_outcome_free(devio_outcome *o);
+
+typedef struct devio_facts {
+    uint32_t block_size, blocks_total, blocks_free, blocks_shared;
+    uint32_t ssm_slots_total, ssm_slots_used, ssm_snapshots_total, ssm_snapshots_used;
+    uint32_t tickets_in_flight, logits_live, adapters_loaded;
+    uint64_t epoch;
+} devio_facts;
+
+/* State of one sequence, for GET /v1/sequences/{id}. */
+typedef struct devio_seq_info {
+    uint64_t seq;
+    uint32_t len, blocks;
+    uint64_t busy_ticket; /* 0 when not busy */
+    uint32_t n_snapshots;
+    uint32_t snapshots[8]; /* lengths, the first n_snapshots (at most 8) */
+} devio_seq_info;
+
+/* LoRA commands. Applied at quiescence. */
+typedef enum devio_lora_kind {
+    DEVIO_LORA_LOAD = 0,
+    DEVIO_LORA_UNLOAD,
+    DEVIO_LORA_LIST,
+    DEVIO_LORA_PIN,
+    DEVIO_LORA_UNPIN,
+} devio_lora_kind;
+
+typedef struct devio_lora_cmd {
+    devio_lora_kind kind;
+    const char *name; /* borrowed */
+    const char *path; /* load: relative to the adapters root; borrowed */
+    bool pin;         /* load: pin on load */
+} devio_lora_cmd;
+
+typedef struct devio_adapter_info {
+    char name[64];
+    char path[256];
+    uint32_t rank;
+    float alpha, scale;
+    bool pinned;
+    uint64_t rows_served;
+} devio_adapter_info;
+
+/* Acknowledgement. Caller frees with devio_lora_ack_free(). */
+typedef struct devio_lora_ack {
+    devio_lora_kind kind;
+    uint32_t n_adapters;
+    devio_adapter_info *adapters; /* list: all loaded; others: the one touched */
+    char evicted[64];             /* load: name evicted to make room, or "" */
+} devio_lora_ack;
+
+void devio_lora_ack_free(devio_lora_ack *a);
+
+/* Device configuration. Fill with devio_config_default() then override. */
+typedef struct devio_config {
+    uint32_t kv_blocks;        /* 0 = derive from max_seqs * max_seq_len */
+    uint32_t block_size;       /* tokens per KV block, default 16 */
+    uint32_t max_depth;        /* tickets in flight, default 2 */
+    uint32_t max_seqs;         /* live sequences, default 256 */
+    uint32_t max_seq_len;      /* default min(model max positions, 4096) */
+    uint32_t max_rows;         /* rows per plan, default 64 */
+    uint32_t max_batch_tokens; /* tokens per plan, default 2048 */
+    uint32_t logits_handles;   /* live logits handles, default 64 */
+    uint32_t logits_rows;      /* live logits positions over all handles, default 256 */
+    uint32_t max_loras;        /* default 4 */
+    uint32_t max_lora_rank;    /* default 64 */
+    uint32_t threads;          /* backend compute threads, 0 = all cores */
+    uint64_t epoch;            /* reported in facts; the server bumps it per start */
+    uint64_t first_ticket_id;  /* ticket ids start here (unique across restarts) */
+    bool use_worker_thread;    /* false: steps run inside devio_await/devio_apply */
+} devio_config;
+
+devio_config devio_config_default(void);
+
+typedef struct devio_backend_ops devio_backend_ops; /* device/backend.h */
+
+/* Open a device on a loaded model with a backend. `model` is borrowed and
+ * must outlive the device. On success *out is owned by the caller, who ends
+ * it with devio_teardown(). On failure *out is NULL. */
+devio_status devio_open(const devio_model *model, const devio_backend_ops *backend,
+                        const devio_config *cfg, devio_device **out, devio_error *err);
+
+/* The model behind the device; borrowed. */
+const devio_model *devio_model_of(const devio_device *d);
+const devio_config *devio_config_of(const devio_device *d);
+
+devio_facts devio_facts_get(devio_device *d);
+uint32_t devio_max_depth(const devio_device *d);
+
+/* Create an empty sequence. */
+devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err);
+devio_status devio_seq_info_get(devio_device *d, uint64_t seq, devio_seq_info *out,
+                                devio_error *err);
+
+/* Validate `plan`, reserve every KV block and logits handle it needs, and
+ * queue it. On failure nothing is reserved. `plan` is copied; the caller may
+ * free it as soon as this returns. */
+devio_status devio_launch(devio_device *d, const devio_plan *plan, uint64_t *ticket,
+                          devio_error *err);
+
+/* Wait up to timeout_ms (< 0: forever) for `ticket` to settle, then return
+ * its result once and end the ticket. DEVIO_E_TICKET_PENDING on timeout
+ * leaves the ticket in flight. */
+devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
+                         devio_step_result *out, devio_error *err);
+
+/* Apply one effect after every launched step has run. All or nothing. */
+devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *out,
+                         devio_error *err);
+
+/* Read positions [row, row+n) of a logits handle into dst (n * vocab floats).
+ * *n_rows_out receives the handle's number of positions. */
+devio_status devio_logits_read(devio_device *d, uint64_t logits, uint32_t row, uint32_t n,
+                               float *dst, uint32_t *n_rows_out, devio_error *err);
+
+/* LoRA command at quiescence. */
+devio_status devio_lora(devio_device *d, const devio_lora_cmd *cmd, devio_lora_ack *ack,
+                        devio_error *err);
+
+/* Finish every launched step, release device memory, free the device.
+ * Tickets not yet awaited are reported through aborted_out (may be NULL). */
+devio_status devio_teardown(devio_device *d, uint32_t *aborted_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,176 @@
+/* effects.c - apply: sample, fork, truncate, snapshot, free, release.
+ * Each effect runs after every launched step and either fully happens or changes nothing. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/core.h"
+#include "device/status.h"
+
+/* The sequence an effect names, if it may be changed now. */
+static devio_status idle_seq(devio_device *d, uint64_t id, dv_seq **out, devio_error *err)
+{
+    dv_seq *q = dv_seq_find(d, id);
+    if (!q)
+        return devio_fail_at(err, DEVIO_E_UNKNOWN_SEQ, "seq", (int64_t)id, "no sequence %llu",
+                             (unsigned long long)id);
+    if (q->busy)
+        return devio_fail_at(err, DEVIO_E_SEQ_BUSY, "ticket", (int64_t)q->busy,
+                             "sequence %llu is busy in ticket %llu", (unsigned long long)id,
+                             (unsigned long long)q->busy);
+    *out = q;
+    return DEVIO_OK;
+}
+
+static devio_status apply_sample(devio_device *d, const devio_effect *e, devio_outcome *o,
+                                 devio_error *err)
+{
+    dv_handle *h = dv_handle_find(d, e->logits);
+    if (!h)
+        return devio_fail_at(err, DEVIO_E_UNKNOWN_LOGITS, "logits", (int64_t)e->logits,
+                             "no logits handle %llu", (unsigned long long)e->logits);
+    if (!h->ready)
+        return devio_fail(err, DEVIO_E_DEVICE, "logits %llu were not computed (the step failed)",
+                          (unsigned long long)e->logits);
+    if (e->has_row && e->row >= h->n_rows)
+        return devio_fail_at(err, DEVIO_E_INVALID, "row", e->row,
+                             "row %u outside the handle's %u rows", e->row, h->n_rows);
+    devio_status s = devio_sampler_check(&e->params, err);
+    if (s != DEVIO_OK)
+        return s;
+    uint32_t first = e->has_row ? e->row : 0;
+    uint32_t n = e->has_row ? 1 : h->n_rows;
+    o->tokens = malloc(n * sizeof *o->tokens);
+    o->logprobs = malloc(n * sizeof *o->logprobs);
+    if (!o->tokens || !o->logprobs) {
+        devio_outcome_free(o);
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory sampling");
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t r = first + i;
+        /* The sampled token would follow the token whose logits these are. */
+        s = devio_sampler_run(d->fx_sampler, dv_handle_row(d, h, r), &e->params,
+                              (uint64_t)h->pos[r] + 1, &o->tokens[i], &o->logprobs[i]);
+        if (s != DEVIO_OK) {
+            devio_outcome_free(o);
+            return devio_fail(err, s, "sampling failed");
+        }
+    }
+    o->n_tokens = n;
+    return DEVIO_OK;
+}
+
+static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_outcome *o,
+                               devio_error *err)
+{
+    dv_seq *p;
+    devio_status s = idle_seq(d, e->seq, &p, err);
+    if (s != DEVIO_OK)
+        return s;
+    dv_seq *c = NULL;
+    for (uint32_t i = 0; i < d->cfg.max_seqs && !c; i++)
+        if (!d->seqs[i].id)
+            c = &d->seqs[i];
+    if (!c)
+        return devio_fail_at(err, DEVIO_E_OUT_OF_SEQS, "max_seqs", d->cfg.max_seqs,
+                             "all %u sequence slots are in use", d->cfg.max_seqs);
+    c->id = d->next_seq_id++;
+    c->len = p->len;
+    c->busy = 0;
+    c->n_blocks = p->n_blocks;
+    for (uint32_t i = 0; i < p->n_blocks; i++) {
+        c->blocks[i] = p->blocks[i];
+        devio_kv_pool_ref(&d->pool, p->blocks[i]);
+    }
+    o->seq = c->id;
+    o->shared_blocks = p->n_blocks;
+    return DEVIO_OK;
+}
+
+static devio_status apply_truncate(devio_device *d, const devio_effect *e, devio_outcome *o,
+                                   devio_error *err)
+{
+    dv_seq *q;
+    devio_status s = idle_seq(d, e->seq, &q, err);
+    if (s != DEVIO_OK)
+        return s;
+    if (e->len > q->len)
+        return devio_fail_at(err, DEVIO_E_INVALID, "len", q->len,
+                             "cannot truncate sequence %llu of length %u to %u",
+                             (unsigned long long)e->seq, q->len, e->len);
+    o->freed_blocks = dv_seq_shrink(d, q, e->len);
+    o->len = e->len;
+    return DEVIO_OK;
+}
+
+static devio_status apply_snapshot(devio_device *d, const devio_effect *e, devio_outcome *o,
+                                   devio_error *err)
+{
+    dv_seq *q;
+    devio_status s = idle_seq(d, e->seq, &q, err);
+    if (s != DEVIO_OK)
+        return s;
+    /* Attention-only models: the KV cache is the whole state and truncate
+     * needs no snapshot, so a snapshot holds nothing and uses no slot. */
+    o->len = q->len;
+    return DEVIO_OK;
+}
+
+static devio_status apply_free(devio_device *d, const devio_effect *e, devio_outcome *o,
+                               devio_error *err)
+{
+    dv_seq *q;
+    devio_status s = idle_seq(d, e->seq, &q, err);
+    if (s != DEVIO_OK)
+        return s;
+    o->freed_blocks = dv_seq_shrink(d, q, 0);
+    q->id = 0;
+    return DEVIO_OK;
+}
+
+static devio_status apply_release(devio_device *d, const devio_effect *e, devio_error *err)
+{
+    dv_handle *h = dv_handle_find(d, e->logits);
+    if (!h)
+        return devio_fail_at(err, DEVIO_E_UNKNOWN_LOGITS, "logits", (int64_t)e->logits,
+                             "no logits handle %llu", (unsigned long long)e->logits);
+    dv_handle_release(d, h);
+    return DEVIO_OK;
+}
+
+devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *out,
+                         devio_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->kind = e->kind;
+    devio_status s;
+    dv_lock(d);
+    if (d->torn_down) {
+        s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
+        goto out;
+    }
+    /* Effects are ordered after every launched step. */
+    dv_drain(d);
+    switch (e->kind) {
+    case DEVIO_EFFECT_SAMPLE: s = apply_sample(d, e, out, err); break;
+    case DEVIO_EFFECT_FORK: s = apply_fork(d, e, out, err); break;
+    case DEVIO_EFFECT_TRUNCATE: s = apply_truncate(d, e, out, err); break;
+    case DEVIO_EFFECT_SNAPSHOT: s = apply_snapshot(d, e, out, err); break;
+    case DEVIO_EFFECT_FREE: s = apply_free(d, e, out, err); break;
+    case DEVIO_EFFECT_RELEASE: s = apply_release(d, e, err); break;
+    default: s = devio_fail(err, DEVIO_E_INVALID, "unknown effect kind %d", (int)e->kind); break;
+    }
+out:
+    dv_unlock(d);
+    return s;
+}
+
+void devio_outcome_free(devio_outcome *o)
+{
+    if (!o)
+        return;
+    free(o->tokens);
+    free(o->logprobs);
+    o->tokens = NULL;
+    o->logprobs = NULL;
+    o->n_tokens = 0;
+}

@@ -1,0 +1,718 @@
+/* model.c - loads a Hugging Face Llama-family directory (config.json + safetensors) into devio_model.
+ * It never computes with the weights and never accepts a tensor whose dtype, shape or range is wrong. */
+#include "device/model.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "device/numerics.h"
+#include "device/safetensors.h"
+
+#define CONFIG_NAME "config.json"
+#define SINGLE_NAME "model.safetensors"
+#define INDEX_NAME "model.safetensors.index.json"
+
+/* Bounds past which a config is treated as corrupt rather than large. */
+#define MAX_VOCAB (1u << 24)
+#define MAX_HIDDEN (1u << 16)
+#define MAX_FFN (1u << 20)
+#define MAX_LAYERS 1024u
+#define MAX_HEADS 1024u
+#define MAX_HEAD_DIM 1024u
+#define MAX_POSITIONS (1u << 24)
+
+/* Everything the model owns besides its tensor views. */
+typedef struct model_priv {
+    devio_st_file **files; /* open weight files, mapped for the model's life */
+    size_t n_files, cap_files;
+    void **owned; /* aligned copies of tensors stored at unaligned offsets */
+    size_t n_owned, cap_owned;
+} model_priv;
+
+/* Load-time state: where each tensor lives. */
+typedef struct loader {
+    const char *dir;
+    model_priv *priv;
+    bool sharded;
+    json_t *weight_map; /* sharded: tensor name -> shard file name */
+} loader;
+
+static void set_err(devio_error *err, devio_status s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err) {
+        err->status = s;
+        err->detail_key[0] = '\0';
+        err->detail_val = 0;
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+    }
+    va_end(ap);
+}
+
+size_t devio_dtype_size(devio_dtype t)
+{
+    switch (t) {
+    case DEVIO_F32:
+        return 4;
+    case DEVIO_F16:
+    case DEVIO_BF16:
+        return 2;
+    }
+    return 0;
+}
+
+const char *devio_dtype_str(devio_dtype t)
+{
+    switch (t) {
+    case DEVIO_F32:
+        return "F32";
+    case DEVIO_F16:
+        return "F16";
+    case DEVIO_BF16:
+        return "BF16";
+    }
+    return "?";
+}
+
+float devio_tensor_get(const devio_tensor *t, uint64_t i)
+{
+    const uint8_t *p = t->data;
+    switch (t->dtype) {
+    case DEVIO_F32: {
+        float f;
+        memcpy(&f, p + i * 4, sizeof f);
+        return f;
+    }
+    case DEVIO_F16: {
+        uint16_t h;
+        memcpy(&h, p + i * 2, sizeof h);
+        return devio_f16_to_f32(h);
+    }
+    case DEVIO_BF16: {
+        uint16_t h;
+        memcpy(&h, p + i * 2, sizeof h);
+        return devio_bf16_to_f32(h);
+    }
+    }
+    return 0.0f;
+}
+
+/* ---- config.json ---- */
+
+static char *path_join(const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p)
+        return NULL;
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+/* Reads a JSON file; DEVIO_E_MODEL when it is missing or not a JSON object. */
+static devio_status load_json(const char *dir, const char *name, json_t **out, devio_error *err)
+{
+    *out = NULL;
+    char *path = path_join(dir, name);
+    if (!path) {
+        set_err(err, DEVIO_E_NOMEM, "out of memory reading %s", name);
+        return DEVIO_E_NOMEM;
+    }
+    devio_status st = DEVIO_OK;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        st = errno == ENOENT ? DEVIO_E_MODEL : DEVIO_E_IO;
+        set_err(err, st, "%s: cannot open in model directory '%.120s': %s", name, dir,
+                strerror(errno));
+        goto out_path;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(fp);
+    if (!root) {
+        st = DEVIO_E_MODEL;
+        set_err(err, st, "%s: not valid JSON (line %d: %.100s)", name, jerr.line, jerr.text);
+        goto out_path;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        st = DEVIO_E_MODEL;
+        set_err(err, st, "%s: top level is not a JSON object", name);
+        goto out_path;
+    }
+    *out = root;
+out_path:
+    free(path);
+    return st;
+}
+
+/* Absent or null -> def (or an error when required). */
+static devio_status cfg_u32(const json_t *root, const char *key, bool required, uint32_t def,
+                            uint32_t lo, uint32_t hi, uint32_t *out, devio_error *err)
+{
+    const json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        if (required) {
+            set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": required field '%s' is missing", key);
+            return DEVIO_E_MODEL;
+        }
+        *out = def;
+        return DEVIO_OK;
+    }
+    if (!json_is_integer(v)) {
+        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' is not an integer", key);
+        return DEVIO_E_MODEL;
+    }
+    json_int_t x = json_integer_value(v);
+    if (x < (json_int_t)lo || x > (json_int_t)hi) {
+        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' = %lld is outside [%u, %u]", key,
+                (long long)x, lo, hi);
+        return DEVIO_E_MODEL;
+    }
+    *out = (uint32_t)x;
+    return DEVIO_OK;
+}
+
+static devio_status cfg_pos_float(const json_t *root, const char *key, double def, double hi,
+                                  float *out, devio_error *err)
+{
+    const json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = (float)def;
+        return DEVIO_OK;
+    }
+    if (!json_is_number(v)) {
+        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' is not a number", key);
+        return DEVIO_E_MODEL;
+    }
+    double x = json_number_value(v);
+    /* Written as !(x > 0) so that a NaN is refused too. */
+    if (!(x > 0.0) || x > hi) {
+        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' = %g must be in (0, %g]", key, x,
+                hi);
+        return DEVIO_E_MODEL;
+    }
+    *out = (float)x;
+    return DEVIO_OK;
+}
+
+static devio_status cfg_bool(const json_t *root, const char *key, bool def, bool *out,
+                             devio_error *err)
+{
+    const json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return DEVIO_OK;
+    }
+    if (!json_is_boolean(v)) {
+        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' is not true or false", key);
+        return DEVIO_E_MODEL;
+    }
+    *out = json_is_true(v);
+    return DEVIO_OK;
+}
+
+typedef enum arch_kind { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2 } arch_kind;
+
+static devio_status parse_config(const json_t *root, devio_model_config *c, devio_error *err)
+{
+    devio_status st;
+    memset(c, 0, sizeof *c);
+
+    const json_t *archs = json_object_get(root, "architectures");
+    const char *arch = NULL;
+    if (json_is_array(archs) && json_array_size(archs) > 0)
+        arch = json_string_value(json_array_get(archs, 0));
+    if (!arch) {
+        set_err(err, DEVIO_E_MODEL,
+                CONFIG_NAME ": 'architectures' must be a non-empty array of strings");
+        return DEVIO_E_MODEL;
+    }
+    arch_kind kind;
+    if (strcmp(arch, "LlamaForCausalLM") == 0)
+        kind = ARCH_LLAMA;
+    else if (strcmp(arch, "MistralForCausalLM") == 0)
+        kind = ARCH_MISTRAL;
+    else if (strcmp(arch, "Qwen2ForCausalLM") == 0)
+        kind = ARCH_QWEN2;
+    else {
+        set_err(err, DEVIO_E_MODEL,
+                CONFIG_NAME ": unknown architecture '%.64s' (supported: LlamaForCausalLM, "
+                            "MistralForCausalLM, Qwen2ForCausalLM)",
+                arch);
+        return DEVIO_E_MODEL;
+    }
+    snprintf(c->architecture, sizeof c->architecture, "%s", arch);
+
+    /* Features these architectures may switch on that the backends do not
+     * compute: refuse them rather than produce different numbers. */
+    const json_t *rs = json_object_get(root, "rope_scaling");
+    if (rs && !json_is_null(rs)) {
+        const char *t = json_string_value(json_object_get(rs, "rope_type"));
+        if (!t)
+            t = json_string_value(json_object_get(rs, "type"));
+        set_err(err, DEVIO_E_UNSUPPORTED,
+                CONFIG_NAME ": rope_scaling (type '%.32s') is not supported; only plain RoPE "
+                            "(rope_scaling null) is",
+                t ? t : "?");
+        return DEVIO_E_UNSUPPORTED;
+    }
+    const json_t *act = json_object_get(root, "hidden_act");
+    if (act && !json_is_null(act) &&
+        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        set_err(err, DEVIO_E_UNSUPPORTED,
+                CONFIG_NAME ": hidden_act '%.32s' is not supported; only silu is",
+                json_is_string(act) ? json_string_value(act) : "?");
+        return DEVIO_E_UNSUPPORTED;
+    }
+    bool mlp_bias;
+    if ((st = cfg_bool(root, "mlp_bias", false, &mlp_bias, err)) != DEVIO_OK)
+        return st;
+    if (mlp_bias) {
+        set_err(err, DEVIO_E_UNSUPPORTED, CONFIG_NAME ": mlp_bias true is not supported");
+        return DEVIO_E_UNSUPPORTED;
+    }
+
+    if ((st = cfg_u32(root, "vocab_size", true, 0, 1, MAX_VOCAB, &c->vocab_size, err)) ||
+        (st = cfg_u32(root, "hidden_size", true, 0, 1, MAX_HIDDEN, &c->hidden_size, err)) ||
+        (st = cfg_u32(root, "intermediate_size", true, 0, 1, MAX_FFN, &c->intermediate_size,
+                      err)) ||
+        (st = cfg_u32(root, "num_hidden_layers", true, 0, 1, MAX_LAYERS, &c->n_layers, err)) ||
+        (st = cfg_u32(root, "num_attention_heads", true, 0, 1, MAX_HEADS, &c->n_heads, err)) ||
+        (st = cfg_u32(root, "num_key_value_heads", false, c->n_heads, 1, MAX_HEADS,
+                      &c->n_kv_heads, err)) ||
+        (st = cfg_u32(root, "max_position_embeddings", true, 0, 1, MAX_POSITIONS,
+                      &c->max_position_embeddings, err)))
+        return st;
+    if (c->n_heads % c->n_kv_heads != 0) {
+        set_err(err, DEVIO_E_MODEL,
+                CONFIG_NAME ": num_attention_heads %u is not a multiple of "
+                            "num_key_value_heads %u",
+                c->n_heads, c->n_kv_heads);
+        return DEVIO_E_MODEL;
+    }
+    const json_t *hd = json_object_get(root, "head_dim");
+    if (!hd || json_is_null(hd)) {
+        if (c->hidden_size % c->n_heads != 0) {
+            set_err(err, DEVIO_E_MODEL,
+                    CONFIG_NAME ": hidden_size %u is not a multiple of num_attention_heads %u",
+                    c->hidden_size, c->n_heads);
+            return DEVIO_E_MODEL;
+        }
+        c->head_dim = c->hidden_size / c->n_heads;
+    } else if ((st = cfg_u32(root, "head_dim", true, 0, 1, MAX_HEAD_DIM, &c->head_dim, err))) {
+        return st;
+    }
+    if (c->head_dim % 2 != 0 || c->head_dim > MAX_HEAD_DIM) {
+        /* rotate_half pairs dimension i with i + head_dim/2. */
+        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": head_dim %u must be even and at most %u",
+                c->head_dim, MAX_HEAD_DIM);
+        return DEVIO_E_MODEL;
+    }
+    if ((st = cfg_pos_float(root, "rope_theta", 10000.0, 1e12, &c->rope_theta, err)) ||
+        (st = cfg_pos_float(root, "rms_norm_eps", 1e-6, 1.0, &c->rms_norm_eps, err)))
+        return st;
+    bool tie, bias;
+    if ((st = cfg_bool(root, "tie_word_embeddings", false, &tie, err)) ||
+        (st = cfg_bool(root, "attention_bias", kind == ARCH_QWEN2, &bias, err)))
+        return st;
+    c->tie_word_embeddings = tie;
+    c->attention_bias = bias;
+
+    /* Sliding-window attention equals full attention for every position
+     * below the window, so serving at most `window` positions is exact. */
+    bool window_on = kind == ARCH_MISTRAL;
+    if (kind == ARCH_QWEN2 &&
+        (st = cfg_bool(root, "use_sliding_window", false, &window_on, err)) != DEVIO_OK)
+        return st;
+    if (window_on && kind != ARCH_LLAMA) {
+        uint32_t window;
+        if ((st = cfg_u32(root, "sliding_window", false, 0, 0, UINT32_MAX, &window, err)))
+            return st;
+        if (window > 0 && window < c->max_position_embeddings)
+            c->max_position_embeddings = window;
+    }
+    return DEVIO_OK;
+}
+
+/* ---- tensors ---- */
+
+static devio_status priv_add_file(model_priv *p, devio_st_file *f, devio_error *err)
+{
+    if (p->n_files == p->cap_files) {
+        size_t cap = p->cap_files ? p->cap_files * 2 : 4;
+        devio_st_file **nf = realloc(p->files, cap * sizeof *nf);
+        if (!nf) {
+            set_err(err, DEVIO_E_NOMEM, "out of memory opening %s", devio_st_label(f));
+            return DEVIO_E_NOMEM;
+        }
+        p->files = nf;
+        p->cap_files = cap;
+    }
+    p->files[p->n_files++] = f;
+    return DEVIO_OK;
+}
+
+/* Returns the open file called `name` (a file in the model directory),
+ * opening it on first use; `wanted` is named in file-level errors. */
+static devio_status loader_file(loader *L, const char *name, const char *wanted,
+                                devio_st_file **out, devio_error *err)
+{
+    for (size_t i = 0; i < L->priv->n_files; i++) {
+        if (strcmp(devio_st_label(L->priv->files[i]), name) == 0) {
+            *out = L->priv->files[i];
+            return DEVIO_OK;
+        }
+    }
+    char *path = path_join(L->dir, name);
+    if (!path) {
+        set_err(err, DEVIO_E_NOMEM, "out of memory opening %s", name);
+        return DEVIO_E_NOMEM;
+    }
+    devio_st_file *f;
+    devio_status st = devio_st_open(path, name, wanted, &f, err);
+    free(path);
+    if (st != DEVIO_OK)
+        return st;
+    if ((st = priv_add_file(L->priv, f, err)) != DEVIO_OK) {
+        devio_st_close(f);
+        return st;
+    }
+    *out = f;
+    return DEVIO_OK;
+}
+
+/* A shard name must be a plain file inside the model directory. */
+static bool shard_name_ok(const char *s)
+{
+    return s[0] != '\0' && strcmp(s, ".") != 0 && strcmp(s, "..") != 0 && !strchr(s, '/') &&
+           !strchr(s, '\\');
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Opens every shard the index names and checks each mapped tensor is in its
+ * shard, so that a broken index fails at load, whichever tensors we use. */
+static devio_status loader_check_index(loader *L, devio_error *err)
+{
+    size_t n = json_object_size(L->weight_map);
+    const char **keys = malloc((n ? n : 1) * sizeof *keys);
+    if (!keys) {
+        set_err(err, DEVIO_E_NOMEM, INDEX_NAME ": out of memory");
+        return DEVIO_E_NOMEM;
+    }
+    size_t k = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(L->weight_map, key, val)
+    {
+        keys[k++] = key;
+    }
+    /* Sorted, so the first error reported does not depend on hash order. */
+    qsort(keys, n, sizeof *keys, cmp_str);
+    devio_status st = DEVIO_OK;
+    for (size_t i = 0; i < n; i++) {
+        const char *shard = json_string_value(json_object_get(L->weight_map, keys[i]));
+        if (!shard || !shard_name_ok(shard)) {
+            set_err(err, DEVIO_E_MODEL,
+                    INDEX_NAME ": tensor '%.80s' maps to '%.60s', not a file name in the "
+                               "model directory",
+                    keys[i], shard ? shard : "(not a string)");
+            st = DEVIO_E_MODEL;
+            break;
+        }
+        devio_st_file *f;
+        if ((st = loader_file(L, shard, keys[i], &f, err)) != DEVIO_OK)
+            break;
+        if (!devio_st_find(f, keys[i])) {
+            set_err(err, DEVIO_E_MODEL,
+                    INDEX_NAME ": tensor '%.80s' is mapped to '%.60s', which does not contain it",
+                    keys[i], shard);
+            st = DEVIO_E_MODEL;
+            break;
+        }
+    }
+    free(keys);
+    return st;
+}
+
+static devio_status priv_own(model_priv *p, void *buf, devio_error *err)
+{
+    if (p->n_owned == p->cap_owned) {
+        size_t cap = p->cap_owned ? p->cap_owned * 2 : 8;
+        void **no = realloc(p->owned, cap * sizeof *no);
+        if (!no) {
+            set_err(err, DEVIO_E_NOMEM, "out of memory copying tensors");
+            return DEVIO_E_NOMEM;
+        }
+        p->owned = no;
+        p->cap_owned = cap;
+    }
+    p->owned[p->n_owned++] = buf;
+    return DEVIO_OK;
+}
+
+/* Fetches `name` and checks it is [s0] (ndim 1) or [s0, s1] (ndim 2).
+ * Absent and not required: out->data = NULL and DEVIO_OK. */
+static devio_status loader_tensor(loader *L, const char *name, bool required, uint32_t ndim,
+                                  uint64_t s0, uint64_t s1, devio_tensor *out, devio_error *err)
+{
+    memset(out, 0, sizeof *out);
+    const char *fname = SINGLE_NAME;
+    if (L->sharded) {
+        const json_t *v = json_object_get(L->weight_map, name);
+        if (!v) {
+            if (!required)
+                return DEVIO_OK;
+            set_err(err, DEVIO_E_MODEL, INDEX_NAME ": tensor '%.80s' is missing from weight_map",
+                    name);
+            return DEVIO_E_MODEL;
+        }
+        fname = json_string_value(v); /* checked by loader_check_index */
+    }
+    devio_st_file *f;
+    devio_status st = loader_file(L, fname, name, &f, err);
+    if (st != DEVIO_OK)
+        return st;
+    const devio_st_tensor *t = devio_st_find(f, name);
+    if (!t) {
+        if (!required)
+            return DEVIO_OK;
+        set_err(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' is missing", fname, name);
+        return DEVIO_E_MODEL;
+    }
+    if (!t->supported) {
+        set_err(err, DEVIO_E_MODEL,
+                "%.100s: tensor '%.80s' has dtype %s; only F32, F16 and BF16 are supported",
+                fname, name, t->dtype_str);
+        return DEVIO_E_MODEL;
+    }
+    uint64_t want[2] = {s0, s1};
+    bool ok = t->ndim == ndim;
+    for (uint32_t i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == want[i];
+    if (!ok) {
+        char got[96] = "", exp[48] = "";
+        size_t g = 0;
+        for (uint32_t i = 0; i < t->ndim && g < sizeof got; i++)
+            g += (size_t)snprintf(got + g, sizeof got - g, "%s%llu", i ? ", " : "",
+                                  (unsigned long long)t->shape[i]);
+        if (ndim == 1)
+            snprintf(exp, sizeof exp, "%llu", (unsigned long long)s0);
+        else
+            snprintf(exp, sizeof exp, "%llu, %llu", (unsigned long long)s0,
+                     (unsigned long long)s1);
+        set_err(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' has shape [%s], expected [%s]",
+                fname, name, got, exp);
+        return DEVIO_E_MODEL;
+    }
+    out->dtype = t->dtype;
+    out->ndim = ndim;
+    out->shape[0] = s0;
+    out->shape[1] = ndim == 2 ? s1 : 0;
+    out->data = t->data;
+    /* safetensors does not promise aligned offsets; readers of the view may
+     * load whole elements, so give them an aligned copy when needed. */
+    if ((uintptr_t)t->data % devio_dtype_size(t->dtype) != 0) {
+        void *copy = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+        if (!copy) {
+            set_err(err, DEVIO_E_NOMEM, "%.100s: tensor '%.80s': out of memory for an aligned copy",
+                    fname, name);
+            return DEVIO_E_NOMEM;
+        }
+        memcpy(copy, t->data, (size_t)t->nbytes);
+        if ((st = priv_own(L->priv, copy, err)) != DEVIO_OK) {
+            free(copy);
+            return st;
+        }
+        out->data = copy;
+    }
+    return DEVIO_OK;
+}
+
+static devio_status load_layer(loader *L, const devio_model_config *c, uint32_t li,
+                               devio_layer *ly, devio_error *err)
+{
+    const uint64_t d = c->hidden_size, q = (uint64_t)c->n_heads * c->head_dim,
+                   kv = (uint64_t)c->n_kv_heads * c->head_dim, f = c->intermediate_size;
+    const struct {
+        const char *suffix;
+        devio_tensor *dst;
+        uint32_t ndim;
+        uint64_t s0, s1;
+        bool bias;
+    } parts[] = {
+        {"input_layernorm.weight", &ly->attn_norm, 1, d, 0, false},
+        {"self_attn.q_proj.weight", &ly->wq, 2, q, d, false},
+        {"self_attn.k_proj.weight", &ly->wk, 2, kv, d, false},
+        {"self_attn.v_proj.weight", &ly->wv, 2, kv, d, false},
+        {"self_attn.o_proj.weight", &ly->wo, 2, d, q, false},
+        {"self_attn.q_proj.bias", &ly->bq, 1, q, 0, true},
+        {"self_attn.k_proj.bias", &ly->bk, 1, kv, 0, true},
+        {"self_attn.v_proj.bias", &ly->bv, 1, kv, 0, true},
+        {"post_attention_layernorm.weight", &ly->ffn_norm, 1, d, 0, false},
+        {"mlp.gate_proj.weight", &ly->w_gate, 2, f, d, false},
+        {"mlp.up_proj.weight", &ly->w_up, 2, f, d, false},
+        {"mlp.down_proj.weight", &ly->w_down, 2, d, f, false},
+    };
+    char name[128];
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (parts[i].bias && !c->attention_bias) {
+            memset(parts[i].dst, 0, sizeof *parts[i].dst);
+            continue;
+        }
+        snprintf(name, sizeof name, "model.layers.%u.%s", li, parts[i].suffix);
+        devio_status st = loader_tensor(L, name, true, parts[i].ndim, parts[i].s0, parts[i].s1,
+                                        parts[i].dst, err);
+        if (st != DEVIO_OK)
+            return st;
+    }
+    return DEVIO_OK;
+}
+
+static bool host_is_little_endian(void)
+{
+    const uint16_t one = 1;
+    uint8_t b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+/* Existence only: a file that exists but cannot be read must fail later
+ * with its own error, not look absent. */
+static devio_status file_exists(const char *dir, const char *name, bool *yes, devio_error *err)
+{
+    char *path = path_join(dir, name);
+    if (!path) {
+        set_err(err, DEVIO_E_NOMEM, "out of memory");
+        return DEVIO_E_NOMEM;
+    }
+    struct stat sb;
+    *yes = stat(path, &sb) == 0;
+    free(path);
+    return DEVIO_OK;
+}
+
+devio_status devio_model_load(const char *dir, devio_model **out, devio_error *err)
+{
+    *out = NULL;
+    if (!host_is_little_endian()) {
+        set_err(err, DEVIO_E_UNSUPPORTED, "safetensors data is little-endian; this host is not");
+        return DEVIO_E_UNSUPPORTED;
+    }
+    json_t *cfg_json = NULL, *index = NULL;
+    devio_status st = load_json(dir, CONFIG_NAME, &cfg_json, err);
+    if (st != DEVIO_OK)
+        return st;
+
+    devio_model *m = calloc(1, sizeof *m);
+    model_priv *priv = calloc(1, sizeof *priv);
+    if (!m || !priv) {
+        free(m);
+        free(priv);
+        set_err(err, DEVIO_E_NOMEM, "out of memory loading the model");
+        st = DEVIO_E_NOMEM;
+        goto out_json;
+    }
+    m->priv = priv;
+    if ((st = parse_config(cfg_json, &m->cfg, err)) != DEVIO_OK)
+        goto out_model;
+    const devio_model_config *c = &m->cfg;
+    m->layers = calloc(c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        set_err(err, DEVIO_E_NOMEM, "out of memory for %u layers", c->n_layers);
+        st = DEVIO_E_NOMEM;
+        goto out_model;
+    }
+
+    loader L = {.dir = dir, .priv = priv};
+    bool single, sharded;
+    if ((st = file_exists(dir, SINGLE_NAME, &single, err)) ||
+        (st = file_exists(dir, INDEX_NAME, &sharded, err)))
+        goto out_model;
+    if (!single && sharded) {
+        if ((st = load_json(dir, INDEX_NAME, &index, err)) != DEVIO_OK)
+            goto out_model;
+        L.weight_map = json_object_get(index, "weight_map");
+        if (!json_is_object(L.weight_map)) {
+            set_err(err, DEVIO_E_MODEL, INDEX_NAME ": 'weight_map' is missing or not an object");
+            st = DEVIO_E_MODEL;
+            goto out_model;
+        }
+        L.sharded = true;
+        if ((st = loader_check_index(&L, err)) != DEVIO_OK)
+            goto out_model;
+    } else if (!single) {
+        set_err(err, DEVIO_E_MODEL,
+                "model directory '%.120s' has neither " SINGLE_NAME " nor " INDEX_NAME, dir);
+        st = DEVIO_E_MODEL;
+        goto out_model;
+    }
+
+    const uint64_t V = c->vocab_size, d = c->hidden_size;
+    if ((st = loader_tensor(&L, "model.embed_tokens.weight", true, 2, V, d, &m->embed, err)))
+        goto out_model;
+    for (uint32_t i = 0; i < c->n_layers; i++)
+        if ((st = load_layer(&L, c, i, &m->layers[i], err)) != DEVIO_OK)
+            goto out_model;
+    if ((st = loader_tensor(&L, "model.norm.weight", true, 1, d, 0, &m->norm, err)))
+        goto out_model;
+    if (c->tie_word_embeddings) {
+        /* transformers ties lm_head to the embedding even when the file
+         * stores a copy, so the copy is never read. */
+        m->lm_head = m->embed;
+    } else {
+        if ((st = loader_tensor(&L, "lm_head.weight", false, 2, V, d, &m->lm_head, err)))
+            goto out_model;
+        if (!m->lm_head.data) {
+            set_err(err, DEVIO_E_MODEL,
+                    "%s: tensor 'lm_head.weight' is missing and " CONFIG_NAME
+                    " has tie_word_embeddings false",
+                    L.sharded ? INDEX_NAME : SINGLE_NAME);
+            st = DEVIO_E_MODEL;
+            goto out_model;
+        }
+    }
+    json_decref(index);
+    json_decref(cfg_json);
+    *out = m;
+    return DEVIO_OK;
+
+out_model:
+    devio_model_free(m);
+out_json:
+    json_decref(index);
+    json_decref(cfg_json);
+    return st;
+}
+
+void devio_model_free(devio_model *m)
+{
+    if (!m)
+        return;
+    model_priv *p = m->priv;
+    if (p) {
+        for (size_t i = 0; i < p->n_files; i++)
+            devio_st_close(p->files[i]);
+        free(p->files);
+        for (size_t i = 0; i < p->n_owned; i++)
+            free(p->owned[i]);
+        free(p->owned);
+        free(p);
+    }
+    free(m->layers);
+    free(m);
+}

@@ -1,0 +1,56 @@
+/* safetensors.h - opens one .safetensors file and range-checks every tensor in it.
+ * It never interprets tensor values and never hands out a pointer outside the file. */
+#ifndef DEVIO_SAFETENSORS_H
+#define DEVIO_SAFETENSORS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device/devio.h"
+#include "device/model.h"
+
+#define DEVIO_ST_MAX_DIMS 8
+/* The header is JSON text; anything larger is not a model we can trust. */
+#define DEVIO_ST_MAX_HEADER ((uint64_t)100 * 1024 * 1024)
+
+/* One tensor entry of the header. `data` points into the file's bytes
+ * (mapped or read) and is owned by the devio_st_file. */
+typedef struct devio_st_tensor {
+    char *name;         /* owned by the file */
+    char dtype_str[16]; /* as written in the header, e.g. "BF16", "I64" */
+    bool supported;     /* dtype is F32, F16 or BF16 */
+    devio_dtype dtype;  /* valid when supported */
+    uint32_t ndim;
+    uint64_t shape[DEVIO_ST_MAX_DIMS];
+    uint64_t nbytes;
+    const uint8_t *data; /* borrowed from the file; may be unaligned */
+} devio_st_tensor;
+
+typedef struct devio_st_file devio_st_file;
+
+/* Open and validate `path`. `label` is how errors name the file (usually its
+ * name inside the model directory); `wanted` (may be NULL) is the tensor the
+ * caller is opening the file for, named in file-level errors.
+ * Every tensor's dtype must be a known safetensors dtype and its byte range
+ * must lie inside the data section and match its shape; violations are
+ * DEVIO_E_MODEL naming the file and tensor. Missing or unreadable files are
+ * DEVIO_E_MODEL too (a model directory that lacks its weights is malformed).
+ * On success *out is owned by the caller (devio_st_close); on failure NULL. */
+devio_status devio_st_open(const char *path, const char *label, const char *wanted,
+                           devio_st_file **out, devio_error *err);
+
+/* Release the mapping or buffer and every entry. f may be NULL. */
+void devio_st_close(devio_st_file *f);
+
+/* Entry named `name`, or NULL. Borrowed from f. */
+const devio_st_tensor *devio_st_find(const devio_st_file *f, const char *name);
+
+size_t devio_st_count(const devio_st_file *f);
+/* Entries sorted by name; i < devio_st_count(f). Borrowed from f. */
+const devio_st_tensor *devio_st_at(const devio_st_file *f, size_t i);
+
+/* The label given at open. Borrowed from f. */
+const char *devio_st_label(const devio_st_file *f);
+
+#endif

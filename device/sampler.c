@@ -1,0 +1,473 @@
+/* sampler.c - the token sampler defined in sampler.h: greedy, top-k, top-p,
+ * min-p and Philox-keyed Gumbel-max. Never allocates after create, never uses libm. */
+#include <float.h>
+#include <math.h> /* INFINITY only: no libm function is called */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/devio.h"
+#include "device/numerics.h"
+#include "device/sampler.h"
+#include "device/status.h"
+
+struct devio_sampler {
+    uint32_t vocab;
+    /* Every array has vocab entries. */
+    float *z;           /* step 3: tempered logits */
+    float *e;           /* step 1 exp terms, then step 5 exp terms, then p */
+    uint32_t *idx;      /* the candidate set K as a list of ids */
+    uint32_t *key;      /* step 6: sort keys parallel to idx */
+    uint32_t *tmp_idx;  /* step 6: radix scatter space */
+    uint32_t *tmp_key;
+    uint8_t *mark;      /* step 4: membership, to list K in id order */
+};
+
+/* Ranges this short are insertion sorted rather than radix scattered. */
+#define SMALL_RANGE 32u
+
+#define NEG_INF (-INFINITY)
+
+/* ------------------------------------------------------------------ */
+/* Philox4x32-10                                                       */
+
+void devio_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
+{
+    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; round++) {
+        if (round > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+/* ------------------------------------------------------------------ */
+/* Lifecycle and checks                                                */
+
+devio_status devio_sampler_create(uint32_t vocab, devio_sampler **out)
+{
+    if (!out)
+        return DEVIO_E_INVALID;
+    *out = NULL;
+    /* Token ids are int32 in the interface. */
+    if (vocab == 0 || vocab > (uint32_t)INT32_MAX)
+        return DEVIO_E_INVALID;
+    devio_sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        return DEVIO_E_NOMEM;
+    s->vocab = vocab;
+    const size_t n = vocab;
+    s->z = malloc(n * sizeof *s->z);
+    s->e = malloc(n * sizeof *s->e);
+    s->idx = malloc(n * sizeof *s->idx);
+    s->key = malloc(n * sizeof *s->key);
+    s->tmp_idx = malloc(n * sizeof *s->tmp_idx);
+    s->tmp_key = malloc(n * sizeof *s->tmp_key);
+    s->mark = malloc(n * sizeof *s->mark);
+    if (!s->z || !s->e || !s->idx || !s->key || !s->tmp_idx || !s->tmp_key || !s->mark)
+        goto out_free;
+    *out = s;
+    return DEVIO_OK;
+out_free:
+    devio_sampler_free(s);
+    return DEVIO_E_NOMEM;
+}
+
+void devio_sampler_free(devio_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->z);
+    free(s->e);
+    free(s->idx);
+    free(s->key);
+    free(s->tmp_idx);
+    free(s->tmp_key);
+    free(s->mark);
+    free(s);
+}
+
+uint32_t devio_sampler_vocab(const devio_sampler *s)
+{
+    return s ? s->vocab : 0;
+}
+
+devio_status devio_sampler_check(const devio_sample_params *p, devio_error *err)
+{
+    if (!p)
+        return devio_fail(err, DEVIO_E_INVALID, "sample params missing");
+    /* Written as !(ok) so that NaN fails every test. */
+    if (!(p->temperature >= 0.0f && p->temperature <= FLT_MAX))
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "temperature must be finite and >= 0 (got %g)",
+                          (double)p->temperature);
+    if (p->top_k < 0)
+        return devio_fail(err, DEVIO_E_INVALID, "top_k must be >= 0 (got %d)",
+                          (int)p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return devio_fail(err, DEVIO_E_INVALID, "top_p must be in (0, 1] (got %g)",
+                          (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return devio_fail(err, DEVIO_E_INVALID, "min_p must be in [0, 1] (got %g)",
+                          (double)p->min_p);
+    return DEVIO_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Step 4: top-k by a bounded heap                                     */
+
+/* The order of step 4: z descending, equal z lower id first. Ids are
+ * distinct, so this is a strict total order. */
+static inline bool comes_before(uint32_t a, uint32_t b, const float *z)
+{
+    float za = z[a], zb = z[b];
+    return za > zb || (za == zb && a < b);
+}
+
+/* Heap whose root is the member that comes last, i.e. the first to be
+ * displaced by a better candidate. */
+static void sift_down(uint32_t *h, uint32_t root, uint32_t n, const float *z)
+{
+    for (;;) {
+        uint32_t child = 2 * root + 1;
+        if (child >= n)
+            return;
+        if (child + 1 < n && comes_before(h[child], h[child + 1], z))
+            child++;
+        if (!comes_before(h[root], h[child], z))
+            return;
+        uint32_t t = h[root];
+        h[root] = h[child];
+        h[child] = t;
+        root = child;
+    }
+}
+
+/* heap[0..k) = the k ids first in order, in no particular arrangement.
+ * 0 < k < v. One predictable comparison per id for most inputs, so this is
+ * O(v) in practice and O(v log k) at worst. */
+static void top_k_select(const float *z, uint32_t v, uint32_t k, uint32_t *heap)
+{
+    for (uint32_t i = 0; i < k; i++)
+        heap[i] = i;
+    for (uint32_t i = k / 2; i-- > 0;)
+        sift_down(heap, i, k, z);
+    for (uint32_t i = k; i < v; i++) {
+        if (comes_before(i, heap[0], z)) {
+            heap[0] = i;
+            sift_down(heap, 0, k, z);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Step 6: the nucleus by a lazy most-significant-digit radix sort     */
+
+/* A key whose unsigned order is "p descending": p >= 0, so the bits of p
+ * order like p, and inverting them reverses that. Both zeros map to the
+ * last key. */
+static inline uint32_t nucleus_key(float p)
+{
+    if (!(p > 0.0f))
+        return UINT32_MAX;
+    uint32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    return ~bits;
+}
+
+typedef struct nucleus_walk {
+    uint32_t *ids, *keys;         /* K in increasing id order on entry */
+    uint32_t *tmp_ids, *tmp_keys; /* scatter space, same length */
+    const float *p;
+    float c, top_p;
+    uint32_t cut; /* set when the walk stops */
+} nucleus_walk;
+
+/* Order ids[lo, lo+n) by key with a stable radix pass on the digit at
+ * `shift` and walk it in order, ordering each bucket only when the walk
+ * reaches it, so ids past the cut are never sorted. Stability keeps equal
+ * keys in increasing id order, which is the tie rule. Returns true once
+ * c >= top_p. */
+static bool nucleus_walk_range(nucleus_walk *w, uint32_t lo, uint32_t n, int shift)
+{
+    uint32_t *ids = w->ids + lo, *keys = w->keys + lo;
+    if (n <= SMALL_RANGE || shift < 0) {
+        /* Stable insertion sort by key; when shift < 0 keys are all equal. */
+        for (uint32_t i = 1; shift >= 0 && i < n; i++) {
+            uint32_t id = ids[i], key = keys[i], j = i;
+            while (j > 0 && keys[j - 1] > key) {
+                ids[j] = ids[j - 1];
+                keys[j] = keys[j - 1];
+                j--;
+            }
+            ids[j] = id;
+            keys[j] = key;
+        }
+        for (uint32_t j = 0; j < n; j++) {
+            w->c = w->c + w->p[ids[j]];
+            if (w->c >= w->top_p) {
+                w->cut = lo + j + 1;
+                return true;
+            }
+        }
+        return false;
+    }
+    uint32_t count[256] = {0};
+    for (uint32_t j = 0; j < n; j++)
+        count[(keys[j] >> shift) & 0xFFu]++;
+    if (count[(keys[0] >> shift) & 0xFFu] == n)
+        return nucleus_walk_range(w, lo, n, shift - 8);
+    uint32_t start[256];
+    uint32_t off = 0;
+    for (int b = 0; b < 256; b++) {
+        start[b] = off;
+        off += count[b];
+    }
+    uint32_t *tids = w->tmp_ids + lo, *tkeys = w->tmp_keys + lo;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t pos = start[(keys[j] >> shift) & 0xFFu]++;
+        tids[pos] = ids[j];
+        tkeys[pos] = keys[j];
+    }
+    memcpy(ids, tids, (size_t)n * sizeof *ids);
+    memcpy(keys, tkeys, (size_t)n * sizeof *keys);
+    off = 0;
+    for (int b = 0; b < 256; b++) {
+        if (count[b] && nucleus_walk_range(w, lo + off, count[b], shift - 8))
+            return true;
+        off += count[b];
+    }
+    return false;
+}
+
+/* Step 6 on K = ids[0..n), given in increasing id order: reorders the
+ * prefix and returns the nucleus size. */
+static uint32_t top_p_cut(devio_sampler *s, uint32_t n, const float *p, float top_p)
+{
+    for (uint32_t j = 0; j < n; j++)
+        s->key[j] = nucleus_key(p[s->idx[j]]);
+    nucleus_walk w = {
+        .ids = s->idx, .keys = s->key, .tmp_ids = s->tmp_idx, .tmp_keys = s->tmp_key,
+        .p = p, .c = 0.0f, .top_p = top_p, .cut = n,
+    };
+    nucleus_walk_range(&w, 0, n, 24);
+    return w.cut;
+}
+
+/* ------------------------------------------------------------------ */
+/* Sampling                                                            */
+
+/* Step 0: NaN -> -inf, +inf -> FLT_MAX. */
+static inline float clean_logit(float x)
+{
+    if (x != x)
+        return NEG_INF;
+    if (x > FLT_MAX)
+        return FLT_MAX;
+    return x;
+}
+
+/* Step 3 for one logit already cleaned. */
+static inline float temper(float l, float t)
+{
+    if (l == NEG_INF)
+        return NEG_INF;
+    float q = l / t;
+    if (q > FLT_MAX)
+        return FLT_MAX;
+    if (q < -FLT_MAX)
+        return -FLT_MAX;
+    return q;
+}
+
+/* Step 8 for one id: g_i from the Philox block, using a one-block cache so
+ * consecutive ids share a Philox call. */
+typedef struct gumbel_rng {
+    uint32_t key[2];
+    uint32_t pos_lo, pos_hi;
+    uint64_t block; /* UINT64_MAX = nothing cached */
+    uint32_t bits[4];
+} gumbel_rng;
+
+static inline float gumbel_of(gumbel_rng *g, uint32_t id)
+{
+    uint32_t block = id >> 2;
+    if (g->block != block) {
+        uint32_t ctr[4] = {block, 0u, g->pos_lo, g->pos_hi};
+        devio_philox4x32_10(ctr, g->key, g->bits);
+        g->block = block;
+    }
+    uint32_t r = g->bits[id & 3u];
+    /* 2k+1 < 2^24 converts exactly; times 2^-24 is exact. */
+    float u = (float)(2u * (r >> 9) + 1u) * 0x1p-24f;
+    return -devio_logf(-devio_logf(u));
+}
+
+/* Argmax over K of z_i + g_i, ties to the lowest id. ids == NULL means
+ * K = [0, n). `start` is a member of K with a large z: drawing for it first
+ * sets a high bar, and then every id whose z plus the Gumbel bound cannot
+ * reach the bar is skipped without a draw. Which member starts never
+ * changes the result. */
+static uint32_t gumbel_pick(const float *z, const uint32_t *ids, uint32_t n, uint32_t start,
+                            uint64_t seed, uint64_t position)
+{
+    gumbel_rng g = {
+        .key = {(uint32_t)seed, (uint32_t)(seed >> 32)},
+        .pos_lo = (uint32_t)position,
+        .pos_hi = (uint32_t)(position >> 32),
+        .block = UINT64_MAX,
+    };
+    float best = z[start] + gumbel_of(&g, start);
+    uint32_t best_id = start;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t id = ids ? ids[j] : j;
+        float zi = z[id];
+        if (zi + DEVIO_SAMPLER_GUMBEL_BOUND < best)
+            continue;
+        float v = zi + gumbel_of(&g, id);
+        if (v > best || (v == best && id < best_id)) {
+            best = v;
+            best_id = id;
+        }
+    }
+    return best_id;
+}
+
+devio_status devio_sampler_run(devio_sampler *s, const float *logits,
+                               const devio_sample_params *p, uint64_t position,
+                               int32_t *token, float *logprob)
+{
+    if (!s || !logits || !p || !token || !logprob)
+        return DEVIO_E_INVALID;
+    if (devio_sampler_check(p, NULL) != DEVIO_OK)
+        return DEVIO_E_INVALID;
+    const uint32_t V = s->vocab;
+
+    /* Steps 0 and 2: the raw max, first occurrence, is also the greedy pick. */
+    float m = NEG_INF;
+    uint32_t argmax = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        float x = clean_logit(logits[i]);
+        if (x > m) {
+            m = x;
+            argmax = i;
+        }
+    }
+    if (m == NEG_INF)
+        return DEVIO_E_INVALID;
+
+    /* Step 1, and step 3 in the same pass when sampling. */
+    const float t = p->temperature;
+    if (t == 0.0f) {
+        for (uint32_t i = 0; i < V; i++)
+            s->e[i] = devio_expf(clean_logit(logits[i]) - m);
+    } else {
+        for (uint32_t i = 0; i < V; i++) {
+            float x = clean_logit(logits[i]);
+            s->e[i] = devio_expf(x - m);
+            s->z[i] = temper(x, t);
+        }
+    }
+    const float log_z = devio_logf(devio_lane_sum(s->e, V));
+
+    uint32_t tok;
+    if (t == 0.0f) {
+        tok = argmax;
+        goto out;
+    }
+
+    const bool use_k = p->top_k > 0 && (uint32_t)p->top_k < V;
+    const bool use_p = p->top_p < 1.0f;
+    const bool use_min = p->min_p > 0.0f;
+    /* Tempering is monotone, so the raw argmax has the largest z (ties
+     * aside): a good start for the draw. */
+    if (!use_k && !use_p && !use_min) {
+        tok = gumbel_pick(s->z, NULL, V, argmax, p->seed, position);
+        goto out;
+    }
+
+    /* K as a list s->idx[0..n), in increasing id order (steps 5 and 6 rely
+     * on it). */
+    uint32_t n = V;
+    if (use_k) {
+        n = (uint32_t)p->top_k;
+        top_k_select(s->z, V, n, s->idx);
+        if (use_p) {
+            memset(s->mark, 0, V);
+            for (uint32_t j = 0; j < n; j++)
+                s->mark[s->idx[j]] = 1;
+            uint32_t j = 0;
+            for (uint32_t i = 0; i < V; i++)
+                if (s->mark[i])
+                    s->idx[j++] = i;
+        }
+    } else {
+        for (uint32_t i = 0; i < V; i++)
+            s->idx[i] = i;
+    }
+
+    if (use_p || use_min) {
+        /* Step 5: e over the full vocab, removed ids exactly +0. */
+        float *e = s->e;
+        float zmax = NEG_INF;
+        for (uint32_t j = 0; j < n; j++)
+            if (s->z[s->idx[j]] > zmax)
+                zmax = s->z[s->idx[j]];
+        if (n < V)
+            memset(e, 0, (size_t)V * sizeof *e);
+        for (uint32_t j = 0; j < n; j++) {
+            uint32_t id = s->idx[j];
+            e[id] = devio_expf(s->z[id] - zmax);
+        }
+        const float zsum = devio_lane_sum(e, V);
+        for (uint32_t j = 0; j < n; j++) {
+            uint32_t id = s->idx[j];
+            e[id] = e[id] / zsum;
+        }
+
+        /* Step 6. */
+        if (use_p)
+            n = top_p_cut(s, n, e, p->top_p);
+
+        /* Step 7. */
+        if (use_min) {
+            float pmax = 0.0f;
+            for (uint32_t j = 0; j < n; j++)
+                if (e[s->idx[j]] > pmax)
+                    pmax = e[s->idx[j]];
+            const float thr = p->min_p * pmax;
+            uint32_t kept = 0;
+            for (uint32_t j = 0; j < n; j++)
+                if (!(e[s->idx[j]] < thr))
+                    s->idx[kept++] = s->idx[j];
+            n = kept;
+        }
+    }
+
+    /* Step 8, starting from the member of K with the largest z. */
+    uint32_t start = s->idx[0];
+    for (uint32_t j = 1; j < n; j++)
+        if (s->z[s->idx[j]] > s->z[start])
+            start = s->idx[j];
+    tok = gumbel_pick(s->z, s->idx, n, start, p->seed, position);
+
+out:
+    *token = (int32_t)tok;
+    *logprob = (clean_logit(logits[tok]) - m) - log_z;
+    return DEVIO_OK;
+}

@@ -1,0 +1,124 @@
+/* sampler.h - picks one token from a row of logits: greedy, or seeded
+ * Gumbel-max after top-k/top-p/min-p. Bit-exact contract; never allocates per call.
+ *
+ * THE DEFINITION (every backend must reproduce it bit for bit)
+ *
+ * Inputs: logits l[0..V) (binary32), params (temperature T, top_k, top_p,
+ * min_p, seed), and `position`, the sequence position the sampled token will
+ * occupy. All arithmetic is binary32 with every operation rounded (no
+ * contraction); exp and log are devio_expf / devio_logf from
+ * device/numerics.h; every sum of many terms is devio_lane_sum (the 32-lane
+ * rule of DESIGN section 4) over a length-V array indexed by token id.
+ *
+ * 0. Sanitise: a NaN logit is read as -inf, a +inf logit as FLT_MAX. Call the
+ *    result l'. If every l' is -inf the call fails with DEVIO_E_INVALID
+ *    (there is nothing to sample).
+ *
+ * 1. logprob (always, whatever the params): m = max_i l'_i;
+ *    a_i = devio_expf(l'_i - m); Z = devio_lane_sum(a, V);
+ *    logprob = (l'_tok - m) - devio_logf(Z).
+ *    This is the log-softmax of the RAW logits (temperature 1, no filters)
+ *    at the chosen token, which is what vLLM returns by default as the
+ *    sampled token's logprob.
+ *
+ * 2. T == 0: greedy. tok = argmax_i l'_i, ties to the lowest id. No random
+ *    numbers, no filters (top_k, top_p, min_p, seed are ignored).
+ *
+ * 3. T > 0: z_i = -inf when l'_i = -inf; otherwise z_i = l'_i / T (one
+ *    rounded division), a quotient that overflowed to +inf or -inf being
+ *    read as FLT_MAX or -FLT_MAX. So z_i = -inf exactly when l'_i = -inf,
+ *    and max z is finite. The candidate set K starts as every id.
+ *
+ * 4. top_k: when 0 < top_k < V, K = the top_k ids first in the order
+ *    "z descending, equal z (compared as floats, -0 == +0) lower id first".
+ *
+ * 5. Probabilities, computed only when top_p < 1 or min_p > 0:
+ *    m = max over K of z_i; e_i = devio_expf(z_i - m) for i in K and
+ *    e_i = +0.0f for i not in K; Z = devio_lane_sum(e, V) (full vocab, in
+ *    id order, removed ids contributing exactly +0.0f); p_i = e_i / Z.
+ *
+ * 6. top_p < 1: order K by "p descending, equal p lower id first"; walk that
+ *    order with c = +0.0f; c = c + p_i (rounded at each step); stop after
+ *    the first token at which c >= top_p. K = the tokens walked (always at
+ *    least one). If c never reaches top_p, K is unchanged.
+ *
+ * 7. min_p > 0: p_max = max over K of p_i (the p of step 5; top_p does not
+ *    renormalise); thr = min_p * p_max (one rounded multiply); remove from K
+ *    every i with p_i < thr. (p_max itself always stays.)
+ *
+ * 8. Gumbel-max over K. Random bits: for token id i,
+ *      ctr = { i / 4, 0, (uint32)position, (uint32)(position >> 32) },
+ *      key = { (uint32)seed, (uint32)(seed >> 32) },
+ *      r_i = devio_philox4x32_10(ctr, key)[i % 4]
+ *    (one Philox call serves four consecutive ids). Then
+ *      u_i = (float)(2 * (r_i >> 9) + 1) * 2^-24
+ *    the top 23 bits of r_i, centred in their cell: u_i is exact and lies in
+ *    [2^-24, 1 - 2^-24], never 0 or 1. (24 bits plus one half would not be
+ *    representable near 1.)
+ *      g_i = -devio_logf(-devio_logf(u_i))
+ *      v_i = z_i + g_i   (z of step 3, not the renormalised p)
+ *    tok = argmax over K of v_i, ties to the lowest id.
+ *    This draws from softmax(z) renormalised over K (the p of step 5 scaled
+ *    to sum to one over K), up to the 23-bit resolution of u.
+ *
+ * Parameter ranges (devio_sampler_check): T finite and >= 0 (-0 counts as
+ * 0), top_k >= 0 (0 or >= V means off), 0 < top_p <= 1 (1 = off),
+ * 0 <= min_p <= 1 (0 = off). seed: any value.
+ *
+ * Threads: a devio_sampler holds scratch, so one thread uses it at a time;
+ * the result depends only on (logits, params, position), never on the
+ * sampler's history.
+ */
+#ifndef DEVIO_SAMPLER_H
+#define DEVIO_SAMPLER_H
+
+#include <stdint.h>
+
+#include "device/devio.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An upper bound on every g_i of step 8 (the largest is about 16.6, at
+ * u = 1 - 2^-24). The implementation skips drawing for a token whose
+ * z_i + bound cannot beat the best v so far, which never changes the result
+ * while this bound holds; sampler_test checks it for all 2^23 values of u. */
+#define DEVIO_SAMPLER_GUMBEL_BOUND 20.0f
+
+/* Scratch sized for one vocab at creation; the sampling path never allocates. */
+typedef struct devio_sampler devio_sampler;
+
+/* 1 <= vocab <= INT32_MAX. On success *out is owned by the caller, who frees it with
+ * devio_sampler_free(). On failure (DEVIO_E_INVALID, DEVIO_E_NOMEM) *out is NULL. */
+devio_status devio_sampler_create(uint32_t vocab, devio_sampler **out);
+
+/* s may be NULL. */
+void devio_sampler_free(devio_sampler *s);
+
+/* The vocab the sampler was created for. */
+uint32_t devio_sampler_vocab(const devio_sampler *s);
+
+/* Validate params against the ranges above. DEVIO_OK, or DEVIO_E_INVALID with
+ * a message naming the field (err may be NULL). Does not depend on the vocab. */
+devio_status devio_sampler_check(const devio_sample_params *p, devio_error *err);
+
+/* Sample one token from `logits` (vocab floats, borrowed for the call).
+ * `position` is the sequence position the sampled token will occupy. Writes
+ * *token and *logprob on DEVIO_OK; leaves them untouched otherwise.
+ * DEVIO_E_INVALID: a NULL pointer, params that devio_sampler_check refuses,
+ * or every logit NaN or -inf. */
+devio_status devio_sampler_run(devio_sampler *s, const float *logits,
+                               const devio_sample_params *p, uint64_t position,
+                               int32_t *token, float *logprob);
+
+/* Philox4x32-10 (Salmon et al., SC'11): multipliers 0xD2511F53 and
+ * 0xCD9E8D57, key increments 0x9E3779B9 and 0xBB67AE85, 10 rounds. Matches
+ * the known-answer vectors published with Random123. Exposed for tests and
+ * for other backends to match. */
+void devio_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

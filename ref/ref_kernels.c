@@ -1,0 +1,627 @@
+/* ref_kernels.c - matmul, rmsnorm, RoPE, attention and the SiLU gate of the
+ * reference backend, in the operation order ref_kernels.h defines. Never
+ * fuses a multiply into an add, never calls libm, never allocates per call.
+ *
+ * Vectorisation uses GCC/clang generic vectors only, so the same source
+ * becomes AVX-512 natively and simd128 on wasm32. The 32 lanes of the
+ * reduction rule are two 16-float accumulators: lanes 0-15 and 16-31. */
+#include "ref/ref_kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/numerics.h"
+
+/* The 64-byte vectors never cross a non-inlined call boundary in a way
+ * that matters (every helper is static), so GCC's note that their ABI
+ * differs without AVX-512 is noise in builds without -march. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+typedef int32_t v16i32 __attribute__((vector_size(64)));
+
+/* Register blocking of the projection kernel: MK_R weight rows times MK_T
+ * tokens, two accumulators each (24 of the 32 AVX-512 registers). */
+#define MK_R 4
+#define MK_T 3
+/* Bytes of token rows kept hot while a weight tile is swept over them. */
+#define TOKEN_BLOCK_FLOATS 65536u
+/* Up to this many tokens, weights are widened in registers (see
+ * matmul_rows); DIRECT_ROWS rows are swept together so their weights are
+ * still in L1 for the second and later token groups. */
+#define DIRECT_MAX_TOKENS 6u
+#define DIRECT_ROWS 16u
+#define PREFETCH_GROUPS 2u
+/* Keys ahead whose K or V row is prefetched in attention. */
+#define KV_PREFETCH 8u
+/* Jobs per thread in a projection region: enough to even out the threads
+ * at the end of a region, few enough that claiming stays negligible. */
+#define JOBS_PER_THREAD 8u
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+static ALWAYS_INLINE v16f ld16(const float *p)
+{
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static ALWAYS_INLINE void st16(float *p, v16f v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+/* The fold of the lane rule: lanes 0-15 in a, 16-31 in b. */
+static ALWAYS_INLINE float fold32(v16f a, v16f b)
+{
+    v16f s = a + b; /* w = 16 */
+    v8f s8 = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7) +
+             __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15); /* w = 8 */
+    v4f s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) +
+             __builtin_shufflevector(s8, s8, 4, 5, 6, 7); /* w = 4 */
+    float r0 = s4[0] + s4[2]; /* w = 2 */
+    float r1 = s4[1] + s4[3];
+    return r0 + r1;           /* w = 1 */
+}
+
+/* ---- widening ---------------------------------------------------------- */
+
+static ALWAYS_INLINE v16f widen16_bf16(const uint16_t *p)
+{
+    v16u16 h;
+    memcpy(&h, p, sizeof h);
+    v16u32 u = __builtin_convertvector(h, v16u32) << 16;
+    return (v16f)u;
+}
+
+/* Exact half to single with integer operations only. Subnormal halves are
+ * m * 2^-24, made as an int-to-float conversion and a power-of-two scale,
+ * so no subnormal float is ever an operand (no slow microcode path). */
+static ALWAYS_INLINE v16f widen16_f16(const uint16_t *p)
+{
+    v16u16 h16;
+    memcpy(&h16, p, sizeof h16);
+    v16u32 h = __builtin_convertvector(h16, v16u32);
+    v16u32 s = (h & 0x8000u) << 16;
+    v16u32 e = (h >> 10) & 0x1fu;
+    v16u32 m = h & 0x3ffu;
+    v16u32 normal = s | ((e + 112u) << 23) | (m << 13);
+    v16u32 special = s | 0x7f800000u | (m << 13);
+    v16f subf = __builtin_convertvector((v16i32)m, v16f) * 0x1p-24f;
+    v16u32 sub = (v16u32)subf | s;
+    v16u32 is_sub = (v16u32)(e == 0u);
+    v16u32 is_special = (v16u32)(e == 31u);
+    v16u32 r = (is_sub & sub) | (~is_sub & ((is_special & special) | (~is_special & normal)));
+    return (v16f)r;
+}
+
+static float widen1_f16(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu;
+    uint32_t m = h & 0x3ffu;
+    uint32_t bits;
+    if (e == 0) {
+        float f = (float)m * 0x1p-24f;
+        memcpy(&bits, &f, sizeof bits);
+        bits |= s;
+    } else if (e == 31) {
+        bits = s | 0x7f800000u | (m << 13);
+    } else {
+        bits = s | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static float widen1_bf16(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+void ref_widen(devio_dtype dt, const void *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    if (dt == DEVIO_F32) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = src;
+    if (dt == DEVIO_BF16) {
+        for (; i + 16 <= n; i += 16)
+            st16(dst + i, widen16_bf16(h + i));
+        for (; i < n; i++)
+            dst[i] = widen1_bf16(h[i]);
+    } else {
+        for (; i + 16 <= n; i += 16)
+            st16(dst + i, widen16_f16(h + i));
+        for (; i < n; i++)
+            dst[i] = widen1_f16(h[i]);
+    }
+}
+
+/* ---- reductions -------------------------------------------------------- */
+
+float ref_lane_dot(const float *a, const float *b, uint32_t n)
+{
+    v16f acc0 = {0}, acc1 = {0};
+    uint32_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = acc0 + ld16(a + i) * ld16(b + i);
+        acc1 = acc1 + ld16(a + i + 16) * ld16(b + i + 16);
+    }
+    if (i < n) {
+        /* The tail as one more chunk with zero terms in the missing lanes. */
+        float ta[32] = {0}, tb[32] = {0};
+        memcpy(ta, a + i, (n - i) * sizeof(float));
+        memcpy(tb, b + i, (n - i) * sizeof(float));
+        acc0 = acc0 + ld16(ta) * ld16(tb);
+        acc1 = acc1 + ld16(ta + 16) * ld16(tb + 16);
+    }
+    return fold32(acc0, acc1);
+}
+
+float ref_lane_sum(const float *x, uint32_t n)
+{
+    v16f acc0 = {0}, acc1 = {0};
+    uint32_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = acc0 + ld16(x + i);
+        acc1 = acc1 + ld16(x + i + 16);
+    }
+    if (i < n) {
+        float t[32] = {0};
+        memcpy(t, x + i, (n - i) * sizeof(float));
+        acc0 = acc0 + ld16(t);
+        acc1 = acc1 + ld16(t + 16);
+    }
+    return fold32(acc0, acc1);
+}
+
+/* ---- rmsnorm and RoPE -------------------------------------------------- */
+
+void ref_rmsnorm(float *y, const float *x, const float *w, uint32_t d, float eps)
+{
+    float ss = ref_lane_dot(x, x, d);
+    float r = devio_rsqrtf(ss / (float)d + eps);
+    for (uint32_t i = 0; i < d; i++)
+        y[i] = w[i] * (x[i] * r);
+}
+
+void ref_rope(float *x, uint32_t n_heads, uint32_t hd, const float *cos_row,
+              const float *sin_row)
+{
+    uint32_t half = hd / 2;
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *p = x + (size_t)h * hd;
+        for (uint32_t i = 0; i < half; i++) {
+            float a = p[i], b = p[i + half];
+            float c = cos_row[i], s = sin_row[i];
+            p[i] = a * c - b * s;
+            p[i + half] = b * c + a * s;
+        }
+    }
+}
+
+/* ---- projections ------------------------------------------------------- */
+
+/* 16 weights from element i of a row of dtype dt, widened. */
+static ALWAYS_INLINE v16f ldw16(int dt, const void *w, size_t i)
+{
+    if (dt == DEVIO_F32)
+        return ld16((const float *)w + i);
+    if (dt == DEVIO_BF16)
+        return widen16_bf16((const uint16_t *)w + i);
+    return widen16_f16((const uint16_t *)w + i);
+}
+
+/* R weight rows of dtype dt (stride ldw elements) times T token rows
+ * (stride ldx floats), over n_pad elements, a multiple of 32 within the
+ * rows of both operands (zeros past the real length).
+ * out[r * T + t] = lane_dot(w_r, x_t). Constant R, T and dt after inlining
+ * let the 2*R*T accumulators live in registers. pf != 0: prefetch the
+ * weights pf bytes ahead of each row read. */
+static ALWAYS_INLINE void mk_dots(int dt, int R, int T, const void *w, size_t ldw, const float *x,
+                                  size_t ldx, uint32_t n_pad, size_t pf, float *out)
+{
+    const size_t esz = dt == DEVIO_F32 ? 4u : 2u;
+    v16f acc[MK_R][MK_T][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[r][t][0] = acc[r][t][1] = (v16f){0};
+    for (uint32_t k = 0; k < n_pad; k += 32) {
+        v16f xv[MK_T][2];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            xv[t][0] = ld16(x + (size_t)t * ldx + k);
+            xv[t][1] = ld16(x + (size_t)t * ldx + k + 16);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            if (pf)
+                __builtin_prefetch((const char *)w + ((size_t)r * ldw + k) * esz + pf);
+            v16f w0 = ldw16(dt, w, (size_t)r * ldw + k);
+            v16f w1 = ldw16(dt, w, (size_t)r * ldw + k + 16);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                acc[r][t][0] = acc[r][t][0] + w0 * xv[t][0];
+                acc[r][t][1] = acc[r][t][1] + w1 * xv[t][1];
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            out[r * T + t] = fold32(acc[r][t][0], acc[r][t][1]);
+}
+
+typedef void (*mk_fn)(const void *w, size_t ldw, const float *x, size_t ldx, uint32_t n_pad,
+                      size_t pf, float *out);
+
+#define MK_DEF(DT, NAME, R, T)                                                               \
+    static void mk_##NAME##_##R##x##T(const void *w, size_t ldw, const float *x, size_t ldx, \
+                                      uint32_t n_pad, size_t pf, float *out)                 \
+    {                                                                                        \
+        mk_dots(DT, R, T, w, ldw, x, ldx, n_pad, pf, out);                                   \
+    }
+#define MK_DEF_ALL(DT, NAME)                                                                 \
+    MK_DEF(DT, NAME, 4, 3)                                                                   \
+    MK_DEF(DT, NAME, 4, 2)                                                                   \
+    MK_DEF(DT, NAME, 4, 1)                                                                   \
+    MK_DEF(DT, NAME, 1, 3)                                                                   \
+    MK_DEF(DT, NAME, 1, 2)                                                                   \
+    MK_DEF(DT, NAME, 1, 1)
+MK_DEF_ALL(DEVIO_F32, f32)
+MK_DEF_ALL(DEVIO_BF16, bf16)
+MK_DEF_ALL(DEVIO_F16, f16)
+
+/* [dtype][R == 4][T - 1] */
+static const mk_fn mk_table[3][2][MK_T] = {
+    [DEVIO_F32] = {{mk_f32_1x1, mk_f32_1x2, mk_f32_1x3}, {mk_f32_4x1, mk_f32_4x2, mk_f32_4x3}},
+    [DEVIO_BF16] = {{mk_bf16_1x1, mk_bf16_1x2, mk_bf16_1x3},
+                    {mk_bf16_4x1, mk_bf16_4x2, mk_bf16_4x3}},
+    [DEVIO_F16] = {{mk_f16_1x1, mk_f16_1x2, mk_f16_1x3}, {mk_f16_4x1, mk_f16_4x2, mk_f16_4x3}},
+};
+
+/* out[r * tn + t] for rn <= MK_R rows and tn <= MK_T tokens. */
+static void block_dots(devio_dtype dt, uint32_t rn, uint32_t tn, const void *w, size_t ldw,
+                       const float *x, size_t ldx, uint32_t n_pad, size_t pf, float *out)
+{
+    if (rn == MK_R) {
+        mk_table[dt][1][tn - 1](w, ldw, x, ldx, n_pad, pf, out);
+        return;
+    }
+    size_t esz = dt == DEVIO_F32 ? 4u : 2u;
+    for (uint32_t r = 0; r < rn; r++)
+        mk_table[dt][0][tn - 1]((const char *)w + (size_t)r * ldw * esz, ldw, x, ldx, n_pad, pf,
+                                out + (size_t)r * tn);
+}
+
+/* Widen rows [r0, r0 + rn) of an [m, n] weight into dst with stride n_pad,
+ * zeros in [n, n_pad). */
+static void widen_tile(const ref_matmul *mm, const void *w, uint32_t r0, uint32_t rn,
+                       uint32_t n_pad, float *dst)
+{
+    size_t esz = mm->dtype == DEVIO_F32 ? 4u : 2u;
+    size_t row_bytes = (size_t)mm->n * esz;
+    for (uint32_t r = 0; r < rn; r++) {
+        const char *src = (const char *)w + (size_t)(r0 + r) * row_bytes;
+        float *d = dst + (size_t)r * n_pad;
+        /* Ask for the row PREFETCH_GROUPS * MK_R ahead: a plain sequential
+         * read stalls on every miss here, prefetched it runs near the
+         * machine's bandwidth. Reaching past the weight is harmless
+         * (a prefetch never faults). */
+        const char *ahead = src + (size_t)PREFETCH_GROUPS * MK_R * row_bytes;
+        for (size_t b = 0; b < row_bytes; b += 64)
+            __builtin_prefetch(ahead + b);
+        ref_widen(mm->dtype, src, d, mm->n);
+        for (uint32_t i = mm->n; i < n_pad; i++)
+            d[i] = 0.0f;
+    }
+}
+
+static void epilogue(const ref_matmul *mm, uint32_t o0, uint32_t rn, uint32_t t0, uint32_t tn,
+                     const float *d1, const float *d2)
+{
+    for (uint32_t t = 0; t < tn; t++) {
+        float *y = mm->y_rows ? mm->y_rows[t0 + t] : mm->y + (size_t)(t0 + t) * mm->ldy;
+        for (uint32_t r = 0; r < rn; r++) {
+            float d = d1[r * tn + t];
+            uint32_t o = o0 + r;
+            switch (mm->epi) {
+            case REF_EPI_STORE:
+                y[o] = d;
+                break;
+            case REF_EPI_BIAS:
+                y[o] = d + mm->bias[o];
+                break;
+            case REF_EPI_ADD:
+                y[o] = y[o] + d;
+                break;
+            case REF_EPI_SILU_MUL:
+                y[o] = devio_siluf(d) * d2[r * tn + t];
+                break;
+            }
+        }
+    }
+}
+
+/* Rows [r, r + rt) of the weights (wa, and wb for the fused gate/up), of
+ * dtype dt and row stride ldw elements, against tokens [t0, t1). */
+static void sweep(const ref_matmul *mm, devio_dtype dt, const void *wa, const void *wb,
+                  size_t ldw, uint32_t r, uint32_t rt, uint32_t t0, uint32_t t1, uint32_t n_pad,
+                  int prefetch)
+{
+    size_t esz = dt == DEVIO_F32 ? 4u : 2u;
+    /* Weights straight from the model are prefetched PREFETCH_GROUPS
+     * register blocks ahead: the hardware stream detector loses track of
+     * MK_R rows read side by side within one page. */
+    size_t pf = prefetch ? (size_t)PREFETCH_GROUPS * MK_R * ldw * esz : 0;
+    for (uint32_t t = t0; t < t1; t += MK_T) {
+        uint32_t tn = t + MK_T < t1 ? MK_T : t1 - t;
+        const float *x = mm->x + (size_t)t * mm->ldx;
+        for (uint32_t rr = 0; rr < rt; rr += MK_R) {
+            uint32_t rn = rr + MK_R < rt ? MK_R : rt - rr;
+            size_t off = (size_t)rr * ldw * esz;
+            float d1[MK_R * MK_T], d2[MK_R * MK_T];
+            block_dots(dt, rn, tn, (const char *)wa + off, ldw, x, mm->ldx, n_pad, pf, d1);
+            if (wb)
+                block_dots(dt, rn, tn, (const char *)wb + off, ldw, x, mm->ldx, n_pad, pf, d2);
+            epilogue(mm, r + rr, rn, t, tn, d1, d2);
+        }
+    }
+}
+
+/* Output rows [r0, r1) of one projection for every token.
+ * Few tokens: the kernel widens weights in registers straight from the
+ * model (one pass over memory, nothing staged). More tokens: a tile of rows
+ * is widened once into scratch and swept over blocks of tokens, so the
+ * widening is paid once per TOKEN_BLOCK rather than once per MK_T tokens.
+ * Rows whose length is not a multiple of 32 always go through the tile,
+ * which is zero padded. */
+static void matmul_rows(const ref_matmul *mm, uint32_t r0, uint32_t r1, ref_scratch *s)
+{
+    uint32_t n_pad = ref_pad32(mm->n);
+    uint32_t nw = mm->epi == REF_EPI_SILU_MUL ? 2u : 1u;
+    uint32_t tb = (TOKEN_BLOCK_FLOATS / n_pad) / MK_T * MK_T;
+    if (tb < MK_T)
+        tb = MK_T;
+    size_t esz = mm->dtype == DEVIO_F32 ? 4u : 2u;
+    int direct = mm->n % 32u == 0 && (mm->dtype == DEVIO_F32 || mm->n_tok <= DIRECT_MAX_TOKENS);
+    if (direct) {
+        for (uint32_t t0 = 0; t0 < mm->n_tok; t0 += tb) {
+            uint32_t t1 = t0 + tb < mm->n_tok ? t0 + tb : mm->n_tok;
+            uint32_t rt = DIRECT_ROWS;
+            for (uint32_t r = r0; r < r1; r += rt) {
+                if (rt > r1 - r)
+                    rt = r1 - r;
+                size_t off = (size_t)r * mm->n * esz;
+                sweep(mm, mm->dtype, (const char *)mm->w + off,
+                      nw == 2 ? (const char *)mm->w2 + off : NULL, mm->n, r, rt, t0, t1, n_pad,
+                      1);
+            }
+        }
+        return;
+    }
+    uint32_t tr = (s->tile_floats / (n_pad * nw)) & ~(uint32_t)(MK_R - 1);
+    if (tr < MK_R)
+        tr = MK_R;
+    for (uint32_t t0 = 0; t0 < mm->n_tok; t0 += tb) {
+        uint32_t t1 = t0 + tb < mm->n_tok ? t0 + tb : mm->n_tok;
+        for (uint32_t r = r0; r < r1; r += tr) {
+            uint32_t rt = r + tr < r1 ? tr : r1 - r;
+            widen_tile(mm, mm->w, r, rt, n_pad, s->tile);
+            if (nw == 2)
+                widen_tile(mm, mm->w2, r, rt, n_pad, s->tile + s->tile_floats);
+            sweep(mm, DEVIO_F32, s->tile, nw == 2 ? s->tile + s->tile_floats : NULL, n_pad, r,
+                  rt, t0, t1, n_pad, 0);
+        }
+    }
+}
+
+typedef struct mm_region {
+    ref_matmul *mm;
+    uint32_t count;
+    uint32_t job_start[5]; /* job_start[k] = first job of mm[k]; [count] = total */
+    ref_scratch *scratch;
+} mm_region;
+
+static void mm_job(void *ctx, uint32_t job, uint32_t thread)
+{
+    mm_region *g = ctx;
+    uint32_t k = 0;
+    while (job >= g->job_start[k + 1])
+        k++;
+    const ref_matmul *mm = &g->mm[k];
+    uint32_t r0 = (job - g->job_start[k]) * mm->rows_per_job;
+    uint32_t r1 = r0 + mm->rows_per_job < mm->m ? r0 + mm->rows_per_job : mm->m;
+    matmul_rows(mm, r0, r1, &g->scratch[thread]);
+}
+
+void ref_matmul_run(devio_pool *pool, ref_scratch *scratch, ref_matmul *mm, uint32_t count)
+{
+    mm_region g = {.mm = mm, .count = count, .scratch = scratch};
+    uint32_t threads = devio_pool_threads(pool);
+    uint32_t total = 0;
+    if (count > 4)
+        count = 4;
+    for (uint32_t k = 0; k < count; k++) {
+        /* Rows per job: a multiple of the register block, about
+         * JOBS_PER_THREAD jobs per thread over this projection. */
+        uint32_t want = threads * JOBS_PER_THREAD;
+        uint32_t rpj = (mm[k].m + want - 1) / want;
+        rpj = (rpj + MK_R - 1) / MK_R * MK_R;
+        if (rpj == 0)
+            rpj = MK_R;
+        mm[k].rows_per_job = rpj;
+        g.job_start[k] = total;
+        total += (mm[k].m + rpj - 1) / rpj;
+    }
+    g.job_start[count] = total;
+    g.count = count;
+    devio_pool_run(pool, total, mm_job, &g);
+}
+
+/* ---- attention --------------------------------------------------------- */
+
+/* lane_dot(q, k, hd) with q zero padded to a multiple of 32 and k read only
+ * inside [0, hd): the tail of k is copied into kbuf (zero padded). */
+static ALWAYS_INLINE float dot_qk(const float *q, const float *k, uint32_t hd, float *kbuf)
+{
+    v16f acc0 = {0}, acc1 = {0};
+    uint32_t i = 0;
+    for (; i + 32 <= hd; i += 32) {
+        acc0 = acc0 + ld16(q + i) * ld16(k + i);
+        acc1 = acc1 + ld16(q + i + 16) * ld16(k + i + 16);
+    }
+    if (i < hd) {
+        memcpy(kbuf, k + i, (hd - i) * sizeof(float));
+        acc0 = acc0 + ld16(q + i) * ld16(kbuf);
+        acc1 = acc1 + ld16(q + i + 16) * ld16(kbuf + 16);
+    }
+    return fold32(acc0, acc1);
+}
+
+/* One head's key or value row is a short piece of a long stride (kv_dim
+ * floats per position): the hardware prefetcher does not follow it, so the
+ * row KV_PREFETCH keys ahead is asked for explicitly. */
+static ALWAYS_INLINE void prefetch_row(const float *p, uint32_t n)
+{
+    for (uint32_t c = 0; c < n; c += 16)
+        __builtin_prefetch(p + c);
+}
+
+void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scratch *s)
+{
+    uint32_t hd = a->head_dim;
+    uint32_t bs = a->block_size;
+    uint32_t pos = a->tok_pos[t];
+    uint32_t n_keys = pos + 1;
+    const uint32_t *blocks = a->tok_blocks[t];
+    uint32_t kvh = h / (a->n_heads / a->n_kv_heads);
+    size_t kv_dim = (size_t)a->n_kv_heads * hd;
+    size_t head_off = (size_t)kvh * hd;
+    float *sc = s->scores;
+
+    /* qbuf and kbuf keep zeros past hd from their allocation. */
+    memcpy(s->qbuf, a->q + (size_t)t * a->ldq + (size_t)h * hd, hd * sizeof(float));
+
+    for (uint32_t j = 0; j < n_keys; j++) {
+        const float *k = a->k_cache + ((size_t)blocks[j / bs] * bs + j % bs) * kv_dim + head_off;
+        if (j + KV_PREFETCH < n_keys) {
+            uint32_t jp = j + KV_PREFETCH;
+            prefetch_row(a->k_cache + ((size_t)blocks[jp / bs] * bs + jp % bs) * kv_dim + head_off,
+                         hd);
+        }
+        sc[j] = dot_qk(s->qbuf, k, hd, s->kbuf) * a->scale;
+    }
+    float m = sc[0];
+    for (uint32_t j = 1; j < n_keys; j++)
+        m = sc[j] > m ? sc[j] : m;
+    for (uint32_t j = 0; j < n_keys; j++)
+        sc[j] = devio_expf(sc[j] - m);
+    float z = ref_lane_sum(sc, n_keys);
+
+    /* acc[l] (hd floats) is lane l of the sum over keys j = l mod 32. */
+    float *acc = s->acc;
+    uint32_t lanes = n_keys < 32 ? n_keys : 32;
+    memset(acc, 0, (size_t)lanes * hd * sizeof(float));
+    uint32_t hv = hd & ~15u;
+    for (uint32_t j = 0; j < n_keys; j++) {
+        const float *v = a->v_cache + ((size_t)blocks[j / bs] * bs + j % bs) * kv_dim + head_off;
+        if (j + KV_PREFETCH < n_keys) {
+            uint32_t jp = j + KV_PREFETCH;
+            prefetch_row(a->v_cache + ((size_t)blocks[jp / bs] * bs + jp % bs) * kv_dim + head_off,
+                         hd);
+        }
+        float *al = acc + (size_t)(j & 31u) * hd;
+        float e = sc[j];
+        v16f ev = (v16f){0} + e;
+        uint32_t c = 0;
+        for (; c < hv; c += 16)
+            st16(al + c, ld16(al + c) + ev * ld16(v + c));
+        for (; c < hd; c++)
+            al[c] = al[c] + e * v[c];
+    }
+    /* Lanes at or past n_keys would hold +0, which changes no sum (a lane
+     * sum is never -0): they are neither cleared nor added, which keeps
+     * short sequences cheap. */
+    for (uint32_t w = 16; w >= 1; w /= 2) {
+        for (uint32_t l = 0; l < w; l++) {
+            if (l + w >= lanes)
+                continue;
+            float *dst = acc + (size_t)l * hd;
+            const float *src = acc + (size_t)(l + w) * hd;
+            uint32_t c = 0;
+            for (; c < hv; c += 16)
+                st16(dst + c, ld16(dst + c) + ld16(src + c));
+            for (; c < hd; c++)
+                dst[c] = dst[c] + src[c];
+        }
+    }
+    float *o = a->out + (size_t)t * a->ldo + (size_t)h * hd;
+    for (uint32_t c = 0; c < hd; c++)
+        o[c] = acc[c] / z;
+}
+
+typedef struct attn_region {
+    const ref_attention *a;
+    ref_scratch *scratch;
+} attn_region;
+
+static void attn_job(void *ctx, uint32_t job, uint32_t thread)
+{
+    attn_region *g = ctx;
+    uint32_t t = job / g->a->n_heads;
+    uint32_t h = job % g->a->n_heads;
+    ref_attention_one(g->a, t, h, &g->scratch[thread]);
+}
+
+void ref_attention_run(devio_pool *pool, ref_scratch *scratch, const ref_attention *a)
+{
+    attn_region g = {.a = a, .scratch = scratch};
+    devio_pool_run(pool, a->n_tok * a->n_heads, attn_job, &g);
+}
+
+/* ---- scratch ----------------------------------------------------------- */
+
+int ref_scratch_init(ref_scratch *s, uint32_t max_in, uint32_t max_seq_len, uint32_t head_dim)
+{
+    memset(s, 0, sizeof *s);
+    uint32_t tf = 4u * ref_pad32(max_in);
+    s->tile_floats = tf > REF_TILE_FLOATS ? tf : REF_TILE_FLOATS;
+    s->tile = malloc((size_t)2 * s->tile_floats * sizeof(float));
+    s->scores = malloc((size_t)(max_seq_len ? max_seq_len : 1) * sizeof(float));
+    s->acc = malloc((size_t)32 * head_dim * sizeof(float));
+    s->qbuf = calloc(ref_pad32(head_dim) + 32, sizeof(float));
+    s->kbuf = calloc(32, sizeof(float));
+    if (!s->tile || !s->scores || !s->acc || !s->qbuf || !s->kbuf) {
+        ref_scratch_fini(s);
+        return -1;
+    }
+    return 0;
+}
+
+void ref_scratch_fini(ref_scratch *s)
+{
+    free(s->tile);
+    free(s->scores);
+    free(s->acc);
+    free(s->qbuf);
+    free(s->kbuf);
+    memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,171 @@
+/* ref_kernels.h - the math of the reference backend, and its contract: the
+ * exact order of every floating-point operation, which every backend must
+ * reproduce bit for bit. Never allocates; never calls libm.
+ *
+ * THE DEFINITION (binary32 throughout, every product rounded before it is
+ * added, -ffp-contract=off; transcendentals from device/numerics.h)
+ *
+ * lane_dot(a, b, n): the 32-lane rule of DESIGN section 4. Lane l
+ *   (0 <= l < 32) starts at +0.0f and adds a[i]*b[i] (the rounded product)
+ *   for i = l, l+32, l+64, ... < n in increasing i; then for w = 16, 8, 4,
+ *   2, 1: p[l] = p[l] + p[l+w] for l < w; the result is p[0].
+ *   lane_sum(x, n) is the same with the term x[i].
+ *   (A lane sum is never -0, so padding with zero terms up to a multiple of
+ *   32 changes nothing; the kernels rely on that.)
+ *
+ * Widening: BF16 bits b -> f32 bits b << 16; F16 -> f32 exactly (IEEE half,
+ *   subnormals, inf and NaN payloads kept); F32 as is.
+ *
+ * 1. Embedding: x[i] = widen(embed[token][i]).
+ *
+ * 2. rmsnorm(x, w) over d elements:
+ *      ss = lane_dot(x, x, d)
+ *      r  = devio_rsqrtf(ss / (float)d + eps)     (one division, one add)
+ *      y_i = w_i * (x_i * r)                      (HF: weight * (x * rsqrt))
+ *
+ * 3. Projections: y_o = lane_dot(W[o, :], h, n) for a weight W [m, n]
+ *    (Hugging Face layout [out, in]), then
+ *      with a bias:        y_o = y_o + b_o
+ *      residual (o, down): x_o = x_o + y_o
+ *    Each output element is one lane_dot over the whole input dimension,
+ *    computed by one thread: it never depends on the tile, the batch or the
+ *    thread count.
+ *
+ * 4. RoPE (rotate_half), head dimension hd, half = hd / 2, for i < half:
+ *      inv_freq_i = 1.0f / devio_powf_pos(theta, (float)(2*i) / (float)hd)
+ *      ang        = (float)pos * inv_freq_i
+ *      c = devio_cosf(ang), s = devio_sinf(ang)   (table [max_seq_len, half],
+ *                                                  built once at create)
+ *      out_i        = x_i * c - x_{i+half} * s
+ *      out_{i+half} = x_{i+half} * c + x_i * s
+ *    applied to every q head and every k head, at the token's absolute
+ *    position pos.
+ *
+ * 5. K and V (after RoPE for K) go to the cache slot of position pos:
+ *    block row->blocks[pos / block_size], offset pos % block_size; the pool
+ *    is per layer [kv_blocks, block_size, n_kv_heads, head_dim] f32.
+ *
+ * 6. Attention, head h reads kv head h / (n_heads / n_kv_heads); keys are
+ *    the absolute positions j = 0 .. pos of the token's own sequence, read
+ *    through its block table:
+ *      scale = devio_rsqrtf((float)hd)
+ *      s_j   = lane_dot(q, k_j, hd) * scale
+ *      m     = s_0, then for j = 1 .. pos: m = (s_j > m) ? s_j : m
+ *      e_j   = devio_expf(s_j - m)
+ *      Z     = lane_sum over j of e_j                  (lane = j mod 32)
+ *      o[c]  = (lane_sum over j of e_j * v_j[c]) / Z   (lane = j mod 32)
+ *    The sums run over the absolute key index j, so the result does not
+ *    depend on how the sequence was chunked into steps or batched.
+ *
+ * 7. Layer: h = rmsnorm(x, attn_norm); q, k, v = projections (+ bias);
+ *    RoPE; K, V to the cache; o = attention; x = x + o_proj(o);
+ *    h2 = rmsnorm(x, ffn_norm); g = gate(h2), u = up(h2);
+ *    a = devio_siluf(g) * u  (one rounded multiply); x = x + down(a).
+ *
+ * 8. Output: for tokens with logits wanted, hn = rmsnorm(x, norm) and
+ *    logits = lm_head(hn) (projection rule 3, no bias).
+ */
+#ifndef DEVIO_REF_KERNELS_H
+#define DEVIO_REF_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device/backend.h"
+#include "device/model.h"
+#include "ref/pool.h"
+
+/* Activations handed to the kernels are stored with a row stride of
+ * ref_pad32(n) floats and zeros past n, so that full 32-lane chunks can be
+ * read without a tail case. */
+static inline uint32_t ref_pad32(uint32_t n)
+{
+    return (n + 31u) & ~31u;
+}
+
+/* Weight tile floats per thread below which tiles are not made smaller: it
+ * keeps one tile plus a few token rows inside a 48 KiB L1. */
+#define REF_TILE_FLOATS 6144u
+
+/* Per-thread scratch, owned by the backend state (ref_scratch_init/fini). */
+typedef struct ref_scratch {
+    float *tile;     /* 2 * tile_floats: widened weight rows (two for gate/up) */
+    uint32_t tile_floats;
+    float *scores;   /* max_seq_len: attention scores, then exp weights */
+    float *acc;      /* 32 * ref_pad32(head_dim): per-lane attention sums */
+    float *qbuf;     /* ref_pad32(head_dim): a query head, zero padded */
+    float *kbuf;     /* ref_pad32(head_dim): a key tail, zero padded */
+} ref_scratch;
+
+/* Allocate scratch for inputs up to max_in floats, sequences up to
+ * max_seq_len and head dimension head_dim. Returns 0 on success, -1 when
+ * memory is short (then nothing is held). Free with ref_scratch_fini. */
+int ref_scratch_init(ref_scratch *s, uint32_t max_in, uint32_t max_seq_len, uint32_t head_dim);
+void ref_scratch_fini(ref_scratch *s);
+
+/* lane_dot and lane_sum of the definition, for any n (no padding needed). */
+float ref_lane_dot(const float *a, const float *b, uint32_t n);
+float ref_lane_sum(const float *x, uint32_t n);
+
+/* Widen n elements of dtype dt at src into dst. */
+void ref_widen(devio_dtype dt, const void *src, float *dst, size_t n);
+
+/* rmsnorm of rule 2: y[0..d) from x[0..d) (may not alias), w f32 [d]. */
+void ref_rmsnorm(float *y, const float *x, const float *w, uint32_t d, float eps);
+
+/* RoPE of rule 4 on n_heads heads of hd floats at x (in place), with the
+ * table rows cos_row/sin_row [hd/2] of the token's position. */
+void ref_rope(float *x, uint32_t n_heads, uint32_t hd, const float *cos_row,
+              const float *sin_row);
+
+/* What a projection does with each dot product (rule 3 and 7). */
+typedef enum ref_epilogue {
+    REF_EPI_STORE = 0, /* y = dot */
+    REF_EPI_BIAS,      /* y = dot + bias[o] */
+    REF_EPI_ADD,       /* y = y + dot (residual) */
+    REF_EPI_SILU_MUL,  /* y = devio_siluf(dot(w)) * dot(w2) */
+} ref_epilogue;
+
+/* One projection over n_tok token rows. Everything is borrowed. */
+typedef struct ref_matmul {
+    const void *w;       /* [m, n] of dtype */
+    const void *w2;      /* REF_EPI_SILU_MUL: the up weight, same dtype and shape */
+    devio_dtype dtype;
+    uint32_t m, n;
+    const float *bias;   /* REF_EPI_BIAS: [m] f32 */
+    ref_epilogue epi;
+    const float *x;      /* n_tok rows of stride ldx >= ref_pad32(n), zero past n */
+    size_t ldx;
+    uint32_t n_tok;
+    float *y;            /* output rows of stride ldy, or ... */
+    size_t ldy;
+    float *const *y_rows;/* ... when not NULL, output row pointers [n_tok] */
+    uint32_t rows_per_job; /* set by ref_matmul_run */
+} ref_matmul;
+
+/* Run up to 4 independent projections as one parallel region: jobs are
+ * ranges of output rows, each output element computed whole by one job.
+ * scratch[thread] is the scratch of each pool thread. */
+void ref_matmul_run(devio_pool *pool, ref_scratch *scratch, ref_matmul *mm, uint32_t count);
+
+/* Attention (rule 6) for every (token, head) of a step, one job each. */
+typedef struct ref_attention {
+    const float *q;          /* [n_tok, n_heads * hd] after RoPE, stride ldq */
+    size_t ldq;
+    const float *k_cache;    /* the layer's pools, [kv_blocks, block_size, n_kv, hd] */
+    const float *v_cache;
+    uint32_t block_size, n_heads, n_kv_heads, head_dim;
+    uint32_t n_tok;
+    const uint32_t *tok_pos;           /* [n_tok] absolute position */
+    const uint32_t *const *tok_blocks; /* [n_tok] the token's block table */
+    float scale;                       /* devio_rsqrtf((float)head_dim) */
+    float *out;              /* [n_tok, n_heads * hd], stride ldo */
+    size_t ldo;
+} ref_attention;
+
+void ref_attention_run(devio_pool *pool, ref_scratch *scratch, const ref_attention *a);
+
+/* One (token, head) of ref_attention, on one thread's scratch. */
+void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scratch *s);
+
+#endif

@@ -1,0 +1,271 @@
+/* api_test.c - JSON codecs, SHA-256, dispatch and the script runner in process.
+ * Uses the real device over the reference backend on a written tiny model. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "api/codec.h"
+#include "api/dispatch.h"
+#include "api/script.h"
+#include "api/sha256.h"
+#include "ref/inproc.h"
+#include "tests/testutil.h"
+
+static void test_sha256_vectors(void **state)
+{
+    (void)state;
+    const struct {
+        const char *in;
+        const char *hex;
+    } v[] = {
+        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+        {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+    };
+    for (size_t i = 0; i < 3; i++) {
+        devio_sha256 s;
+        uint8_t d[32];
+        char hex[65];
+        devio_sha256_init(&s);
+        devio_sha256_update(&s, v[i].in, strlen(v[i].in));
+        devio_sha256_final(&s, d);
+        devio_sha256_hex(d, hex);
+        assert_string_equal(hex, v[i].hex);
+    }
+    /* one million 'a', fed in odd-sized pieces */
+    devio_sha256 s;
+    devio_sha256_init(&s);
+    char buf[997];
+    memset(buf, 'a', sizeof buf);
+    size_t left = 1000000;
+    while (left) {
+        size_t n = left < sizeof buf ? left : sizeof buf;
+        devio_sha256_update(&s, buf, n);
+        left -= n;
+    }
+    uint8_t d[32];
+    char hex[65];
+    devio_sha256_final(&s, d);
+    devio_sha256_hex(d, hex);
+    assert_string_equal(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+static void test_digest_canonicalises_nan(void **state)
+{
+    (void)state;
+    uint32_t a = 0x7fc00001u, b = 0xffc00000u;
+    float fa, fb;
+    memcpy(&fa, &a, 4);
+    memcpy(&fb, &b, 4);
+    char ha[65], hb[65];
+    devio_logits_digest(&fa, 1, ha);
+    devio_logits_digest(&fb, 1, hb);
+    assert_string_equal(ha, hb);
+    float one = 1.0f;
+    devio_logits_digest(&one, 1, hb);
+    assert_string_not_equal(ha, hb);
+}
+
+static json_t *parse(const char *s)
+{
+    json_error_t e;
+    json_t *j = json_loads(s, JSON_DECODE_ANY, &e);
+    assert_non_null(j);
+    return j;
+}
+
+static void test_plan_decode(void **state)
+{
+    (void)state;
+    devio_plan_buf buf;
+    devio_error err = {0};
+    json_t *j = parse("{\"rows\":[{\"seq\":7,\"tokens\":[1,2,3],\"logits\":\"last\","
+                      "\"adapter\":\"sql\",\"sample\":{\"temperature\":0.5,\"top_k\":40,"
+                      "\"seed\":1},\"snapshot\":\"end\"},{\"seq\":8,\"tokens\":[4]}]}");
+    assert_int_equal(devio_json_plan_decode(j, 64, 2048, &buf, &err), DEVIO_OK);
+    assert_int_equal(buf.plan.n_rows, 2);
+    assert_int_equal(buf.rows[0].seq, 7);
+    assert_int_equal(buf.rows[0].n_tokens, 3);
+    assert_int_equal(buf.rows[0].tokens[2], 3);
+    assert_int_equal(buf.rows[0].logits, DEVIO_LOGITS_LAST);
+    assert_string_equal(buf.rows[0].adapter, "sql");
+    assert_true(buf.rows[0].has_sample);
+    assert_true(buf.rows[0].sample.temperature == 0.5f);
+    assert_int_equal(buf.rows[0].sample.top_k, 40);
+    assert_true(buf.rows[0].sample.top_p == 1.0f);
+    assert_true(buf.rows[0].snapshot_end);
+    assert_int_equal(buf.rows[1].tokens[0], 4);
+    assert_int_equal(buf.rows[1].logits, DEVIO_LOGITS_NONE);
+    devio_plan_buf_free(&buf);
+    json_decref(j);
+
+    const struct {
+        const char *body;
+        devio_status want;
+    } bad[] = {
+        {"[]", DEVIO_E_INVALID},
+        {"{}", DEVIO_E_INVALID},
+        {"{\"rows\":[]}", DEVIO_E_INVALID},
+        {"{\"rows\":[1]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"tokens\":[1]}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":-1,\"tokens\":[1]}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[]}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1.5]}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[\"a\"]}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"logits\":\"some\"}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"adapter\":3}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"sample\":{\"temperature\":\"x\"}}]}",
+         DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"snapshot\":\"start\"}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1,2,3,4,5]}]}", DEVIO_E_TOO_LARGE},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1]},{\"seq\":2,\"tokens\":[1]},"
+         "{\"seq\":3,\"tokens\":[1]}]}",
+         DEVIO_E_TOO_LARGE},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = parse(bad[i].body);
+        memset(&err, 0, sizeof err);
+        assert_int_equal(devio_json_plan_decode(j, 2, 4, &buf, &err), bad[i].want);
+        assert_true(err.message[0] != '\0');
+        assert_null(buf.rows);
+        json_decref(j);
+    }
+}
+
+static void test_effect_decode(void **state)
+{
+    (void)state;
+    devio_effect e;
+    devio_error err = {0};
+    json_t *j = parse("{\"kind\":\"sample\",\"logits\":31,\"row\":0,\"params\":{\"temperature\":0}}");
+    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_OK);
+    assert_int_equal(e.kind, DEVIO_EFFECT_SAMPLE);
+    assert_int_equal(e.logits, 31);
+    assert_true(e.has_row);
+    assert_true(e.params.temperature == 0.0f);
+    json_decref(j);
+    j = parse("{\"kind\":\"truncate\",\"seq\":7,\"len\":2}");
+    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_OK);
+    assert_int_equal(e.seq, 7);
+    assert_int_equal(e.len, 2);
+    json_decref(j);
+    const char *bad[] = {"{\"kind\":\"explode\"}", "{\"kind\":\"fork\"}",
+                         "{\"kind\":\"truncate\",\"seq\":1}", "{\"kind\":\"release\"}",
+                         "{\"kind\":\"sample\",\"logits\":1,\"params\":[]}", "3"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = parse(bad[i]);
+        assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_E_INVALID);
+        json_decref(j);
+    }
+}
+
+static void test_error_shape(void **state)
+{
+    (void)state;
+    devio_error e = {.status = DEVIO_E_OUT_OF_KV_BLOCKS, .message = "plan needs 4",
+                     .detail_key = "needed", .detail_val = 4};
+    json_t *j = devio_json_error(&e);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                        "out_of_kv_blocks");
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(json_object_get(j, "error"), "details"), "needed")),
+                     4);
+    json_decref(j);
+}
+
+/* Run a script text through the in-process target; returns the output (caller frees). */
+static char *run_script(devio_device *d, const char *script, int *rc)
+{
+    FILE *in = fmemopen((void *)script, strlen(script), "r");
+    char *out_buf = NULL;
+    size_t out_len = 0;
+    FILE *out = open_memstream(&out_buf, &out_len);
+    devio_script_target t;
+    devio_inproc_target(d, &t);
+    char why[256];
+    *rc = devio_script_run(&t, in, out, why, sizeof why);
+    fclose(in);
+    fclose(out);
+    return out_buf;
+}
+
+static void test_script_runner(void **state)
+{
+    (void)state;
+    devio_fixture fx;
+    assert_int_equal(devio_fixture_preset(&fx, "tiny", DEVIO_F32, 3), 0);
+    const char *script =
+        "# comment lines are skipped\n"
+        "{\"op\":\"create\",\"as\":\"a\"}\n"
+        "{\"op\":\"launch\",\"plan\":{\"rows\":[{\"seq\":\"$a\",\"tokens\":[1,2,3],"
+        "\"logits\":\"all\"}]},\"as\":\"t1\"}\n"
+        "{\"op\":\"await\",\"ticket\":\"$t1\",\"as\":\"r1\"}\n"
+        "{\"op\":\"apply\",\"effect\":{\"kind\":\"sample\",\"logits\":\"$r1.rows[0].logits\","
+        "\"row\":2,\"params\":{\"temperature\":0}}}\n"
+        "{\"op\":\"apply\",\"effect\":{\"kind\":\"fork\",\"seq\":\"$a\"},\"as\":\"b\"}\n"
+        "{\"op\":\"facts\"}\n"
+        "{\"op\":\"await\",\"ticket\":\"$t1\"}\n"
+        "{\"op\":\"seq\",\"seq\":\"$b\"}\n"
+        "{\"op\":\"lora\",\"cmd\":{\"kind\":\"list\"}}\n";
+    char *outs[2];
+    for (int k = 0; k < 2; k++) {
+        devio_device *d = NULL;
+        devio_config cfg = devio_config_default();
+        cfg.use_worker_thread = k == 0;
+        assert_int_equal(devio_open(fx.model, &devio_ref_backend, &cfg, &d, NULL), DEVIO_OK);
+        int rc;
+        outs[k] = run_script(d, script, &rc);
+        assert_int_equal(rc, 0);
+        devio_teardown(d, NULL);
+    }
+    assert_string_equal(outs[0], outs[1]);
+    /* ids print as binding names, logits as digests, timings are gone */
+    assert_non_null(strstr(outs[0], "{\"op\":\"create\",\"ok\":true,\"result\":{\"seq\":\"a\"}}"));
+    assert_non_null(strstr(outs[0], "\"ticket\":\"t1\""));
+    assert_non_null(strstr(outs[0], "\"id\":\"r1.rows[0].logits\""));
+    assert_non_null(strstr(outs[0], "\"shape\":[3,"));
+    assert_non_null(strstr(outs[0], "\"sha256\":\""));
+    assert_non_null(strstr(outs[0], "\"seq\":\"b\""));
+    assert_non_null(strstr(outs[0], "{\"op\":\"await\",\"ok\":false,\"error\":{\"code\":\"ticket_consumed\"}}"));
+    assert_null(strstr(outs[0], "timing"));
+    assert_null(strstr(outs[0], "epoch"));
+    int lines = 0;
+    for (char *p = outs[0]; *p; p++)
+        lines += *p == '\n';
+    assert_int_equal(lines, 9);
+    free(outs[0]);
+    free(outs[1]);
+
+    /* A malformed script line is reported with its number. */
+    devio_device *d = NULL;
+    assert_int_equal(devio_open(fx.model, &devio_ref_backend, NULL, &d, NULL), DEVIO_OK);
+    int rc;
+    char *o = run_script(d, "{\"op\":\"create\"}\n{\"op\":\"await\",\"ticket\":\"$nope\"}\n", &rc);
+    assert_int_equal(rc, -1);
+    free(o);
+    o = run_script(d, "{\"op\":\"fly\"}\n", &rc);
+    assert_int_equal(rc, -1);
+    free(o);
+    o = run_script(d, "not json\n", &rc);
+    assert_int_equal(rc, -1);
+    free(o);
+    devio_teardown(d, NULL);
+    devio_fixture_free(&fx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sha256_vectors),     cmocka_unit_test(test_digest_canonicalises_nan),
+        cmocka_unit_test(test_plan_decode),        cmocka_unit_test(test_effect_decode),
+        cmocka_unit_test(test_error_shape),        cmocka_unit_test(test_script_runner),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

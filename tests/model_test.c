@@ -1,0 +1,1184 @@
+/* model_test.c - writes tiny models with devio_mkmodel, loads them back, and breaks them on purpose.
+ * Every test asserts a status, a value or a message; none may pass by printing. libm here is only an oracle. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "device/model.h"
+#include "device/numerics.h"
+#include "ref/mkmodel.h"
+
+/* ---- fixture: one fresh directory per test ---- */
+
+typedef struct fixture {
+    char dir[64];
+} fixture;
+
+static int fx_setup(void **state)
+{
+    fixture *fx = calloc(1, sizeof *fx);
+    if (!fx)
+        return -1;
+    snprintf(fx->dir, sizeof fx->dir, "/tmp/devio-model-test-XXXXXX");
+    if (!mkdtemp(fx->dir)) {
+        free(fx);
+        return -1;
+    }
+    *state = fx;
+    return 0;
+}
+
+/* Removes the directory and whatever a test left in it (one level, plus
+ * one level of subdirectories: the determinism test writes two models). */
+static void rm_tree(const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[512];
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            if (unlink(p) != 0 && depth > 0)
+                rm_tree(p, depth - 1);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static int fx_teardown(void **state)
+{
+    fixture *fx = *state;
+    rm_tree(fx->dir, 1);
+    free(fx);
+    return 0;
+}
+
+static char *path_in(const char *dir, const char *name)
+{
+    static _Thread_local char buf[4][512];
+    static _Thread_local int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+    return buf[k];
+}
+
+static devio_mkmodel_opts tiny_opts(const char *dir)
+{
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
+    o.out_dir = dir;
+    o.seed = 7;
+    return o;
+}
+
+static void write_model(const devio_mkmodel_opts *o)
+{
+    devio_error err = {0};
+    devio_status st = devio_mkmodel_write(o, &err);
+    if (st != DEVIO_OK)
+        print_error("mkmodel: %s\n", err.message);
+    assert_int_equal(st, DEVIO_OK);
+}
+
+/* ---- file helpers ---- */
+
+static uint8_t *read_all(const char *path, size_t *size)
+{
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, fp), (size_t)n);
+    fclose(fp);
+    b[n] = 0;
+    *size = (size_t)n;
+    return b;
+}
+
+static void write_all(const char *path, const void *data, size_t size)
+{
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(data, 1, size, fp), size);
+    assert_int_equal(fclose(fp), 0);
+}
+
+/* Replaces the first `old` in a text file with `new`; the text must be there. */
+static void file_sub(const char *path, const char *old, const char *new)
+{
+    size_t n;
+    char *s = (char *)read_all(path, &n);
+    char *at = strstr(s, old);
+    assert_non_null(at);
+    size_t a = (size_t)(at - s), lo = strlen(old), ln = strlen(new);
+    char *o = malloc(n - lo + ln);
+    assert_non_null(o);
+    memcpy(o, s, a);
+    memcpy(o + a, new, ln);
+    memcpy(o + a + ln, at + lo, n - a - lo);
+    write_all(path, o, n - lo + ln);
+    free(o);
+    free(s);
+}
+
+static uint64_t header_len(const uint8_t *b)
+{
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | b[i];
+    return n;
+}
+
+/* Rewrites a safetensors file with `header` (raw text) and the old data. */
+static void header_set_raw(const char *path, const char *header, size_t hlen)
+{
+    size_t n;
+    uint8_t *b = read_all(path, &n);
+    uint64_t old = header_len(b);
+    size_t data = n - 8 - (size_t)old;
+    uint8_t *o = malloc(8 + hlen + data);
+    assert_non_null(o);
+    for (int i = 0; i < 8; i++)
+        o[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    memcpy(o + 8, header, hlen);
+    memcpy(o + 8 + hlen, b + 8 + old, data);
+    write_all(path, o, 8 + hlen + data);
+    free(o);
+    free(b);
+}
+
+static json_t *header_load(const char *path)
+{
+    size_t n;
+    uint8_t *b = read_all(path, &n);
+    json_error_t je;
+    json_t *h = json_loadb((const char *)b + 8, (size_t)header_len(b), 0, &je);
+    assert_non_null(h);
+    free(b);
+    return h;
+}
+
+/* Stores `h` (consumed) as the header of `path`, keeping the data. */
+static void header_store(const char *path, json_t *h)
+{
+    char *s = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_non_null(s);
+    header_set_raw(path, s, strlen(s));
+    free(s);
+    json_decref(h);
+}
+
+/* Loading must fail with `want`, leave *out NULL and name both strings. */
+static void expect_fail(const char *dir, devio_status want, const char *s1, const char *s2)
+{
+    devio_model *m = (devio_model *)&m; /* not NULL, so the reset is observable */
+    devio_error err;
+    memset(&err, 0, sizeof err);
+    devio_status st = devio_model_load(dir, &m, &err);
+    if (st != want || (s1 && !strstr(err.message, s1)) || (s2 && !strstr(err.message, s2)))
+        print_error("status %d, message: %s\n", (int)st, err.message);
+    assert_int_equal(st, want);
+    assert_int_equal(err.status, want);
+    assert_null(m);
+    if (s1)
+        assert_non_null(strstr(err.message, s1));
+    if (s2)
+        assert_non_null(strstr(err.message, s2));
+}
+
+static devio_model *load_ok(const char *dir)
+{
+    devio_model *m = NULL;
+    devio_error err = {0};
+    devio_status st = devio_model_load(dir, &m, &err);
+    if (st != DEVIO_OK)
+        print_error("load: %s\n", err.message);
+    assert_int_equal(st, DEVIO_OK);
+    assert_non_null(m);
+    return m;
+}
+
+/* ---- oracles (double precision, libm allowed in tests) ---- */
+
+/* Round v to `bits` significant bits, ties to even, with a smallest ulp of
+ * 2^min_exp (subnormals); nearbyint uses the default round-to-nearest-even. */
+static double oracle_round(double v, int bits, int min_exp)
+{
+    if (v == 0.0 || isinf(v) || isnan(v))
+        return v;
+    int e;
+    frexp(v, &e);
+    int ue = e - bits;
+    if (ue < min_exp)
+        ue = min_exp;
+    double ulp = ldexp(1.0, ue);
+    return nearbyint(v / ulp) * ulp;
+}
+
+static float oracle_bf16(float v)
+{
+    return (float)oracle_round(v, 8, -133);
+}
+
+static float oracle_f16(float v)
+{
+    double r = oracle_round(v, 11, -24);
+    if (fabs(r) > 65504.0)
+        return v < 0 ? -INFINITY : INFINITY;
+    return (float)r;
+}
+
+static float oracle_narrow(devio_dtype t, float v)
+{
+    return t == DEVIO_F32 ? v : t == DEVIO_BF16 ? oracle_bf16(v) : oracle_f16(v);
+}
+
+static bool same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* ---- checking a loaded model against the writer ---- */
+
+static void check_tensor(const devio_mkmodel_opts *o, const devio_tensor *t, const char *name,
+                         uint32_t ndim, uint64_t s0, uint64_t s1)
+{
+    assert_non_null(t->data);
+    assert_int_equal(t->dtype, o->dtype);
+    assert_int_equal(t->ndim, ndim);
+    assert_int_equal(t->shape[0], s0);
+    if (ndim == 2)
+        assert_int_equal(t->shape[1], s1);
+    assert_int_equal((uintptr_t)t->data % devio_dtype_size(t->dtype), 0);
+    size_t n = (size_t)(ndim == 2 ? s0 * s1 : s0);
+    float *v = malloc(n * sizeof *v);
+    assert_non_null(v);
+    devio_error err = {0};
+    assert_int_equal(devio_mkmodel_values(o, name, 0, n, v, &err), DEVIO_OK);
+    for (size_t i = 0; i < n; i++) {
+        float want = oracle_narrow(o->dtype, v[i]);
+        float got = devio_tensor_get(t, i);
+        if (!same_bits(got, want))
+            print_error("%s[%zu]: got %a want %a (raw %a)\n", name, i, got, want, v[i]);
+        assert_true(same_bits(got, want));
+    }
+    free(v);
+}
+
+static void check_model(const devio_mkmodel_opts *o, const devio_model *m)
+{
+    const devio_model_config *c = &m->cfg;
+    const uint32_t hd = o->head_dim ? o->head_dim : o->hidden_size / o->n_heads;
+    assert_string_equal(c->architecture, "LlamaForCausalLM");
+    assert_int_equal(c->vocab_size, o->vocab_size);
+    assert_int_equal(c->hidden_size, o->hidden_size);
+    assert_int_equal(c->intermediate_size, o->intermediate_size);
+    assert_int_equal(c->n_layers, o->n_layers);
+    assert_int_equal(c->n_heads, o->n_heads);
+    assert_int_equal(c->n_kv_heads, o->n_kv_heads);
+    assert_int_equal(c->head_dim, hd);
+    assert_int_equal(c->max_position_embeddings, o->max_position_embeddings);
+    assert_true(c->rope_theta == (float)o->rope_theta);
+    assert_true(c->rms_norm_eps == (float)o->rms_norm_eps);
+    assert_int_equal(!!c->tie_word_embeddings, o->tie_word_embeddings);
+    assert_int_equal(!!c->attention_bias, o->attention_bias);
+
+    const uint64_t V = o->vocab_size, d = o->hidden_size, f = o->intermediate_size;
+    const uint64_t q = (uint64_t)o->n_heads * hd, kv = (uint64_t)o->n_kv_heads * hd;
+    check_tensor(o, &m->embed, "model.embed_tokens.weight", 2, V, d);
+    check_tensor(o, &m->norm, "model.norm.weight", 1, d, 0);
+    if (o->tie_word_embeddings) {
+        assert_ptr_equal(m->lm_head.data, m->embed.data);
+        assert_int_equal(m->lm_head.shape[0], V);
+    } else {
+        assert_ptr_not_equal(m->lm_head.data, m->embed.data);
+        check_tensor(o, &m->lm_head, "lm_head.weight", 2, V, d);
+    }
+    char nm[128];
+#define CHECK(field, suffix, nd, a, b)                                     \
+    do {                                                                   \
+        snprintf(nm, sizeof nm, "model.layers.%u." suffix, i);             \
+        check_tensor(o, &ly->field, nm, nd, a, b);                         \
+    } while (0)
+    for (uint32_t i = 0; i < o->n_layers; i++) {
+        const devio_layer *ly = &m->layers[i];
+        CHECK(attn_norm, "input_layernorm.weight", 1, d, 0);
+        CHECK(wq, "self_attn.q_proj.weight", 2, q, d);
+        CHECK(wk, "self_attn.k_proj.weight", 2, kv, d);
+        CHECK(wv, "self_attn.v_proj.weight", 2, kv, d);
+        CHECK(wo, "self_attn.o_proj.weight", 2, d, q);
+        CHECK(ffn_norm, "post_attention_layernorm.weight", 1, d, 0);
+        CHECK(w_gate, "mlp.gate_proj.weight", 2, f, d);
+        CHECK(w_up, "mlp.up_proj.weight", 2, f, d);
+        CHECK(w_down, "mlp.down_proj.weight", 2, d, f);
+        if (o->attention_bias) {
+            CHECK(bq, "self_attn.q_proj.bias", 1, q, 0);
+            CHECK(bk, "self_attn.k_proj.bias", 1, kv, 0);
+            CHECK(bv, "self_attn.v_proj.bias", 1, kv, 0);
+        } else {
+            assert_null(ly->bq.data);
+            assert_null(ly->bk.data);
+            assert_null(ly->bv.data);
+        }
+    }
+#undef CHECK
+}
+
+static void roundtrip(const devio_mkmodel_opts *o)
+{
+    write_model(o);
+    devio_model *m = load_ok(o->out_dir);
+    check_model(o, m);
+    devio_model_free(m);
+}
+
+/* ---- good models ---- */
+
+static void test_load_f32(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    roundtrip(&o);
+}
+
+static void test_load_f16(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.dtype = DEVIO_F16;
+    roundtrip(&o);
+}
+
+static void test_load_bf16(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.dtype = DEVIO_BF16;
+    roundtrip(&o);
+}
+
+static void test_load_tied(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.tie_word_embeddings = true;
+    roundtrip(&o);
+    /* The file really has no lm_head: tying is what supplies it. */
+    json_t *h = header_load(path_in(fx->dir, "model.safetensors"));
+    assert_null(json_object_get(h, "lm_head.weight"));
+    json_decref(h);
+}
+
+static void test_load_bias(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.attention_bias = true;
+    o.dtype = DEVIO_BF16;
+    roundtrip(&o);
+}
+
+static void test_load_sharded(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.shards = 3;
+    o.dtype = DEVIO_F16;
+    roundtrip(&o);
+    assert_int_equal(access(path_in(fx->dir, "model.safetensors"), F_OK), -1);
+    assert_int_equal(access(path_in(fx->dir, "model-00003-of-00003.safetensors"), F_OK), 0);
+    /* Writing single over sharded removes the index, so the loader cannot
+     * pick a stale layout. */
+    o.shards = 1;
+    roundtrip(&o);
+    assert_int_equal(access(path_in(fx->dir, "model.safetensors.index.json"), F_OK), -1);
+}
+
+static void test_load_non_square_gqa(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.hidden_size = 48;
+    o.n_heads = 6;
+    o.n_kv_heads = 3;
+    o.head_dim = 10; /* h*hd = 60 != hidden: q_proj is [60, 48] */
+    o.intermediate_size = 40;
+    o.vocab_size = 100;
+    o.n_layers = 3;
+    o.rope_theta = 500000.0;
+    o.rms_norm_eps = 1e-6;
+    roundtrip(&o);
+}
+
+/* A tensor stored at an unaligned offset is copied, not refused. */
+static void test_load_unaligned(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    char *s = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(h);
+    size_t n = strlen(s);
+    /* Trailing whitespace is legal JSON; pick a length that shifts the data
+     * section off every 4-byte boundary. */
+    char *pad = malloc(n + 8);
+    memcpy(pad, s, n);
+    size_t hl = n;
+    while ((8 + hl) % 4 != 1)
+        pad[hl++] = ' ';
+    header_set_raw(p, pad, hl);
+    free(pad);
+    free(s);
+    devio_model *m = load_ok(fx->dir);
+    check_model(&o, m);
+    devio_model_free(m);
+}
+
+static void test_param_counts(void **state)
+{
+    (void)state;
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
+    assert_int_equal(devio_mkmodel_param_count(&o), 106816);
+    assert_int_equal(devio_mkmodel_preset("small", &o, NULL), DEVIO_OK);
+    assert_int_equal(devio_mkmodel_param_count(&o), 15191712);
+    assert_int_equal(devio_mkmodel_preset("bench", &o, NULL), DEVIO_OK);
+    assert_int_equal(devio_mkmodel_param_count(&o), 134105856);
+    assert_int_equal(o.dtype, DEVIO_BF16);
+    devio_error err = {0};
+    assert_int_equal(devio_mkmodel_preset("huge", &o, &err), DEVIO_E_INVALID);
+    assert_non_null(strstr(err.message, "huge"));
+}
+
+static void test_writer_rejects(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    devio_error err = {0};
+    o.arch = "bamba";
+    assert_int_equal(devio_mkmodel_write(&o, &err), DEVIO_E_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "unsupported architecture 'bamba'"));
+    o.arch = "mamba2";
+    assert_int_equal(devio_mkmodel_write(&o, &err), DEVIO_E_UNSUPPORTED);
+    o.arch = "gpt2";
+    assert_int_equal(devio_mkmodel_write(&o, &err), DEVIO_E_INVALID);
+    o = tiny_opts(fx->dir);
+    o.n_kv_heads = 3;
+    assert_int_equal(devio_mkmodel_write(&o, &err), DEVIO_E_INVALID);
+    o = tiny_opts(fx->dir);
+    o.shards = 1000;
+    assert_int_equal(devio_mkmodel_write(&o, &err), DEVIO_E_INVALID);
+    o = tiny_opts(fx->dir);
+    o.hidden_size = 0;
+    assert_int_equal(devio_mkmodel_write(&o, &err), DEVIO_E_INVALID);
+    /* Nothing was written by any refused call. */
+    assert_int_equal(access(path_in(fx->dir, "config.json"), F_OK), -1);
+}
+
+static bool files_equal(const char *a, const char *b)
+{
+    size_t na, nb;
+    uint8_t *x = read_all(a, &na), *y = read_all(b, &nb);
+    bool eq = na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return eq;
+}
+
+static void test_determinism(void **state)
+{
+    fixture *fx = *state;
+    char a[128], b[128], c[128];
+    snprintf(a, sizeof a, "%s/a", fx->dir);
+    snprintf(b, sizeof b, "%s/b", fx->dir);
+    snprintf(c, sizeof c, "%s/c", fx->dir);
+    devio_mkmodel_opts o = tiny_opts(a);
+    o.dtype = DEVIO_BF16;
+    write_model(&o);
+    o.out_dir = b;
+    write_model(&o);
+    o.out_dir = c;
+    o.seed = 8;
+    write_model(&o);
+    assert_true(files_equal(path_in(a, "model.safetensors"), path_in(b, "model.safetensors")));
+    assert_true(files_equal(path_in(a, "config.json"), path_in(b, "config.json")));
+    assert_false(files_equal(path_in(a, "model.safetensors"), path_in(c, "model.safetensors")));
+    /* The seed changes the weights, never the config. */
+    assert_true(files_equal(path_in(a, "config.json"), path_in(c, "config.json")));
+}
+
+/* Shards hold the same bytes per tensor as a single file: values depend on
+ * (seed, name, index) only. */
+static void test_shards_same_values(void **state)
+{
+    fixture *fx = *state;
+    char a[128], b[128];
+    snprintf(a, sizeof a, "%s/a", fx->dir);
+    snprintf(b, sizeof b, "%s/b", fx->dir);
+    devio_mkmodel_opts o = tiny_opts(a);
+    write_model(&o);
+    o.out_dir = b;
+    o.shards = 4;
+    write_model(&o);
+    devio_model *m1 = load_ok(a), *m2 = load_ok(b);
+    size_t n = (size_t)(m1->layers[1].w_down.shape[0] * m1->layers[1].w_down.shape[1]);
+    assert_memory_equal(m1->layers[1].w_down.data, m2->layers[1].w_down.data, n * 4);
+    assert_memory_equal(m1->lm_head.data, m2->lm_head.data, 256 * 64 * 4);
+    devio_model_free(m1);
+    devio_model_free(m2);
+}
+
+/* ---- conversions ---- */
+
+static void test_widen_every_f16_bf16(void **state)
+{
+    (void)state;
+    uint16_t h[65536];
+    for (uint32_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)i;
+    devio_tensor t = {.data = h, .dtype = DEVIO_F16, .ndim = 1, .shape = {65536, 0}};
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint32_t e = (i >> 10) & 31, mant = i & 1023;
+        double sign = (i & 0x8000) ? -1.0 : 1.0;
+        float got = devio_tensor_get(&t, i);
+        if (e == 31) {
+            assert_true(mant ? isnan(got) : isinf(got));
+            assert_int_equal(signbit(got) != 0, (i & 0x8000) != 0);
+            continue;
+        }
+        double want = e == 0 ? ldexp((double)mant, -24) : ldexp(1024.0 + mant, (int)e - 25);
+        if (!same_bits(got, (float)(sign * want)))
+            print_error("f16 %04x: got %a want %a\n", i, got, sign * want);
+        assert_true(same_bits(got, (float)(sign * want)));
+    }
+    t.dtype = DEVIO_BF16;
+    for (uint32_t i = 0; i < 65536; i++) {
+        float got = devio_tensor_get(&t, i);
+        uint32_t bits = i << 16;
+        float want;
+        memcpy(&want, &bits, 4);
+        assert_true(same_bits(got, want) || (isnan(got) && isnan(want)));
+    }
+}
+
+static float from_bits(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+static void test_narrow_rne(void **state)
+{
+    (void)state;
+    /* Hand-picked ties and edges. */
+    assert_int_equal(devio_f32_to_bf16_rne(from_bits(0x3f808000u)), 0x3f80); /* tie, even */
+    assert_int_equal(devio_f32_to_bf16_rne(from_bits(0x3f818000u)), 0x3f82); /* tie, odd */
+    assert_int_equal(devio_f32_to_bf16_rne(from_bits(0x3f808001u)), 0x3f81);
+    assert_int_equal(devio_f32_to_bf16_rne(from_bits(0x7f7fffffu)), 0x7f80); /* to inf */
+    assert_int_equal(devio_f32_to_bf16_rne(from_bits(0x7fc00000u)) & 0x7fc0, 0x7fc0);
+    assert_int_equal(devio_f32_to_f16_rne(1.0f), 0x3c00);
+    assert_int_equal(devio_f32_to_f16_rne(65504.0f), 0x7bff);
+    assert_int_equal(devio_f32_to_f16_rne(65519.99f), 0x7bff);
+    assert_int_equal(devio_f32_to_f16_rne(65520.0f), 0x7c00);
+    assert_int_equal(devio_f32_to_f16_rne(-INFINITY), 0xfc00);
+    assert_int_equal(devio_f32_to_f16_rne(0x1p-24f), 0x0001);
+    assert_int_equal(devio_f32_to_f16_rne(0x1p-25f), 0x0000);            /* tie to 0 */
+    assert_int_equal(devio_f32_to_f16_rne(0x1.8p-24f), 0x0002);          /* tie to 2 */
+    assert_int_equal(devio_f32_to_f16_rne(0x1.ffcp-15f), 0x0400);        /* to normal */
+    assert_int_equal(devio_f32_to_f16_rne(-0.0f), 0x8000);
+    assert_true((devio_f32_to_f16_rne(NAN) & 0x7c00) == 0x7c00 &&
+                (devio_f32_to_f16_rne(NAN) & 0x3ff) != 0);
+
+    /* A sweep of random finite floats against the double-precision oracle,
+     * with widening as the inverse. */
+    uint64_t x = 0x123456789abcdefull;
+    uint16_t h;
+    devio_tensor t = {.data = &h, .ndim = 1, .shape = {1, 0}};
+    for (int i = 0; i < 400000; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        uint32_t bits = (uint32_t)x;
+        /* Concentrate on exponents around the f16 range. */
+        bits = (bits & 0x807fffffu) | ((uint32_t)(96 + (x >> 40) % 48) << 23);
+        float v = from_bits(bits);
+        h = devio_f32_to_f16_rne(v);
+        t.dtype = DEVIO_F16;
+        float got = devio_tensor_get(&t, 0);
+        if (!same_bits(got, oracle_f16(v)))
+            print_error("f16 of %a: got %a want %a\n", v, got, oracle_f16(v));
+        assert_true(same_bits(got, oracle_f16(v)));
+        h = devio_f32_to_bf16_rne(v);
+        t.dtype = DEVIO_BF16;
+        got = devio_tensor_get(&t, 0);
+        assert_true(same_bits(got, oracle_bf16(v)));
+    }
+}
+
+static void test_dtype_names(void **state)
+{
+    (void)state;
+    assert_int_equal(devio_dtype_size(DEVIO_F32), 4);
+    assert_int_equal(devio_dtype_size(DEVIO_F16), 2);
+    assert_int_equal(devio_dtype_size(DEVIO_BF16), 2);
+    assert_string_equal(devio_dtype_str(DEVIO_F32), "F32");
+    assert_string_equal(devio_dtype_str(DEVIO_F16), "F16");
+    assert_string_equal(devio_dtype_str(DEVIO_BF16), "BF16");
+}
+
+/* ---- config variants ---- */
+
+static void test_qwen2_bias_default(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.attention_bias = true;
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    file_sub(cfg, "LlamaForCausalLM", "Qwen2ForCausalLM");
+    file_sub(cfg, "\"attention_bias\": true,", "");
+    devio_model *m = load_ok(fx->dir);
+    assert_string_equal(m->cfg.architecture, "Qwen2ForCausalLM");
+    assert_true(m->cfg.attention_bias);
+    assert_non_null(m->layers[1].bk.data);
+    assert_int_equal(m->layers[1].bk.shape[0], 32);
+    devio_model_free(m);
+}
+
+static void test_qwen2_without_bias_tensors(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    file_sub(cfg, "LlamaForCausalLM", "Qwen2ForCausalLM");
+    file_sub(cfg, "\"attention_bias\": false,", "");
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors",
+                "'model.layers.0.self_attn.q_proj.bias' is missing");
+    /* ...and the config may switch the bias off explicitly. */
+    file_sub(cfg, "\"attention_dropout\"", "\"attention_bias\": false, \"attention_dropout\"");
+    devio_model *m = load_ok(fx->dir);
+    assert_false(m->cfg.attention_bias);
+    devio_model_free(m);
+}
+
+static void test_mistral_window_and_defaults(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.n_kv_heads = o.n_heads;
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    file_sub(cfg, "LlamaForCausalLM", "MistralForCausalLM");
+    file_sub(cfg, "\"num_key_value_heads\": 4,", "\"sliding_window\": 128,");
+    file_sub(cfg, "\"head_dim\": 16,", "");
+    file_sub(cfg, "\"rms_norm_eps\": 1e-05,", "");
+    file_sub(cfg, "\"rope_theta\": 10000.0,", "");
+    devio_model *m = load_ok(fx->dir);
+    assert_int_equal(m->cfg.n_kv_heads, 4);
+    assert_int_equal(m->cfg.head_dim, 16);
+    assert_int_equal(m->cfg.max_position_embeddings, 128);
+    assert_true(m->cfg.rms_norm_eps == 1e-6f);
+    assert_true(m->cfg.rope_theta == 10000.0f);
+    devio_model_free(m);
+}
+
+/* ---- malformed models: one case each ---- */
+
+static void test_bad_truncated(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    size_t n;
+    free(read_all(p, &n));
+    assert_int_equal(truncate(p, (off_t)n - 100), 0);
+    /* Data is in name order, so the last tensor is the one cut. */
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors", "'model.norm.weight'");
+}
+
+static void test_bad_tiny_file(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    write_all(path_in(fx->dir, "model.safetensors"), "\x05\0\0\0\0", 5);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: file is 5 bytes",
+                "'model.embed_tokens.weight'");
+}
+
+static void test_bad_header_length(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    size_t n;
+    uint8_t *b = read_all(p, &n);
+    uint64_t big = n; /* one more than what follows the length field */
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(big >> (8 * i));
+    write_all(p, b, n);
+    free(b);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header length",
+                "'model.embed_tokens.weight'");
+    /* A length near 2^64 must not wrap any check. */
+    b = read_all(p, &n);
+    memset(b, 0xff, 8);
+    write_all(p, b, n);
+    free(b);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header length",
+                "'model.embed_tokens.weight'");
+}
+
+static void test_bad_header_not_json(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    header_set_raw(p, "{\"a\": [1, 2", 11);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header is not valid JSON",
+                "'model.embed_tokens.weight'");
+    header_set_raw(p, "[1, 2]", 6);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header is not a JSON object",
+                "'model.embed_tokens.weight'");
+    header_set_raw(p, "", 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header is not valid JSON", NULL);
+}
+
+static void test_bad_duplicate_key(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    const char *h = "{\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[64],"
+                    "\"data_offsets\":[0,256]},\"model.norm.weight\":{\"dtype\":\"F32\","
+                    "\"shape\":[64],\"data_offsets\":[256,512]}}";
+    header_set_raw(p, h, strlen(h));
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors", "duplicate");
+}
+
+static void set_offsets(const char *path, const char *name, json_int_t a, json_int_t b)
+{
+    json_t *h = header_load(path);
+    json_t *e = json_object_get(h, name);
+    assert_non_null(e);
+    json_object_set_new(e, "data_offsets", json_pack("[II]", a, b));
+    header_store(path, h);
+}
+
+static void test_bad_offsets_out_of_range(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    set_offsets(p, "model.layers.1.mlp.up_proj.weight", 1000000000, 1000000000 + 32768);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors",
+                "'model.layers.1.mlp.up_proj.weight'");
+}
+
+static void test_bad_offsets_reversed(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    set_offsets(p, "model.norm.weight", 512, 256);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "before begin");
+}
+
+static void test_bad_offsets_not_integers(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "data_offsets",
+                        json_pack("[i]", 0));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "data_offsets");
+    h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "data_offsets",
+                        json_pack("[ii]", -4, 252));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "data_offsets");
+}
+
+static void test_bad_size_mismatch(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "shape", json_pack("[i]", 65));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "need 260");
+    /* A shape whose product overflows 64 bits is refused, not wrapped. */
+    h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "shape",
+                        json_pack("[III]", (json_int_t)1 << 40, (json_int_t)1 << 40, 4));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "too large");
+}
+
+static void test_bad_dtype(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    /* I64 with a shape that keeps the byte count: only the dtype is wrong. */
+    json_t *h = header_load(p);
+    json_t *e = json_object_get(h, "model.norm.weight");
+    json_object_set_new(e, "dtype", json_string("I64"));
+    json_object_set_new(e, "shape", json_pack("[i]", 32));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "dtype I64");
+    h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "dtype", json_string("Q4_K"));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "unknown dtype 'Q4_K'");
+}
+
+static void test_bad_shape(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    /* Same element count, transposed: only the shape check can see it. */
+    json_t *h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.layers.0.self_attn.o_proj.weight"), "shape",
+                        json_pack("[ii]", 32, 128));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL,
+                "model.safetensors: tensor 'model.layers.0.self_attn.o_proj.weight'",
+                "shape [32, 128], expected [64, 64]");
+}
+
+static void test_bad_missing_tensor(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    json_t *e = json_incref(json_object_get(h, "model.layers.1.mlp.up_proj.weight"));
+    json_object_del(h, "model.layers.1.mlp.up_proj.weight");
+    json_object_set_new(h, "model.layers.1.mlp.up_proj.weight_", e);
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL,
+                "model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight'", "missing");
+}
+
+static void test_bad_missing_lm_head(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    json_object_del(h, "lm_head.weight");
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'lm_head.weight'",
+                "tie_word_embeddings false");
+    /* The same file is a valid tied model. */
+    file_sub(path_in(fx->dir, "config.json"), "\"tie_word_embeddings\": false",
+             "\"tie_word_embeddings\": true");
+    devio_model *m = load_ok(fx->dir);
+    assert_ptr_equal(m->lm_head.data, m->embed.data);
+    devio_model_free(m);
+}
+
+static void test_bad_bias_missing(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    file_sub(path_in(fx->dir, "config.json"), "\"attention_bias\": false",
+             "\"attention_bias\": true");
+    expect_fail(fx->dir, DEVIO_E_MODEL,
+                "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.bias'", "missing");
+}
+
+static void test_bad_unknown_arch(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    file_sub(path_in(fx->dir, "config.json"), "LlamaForCausalLM", "GPTNeoXForCausalLM");
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json",
+                "unknown architecture 'GPTNeoXForCausalLM'");
+}
+
+static void test_bad_missing_config(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    assert_int_equal(unlink(path_in(fx->dir, "config.json")), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json", fx->dir);
+    expect_fail("/nonexistent/devio/model", DEVIO_E_MODEL, "config.json", NULL);
+}
+
+static void test_bad_config_json(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    file_sub(cfg, "\"vocab_size\": 256", "\"vocab_size\": 256,");
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json: not valid JSON", NULL);
+}
+
+static void test_bad_config_values(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    static const struct {
+        const char *from, *to, *field;
+    } cases[] = {
+        {"\"hidden_size\": 64", "\"hidden_size\": 0", "'hidden_size'"},
+        {"\"vocab_size\": 256", "\"vocab_size\": 1000000000", "'vocab_size'"},
+        {"\"vocab_size\": 256", "\"vocab_size\": -1", "'vocab_size'"},
+        {"\"vocab_size\": 256", "\"vocab_size\": \"256\"", "'vocab_size'"},
+        {"\"num_hidden_layers\": 2", "\"num_hidden_layers\": 100000", "'num_hidden_layers'"},
+        {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3", "num_key_value_heads 3"},
+        {"\"head_dim\": 16", "\"head_dim\": 15", "head_dim 15"},
+        {"\"num_attention_heads\": 4", "\"num_attention_heads\": 0", "'num_attention_heads'"},
+        {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": -1e-05", "'rms_norm_eps'"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 0.0", "'rope_theta'"},
+        {"\"tie_word_embeddings\": false", "\"tie_word_embeddings\": 0",
+         "'tie_word_embeddings'"},
+        {"\"intermediate_size\": 128,", "", "'intermediate_size' is missing"},
+        {"\"architectures\": [\"LlamaForCausalLM\"]", "\"architectures\": []", "architectures"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        file_sub(cfg, cases[i].from, cases[i].to);
+        expect_fail(fx->dir, DEVIO_E_MODEL, "config.json", cases[i].field);
+        file_sub(cfg, cases[i].to[0] ? cases[i].to : "\"max_position_embeddings\"",
+                 cases[i].to[0] ? cases[i].from
+                                : "\"intermediate_size\": 128, \"max_position_embeddings\"");
+    }
+    /* heads not dividing hidden when head_dim is absent */
+    file_sub(cfg, "\"head_dim\": 16,", "");
+    file_sub(cfg, "\"num_attention_heads\": 4", "\"num_attention_heads\": 6");
+    file_sub(cfg, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 6");
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json", "hidden_size 64 is not a multiple");
+}
+
+static void test_bad_config_unsupported(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    file_sub(cfg, "\"rope_scaling\": null",
+             "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}");
+    expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json: rope_scaling (type 'llama3')",
+                "not supported");
+    file_sub(cfg, "{\"rope_type\": \"llama3\", \"factor\": 8.0}", "null");
+    file_sub(cfg, "\"silu\"", "\"gelu\"");
+    expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json: hidden_act 'gelu'", NULL);
+    file_sub(cfg, "\"gelu\"", "\"silu\"");
+    file_sub(cfg, "\"mlp_bias\": false", "\"mlp_bias\": true");
+    expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json: mlp_bias", NULL);
+}
+
+static void test_bad_no_weights(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    assert_int_equal(unlink(path_in(fx->dir, "model.safetensors")), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors", "model.safetensors.index.json");
+}
+
+static void test_bad_shard_missing(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.shards = 3;
+    write_model(&o);
+    assert_int_equal(unlink(path_in(fx->dir, "model-00002-of-00003.safetensors")), 0);
+    /* Names the shard and the first tensor (in name order) it should hold. */
+    json_t *idx = json_load_file(path_in(fx->dir, "model.safetensors.index.json"), 0, NULL);
+    assert_non_null(idx);
+    const char *first = NULL, *key;
+    json_t *val;
+    json_object_foreach(json_object_get(idx, "weight_map"), key, val)
+    {
+        if (strcmp(json_string_value(val), "model-00002-of-00003.safetensors") == 0 &&
+            (!first || strcmp(key, first) < 0))
+            first = key;
+    }
+    assert_non_null(first);
+    char want[160];
+    snprintf(want, sizeof want, "'%s'", first);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model-00002-of-00003.safetensors: cannot open", want);
+    json_decref(idx);
+}
+
+static void test_bad_shard_lacks_tensor(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.shards = 2;
+    write_model(&o);
+    const char *ip = path_in(fx->dir, "model.safetensors.index.json");
+    json_t *idx = json_load_file(ip, 0, NULL);
+    assert_non_null(idx);
+    json_t *wm = json_object_get(idx, "weight_map");
+    const char *was = json_string_value(json_object_get(wm, "model.norm.weight"));
+    const char *other = strcmp(was, "model-00001-of-00002.safetensors") == 0
+                            ? "model-00002-of-00002.safetensors"
+                            : "model-00001-of-00002.safetensors";
+    json_object_set_new(wm, "model.norm.weight", json_string(other));
+    assert_int_equal(json_dump_file(idx, ip, JSON_INDENT(2)), 0);
+    json_decref(idx);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors.index.json: tensor 'model.norm.weight'",
+                other);
+}
+
+static void test_bad_index(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.shards = 2;
+    write_model(&o);
+    const char *ip = path_in(fx->dir, "model.safetensors.index.json");
+    json_t *idx = json_load_file(ip, 0, NULL);
+    json_t *wm = json_object_get(idx, "weight_map");
+    json_object_set_new(wm, "model.norm.weight", json_string("../model-00001-of-00002.safetensors"));
+    assert_int_equal(json_dump_file(idx, ip, JSON_INDENT(2)), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors.index.json: tensor 'model.norm.weight'",
+                "not a file name");
+    json_object_del(wm, "model.norm.weight");
+    assert_int_equal(json_dump_file(idx, ip, JSON_INDENT(2)), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors.index.json: tensor 'model.norm.weight'",
+                "missing from weight_map");
+    json_object_del(idx, "weight_map");
+    assert_int_equal(json_dump_file(idx, ip, JSON_INDENT(2)), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors.index.json", "weight_map");
+    json_decref(idx);
+}
+
+/* Every malformed header must be refused without crashing: flip each byte
+ * of the header of a small model in turn. */
+static void test_bad_header_bytes(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.n_layers = 1;
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    size_t n;
+    uint8_t *orig = read_all(p, &n);
+    size_t hl = (size_t)header_len(orig);
+    int refused = 0;
+    for (size_t i = 0; i < 8 + hl; i += 3) {
+        uint8_t *b = malloc(n);
+        memcpy(b, orig, n);
+        b[i] = (uint8_t)(b[i] ^ (i < 8 ? 0x40 : 0x0b));
+        write_all(p, b, n);
+        free(b);
+        devio_model *m = NULL;
+        devio_error err = {0};
+        devio_status st = devio_model_load(fx->dir, &m, &err);
+        if (st == DEVIO_OK) {
+            assert_non_null(m);
+            devio_model_free(m);
+        } else {
+            assert_null(m);
+            assert_int_equal(err.status, st);
+            assert_true(err.message[0] != '\0');
+            refused++;
+        }
+    }
+    assert_true(refused > 0);
+    free(orig);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, fx_setup, fx_teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_load_f32),
+        T(test_load_f16),
+        T(test_load_bf16),
+        T(test_load_tied),
+        T(test_load_bias),
+        T(test_load_sharded),
+        T(test_load_non_square_gqa),
+        T(test_load_unaligned),
+        cmocka_unit_test(test_param_counts),
+        T(test_writer_rejects),
+        T(test_determinism),
+        T(test_shards_same_values),
+        cmocka_unit_test(test_widen_every_f16_bf16),
+        cmocka_unit_test(test_narrow_rne),
+        cmocka_unit_test(test_dtype_names),
+        T(test_qwen2_bias_default),
+        T(test_qwen2_without_bias_tensors),
+        T(test_mistral_window_and_defaults),
+        T(test_bad_truncated),
+        T(test_bad_tiny_file),
+        T(test_bad_header_length),
+        T(test_bad_header_not_json),
+        T(test_bad_duplicate_key),
+        T(test_bad_offsets_out_of_range),
+        T(test_bad_offsets_reversed),
+        T(test_bad_offsets_not_integers),
+        T(test_bad_size_mismatch),
+        T(test_bad_dtype),
+        T(test_bad_shape),
+        T(test_bad_missing_tensor),
+        T(test_bad_missing_lm_head),
+        T(test_bad_bias_missing),
+        T(test_bad_unknown_arch),
+        T(test_bad_missing_config),
+        T(test_bad_config_json),
+        T(test_bad_config_values),
+        T(test_bad_config_unsupported),
+        T(test_bad_no_weights),
+        T(test_bad_shard_missing),
+        T(test_bad_shard_lacks_tensor),
+        T(test_bad_index),
+        T(test_bad_header_bytes),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,25 @@
+/* testutil.h - shared fixtures for the device tests: a written, loaded tiny model.
+ * Test-only code; it never reaches a production binary. */
+#ifndef DEVIO_TESTUTIL_H
+#define DEVIO_TESTUTIL_H
+
+#include "device/backend.h"
+#include "device/devio.h"
+#include "device/model.h"
+#include "ref/mkmodel.h"
+
+typedef struct devio_fixture {
+    char dir[256];
+    devio_model *model;
+} devio_fixture;
+
+/* Write a model with `o` (out_dir is set here) into a fresh temp dir and load it. */
+int devio_fixture_make(devio_fixture *f, devio_mkmodel_opts o);
+/* Preset by name ("tiny", "small") with the given dtype and seed. */
+int devio_fixture_preset(devio_fixture *f, const char *preset, devio_dtype dtype, uint64_t seed);
+void devio_fixture_free(devio_fixture *f);
+
+/* Remove a directory tree (test temp dirs only). */
+void devio_rmtree(const char *dir);
+
+#endif
