@@ -22,12 +22,17 @@ struct devio_sampler {
     uint32_t *tmp_idx;  /* step 6: radix scatter space */
     uint32_t *tmp_key;
     uint8_t *mark;      /* step 4: membership, to list K in id order */
+    float cap1[256];    /* step 8: bounds on g, see gumbel_caps_init */
+    float cap2[256];
+    float cap_max;
 };
 
 /* Ranges this short are insertion sorted rather than radix scattered. */
 #define SMALL_RANGE 32u
 
 #define NEG_INF (-INFINITY)
+
+static void gumbel_caps_init(devio_sampler *s);
 
 /* ------------------------------------------------------------------ */
 /* Philox4x32-10                                                       */
@@ -81,6 +86,7 @@ devio_status devio_sampler_create(uint32_t vocab, devio_sampler **out)
     s->mark = malloc(n * sizeof *s->mark);
     if (!s->z || !s->e || !s->idx || !s->key || !s->tmp_idx || !s->tmp_key || !s->mark)
         goto out_free;
+    gumbel_caps_init(s);
     *out = s;
     return DEVIO_OK;
 out_free:
@@ -295,51 +301,77 @@ static inline float temper(float l, float t)
     return q;
 }
 
-/* Step 8 for one id: g_i from the Philox block, using a one-block cache so
- * consecutive ids share a Philox call. */
-typedef struct gumbel_rng {
-    uint32_t key[2];
-    uint32_t pos_lo, pos_hi;
-    uint64_t block; /* UINT64_MAX = nothing cached */
-    uint32_t bits[4];
-} gumbel_rng;
-
-static inline float gumbel_of(gumbel_rng *g, uint32_t id)
+/* g of step 8 from the 32 random bits r. */
+static inline float gumbel_of_bits(uint32_t r)
 {
-    uint32_t block = id >> 2;
-    if (g->block != block) {
-        uint32_t ctr[4] = {block, 0u, g->pos_lo, g->pos_hi};
-        devio_philox4x32_10(ctr, g->key, g->bits);
-        g->block = block;
-    }
-    uint32_t r = g->bits[id & 3u];
     /* 2k+1 < 2^24 converts exactly; times 2^-24 is exact. */
     float u = (float)(2u * (r >> 9) + 1u) * 0x1p-24f;
     return -devio_logf(-devio_logf(u));
 }
 
+/* Upper bounds on g, so that most ids are ruled out without the two logs.
+ * g rises with u, so the bound for a range of r is g at the range's top
+ * plus a margin that absorbs any rounding wobble in the logs. Ranges: the
+ * top 8 bits of r; when those are all ones (u within 2^-8 of 1, where g
+ * climbs steeply) the next 8 bits. sampler_test checks every r. */
+#define CAP_MARGIN 0x1p-10f
+
+static void gumbel_caps_init(devio_sampler *s)
+{
+    for (uint32_t b = 0; b < 256; b++) {
+        uint32_t top1 = (b << 24) | 0x00FFFFFFu;
+        uint32_t top2 = 0xFF000000u | (b << 16) | 0x0000FFFFu;
+        s->cap1[b] = gumbel_of_bits(top1) + CAP_MARGIN;
+        s->cap2[b] = gumbel_of_bits(top2) + CAP_MARGIN;
+    }
+    s->cap_max = s->cap2[255];
+}
+
+static inline float gumbel_cap(const devio_sampler *s, uint32_t r)
+{
+    return (r >> 24) != 0xFFu ? s->cap1[r >> 24] : s->cap2[(r >> 16) & 0xFFu];
+}
+
+float devio_sampler_gumbel_cap(const devio_sampler *s, uint32_t r)
+{
+    return gumbel_cap(s, r);
+}
+
 /* Argmax over K of z_i + g_i, ties to the lowest id. ids == NULL means
  * K = [0, n). `start` is a member of K with a large z: drawing for it first
- * sets a high bar, and then every id whose z plus the Gumbel bound cannot
- * reach the bar is skipped without a draw. Which member starts never
- * changes the result. */
-static uint32_t gumbel_pick(const float *z, const uint32_t *ids, uint32_t n, uint32_t start,
-                            uint64_t seed, uint64_t position)
+ * sets a high bar. An id whose z plus the largest possible g cannot reach
+ * the bar is skipped before its Philox call; one whose z plus the cap for
+ * its bits cannot reach it is skipped before the logs. Skipping only ever
+ * drops ids that cannot win, so the start never changes the result. */
+static uint32_t gumbel_pick(const devio_sampler *s, const uint32_t *ids, uint32_t n,
+                            uint32_t start, uint64_t seed, uint64_t position)
 {
-    gumbel_rng g = {
-        .key = {(uint32_t)seed, (uint32_t)(seed >> 32)},
-        .pos_lo = (uint32_t)position,
-        .pos_hi = (uint32_t)(position >> 32),
-        .block = UINT64_MAX,
-    };
-    float best = z[start] + gumbel_of(&g, start);
+    const float *z = s->z;
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    const uint32_t pos_lo = (uint32_t)position, pos_hi = (uint32_t)(position >> 32);
+    /* One Philox call serves four consecutive ids; keep the last block. */
+    uint64_t cached = UINT64_MAX;
+    uint32_t bits[4];
+
+    uint32_t ctr[4] = {start >> 2, 0u, pos_lo, pos_hi};
+    devio_philox4x32_10(ctr, key, bits);
+    cached = start >> 2;
+    float best = z[start] + gumbel_of_bits(bits[start & 3u]);
     uint32_t best_id = start;
     for (uint32_t j = 0; j < n; j++) {
         uint32_t id = ids ? ids[j] : j;
         float zi = z[id];
-        if (zi + DEVIO_SAMPLER_GUMBEL_BOUND < best)
+        if (zi + s->cap_max < best)
             continue;
-        float v = zi + gumbel_of(&g, id);
+        if (cached != id >> 2) {
+            ctr[0] = id >> 2;
+            devio_philox4x32_10(ctr, key, bits);
+            cached = id >> 2;
+        }
+        uint32_t r = bits[id & 3u];
+        if (zi + gumbel_cap(s, r) < best)
+            continue;
+        float v = zi + gumbel_of_bits(r);
         if (v > best || (v == best && id < best_id)) {
             best = v;
             best_id = id;
@@ -397,12 +429,12 @@ devio_status devio_sampler_run(devio_sampler *s, const float *logits,
     /* Tempering is monotone, so the raw argmax has the largest z (ties
      * aside): a good start for the draw. */
     if (!use_k && !use_p && !use_min) {
-        tok = gumbel_pick(s->z, NULL, V, argmax, p->seed, position);
+        tok = gumbel_pick(s, NULL, V, argmax, p->seed, position);
         goto out;
     }
 
-    /* K as a list s->idx[0..n), in increasing id order (steps 5 and 6 rely
-     * on it). */
+    /* K as a list s->idx[0..n). Step 6 needs it in increasing id order (its
+     * stable sort turns that into the tie rule); the others take any order. */
     uint32_t n = V;
     if (use_k) {
         n = (uint32_t)p->top_k;
@@ -464,7 +496,7 @@ devio_status devio_sampler_run(devio_sampler *s, const float *logits,
     for (uint32_t j = 1; j < n; j++)
         if (s->z[s->idx[j]] > s->z[start])
             start = s->idx[j];
-    tok = gumbel_pick(s->z, s->idx, n, start, p->seed, position);
+    tok = gumbel_pick(s, s->idx, n, start, p->seed, position);
 
 out:
     *token = (int32_t)tok;

@@ -61,6 +61,10 @@
  *    This draws from softmax(z) renormalised over K (the p of step 5 scaled
  *    to sum to one over K), up to the 23-bit resolution of u.
  *
+ * An implementation may organise the work as it likes (partial selection,
+ * lazy sorting, skipping tokens that provably cannot win step 8) as long as
+ * every result is the one defined above.
+ *
  * Parameter ranges (devio_sampler_check): T finite and >= 0 (-0 counts as
  * 0), top_k >= 0 (0 or >= V means off), 0 < top_p <= 1 (1 = off),
  * 0 <= min_p <= 1 (0 = off). seed: any value.
@@ -79,12 +83,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* An upper bound on every g_i of step 8 (the largest is about 16.6, at
- * u = 1 - 2^-24). The implementation skips drawing for a token whose
- * z_i + bound cannot beat the best v so far, which never changes the result
- * while this bound holds; sampler_test checks it for all 2^23 values of u. */
-#define DEVIO_SAMPLER_GUMBEL_BOUND 20.0f
 
 /* Scratch sized for one vocab at creation; the sampling path never allocates. */
 typedef struct devio_sampler devio_sampler;
@@ -112,11 +110,21 @@ devio_status devio_sampler_run(devio_sampler *s, const float *logits,
                                const devio_sample_params *p, uint64_t position,
                                int32_t *token, float *logprob);
 
-/* Philox4x32-10 (Salmon et al., SC'11): multipliers 0xD2511F53 and
- * 0xCD9E8D57, key increments 0x9E3779B9 and 0xBB67AE85, 10 rounds. Matches
- * the known-answer vectors published with Random123. Exposed for tests and
- * for other backends to match. */
+/* Philox4x32-10 (Salmon et al., SC'11). With M0 = 0xD2511F53,
+ * M1 = 0xCD9E8D57 and hi/lo the halves of a 32x32->64-bit product, one round
+ * maps (c0, c1, c2, c3) to
+ *   (hi(M1*c2) ^ c1 ^ k0, lo(M1*c2), hi(M0*c0) ^ c3 ^ k1, lo(M0*c0));
+ * ten rounds, the first with (k0, k1) = key, each later one after adding
+ * 0x9E3779B9 to k0 and 0xBB67AE85 to k1 (mod 2^32). Matches the
+ * known-answer vectors published with Random123. Exposed for tests and for
+ * other backends to match. */
 void devio_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* The upper bound on g(r) (step 8, from the random word r) that the sampler
+ * uses to rule tokens out without computing g; results are exact only while
+ * g(r) <= cap for every r. Exposed so that sampler_test can check all of
+ * them; nothing else needs it. */
+float devio_sampler_gumbel_cap(const devio_sampler *s, uint32_t r);
 
 #ifdef __cplusplus
 }

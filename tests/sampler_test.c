@@ -208,6 +208,7 @@ static int32_t ref_sample(const float *logits, uint32_t v, const devio_sample_pa
         }
     }
 done:
+    assert_true(tok >= 0 && (uint32_t)tok < v);
     *logprob = (l[tok] - m) - devio_logf(sum_a);
     free(l);
     free(a);
@@ -241,28 +242,47 @@ static void test_philox_known_answers(void **state)
     }
 }
 
-/* Every u the definition can produce gives a finite g within the bound the
- * implementation uses to skip tokens: exhaustive over the 2^23 values. */
-static void test_gumbel_bound_exhaustive(void **state)
+/* Every u the definition can produce (2^23 of them) gives a finite g, and
+ * never more than the cap the sampler uses to skip tokens for the random
+ * words that map to it; the caps are also tight (within 2^-9 of the largest
+ * g they cover), or the skipping would be wasted. */
+static void test_gumbel_caps_exhaustive(void **state)
 {
     (void)state;
+    devio_sampler *s = make_sampler(1);
+    static float range_max[512];
+    for (int b = 0; b < 512; b++)
+        range_max[b] = -INFINITY;
     float gmax = -INFINITY, gmin = INFINITY;
     for (uint32_t k = 0; k < (1u << 23); k++) {
+        uint32_t r = k << 9; /* the low 9 bits of r do not reach u */
         float u = (float)(2u * k + 1u) * 0x1p-24f;
         float nl = -devio_logf(u);
         assert_true(nl > 0.0f);
         float g = -devio_logf(nl);
         assert_true(isfinite(g));
-        if (g > gmax)
-            gmax = g;
-        if (g < gmin)
-            gmin = g;
+        float cap = devio_sampler_gumbel_cap(s, r);
+        if (!(g <= cap))
+            fail_msg("r=0x%08x: g=%.9g above its cap %.9g", r, (double)g, (double)cap);
+        /* The same range as the sampler's table: top byte, then the next. */
+        int b = (r >> 24) != 0xFFu ? (int)(r >> 24) : 256 + (int)((r >> 16) & 0xFFu);
+        if (g > range_max[b])
+            range_max[b] = g;
+        gmax = g > gmax ? g : gmax;
+        gmin = g < gmin ? g : gmin;
     }
-    assert_true(gmax <= DEVIO_SAMPLER_GUMBEL_BOUND);
+    for (int b = 0; b < 512; b++) {
+        uint32_t r = b < 256 ? (uint32_t)b << 24 : 0xFF000000u | ((uint32_t)(b - 256) << 16);
+        if (b == 255)
+            continue; /* split into the second table */
+        assert_true(devio_sampler_gumbel_cap(s, r) - range_max[b] < 0x1p-9f);
+    }
+    assert_true(devio_sampler_gumbel_cap(s, UINT32_MAX) >= gmax);
     /* The extremes are those of the exact function: -log(-log(1-2^-24)) and
      * -log(-log(2^-24)). */
     assert_true(fabs(gmax - 16.6355) < 1e-3);
     assert_true(fabs(gmin - -2.8115) < 1e-3);
+    devio_sampler_free(s);
 }
 
 /* ------------------------------------------------------------------ */
@@ -812,7 +832,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_philox_known_answers),
-        cmocka_unit_test(test_gumbel_bound_exhaustive),
+        cmocka_unit_test(test_gumbel_caps_exhaustive),
         cmocka_unit_test(test_create_and_args),
         cmocka_unit_test(test_check_params),
         cmocka_unit_test(test_greedy_argmax_ties),
