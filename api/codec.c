@@ -27,6 +27,27 @@ int devio_effect_kind_parse(const char *s)
     return -1;
 }
 
+json_t *devio_json_float(float x)
+{
+    return isfinite(x) ? json_real((double)x) : json_null();
+}
+
+/* Refuse fields a decoder does not know, so a typo is an error, not a no-op. */
+static devio_status check_keys(const json_t *obj, const char *const *allowed, const char *what,
+                               devio_error *err)
+{
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)obj, k, v) {
+        bool ok = false;
+        for (size_t i = 0; allowed[i] && !ok; i++)
+            ok = strcmp(k, allowed[i]) == 0;
+        if (!ok)
+            return devio_fail(err, DEVIO_E_INVALID, "unknown field '%s' in %s", k, what);
+    }
+    return DEVIO_OK;
+}
+
 /* ---- field readers ---------------------------------------------------- */
 
 /* Optional unsigned integer field in [0, max]; absent leaves *out alone. */
@@ -70,8 +91,11 @@ static devio_status check_object(const json_t *j, const char *what, devio_error 
 devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
                                       devio_error *err)
 {
+    static const char *const keys[] = {"temperature", "top_k", "top_p", "min_p", "seed", NULL};
     *out = devio_sample_params_default();
     devio_status s = check_object(j, "sample params", err);
+    if (s == DEVIO_OK)
+        s = check_keys(j, keys, "sample params", err);
     uint64_t k = 0, seed = 0;
     if (s == DEVIO_OK)
         s = get_float(j, "temperature", &out->temperature, err);
@@ -91,11 +115,21 @@ devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
 static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf,
                                uint32_t *tok, uint32_t max_tokens, devio_error *err)
 {
+    static const char *const keys[] = {"seq", "tokens", "logits", "adapter", "sample",
+                                       "snapshot", NULL};
     devio_row *row = &buf->rows[r];
     if (!json_is_object(jr))
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u must be an object", r);
     uint64_t seq = 0;
-    devio_status s = get_uint(jr, "seq", UINT64_MAX, true, &seq, err);
+    devio_status s = check_keys(jr, keys, "a plan row", err);
+    if (s != DEVIO_OK) {
+        if (err) {
+            snprintf(err->detail_key, sizeof err->detail_key, "row");
+            err->detail_val = r;
+        }
+        return s;
+    }
+    s = get_uint(jr, "seq", UINT64_MAX, true, &seq, err);
     if (s != DEVIO_OK)
         return devio_fail_at(err, s, "row", r, "row %u: 'seq' must be a sequence id", r);
     row->seq = seq;
@@ -167,8 +201,11 @@ static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf
 devio_status devio_json_plan_decode(const json_t *j, uint32_t max_rows, uint32_t max_tokens,
                                     devio_plan_buf *buf, devio_error *err)
 {
+    static const char *const keys[] = {"rows", NULL};
     memset(buf, 0, sizeof *buf);
     devio_status s = check_object(j, "plan", err);
+    if (s == DEVIO_OK)
+        s = check_keys(j, keys, "the plan", err);
     if (s != DEVIO_OK)
         return s;
     const json_t *jrows = json_object_get(j, "rows");
@@ -217,8 +254,11 @@ void devio_plan_buf_free(devio_plan_buf *buf)
 
 devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_error *err)
 {
+    static const char *const keys[] = {"kind", "seq", "len", "logits", "row", "params", NULL};
     memset(out, 0, sizeof *out);
     devio_status s = check_object(j, "effect", err);
+    if (s == DEVIO_OK)
+        s = check_keys(j, keys, "the effect", err);
     if (s != DEVIO_OK)
         return s;
     int kind = devio_effect_kind_parse(json_string_value(json_object_get(j, "kind")));
@@ -261,8 +301,11 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_
 devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, devio_error *err)
 {
     static const char *const kinds[] = {"load", "unload", "list", "pin", "unpin"};
+    static const char *const keys[] = {"kind", "name", "path", "pin", NULL};
     memset(out, 0, sizeof *out);
     devio_status s = check_object(j, "adapter command", err);
+    if (s == DEVIO_OK)
+        s = check_keys(j, keys, "the adapter command", err);
     if (s != DEVIO_OK)
         return s;
     const char *k = json_string_value(json_object_get(j, "kind"));
@@ -299,7 +342,7 @@ json_t *devio_json_step_result(const devio_step_result *r)
             json_object_set_new(o, "logits", json_integer((json_int_t)x->logits));
         if (o && x->sampled) {
             json_object_set_new(o, "tokens", json_pack("[i]", x->token));
-            json_object_set_new(o, "logprobs", json_pack("[f]", (double)x->logprob));
+            json_object_set_new(o, "logprobs", json_pack("[o]", devio_json_float(x->logprob)));
         }
         json_array_append_new(rows, o);
     }
@@ -318,7 +361,7 @@ json_t *devio_json_outcome(const devio_outcome *o)
         json_t *t = json_array(), *l = json_array();
         for (uint32_t i = 0; i < o->n_tokens; i++) {
             json_array_append_new(t, json_integer(o->tokens[i]));
-            json_array_append_new(l, json_real((double)o->logprobs[i]));
+            json_array_append_new(l, devio_json_float(o->logprobs[i]));
         }
         json_object_set_new(j, "tokens", t);
         json_object_set_new(j, "logprobs", l);

@@ -41,6 +41,10 @@ json_t *devio_json_lora_ack(const devio_lora_ack *a);
 /* {"error":{"code":..., "message":..., "details":{...}}} */
 json_t *devio_json_error(const devio_error *e);
 
+/* A binary32 value as JSON: a real, or null when it is NaN or infinite
+ * (JSON has no such numbers). New reference. */
+json_t *devio_json_float(float x);
+
 /* Effect kind names: "sample", "fork", ... ; -1 when unknown. */
 const char *devio_effect_kind_str(devio_effect_kind k);
 int devio_effect_kind_parse(const char *s);

@@ -1,6 +1,5 @@
 /* script.c - runs conformance scripts: bindings, id naming, logits digests.
  * Prints only what is deterministic (no timings, no epoch, ids as names); never calls the device directly. */
-#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,8 +204,7 @@ static json_t *logits_view(runner *r, uint64_t id, const char *name, bool full)
     if (full) {
         json_t *vals = json_array();
         for (size_t i = 0; i < n; i++)
-            json_array_append_new(vals, isfinite(data[i]) ? json_real((double)data[i])
-                                                          : json_null());
+            json_array_append_new(vals, devio_json_float(data[i]));
         json_object_set_new(o, "values", vals);
     }
     free(data);

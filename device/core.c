@@ -131,6 +131,8 @@ static void run_step(devio_device *d, dv_ticket *t, devio_sampler *sampler)
     t->t_start = dv_now_us();
     memset(&t->err, 0, sizeof t->err);
     t->status = devio_backend_forward(d->ops, d->backend, &t->batch, &t->err);
+    if (t->status != DEVIO_OK && t->err.status == DEVIO_OK)
+        devio_fail(&t->err, t->status, "backend '%s' failed the step", d->ops->name);
     for (uint32_t r = 0; r < t->n_rows && t->status == DEVIO_OK; r++) {
         dv_trow *row = &t->rows[r];
         if (!row->has_sample)
@@ -139,6 +141,9 @@ static void run_step(devio_device *d, dv_ticket *t, devio_sampler *sampler)
         t->status = devio_sampler_run(sampler, row->sample_src, &row->sample,
                                       (uint64_t)row->old_len + row->n_tokens, &row->token,
                                       &row->logprob);
+        if (t->status != DEVIO_OK)
+            t->status = devio_fail_at(&t->err, DEVIO_E_DEVICE, "row", r,
+                          "row %u: cannot sample, every logit is NaN or -inf", r);
     }
     t->t_end = dv_now_us();
 }

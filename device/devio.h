@@ -46,11 +46,18 @@ typedef enum devio_status {
     DEVIO_E_IO,               /* file system error (500) */
     DEVIO_E_NOMEM,            /* allocation failed (500) */
     DEVIO_E_DEVICE,           /* backend failure (500) */
+    /* Service-level codes share the enum so that one table maps all to HTTP. */
+    DEVIO_E_UNAUTHORIZED,     /* missing or wrong bearer token (401) */
+    DEVIO_E_NOT_FOUND,        /* no such route (404) */
+    DEVIO_E_METHOD,           /* route exists, method does not (405) */
+    DEVIO_E_NOT_READY,        /* starting or shutting down (503) */
     DEVIO_STATUS_COUNT
 } devio_status;
 
 /* Stable snake_case code, e.g. "out_of_kv_blocks". Never NULL. */
 const char *devio_status_str(devio_status s);
+/* Inverse of devio_status_str; unknown codes map to DEVIO_E_DEVICE. */
+devio_status devio_status_parse(const char *code);
 
 /* A status with a human message and one optional detail pair.
  * Filled by the failing call; caller-owned storage. */

@@ -34,8 +34,19 @@
  * NaN before hashing.
  */
 
+#include <float.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Refuse builds that would change the bits rather than compute wrong ones
+ * quietly: fast-math reorders and drops the exactness tricks used below,
+ * and excess precision (x87) rounds twice. */
+#if defined(__FAST_MATH__)
+#error "device/numerics.h must not be built with -ffast-math"
+#endif
+#if !defined(__CUDACC__) && defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
+#error "device/numerics.h needs float arithmetic evaluated in float (FLT_EVAL_METHOD 0)"
+#endif
 
 #if defined(__CUDACC__)
 #define DEVIO_NUM_FN static inline __host__ __device__

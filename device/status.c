@@ -31,7 +31,19 @@ static const char *const status_names[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_IO] = "io_error",
     [DEVIO_E_NOMEM] = "out_of_memory",
     [DEVIO_E_DEVICE] = "device_error",
+    [DEVIO_E_UNAUTHORIZED] = "unauthorized",
+    [DEVIO_E_NOT_FOUND] = "not_found",
+    [DEVIO_E_METHOD] = "method_not_allowed",
+    [DEVIO_E_NOT_READY] = "not_ready",
 };
+
+devio_status devio_status_parse(const char *code)
+{
+    for (int i = 0; code && i < DEVIO_STATUS_COUNT; i++)
+        if (status_names[i] && strcmp(status_names[i], code) == 0)
+            return (devio_status)i;
+    return DEVIO_E_DEVICE;
+}
 
 const char *devio_status_str(devio_status s)
 {

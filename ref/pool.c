@@ -17,6 +17,15 @@
 #define POOL_SPIN_NS 200000LL
 #endif
 
+/* The state word of the threaded pool: the generation of the current run
+ * in the high half; a closed bit and the number of workers that joined the
+ * run in the low half. A worker joins only an open run of the generation it
+ * was woken for, so a worker that wakes late (its core was busy elsewhere)
+ * finds the run closed and never delays the caller: the caller runs any
+ * jobs nobody claimed and waits only for workers that did join. */
+#define POOL_CLOSED 0x80000000u
+#define POOL_JOINED 0x7fffffffu
+
 struct devio_pool {
     uint32_t n_threads;
 #ifndef DEVIO_NO_THREADS
@@ -24,12 +33,12 @@ struct devio_pool {
     uint32_t n_started;
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* generation moved on, or stop */
-    pthread_cond_t cv_done; /* busy reached zero */
-    atomic_uint generation; /* bumped once per run; workers wait for a change */
-    atomic_uint next_job;   /* next job index to claim */
-    atomic_uint busy;       /* workers not yet done with the current run */
+    pthread_cond_t cv_done; /* the last joined worker left a closed run */
+    atomic_uint_least64_t state;
+    atomic_uint next_job; /* next job index to claim */
     atomic_bool stop;
-    /* The current run, published before generation is bumped. */
+    uint32_t generation;  /* caller's copy of the current generation */
+    /* The current run, written before its generation is published. */
     uint32_t n_jobs;
     devio_pool_fn fn;
     void *ctx;
@@ -85,7 +94,27 @@ static long long pool_now_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Claim and run jobs of the current run until none is left. */
+/* True once POOL_SPIN_NS have passed since the first call with *deadline 0;
+ * reads the clock only every 64 calls. */
+static bool pool_spin_over(uint32_t i, long long *deadline)
+{
+    if ((i & 63) != 63)
+        return false;
+    long long now = pool_now_ns();
+    if (*deadline == 0) {
+        *deadline = now + POOL_SPIN_NS;
+        return false;
+    }
+    return now > *deadline;
+}
+
+static uint32_t pool_gen(uint64_t state)
+{
+    return (uint32_t)(state >> 32);
+}
+
+/* Claim and run jobs of the current run until none is left. Only the
+ * caller and joined workers get here, so the run cannot change meanwhile. */
 static void pool_drain_jobs(devio_pool *p, uint32_t thread_index)
 {
     uint32_t n = p->n_jobs;
@@ -97,29 +126,38 @@ static void pool_drain_jobs(devio_pool *p, uint32_t thread_index)
     }
 }
 
-/* Wait until generation differs from seen; returns the new value. */
-static unsigned pool_wait_generation(devio_pool *p, unsigned seen)
+/* Wait until the generation differs from seen; returns the new one. */
+static uint32_t pool_wait_generation(devio_pool *p, uint32_t seen)
 {
     long long deadline = 0;
     for (uint32_t i = 0;; i++) {
-        unsigned g = atomic_load_explicit(&p->generation, memory_order_acquire);
-        if (g != seen)
+        uint32_t g = pool_gen(atomic_load_explicit(&p->state, memory_order_acquire));
+        if (g != seen || atomic_load_explicit(&p->stop, memory_order_acquire))
             return g;
-        if ((i & 63) == 63) {
-            long long now = pool_now_ns();
-            if (deadline == 0)
-                deadline = now + POOL_SPIN_NS;
-            else if (now > deadline)
-                break;
-        }
+        if (pool_spin_over(i, &deadline))
+            break;
         pool_relax();
     }
     pthread_mutex_lock(&p->mu);
-    unsigned g;
-    while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen)
+    uint32_t g;
+    while ((g = pool_gen(atomic_load_explicit(&p->state, memory_order_acquire))) == seen &&
+           !atomic_load_explicit(&p->stop, memory_order_acquire))
         pthread_cond_wait(&p->cv_work, &p->mu);
     pthread_mutex_unlock(&p->mu);
     return g;
+}
+
+/* Join the run of generation g if it is still open. */
+static bool pool_join(devio_pool *p, uint32_t g)
+{
+    uint64_t c = atomic_load_explicit(&p->state, memory_order_acquire);
+    for (;;) {
+        if (pool_gen(c) != g || (c & POOL_CLOSED))
+            return false;
+        if (atomic_compare_exchange_weak_explicit(&p->state, &c, c + 1, memory_order_acq_rel,
+                                                  memory_order_acquire))
+            return true;
+    }
 }
 
 static void *pool_worker_main(void *argp)
@@ -128,15 +166,17 @@ static void *pool_worker_main(void *argp)
     devio_pool *p = arg->pool;
     uint32_t index = arg->index;
     free(arg);
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
         seen = pool_wait_generation(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire))
             break;
+        if (!pool_join(p, seen))
+            continue;
         pool_drain_jobs(p, index);
-        if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
-            /* Signal under the lock so a caller that is about to sleep
-             * cannot miss it. */
+        uint64_t old = atomic_fetch_sub_explicit(&p->state, 1, memory_order_acq_rel);
+        if ((old & POOL_JOINED) == 1 && (old & POOL_CLOSED)) {
+            /* Signal under the lock so a caller about to sleep cannot miss it. */
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->cv_done);
             pthread_mutex_unlock(&p->mu);
@@ -153,9 +193,8 @@ devio_pool *devio_pool_create(uint32_t n_threads)
     if (!p)
         return NULL;
     p->n_threads = n_threads;
-    atomic_init(&p->generation, 0);
+    atomic_init(&p->state, 0);
     atomic_init(&p->next_job, 0);
-    atomic_init(&p->busy, 0);
     atomic_init(&p->stop, false);
     if (pthread_mutex_init(&p->mu, NULL) != 0)
         goto out_free;
@@ -214,29 +253,29 @@ void devio_pool_run(devio_pool *p, uint32_t n_jobs, devio_pool_fn fn, void *ctx)
     p->fn = fn;
     p->ctx = ctx;
     atomic_store_explicit(&p->next_job, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->busy, p->n_started, memory_order_relaxed);
+    p->generation++;
+    /* Publishing the new generation (open, nobody joined) releases the
+     * run's fields to the workers that join it. */
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    atomic_store_explicit(&p->state, (uint64_t)p->generation << 32, memory_order_release);
     pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
 
     pool_drain_jobs(p, 0);
 
+    uint64_t old = atomic_fetch_or_explicit(&p->state, POOL_CLOSED, memory_order_acq_rel);
+    if ((old & POOL_JOINED) == 0)
+        return;
     long long deadline = 0;
     for (uint32_t i = 0;; i++) {
-        if (atomic_load_explicit(&p->busy, memory_order_acquire) == 0)
+        if ((atomic_load_explicit(&p->state, memory_order_acquire) & POOL_JOINED) == 0)
             return;
-        if ((i & 63) == 63) {
-            long long now = pool_now_ns();
-            if (deadline == 0)
-                deadline = now + POOL_SPIN_NS;
-            else if (now > deadline)
-                break;
-        }
+        if (pool_spin_over(i, &deadline))
+            break;
         pool_relax();
     }
     pthread_mutex_lock(&p->mu);
-    while (atomic_load_explicit(&p->busy, memory_order_acquire) != 0)
+    while (atomic_load_explicit(&p->state, memory_order_acquire) & POOL_JOINED)
         pthread_cond_wait(&p->cv_done, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
@@ -247,7 +286,6 @@ void devio_pool_free(devio_pool *p)
         return;
     pthread_mutex_lock(&p->mu);
     atomic_store_explicit(&p->stop, true, memory_order_release);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
     for (uint32_t i = 0; i < p->n_started; i++)

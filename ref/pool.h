@@ -23,9 +23,11 @@ devio_pool *devio_pool_create(uint32_t n_threads);
 uint32_t devio_pool_threads(const devio_pool *pool);
 
 /* Run fn(ctx, j, thread) for every j in [0, n_jobs) and return when all have
- * finished. Workers spin briefly after a run before sleeping, because a
- * decode step issues about a hundred short runs back to back. Not
- * reentrant: one run at a time per pool, and fn must not call it. */
+ * finished. The caller claims jobs too; a worker that has not woken up by
+ * the time the jobs are gone is not waited for. Workers spin briefly after
+ * a run before sleeping, because a decode step issues about a hundred short
+ * runs back to back. Not reentrant: one run at a time per pool, and fn must
+ * not call it. */
 void devio_pool_run(devio_pool *pool, uint32_t n_jobs, devio_pool_fn fn, void *ctx);
 
 /* Stop and join the workers, release the pool. pool may be NULL. */

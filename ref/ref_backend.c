@@ -336,7 +336,8 @@ static void rmsnorm_rows(ref_state *st, float *y, const float *x, const float *w
         ref_rmsnorm(y + (size_t)t * st->d_pad, x + (size_t)t * st->d_pad, w, st->d, st->eps);
 }
 
-static void layer_forward(ref_state *st, uint32_t li, uint32_t n_tok)
+/* First half of layer li: norm, q/k/v, RoPE, and K and V into the cache. */
+static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
 {
     const devio_layer *l = &st->model->layers[li];
     uint32_t half = st->hd / 2;
@@ -371,6 +372,14 @@ static void layer_forward(ref_state *st, uint32_t li, uint32_t n_tok)
         memcpy(kc + slot, st->k + (size_t)t * st->kv_dim, st->kv_dim * sizeof(float));
         memcpy(vc + slot, st->v + (size_t)t * st->kv_dim, st->kv_dim * sizeof(float));
     }
+}
+
+/* Second half of layer li: attention, o_proj, the MLP, both residuals. */
+static void layer_rest(ref_state *st, uint32_t li, uint32_t n_tok)
+{
+    const devio_layer *l = &st->model->layers[li];
+    float *kc = st->k_cache[li], *vc = st->v_cache[li];
+    uint32_t bs = st->cfg.block_size;
 
     ref_attention at = {
         .q = st->q, .ldq = st->q_dim, .k_cache = kc, .v_cache = vc,
@@ -426,20 +435,32 @@ static devio_status ref_forward(void *sp, const devio_batch *b, devio_error *err
         ref_widen(m->embed.dtype, row, st->x + (size_t)t * st->d_pad, st->d);
     }
 
-    for (uint32_t li = 0; li < m->cfg.n_layers; li++)
-        layer_forward(st, li, n_tok);
-
-    /* Final norm and lm_head only for the tokens whose logits are wanted,
-     * packed in batch order into h. */
+    uint32_t last = m->cfg.n_layers - 1;
+    for (uint32_t li = 0; li < last; li++) {
+        layer_qkv(st, li, n_tok);
+        layer_rest(st, li, n_tok);
+    }
+    layer_qkv(st, last, n_tok);
+    /* Past the last layer's K and V only the tokens whose logits are wanted
+     * matter: they move to the front, in batch order, and only they go on
+     * (a prefill asking for its last logits skips most of a layer). */
     uint32_t n_out = 0;
     for (uint32_t t = 0; b->out_index && t < n_tok; t++) {
         if (b->out_index[t] < 0)
             continue;
-        ref_rmsnorm(st->h + (size_t)n_out * st->d_pad, st->x + (size_t)t * st->d_pad,
-                    st->final_norm, st->d, st->eps);
+        if (n_out != t) {
+            memcpy(st->q + (size_t)n_out * st->q_dim, st->q + (size_t)t * st->q_dim,
+                   st->q_dim * sizeof(float));
+            memcpy(st->x + (size_t)n_out * st->d_pad, st->x + (size_t)t * st->d_pad,
+                   st->d * sizeof(float));
+            st->tok_pos[n_out] = st->tok_pos[t];
+            st->tok_blocks[n_out] = st->tok_blocks[t];
+        }
         st->out_ptr[n_out++] = b->out_rows[b->out_index[t]];
     }
     if (n_out > 0) {
+        layer_rest(st, last, n_out);
+        rmsnorm_rows(st, st->h, st->x, st->final_norm, n_out);
         ref_matmul lm = {.w = m->lm_head.data, .dtype = m->lm_head.dtype, .m = st->vocab,
                          .n = st->d, .x = st->h, .ldx = st->d_pad, .n_tok = n_out,
                          .y_rows = st->out_ptr};

@@ -124,6 +124,9 @@ static void test_plan_decode(void **state)
         {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"sample\":{\"temperature\":\"x\"}}]}",
          DEVIO_E_INVALID},
         {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"snapshot\":\"start\"}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"logit\":\"all\"}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1]}],\"extra\":1}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"sample\":{\"temp\":1}}]}", DEVIO_E_INVALID},
         {"{\"rows\":[{\"seq\":1,\"tokens\":[1,2,3,4,5]}]}", DEVIO_E_TOO_LARGE},
         {"{\"rows\":[{\"seq\":1,\"tokens\":[1]},{\"seq\":2,\"tokens\":[1]},"
          "{\"seq\":3,\"tokens\":[1]}]}",
@@ -158,7 +161,8 @@ static void test_effect_decode(void **state)
     json_decref(j);
     const char *bad[] = {"{\"kind\":\"explode\"}", "{\"kind\":\"fork\"}",
                          "{\"kind\":\"truncate\",\"seq\":1}", "{\"kind\":\"release\"}",
-                         "{\"kind\":\"sample\",\"logits\":1,\"params\":[]}", "3"};
+                         "{\"kind\":\"sample\",\"logits\":1,\"params\":[]}", "3",
+                         "{\"kind\":\"fork\",\"seq\":1,\"sq\":2}"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = parse(bad[i]);
         assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_E_INVALID);

@@ -1,0 +1,41 @@
+/* config.h - devio-server's configuration: flags, each with a DEVIO_* environment twin.
+ * Parsing only; it never opens files or sockets. */
+#ifndef DEVIO_SERVER_CONFIG_H
+#define DEVIO_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "device/devio.h"
+
+typedef struct devio_server_config {
+    const char *model;      /* --model DIR (required) */
+    const char *listen;     /* --listen HOST:PORT, default 127.0.0.1:8080 */
+    const char *db;         /* --db FILE, default devio.db */
+    const char *adapters;   /* --adapters DIR, default adapters */
+    const char *backend;    /* --backend auto|ref|cuda */
+    const char *numerics;   /* --numerics strict|fast */
+    const char *token;      /* DEVIO_TOKEN (environment only: flags show in ps) */
+    const char *token_file; /* --token-file F */
+    uint32_t max_body;      /* --max-body bytes, default 1 MiB */
+    uint32_t max_json_depth;/* --max-json-depth, default 32 */
+    uint32_t max_connections; /* --max-connections, default 256 */
+    uint32_t connection_timeout_s; /* --connection-timeout seconds, default 30 */
+    uint32_t retention;     /* --retention ticket rows kept, default 100000 */
+    uint32_t drain_ms;      /* --drain-ms on SIGTERM, default 10000 */
+    bool auth_health;       /* --auth-health: token needed for /healthz /readyz /metrics too */
+    devio_config device;    /* --threads --kv-blocks --block-size --max-depth --max-seqs
+                               --max-seq-len --max-rows --max-batch-tokens --logits-handles
+                               --logits-rows --max-loras --max-lora-rank */
+} devio_server_config;
+
+void devio_server_config_default(devio_server_config *c);
+
+/* Apply DEVIO_* environment variables, then flags (flags win). Returns 0 on
+ * success, 1 when --help was printed to `out`, -1 on a bad flag or value
+ * (message written to `errf`). Strings point into argv/environ. */
+int devio_server_config_parse(devio_server_config *c, int argc, char **argv, FILE *out,
+                              FILE *errf);
+
+#endif

@@ -1,0 +1,43 @@
+/* metrics.h - counters devio-server exports in Prometheus text format.
+ * Thread-safe under one mutex; never touches the device or the store. */
+#ifndef DEVIO_METRICS_H
+#define DEVIO_METRICS_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device/devio.h"
+
+#define DEVIO_METRICS_ROUTES 32
+#define DEVIO_METRICS_BUCKETS 12
+
+typedef struct devio_metrics_http_count {
+    const char *route; /* static string, a route template */
+    unsigned code;
+    uint64_t n;
+} devio_metrics_http_count;
+
+typedef struct devio_metrics {
+    pthread_mutex_t mu;
+    uint64_t tickets_launched, tickets_ok, tickets_failed, tickets_aborted;
+    uint64_t tokens;
+    uint64_t step_bucket[DEVIO_METRICS_BUCKETS + 1]; /* compute_us histogram, last = +Inf */
+    double step_sum_s;
+    uint64_t step_count;
+    devio_metrics_http_count http[DEVIO_METRICS_ROUTES * 8];
+    uint32_t n_http;
+} devio_metrics;
+
+void devio_metrics_init(devio_metrics *m);
+void devio_metrics_fini(devio_metrics *m);
+void devio_metrics_http(devio_metrics *m, const char *route, unsigned code);
+void devio_metrics_step(devio_metrics *m, uint64_t compute_us, uint32_t tokens, bool ok);
+void devio_metrics_launched(devio_metrics *m);
+void devio_metrics_aborted(devio_metrics *m, uint32_t n);
+
+/* Render everything plus the device gauges (facts may be NULL after teardown).
+ * Returns a malloc'd NUL-terminated text; caller frees. */
+char *devio_metrics_render(devio_metrics *m, const devio_facts *facts);
+
+#endif

@@ -1,0 +1,40 @@
+/* server.h - devio-server: HTTP routes over one device, one store, one model.
+ * HTTP threads never compute: they decode, call the device (whose worker computes) and encode. */
+#ifndef DEVIO_SERVER_H
+#define DEVIO_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "device/devio.h"
+#include "device/model.h"
+#include "service/config.h"
+#include "service/metrics.h"
+#include "service/store.h"
+
+typedef struct devio_server {
+    devio_server_config cfg;
+    devio_model *model;        /* owned */
+    devio_device *dev;         /* owned; NULL after teardown */
+    pthread_rwlock_t dev_lock; /* readers: every device call; writer: teardown */
+    devio_store *store;        /* owned */
+    devio_metrics metrics;
+    struct MHD_Daemon *mhd;
+    char *token;               /* owned copy; NULL = no auth */
+    size_t token_len;
+    atomic_bool ready;
+    atomic_int active;         /* requests being handled */
+    uint16_t port;             /* bound port (useful with port 0) */
+} devio_server;
+
+/* Load the model, open the store and the device, start listening.
+ * On failure everything opened so far is closed and err says why. */
+devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
+                                devio_error *err);
+
+/* Stop accepting, wait up to cfg.drain_ms for requests in progress, tear
+ * the device down (in-flight tickets recorded as aborted), close the store. */
+void devio_server_stop(devio_server *s);
+
+#endif

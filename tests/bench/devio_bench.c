@@ -1,0 +1,283 @@
+/* devio_bench.c - devio-bench: decode and prefill speed of the reference device.
+ * Measures the machine's read bandwidth in the same run and reports decode as a
+ * fraction of it. A benchmark, not a test: it prints figures and asserts nothing. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "device/backend.h"
+#include "device/model.h"
+#include "ref/mkmodel.h"
+
+typedef uint64_t v8u __attribute__((vector_size(64)));
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- read bandwidth ------------------------------------------------------ */
+
+typedef struct bw_job {
+    const v8u *p;
+    size_t n;
+    uint64_t sink;
+} bw_job;
+
+static void *bw_read(void *arg)
+{
+    bw_job *j = arg;
+    v8u a = {0}, b = {0}, c = {0}, d = {0};
+    for (size_t i = 0; i + 4 <= j->n; i += 4) {
+        a += j->p[i];
+        b += j->p[i + 1];
+        c += j->p[i + 2];
+        d += j->p[i + 3];
+    }
+    a += b + c + d;
+    for (int k = 0; k < 8; k++)
+        j->sink += a[k];
+    return NULL;
+}
+
+/* Best of several passes over a buffer much larger than the caches, split across threads. */
+static double read_bandwidth(uint32_t threads, size_t bytes)
+{
+    v8u *buf = aligned_alloc(64, bytes);
+    if (!buf)
+        return 0;
+    memset(buf, 1, bytes);
+    size_t n = bytes / sizeof(v8u);
+    double best = 0;
+    for (int pass = 0; pass < 5; pass++) {
+        pthread_t th[64];
+        bw_job jobs[64];
+        double t0 = now_s();
+        for (uint32_t t = 0; t < threads; t++) {
+            jobs[t] = (bw_job){.p = buf + n / threads * t, .n = n / threads};
+            pthread_create(&th[t], NULL, bw_read, &jobs[t]);
+        }
+        for (uint32_t t = 0; t < threads; t++)
+            pthread_join(th[t], NULL);
+        double gbs = (double)bytes / (now_s() - t0) / 1e9;
+        if (gbs > best)
+            best = gbs;
+    }
+    free(buf);
+    return best;
+}
+
+/* ---- the device ---------------------------------------------------------- */
+
+static uint64_t weight_bytes(const devio_model *m)
+{
+    const devio_tensor *all[] = {&m->embed, &m->norm, &m->lm_head};
+    uint64_t total = 0;
+    for (int i = 0; i < 3; i++) {
+        if (i == 2 && m->lm_head.data == m->embed.data)
+            break;
+        total += all[i]->shape[0] * (all[i]->ndim > 1 ? all[i]->shape[1] : 1) *
+                 devio_dtype_size(all[i]->dtype);
+    }
+    for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+        const devio_tensor *t = (const devio_tensor *)&m->layers[l];
+        for (size_t k = 0; k < sizeof(devio_layer) / sizeof(devio_tensor); k++)
+            if (t[k].data)
+                total += t[k].shape[0] * (t[k].ndim > 1 ? t[k].shape[1] : 1) *
+                         devio_dtype_size(t[k].dtype);
+    }
+    /* The embedding table is gathered, not streamed: count one row per token, i.e. none. */
+    if (m->lm_head.data != m->embed.data)
+        total -= m->embed.shape[0] * m->embed.shape[1] * devio_dtype_size(m->embed.dtype);
+    return total;
+}
+
+static int check(devio_status s, const devio_error *e, const char *what)
+{
+    if (s == DEVIO_OK)
+        return 0;
+    fprintf(stderr, "devio-bench: %s: %s: %s\n", what, devio_status_str(s), e->message);
+    return -1;
+}
+
+/* Decode `steps` steps at batch `batch` after a short prefill; tokens/s. */
+static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint32_t vocab)
+{
+    uint64_t seqs[64];
+    int32_t tok[64];
+    devio_row rows[64];
+    devio_error err = {0};
+    devio_step_result r;
+    uint64_t t;
+    for (uint32_t i = 0; i < batch; i++) {
+        if (check(devio_seq_create(d, &seqs[i], &err), &err, "create") < 0)
+            return 0;
+        int32_t prompt[16];
+        for (int k = 0; k < 16; k++)
+            prompt[k] = (int32_t)((i * 131u + (uint32_t)k * 7u + 1u) % vocab);
+        rows[i] = (devio_row){.seq = seqs[i], .tokens = prompt, .n_tokens = 16,
+                              .has_sample = true, .sample = {.temperature = 0, .top_p = 1}};
+        devio_plan p = {.rows = &rows[i], .n_rows = 1};
+        if (check(devio_launch(d, &p, &t, &err), &err, "prefill") < 0 ||
+            check(devio_await(d, t, -1, &r, &err), &err, "await") < 0)
+            return 0;
+        tok[i] = r.rows[0].token;
+        devio_step_result_free(&r);
+    }
+    double t0 = now_s();
+    for (uint32_t s = 0; s < steps; s++) {
+        for (uint32_t i = 0; i < batch; i++)
+            rows[i] = (devio_row){.seq = seqs[i], .tokens = &tok[i], .n_tokens = 1,
+                                  .has_sample = true, .sample = {.temperature = 0, .top_p = 1}};
+        devio_plan p = {.rows = rows, .n_rows = batch};
+        if (check(devio_launch(d, &p, &t, &err), &err, "decode") < 0 ||
+            check(devio_await(d, t, -1, &r, &err), &err, "await") < 0)
+            return 0;
+        for (uint32_t i = 0; i < batch; i++)
+            tok[i] = r.rows[i].token;
+        devio_step_result_free(&r);
+    }
+    double dt = now_s() - t0;
+    for (uint32_t i = 0; i < batch; i++) {
+        devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = seqs[i]};
+        devio_outcome o;
+        devio_apply(d, &fr, &o, &err);
+    }
+    return (double)batch * steps / dt;
+}
+
+/* One prefill of `n` tokens (logits of the last position); tokens/s. */
+static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t vocab)
+{
+    int32_t *prompt = malloc(n * sizeof *prompt);
+    devio_error err = {0};
+    double best = 0;
+    for (uint32_t k = 0; k < n; k++)
+        prompt[k] = (int32_t)((k * 7919u + 3u) % vocab);
+    for (uint32_t rep = 0; rep < reps; rep++) {
+        uint64_t s, t;
+        devio_step_result r;
+        if (check(devio_seq_create(d, &s, &err), &err, "create") < 0)
+            break;
+        devio_row row = {.seq = s, .tokens = prompt, .n_tokens = n,
+                         .has_sample = true, .sample = {.temperature = 0, .top_p = 1}};
+        devio_plan p = {.rows = &row, .n_rows = 1};
+        double t0 = now_s();
+        if (check(devio_launch(d, &p, &t, &err), &err, "prefill") < 0 ||
+            check(devio_await(d, t, -1, &r, &err), &err, "await") < 0)
+            break;
+        double tps = n / (now_s() - t0);
+        best = tps > best ? tps : best;
+        devio_step_result_free(&r);
+        devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = s};
+        devio_outcome o;
+        devio_apply(d, &fr, &o, &err);
+    }
+    free(prompt);
+    return best;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: devio-bench [--model DIR | --preset bench|small|tiny] [--dtype bf16|f16|f32]\n"
+               "                   [--threads N] [--steps N] [--prefill N]\n"
+               "Writes the preset to a temp dir unless --model is given, measures the read\n"
+               "bandwidth, then decode at batch 1, 8, 32 and one prefill.\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_dir = NULL, *preset = "bench", *dtype = "bf16";
+    uint32_t threads = 2, steps = 32, prefill = 512;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (v && strcmp(a, "--model") == 0) {
+            model_dir = v;
+        } else if (v && strcmp(a, "--preset") == 0) {
+            preset = v;
+        } else if (v && strcmp(a, "--dtype") == 0) {
+            dtype = v;
+        } else if (v && strcmp(a, "--threads") == 0) {
+            threads = (uint32_t)atoi(v);
+        } else if (v && strcmp(a, "--steps") == 0) {
+            steps = (uint32_t)atoi(v);
+        } else if (v && strcmp(a, "--prefill") == 0) {
+            prefill = (uint32_t)atoi(v);
+        } else {
+            usage(stderr);
+            return 2;
+        }
+        i++;
+    }
+    if (threads == 0 || threads > 64 || steps == 0 || prefill == 0) {
+        usage(stderr);
+        return 2;
+    }
+    devio_error err = {0};
+    char tmp[256] = "";
+    if (!model_dir) {
+        devio_mkmodel_opts o = devio_mkmodel_opts_default();
+        if (check(devio_mkmodel_preset(preset, &o, &err), &err, "preset") < 0)
+            return 2;
+        o.dtype = strcmp(dtype, "f32") == 0 ? DEVIO_F32 : strcmp(dtype, "f16") == 0 ? DEVIO_F16
+                                                                                      : DEVIO_BF16;
+        snprintf(tmp, sizeof tmp, "/tmp/devio-bench-XXXXXX");
+        if (!mkdtemp(tmp))
+            return 1;
+        o.out_dir = tmp;
+        if (check(devio_mkmodel_write(&o, &err), &err, "write model") < 0)
+            return 1;
+        model_dir = tmp;
+    }
+    devio_model *m = NULL;
+    if (check(devio_model_load(model_dir, &m, &err), &err, "load") < 0)
+        return 1;
+    devio_config cfg = devio_config_default();
+    cfg.threads = threads;
+    cfg.max_seqs = 64;
+    cfg.max_seq_len = prefill + 64 > 1024 ? 1024 : prefill + 64;
+    cfg.kv_blocks = 64 * ((cfg.max_seq_len + 15) / 16);
+    cfg.max_batch_tokens = prefill > 64 ? prefill : 64;
+    devio_device *d = NULL;
+    if (check(devio_open(m, &devio_ref_backend, &cfg, &d, &err), &err, "open") < 0)
+        return 1;
+
+    double bw = read_bandwidth(threads, (size_t)1 << 30);
+    uint64_t wb = weight_bytes(m);
+    printf("devio-bench: model %s (%s), %.1f MB of weights streamed per step, %u threads\n",
+           model_dir == tmp ? preset : model_dir, devio_dtype_str(m->layers[0].wq.dtype), wb / 1e6,
+           threads);
+    printf("read bandwidth: %.2f GB/s (best of 5 passes over 1 GiB, %u threads)\n", bw, threads);
+    const uint32_t batches[] = {1, 8, 32};
+    for (int k = 0; k < 3; k++) {
+        double tps = bench_decode(d, batches[k], steps, m->cfg.vocab_size);
+        double steps_s = tps / batches[k];
+        double gbs = steps_s * (double)wb / 1e9;
+        printf("decode batch %2u: %8.1f tokens/s  %6.2f steps/s  weights %.2f GB/s = %.0f%% of "
+               "read bandwidth\n",
+               batches[k], tps, steps_s, gbs, 100.0 * gbs / bw);
+    }
+    printf("prefill %u tokens: %.1f tokens/s\n", prefill,
+           bench_prefill(d, prefill, 3, m->cfg.vocab_size));
+    devio_teardown(d, NULL);
+    devio_model_free(m);
+    if (tmp[0]) {
+        char path[300];
+        const char *files[] = {"config.json", "model.safetensors"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(path, sizeof path, "%s/%s", tmp, files[i]);
+            unlink(path);
+        }
+        rmdir(tmp);
+    }
+    return 0;
+}
