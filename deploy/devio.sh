@@ -110,12 +110,16 @@ ensure_demo_model() {
 
 # ---------------------------------------------------------------------------
 # The main job that `up` runs in the foreground, given the model directory
-# and the caller's extra arguments. Today: the conformance runner on the demo
-# script, generating tokens greedily with the reference backend.
+# and the caller's extra arguments: devio-server on the reference backend,
+# its SQLite file and adapters root under .devio/ unless DEVIO_DB /
+# DEVIO_ADAPTERS say otherwise.
 run_main_job() {
     local model=$1
     shift
-    exec bazel-bin/ref/devio-ref --model "$model" "$@" deploy/demo.jsonl
+    mkdir -p "$STATE_DIR"
+    log "devio-server on http://${DEVIO_LISTEN:-127.0.0.1:8080} (model $model); Ctrl-C stops"
+    exec bazel-bin/service/devio-server --model "$model" --db "${DEVIO_DB:-$STATE_DIR/devio.db}" \
+        --adapters "${DEVIO_ADAPTERS:-$STATE_DIR/adapters}" "$@"
 }
 # ---------------------------------------------------------------------------
 

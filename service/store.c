@@ -112,7 +112,9 @@ struct devio_store {
     uint64_t committed;    /* every write <= this has been committed or failed */
     uint64_t next_id;      /* one more than the largest ticket id stored or queued */
     bool stopping;
-    fail_range fails[FAIL_RANGES]; /* ring, oldest overwritten */
+    /* Ring of failed runs, oldest overwritten: a waiter must ask within 64
+     * failure runs of its write, which holds since callers wait at once. */
+    fail_range fails[FAIL_RANGES];
     unsigned nfails, fail_pos;
 
     /* Writer thread only (after open). */
@@ -125,6 +127,7 @@ struct devio_store {
     int64_t id_high_stored; /* ticket_id_high in meta; written only when rows are
                              * deleted and at close, since max(id) covers the rest */
     bool failing;           /* a failure was logged and nothing has succeeded since */
+    bool trim_warned;       /* a trimming failure was logged */
     uint64_t failures_since_log;
 
     /* Caller-side connection for history, adapters and meta, guarded by rmu.
@@ -614,7 +617,7 @@ uint64_t devio_store_ticket_settled(devio_store *s, const devio_ticket_record *r
         return 0;
     const char *status = r->status ? FIND(ticket_statuses, r->status)
                                    : (r->error_code ? "failed" : "ok");
-    if (!status)
+    if (!status || status == ticket_statuses[0]) /* settling into in_flight means nothing */
         return 0;
     wrec *w = make_rec(W_SETTLE, r, status);
     if (!w)
@@ -708,7 +711,9 @@ static int insert_row(devio_store *s, const wrec *w, bool settled)
     return step_reset(st);
 }
 
-/* Apply one record inside the open transaction. *added counts new rows. */
+/* Apply one record inside the open transaction. *added counts new rows.
+ * A settle changes status, settled_ms, timings and error only; rows, tokens
+ * and seqs are those written at launch. */
 static int apply(devio_store *s, wrec *w, int64_t *added, int64_t *max_id)
 {
     int rc;
@@ -827,6 +832,15 @@ static wrec *run_txn(devio_store *s, wrec *first)
         mark_failed(w, w->next, sqlite3_errmsg(s->wdb)); /* this statement only */
     }
     int rc = retain(s, &added, max_id, &stored);
+    if (rc != SQLITE_DONE && !sqlite3_get_autocommit(s->wdb)) {
+        /* Trimming is housekeeping: when it fails alone, the writes still
+         * commit and the next batch tries again. */
+        if (!s->trim_warned)
+            fprintf(stderr, "devio store %s: trimming history failed: %s\n", s->path,
+                    sqlite3_errmsg(s->wdb));
+        s->trim_warned = true;
+        rc = SQLITE_DONE;
+    }
     if (rc == SQLITE_DONE)
         rc = step_reset(s->st_commit);
     if (rc != SQLITE_DONE) {

@@ -429,6 +429,9 @@ static void test_bad_records_and_waits(void **state)
     r.id = 1;
     r.status = "running";
     assert_int_equal(devio_store_ticket_launched(s, &r), 0);
+    assert_int_equal(devio_store_ticket_settled(s, &r), 0);
+    r.status = "in_flight";
+    assert_int_equal(devio_store_ticket_settled(s, &r), 0); /* a settle cannot be in flight */
     r.status = NULL; /* defaults to in_flight */
     uint64_t n = devio_store_ticket_launched(s, &r);
     assert_true(n > 0);

@@ -1,0 +1,193 @@
+"""client.py - a small HTTP client for devio-server that checks every answer
+against api/openapi.yaml; it must never hand a test an answer it did not validate.
+
+    from client import Client
+    c = Client("127.0.0.1", port, contract)
+    seq = c.create()
+    r = c.call("POST", "/v1/launch", {"rows": [...]}, expect=202)
+
+One keep-alive connection per Client (http.client is not thread-safe: give
+each thread its own Client). A dropped connection is reopened once for
+requests that change nothing (GET); others raise, so a test never sends a
+launch twice without knowing.
+"""
+import http.client
+import json
+import socket
+
+__all__ = ["Client", "Answer", "ServerGone"]
+
+
+class ServerGone(Exception):
+    """The connection failed: the server is not answering (killed, stopped)."""
+
+
+class Answer:
+    """One validated answer: status, headers, raw bytes and decoded JSON (or None)."""
+
+    def __init__(self, method, path, status, headers, raw, value):
+        self.method = method
+        self.path = path
+        self.status = status
+        self.headers = headers
+        self.raw = raw
+        self.json = value if not isinstance(value, (bytes, bytearray)) else None
+
+    @property
+    def ctype(self):
+        return self.headers.get("Content-Type", "")
+
+    @property
+    def code(self):
+        """The error code of an error answer, else None."""
+        if isinstance(self.json, dict) and isinstance(self.json.get("error"), dict):
+            return self.json["error"].get("code")
+        return None
+
+    @property
+    def details(self):
+        if self.code is None:
+            return None
+        return self.json["error"]["details"]
+
+    def __repr__(self):
+        body = self.raw[:300]
+        return "<%s %s -> %d %s>" % (self.method, self.path, self.status, body)
+
+
+class Client:
+    def __init__(self, host, port, contract, token=None, timeout=60.0):
+        self.host = host
+        self.port = port
+        self.contract = contract
+        self.token = token
+        self.timeout = timeout
+        self.conn = None
+
+    # ---- transport ----------------------------------------------------------
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def _connect(self):
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        return self.conn
+
+    def _send(self, method, path, data, headers):
+        conn = self._connect()
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        raw = resp.read()
+        hdrs = {k: v for k, v in resp.getheaders()}
+        if resp.will_close:
+            self.close()
+        return resp.status, hdrs, raw
+
+    def request(self, method, path, body=None, raw=None, headers=None, token=True,
+                content_type="application/json"):
+        """Send one request; validate the answer against the contract; return an Answer.
+
+        body: a JSON value to send; raw: bytes or str to send as they are.
+        token: True sends the client's token (if any), a string sends that
+        token, False or None sends no Authorization header.
+        """
+        hdrs = {}
+        data = None
+        if raw is not None:
+            data = raw.encode() if isinstance(raw, str) else raw
+        elif body is not None:
+            data = json.dumps(body).encode()
+        if data is not None:
+            hdrs["Content-Type"] = content_type
+        tok = self.token if token is True else (token or None)
+        if tok:
+            hdrs["Authorization"] = "Bearer " + tok
+        hdrs.update(headers or {})
+        retry = method in ("GET", "HEAD")
+        for attempt in (0, 1):
+            try:
+                status, rh, rb = self._send(method, path, data, hdrs)
+                break
+            except (ConnectionError, http.client.HTTPException, socket.timeout, OSError) as e:
+                self.close()
+                if attempt == 0 and retry and not isinstance(e, socket.timeout):
+                    continue
+                raise ServerGone("%s %s: %s: %s" % (method, path, type(e).__name__, e)) from None
+        value = self.contract.check(method, path, status, rh.get("Content-Type"), rb)
+        ans = Answer(method, path, status, rh, rb, value)
+        if status == 401:
+            assert rh.get("WWW-Authenticate") == "Bearer", ans
+        return ans
+
+    def call(self, method, path, body=None, expect=200, code=None, **kw):
+        """request() and assert the status (and the error code when given)."""
+        a = self.request(method, path, body, **kw)
+        assert a.status == expect, "expected %d%s, got %r" % (expect, " " + code if code else "", a)
+        if code is not None:
+            assert a.code == code, "expected %s, got %r" % (code, a)
+        return a
+
+    # ---- the routes, happy paths ---------------------------------------------
+
+    def create(self):
+        return self.call("POST", "/v1/sequences", expect=201).json["seq"]
+
+    def seq(self, seq):
+        return self.call("GET", "/v1/sequences/%d" % seq).json
+
+    def launch(self, plan):
+        return self.call("POST", "/v1/launch", plan, expect=202).json["ticket"]
+
+    def await_(self, ticket, timeout_ms=None):
+        q = "" if timeout_ms is None else "?timeout_ms=%d" % timeout_ms
+        return self.call("POST", "/v1/tickets/%d/await%s" % (ticket, q)).json
+
+    def step(self, plan):
+        return self.call("POST", "/v1/step", plan).json
+
+    def effect(self, effect):
+        out = self.call("POST", "/v1/effects", effect).json
+        assert out["kind"] == effect["kind"], out
+        return out
+
+    def facts(self):
+        return self.call("GET", "/v1/facts").json
+
+    def device(self):
+        return self.call("GET", "/v1/device").json
+
+    def tickets(self, query=""):
+        return self.call("GET", "/v1/tickets" + query).json
+
+    def all_tickets(self, status=None, page=1000, max_pages=1000):
+        """Every ticket in the history, newest first, following `next` (bounded)."""
+        out = []
+        before = None
+        for _ in range(max_pages):
+            q = "?limit=%d" % page
+            if status:
+                q += "&status=" + status
+            if before is not None:
+                q += "&before=%d" % before
+            h = self.tickets(q)
+            out.extend(h["tickets"])
+            before = h["next"]
+            if before is None:
+                return out
+        raise AssertionError("history did not end within %d pages" % max_pages)
+
+    def logits_top(self, handle, top=5, row=0):
+        return self.call("GET", "/v1/logits/%d?top=%d&row=%d" % (handle, top, row)).json
+
+    def logits_raw(self, handle):
+        a = self.call("GET", "/v1/logits/%d" % handle,
+                      headers={"Accept": "application/octet-stream"})
+        assert a.ctype == "application/octet-stream", a
+        return a.raw
+
+    def metrics(self):
+        a = self.call("GET", "/metrics")
+        return a.raw.decode()
