@@ -325,8 +325,8 @@ devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, de
     out->pin = jp && json_is_true(jp);
     if (out->kind != DEVIO_LORA_LIST && !out->name)
         return devio_fail(err, DEVIO_E_INVALID, "adapter command needs a 'name'");
-    if (out->kind == DEVIO_LORA_LOAD && !out->path)
-        return devio_fail(err, DEVIO_E_INVALID, "load needs a 'path'");
+    if (out->kind == DEVIO_LORA_LOAD && (!out->path || !out->path[0]))
+        return devio_fail(err, DEVIO_E_INVALID, "load needs a non-empty 'path'");
     return DEVIO_OK;
 }
 

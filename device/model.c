@@ -82,19 +82,6 @@ const char *devio_dtype_str(devio_dtype t)
     return "?";
 }
 
-const char *devio_dtype_name(devio_dtype t)
-{
-    switch (t) {
-    case DEVIO_F32:
-        return "f32";
-    case DEVIO_F16:
-        return "f16";
-    case DEVIO_BF16:
-        return "bf16";
-    }
-    return "?";
-}
-
 float devio_tensor_get(const devio_tensor *t, uint64_t i)
 {
     const uint8_t *p = t->data;

@@ -16,8 +16,7 @@ typedef enum devio_dtype {
 } devio_dtype;
 
 size_t devio_dtype_size(devio_dtype t);
-const char *devio_dtype_str(devio_dtype t);  /* "F32", "F16", "BF16" (safetensors) */
-const char *devio_dtype_name(devio_dtype t); /* "f32", "f16", "bf16" (command lines) */
+const char *devio_dtype_str(devio_dtype t); /* "F32", "F16", "BF16" */
 
 /* A read-only view of one tensor. `data` points into the mapped (or read)
  * file and is owned by the model. Shapes are Hugging Face's ([out, in]). */

@@ -27,22 +27,36 @@ typedef uint32_t v16u32 __attribute__((vector_size(64)));
 typedef int32_t v16i32 __attribute__((vector_size(64)));
 
 /* Register blocking of the projection kernel: MK_R weight rows times MK_T
- * tokens, two accumulators each (24 of the 32 AVX-512 registers). */
+ * tokens (MK_T <= 3), two 16-float accumulators each: 24 of the 32 AVX-512
+ * registers natively. On wasm32 a 16-float vector is four simd128
+ * registers and engines have about 16 of those, so blocks stay small. */
+#ifndef MK_R
+#if defined(__wasm__)
+#define MK_R 1
+#define MK_T 1
+#else
 #define MK_R 4
 #define MK_T 3
-/* Bytes of token rows kept hot while a weight tile is swept over them. */
+#endif
+#endif
+/* Floats of token rows (256 KiB) kept hot in L2 while a weight tile is
+ * swept over them. */
 #define TOKEN_BLOCK_FLOATS 65536u
 /* Up to this many tokens, weights are widened in registers (see
  * matmul_rows); DIRECT_ROWS rows are swept together so their weights are
  * still in L1 for the second and later token groups. */
-#define DIRECT_MAX_TOKENS 6u
+#define DIRECT_MAX_TOKENS 12u
 #define DIRECT_ROWS 16u
+/* Weights read from the model are prefetched this many register blocks
+ * (MK_R rows each) ahead. */
 #define PREFETCH_GROUPS 2u
 /* Keys ahead whose K or V row is prefetched in attention. */
 #define KV_PREFETCH 8u
 /* Jobs per thread in a projection region: enough to even out the threads
  * at the end of a region, few enough that claiming stays negligible. */
 #define JOBS_PER_THREAD 8u
+
+_Static_assert((MK_R & (MK_R - 1)) == 0 && MK_T >= 1 && MK_T <= 3, "MK_R a power of two, MK_T 1..3");
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -236,14 +250,14 @@ static ALWAYS_INLINE void mk_dots(int dt, int R, int T, const void *w, size_t ld
                                   size_t ldx, uint32_t n_pad, size_t pf, float *out)
 {
     const size_t esz = dt == DEVIO_F32 ? 4u : 2u;
-    v16f acc[MK_R][MK_T][2];
+    v16f acc[MK_R][3][2];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
             acc[r][t][0] = acc[r][t][1] = (v16f){0};
     for (uint32_t k = 0; k < n_pad; k += 32) {
-        v16f xv[MK_T][2];
+        v16f xv[3][2];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             xv[t][0] = ld16(x + (size_t)t * ldx + k);
@@ -272,29 +286,32 @@ static ALWAYS_INLINE void mk_dots(int dt, int R, int T, const void *w, size_t ld
 typedef void (*mk_fn)(const void *w, size_t ldw, const float *x, size_t ldx, uint32_t n_pad,
                       size_t pf, float *out);
 
-#define MK_DEF(DT, NAME, R, T)                                                               \
-    static void mk_##NAME##_##R##x##T(const void *w, size_t ldw, const float *x, size_t ldx, \
-                                      uint32_t n_pad, size_t pf, float *out)                 \
+/* mk_<dtype>_<rows>_<tokens>: "blk" is MK_R rows, "one" a single row. */
+#define MK_DEF(DT, NAME, ROWS, R, T)                                                         \
+    static void mk_##NAME##_##ROWS##_##T(const void *w, size_t ldw, const float *x,          \
+                                         size_t ldx, uint32_t n_pad, size_t pf, float *out)  \
     {                                                                                        \
         mk_dots(DT, R, T, w, ldw, x, ldx, n_pad, pf, out);                                   \
     }
 #define MK_DEF_ALL(DT, NAME)                                                                 \
-    MK_DEF(DT, NAME, 4, 3)                                                                   \
-    MK_DEF(DT, NAME, 4, 2)                                                                   \
-    MK_DEF(DT, NAME, 4, 1)                                                                   \
-    MK_DEF(DT, NAME, 1, 3)                                                                   \
-    MK_DEF(DT, NAME, 1, 2)                                                                   \
-    MK_DEF(DT, NAME, 1, 1)
+    MK_DEF(DT, NAME, blk, MK_R, 1)                                                           \
+    MK_DEF(DT, NAME, blk, MK_R, 2)                                                           \
+    MK_DEF(DT, NAME, blk, MK_R, 3)                                                           \
+    MK_DEF(DT, NAME, one, 1, 1)                                                              \
+    MK_DEF(DT, NAME, one, 1, 2)                                                              \
+    MK_DEF(DT, NAME, one, 1, 3)
 MK_DEF_ALL(DEVIO_F32, f32)
 MK_DEF_ALL(DEVIO_BF16, bf16)
 MK_DEF_ALL(DEVIO_F16, f16)
 
-/* [dtype][R == 4][T - 1] */
-static const mk_fn mk_table[3][2][MK_T] = {
-    [DEVIO_F32] = {{mk_f32_1x1, mk_f32_1x2, mk_f32_1x3}, {mk_f32_4x1, mk_f32_4x2, mk_f32_4x3}},
-    [DEVIO_BF16] = {{mk_bf16_1x1, mk_bf16_1x2, mk_bf16_1x3},
-                    {mk_bf16_4x1, mk_bf16_4x2, mk_bf16_4x3}},
-    [DEVIO_F16] = {{mk_f16_1x1, mk_f16_1x2, mk_f16_1x3}, {mk_f16_4x1, mk_f16_4x2, mk_f16_4x3}},
+/* [dtype][rows == MK_R][tokens - 1] */
+static const mk_fn mk_table[3][2][3] = {
+    [DEVIO_F32] = {{mk_f32_one_1, mk_f32_one_2, mk_f32_one_3},
+                   {mk_f32_blk_1, mk_f32_blk_2, mk_f32_blk_3}},
+    [DEVIO_BF16] = {{mk_bf16_one_1, mk_bf16_one_2, mk_bf16_one_3},
+                    {mk_bf16_blk_1, mk_bf16_blk_2, mk_bf16_blk_3}},
+    [DEVIO_F16] = {{mk_f16_one_1, mk_f16_one_2, mk_f16_one_3},
+                   {mk_f16_blk_1, mk_f16_blk_2, mk_f16_blk_3}},
 };
 
 /* out[r * tn + t] for rn <= MK_R rows and tn <= MK_T tokens. */

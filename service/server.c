@@ -36,6 +36,7 @@ typedef struct reply {
     size_t len;
     const char *ctype;
     const char *route; /* template, for metrics */
+    bool close;        /* ask the client to close the connection */
 } reply;
 
 static int64_t now_ms(void)
@@ -379,7 +380,7 @@ static void route_device(devio_server *s, reply *r)
         "{s:s,s:s,s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b},s:i,s:{s:i,s:i,s:i,s:i,s:i,"
         "s:i,s:i,s:i,s:i,s:i},s:i,s:I}",
         "backend", "ref", "numerics", "strict", "model", "architecture", m->architecture,
-        "dtype", devio_dtype_name(s->model->layers[0].wq.dtype), "vocab_size", m->vocab_size,
+        "dtype", devio_dtype_str(s->model->layers[0].wq.dtype), "vocab_size", m->vocab_size,
         "hidden_size", m->hidden_size, "intermediate_size", m->intermediate_size, "layers",
         m->n_layers, "heads", m->n_heads, "kv_heads", m->n_kv_heads, "head_dim", m->head_dim,
         "max_position_embeddings", m->max_position_embeddings, "tied_embeddings",
@@ -445,6 +446,14 @@ static void route_adapters(devio_server *s, const char *method, const char *name
 {
     json_t *cmd, *res = NULL;
     devio_error err = {0};
+    if (body) {
+        const char *k;
+        const json_t *v;
+        json_object_foreach((json_t *)body, k, v) if (strcmp(k, "path") && strcmp(k, "pin"))
+            return reply_fail(r, DEVIO_E_INVALID, "unknown field '%s' in the adapter body", k);
+        if (!json_is_object(body))
+            return reply_fail(r, DEVIO_E_INVALID, "adapter body must be a JSON object%s", "");
+    }
     if (!name)
         cmd = json_pack("{s:s}", "kind", "list");
     else if (strcmp(method, "PUT") == 0)
@@ -600,6 +609,12 @@ static void handle(devio_server *s, struct MHD_Connection *c, const char *url,
         json_decref(b);
         return;
     }
+    if ((seg_is(res, rl, "launch") || seg_is(res, rl, "step")) && n == 2 && post &&
+        atomic_load(&s->draining)) {
+        r->route = seg_is(res, rl, "launch") ? "/v1/launch" : "/v1/step";
+        r->close = true;
+        return reply_fail(r, DEVIO_E_NOT_READY, "server is draining; launch elsewhere%s", "");
+    }
     ROUTE("/v1/launch", seg_is(res, rl, "launch") && n == 2)
     {
         if (!post)
@@ -722,6 +737,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         atomic_fetch_add(&s->active, 1);
         return MHD_YES;
     }
+    if (*upload_size && (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0)) {
+        *upload_size = 0; /* bodies of reads are ignored, whatever their size */
+        return MHD_YES;
+    }
     if (*upload_size) {
         if (!q->too_large && q->len + *upload_size > s->cfg.max_body) {
             q->too_large = true;
@@ -763,6 +782,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     MHD_add_response_header(resp, "Content-Type", r.ctype);
     if (r.code == 401)
         MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (r.close)
+        MHD_add_response_header(resp, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, r.code, resp);
     MHD_destroy_response(resp);
     devio_metrics_http(&s->metrics, r.route, r.code);
@@ -890,15 +911,27 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     return DEVIO_OK;
 }
 
+/* Tickets launched and not yet awaited; 0 after teardown. */
+static uint32_t tickets_in_flight(devio_server *s)
+{
+    pthread_rwlock_rdlock(&s->dev_lock);
+    uint32_t n = s->dev ? devio_facts_get(s->dev).tickets_in_flight : 0;
+    pthread_rwlock_unlock(&s->dev_lock);
+    return n;
+}
+
 void devio_server_stop(devio_server *s)
 {
     atomic_store(&s->ready, false);
+    atomic_store(&s->draining, true);
     if (s->mhd) {
         MHD_socket fd = MHD_quiesce_daemon(s->mhd);
         if (fd != MHD_INVALID_SOCKET)
             close(fd);
-        /* Drain: requests in progress finish (awaits settle) for a bounded time. */
-        for (uint32_t waited = 0; atomic_load(&s->active) > 0 && waited < s->cfg.drain_ms;
+        /* Drain for a bounded time: no new launches are taken, clients may
+         * still await what they launched, and requests in progress finish. */
+        for (uint32_t waited = 0; waited < s->cfg.drain_ms &&
+                                  (tickets_in_flight(s) > 0 || atomic_load(&s->active) > 0);
              waited += 10)
             nanosleep(&(struct timespec){.tv_nsec = 10 * 1000000L}, NULL);
     }

@@ -24,6 +24,7 @@ typedef struct devio_server {
     char *token;               /* owned copy; NULL = no auth */
     size_t token_len;
     atomic_bool ready;
+    atomic_bool draining;      /* SIGTERM seen: launches refused, awaits served */
     atomic_int active;         /* requests being handled */
     uint16_t port;             /* bound port (useful with port 0) */
 } devio_server;

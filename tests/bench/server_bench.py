@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""server_bench.py - launch+await round trips through devio-server over HTTP, beside the same steps in-process.
+A benchmark, not a test: it prints figures and asserts nothing about speed; it must never leave a server running.
+
+    python3 tests/bench/server_bench.py --bin bazel-bin [--n 2000] [--threads 1] [--clients 4]
+
+Writes the tiny model to a temp dir, starts devio-server on it (loopback, a
+temp SQLite file), and times one-token greedy decode steps (POST /v1/launch
+then POST /v1/tickets/{id}/await, keep-alive) from one client, then from
+--clients concurrent clients (separate processes, one sequence each). Then it
+runs rtt_inproc (tests/bench/rtt_inproc.c) on the same model and prints a table.
+rtt_inproc comes from --bin (tests/bench/rtt_inproc); when that is missing it is
+compiled with gcc from the repository's sources into the temp dir.
+"""
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+PROMPT = 16
+WRAP_AT = 500  # truncate back to the prompt before max_seq_len (512 on tiny)
+
+
+def percentile(sorted_values, p):
+    """Nearest rank, as rtt_inproc computes it."""
+    n = len(sorted_values)
+    k = min(max(int(p / 100.0 * n + 0.999999), 1), n)
+    return sorted_values[k - 1]
+
+
+# ---- the server ---------------------------------------------------------------------------
+
+
+def start_server(server_bin, model, workdir, threads, depth):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVIO_")}
+    log = open(workdir / "server.log", "wb")
+    proc = subprocess.Popen(
+        [str(server_bin), "--model", str(model), "--listen", "127.0.0.1:0",
+         "--db", str(workdir / "bench.db"), "--adapters", str(workdir),
+         "--threads", str(threads), "--max-depth", str(depth)],
+        stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env)
+    log.close()
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + 60
+    buf = b""
+    try:
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                raise RuntimeError("devio-server did not start:\n" +
+                                   (workdir / "server.log").read_text(errors="replace")[-2000:])
+            if sel.select(timeout=min(left, 0.5)):
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                if not chunk:
+                    continue
+                buf += chunk
+    except BaseException:
+        stop_server(proc)
+        raise
+    finally:
+        sel.close()
+    return proc, int(buf.split()[1])
+
+
+def stop_server(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    if proc.stdout:
+        proc.stdout.close()
+    return proc.returncode
+
+
+# ---- one client -----------------------------------------------------------------------------
+
+
+class Http:
+    def __init__(self, port):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def post(self, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        self.conn.request("POST", path, body=data, headers=hdrs)
+        r = self.conn.getresponse()
+        raw = r.read()
+        return r.status, json.loads(raw) if raw else None
+
+
+def client_run(port, n, warmup, salt, barrier, out):
+    """Decode n timed steps on a fresh sequence; put (latencies_us, device_us, retries, span, error) on out."""
+    try:
+        h = Http(port)
+        st, j = h.post("/v1/sequences")
+        assert st == 201, (st, j)
+        seq = j["seq"]
+        st, j = h.post("/v1/step", {"rows": [{"seq": seq, "tokens": [(k * 7 + salt) % 256 for k in range(PROMPT)],
+                                              "sample": {"temperature": 0}}]})
+        assert st == 200, (st, j)
+        tok = j["rows"][0]["tokens"][0]
+        length = PROMPT
+        lat, compute, retries = [], [], 0
+        if barrier is not None:
+            barrier.wait(timeout=120)
+        start = None
+        for i in range(-warmup, n):
+            if i == 0:
+                start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
+            if length >= WRAP_AT:
+                st, j = h.post("/v1/effects", {"kind": "truncate", "seq": seq, "len": PROMPT})
+                assert st == 200, (st, j)
+                length = PROMPT
+            body = {"rows": [{"seq": seq, "tokens": [tok], "sample": {"temperature": 0}}]}
+            t0 = time.perf_counter()
+            for _ in range(100000):
+                st, j = h.post("/v1/launch", body)
+                if st != 409 or j["error"]["code"] != "depth_exceeded":
+                    break
+                retries += 1
+            assert st == 202, (st, j)
+            st, r = h.post("/v1/tickets/%d/await" % j["ticket"])
+            t1 = time.perf_counter()
+            assert st == 200, (st, r)
+            tok = r["rows"][0]["tokens"][0]
+            length += 1
+            if i >= 0:
+                lat.append((t1 - t0) * 1e6)
+                compute.append(r["timing"]["compute_us"] + r["timing"]["queued_us"])
+        end = time.perf_counter()
+        h.post("/v1/effects", {"kind": "free", "seq": seq})
+        out.put((lat, compute, retries, (start, end), None))
+    except Exception as e:  # reported by the parent
+        out.put(([], [], 0, None, repr(e)))
+
+
+def run_http(port, n, warmup, clients):
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    barrier = ctx.Barrier(clients) if clients > 1 else None
+    procs = [ctx.Process(target=client_run, args=(port, n, warmup, k, barrier, out)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        if p.is_alive():
+            p.kill()
+    errors = [r[4] for r in results if r[4]]
+    if errors:
+        raise RuntimeError("client failed: %s" % errors[0])
+    lat = sorted(x for r in results for x in r[0])
+    compute = sorted(x for r in results for x in r[1])
+    # Concurrent clients: every timed step over the span from the first start to the last end.
+    wall = time.perf_counter() - t0
+    span = max(r[3][1] for r in results) - min(r[3][0] for r in results)
+    return {
+        "steps_per_s": len(lat) / span,
+        "p50_us": percentile(lat, 50),
+        "p99_us": percentile(lat, 99),
+        "device_p50_us": percentile(compute, 50),
+        "retries": sum(r[2] for r in results),
+        "wall_s": wall,
+    }
+
+
+# ---- in-process -------------------------------------------------------------------------------
+
+
+def find_rtt(bin_dir, tmp):
+    built = bin_dir / "tests" / "bench" / "rtt_inproc"
+    if os.access(built, os.X_OK):
+        return built, "bazel"
+    out = tmp / "rtt_inproc"
+    srcs = ([str(REPO / "tests/bench/rtt_inproc.c")] + sorted(str(p) for p in (REPO / "device").glob("*.c")) +
+            [str(REPO / "ref" / f) for f in ("pool.c", "ref_backend.c", "ref_kernels.c", "mkmodel.c")])
+    cmd = ["gcc", "-std=c11", "-O2", "-ffp-contract=off", "-march=native", "-D_POSIX_C_SOURCE=200809L",
+           "-I" + str(REPO)] + srcs + ["-ljansson", "-lpthread", "-o", str(out)]
+    subprocess.run(cmd, check=True, timeout=300)
+    return out, "gcc"
+
+
+def run_inproc(rtt, model, n, warmup, threads):
+    r = subprocess.run([str(rtt), "--model", str(model), "--n", str(n), "--warmup", str(warmup),
+                        "--threads", str(threads)], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError("rtt_inproc failed: " + r.stderr)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default="bazel-bin", help="folder with service/devio-server, ref/devio-mkmodel")
+    ap.add_argument("--n", type=int, default=2000, help="timed steps per client [2000]")
+    ap.add_argument("--warmup", type=int, default=100, help="untimed steps per client first [100]")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent clients in the second run [4]")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="device compute threads, same for the server and in-process [1]")
+    ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    a = ap.parse_args(argv)
+    if a.n < 1 or a.clients < 1 or a.warmup < 0 or a.threads < 0:
+        ap.error("--n, --clients must be >= 1; --warmup, --threads >= 0")
+    bin_dir = Path(a.bin)
+    if not bin_dir.is_absolute() and not bin_dir.exists():
+        bin_dir = REPO / bin_dir
+    server_bin = bin_dir / "service" / "devio-server"
+    mkmodel = bin_dir / "ref" / "devio-mkmodel"
+    for p in (server_bin, mkmodel):
+        if not os.access(p, os.X_OK):
+            print("server_bench: no executable %s (bazel build //... first)" % p, file=sys.stderr)
+            return 2
+
+    tmp = Path(tempfile.mkdtemp(prefix="devio-server-bench-"))
+    proc = None
+    try:
+        model = tmp / "tiny"
+        subprocess.run([str(mkmodel), "--preset", "tiny", "--out", str(model)], check=True,
+                       capture_output=True, timeout=120)
+        rtt, how = find_rtt(bin_dir.resolve(), tmp)
+        proc, port = start_server(server_bin, model, tmp, a.threads, max(2, a.clients + 1))
+        one = run_http(port, a.n, a.warmup, 1)
+        many = run_http(port, a.n, a.warmup, a.clients)
+        rc = stop_server(proc)
+        proc = None
+        inproc = run_inproc(rtt, model, a.n, a.warmup, a.threads)
+    finally:
+        if proc is not None:
+            stop_server(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print("devio-server round trips: tiny model, one-token greedy decode, launch + await over "
+          "keep-alive HTTP; %d timed steps per client, %d device thread(s), %d CPUs; rtt_inproc from %s"
+          % (a.n, a.threads, os.cpu_count(), how))
+    print("%-16s %12s %10s %10s %14s %12s" % ("mode", "steps/s", "p50 us", "p99 us", "device p50 us",
+                                               "in-proc/this"))
+    rows = [("HTTP 1 client", one), ("HTTP %d clients" % a.clients, many), ("in-process", inproc)]
+    for name, r in rows:
+        ratio = inproc["steps_per_s"] / r["steps_per_s"]
+        dev = "%.0f" % r["device_p50_us"] if "device_p50_us" in r else "-"
+        print("%-16s %12.1f %10.0f %10.0f %14s %11.2fx" % (name, r["steps_per_s"], r["p50_us"], r["p99_us"],
+                                                           dev, ratio))
+    if many["retries"]:
+        print("(%d launches answered depth_exceeded and were retried)" % many["retries"])
+    print("server exit status on SIGTERM: %s" % rc)
+    if a.json:
+        print(json.dumps({"http_1": one, "http_%d" % a.clients: many, "inproc": inproc}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
