@@ -1,7 +1,5 @@
-/* device/numerics.h: the binary32 math every devio backend shares (exp, log,
- * sin, cos, tanh, ..., the 32-lane reductions, f16/bf16 conversions).
- * It must never call libm, use double precision or let a multiply-add fuse:
- * the same input gives the same bits in C (x86-64 gcc/clang), wasm32 and CUDA. */
+/* device/numerics.h: the binary32 math all devio backends share: exp, log, sin, cos, tanh, ..., the 32-lane reductions, f16/bf16.
+ * Never calls libm, uses double or lets a multiply-add fuse: the same input gives the same bits in C, wasm32 and CUDA. */
 #ifndef DEVIO_NUMERICS_H
 #define DEVIO_NUMERICS_H
 
@@ -13,18 +11,19 @@
  * the device side through __fadd_rn/__fmul_rn (never contracted), and the host
  * side of a .cu needs -Xcompiler -ffp-contract=off like plain C.
  *
- * Accuracy, measured by tests/numerics_test.c against double-precision libm
- * rounded to binary32 (error in units in the last place of the correctly
- * rounded result; ranges are the tested ones):
- *   devio_expf    0.52 ulp  all finite x (results down to the subnormals)
- *   devio_logf    0.51 ulp  all positive x, subnormals included
- *   devio_log1pf  0.51 ulp  all x > -1
- *   devio_sinf    0.53 ulp  all finite x (exact reduction, see devio_sinf)
- *   devio_cosf    0.53 ulp  all finite x
- *   devio_tanhf   1.03 ulp  all x
- *   sigmoid, silu, rsqrt, powf_pos are compositions; see each function.
- * The ulp figures are refreshed from the test's printout when the code
- * changes; the test asserts exp/log/log1p <= 1 ulp, sin/cos/tanh <= 2 ulp.
+ * Accuracy: error against double-precision libm, in ulps of the binary32
+ * nearest the true value. Measured over all 2^32 inputs (and over the sweeps
+ * of tests/numerics_test.c, which asserts the bounds in brackets); every
+ * result is within 1 ulp of the correctly rounded one:
+ *   devio_expf    0.771 ulp  [1]  (0.70 for normal results)
+ *   devio_logf    0.840 ulp  [1]  subnormal inputs included
+ *   devio_log1pf  0.865 ulp  [1]
+ *   devio_sinf    0.785 ulp  [2]  every finite x, no range limit: see below
+ *   devio_cosf    0.787 ulp  [2]
+ *   devio_tanhf   0.809 ulp  [2]
+ * Compositions, on the test's sweeps: devio_sigmoidf 2.21 ulp [2.5],
+ * devio_siluf 2.62 ulp [3] (while sigmoid is a normal float),
+ * devio_rsqrtf 1.47 ulp [1.5], devio_powf_pos see the function.
  *
  * Special values: a NaN input comes back unchanged (the same bits, so no
  * platform-specific NaN propagation leaks out); a NaN made here from a
@@ -38,9 +37,9 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Refuse builds that would change the bits rather than compute wrong ones
- * quietly: fast-math reorders and drops the exactness tricks used below,
- * and excess precision (x87) rounds twice. */
+/* Refuse builds that would quietly change the bits: fast-math reorders and
+ * drops the exact-error tricks used below, and excess precision (x87)
+ * rounds twice. -ffp-contract cannot be detected; the build must say off. */
 #if defined(__FAST_MATH__)
 #error "device/numerics.h must not be built with -ffast-math"
 #endif
@@ -464,9 +463,10 @@ DEVIO_NUM_FN float devio_num_cos_kernel(float rh, float rl)
 }
 
 /*
- * sin x. Accurate (measured 0.53 ulp) for every finite x: the reduction is
- * Cody-Waite below 96 and exact integer reduction above, so there is no
- * range beyond which accuracy degrades. sin(+-0) = +-0, sin(+-inf) = NaN.
+ * sin x, within 0.79 ulp for every finite x: the reduction is Cody-Waite
+ * below 96 and exact integer arithmetic above (RoPE angles of thousands of
+ * radians and beyond), so there is no range past which accuracy degrades.
+ * sin(+-0) = +-0, sin(+-inf) = NaN.
  */
 DEVIO_NUM_FN float devio_sinf(float x)
 {
@@ -547,15 +547,19 @@ DEVIO_NUM_FN float devio_tanhf(float x)
     return (u >> 31) ? -y : y;
 }
 
-/* Logistic sigmoid, exactly 1 / (1 + devio_expf(-x)) in this order: three
- * roundings after exp (about 1.5 ulp). x < -88.7 gives +0 via 1/inf. */
+/* Logistic sigmoid, exactly 1 / (1 + devio_expf(-x)) in this order, so
+ * every backend gets these bits: two roundings after exp's (2.21 ulp max on
+ * the test's sweeps). Below x = -88.7228317 exp(-x) overflows and the result
+ * is +0 (the true value there is about 2^-128 or less, a subnormal). */
 DEVIO_NUM_FN float devio_sigmoidf(float x)
 {
     return DEVIO_DIV(1.0f, DEVIO_ADD(1.0f, devio_expf(-x)));
 }
 
-/* SiLU (swish), exactly x * devio_sigmoidf(x): one more rounding. Like the
- * formula in PyTorch, silu(-inf) = -inf * 0 = NaN. */
+/* SiLU (swish), exactly x * devio_sigmoidf(x): one more rounding (2.62 ulp
+ * while sigmoid is a normal float, x > -87.34; below that sigmoid's
+ * subnormal rounding, times |x|, dominates). -0 for x < -88.7228317, and,
+ * like the formula in PyTorch, silu(-inf) = -inf * 0 = NaN. */
 DEVIO_NUM_FN float devio_siluf(float x)
 {
     return DEVIO_MUL(x, devio_sigmoidf(x));
@@ -563,18 +567,19 @@ DEVIO_NUM_FN float devio_siluf(float x)
 
 /* ---- rsqrt, pow --------------------------------------------------------- */
 
-/* 1 / sqrt(x) as two correctly rounded operations (so up to ~1 ulp, and the
- * same bits everywhere; never a hardware reciprocal-sqrt estimate).
- * rsqrt(+0) = +inf, rsqrt(x<0) = NaN, rsqrt(+inf) = +0. */
+/* 1 / sqrt(x) as two correctly rounded operations (up to 1.5 ulp, the same
+ * bits everywhere; never a hardware reciprocal-square-root estimate).
+ * rsqrt(+0) = +inf, rsqrt(-0) = -inf, rsqrt(x<0) = NaN, rsqrt(+inf) = +0. */
 DEVIO_NUM_FN float devio_rsqrtf(float x)
 {
     return DEVIO_DIV(1.0f, devio_num_sqrt(x));
 }
 
 /* b^e for b > 0, exactly devio_expf(e * devio_logf(b)). The rounding of
- * e*log(b) is magnified by |e log b|, so the error grows to a few ulp for
- * results far from 1; meant for host-side tables such as the RoPE inverse
- * frequencies theta^(-2i/d), where every backend must share the same bits. */
+ * e*log(b) is magnified by |e log b|: the error is within 1 + 2.6 |e ln b|
+ * ulp (tested; that is 35 ulp for theta = 500000 and e near -1). It is
+ * meant for host-side tables such as the RoPE inverse frequencies
+ * theta^(-2i/d), where what matters is that every backend shares the bits. */
 DEVIO_NUM_FN float devio_powf_pos(float b, float e)
 {
     return devio_expf(DEVIO_MUL(e, devio_logf(b)));

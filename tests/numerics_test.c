@@ -1,7 +1,5 @@
-/* tests/numerics_test.c: checks device/numerics.h against double-precision
- * libm (the oracle, used only here), and the lane rule and f16/bf16 codecs
- * against independent implementations. Never edits its bounds to fit a
- * failure: a bound that no longer holds is a numerics.h bug. */
+/* tests/numerics_test.c: device/numerics.h against double-precision libm (an oracle used only here), the lane rule and f16/bf16.
+ * Never loosens a bound to make a failure pass: a bound that stops holding is a numerics.h bug. */
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
