@@ -165,8 +165,8 @@ cmd_test() {
         status=${status#"${status%%[![:space:]]*}"}
         status=${status#"(cached) "}
         case "$status" in
-            "PASSED in "*|"PASSED") passed=$((passed + 1)) ;;
-            *) failed=$((failed + 1)); log "FAILED: $target ($status)" ;;
+            "PASSED in "*|"PASSED") count_cases "$target" 1 0 ;;
+            *) count_cases "$target" 0 1; log "FAILED: $target ($status)" ;;
         esac
     done < <(grep -E '^(@[A-Za-z0-9_.-]*)?//[^[:space:]]*[[:space:]]+((\(cached\)[[:space:]]+)?[A-Z][A-Z_ ]*)( in [0-9.]+s.*)?$' "$log" || true)
 
@@ -184,23 +184,60 @@ cmd_test() {
     [ "$failed" -eq 0 ]
 }
 
+# Add a test target's cases to `passed`/`failed`: the cmocka summary of its
+# log when there is one ("[  PASSED  ] N test(s)."), else the given fallback.
+count_cases() {
+    local target=$1 p=$2 f=$3 tl n
+    tl="bazel-testlogs/${target#//}"
+    tl="${tl/://}/test.log"
+    if [ -f "$tl" ] && n=$(grep -oE '^\[  PASSED  \] [0-9]+ test' "$tl" | grep -oE '[0-9]+' | tail -n 1); then
+        p=$n
+        f=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$tl" | grep -oE '[0-9]+' | tail -n 1 || true)
+        f=${f:-0}
+        [ "$3" -eq 0 ] || [ "$f" -gt 0 ] || f=1
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+}
+
+# Counts of a check: pytest's summary ("38 passed, 1 failed in 2s") when the
+# output has one, else 1 passed or 1 failed by exit status.
+count_check() {
+    local out=$1 crc=$2 p f
+    p=$(grep -oE '[0-9]+ passed' "$out" | tail -n 1 | grep -oE '[0-9]+' || true)
+    f=$(grep -oE '[0-9]+ (failed|error)' "$out" | tail -n 1 | grep -oE '[0-9]+' || true)
+    if [ -n "$p" ] && grep -qE '^=*.*[0-9]+ passed.* in [0-9.]+s' "$out"; then
+        f=${f:-0}
+        [ "$crc" -eq 0 ] || [ "$f" -gt 0 ] || f=1
+        passed=$((passed + p))
+        failed=$((failed + f))
+    elif [ "$crc" -eq 0 ]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+    fi
+}
+
 # tests/checks.txt: one shell command per line, run from the repository root
 # after the Bazel tests; blank lines and lines starting with # are skipped.
 # Adds to the caller's `passed` and `failed` (bash locals are dynamically scoped).
 run_checks() {
-    local file="$ROOT/tests/checks.txt" cmd crc
+    local file="$ROOT/tests/checks.txt" cmd crc out
     [ -f "$file" ] || return 0
+    out="$STATE_DIR/check.out"
     while IFS= read -r cmd || [ -n "$cmd" ]; do
         cmd=${cmd#"${cmd%%[![:space:]]*}"}
         case "$cmd" in ''|'#'*) continue ;; esac
         log "check: $cmd"
         crc=0
-        bash -c "$cmd" </dev/null || crc=$?
+        set +e
+        bash -c "$cmd" </dev/null 2>&1 | tee "$out"
+        crc=${PIPESTATUS[0]}
+        set -e
+        count_check "$out" "$crc"
         if [ "$crc" -eq 0 ]; then
-            passed=$((passed + 1))
             log "PASSED: $cmd"
         else
-            failed=$((failed + 1))
             log "FAILED: $cmd (exit $crc)"
         fi
     done <"$file"
