@@ -153,8 +153,10 @@ static void test_launch_await_facts(void **state)
     assert_int_equal(devio_logits_read(d, r.rows[0].logits, 0, 0, NULL, &n_rows, NULL), DEVIO_OK);
     assert_int_equal(n_rows, 6);
     devio_error err = {0};
-    assert_int_equal(devio_await(d, t, -1, &r, &err), DEVIO_E_TICKET_CONSUMED);
-    assert_int_equal(devio_await(d, t + 100, -1, &r, &err), DEVIO_E_UNKNOWN_TICKET);
+    devio_step_result r2;
+    assert_int_equal(devio_await(d, t, -1, &r2, &err), DEVIO_E_TICKET_CONSUMED);
+    assert_int_equal(r2.n_rows, 0);
+    assert_int_equal(devio_await(d, t + 100, -1, &r2, &err), DEVIO_E_UNKNOWN_TICKET);
     f = devio_facts_get(d);
     assert_int_equal(f.tickets_in_flight, 0);
     assert_int_equal(f.ssm_slots_total, 0);
