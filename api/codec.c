@@ -409,19 +409,23 @@ json_t *devio_json_seq_info(const devio_seq_info *s)
                      "snapshots", snaps);
 }
 
-json_t *devio_json_adapter(const devio_adapter_info *a)
+static json_t *adapter_json(const devio_adapter_info *a, const char *state)
 {
     return json_pack("{s:s,s:s,s:i,s:f,s:f,s:b,s:I,s:s}", "name", a->name, "path", a->path,
                      "rank", a->rank, "alpha", (double)a->alpha, "scale", (double)a->scale,
                      "pinned", a->pinned, "rows_served", (json_int_t)a->rows_served, "state",
-                     "loaded");
+                     state);
 }
+
+json_t *devio_json_adapter(const devio_adapter_info *a) { return adapter_json(a, "loaded"); }
 
 json_t *devio_json_lora_ack(const devio_lora_ack *a)
 {
     json_t *list = json_array();
     for (uint32_t i = 0; list && i < a->n_adapters; i++)
-        json_array_append_new(list, devio_json_adapter(&a->adapters[i]));
+        json_array_append_new(list, adapter_json(&a->adapters[i],
+                                                 a->kind == DEVIO_LORA_UNLOAD ? "unloaded"
+                                                                              : "loaded"));
     json_t *j = json_pack("{s:o}", "adapters", list);
     if (j && a->evicted[0])
         json_object_set_new(j, "evicted", json_string(a->evicted));

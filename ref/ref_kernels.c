@@ -2,9 +2,9 @@
  * reference backend, in the operation order ref_kernels.h defines. Never
  * fuses a multiply into an add, never calls libm, never allocates per call.
  *
- * Vectorisation uses GCC/clang generic vectors only, so the same source
- * becomes AVX-512 natively and simd128 on wasm32. The 32 lanes of the
- * reduction rule are two 16-float accumulators: lanes 0-15 and 16-31. */
+ * Vectorisation uses GCC/clang generic vectors, so the same source becomes
+ * AVX-512 natively and simd128 on wasm32; the only instruction-set code is
+ * the F16C half conversion, which is exact and so changes no number. */
 #include "ref/ref_kernels.h"
 
 #include <stdlib.h>
@@ -12,31 +12,54 @@
 
 #include "device/numerics.h"
 
-/* The 64-byte vectors never cross a non-inlined call boundary in a way
- * that matters (every helper is static), so GCC's note that their ABI
- * differs without AVX-512 is noise in builds without -march. */
+/* The wide vectors never cross a non-inlined call boundary in a way that
+ * matters (every helper is static), so GCC's note that their ABI differs
+ * without AVX-512 is noise. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-typedef float v16f __attribute__((vector_size(64)));
+/* Vector width VL (floats) follows the widest registers the build has:
+ * GCC splits wider generic vectors badly (accumulators end up in memory).
+ * The 32 lanes of the reduction rule are NV = 32 / VL vectors: vector i
+ * holds lanes i*VL .. i*VL + VL - 1. The numbers do not depend on VL. */
+#if defined(__AVX512F__)
+#define VL 16
+#elif defined(__AVX__)
+#define VL 8
+#else
+#define VL 4 /* SSE2, simd128 (wasm32), NEON */
+#endif
+#define NV (32 / VL)
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef uint16_t vh __attribute__((vector_size(VL * 2)));
+typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+/* Unaligned views of memory for loads and stores. Not memcpy: clang merges
+ * neighbouring memcpy loads into one block copy, which on wasm32 is a call. */
+typedef float vf_mem __attribute__((vector_size(VL * 4), aligned(4), may_alias));
+typedef uint16_t vh_mem __attribute__((vector_size(VL * 2), aligned(2), may_alias));
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
-typedef uint16_t v16u16 __attribute__((vector_size(32)));
-typedef uint32_t v16u32 __attribute__((vector_size(64)));
-typedef int32_t v16i32 __attribute__((vector_size(64)));
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 /* Register blocking of the projection kernel: MK_R weight rows times MK_T
- * tokens (MK_T <= 3), two 16-float accumulators each: 24 of the 32 AVX-512
- * registers natively. On wasm32 a 16-float vector is four simd128
- * registers and engines have about 16 of those, so blocks stay small. */
+ * tokens (MK_T <= 3), NV accumulators each. AVX-512: 24 of 32 registers;
+ * AVX: 12 of 16; 4-float vectors (16 registers): one dot, 8 registers. */
 #ifndef MK_R
-#if defined(__wasm__)
-#define MK_R 1
-#define MK_T 1
-#else
+#if VL == 16
 #define MK_R 4
 #define MK_T 3
+#elif VL == 8
+#define MK_R 1
+#define MK_T 3
+#else
+#define MK_R 1
+#define MK_T 1
 #endif
 #endif
 /* Floats of token rows (256 KiB) kept hot in L2 while a weight tile is
@@ -48,72 +71,99 @@ typedef int32_t v16i32 __attribute__((vector_size(64)));
 #define DIRECT_MAX_TOKENS 12u
 #define DIRECT_ROWS 16u
 /* Weights read from the model are prefetched this many register blocks
- * (MK_R rows each) ahead. */
-#define PREFETCH_GROUPS 2u
+ * (MK_R rows each, at least 4 rows) ahead. */
+#define PREFETCH_ROWS (2u * (MK_R > 4 ? MK_R : 4))
 /* Keys ahead whose K or V row is prefetched in attention. */
 #define KV_PREFETCH 8u
 /* Jobs per thread in a projection region: enough to even out the threads
  * at the end of a region, few enough that claiming stays negligible. */
 #define JOBS_PER_THREAD 8u
 
-_Static_assert((MK_R & (MK_R - 1)) == 0 && MK_T >= 1 && MK_T <= 3, "MK_R a power of two, MK_T 1..3");
+_Static_assert((MK_R & (MK_R - 1)) == 0 && MK_T >= 1 && MK_T <= 3,
+               "MK_R a power of two, MK_T 1..3");
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-static ALWAYS_INLINE v16f ld16(const float *p)
+static ALWAYS_INLINE vf ldv(const float *p)
 {
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
+    return *(const vf_mem *)p;
 }
 
-static ALWAYS_INLINE void st16(float *p, v16f v)
+static ALWAYS_INLINE void stv(float *p, vf v)
 {
-    memcpy(p, &v, sizeof v);
+    *(vf_mem *)p = v;
 }
 
-/* The fold of the lane rule: lanes 0-15 in a, 16-31 in b. */
-static ALWAYS_INLINE float fold32(v16f a, v16f b)
+/* The fold of the lane rule over a[0..NV) (overwritten). Steps w >= VL add
+ * whole vectors; the last log2(VL) steps halve the first vector. */
+static ALWAYS_INLINE float fold_lanes(vf *a)
 {
-    v16f s = a + b; /* w = 16 */
+#pragma GCC unroll 8
+    for (int w = NV / 2; w >= 1; w /= 2)
+#pragma GCC unroll 8
+        for (int i = 0; i < w; i++)
+            a[i] = a[i] + a[i + w];
+    vf s = a[0];
+#if VL == 16
     v8f s8 = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7) +
              __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15); /* w = 8 */
     v4f s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) +
              __builtin_shufflevector(s8, s8, 4, 5, 6, 7); /* w = 4 */
+#elif VL == 8
+    v4f s4 = __builtin_shufflevector(s, s, 0, 1, 2, 3) +
+             __builtin_shufflevector(s, s, 4, 5, 6, 7); /* w = 4 */
+#else
+    v4f s4 = s;
+#endif
     float r0 = s4[0] + s4[2]; /* w = 2 */
     float r1 = s4[1] + s4[3];
-    return r0 + r1;           /* w = 1 */
+    return r0 + r1; /* w = 1 */
 }
 
 /* ---- widening ---------------------------------------------------------- */
 
-static ALWAYS_INLINE v16f widen16_bf16(const uint16_t *p)
+static ALWAYS_INLINE vf widen_bf16(const uint16_t *p)
 {
-    v16u16 h;
-    memcpy(&h, p, sizeof h);
-    v16u32 u = __builtin_convertvector(h, v16u32) << 16;
-    return (v16f)u;
+    vh h = *(const vh_mem *)p;
+    vu u = __builtin_convertvector(h, vu) << 16;
+    return (vf)u;
 }
 
-/* Exact half to single with integer operations only. Subnormal halves are
- * m * 2^-24, made as an int-to-float conversion and a power-of-two scale,
- * so no subnormal float is ever an operand (no slow microcode path). */
-static ALWAYS_INLINE v16f widen16_f16(const uint16_t *p)
+/* Exact half to single. With F16C the hardware conversion (exact by
+ * definition); otherwise integer operations only, where subnormal halves
+ * are m * 2^-24, made as an int-to-float conversion and a power-of-two
+ * scale, so no subnormal float is ever an operand (no slow microcode path). */
+static ALWAYS_INLINE vf widen_f16(const uint16_t *p)
 {
-    v16u16 h16;
-    memcpy(&h16, p, sizeof h16);
-    v16u32 h = __builtin_convertvector(h16, v16u32);
-    v16u32 s = (h & 0x8000u) << 16;
-    v16u32 e = (h >> 10) & 0x1fu;
-    v16u32 m = h & 0x3ffu;
-    v16u32 normal = s | ((e + 112u) << 23) | (m << 13);
-    v16u32 special = s | 0x7f800000u | (m << 13);
-    v16f subf = __builtin_convertvector((v16i32)m, v16f) * 0x1p-24f;
-    v16u32 sub = (v16u32)subf | s;
-    v16u32 is_sub = (v16u32)(e == 0u);
-    v16u32 is_special = (v16u32)(e == 31u);
-    v16u32 r = (is_sub & sub) | (~is_sub & ((is_special & special) | (~is_special & normal)));
-    return (v16f)r;
+#if VL == 16 && defined(__AVX512F__)
+    __m256i h;
+    memcpy(&h, p, sizeof h);
+    __m512 f = _mm512_cvtph_ps(h);
+    vf r;
+    memcpy(&r, &f, sizeof r);
+    return r;
+#elif VL == 8 && defined(__F16C__)
+    __m128i h;
+    memcpy(&h, p, sizeof h);
+    __m256 f = _mm256_cvtph_ps(h);
+    vf r;
+    memcpy(&r, &f, sizeof r);
+    return r;
+#else
+    vh h16 = *(const vh_mem *)p;
+    vu h = __builtin_convertvector(h16, vu);
+    vu s = (h & 0x8000u) << 16;
+    vu e = (h >> 10) & 0x1fu;
+    vu m = h & 0x3ffu;
+    vu normal = s | ((e + 112u) << 23) | (m << 13);
+    vu special = s | 0x7f800000u | (m << 13);
+    vf subf = __builtin_convertvector((vi)m, vf) * 0x1p-24f;
+    vu sub = (vu)subf | s;
+    vu is_sub = (vu)(e == 0u);
+    vu is_special = (vu)(e == 31u);
+    vu r = (is_sub & sub) | (~is_sub & ((is_special & special) | (~is_special & normal)));
+    return (vf)r;
+#endif
 }
 
 static float widen1_f16(uint16_t h)
@@ -153,13 +203,13 @@ void ref_widen(devio_dtype dt, const void *src, float *dst, size_t n)
     }
     const uint16_t *h = src;
     if (dt == DEVIO_BF16) {
-        for (; i + 16 <= n; i += 16)
-            st16(dst + i, widen16_bf16(h + i));
+        for (; i + VL <= n; i += VL)
+            stv(dst + i, widen_bf16(h + i));
         for (; i < n; i++)
             dst[i] = widen1_bf16(h[i]);
     } else {
-        for (; i + 16 <= n; i += 16)
-            st16(dst + i, widen16_f16(h + i));
+        for (; i + VL <= n; i += VL)
+            stv(dst + i, widen_f16(h + i));
         for (; i < n; i++)
             dst[i] = widen1_f16(h[i]);
     }
@@ -169,38 +219,40 @@ void ref_widen(devio_dtype dt, const void *src, float *dst, size_t n)
 
 float ref_lane_dot(const float *a, const float *b, uint32_t n)
 {
-    v16f acc0 = {0}, acc1 = {0};
+    vf acc[NV];
+    for (int v = 0; v < NV; v++)
+        acc[v] = (vf){0};
     uint32_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = acc0 + ld16(a + i) * ld16(b + i);
-        acc1 = acc1 + ld16(a + i + 16) * ld16(b + i + 16);
-    }
+    for (; i + 32 <= n; i += 32)
+        for (int v = 0; v < NV; v++)
+            acc[v] = acc[v] + ldv(a + i + v * VL) * ldv(b + i + v * VL);
     if (i < n) {
         /* The tail as one more chunk with zero terms in the missing lanes. */
         float ta[32] = {0}, tb[32] = {0};
         memcpy(ta, a + i, (n - i) * sizeof(float));
         memcpy(tb, b + i, (n - i) * sizeof(float));
-        acc0 = acc0 + ld16(ta) * ld16(tb);
-        acc1 = acc1 + ld16(ta + 16) * ld16(tb + 16);
+        for (int v = 0; v < NV; v++)
+            acc[v] = acc[v] + ldv(ta + v * VL) * ldv(tb + v * VL);
     }
-    return fold32(acc0, acc1);
+    return fold_lanes(acc);
 }
 
 float ref_lane_sum(const float *x, uint32_t n)
 {
-    v16f acc0 = {0}, acc1 = {0};
+    vf acc[NV];
+    for (int v = 0; v < NV; v++)
+        acc[v] = (vf){0};
     uint32_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = acc0 + ld16(x + i);
-        acc1 = acc1 + ld16(x + i + 16);
-    }
+    for (; i + 32 <= n; i += 32)
+        for (int v = 0; v < NV; v++)
+            acc[v] = acc[v] + ldv(x + i + v * VL);
     if (i < n) {
         float t[32] = {0};
         memcpy(t, x + i, (n - i) * sizeof(float));
-        acc0 = acc0 + ld16(t);
-        acc1 = acc1 + ld16(t + 16);
+        for (int v = 0; v < NV; v++)
+            acc[v] = acc[v] + ldv(t + v * VL);
     }
-    return fold32(acc0, acc1);
+    return fold_lanes(acc);
 }
 
 /* ---- rmsnorm and RoPE -------------------------------------------------- */
@@ -230,49 +282,51 @@ void ref_rope(float *x, uint32_t n_heads, uint32_t hd, const float *cos_row,
 
 /* ---- projections ------------------------------------------------------- */
 
-/* 16 weights from element i of a row of dtype dt, widened. */
-static ALWAYS_INLINE v16f ldw16(int dt, const void *w, size_t i)
+/* VL weights from element i of a row of dtype dt, widened. */
+static ALWAYS_INLINE vf ldw(int dt, const void *w, size_t i)
 {
     if (dt == DEVIO_F32)
-        return ld16((const float *)w + i);
+        return ldv((const float *)w + i);
     if (dt == DEVIO_BF16)
-        return widen16_bf16((const uint16_t *)w + i);
-    return widen16_f16((const uint16_t *)w + i);
+        return widen_bf16((const uint16_t *)w + i);
+    return widen_f16((const uint16_t *)w + i);
 }
 
 /* R weight rows of dtype dt (stride ldw elements) times T token rows
  * (stride ldx floats), over n_pad elements, a multiple of 32 within the
  * rows of both operands (zeros past the real length).
  * out[r * T + t] = lane_dot(w_r, x_t). Constant R, T and dt after inlining
- * let the 2*R*T accumulators live in registers. pf != 0: prefetch the
+ * let the NV*R*T accumulators live in registers. pf != 0: prefetch the
  * weights pf bytes ahead of each row read. */
-static ALWAYS_INLINE void mk_dots(int dt, int R, int T, const void *w, size_t ldw, const float *x,
+static ALWAYS_INLINE void mk_dots(int dt, int R, int T, const void *w, size_t ldw_, const float *x,
                                   size_t ldx, uint32_t n_pad, size_t pf, float *out)
 {
     const size_t esz = dt == DEVIO_F32 ? 4u : 2u;
-    v16f acc[MK_R][3][2];
+    vf acc[MK_R][3][NV];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
-            acc[r][t][0] = acc[r][t][1] = (v16f){0};
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++)
+                acc[r][t][v] = (vf){0};
     for (uint32_t k = 0; k < n_pad; k += 32) {
-        v16f xv[3][2];
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            xv[t][0] = ld16(x + (size_t)t * ldx + k);
-            xv[t][1] = ld16(x + (size_t)t * ldx + k + 16);
-        }
+        /* x is loaded where it is used (the compiler keeps it in a register
+         * across rows): staged in an array, clang turns the loads into a
+         * block copy, a call on wasm32. */
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
+            /* One 64-byte line of 32 half-width weights per row and step
+             * (two for f32, where the second line is covered by the
+             * hardware's adjacent-line prefetch). */
             if (pf)
-                __builtin_prefetch((const char *)w + ((size_t)r * ldw + k) * esz + pf);
-            v16f w0 = ldw16(dt, w, (size_t)r * ldw + k);
-            v16f w1 = ldw16(dt, w, (size_t)r * ldw + k + 16);
+                __builtin_prefetch((const char *)w + ((size_t)r * ldw_ + k) * esz + pf);
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) {
+                vf wv = ldw(dt, w, (size_t)r * ldw_ + k + v * VL);
 #pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                acc[r][t][0] = acc[r][t][0] + w0 * xv[t][0];
-                acc[r][t][1] = acc[r][t][1] + w1 * xv[t][1];
+                for (int t = 0; t < T; t++)
+                    acc[r][t][v] = acc[r][t][v] + wv * ldv(x + (size_t)t * ldx + k + v * VL);
             }
         }
     }
@@ -280,7 +334,7 @@ static ALWAYS_INLINE void mk_dots(int dt, int R, int T, const void *w, size_t ld
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
-            out[r * T + t] = fold32(acc[r][t][0], acc[r][t][1]);
+            out[r * T + t] = fold_lanes(acc[r][t]);
 }
 
 typedef void (*mk_fn)(const void *w, size_t ldw, const float *x, size_t ldx, uint32_t n_pad,
@@ -338,11 +392,11 @@ static void widen_tile(const ref_matmul *mm, const void *w, uint32_t r0, uint32_
     for (uint32_t r = 0; r < rn; r++) {
         const char *src = (const char *)w + (size_t)(r0 + r) * row_bytes;
         float *d = dst + (size_t)r * n_pad;
-        /* Ask for the row PREFETCH_GROUPS * MK_R ahead: a plain sequential
-         * read stalls on every miss here, prefetched it runs near the
-         * machine's bandwidth. Reaching past the weight is harmless
-         * (a prefetch never faults). */
-        const char *ahead = src + (size_t)PREFETCH_GROUPS * MK_R * row_bytes;
+        /* Ask for the row PREFETCH_ROWS ahead: a plain sequential read
+         * stalls on every miss here, prefetched it runs near the machine's
+         * bandwidth. Reaching past the weight is harmless (a prefetch never
+         * faults). */
+        const char *ahead = src + (size_t)PREFETCH_ROWS * row_bytes;
         for (size_t b = 0; b < row_bytes; b += 64)
             __builtin_prefetch(ahead + b);
         ref_widen(mm->dtype, src, d, mm->n);
@@ -384,10 +438,10 @@ static void sweep(const ref_matmul *mm, devio_dtype dt, const void *wa, const vo
                   int prefetch)
 {
     size_t esz = dt == DEVIO_F32 ? 4u : 2u;
-    /* Weights straight from the model are prefetched PREFETCH_GROUPS
-     * register blocks ahead: the hardware stream detector loses track of
-     * MK_R rows read side by side within one page. */
-    size_t pf = prefetch ? (size_t)PREFETCH_GROUPS * MK_R * ldw * esz : 0;
+    /* Weights straight from the model are prefetched PREFETCH_ROWS rows
+     * ahead: the hardware stream detector loses track of rows read side by
+     * side within one page. */
+    size_t pf = prefetch ? (size_t)PREFETCH_ROWS * ldw * esz : 0;
     for (uint32_t t = t0; t < t1; t += MK_T) {
         uint32_t tn = t + MK_T < t1 ? MK_T : t1 - t;
         const float *x = mm->x + (size_t)t * mm->ldx;
@@ -499,18 +553,19 @@ void ref_matmul_run(devio_pool *pool, ref_scratch *scratch, ref_matmul *mm, uint
  * inside [0, hd): the tail of k is copied into kbuf (zero padded). */
 static ALWAYS_INLINE float dot_qk(const float *q, const float *k, uint32_t hd, float *kbuf)
 {
-    v16f acc0 = {0}, acc1 = {0};
+    vf acc[NV];
+    for (int v = 0; v < NV; v++)
+        acc[v] = (vf){0};
     uint32_t i = 0;
-    for (; i + 32 <= hd; i += 32) {
-        acc0 = acc0 + ld16(q + i) * ld16(k + i);
-        acc1 = acc1 + ld16(q + i + 16) * ld16(k + i + 16);
-    }
+    for (; i + 32 <= hd; i += 32)
+        for (int v = 0; v < NV; v++)
+            acc[v] = acc[v] + ldv(q + i + v * VL) * ldv(k + i + v * VL);
     if (i < hd) {
         memcpy(kbuf, k + i, (hd - i) * sizeof(float));
-        acc0 = acc0 + ld16(q + i) * ld16(kbuf);
-        acc1 = acc1 + ld16(q + i + 16) * ld16(kbuf + 16);
+        for (int v = 0; v < NV; v++)
+            acc[v] = acc[v] + ldv(q + i + v * VL) * ldv(kbuf + v * VL);
     }
-    return fold32(acc0, acc1);
+    return fold_lanes(acc);
 }
 
 /* One head's key or value row is a short piece of a long stride (kv_dim
@@ -518,7 +573,7 @@ static ALWAYS_INLINE float dot_qk(const float *q, const float *k, uint32_t hd, f
  * row KV_PREFETCH keys ahead is asked for explicitly. */
 static ALWAYS_INLINE void prefetch_row(const float *p, uint32_t n)
 {
-    for (uint32_t c = 0; c < n; c += 16)
+    for (uint32_t c = 0; c < n; c += 16) /* 16 floats = one 64-byte line */
         __builtin_prefetch(p + c);
 }
 
@@ -557,7 +612,7 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
     float *acc = s->acc;
     uint32_t lanes = n_keys < 32 ? n_keys : 32;
     memset(acc, 0, (size_t)lanes * hd * sizeof(float));
-    uint32_t hv = hd & ~15u;
+    uint32_t hv = hd - hd % VL;
     for (uint32_t j = 0; j < n_keys; j++) {
         const float *v = a->v_cache + ((size_t)blocks[j / bs] * bs + j % bs) * kv_dim + head_off;
         if (j + KV_PREFETCH < n_keys) {
@@ -567,10 +622,10 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
         }
         float *al = acc + (size_t)(j & 31u) * hd;
         float e = sc[j];
-        v16f ev = (v16f){0} + e;
+        vf ev = (vf){0} + e;
         uint32_t c = 0;
-        for (; c < hv; c += 16)
-            st16(al + c, ld16(al + c) + ev * ld16(v + c));
+        for (; c < hv; c += VL)
+            stv(al + c, ldv(al + c) + ev * ldv(v + c));
         for (; c < hd; c++)
             al[c] = al[c] + e * v[c];
     }
@@ -584,8 +639,8 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
             float *dst = acc + (size_t)l * hd;
             const float *src = acc + (size_t)(l + w) * hd;
             uint32_t c = 0;
-            for (; c < hv; c += 16)
-                st16(dst + c, ld16(dst + c) + ld16(src + c));
+            for (; c < hv; c += VL)
+                stv(dst + c, ldv(dst + c) + ldv(src + c));
             for (; c < hd; c++)
                 dst[c] = dst[c] + src[c];
         }

@@ -14,7 +14,9 @@
  *   32 changes nothing; the kernels rely on that.)
  *
  * Widening: BF16 bits b -> f32 bits b << 16; F16 -> f32 exactly (IEEE half,
- *   subnormals, inf and NaN payloads kept); F32 as is.
+ *   subnormals and infinities; a NaN stays a NaN, but whether a signalling
+ *   NaN comes out quiet is left open: NaN bits are canonicalised wherever
+ *   numbers are compared); F32 as is.
  *
  * 1. Embedding: x[i] = widen(embed[token][i]).
  *

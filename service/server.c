@@ -441,8 +441,9 @@ static void route_teardown(devio_server *s, reply *r)
     reply_json(r, 200, json_pack("{s:b,s:i}", "torn_down", 1, "aborted", aborted));
 }
 
+/* The adapter routes; `action` is "pin" or "unpin" for POST /v1/adapters/{name}/ACTION. */
 static void route_adapters(devio_server *s, const char *method, const char *name,
-                           const json_t *body, reply *r)
+                           const char *action, const json_t *body, reply *r)
 {
     json_t *cmd, *res = NULL;
     devio_error err = {0};
@@ -456,6 +457,8 @@ static void route_adapters(devio_server *s, const char *method, const char *name
     }
     if (!name)
         cmd = json_pack("{s:s}", "kind", "list");
+    else if (action)
+        cmd = json_pack("{s:s,s:s}", "kind", action, "name", name);
     else if (strcmp(method, "PUT") == 0)
         cmd = json_pack("{s:s,s:s,s:O*,s:O*}", "kind", "load", "name", name, "path",
                         json_object_get(body, "path"), "pin", json_object_get(body, "pin"));
@@ -486,8 +489,6 @@ static void route_adapters(devio_server *s, const char *method, const char *name
     }
     json_t *one = json_incref(json_array_get(list, 0));
     json_decref(list);
-    if (one && strcmp(method, "DELETE") == 0)
-        json_object_set_new(one, "state", json_string("unloaded"));
     reply_json(r, 200, one ? one : json_object());
 }
 
@@ -695,7 +696,7 @@ static void handle(devio_server *s, struct MHD_Connection *c, const char *url,
     {
         if (!get)
             METHOD_ERR();
-        return route_adapters(s, method, NULL, NULL, r);
+        return route_adapters(s, method, NULL, NULL, NULL, r);
     }
     ROUTE("/v1/adapters/{name}", seg_is(res, rl, "adapters") && n == 3)
     {
@@ -709,9 +710,25 @@ static void handle(devio_server *s, struct MHD_Connection *c, const char *url,
         } else if (!get && !del) {
             METHOD_ERR();
         }
-        route_adapters(s, method, name, body, r);
+        route_adapters(s, method, name, NULL, body, r);
         json_decref(body);
         return;
+    }
+    ROUTE("/v1/adapters/{name}/pin",
+          seg_is(res, rl, "adapters") && n == 4 &&
+              (seg_is(seg[3], len[3], "pin") || seg_is(seg[3], len[3], "unpin")))
+    {
+        char name[64];
+        bool pin = seg_is(seg[3], len[3], "pin");
+        if (!pin)
+            r->route = "/v1/adapters/{name}/unpin";
+        if (!post)
+            METHOD_ERR();
+        if (len[2] >= sizeof name)
+            return reply_fail(r, DEVIO_E_INVALID, "adapter name too long%s", "");
+        memcpy(name, seg[2], len[2]);
+        name[len[2]] = '\0';
+        return route_adapters(s, method, name, pin ? "pin" : "unpin", NULL, r);
     }
     r->route = "unknown";
     reply_fail(r, DEVIO_E_NOT_FOUND, "no route %s", url);

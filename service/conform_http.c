@@ -1,0 +1,526 @@
+/* conform_http.c - the HTTP script target: operations to DESIGN §7 routes, answers back to dispatch's shapes.
+ * One curl handle, one keep-alive connection; it must never retry a request that changes state, nor guess a number. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "api/codec.h"
+#include "device/status.h"
+#include "service/conform_http.h"
+
+#define URL_MAX 2048
+
+struct devio_http_target {
+    devio_http_options opt;
+    char base[URL_MAX / 2]; /* server URL without a trailing '/' */
+    char *auth_header;      /* "Authorization: Bearer ...", NULL without a token */
+    CURL *curl;
+    char curl_err[CURL_ERROR_SIZE];
+    uint32_t vocab;
+    /* The last answer: body bytes, HTTP status, content type. */
+    char *buf;
+    size_t len, cap;
+    bool buf_oom;
+    long code;
+    char ctype[128];
+    /* Sticky transport / protocol failure. */
+    bool failed;
+    char failure[512];
+    uint64_t requests, connections;
+};
+
+devio_http_options devio_http_options_default(void)
+{
+    return (devio_http_options){.server = "http://127.0.0.1:8080",
+                                .token = NULL,
+                                .connect_timeout_s = 10,
+                                .request_timeout_s = 600,
+                                .await_slice_ms = 60000};
+}
+
+/* Mark the target broken: the run cannot go on, and no line may be printed for it. */
+static devio_status broken(devio_http_target *h, devio_error *err, const char *fmt, ...)
+    DEVIO_PRINTF(3, 4);
+static devio_status broken(devio_http_target *h, devio_error *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(h->failure, sizeof h->failure, fmt, ap);
+    va_end(ap);
+    h->failed = true;
+    return devio_fail(err, DEVIO_E_IO, "%s", h->failure);
+}
+
+static size_t on_body(char *p, size_t size, size_t n, void *cls)
+{
+    devio_http_target *h = cls;
+    size_t k = size * n;
+    if (h->buf_oom)
+        return 0;
+    if (h->len + k + 1 > h->cap) {
+        size_t cap = (h->len + k + 1) * 2;
+        char *b = realloc(h->buf, cap);
+        if (!b) {
+            h->buf_oom = true;
+            return 0; /* curl aborts the transfer with CURLE_WRITE_ERROR */
+        }
+        h->buf = b;
+        h->cap = cap;
+    }
+    memcpy(h->buf + h->len, p, k);
+    h->len += k;
+    h->buf[h->len] = '\0';
+    return k;
+}
+
+/* One exchange. DEVIO_OK when an HTTP answer came back, whatever its status
+ * (h->code, h->buf/len, h->ctype); otherwise the target is broken. */
+static devio_status exchange(devio_http_target *h, const char *method, const char *path,
+                             const json_t *body, const char *accept, long timeout_ms,
+                             devio_error *err)
+{
+    char url[URL_MAX];
+    char *text = NULL;
+    struct curl_slist *hdrs = NULL, *tmp;
+    devio_status s = DEVIO_OK;
+    int n = snprintf(url, sizeof url, "%s%s", h->base, path);
+    if (n < 0 || (size_t)n >= sizeof url)
+        return broken(h, err, "URL too long: %s%s", h->base, path);
+    if (body) {
+        /* Full double precision: the server must decode the very numbers the script holds. */
+        text = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!text)
+            return devio_fail(err, DEVIO_E_NOMEM, "out of memory encoding the request");
+    }
+    char accept_h[96];
+    snprintf(accept_h, sizeof accept_h, "Accept: %s", accept);
+    /* "Expect:" and an empty Content-Type stop curl adding its own defaults. */
+    const char *lines[] = {accept_h, body ? "Content-Type: application/json" : "Content-Type:",
+                           "Expect:", h->auth_header};
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+        if (!lines[i])
+            continue;
+        tmp = curl_slist_append(hdrs, lines[i]);
+        if (!tmp) {
+            s = devio_fail(err, DEVIO_E_NOMEM, "out of memory building headers");
+            goto out;
+        }
+        hdrs = tmp;
+    }
+    CURL *c = h->curl;
+    /* reset keeps the live connection; every option is set again below. */
+    curl_easy_reset(c);
+    h->len = 0;
+    h->buf_oom = false;
+    h->curl_err[0] = '\0';
+    h->code = 0;
+    h->ctype[0] = '\0';
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, h->curl_err);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "devio-conform");
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)h->opt.connect_timeout_s);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, h);
+    if (strcmp(method, "GET") == 0) {
+        curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
+    } else {
+        curl_easy_setopt(c, CURLOPT_POST, 1L);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, text ? text : "");
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)(text ? strlen(text) : 0));
+        if (strcmp(method, "POST") != 0)
+            curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    }
+    h->requests++;
+    CURLcode rc = curl_easy_perform(c);
+    long conns = 0;
+    if (curl_easy_getinfo(c, CURLINFO_NUM_CONNECTS, &conns) == CURLE_OK && conns > 0)
+        h->connections += (uint64_t)conns;
+    if (rc != CURLE_OK) {
+        if (h->buf_oom)
+            s = devio_fail(err, DEVIO_E_NOMEM, "out of memory reading the answer to %s %s",
+                           method, path);
+        else
+            s = broken(h, err, "%s %s: %s", method, url,
+                       h->curl_err[0] ? h->curl_err : curl_easy_strerror(rc));
+        goto out;
+    }
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &h->code);
+    char *ct = NULL;
+    if (curl_easy_getinfo(c, CURLINFO_CONTENT_TYPE, &ct) == CURLE_OK && ct)
+        snprintf(h->ctype, sizeof h->ctype, "%s", ct);
+out:
+    curl_slist_free_all(hdrs);
+    free(text);
+    return s;
+}
+
+/* Turn a non-2xx answer into the device status it names. Answers that are
+ * not a devio error, and codes that mean the conversation itself failed
+ * (no route, wrong token, a server going away), break the target instead:
+ * printing them as results would blame the device for the transport. */
+static devio_status answer_error(devio_http_target *h, const char *method, const char *path,
+                                 devio_error *err)
+{
+    json_error_t je;
+    json_t *j = h->len ? json_loadb(h->buf, h->len, 0, &je) : NULL;
+    const json_t *e = json_object_get(j, "error");
+    const char *code = json_string_value(json_object_get(e, "code"));
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    devio_status s;
+    if (!code) {
+        s = broken(h, err, "%s %s answered HTTP %ld without a devio error body: %.200s", method,
+                   path, h->code, h->len ? h->buf : "(empty)");
+        goto out;
+    }
+    s = devio_status_parse(code);
+    if (s == DEVIO_E_DEVICE && strcmp(code, devio_status_str(DEVIO_E_DEVICE)) != 0) {
+        s = broken(h, err, "%s %s answered an error code this client does not know: '%s'",
+                   method, path, code);
+    } else if (s == DEVIO_E_UNAUTHORIZED) {
+        s = broken(h, err, "the server refused the bearer token (HTTP %ld); pass --token or "
+                           "set DEVIO_TOKEN", h->code);
+    } else if (s == DEVIO_E_NOT_FOUND || s == DEVIO_E_METHOD) {
+        s = broken(h, err, "%s %s: the server has no such route (%s: %s); is it a devio-server?",
+                   method, path, code, msg ? msg : "");
+    } else if (s == DEVIO_E_NOT_READY) {
+        s = broken(h, err, "%s %s: the server is not serving (%s)", method, path,
+                   msg ? msg : code);
+    } else {
+        devio_fail(err, s, "%s", msg ? msg : code);
+        /* Keep the one detail pair, as the device reported it. */
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(e, "details"), k, v) {
+            if (json_is_integer(v) && strlen(k) < sizeof err->detail_key) {
+                snprintf(err->detail_key, sizeof err->detail_key, "%s", k);
+                err->detail_val = json_integer_value(v);
+                break;
+            }
+        }
+    }
+out:
+    json_decref(j);
+    return s;
+}
+
+static long timeout_of(const devio_http_target *h, long extra_ms)
+{
+    return (long)h->opt.request_timeout_s * 1000 + extra_ms;
+}
+
+/* A JSON exchange: on 2xx *result is the decoded answer (new reference). */
+static devio_status request_json(devio_http_target *h, const char *method, const char *path,
+                                 const json_t *body, long extra_ms, json_t **result,
+                                 devio_error *err)
+{
+    *result = NULL;
+    devio_status s = exchange(h, method, path, body, "application/json", timeout_of(h, extra_ms),
+                              err);
+    if (s != DEVIO_OK)
+        return s;
+    if (h->code < 200 || h->code > 299)
+        return answer_error(h, method, path, err);
+    json_error_t je;
+    *result = json_loadb(h->buf ? h->buf : "", h->len, JSON_DECODE_ANY, &je);
+    if (!*result)
+        return broken(h, err, "%s %s answered HTTP %ld with a body that is not JSON: %s", method,
+                      path, h->code, je.text);
+    return DEVIO_OK;
+}
+
+/* Same check as dispatch's, so that a malformed id fails alike without a request. */
+static devio_status get_id(const json_t *body, const char *key, uint64_t *out, devio_error *err)
+{
+    const json_t *v = json_object_get(body, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return devio_fail(err, DEVIO_E_INVALID, "'%s' must be a non-negative integer id", key);
+    *out = (uint64_t)json_integer_value(v);
+    return DEVIO_OK;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static devio_status op_await(devio_http_target *h, const json_t *body, json_t **result,
+                             devio_error *err)
+{
+    uint64_t id;
+    char path[128];
+    devio_status s = get_id(body, "ticket", &id, err);
+    if (s != DEVIO_OK)
+        return s;
+    const json_t *jt = json_object_get(body, "timeout_ms");
+    if (jt) {
+        if (!json_is_integer(jt) || json_integer_value(jt) < 0)
+            return devio_fail(err, DEVIO_E_INVALID, "'timeout_ms' must be >= 0");
+        json_int_t t = json_integer_value(jt);
+        snprintf(path, sizeof path, "/v1/tickets/%llu/await?timeout_ms=%lld",
+                 (unsigned long long)id, (long long)t);
+        /* The server caps one long poll at an hour; the transfer may take that long. */
+        long wait_ms = t > 3600000 ? 3600000 : (long)t;
+        return request_json(h, "POST", path, NULL, wait_ms, result, err);
+    }
+    /* No timeout: wait, as in process, in bounded long polls. */
+    snprintf(path, sizeof path, "/v1/tickets/%llu/await?timeout_ms=%u", (unsigned long long)id,
+             h->opt.await_slice_ms);
+    double deadline = now_s() + h->opt.request_timeout_s;
+    for (;;) {
+        s = request_json(h, "POST", path, NULL, (long)h->opt.await_slice_ms, result, err);
+        if (s != DEVIO_E_TICKET_PENDING)
+            return s;
+        if (now_s() >= deadline) {
+            fprintf(stderr,
+                    "devio-conform: ticket %llu still pending after %u s; answering "
+                    "ticket_pending\n",
+                    (unsigned long long)id, h->opt.request_timeout_s);
+            return s;
+        }
+    }
+}
+
+/* Adapter answers carry one record or a list; the runner expects the
+ * {"adapters":[...]} of devio_json_lora_ack. Takes the reference to x. */
+static devio_status wrap_adapters(json_t *x, json_t **result, devio_error *err)
+{
+    json_t *list = json_is_array(x) ? x : json_pack("[o]", x);
+    *result = list ? json_pack("{s:o}", "adapters", list) : NULL;
+    if (!*result)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory wrapping the adapter answer");
+    return DEVIO_OK;
+}
+
+static devio_status op_lora(devio_http_target *h, const json_t *body, json_t **result,
+                            devio_error *err)
+{
+    devio_lora_cmd cmd;
+    json_t *x = NULL, *put = NULL;
+    char path[URL_MAX / 2];
+    /* The shared decoder gives a malformed command the in-process answer;
+     * the routes below could not even express most of them. */
+    devio_status s = devio_json_lora_cmd_decode(body, &cmd, err);
+    if (s != DEVIO_OK)
+        return s;
+    if (cmd.kind == DEVIO_LORA_LIST) {
+        s = request_json(h, "GET", "/v1/adapters", NULL, 0, &x, err);
+        return s == DEVIO_OK ? wrap_adapters(x, result, err) : s;
+    }
+    if (!cmd.name[0])
+        return devio_fail(err, DEVIO_E_INVALID, "adapter command needs a name");
+    if (strchr(cmd.name, '/'))
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "adapter name '%s' cannot be a URL path segment", cmd.name);
+    char *esc = curl_easy_escape(h->curl, cmd.name, 0);
+    if (!esc)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory escaping the adapter name");
+    int n = snprintf(path, sizeof path, "/v1/adapters/%s", esc);
+    curl_free(esc);
+    if (n < 0 || (size_t)n >= sizeof path)
+        return devio_fail(err, DEVIO_E_INVALID, "adapter name too long");
+    if (cmd.kind == DEVIO_LORA_LOAD) {
+        put = json_pack("{s:s}", "path", cmd.path);
+        const json_t *pin = json_object_get(body, "pin");
+        if (put && pin)
+            json_object_set(put, "pin", (json_t *)pin);
+        if (!put)
+            return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+        s = request_json(h, "PUT", path, put, 0, &x, err);
+        json_decref(put);
+    } else if (cmd.kind == DEVIO_LORA_PIN || cmd.kind == DEVIO_LORA_UNPIN) {
+        strncat(path, cmd.kind == DEVIO_LORA_PIN ? "/pin" : "/unpin",
+                sizeof path - strlen(path) - 1);
+        s = request_json(h, "POST", path, NULL, 0, &x, err);
+    } else {
+        s = request_json(h, "DELETE", path, NULL, 0, &x, err);
+    }
+    return s == DEVIO_OK ? wrap_adapters(x, result, err) : s;
+}
+
+static devio_status http_call(void *ctx, const char *op, const json_t *body, json_t **result,
+                              devio_error *err)
+{
+    devio_http_target *h = ctx;
+    *result = NULL;
+    if (h->failed)
+        return devio_fail(err, DEVIO_E_IO, "%s", h->failure);
+    if (strcmp(op, "create") == 0)
+        return request_json(h, "POST", "/v1/sequences", NULL, 0, result, err);
+    if (strcmp(op, "seq") == 0) {
+        uint64_t id;
+        char path[64];
+        devio_status s = get_id(body, "seq", &id, err);
+        if (s != DEVIO_OK)
+            return s;
+        snprintf(path, sizeof path, "/v1/sequences/%llu", (unsigned long long)id);
+        return request_json(h, "GET", path, NULL, 0, result, err);
+    }
+    if (strcmp(op, "launch") == 0)
+        return request_json(h, "POST", "/v1/launch", body, 0, result, err);
+    if (strcmp(op, "step") == 0)
+        return request_json(h, "POST", "/v1/step", body, 0, result, err);
+    if (strcmp(op, "apply") == 0)
+        return request_json(h, "POST", "/v1/effects", body, 0, result, err);
+    if (strcmp(op, "facts") == 0)
+        return request_json(h, "GET", "/v1/facts", NULL, 0, result, err);
+    if (strcmp(op, "await") == 0)
+        return op_await(h, body, result, err);
+    if (strcmp(op, "lora") == 0)
+        return op_lora(h, body, result, err);
+    return devio_fail(err, DEVIO_E_INVALID, "unknown operation '%s'", op);
+}
+
+static devio_status http_logits(void *ctx, uint64_t id, float **data, uint32_t *n_rows,
+                                uint32_t *vocab, devio_error *err)
+{
+    devio_http_target *h = ctx;
+    char path[64];
+    *data = NULL;
+    if (h->failed)
+        return devio_fail(err, DEVIO_E_IO, "%s", h->failure);
+    /* Ids above INT64_MAX cannot be spelled in a route; no handle has one. */
+    if (id > (uint64_t)INT64_MAX)
+        return devio_fail(err, DEVIO_E_UNKNOWN_LOGITS, "no logits handle %llu",
+                          (unsigned long long)id);
+    snprintf(path, sizeof path, "/v1/logits/%llu", (unsigned long long)id);
+    devio_status s = exchange(h, "GET", path, NULL, "application/octet-stream",
+                              timeout_of(h, 0), err);
+    if (s != DEVIO_OK)
+        return s;
+    if (h->code < 200 || h->code > 299)
+        return answer_error(h, "GET", path, err);
+    if (strncmp(h->ctype, "application/octet-stream", 24) != 0)
+        return broken(h, err, "GET %s answered '%s', not application/octet-stream", path,
+                      h->ctype);
+    size_t row_bytes = (size_t)h->vocab * 4;
+    if (h->len % row_bytes != 0)
+        return broken(h, err, "GET %s answered %zu bytes, not whole rows of %u floats", path,
+                      h->len, h->vocab);
+    size_t n = h->len / 4;
+    float *v = malloc(n * sizeof *v + 1);
+    if (!v)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory reading logits");
+    const unsigned char *b = (const unsigned char *)h->buf;
+    for (size_t i = 0; i < n; i++) {
+        /* The wire is little-endian binary32 whatever this host is. */
+        uint32_t u = (uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 |
+                     (uint32_t)b[4 * i + 2] << 16 | (uint32_t)b[4 * i + 3] << 24;
+        memcpy(&v[i], &u, 4);
+    }
+    *data = v;
+    *n_rows = (uint32_t)(h->len / row_bytes);
+    *vocab = h->vocab;
+    return DEVIO_OK;
+}
+
+devio_status devio_http_target_open(const devio_http_options *opt, devio_http_target **out,
+                                    devio_error *err)
+{
+    *out = NULL;
+    if (!opt->server || !opt->server[0])
+        return devio_fail(err, DEVIO_E_INVALID, "no server URL");
+    size_t n = strlen(opt->server);
+    while (n > 0 && opt->server[n - 1] == '/')
+        n--;
+    devio_http_target *h = calloc(1, sizeof *h);
+    if (!h)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+    devio_status s = DEVIO_OK;
+    h->opt = *opt;
+    if (n >= sizeof h->base) {
+        s = devio_fail(err, DEVIO_E_INVALID, "server URL longer than %zu bytes",
+                       sizeof h->base - 1);
+        goto out_free;
+    }
+    memcpy(h->base, opt->server, n);
+    h->base[n] = '\0';
+    /* Both strings live on in base and auth_header; the caller's may go. */
+    h->opt.server = h->base;
+    h->opt.token = NULL;
+    if (opt->token && opt->token[0]) {
+        size_t k = strlen(opt->token) + 32;
+        h->auth_header = malloc(k);
+        if (!h->auth_header) {
+            s = devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+            goto out_free;
+        }
+        snprintf(h->auth_header, k, "Authorization: Bearer %s", opt->token);
+    }
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        s = devio_fail(err, DEVIO_E_IO, "libcurl failed to initialise");
+        goto out_free;
+    }
+    h->curl = curl_easy_init();
+    if (!h->curl) {
+        s = devio_fail(err, DEVIO_E_IO, "libcurl failed to make a handle");
+        goto out_global;
+    }
+    json_t *dev = NULL;
+    s = request_json(h, "GET", "/v1/device", NULL, 0, &dev, err);
+    if (s == DEVIO_OK) {
+        const json_t *vs = json_object_get(json_object_get(dev, "model"), "vocab_size");
+        if (!json_is_integer(vs) || json_integer_value(vs) <= 0 ||
+            json_integer_value(vs) > 0x3fffffff)
+            s = broken(h, err, "GET /v1/device has no usable model.vocab_size");
+        else
+            h->vocab = (uint32_t)json_integer_value(vs);
+    } else if (!h->failed && s != DEVIO_E_NOMEM) {
+        /* A device answer at this point (torn_down) also stops the run. */
+        s = broken(h, err, "GET /v1/device: %s: %s", devio_status_str(err->status),
+                   err->message);
+    }
+    json_decref(dev);
+    if (s != DEVIO_OK)
+        goto out_curl;
+    *out = h;
+    return DEVIO_OK;
+out_curl:
+    curl_easy_cleanup(h->curl);
+out_global:
+    curl_global_cleanup();
+out_free:
+    free(h->auth_header);
+    free(h->buf);
+    free(h);
+    return s;
+}
+
+void devio_http_target_free(devio_http_target *h)
+{
+    if (!h)
+        return;
+    curl_easy_cleanup(h->curl);
+    curl_global_cleanup();
+    free(h->auth_header);
+    free(h->buf);
+    free(h);
+}
+
+void devio_http_target_fill(devio_http_target *h, devio_script_target *t)
+{
+    t->ctx = h;
+    t->call = http_call;
+    t->logits = http_logits;
+}
+
+const char *devio_http_target_failure(const devio_http_target *h)
+{
+    return h->failed ? h->failure : NULL;
+}
+
+void devio_http_target_counts(const devio_http_target *h, uint64_t *requests,
+                              uint64_t *connections)
+{
+    *requests = h->requests;
+    *connections = h->connections;
+}
