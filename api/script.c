@@ -7,6 +7,7 @@
 #include "api/codec.h"
 #include "api/script.h"
 #include "api/sha256.h"
+#include "device/status.h"
 
 #define MAX_NAMES 4096
 
@@ -277,6 +278,53 @@ static json_t *body_of(runner *r, const char *op, json_t *line)
     return NULL;
 }
 
+/* Positions [row, row+1) of handle `id` (all positions when row < 0) as
+ * a digest; fills *rows and *hex. */
+static devio_status digest_rows(runner *r, uint64_t id, int64_t row, uint32_t *rows,
+                                char hex[65], devio_error *err)
+{
+    float *data = NULL;
+    uint32_t n = 0, vocab = 0;
+    devio_status s = r->t->logits(r->t->ctx, id, &data, &n, &vocab, err);
+    if (s != DEVIO_OK)
+        return s;
+    if (row >= (int64_t)n) {
+        free(data);
+        return devio_fail(err, DEVIO_E_INVALID, "row %lld outside the handle's %u rows",
+                          (long long)row, n);
+    }
+    const float *p = row < 0 ? data : data + (size_t)row * vocab;
+    *rows = row < 0 ? n : 1;
+    devio_logits_digest(p, (size_t)*rows * vocab, hex);
+    free(data);
+    return DEVIO_OK;
+}
+
+/* {"op":"compare","a":H,"a_row":i?,"b":H,"b_row":j?}: are the two logits
+ * (a whole handle, or one of its positions) the same bits? Invariance suites
+ * use it so that a script checks itself on every target. */
+static int compare(runner *r, const json_t *line, json_t **result, devio_error *err)
+{
+    const json_t *a = json_object_get(line, "a"), *b = json_object_get(line, "b");
+    const json_t *ar = json_object_get(line, "a_row"), *br = json_object_get(line, "b_row");
+    if (!json_is_integer(a) || !json_is_integer(b) || (ar && !json_is_integer(ar)) ||
+        (br && !json_is_integer(br)))
+        return fail(r, "op compare needs logits handles \"a\" and \"b\" (rows optional)");
+    char ha[65], hb[65];
+    uint32_t na = 0, nb = 0;
+    *result = NULL;
+    if (digest_rows(r, (uint64_t)json_integer_value(a), ar ? json_integer_value(ar) : -1, &na,
+                    ha, err) != DEVIO_OK ||
+        digest_rows(r, (uint64_t)json_integer_value(b), br ? json_integer_value(br) : -1, &nb,
+                    hb, err) != DEVIO_OK)
+        return 0;
+    bool equal = na == nb && strcmp(ha, hb) == 0;
+    *result = json_pack("{s:b,s:i,s:s}", "equal", equal, "rows", na, "sha256", ha);
+    if (!equal)
+        json_object_set_new(*result, "sha256_b", json_string(hb));
+    return 0;
+}
+
 static int run_line(runner *r, json_t *line, FILE *out)
 {
     const char *op = json_string_value(json_object_get(line, "op"));
@@ -284,8 +332,8 @@ static int run_line(runner *r, json_t *line, FILE *out)
         return fail(r, "missing \"op\"");
     const char *as = json_string_value(json_object_get(line, "as"));
     bool full = json_is_true(json_object_get(line, "full"));
-    static const char *const ops[] = {"create", "seq",   "launch", "await", "step",
-                                      "apply",  "facts", "lora",   "logits"};
+    static const char *const ops[] = {"create", "seq",  "launch", "await",  "step",
+                                      "apply",  "facts", "lora",  "logits", "compare"};
     bool known = false;
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
         known |= strcmp(op, ops[i]) == 0;
@@ -297,7 +345,11 @@ static int run_line(runner *r, json_t *line, FILE *out)
     json_t *result = NULL;
     devio_error err = {0};
     devio_status s;
-    if (strcmp(op, "logits") == 0) {
+    if (strcmp(op, "compare") == 0) {
+        if (compare(r, line, &result, &err) < 0)
+            return -1;
+        s = result ? DEVIO_OK : err.status;
+    } else if (strcmp(op, "logits") == 0) {
         const json_t *id = json_object_get(line, "logits");
         if (!json_is_integer(id))
             return fail(r, "op logits needs \"logits\"");

@@ -1,7 +1,8 @@
 /* ref_backend.c - the reference backend: a Llama forward pass over a paged
  * KV cache, in the operation order of ref/ref_kernels.h. All memory is taken
- * in create; forward never allocates and never reads the weights twice per
- * step. Weight matrices are used in place, never copied or widened ahead. */
+ * in create; forward never allocates. Weight matrices are used in place,
+ * never copied or widened ahead, and read once per step (once per block of
+ * about 256 KiB of token activations in long prefills). */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,9 @@ typedef struct ref_state {
     uint32_t d_pad, q_pad, f_pad;
     float eps, attn_scale;
 
-    float **k_cache, **v_cache; /* n_layers pools of kv_blocks * block_size * kv_dim */
+    /* n_layers pools of [kv_blocks, n_kv, block_size, hd]: head-major inside
+     * a block, so one head's keys are contiguous for attention. */
+    float **k_cache, **v_cache;
     size_t block_floats;        /* block_size * kv_dim */
     float *rope_cos, *rope_sin; /* [max_seq_len, hd / 2] */
 
@@ -368,9 +371,13 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
         const float *sn = st->rope_sin + (size_t)pos * half;
         ref_rope(st->q + (size_t)t * st->q_dim, st->n_heads, st->hd, cs, sn);
         ref_rope(st->k + (size_t)t * st->kv_dim, st->n_kv, st->hd, cs, sn);
-        size_t slot = ((size_t)st->tok_blocks[t][pos / bs] * bs + pos % bs) * st->kv_dim;
-        memcpy(kc + slot, st->k + (size_t)t * st->kv_dim, st->kv_dim * sizeof(float));
-        memcpy(vc + slot, st->v + (size_t)t * st->kv_dim, st->kv_dim * sizeof(float));
+        size_t blk = st->tok_blocks[t][pos / bs];
+        for (uint32_t g = 0; g < st->n_kv; g++) {
+            size_t slot = ((blk * st->n_kv + g) * bs + pos % bs) * st->hd;
+            size_t src = (size_t)t * st->kv_dim + (size_t)g * st->hd;
+            memcpy(kc + slot, st->k + src, st->hd * sizeof(float));
+            memcpy(vc + slot, st->v + src, st->hd * sizeof(float));
+        }
     }
 }
 

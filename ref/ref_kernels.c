@@ -49,7 +49,8 @@ typedef float v4f __attribute__((vector_size(16)));
 
 /* Register blocking of the projection kernel: MK_R weight rows times MK_T
  * tokens (MK_T <= 3), NV accumulators each. AVX-512: 24 of 32 registers;
- * AVX: 12 of 16; 4-float vectors (16 registers): one dot, 8 registers. */
+ * AVX: 12 of 16; 4-float vectors (16 registers): one dot, 8 registers.
+ * -DMK_R=r -DMK_T=t overrides it (the numbers never depend on it). */
 #ifndef MK_R
 #if VL == 16
 #define MK_R 4
@@ -70,8 +71,8 @@ typedef float v4f __attribute__((vector_size(16)));
  * still in L1 for the second and later token groups. */
 #define DIRECT_MAX_TOKENS 12u
 #define DIRECT_ROWS 16u
-/* Weights read from the model are prefetched this many register blocks
- * (MK_R rows each, at least 4 rows) ahead. */
+/* Weights read from the model are prefetched this many rows ahead (two
+ * register blocks, or 8 rows when blocks are narrower). */
 #define PREFETCH_ROWS (2u * (MK_R > 4 ? MK_R : 4))
 /* Keys ahead whose K or V row is prefetched in attention. */
 #define KV_PREFETCH 8u
@@ -568,9 +569,14 @@ static ALWAYS_INLINE float dot_qk(const float *q, const float *k, uint32_t hd, f
     return fold_lanes(acc);
 }
 
-/* One head's key or value row is a short piece of a long stride (kv_dim
- * floats per position): the hardware prefetcher does not follow it, so the
- * row KV_PREFETCH keys ahead is asked for explicitly. */
+/* The keys of one head are contiguous inside a block but blocks lie
+ * anywhere, so the row KV_PREFETCH keys ahead is asked for explicitly. */
+static ALWAYS_INLINE const float *kv_row(const float *cache, const uint32_t *blocks, uint32_t j,
+                                         uint32_t bs, uint32_t n_kv, uint32_t kvh, uint32_t hd)
+{
+    return cache + (((size_t)blocks[j / bs] * n_kv + kvh) * bs + j % bs) * hd;
+}
+
 static ALWAYS_INLINE void prefetch_row(const float *p, uint32_t n)
 {
     for (uint32_t c = 0; c < n; c += 16) /* 16 floats = one 64-byte line */
@@ -584,21 +590,17 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
     uint32_t pos = a->tok_pos[t];
     uint32_t n_keys = pos + 1;
     const uint32_t *blocks = a->tok_blocks[t];
-    uint32_t kvh = h / (a->n_heads / a->n_kv_heads);
-    size_t kv_dim = (size_t)a->n_kv_heads * hd;
-    size_t head_off = (size_t)kvh * hd;
+    uint32_t n_kv = a->n_kv_heads;
+    uint32_t kvh = h / (a->n_heads / n_kv);
     float *sc = s->scores;
 
     /* qbuf and kbuf keep zeros past hd from their allocation. */
     memcpy(s->qbuf, a->q + (size_t)t * a->ldq + (size_t)h * hd, hd * sizeof(float));
 
     for (uint32_t j = 0; j < n_keys; j++) {
-        const float *k = a->k_cache + ((size_t)blocks[j / bs] * bs + j % bs) * kv_dim + head_off;
-        if (j + KV_PREFETCH < n_keys) {
-            uint32_t jp = j + KV_PREFETCH;
-            prefetch_row(a->k_cache + ((size_t)blocks[jp / bs] * bs + jp % bs) * kv_dim + head_off,
-                         hd);
-        }
+        const float *k = kv_row(a->k_cache, blocks, j, bs, n_kv, kvh, hd);
+        if (j + KV_PREFETCH < n_keys)
+            prefetch_row(kv_row(a->k_cache, blocks, j + KV_PREFETCH, bs, n_kv, kvh, hd), hd);
         sc[j] = dot_qk(s->qbuf, k, hd, s->kbuf) * a->scale;
     }
     float m = sc[0];
@@ -614,12 +616,9 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
     memset(acc, 0, (size_t)lanes * hd * sizeof(float));
     uint32_t hv = hd - hd % VL;
     for (uint32_t j = 0; j < n_keys; j++) {
-        const float *v = a->v_cache + ((size_t)blocks[j / bs] * bs + j % bs) * kv_dim + head_off;
-        if (j + KV_PREFETCH < n_keys) {
-            uint32_t jp = j + KV_PREFETCH;
-            prefetch_row(a->v_cache + ((size_t)blocks[jp / bs] * bs + jp % bs) * kv_dim + head_off,
-                         hd);
-        }
+        const float *v = kv_row(a->v_cache, blocks, j, bs, n_kv, kvh, hd);
+        if (j + KV_PREFETCH < n_keys)
+            prefetch_row(kv_row(a->v_cache, blocks, j + KV_PREFETCH, bs, n_kv, kvh, hd), hd);
         float *al = acc + (size_t)(j & 31u) * hd;
         float e = sc[j];
         vf ev = (vf){0} + e;

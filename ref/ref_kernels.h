@@ -44,8 +44,10 @@
  *    position pos.
  *
  * 5. K and V (after RoPE for K) go to the cache slot of position pos:
- *    block row->blocks[pos / block_size], offset pos % block_size; the pool
- *    is per layer [kv_blocks, block_size, n_kv_heads, head_dim] f32.
+ *    block row->blocks[pos / block_size], offset pos % block_size. (The
+ *    reference pool is per layer [kv_blocks, n_kv_heads, block_size,
+ *    head_dim] f32, head-major inside a block so that the keys one head
+ *    reads are contiguous; the layout is no part of the numbers.)
  *
  * 6. Attention, head h reads kv head h / (n_heads / n_kv_heads); keys are
  *    the absolute positions j = 0 .. pos of the token's own sequence, read
@@ -154,7 +156,7 @@ void ref_matmul_run(devio_pool *pool, ref_scratch *scratch, ref_matmul *mm, uint
 typedef struct ref_attention {
     const float *q;          /* [n_tok, n_heads * hd] after RoPE, stride ldq */
     size_t ldq;
-    const float *k_cache;    /* the layer's pools, [kv_blocks, block_size, n_kv, hd] */
+    const float *k_cache;    /* the layer's pools, [kv_blocks, n_kv, block_size, hd] */
     const float *v_cache;
     uint32_t block_size, n_heads, n_kv_heads, head_dim;
     uint32_t n_tok;

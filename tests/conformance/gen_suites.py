@@ -1,0 +1,447 @@
+#!/usr/bin/env python3
+"""gen_suites.py - writes devio's conformance scripts (DESIGN §5) into tests/conformance/.
+
+The scripts are data: deterministic, reviewed, and committed. Their expected
+outputs are made by `tests/conformance/regen.sh` from the native reference and
+reviewed too; the test run never regenerates them.
+
+Invariance suites check themselves with the runner's `compare` op: every
+`compare` line must say "equal":true on every target.
+
+usage: gen_suites.py [OUT_DIR]
+"""
+import json
+import os
+import sys
+
+VOCAB = 256  # every suite model has the tiny vocabulary
+
+
+def toks(n, salt):
+    """n deterministic token ids."""
+    x = (salt * 2654435761 + 12345) & 0xFFFFFFFF
+    out = []
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        out.append((x >> 8) % VOCAB)
+    return out
+
+
+class Script:
+    def __init__(self, title):
+        self.lines = ["# " + title]
+        self.n = 0
+
+    def note(self, text):
+        self.lines.append("# " + text)
+
+    def op(self, **kw):
+        self.lines.append(json.dumps(kw, separators=(",", ":")))
+
+    def name(self, prefix):
+        self.n += 1
+        return "%s%d" % (prefix, self.n)
+
+    def create(self, name):
+        self.op(op="create", **{"as": name})
+
+    def step(self, rows, name=None, full=False):
+        kw = {"op": "step", "plan": {"rows": rows}}
+        if name:
+            kw["as"] = name
+        if full:
+            kw["full"] = True
+        self.op(**kw)
+
+    def release(self, ref):
+        self.op(op="apply", effect={"kind": "release", "logits": ref})
+
+    def free(self, seq):
+        self.op(op="apply", effect={"kind": "free", "seq": "$" + seq})
+
+    def compare(self, a, b, a_row=None, b_row=None):
+        kw = {"op": "compare", "a": a, "b": b}
+        if a_row is not None:
+            kw["a_row"] = a_row
+        if b_row is not None:
+            kw["b_row"] = b_row
+        self.op(**kw)
+
+    def text(self):
+        return "\n".join(self.lines) + "\n"
+
+
+def row(seq, tokens, logits="none", **kw):
+    r = {"seq": "$" + seq, "tokens": tokens, "logits": logits}
+    r.update(kw)
+    return r
+
+
+def suite_batch():
+    s = Script("batch invariance: one row alone vs the same row in batches of 2, 8 and 64 "
+               "rows of mixed lengths, mixed prefill and decode")
+    target = toks(9, 1)
+    s.create("x")
+    s.step([row("x", target, "all")], "alone")
+    for b in (2, 8, 64):
+        s.note("batch of %d" % b)
+        others = []
+        for i in range(b - 1):
+            o = "b%d_%d" % (b, i)
+            others.append(o)
+            s.create(o)
+            if i % 3 == 0:  # a history of its own first: these rows decode or extend
+                s.step([row(o, toks(1 + i % 11, 100 + i))])
+        t = "t%d" % b
+        s.create(t)
+        rows = []
+        for i, o in enumerate(others):
+            n = 1 if i % 2 else 1 + i % 12
+            rows.append(row(o, toks(n, 300 + i), "last" if i % 4 == 1 else "none"))
+        pos = len(rows) // 2
+        rows.insert(pos, row(t, target, "all"))
+        s.step(rows, "r%d" % b)
+        s.compare("$alone.rows[0].logits", "$r%d.rows[%d].logits" % (b, pos))
+        for i in range(len(rows)):
+            if rows[i]["logits"] != "none":
+                s.release("$r%d.rows[%d].logits" % (b, i))
+        for o in others + [t]:
+            s.free(o)
+    s.op(op="facts")
+    return s
+
+
+def suite_chunks():
+    s = Script("chunk invariance: one prefill of 40 tokens vs chunks of 1, 7 and 16")
+    t = toks(40, 2)
+    s.create("one")
+    s.step([row("one", t, "all")], "whole")
+    for c in (1, 7, 16):
+        seq = "c%d" % c
+        s.create(seq)
+        for start in range(0, len(t), c):
+            chunk = t[start:start + c]
+            name = "%s_%d" % (seq, start)
+            s.step([row(seq, chunk, "all")], name)
+            for k in range(len(chunk)):
+                s.compare("$whole.rows[0].logits", "$%s.rows[0].logits" % name, start + k, k)
+            s.release("$%s.rows[0].logits" % name)
+    return s
+
+
+def suite_depth():
+    s = Script("depth 1 vs 2: two tickets in flight give the numbers of one at a time")
+    ta, tb = toks(12, 3), toks(12, 4)
+    for q in ("a1", "b1", "a2", "b2"):
+        s.create(q)
+    s.note("one at a time")
+    s.op(op="launch", plan={"rows": [row("a1", ta, "last")]}, **{"as": "la1"})
+    s.op(op="await", ticket="$la1", **{"as": "ra1"})
+    s.op(op="launch", plan={"rows": [row("b1", tb, "last")]}, **{"as": "lb1"})
+    s.op(op="await", ticket="$lb1", **{"as": "rb1"})
+    s.note("pipelined: both launched before either is awaited")
+    s.op(op="launch", plan={"rows": [row("a2", ta, "last")]}, **{"as": "la2"})
+    s.op(op="launch", plan={"rows": [row("b2", tb, "last")]}, **{"as": "lb2"})
+    s.op(op="facts")
+    s.op(op="await", ticket="$lb2", **{"as": "rb2"})
+    s.op(op="await", ticket="$la2", **{"as": "ra2"})
+    s.compare("$ra1.rows[0].logits", "$ra2.rows[0].logits")
+    s.compare("$rb1.rows[0].logits", "$rb2.rows[0].logits")
+    s.note("decode steps pipelined across two sequences")
+    for i in range(4):
+        s.op(op="launch", plan={"rows": [row("a2", [toks(1, 50 + i)[0]], "last")]},
+             **{"as": "pa%d" % i})
+        s.op(op="launch", plan={"rows": [row("b2", [toks(1, 60 + i)[0]], "last")]},
+             **{"as": "pb%d" % i})
+        s.op(op="await", ticket="$pa%d" % i)
+        s.op(op="await", ticket="$pb%d" % i)
+    return s
+
+
+def suite_fork():
+    s = Script("fork shares blocks, copy-on-write on the shared partial block, "
+               "then divergent continuations equal fresh sequences")
+    p = toks(20, 5)
+    xa, xb = toks(5, 6), toks(3, 7)
+    s.create("a")
+    s.step([row("a", p)])
+    s.op(op="apply", effect={"kind": "fork", "seq": "$a"}, **{"as": "b"})
+    s.op(op="facts")
+    s.op(op="seq", seq="$b")
+    s.step([row("a", xa, "all")], "ca")
+    s.op(op="facts")
+    s.step([row("b", xb, "all")], "cb")
+    s.op(op="facts")
+    s.create("fa")
+    s.create("fb")
+    s.step([row("fa", p + xa, "all"), row("fb", p + xb, "all")], "fresh")
+    for k in range(len(xa)):
+        s.compare("$ca.rows[0].logits", "$fresh.rows[0].logits", k, len(p) + k)
+    for k in range(len(xb)):
+        s.compare("$cb.rows[0].logits", "$fresh.rows[1].logits", k, len(p) + k)
+    s.note("a fork of a fork, and freeing the parent keeps the children's blocks")
+    s.op(op="apply", effect={"kind": "fork", "seq": "$b"}, **{"as": "c"})
+    s.free("b")
+    s.op(op="facts")
+    s.step([row("c", xa, "last")], "cc")
+    s.create("fc")
+    s.step([row("fc", p + xb + xa, "last")], "fcr")
+    s.compare("$cc.rows[0].logits", "$fcr.rows[0].logits")
+    return s
+
+
+def suite_truncate():
+    s = Script("truncate then continue equals a fresh sequence")
+    t = toks(30, 8)
+    more = toks(5, 9)
+    s.create("a")
+    s.step([row("a", t)])
+    s.op(op="apply", effect={"kind": "truncate", "seq": "$a", "len": 31})
+    s.op(op="apply", effect={"kind": "truncate", "seq": "$a", "len": 17})
+    s.op(op="seq", seq="$a")
+    s.step([row("a", more, "all")], "ta")
+    s.create("f")
+    s.step([row("f", t[:17] + more, "all")], "tf")
+    for k in range(len(more)):
+        s.compare("$ta.rows[0].logits", "$tf.rows[0].logits", k, 17 + k)
+    s.op(op="apply", effect={"kind": "truncate", "seq": "$a", "len": 0})
+    s.op(op="seq", seq="$a")
+    s.step([row("a", t[:4], "last")], "t0")
+    s.create("g")
+    s.step([row("g", t[:4], "last")], "tg")
+    s.compare("$t0.rows[0].logits", "$tg.rows[0].logits")
+    s.op(op="facts")
+    return s
+
+
+def suite_free_reuse():
+    s = Script("free returns blocks; reused blocks compute what fresh ones do "
+               "(run with --kv-blocks 12 --block-size 4)")
+    t = toks(24, 10)
+    s.create("a")
+    s.step([row("a", t, "last")], "ra")
+    s.op(op="facts")
+    s.create("b")
+    s.step([row("b", t[:8], "none")])
+    s.op(op="facts")
+    s.free("a")
+    s.op(op="facts")
+    s.create("c")
+    s.step([row("c", t, "last")], "rc")
+    s.compare("$ra.rows[0].logits", "$rc.rows[0].logits")
+    s.op(op="facts")
+    s.op(op="apply", effect={"kind": "free", "seq": "$a"})
+    s.op(op="seq", seq="$a")
+    return s
+
+
+def suite_sampling():
+    s = Script("seeded sampling: fused in the step and as an effect, every filter")
+    s.create("a")
+    s.step([row("a", toks(10, 11), "all")], "r")
+    params = [
+        {"temperature": 0},
+        {"temperature": 1.0, "seed": 1},
+        {"temperature": 1.0, "seed": 2},
+        {"temperature": 0.7, "top_k": 5, "seed": 3},
+        {"temperature": 1.3, "top_p": 0.8, "seed": 4},
+        {"temperature": 1.0, "min_p": 0.05, "seed": 5},
+        {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.02, "seed": 6},
+        {"temperature": 1.0, "top_k": 1, "seed": 7},
+        {"temperature": 2.5, "top_p": 1.0, "seed": 9223372036854775807},
+    ]
+    for p in params:
+        s.op(op="apply", effect={"kind": "sample", "logits": "$r.rows[0].logits", "row": 9,
+                                 "params": p})
+    s.op(op="apply", effect={"kind": "sample", "logits": "$r.rows[0].logits",
+                             "params": {"temperature": 1.0, "seed": 9}})
+    s.note("fused: the same draw as the effect on the last position")
+    s.create("b")
+    s.step([row("b", toks(10, 11), "none", sample=params[6])], "fb")
+    s.note("generation with feedback, several seeds side by side")
+    for k in range(3):
+        s.create("g%d" % k)
+    s.step([row("g%d" % k, toks(6, 12), sample={"temperature": 0.8, "top_k": 20, "seed": k})
+            for k in range(3)], "s0")
+    for i in range(1, 8):
+        s.step([row("g%d" % k, ["$s%d.rows[%d].tokens[0]" % (i - 1, k)],
+                    sample={"temperature": 0.8, "top_k": 20, "seed": k}) for k in range(3)],
+               "s%d" % i)
+    s.op(op="apply", effect={"kind": "sample", "logits": "$r.rows[0].logits", "row": 10,
+                             "params": {"temperature": 0}})
+    s.op(op="apply", effect={"kind": "sample", "logits": "$r.rows[0].logits",
+                             "params": {"temperature": 1, "top_p": 0}})
+    return s
+
+
+def suite_long():
+    s = Script("a long sequence crossing many blocks: chunked prefill and decode equal "
+               "one prefill of the same tokens")
+    t = toks(300, 13)
+    s.create("a")
+    for start in range(0, 300, 64):
+        s.step([row("a", t[start:start + 64])])
+    s.step([row("a", [toks(1, 14)[0]], "last", sample={"temperature": 0})], "d0")
+    for i in range(1, 20):
+        s.step([row("a", ["$d%d.rows[0].tokens[0]" % (i - 1)], "last",
+                    sample={"temperature": 0})], "d%d" % i)
+        if i < 19:
+            s.release("$d%d.rows[0].logits" % (i - 1))
+    s.op(op="seq", seq="$a")
+    s.create("b")
+    gen = [toks(1, 14)[0]] + ["$d%d.rows[0].tokens[0]" % i for i in range(19)]
+    s.step([row("b", t + gen, "last")], "whole")
+    s.compare("$d19.rows[0].logits", "$whole.rows[0].logits")
+    s.op(op="facts")
+    return s
+
+
+def suite_kv_exhaustion():
+    s = Script("KV exhaustion refuses a plan whole and changes nothing "
+               "(run with --kv-blocks 8 --block-size 4)")
+    s.create("a")
+    s.create("b")
+    s.step([row("a", toks(20, 15), "last")], "ra")
+    s.op(op="facts")
+    s.op(op="launch", plan={"rows": [row("a", toks(2, 16)), row("b", toks(9, 17))]})
+    s.op(op="facts")
+    s.op(op="seq", seq="$a")
+    s.op(op="seq", seq="$b")
+    s.op(op="apply", effect={"kind": "fork", "seq": "$a"}, **{"as": "f"})
+    s.note("f shares a's 5 blocks; 13 more tokens need 4 blocks, 3 are free")
+    s.op(op="launch", plan={"rows": [row("f", toks(13, 18))]})
+    s.op(op="facts")
+    s.free("a")
+    s.op(op="facts")
+    s.step([row("f", toks(1, 18), "last")], "rf")
+    s.step([row("b", toks(8, 17), "last")], "rb")
+    s.op(op="facts")
+    return s
+
+
+def suite_errors():
+    s = Script("every error code of the device core (run with --max-depth 2 --max-rows 4 "
+               "--max-batch-tokens 64 --logits-handles 3 --logits-rows 8 --max-seqs 6 "
+               "--max-seq-len 64 --kv-blocks 12 --block-size 4)")
+    s.create("a")
+    s.create("b")
+    s.note("invalid_input")
+    s.op(op="launch", plan={"rows": []})
+    s.op(op="launch", plan={"rows": [row("a", [])]})
+    s.op(op="launch", plan={"rows": [row("a", [VOCAB])]})
+    s.op(op="launch", plan={"rows": [row("a", [-1])]})
+    s.op(op="launch", plan={"rows": [row("a", [1]), row("a", [2])]})
+    s.op(op="launch", plan={"rows": [row("a", [1], "some")]})
+    s.op(op="launch", plan={"rows": [row("a", [1], sample={"temperature": -1})]})
+    s.op(op="launch", plan={"rows": [row("a", [1], logit="all")]})
+    s.op(op="apply", effect={"kind": "explode", "seq": "$a"})
+    s.note("unknown ids")
+    s.op(op="launch", plan={"rows": [{"seq": 999999, "tokens": [1]}]})
+    s.op(op="await", ticket=999999)
+    s.op(op="apply", effect={"kind": "release", "logits": 999999})
+    s.op(op="apply", effect={"kind": "fork", "seq": 999999})
+    s.op(op="seq", seq=999999)
+    s.op(op="launch", plan={"rows": [row("a", [1], adapter="sql")]})
+    s.op(op="lora", cmd={"kind": "unload", "name": "sql"})
+    s.op(op="lora", cmd={"kind": "pin", "name": "sql"})
+    s.note("too_large")
+    s.op(op="launch", plan={"rows": [row("a", [1])] + [row("b", [1])] * 4})
+    s.op(op="launch", plan={"rows": [row("a", toks(65, 19))]})
+    s.op(op="launch", plan={"rows": [row("a", toks(60, 19)), row("b", toks(10, 20))]})
+    s.note("seq_busy, depth_exceeded, ticket_consumed")
+    s.op(op="launch", plan={"rows": [row("a", toks(3, 21), "last")]}, **{"as": "t1"})
+    s.op(op="launch", plan={"rows": [row("a", toks(1, 22))]})
+    for kind in ("fork", "snapshot", "free"):
+        s.op(op="apply", effect={"kind": kind, "seq": "$a"})
+    s.op(op="apply", effect={"kind": "truncate", "seq": "$a", "len": 1})
+    s.op(op="launch", plan={"rows": [row("b", toks(2, 23), "last")]}, **{"as": "t2"})
+    s.create("c")
+    s.op(op="launch", plan={"rows": [row("c", toks(2, 24))]})
+    s.op(op="await", ticket="$t1", **{"as": "r1"})
+    s.op(op="await", ticket="$t1")
+    s.op(op="await", ticket="$t2", **{"as": "r2"})
+    s.note("out_of_logits: 3 handles, 8 rows")
+    s.op(op="launch", plan={"rows": [row("c", toks(9, 25), "all")]})
+    s.step([row("c", toks(2, 26), "last")], "r3")
+    s.op(op="launch", plan={"rows": [row("c", toks(1, 27), "last")]})
+    s.release("$r1.rows[0].logits")
+    s.op(op="facts")
+    s.note("out_of_kv_blocks")
+    s.op(op="launch", plan={"rows": [row("c", toks(60, 28))]})
+    s.op(op="launch", plan={"rows": [row("b", toks(30, 28)), row("c", toks(20, 29))]})
+    s.op(op="facts")
+    s.note("out_of_seqs: 6 sequences")
+    for q in ("d", "e", "f"):
+        s.create(q)
+    s.op(op="create")
+    s.op(op="apply", effect={"kind": "fork", "seq": "$d"})
+    s.note("truncate past the end, sample row past the end, bad params")
+    s.op(op="apply", effect={"kind": "truncate", "seq": "$a", "len": 100})
+    s.op(op="apply", effect={"kind": "sample", "logits": "$r2.rows[0].logits", "row": 1,
+                             "params": {"temperature": 0}})
+    s.op(op="apply", effect={"kind": "sample", "logits": "$r2.rows[0].logits",
+                             "params": {"top_p": 0}})
+    s.note("unsupported: adapter loading")
+    s.op(op="lora", cmd={"kind": "load", "name": "sql", "path": "sql-r8"})
+    s.op(op="lora", cmd={"kind": "list"})
+    s.op(op="facts")
+    return s
+
+
+# name -> (builder, model, device flags)
+SUITES = {
+    "batch": (suite_batch, "tiny", ""),
+    "chunks": (suite_chunks, "tiny", ""),
+    "depth": (suite_depth, "tiny", ""),
+    "fork": (suite_fork, "tiny", ""),
+    "truncate": (suite_truncate, "tiny", ""),
+    "free_reuse": (suite_free_reuse, "tiny", "--kv-blocks 12 --block-size 4"),
+    "sampling": (suite_sampling, "tiny", ""),
+    "long": (suite_long, "tiny", ""),
+    "kv_exhaustion": (suite_kv_exhaustion, "tiny", "--kv-blocks 8 --block-size 4"),
+    "errors": (suite_errors, "tiny", "--max-depth 2 --max-rows 4 --max-batch-tokens 64 "
+               "--logits-handles 3 --logits-rows 8 --max-seqs 6 --max-seq-len 64 "
+               "--kv-blocks 12 --block-size 4"),
+    "batch_gqa": (suite_batch, "gqa", ""),
+    "chunks_gqa": (suite_chunks, "gqa", ""),
+    "fork_gqa": (suite_fork, "gqa", ""),
+    "long_gqa": (suite_long, "gqa", ""),
+    "chunks_bias": (suite_chunks, "bias", ""),
+    "sampling_bias": (suite_sampling, "bias", ""),
+}
+
+# model name -> devio-mkmodel arguments (same seed, same bytes)
+MODELS = {
+    "tiny": "--preset tiny --seed 11",
+    "gqa": "--preset tiny --seed 12 --heads 8 --kv-heads 2 --head-dim 8 --layers 3 --tied "
+           "--dtype bf16",
+    "bias": "--preset tiny --seed 13 --bias --head-dim 24 --dtype f16 --rope-theta 500000",
+}
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(out, "suites.txt"), "w") as f:
+        f.write("# suite | script | model | devio-ref / devio-server flags "
+                "(written by gen_suites.py)\n")
+        for name, (build, model, flags) in SUITES.items():
+            f.write("%s | %s.jsonl | %s | %s\n" % (name, build.__name__[len("suite_"):], model,
+                                                   flags))
+    with open(os.path.join(out, "models.txt"), "w") as f:
+        f.write("# model | devio-mkmodel arguments (written by gen_suites.py)\n")
+        for name, args in MODELS.items():
+            f.write("%s | %s\n" % (name, args))
+    done = set()
+    for build, _, _ in SUITES.values():
+        base = build.__name__[len("suite_"):]
+        if base in done:
+            continue
+        done.add(base)
+        with open(os.path.join(out, base + ".jsonl"), "w") as f:
+            f.write(build().text())
+    print("wrote %d scripts, %d suites, %d models into %s" % (len(done), len(SUITES),
+                                                             len(MODELS), out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""run.py - the conformance suites on every target, byte for byte.
+
+For each suite of tests/conformance/suites.txt: the native reference with 1
+and 2 threads and with steps run inside await (--sync), devio-server over HTTP
+through devio-conform, and devio-ref.wasm under Node's WASI (and wasmtime when
+the `wasmtime` package is installed) must print exactly the expected file
+tests/conformance/expected/SUITE.out, and every `compare` line must say
+"equal":true.
+
+    python3 tests/conformance/run.py --bin bazel-bin             # the test
+    python3 tests/conformance/run.py --bin bazel-bin --regen     # rewrite expected/ (review the diff!)
+    python3 tests/conformance/run.py --bin bazel-bin --only native --suite chunks
+
+Ends with "N passed, M failed in Xs" and a non-zero status on any failure.
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TIMEOUT_S = 600
+
+
+def table(name):
+    rows = []
+    for line in open(os.path.join(HERE, name)):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            rows.append([c.strip() for c in line.split("|")])
+    return rows
+
+
+def make_models(bin_dir, tmp):
+    models = {}
+    for name, args in table("models.txt"):
+        out = os.path.join(tmp, "model-" + name)
+        subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel")] + args.split() +
+                       ["--out", out], check=True, stdout=subprocess.DEVNULL, timeout=TIMEOUT_S)
+        models[name] = out
+    return models
+
+
+def run(cmd, **kw):
+    p = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S, **kw)
+    if p.returncode != 0:
+        raise RuntimeError("%s exited %d: %s" % (" ".join(cmd[:3]), p.returncode,
+                                                 p.stderr.decode(errors="replace")[-2000:]))
+    return p.stdout
+
+
+class Server:
+    """A devio-server on a free loopback port with its own SQLite file."""
+
+    def __init__(self, bin_dir, model, flags, tmp):
+        self.dir = tempfile.mkdtemp(dir=tmp)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DEVIO_")}
+        self.p = subprocess.Popen(
+            [os.path.join(bin_dir, "service", "devio-server"), "--model", model,
+             "--db", os.path.join(self.dir, "devio.db"), "--listen", "127.0.0.1:0",
+             "--adapters", self.dir] + flags,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        deadline = time.time() + 60
+        line = b""
+        while time.time() < deadline and not line.startswith(b"listening"):
+            line = self.p.stdout.readline()
+            if not line and self.p.poll() is not None:
+                raise RuntimeError("devio-server died: " + self.p.stderr.read().decode())
+        self.port = int(line.split()[1])
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            self.p.wait(30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def targets(args, bin_dir):
+    """name -> function(model, flags, script, tmp) -> bytes."""
+    ref = os.path.join(bin_dir, "ref", "devio-ref")
+    out = {
+        "native-t1": lambda m, f, s, t: run([ref, "--model", m, "--threads", "1"] + f + [s]),
+        "native-t2": lambda m, f, s, t: run([ref, "--model", m, "--threads", "2"] + f + [s]),
+        "native-sync": lambda m, f, s, t: run([ref, "--model", m, "--sync"] + f + [s]),
+    }
+
+    def http(m, f, s, t):
+        sv = Server(bin_dir, m, f, t)
+        try:
+            return run([os.path.join(bin_dir, "service", "devio-conform"), "--server",
+                        "http://127.0.0.1:%d" % sv.port, s])
+        finally:
+            sv.stop()
+
+    out["http"] = http
+    wasm = os.path.join(bin_dir, "ref", "wasm", "devio-ref.wasm")
+    if os.path.exists(wasm) and shutil.which("node"):
+        node = os.path.join(ROOT, "ref", "wasm", "run-node.mjs")
+        out["wasi-node"] = lambda m, f, s, t: run(
+            ["node", "--no-warnings", node, wasm, "--model", m] + f + [s])
+    elif args.require_wasi:
+        raise SystemExit("devio-ref.wasm or node missing (bazel build //ref/wasm:wasm)")
+    try:
+        import wasmtime  # noqa: F401
+        if os.path.exists(wasm) and not args.no_wasmtime:
+            wt = os.path.join(ROOT, "ref", "wasm", "run-wasmtime.py")
+            out["wasi-wasmtime"] = lambda m, f, s, t: run(
+                [sys.executable, wt, wasm, "--model", m] + f + [s])
+    except ImportError:
+        pass
+    if args.only:
+        out = {k: v for k, v in out.items() if k.startswith(args.only)}
+    return out
+
+
+def first_difference(a, b):
+    la, lb = a.decode().splitlines(), b.decode().splitlines()
+    for i in range(max(len(la), len(lb))):
+        x = la[i] if i < len(la) else "(end)"
+        y = lb[i] if i < len(lb) else "(end)"
+        if x != y:
+            return "line %d:\n    expected: %s\n    got:      %s" % (i + 1, x[:400], y[:400])
+    return "no difference"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--regen", action="store_true", help="rewrite expected/ from native-t1")
+    ap.add_argument("--suite", help="only this suite")
+    ap.add_argument("--only", help="only targets whose name starts with this")
+    ap.add_argument("--require-wasi", action="store_true")
+    ap.add_argument("--no-wasmtime", action="store_true")
+    args = ap.parse_args()
+    bin_dir = os.path.abspath(args.bin)
+    t0 = time.time()
+    passed = failed = 0
+    expected_dir = os.path.join(HERE, "expected")
+    os.makedirs(expected_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        models = make_models(bin_dir, tmp)
+        tg = targets(args, bin_dir)
+        timings = {k: 0.0 for k in tg}
+        for name, script, model, flags in table("suites.txt"):
+            if args.suite and name != args.suite:
+                continue
+            script = os.path.join(HERE, script)
+            flags = flags.split()
+            exp_path = os.path.join(expected_dir, name + ".out")
+            if args.regen:
+                out = tg["native-t1"](models[model], flags, script, tmp)
+                open(exp_path, "wb").write(out)
+                print("regen %s: %d lines" % (name, out.count(b"\n")))
+                continue
+            expected = open(exp_path, "rb").read()
+            unequal = expected.count(b'"equal":false')
+            for tname, fn in tg.items():
+                start = time.time()
+                try:
+                    got = fn(models[model], flags, script, tmp)
+                    why = None
+                    if got != expected:
+                        why = first_difference(expected, got)
+                    elif unequal:
+                        why = "%d compare lines say equal:false" % unequal
+                except Exception as e:  # a crash or a non-zero exit is a failure
+                    why = str(e)
+                timings[tname] += time.time() - start
+                if why:
+                    failed += 1
+                    print("FAIL %s on %s: %s" % (name, tname, why))
+                else:
+                    passed += 1
+                    print("ok   %s on %s" % (name, tname))
+    if not args.regen:
+        print("wall time by target: " + ", ".join("%s %.2fs" % kv for kv in timings.items()))
+    print("conformance: %d passed, %d failed in %.1fs" % (passed, failed, time.time() - t0))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
