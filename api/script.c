@@ -6,7 +6,7 @@
 
 #include "api/codec.h"
 #include "api/script.h"
-#include "api/sha256.h"
+#include "device/sha256.h"
 #include "device/status.h"
 
 #define MAX_NAMES 4096

@@ -327,6 +327,18 @@ static devio_status parse_config(const json_t *root, devio_model_config *c, devi
         (st = cfg_bool(root, "attention_bias", kind == ARCH_QWEN2, &bias, err)))
         return st;
     c->tie_word_embeddings = tie;
+    /* Qwen2 always biases q/k/v (and never o_proj). Llama's and Mistral's
+     * attention_bias biases o_proj as well, which devio_layer cannot hold:
+     * refuse it rather than compute something else. */
+    if (kind == ARCH_QWEN2)
+        bias = true;
+    else if (bias) {
+        set_err(err, DEVIO_E_UNSUPPORTED,
+                CONFIG_NAME ": attention_bias with %s biases o_proj, which devio does not "
+                            "support (Qwen2's q/k/v biases are)",
+                arch);
+        return DEVIO_E_UNSUPPORTED;
+    }
     c->attention_bias = bias;
 
     /* Sliding-window attention equals full attention for every position

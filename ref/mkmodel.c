@@ -516,14 +516,15 @@ static void mk_header(const mk_list *L, uint32_t shard, devio_dtype dt, mk_buf *
         buf_printf(b, " ");
 }
 
-static devio_status mk_write_shard(const devio_mkmodel_opts *o, const mk_list *L,
-                                   uint32_t shard, float *fbuf, uint8_t *obuf, devio_error *err)
+/* Writes the tensors of L that belong to `shard` as the safetensors file
+ * DIR/NAME (through NAME.tmp and a rename), one chunk at a time. */
+static devio_status mk_write_st(const char *dir, const char *name, const mk_list *L,
+                                uint32_t shard, devio_dtype dtype, uint64_t seed, float *fbuf,
+                                uint8_t *obuf, devio_error *err)
 {
-    char name[64];
-    mk_shard_name(name, sizeof name, shard, o->shards);
     mk_buf hb = {0};
-    mk_header(L, shard, o->dtype, &hb);
-    char *tmp = mk_path(o->out_dir, name, ".tmp"), *fin = mk_path(o->out_dir, name, "");
+    mk_header(L, shard, dtype, &hb);
+    char *tmp = mk_path(dir, name, ".tmp"), *fin = mk_path(dir, name, "");
     devio_status st = DEVIO_OK;
     FILE *fp = NULL;
     if (hb.oom || !tmp || !fin) {
@@ -545,13 +546,13 @@ static devio_status mk_write_shard(const devio_mkmodel_opts *o, const mk_list *L
         const mk_tensor *t = &L->t[i];
         if (t->shard != shard)
             continue;
-        uint64_t key = mk_key(o->seed, t->name);
+        uint64_t key = mk_key(seed, t->name);
         for (uint64_t at = 0; ok && at < t->nelem; at += MK_CHUNK) {
             size_t n = (size_t)(t->nelem - at < MK_CHUNK ? t->nelem - at : MK_CHUNK);
             mk_fill(t, key, at, n, fbuf);
             size_t bytes;
             /* Explicit little-endian bytes: the format's byte order, whatever the host's. */
-            if (o->dtype == DEVIO_F32) {
+            if (dtype == DEVIO_F32) {
                 for (size_t j = 0; j < n; j++) {
                     uint32_t u;
                     memcpy(&u, &fbuf[j], 4);
@@ -563,8 +564,8 @@ static devio_status mk_write_shard(const devio_mkmodel_opts *o, const mk_list *L
                 bytes = 4 * n;
             } else {
                 for (size_t j = 0; j < n; j++) {
-                    uint16_t h = o->dtype == DEVIO_BF16 ? devio_f32_to_bf16_rne(fbuf[j])
-                                                        : devio_f32_to_f16_rne(fbuf[j]);
+                    uint16_t h = dtype == DEVIO_BF16 ? devio_f32_to_bf16_rne(fbuf[j])
+                                                     : devio_f32_to_f16_rne(fbuf[j]);
                     obuf[2 * j] = (uint8_t)h;
                     obuf[2 * j + 1] = (uint8_t)(h >> 8);
                 }
@@ -584,6 +585,14 @@ out:
     free(tmp);
     free(fin);
     return st;
+}
+
+static devio_status mk_write_shard(const devio_mkmodel_opts *o, const mk_list *L,
+                                   uint32_t shard, float *fbuf, uint8_t *obuf, devio_error *err)
+{
+    char name[64];
+    mk_shard_name(name, sizeof name, shard, o->shards);
+    return mk_write_st(o->out_dir, name, L, shard, o->dtype, o->seed, fbuf, obuf, err);
 }
 
 /* Shortest decimal that reads back as the same double, written as a JSON
@@ -622,7 +631,10 @@ static const char *mk_torch_dtype(devio_dtype t)
 static void mk_config(const devio_mkmodel_opts *o, mk_buf *b)
 {
     const char *tf[2] = {"false", "true"};
-    buf_printf(b, "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n");
+    /* q/k/v biases without an o_proj bias is Qwen2's layout; Llama's
+     * attention_bias would bias o_proj too, which devio does not model. */
+    buf_printf(b, "{\n  \"architectures\": [\"%s\"],\n",
+               o->attention_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
     buf_printf(b, "  \"attention_bias\": %s,\n", tf[o->attention_bias]);
     buf_printf(b, "  \"attention_dropout\": 0.0,\n");
     buf_printf(b, "  \"bos_token_id\": %u,\n", o->vocab_size > 1 ? 1u : 0u);
@@ -634,7 +646,7 @@ static void mk_config(const devio_mkmodel_opts *o, mk_buf *b)
     buf_printf(b, "  \"intermediate_size\": %u,\n", o->intermediate_size);
     buf_printf(b, "  \"max_position_embeddings\": %u,\n", o->max_position_embeddings);
     buf_printf(b, "  \"mlp_bias\": false,\n");
-    buf_printf(b, "  \"model_type\": \"llama\",\n");
+    buf_printf(b, "  \"model_type\": \"%s\",\n", o->attention_bias ? "qwen2" : "llama");
     buf_printf(b, "  \"num_attention_heads\": %u,\n", o->n_heads);
     buf_printf(b, "  \"num_hidden_layers\": %u,\n", o->n_layers);
     buf_printf(b, "  \"num_key_value_heads\": %u,\n", o->n_kv_heads);
@@ -736,6 +748,221 @@ out:
     free(ib.s);
     free(fbuf);
     free(obuf);
+    free(L.t);
+    return st;
+}
+
+/* ---- PEFT LoRA adapters ---- */
+
+#define MK_MAX_RANK 65536u
+
+devio_mkmodel_adapter_opts devio_mkmodel_adapter_opts_default(void)
+{
+    devio_mkmodel_adapter_opts o = {
+        .rank = 8,
+        .alpha = 8.0,
+        .targets = (1u << DEVIO_LORA_Q) | (1u << DEVIO_LORA_V),
+        .dtype = DEVIO_F32,
+        .seed = 0,
+    };
+    return o;
+}
+
+static devio_status mk_adapter_check(const devio_mkmodel_adapter_opts *o, devio_error *err)
+{
+    if (!o->model_dir || !o->model_dir[0]) {
+        mk_err(err, DEVIO_E_INVALID, "no base model directory given");
+        return DEVIO_E_INVALID;
+    }
+    if (o->rank == 0 || o->rank > MK_MAX_RANK) {
+        mk_err(err, DEVIO_E_INVALID, "rank must be in [1, %u], got %u", MK_MAX_RANK, o->rank);
+        return DEVIO_E_INVALID;
+    }
+    /* Written as !(x > 0) so that a NaN is refused too; float range because
+     * the loader keeps alpha in binary32. */
+    if (!(o->alpha > 0.0) || o->alpha > 3.0e38) {
+        mk_err(err, DEVIO_E_INVALID, "alpha must be in (0, 3e38], got %g", o->alpha);
+        return DEVIO_E_INVALID;
+    }
+    if (o->targets == 0 || (o->targets & ~DEVIO_LORA_ALL_TARGETS) != 0) {
+        mk_err(err, DEVIO_E_INVALID, "targets must name at least one of q_proj k_proj v_proj "
+               "o_proj gate_proj up_proj down_proj");
+        return DEVIO_E_INVALID;
+    }
+    if (o->dtype != DEVIO_F32 && o->dtype != DEVIO_F16 && o->dtype != DEVIO_BF16) {
+        mk_err(err, DEVIO_E_INVALID, "dtype must be f32, f16 or bf16");
+        return DEVIO_E_INVALID;
+    }
+    return DEVIO_OK;
+}
+
+static void mk_adapter_name(char *dst, size_t cap, uint32_t layer, devio_lora_target t, char ab)
+{
+    const char *block = t <= DEVIO_LORA_O ? "self_attn" : "mlp";
+    snprintf(dst, cap, "base_model.model.model.layers.%u.%s.%s.lora_%c.weight", layer, block,
+             devio_lora_target_name(t), ab);
+}
+
+/* Every lora_A and lora_B tensor of the adapter, sorted by name, packed into
+ * one file. Shapes come from the loaded base model, the same views the
+ * adapter loader checks against. */
+static devio_status mk_adapter_list(const devio_mkmodel_adapter_opts *o, mk_list *L,
+                                    devio_error *err)
+{
+    L->t = NULL;
+    L->n = 0;
+    devio_status st = mk_adapter_check(o, err);
+    if (st != DEVIO_OK)
+        return st;
+    devio_model *m = NULL;
+    if ((st = devio_model_load(o->model_dir, &m, err)) != DEVIO_OK)
+        return st;
+    size_t n_targets = 0;
+    for (int t = 0; t < DEVIO_LORA_N_TARGETS; t++)
+        n_targets += (o->targets >> t) & 1u;
+    size_t n = (size_t)m->cfg.n_layers * n_targets * 2;
+    L->t = calloc(n, sizeof *L->t);
+    if (!L->t) {
+        mk_err(err, DEVIO_E_NOMEM, "out of memory for %zu tensor entries", n);
+        devio_model_free(m);
+        return DEVIO_E_NOMEM;
+    }
+    const float b_scale = 0.5f * mk_inv_sqrt(o->rank);
+    char name[MK_NAME_MAX];
+    for (uint32_t i = 0; i < m->cfg.n_layers; i++) {
+        for (int t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
+            if (!((o->targets >> t) & 1u))
+                continue;
+            uint64_t out_dim, in_dim;
+            devio_lora_target_dims(m, i, (devio_lora_target)t, &out_dim, &in_dim);
+            mk_adapter_name(name, sizeof name, i, (devio_lora_target)t, 'A');
+            mk_add(L, name, 2, o->rank, in_dim, MK_INIT_LINEAR, mk_inv_sqrt(in_dim));
+            mk_adapter_name(name, sizeof name, i, (devio_lora_target)t, 'B');
+            mk_add(L, name, 2, out_dim, o->rank, MK_INIT_LINEAR, b_scale);
+        }
+    }
+    devio_model_free(m);
+    qsort(L->t, L->n, sizeof *L->t, mk_cmp);
+    const uint64_t es = mk_dtype_size(o->dtype);
+    uint64_t at = 0;
+    for (size_t i = 0; i < L->n; i++) {
+        L->t[i].shard = 0;
+        L->t[i].offset = at;
+        at += L->t[i].nelem * es;
+    }
+    return DEVIO_OK;
+}
+
+/* A JSON string literal for arbitrary bytes of a path. */
+static void mk_json_string(mk_buf *b, const char *s)
+{
+    buf_printf(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            buf_printf(b, "\\%c", *p);
+        else if (*p < 0x20)
+            buf_printf(b, "\\u%04x", *p);
+        else
+            buf_printf(b, "%c", *p);
+    }
+    buf_printf(b, "\"");
+}
+
+/* PEFT's save_pretrained layout: sorted keys, two-space indent. */
+static void mk_adapter_config(const devio_mkmodel_adapter_opts *o, mk_buf *b)
+{
+    /* target_modules sorted by name, as a set printed by PEFT would be. */
+    static const devio_lora_target by_name[DEVIO_LORA_N_TARGETS] = {
+        DEVIO_LORA_DOWN, DEVIO_LORA_GATE, DEVIO_LORA_K, DEVIO_LORA_O,
+        DEVIO_LORA_Q,    DEVIO_LORA_UP,   DEVIO_LORA_V,
+    };
+    buf_printf(b, "{\n  \"base_model_name_or_path\": ");
+    mk_json_string(b, o->model_dir);
+    buf_printf(b, ",\n  \"bias\": \"none\",\n");
+    buf_printf(b, "  \"fan_in_fan_out\": false,\n");
+    buf_printf(b, "  \"inference_mode\": true,\n");
+    if (o->alpha < 1e15 && (double)(long long)o->alpha == o->alpha)
+        buf_printf(b, "  \"lora_alpha\": %lld,\n", (long long)o->alpha); /* PEFT's int */
+    else {
+        buf_printf(b, "  \"lora_alpha\": ");
+        mk_json_double(b, o->alpha);
+        buf_printf(b, ",\n");
+    }
+    buf_printf(b, "  \"lora_dropout\": 0.0,\n");
+    buf_printf(b, "  \"peft_type\": \"LORA\",\n");
+    buf_printf(b, "  \"r\": %u,\n", o->rank);
+    buf_printf(b, "  \"target_modules\": [");
+    bool first = true;
+    for (int i = 0; i < DEVIO_LORA_N_TARGETS; i++) {
+        if (!((o->targets >> by_name[i]) & 1u))
+            continue;
+        buf_printf(b, "%s\n    \"%s\"", first ? "" : ",", devio_lora_target_name(by_name[i]));
+        first = false;
+    }
+    buf_printf(b, "\n  ],\n");
+    buf_printf(b, "  \"task_type\": \"CAUSAL_LM\",\n");
+    buf_printf(b, "  \"use_rslora\": %s\n}\n", o->use_rslora ? "true" : "false");
+}
+
+devio_status devio_mkmodel_write_adapter(const devio_mkmodel_adapter_opts *o, devio_error *err)
+{
+    if (!o->out_dir || !o->out_dir[0]) {
+        mk_err(err, DEVIO_E_INVALID, "no output directory given");
+        return DEVIO_E_INVALID;
+    }
+    /* Options and the base model are checked before the file system is touched. */
+    mk_list L = {0};
+    devio_status st = mk_adapter_list(o, &L, err);
+    if (st != DEVIO_OK)
+        return st;
+    mk_buf cb = {0};
+    float *fbuf = malloc(MK_CHUNK * sizeof *fbuf);
+    uint8_t *obuf = malloc(MK_CHUNK * sizeof(float));
+    if (!fbuf || !obuf) {
+        mk_err(err, DEVIO_E_NOMEM, "out of memory");
+        st = DEVIO_E_NOMEM;
+        goto out;
+    }
+    if ((st = mk_mkdirs(o->out_dir, err)) != DEVIO_OK)
+        goto out;
+    if ((st = mk_write_st(o->out_dir, "adapter_model.safetensors", &L, 0, o->dtype, o->seed,
+                          fbuf, obuf, err)) != DEVIO_OK)
+        goto out;
+    /* The config last, as for models: a directory with a config is complete. */
+    mk_adapter_config(o, &cb);
+    if (cb.oom) {
+        mk_err(err, DEVIO_E_NOMEM, "out of memory");
+        st = DEVIO_E_NOMEM;
+        goto out;
+    }
+    st = mk_write_small(o->out_dir, "adapter_config.json", cb.s, cb.len, err);
+out:
+    free(cb.s);
+    free(fbuf);
+    free(obuf);
+    free(L.t);
+    return st;
+}
+
+devio_status devio_mkmodel_adapter_values(const devio_mkmodel_adapter_opts *o, const char *name,
+                                          uint64_t start, size_t n, float *dst,
+                                          devio_error *err)
+{
+    mk_list L;
+    devio_status st = mk_adapter_list(o, &L, err);
+    if (st != DEVIO_OK)
+        return st;
+    const mk_tensor *t = NULL;
+    for (size_t i = 0; i < L.n; i++)
+        if (strcmp(L.t[i].name, name) == 0)
+            t = &L.t[i];
+    if (!t || start > t->nelem || n > t->nelem - start) {
+        mk_err(err, DEVIO_E_INVALID, "tensor '%.80s' %s", name,
+               t ? "range is out of bounds" : "is not part of this adapter");
+        st = DEVIO_E_INVALID;
+    } else {
+        mk_fill(t, mk_key(o->seed, t->name), start, n, dst);
+    }
     free(L.t);
     return st;
 }

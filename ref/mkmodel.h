@@ -1,5 +1,5 @@
-/* mkmodel.h - writes seeded random Hugging Face Llama models (config.json + safetensors).
- * Output depends only on the options: no clock, no host state, so equal options give equal bytes. */
+/* mkmodel.h - writes seeded random Hugging Face Llama models (config.json + safetensors) and PEFT LoRA adapters for them.
+ * Output depends only on the options (and, for adapters, the base model's shapes): no clock, no host state, so equal options give equal bytes. */
 #ifndef DEVIO_MKMODEL_H
 #define DEVIO_MKMODEL_H
 
@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "device/adapter.h"
 #include "device/devio.h"
 #include "device/model.h"
 
@@ -60,5 +61,40 @@ devio_status devio_mkmodel_write(const devio_mkmodel_opts *o, devio_error *err);
  * Unknown tensor or range: DEVIO_E_INVALID. */
 devio_status devio_mkmodel_values(const devio_mkmodel_opts *o, const char *name, uint64_t start,
                                   size_t n, float *dst, devio_error *err);
+
+/* ---- PEFT LoRA adapters ---- */
+
+typedef struct devio_mkmodel_adapter_opts {
+    const char *model_dir; /* borrowed; the base model, loaded to read its shapes */
+    const char *out_dir;   /* borrowed; created (with parents) when missing */
+    uint32_t rank;         /* r, in [1, 65536] */
+    double alpha;          /* lora_alpha, finite and > 0 */
+    uint32_t targets;      /* bits (1u << devio_lora_target), at least one */
+    devio_dtype dtype;
+    uint64_t seed;
+    bool use_rslora;
+} devio_mkmodel_adapter_opts;
+
+/* r 8, lora_alpha 8 (PEFT's defaults), q_proj and v_proj, f32, seed 0,
+ * no rsLoRA; model_dir and out_dir NULL. */
+devio_mkmodel_adapter_opts devio_mkmodel_adapter_opts_default(void);
+
+/* Write adapter_model.safetensors (PEFT's tensor names, every targeted
+ * projection of every layer) and adapter_config.json into o->out_dir.
+ * lora_A [r, in] is uniform in [-1/sqrt(in), 1/sqrt(in)), lora_B [out, r]
+ * uniform in [-0.5/sqrt(r), 0.5/sqrt(r)). PEFT starts lora_B at zero, which
+ * would make a fresh adapter change nothing; these are random so that an
+ * adapter visibly changes the logits in tests and demos.
+ * Invalid options: DEVIO_E_INVALID; base model errors as devio_model_load
+ * reports them; file system errors: DEVIO_E_IO. */
+devio_status devio_mkmodel_write_adapter(const devio_mkmodel_adapter_opts *o, devio_error *err);
+
+/* The binary32 values of elements [start, start + n) of adapter tensor
+ * `name` (a PEFT name, e.g. "base_model.model.model.layers.0.self_attn.
+ * q_proj.lora_A.weight") as generated before conversion to o->dtype.
+ * Loads o->model_dir for the shapes. Unknown tensor or range: DEVIO_E_INVALID. */
+devio_status devio_mkmodel_adapter_values(const devio_mkmodel_adapter_opts *o, const char *name,
+                                          uint64_t start, size_t n, float *dst,
+                                          devio_error *err);
 
 #endif

@@ -1,5 +1,5 @@
-/* mkmodel_main.c - the devio-mkmodel command: flags in, a seeded random model directory out.
- * It only parses flags and calls devio_mkmodel_write; it must never decide a byte of the model itself. */
+/* mkmodel_main.c - the devio-mkmodel command: flags in, a seeded random model or PEFT adapter directory out.
+ * It only parses flags and calls devio_mkmodel_write(_adapter); it must never decide a byte of the output itself. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,7 +28,18 @@ static const char usage[] =
     "  bench  vocab 32000, hidden 768, 12 layers, 12 heads, ffn 2048, 1024 positions,\n"
     "         untied, bf16 (134,105,856 parameters)\n"
     "Flags after the preset override it, whatever their order on the command line.\n"
-    "--arch bamba and --arch mamba2 are not supported by this build.\n";
+    "--arch bamba and --arch mamba2 are not supported by this build.\n"
+    "\n"
+    "       devio-mkmodel --adapter --model DIR [--rank 8] [--alpha 8]\n"
+    "                     [--targets q_proj,v_proj] [--rslora[=true|false]]\n"
+    "                     [--dtype f32|f16|bf16] [--seed N] --out DIR\n"
+    "\n"
+    "Writes adapter_config.json and adapter_model.safetensors of a PEFT LoRA\n"
+    "adapter for the model in DIR (its shapes decide the adapter's), with seeded\n"
+    "uniform random lora_A and lora_B (PEFT starts lora_B at zero; these are\n"
+    "random so that the adapter changes the outputs). Targets, comma-separated:\n"
+    "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj. Defaults are PEFT's:\n"
+    "rank 8, alpha 8, q_proj,v_proj.\n";
 
 /* Splits "--name=value" or "--name value"; returns the value or NULL. */
 static const char *flag_value(int argc, char **argv, int *i, const char *eq)
@@ -128,8 +139,141 @@ static flag_result apply_flag(devio_mkmodel_opts *o, const char *name, const cha
     return ok ? FLAG_OK : FLAG_BAD_VALUE;
 }
 
+/* "q_proj,v_proj" -> target bits. False on an empty list or unknown name. */
+static bool parse_targets(const char *s, uint32_t *out)
+{
+    uint32_t bits = 0;
+    if (!s)
+        return false;
+    while (*s) {
+        size_t n = strcspn(s, ",");
+        char name[32];
+        devio_lora_target t;
+        if (n == 0 || n >= sizeof name)
+            return false;
+        memcpy(name, s, n);
+        name[n] = '\0';
+        if (!devio_lora_target_parse(name, &t))
+            return false;
+        bits |= 1u << t;
+        s += n;
+        if (*s == ',' && *++s == '\0')
+            return false;
+    }
+    if (bits == 0)
+        return false;
+    *out = bits;
+    return true;
+}
+
+/* devio-mkmodel --adapter ...: every flag takes a value except --adapter and --rslora. */
+static int adapter_main(int argc, char **argv)
+{
+    devio_mkmodel_adapter_opts o = devio_mkmodel_adapter_opts_default();
+    devio_error err = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "devio-mkmodel: unexpected argument '%s'\n%s", a, usage);
+            return 2;
+        }
+        char name[32];
+        const char *eq = strchr(a, '=');
+        size_t nl = eq ? (size_t)(eq - a) : strlen(a);
+        if (nl >= sizeof name) {
+            fprintf(stderr, "devio-mkmodel: unknown flag '%s'\n", a);
+            return 2;
+        }
+        memcpy(name, a, nl);
+        name[nl] = '\0';
+        if (strcmp(name, "--adapter") == 0 && !eq)
+            continue;
+        if (strcmp(name, "--rslora") == 0) {
+            if (!parse_bool(eq, &o.use_rslora)) {
+                fprintf(stderr, "devio-mkmodel: --rslora takes true or false\n");
+                return 2;
+            }
+            continue;
+        }
+        static const char *const valued[] = {"--model", "--out",  "--rank", "--alpha",
+                                              "--targets", "--dtype", "--seed"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known = known || strcmp(name, valued[k]) == 0;
+        if (!known) {
+            fprintf(stderr, "devio-mkmodel: unknown flag '%s' with --adapter\n%s", name, usage);
+            return 2;
+        }
+        const char *v = flag_value(argc, argv, &i, eq);
+        if (!v) {
+            fprintf(stderr, "devio-mkmodel: %s needs a value\n", name);
+            return 2;
+        }
+        bool ok = true;
+        uint64_t u = 0;
+        if (strcmp(name, "--model") == 0)
+            o.model_dir = v;
+        else if (strcmp(name, "--out") == 0)
+            o.out_dir = v;
+        else if (strcmp(name, "--rank") == 0) {
+            ok = parse_u64(v, UINT32_MAX, &u);
+            o.rank = (uint32_t)u;
+        } else if (strcmp(name, "--alpha") == 0)
+            ok = parse_double(v, &o.alpha);
+        else if (strcmp(name, "--targets") == 0)
+            ok = parse_targets(v, &o.targets);
+        else if (strcmp(name, "--seed") == 0)
+            ok = parse_u64(v, UINT64_MAX, &o.seed);
+        else if (strcmp(v, "f32") == 0)
+            o.dtype = DEVIO_F32;
+        else if (strcmp(v, "f16") == 0)
+            o.dtype = DEVIO_F16;
+        else if (strcmp(v, "bf16") == 0)
+            o.dtype = DEVIO_BF16;
+        else
+            ok = false;
+        if (!ok) {
+            fprintf(stderr, "devio-mkmodel: bad value '%s' for %s\n", v, name);
+            return 2;
+        }
+    }
+    if (!o.model_dir || !o.out_dir) {
+        fprintf(stderr, "devio-mkmodel: --adapter needs --model DIR and --out DIR\n%s", usage);
+        return 2;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    devio_status st = devio_mkmodel_write_adapter(&o, &err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (st != DEVIO_OK) {
+        fprintf(stderr, "devio-mkmodel: %s\n", err.message);
+        return st == DEVIO_E_INVALID || st == DEVIO_E_UNSUPPORTED ? 2 : 1;
+    }
+    char targets[96] = "";
+    size_t tl = 0;
+    for (int t = 0; t < DEVIO_LORA_N_TARGETS && tl < sizeof targets; t++)
+        if ((o.targets >> t) & 1u)
+            tl += (size_t)snprintf(targets + tl, sizeof targets - tl, "%s%s", tl ? "," : "",
+                                   devio_lora_target_name((devio_lora_target)t));
+    static const char *const dtype_names[] = {"f32", "f16", "bf16"};
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    printf("devio-mkmodel: wrote %s: LoRA adapter for %s, rank %u, alpha %g%s, %s, %s, "
+           "%.2f s\n",
+           o.out_dir, o.model_dir, o.rank, o.alpha, o.use_rslora ? " (rsLoRA)" : "", targets,
+           dtype_names[o.dtype], secs);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--adapter") == 0)
+            return adapter_main(argc, argv);
+
     devio_mkmodel_opts o = devio_mkmodel_opts_default();
     devio_error err = {0};
 

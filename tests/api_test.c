@@ -13,7 +13,7 @@
 #include "api/codec.h"
 #include "api/dispatch.h"
 #include "api/script.h"
-#include "api/sha256.h"
+#include "device/sha256.h"
 #include "ref/inproc.h"
 #include "tests/testutil.h"
 

@@ -334,7 +334,7 @@ static int bench_forward(bench_model *bm, uint32_t threads)
     td = decode_run(st, blocks, PREFILL, 128, logits);
     printf("  forward, %u thread(s): prefill %u tokens %.0f ms (%.0f tok/s); decode at "
            "512..639: %.2f ms/token = %.1f tok/s\n",
-           threads, PREFILL, tp * 1e3, PREFILL / tp, td * 1e3, 1 / td);
+           threads, (unsigned)PREFILL, tp * 1e3, PREFILL / tp, td * 1e3, 1 / td);
     free(logits);
     devio_ref_backend.destroy(st);
     return 0;

@@ -3,10 +3,11 @@
 # Must never compile a source of its own: it only drives clang over the files it is given.
 #
 # usage: ref/wasm/build.sh OUT.wasm FILE...
-#   FILE...  the device, api and reference sources (.c are compiled; .h and
-#            other files are inputs listed for Bazel and otherwise ignored),
-#            relative to the current directory, which must be the repository
-#            root or Bazel's execution root (includes are "device/devio.h").
+#   FILE...  the device, api and reference sources and ref/wasm/wasi_heap.c
+#            (.c are compiled; .h and other files are inputs listed for Bazel
+#            and otherwise ignored), relative to the current directory, which
+#            must be the repository root or Bazel's execution root (includes
+#            are "device/devio.h").
 # jansson for wasm32-wasi comes from deploy/wasi-jansson.sh, built under
 # .devio/wasi-jansson by `deploy/devio.sh setup`, or here when it is missing.
 set -euo pipefail
@@ -45,11 +46,12 @@ done
 # The numerics flags of the native build (no contraction, no fast-math) plus
 # wasm SIMD; DEVIO_NO_THREADS runs every step inline on the one thread WASI
 # has. The stack is placed first and sized like a native main thread, so that
-# an overflow traps instead of running into static data.
+# an overflow traps instead of running into static data. sbrk and calloc go
+# through wasi_heap.c (see there), which must be among the files.
 "$CC" --target=wasm32-wasi -std=c11 -O2 -ffp-contract=off -msimd128 \
     -D_POSIX_C_SOURCE=200809L -DDEVIO_NO_THREADS \
     -Wall -Wextra -Werror \
     -I. -I"$JANSSON/include" \
     "${srcs[@]}" "$JANSSON/lib/libjansson.a" \
-    -Wl,--strip-all -Wl,--stack-first -Wl,-z,stack-size=8388608 \
+    -Wl,--wrap=sbrk -Wl,--wrap=calloc -Wl,--strip-all -Wl,--stack-first -Wl,-z,stack-size=8388608 \
     -o "$OUT"

@@ -10,12 +10,19 @@
 // output and error are the process's own; the module's exit status becomes
 // this process's.
 import { readFile } from 'node:fs/promises';
-import { mkdtempSync, rmSync, statSync } from 'node:fs';
+import { fstatSync, mkdtempSync, openSync, rmSync, statSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import process from 'node:process';
 import v8 from 'node:v8';
+import process from 'node:process';
 import { WASI } from 'node:wasi';
+
+// `process` is Node's global. Importing 'node:process' would read every
+// property of it, process.stdout among them, and creating that stream puts a
+// pipe on standard output into non-blocking mode: the module's writes then
+// fail with EAGAIN once the pipe is full and output is lost. For the same
+// reason nothing here touches process.stdout, and process.stderr only after
+// the module has finished.
 
 // V8's baseline tier (Liftoff) would keep the long-running kernels in
 // unoptimised code; optimising every function up front is several times faster.
@@ -92,11 +99,25 @@ try {
   fail(`cannot read ${modulePath}: ${e.message}`);
 }
 
+// A pipe may arrive non-blocking all the same (a Node parent's, say); the
+// module then writes through a descriptor of its own on the same pipe, which
+// opening it anew makes blocking. Files and terminals are used as they are.
+function blockingOutput(fd) {
+  try {
+    if (fstatSync(fd).isFIFO()) return openSync(`/proc/self/fd/${fd}`, 'w');
+  } catch {
+    // no /proc, or not reopenable: keep the descriptor
+  }
+  return fd;
+}
+
 const wasi = new WASI({
   version: 'preview1',
   args: argv,
   env: {},
   preopens,
+  stdout: 1,
+  stderr: blockingOutput(2),
   returnOnExit: true,
 });
 

@@ -1,0 +1,100 @@
+/* adapter.h - one PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) checked against a loaded base model.
+ * Loading validates every field, name, dtype and shape and never reads outside the adapters root; it never computes with the weights. */
+#ifndef DEVIO_ADAPTER_H
+#define DEVIO_ADAPTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device/devio.h"
+#include "device/model.h"
+
+/* The projections an adapter may target, in PEFT's module names. */
+typedef enum devio_lora_target {
+    DEVIO_LORA_Q = 0, /* self_attn.q_proj */
+    DEVIO_LORA_K,     /* self_attn.k_proj */
+    DEVIO_LORA_V,     /* self_attn.v_proj */
+    DEVIO_LORA_O,     /* self_attn.o_proj */
+    DEVIO_LORA_GATE,  /* mlp.gate_proj */
+    DEVIO_LORA_UP,    /* mlp.up_proj */
+    DEVIO_LORA_DOWN,  /* mlp.down_proj */
+    DEVIO_LORA_N_TARGETS
+} devio_lora_target;
+
+#define DEVIO_LORA_ALL_TARGETS ((1u << DEVIO_LORA_N_TARGETS) - 1u)
+
+/* "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj";
+ * "?" for a value outside the enum. Static storage. */
+const char *devio_lora_target_name(devio_lora_target t);
+
+/* Inverse of devio_lora_target_name. False (and *t untouched) for any other
+ * string, NULL included. */
+bool devio_lora_target_parse(const char *name, devio_lora_target *t);
+
+/* The base projection's [out, in] for `target` in `layer`, read from the
+ * loaded model's weight shapes. False when layer or target is out of range. */
+bool devio_lora_target_dims(const devio_model *base, uint32_t layer, devio_lora_target target,
+                            uint64_t *out_dim, uint64_t *in_dim);
+
+/* One adapted projection: y += scale * B (A x). Views into the adapter's
+ * storage, owned by the adapter. */
+typedef struct devio_lora_module {
+    devio_tensor a; /* [r, in]  ...lora_A.weight */
+    devio_tensor b; /* [out, r] ...lora_B.weight */
+} devio_lora_module; /* a.data == b.data == NULL when the module is not adapted */
+
+/* A loaded adapter. Release with devio_adapter_free(). */
+typedef struct devio_adapter {
+    char name[64];
+    char path[256]; /* as given, relative to the adapters root */
+    uint32_t rank;
+    /* alpha is lora_alpha rounded to binary32. scale, computed in binary32
+     * with correctly rounded operations:
+     *   use_rslora false: scale = alpha / (float)rank
+     *   use_rslora true : scale = alpha / devio_num_sqrt((float)rank) */
+    float alpha, scale;
+    bool use_rslora;
+    uint32_t targets;        /* bit (1u << devio_lora_target) per module named by target_modules */
+    devio_lora_module *mods; /* n_layers * DEVIO_LORA_N_TARGETS, index layer * N + target */
+    uint32_t n_layers;       /* the base model's layer count, for walking mods */
+    char sha256[65];         /* lower-case hex of adapter_model.safetensors */
+    uint64_t size;           /* bytes of adapter_model.safetensors */
+    void *priv;              /* storage: private to adapter.c */
+} devio_adapter;
+
+/* Load root/rel_path for `base`, which is borrowed for the call only: the
+ * adapter keeps no pointer into it. `name` is copied into the adapter.
+ *
+ * rel_path must be relative, non-empty and, after realpath() of root and of
+ * the adapter directory and of both files (so symlinks and ".." count),
+ * inside root: otherwise DEVIO_E_INVALID "... outside the adapters root".
+ * Builds without realpath (WASI) check the path lexically and rely on the
+ * runtime's preopened-directory sandbox for symlinks; its refusal
+ * (ENOTCAPABLE) is reported as the same DEVIO_E_INVALID.
+ *
+ * Statuses: DEVIO_E_IO when the directory or a file is missing or unreadable
+ * (the message names it); DEVIO_E_MODEL for malformed JSON or safetensors;
+ * DEVIO_E_UNSUPPORTED for PEFT features this device does not compute
+ * (peft_type other than LORA, unknown target module, fan_in_fan_out, bias,
+ * DoRA, rank_pattern, alpha_pattern, modules_to_save, ...); DEVIO_E_INVALID
+ * for a rank missing, 0 or above max_rank, and for tensors missing, extra,
+ * of another dtype than F32/F16/BF16 or of a shape that does not fit `base`.
+ * layers_to_transform is honoured: modules of the other layers stay NULL.
+ *
+ * All or nothing: on success *out is owned by the caller
+ * (devio_adapter_free); on failure *out is NULL and err names the file and
+ * tensor at fault. */
+devio_status devio_adapter_load(const char *root, const char *rel_path, const char *name,
+                                const devio_model *base, uint32_t max_rank, devio_adapter **out,
+                                devio_error *err);
+
+/* Unmaps and frees everything. a may be NULL. */
+void devio_adapter_free(devio_adapter *a);
+
+/* SHA-256 (lower-case hex) and byte size of root/rel_path/adapter_model.safetensors,
+ * without parsing it, for deciding whether a recorded adapter changed. Same
+ * path rules and statuses as devio_adapter_load. */
+devio_status devio_adapter_file_hash(const char *root, const char *rel_path, char hex[65],
+                                     uint64_t *size, devio_error *err);
+
+#endif
