@@ -411,10 +411,17 @@ json_t *devio_json_seq_info(const devio_seq_info *s)
 
 static json_t *adapter_json(const devio_adapter_info *a, const char *state)
 {
-    return json_pack("{s:s,s:s,s:i,s:f,s:f,s:b,s:I,s:s}", "name", a->name, "path", a->path,
-                     "rank", a->rank, "alpha", (double)a->alpha, "scale", (double)a->scale,
-                     "pinned", a->pinned, "rows_served", (json_int_t)a->rows_served, "state",
-                     state);
+    json_t *targets = json_array();
+    for (const char *p = a->targets; targets && *p;) {
+        size_t n = strcspn(p, ",");
+        json_array_append_new(targets, json_stringn(p, n));
+        p += n + (p[n] == ',');
+    }
+    return json_pack("{s:s,s:s,s:i,s:f,s:f,s:o,s:s,s:I,s:b,s:I,s:s}", "name", a->name, "path",
+                     a->path, "rank", a->rank, "alpha", (double)a->alpha, "scale",
+                     (double)a->scale, "targets", targets, "sha256", a->sha256, "size",
+                     (json_int_t)a->size, "pinned", a->pinned, "rows_served",
+                     (json_int_t)a->rows_served, "state", state);
 }
 
 json_t *devio_json_adapter(const devio_adapter_info *a) { return adapter_json(a, "loaded"); }

@@ -19,6 +19,7 @@ typedef struct devio_backend_config {
     uint32_t max_rows;         /* rows in one step, at most */
     uint32_t max_seq_len;      /* positions per sequence, at most */
     uint32_t threads;          /* compute threads, >= 1 */
+    uint32_t max_lora_rank;    /* largest adapter rank a row may carry */
 } devio_backend_config;
 
 /* One row of a step as the backend sees it. Rows are laid out in plan order;
@@ -28,6 +29,7 @@ typedef struct devio_batch_row {
     uint32_t n_tokens;
     uint32_t tok_start;
     const uint32_t *blocks;   /* block table: position p lives in blocks[p / block_size] */
+    const struct devio_adapter *adapter; /* LoRA adapter of the row, NULL = base model */
 } devio_batch_row;
 
 /* One step. Every pointer is borrowed for the forward call only.
@@ -70,7 +72,17 @@ typedef struct devio_backend_ops {
      * A row's numbers must not depend on the other rows, on how its tokens
      * were split into steps, or on the thread count. On failure the KV
      * contents of the rows' new positions are unspecified; nothing else
-     * changes. */
+     * changes.
+     *
+     * LoRA, for a row whose adapter targets module M (weight W [out, in],
+     * optional bias c, input x of the token; A = lora_A [r, in], B = lora_B
+     * [out, r], s = the adapter's scale), in exactly this order:
+     *   z[o]  = lane_dot(W[o], x, in) (+ c[o])      the base output
+     *   a[j]  = lane_dot(A[j], x, in)               j < r
+     *   u[o]  = lane_dot(B[o], a, r)
+     *   z'[o] = z[o] + u[o] * s                     product rounded, then added
+     * and z' replaces z in what follows (RoPE, the residual add, silu(gate) * up).
+     * Rows without an adapter, or whose adapter does not target M, use z. */
     devio_status (*forward)(void *state, const devio_batch *batch, devio_error *err);
 } devio_backend_ops;
 

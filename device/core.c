@@ -279,7 +279,8 @@ static devio_status alloc_tables(devio_device *d)
     const devio_config *c = &d->cfg;
     if (devio_kv_pool_init(&d->pool, c->kv_blocks) != DEVIO_OK)
         return DEVIO_E_NOMEM;
-    if (devio_lora_table_init(&d->lora, c->max_loras, c->max_lora_rank) != DEVIO_OK)
+    if (devio_lora_table_init(&d->lora, c->max_loras, c->max_lora_rank, c->adapters_root,
+                              d->model) != DEVIO_OK)
         return DEVIO_E_NOMEM;
     if (devio_sampler_create(d->vocab, &d->sampler) != DEVIO_OK ||
         devio_sampler_create(d->vocab, &d->fx_sampler) != DEVIO_OK)
@@ -345,6 +346,7 @@ devio_status devio_open(const devio_model *model, const devio_backend_ops *backe
         .max_rows = d->cfg.max_rows,
         .max_seq_len = d->cfg.max_seq_len,
         .threads = d->cfg.threads,
+        .max_lora_rank = d->cfg.max_lora_rank,
     };
     s = devio_backend_create(backend, model, &bc, &d->backend, err);
     if (s != DEVIO_OK)
@@ -566,7 +568,15 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
     uint32_t bs = d->cfg.block_size;
     *tr = (dv_trow){.seq_index = (uint32_t)(q - d->seqs), .old_len = q->len,
                     .n_tokens = row->n_tokens, .old_blocks = q->n_blocks,
-                    .has_sample = row->has_sample, .sample = row->sample};
+                    .has_sample = row->has_sample, .sample = row->sample, .lora_slot = -1};
+    const devio_adapter *adapter = NULL;
+    if (row->adapter) {
+        tr->lora_slot = devio_lora_table_find(&d->lora, row->adapter);
+        devio_lora_entry *e = &d->lora.entries[tr->lora_slot];
+        tr->lora_gen = e->generation;
+        adapter = e->weights;
+        devio_lora_table_acquire(&d->lora, tr->lora_slot);
+    }
     if (q->len % bs != 0 && devio_kv_pool_is_shared(&d->pool, q->blocks[q->n_blocks - 1])) {
         uint32_t src = q->blocks[q->n_blocks - 1];
         uint32_t dst = devio_kv_pool_take(&d->pool);
@@ -586,7 +596,8 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
         tr->handle = h->id;
     }
     t->brows[r] = (devio_batch_row){.pos0 = q->len, .n_tokens = row->n_tokens,
-                                    .tok_start = *tok, .blocks = q->blocks};
+                                    .tok_start = *tok, .blocks = q->blocks,
+                                    .adapter = adapter};
     for (uint32_t i = 0; i < row->n_tokens; i++) {
         uint32_t ti = *tok + i;
         bool last = i + 1 == row->n_tokens;
@@ -778,8 +789,10 @@ devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
                                    .compute_us = t->t_end - t->t_start,
                                    .n_tokens = t->batch.n_tokens};
     }
-    for (uint32_t r = 0; r < t->n_rows; r++)
+    for (uint32_t r = 0; r < t->n_rows; r++) {
         d->seqs[t->rows[r].seq_index].busy = 0;
+        devio_lora_table_release(&d->lora, t->rows[r].lora_slot, t->rows[r].lora_gen);
+    }
     t->state = DV_T_FREE;
     d->in_flight--;
 out:

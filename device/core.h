@@ -43,6 +43,8 @@ typedef struct dv_trow {
     const float *sample_src; /* logits of the last token */
     int32_t token;
     float logprob;
+    int32_t lora_slot;    /* adapter table entry, -1 = none */
+    uint32_t lora_gen;    /* the entry's generation at launch */
 } dv_trow;
 
 typedef enum { DV_T_FREE = 0, DV_T_QUEUED, DV_T_RUNNING, DV_T_DONE } dv_tstate;

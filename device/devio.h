@@ -194,11 +194,14 @@ typedef struct devio_lora_cmd {
 
 typedef struct devio_adapter_info {
     char name[64];
-    char path[256];
+    char path[256];      /* relative to the adapters root */
     uint32_t rank;
     float alpha, scale;
+    char targets[128];   /* comma-separated modules, e.g. "q_proj,v_proj" */
+    char sha256[65];     /* hex of adapter_model.safetensors */
+    uint64_t size;       /* bytes of adapter_model.safetensors */
     bool pinned;
-    uint64_t rows_served;
+    uint64_t rows_served; /* plan rows launched with this adapter since it loaded */
 } devio_adapter_info;
 
 /* Acknowledgement. Caller frees with devio_lora_ack_free(). */
@@ -224,6 +227,8 @@ typedef struct devio_config {
     uint32_t logits_rows;      /* live logits positions over all handles, default 256 */
     uint32_t max_loras;        /* default 4 */
     uint32_t max_lora_rank;    /* default 64 */
+    const char *adapters_root; /* PEFT adapter directories live below it; borrowed, may be NULL
+                                  (then loading adapters is refused) */
     uint32_t threads;          /* backend compute threads, 0 = all cores */
     uint64_t epoch;            /* reported in facts; the server bumps it per start */
     uint64_t first_ticket_id;  /* ticket ids start here (unique across restarts) */

@@ -1,22 +1,28 @@
-/* lora_table.c - list, pin, unpin and unload over the adapter table.
- * It must never half-apply a command: every check happens before any change. */
+/* lora_table.c - load, unload, list, pin and unpin over the adapter table.
+ * It must never half-apply a command: every check and the slow load happen before any change. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "device/lora_table.h"
 #include "device/status.h"
 
-devio_status devio_lora_table_init(devio_lora_table *t, uint32_t capacity, uint32_t max_rank)
+devio_status devio_lora_table_init(devio_lora_table *t, uint32_t capacity, uint32_t max_rank,
+                                   const char *root, const devio_model *model)
 {
     memset(t, 0, sizeof *t);
     t->capacity = capacity;
     t->max_rank = max_rank;
+    t->root = root;
+    t->model = model;
     t->entries = calloc(capacity ? capacity : 1, sizeof *t->entries);
     return t->entries ? DEVIO_OK : DEVIO_E_NOMEM;
 }
 
 void devio_lora_table_fini(devio_lora_table *t)
 {
+    for (uint32_t i = 0; t->entries && i < t->capacity; i++)
+        devio_adapter_free(t->entries[i].weights);
     free(t->entries);
     memset(t, 0, sizeof *t);
 }
@@ -31,6 +37,23 @@ int32_t devio_lora_table_find(const devio_lora_table *t, const char *name)
     return -1;
 }
 
+void devio_lora_table_acquire(devio_lora_table *t, int32_t i)
+{
+    devio_lora_entry *e = &t->entries[i];
+    e->in_use++;
+    e->info.rows_served++;
+    e->last_use = ++t->clock;
+}
+
+void devio_lora_table_release(devio_lora_table *t, int32_t i, uint32_t gen)
+{
+    if (i < 0 || (uint32_t)i >= t->capacity)
+        return;
+    devio_lora_entry *e = &t->entries[i];
+    if (e->used && e->generation == gen && e->in_use > 0)
+        e->in_use--;
+}
+
 static devio_status ack_one(devio_lora_ack *ack, const devio_adapter_info *info)
 {
     ack->adapters = malloc(sizeof *ack->adapters);
@@ -38,6 +61,109 @@ static devio_status ack_one(devio_lora_ack *ack, const devio_adapter_info *info)
         return DEVIO_E_NOMEM;
     ack->adapters[0] = *info;
     ack->n_adapters = 1;
+    return DEVIO_OK;
+}
+
+static void info_from(devio_adapter_info *info, const devio_adapter *a, bool pinned)
+{
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "%s", a->name);
+    snprintf(info->path, sizeof info->path, "%s", a->path);
+    info->rank = a->rank;
+    info->alpha = a->alpha;
+    info->scale = a->scale;
+    size_t n = 0;
+    for (int k = 0; k < DEVIO_LORA_N_TARGETS; k++) {
+        if (!(a->targets & (1u << k)))
+            continue;
+        int w = snprintf(info->targets + n, sizeof info->targets - n, "%s%s", n ? "," : "",
+                         devio_lora_target_name((devio_lora_target)k));
+        if (w > 0 && (size_t)w < sizeof info->targets - n)
+            n += (size_t)w;
+    }
+    snprintf(info->sha256, sizeof info->sha256, "%s", a->sha256);
+    info->size = a->size;
+    info->pinned = pinned;
+}
+
+/* The entry a load may take: a free one, or the LRU evictable one; -1 when none. */
+static int32_t slot_for_load(const devio_lora_table *t)
+{
+    int32_t victim = -1;
+    for (uint32_t i = 0; i < t->capacity; i++) {
+        const devio_lora_entry *e = &t->entries[i];
+        if (!e->used)
+            return (int32_t)i;
+        if (e->info.pinned || e->in_use > 0)
+            continue;
+        if (victim < 0 || e->last_use < t->entries[victim].last_use)
+            victim = (int32_t)i;
+    }
+    return victim;
+}
+
+static devio_status load(devio_lora_table *t, const devio_lora_cmd *cmd, devio_lora_ack *ack,
+                         devio_error *err)
+{
+    if (!t->root)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "adapter '%s': no adapters root is configured", cmd->name);
+    if (strlen(cmd->name) >= sizeof ack->evicted)
+        return devio_fail(err, DEVIO_E_INVALID, "adapter name longer than %zu bytes",
+                          sizeof ack->evicted - 1);
+    if (t->capacity == 0)
+        return devio_fail(err, DEVIO_E_ADAPTER_CAPACITY, "max_loras is 0");
+    devio_adapter *a = NULL;
+    devio_status s = devio_adapter_load(t->root, cmd->path, cmd->name, t->model, t->max_rank, &a,
+                                        err);
+    if (s != DEVIO_OK)
+        return s;
+    int32_t have = devio_lora_table_find(t, cmd->name);
+    if (have >= 0) {
+        devio_lora_entry *e = &t->entries[have];
+        bool same = strcmp(e->weights->sha256, a->sha256) == 0 &&
+                    strcmp(e->weights->path, a->path) == 0;
+        devio_adapter_free(a);
+        if (!same)
+            return devio_fail(err, DEVIO_E_INVALID,
+                              "adapter '%s' is loaded with other weights; unload it first",
+                              cmd->name);
+        /* The same weights again: nothing to load; a pin request still pins. */
+        bool pinned = e->info.pinned || cmd->pin;
+        devio_adapter_info info = e->info;
+        info.pinned = pinned;
+        if (ack_one(ack, &info) != DEVIO_OK)
+            return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+        e->info.pinned = pinned;
+        return DEVIO_OK;
+    }
+    int32_t slot = slot_for_load(t);
+    if (slot < 0) {
+        devio_adapter_free(a);
+        return devio_fail_at(err, DEVIO_E_ADAPTER_CAPACITY, "max_loras", t->capacity,
+                             "all %u adapter slots hold pinned adapters or adapters of "
+                             "unawaited tickets",
+                             t->capacity);
+    }
+    devio_lora_entry *e = &t->entries[slot];
+    devio_adapter_info info;
+    info_from(&info, a, cmd->pin);
+    if (ack_one(ack, &info) != DEVIO_OK) {
+        devio_adapter_free(a);
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+    }
+    if (e->used) {
+        snprintf(ack->evicted, sizeof ack->evicted, "%s", e->info.name);
+        devio_adapter_free(e->weights);
+        t->n_loaded--;
+    }
+    e->used = true;
+    e->info = info;
+    e->weights = a;
+    e->in_use = 0;
+    e->generation++;
+    e->last_use = ++t->clock;
+    t->n_loaded++;
     return DEVIO_OK;
 }
 
@@ -58,25 +184,29 @@ devio_status devio_lora_table_apply(devio_lora_table *t, const devio_lora_cmd *c
     if (!cmd->name || !cmd->name[0])
         return devio_fail(err, DEVIO_E_INVALID, "adapter command needs a name");
     if (cmd->kind == DEVIO_LORA_LOAD)
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "adapter '%s': this device has no PEFT adapter loader", cmd->name);
+        return load(t, cmd, ack, err);
     int32_t i = devio_lora_table_find(t, cmd->name);
     if (i < 0)
         return devio_fail(err, DEVIO_E_UNKNOWN_ADAPTER, "adapter '%s' is not loaded", cmd->name);
     devio_lora_entry *e = &t->entries[i];
-    devio_adapter_info before = e->info;
+    devio_adapter_info info = e->info;
     switch (cmd->kind) {
-    case DEVIO_LORA_PIN: e->info.pinned = true; break;
-    case DEVIO_LORA_UNPIN: e->info.pinned = false; break;
+    case DEVIO_LORA_PIN: info.pinned = true; break;
+    case DEVIO_LORA_UNPIN: info.pinned = false; break;
     case DEVIO_LORA_UNLOAD: break;
     default: return devio_fail(err, DEVIO_E_INVALID, "unknown adapter command");
     }
-    if (ack_one(ack, &e->info) != DEVIO_OK) {
-        e->info = before;
+    if (ack_one(ack, &info) != DEVIO_OK)
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-    }
+    e->info = info;
     if (cmd->kind == DEVIO_LORA_UNLOAD) {
+        /* Every launched step has run (quiescence), so no step reads the
+         * weights any more; tickets not yet awaited only hold a count. */
+        devio_adapter_free(e->weights);
+        e->weights = NULL;
         e->used = false;
+        e->in_use = 0;
+        e->generation++;
         t->n_loaded--;
     }
     return DEVIO_OK;

@@ -1,17 +1,22 @@
-/* lora_table.h - the device's table of loaded LoRA adapters.
- * Holds names, ranks, pins and usage; it never touches weights or files. */
+/* lora_table.h - the device's table of loaded LoRA adapters: weights, pins, use, LRU.
+ * Changed only at quiescence (under the device lock, after every launched step ran). */
 #ifndef DEVIO_LORA_TABLE_H
 #define DEVIO_LORA_TABLE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "device/adapter.h"
 #include "device/devio.h"
+#include "device/model.h"
 
 typedef struct devio_lora_entry {
     bool used;
     devio_adapter_info info;
-    uint64_t last_use; /* logical clock for LRU eviction */
+    devio_adapter *weights; /* owned */
+    uint64_t last_use;      /* logical clock for LRU eviction */
+    uint32_t in_use;        /* unawaited tickets with a row naming it */
+    uint32_t generation;    /* bumped whenever the slot changes hands */
 } devio_lora_entry;
 
 typedef struct devio_lora_table {
@@ -19,17 +24,30 @@ typedef struct devio_lora_table {
     uint32_t max_rank;
     uint32_t n_loaded;
     uint64_t clock;
+    const char *root;          /* adapters root, borrowed; NULL = loading refused */
+    const devio_model *model;  /* borrowed */
     devio_lora_entry *entries; /* capacity entries */
 } devio_lora_table;
 
-devio_status devio_lora_table_init(devio_lora_table *t, uint32_t capacity, uint32_t max_rank);
+devio_status devio_lora_table_init(devio_lora_table *t, uint32_t capacity, uint32_t max_rank,
+                                   const char *root, const devio_model *model);
+/* Frees every loaded adapter. */
 void devio_lora_table_fini(devio_lora_table *t);
 
 /* Index of the loaded adapter `name`, or -1 when none. */
 int32_t devio_lora_table_find(const devio_lora_table *t, const char *name);
 
-/* Apply a command. Loading weights needs the adapter loader; without one
- * the table answers DEVIO_E_UNSUPPORTED for load and changes nothing. */
+/* A launched row names entry i: count it (rows served, LRU clock, in use). */
+void devio_lora_table_acquire(devio_lora_table *t, int32_t i);
+/* The ticket of such a row was awaited; gen is the entry's generation at acquire. */
+void devio_lora_table_release(devio_lora_table *t, int32_t i, uint32_t gen);
+
+/* Apply a command; all or nothing. Load reads the adapter from
+ * root/cmd->path (device/adapter.h), reuses the entry when the same name
+ * is loaded with the same weights, refuses the name with other weights,
+ * and when the table is full evicts the least recently used adapter that
+ * is unpinned and named by no unawaited ticket (DEVIO_E_ADAPTER_CAPACITY
+ * when there is none). */
 devio_status devio_lora_table_apply(devio_lora_table *t, const devio_lora_cmd *cmd,
                                     devio_lora_ack *ack, devio_error *err);
 

@@ -59,6 +59,8 @@ int main(int argc, char **argv)
         if ((strcmp(a, "--model") == 0 || strcmp(a, "--adapters") == 0) && i + 1 < argc) {
             if (strcmp(a, "--model") == 0)
                 model_dir = argv[i + 1];
+            else
+                cfg.adapters_root = argv[i + 1];
             i++;
             continue;
         }

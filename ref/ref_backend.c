@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/adapter.h"
 #include "device/backend.h"
 #include "device/numerics.h"
 #include "device/status.h"
@@ -42,6 +43,15 @@ typedef struct ref_state {
     float *act; /* [T, f_pad] silu(gate) * up */
     uint32_t *tok_pos;
     const uint32_t **tok_blocks;
+    const devio_adapter **tok_adapter; /* [T] the LoRA adapter of each token's row, or NULL */
+    uint32_t lora_targets;      /* union of the targets of this step's adapters */
+    /* LoRA (unfused path, only when a step's adapters target the module):
+     * base outputs before their epilogue, and one token's A x. */
+    float *o_tmp;    /* [T, d_pad] o_proj / down_proj outputs */
+    float *g_tmp;    /* [T, f_pad] gate_proj outputs */
+    float *u_tmp;    /* [T, f_pad] up_proj outputs */
+    float *lora_row; /* [max(d, f, q_dim) padded] one widened row of A or B */
+    float *lora_a;   /* [max_lora_rank] */
     float **out_ptr; /* [T] logits rows, in batch order of the wanted tokens */
 
     devio_pool *pool;
@@ -216,9 +226,23 @@ static devio_status ref_create(const devio_model *model, const devio_backend_con
     st->act = calloc_n(T, st->f_pad, sizeof(float));
     st->tok_pos = calloc(T, sizeof *st->tok_pos);
     st->tok_blocks = calloc(T, sizeof *st->tok_blocks);
+    st->tok_adapter = calloc(T, sizeof *st->tok_adapter);
+    uint32_t widest = st->d_pad > st->f_pad ? st->d_pad : st->f_pad;
+    widest = widest > st->q_pad ? widest : st->q_pad;
+    if (cfg->max_lora_rank > widest)
+        widest = cfg->max_lora_rank;
+    st->lora_row = calloc_n(widest, 1, sizeof(float));
+    st->lora_a = calloc_n(cfg->max_lora_rank ? cfg->max_lora_rank : 1, 1, sizeof(float));
+    if (cfg->max_lora_rank) {
+        st->o_tmp = calloc_n(T, st->d_pad, sizeof(float));
+        st->g_tmp = calloc_n(T, st->f_pad, sizeof(float));
+        st->u_tmp = calloc_n(T, st->f_pad, sizeof(float));
+    }
     st->out_ptr = calloc(T, sizeof *st->out_ptr);
     if (!st->x || !st->h || !st->q || !st->k || !st->v || !st->att || !st->act ||
-        !st->tok_pos || !st->tok_blocks || !st->out_ptr)
+        !st->tok_pos || !st->tok_blocks || !st->out_ptr || !st->tok_adapter ||
+        !st->lora_row || !st->lora_a ||
+        (cfg->max_lora_rank && (!st->o_tmp || !st->g_tmp || !st->u_tmp)))
         goto out_nomem;
 
     st->pool = devio_pool_create(st->cfg.threads);
@@ -281,6 +305,12 @@ static void ref_destroy(void *sp)
     free(st->act);
     free(st->tok_pos);
     free(st->tok_blocks);
+    free(st->tok_adapter);
+    free(st->lora_row);
+    free(st->lora_a);
+    free(st->o_tmp);
+    free(st->g_tmp);
+    free(st->u_tmp);
     free(st->out_ptr);
     free(st);
 }
@@ -295,6 +325,7 @@ static devio_status check_batch(ref_state *st, const devio_batch *b, devio_error
                           b->n_tokens, b->n_rows);
     for (uint32_t t = 0; t < b->n_tokens; t++)
         st->tok_pos[t] = UINT32_MAX;
+    st->lora_targets = 0;
     for (uint32_t r = 0; r < b->n_rows; r++) {
         const devio_batch_row *row = &b->rows[r];
         if (row->n_tokens == 0)
@@ -303,6 +334,13 @@ static devio_status check_batch(ref_state *st, const devio_batch *b, devio_error
             row->pos0 > cfg->max_seq_len || row->n_tokens > cfg->max_seq_len - row->pos0 ||
             !row->blocks)
             return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u lies outside the batch", r);
+        if (row->adapter && (row->adapter->rank == 0 || row->adapter->rank > cfg->max_lora_rank ||
+                             row->adapter->n_layers != st->model->cfg.n_layers))
+            return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
+                                 "row %u: adapter of rank %u does not fit this backend", r,
+                                 row->adapter->rank);
+        if (row->adapter)
+            st->lora_targets |= row->adapter->targets;
         uint32_t end = row->pos0 + row->n_tokens;
         for (uint32_t i = 0; i < (end + cfg->block_size - 1) / cfg->block_size; i++)
             if (row->blocks[i] >= cfg->kv_blocks)
@@ -315,6 +353,7 @@ static devio_status check_batch(ref_state *st, const devio_batch *b, devio_error
                                      "token %u belongs to two rows", t);
             st->tok_pos[t] = row->pos0 + i;
             st->tok_blocks[t] = row->blocks;
+            st->tok_adapter[t] = row->adapter;
         }
     }
     for (uint32_t t = 0; t < b->n_tokens; t++) {
@@ -331,6 +370,38 @@ static devio_status check_batch(ref_state *st, const devio_batch *b, devio_error
         if (b->copy_src[c] >= cfg->kv_blocks || b->copy_dst[c] >= cfg->kv_blocks)
             return devio_fail(err, DEVIO_E_INVALID, "block copy %u names a block outside the pool", c);
     return DEVIO_OK;
+}
+
+/* y[t] += scale * B (A x[t]) for the tokens whose adapter adapts `target`
+ * of layer li, in the order backend.h states: a = A x and u = B a by the
+ * lane rule, then y + u * scale. One thread: LoRA work is rank-sized. */
+static void lora_add(ref_state *st, uint32_t li, devio_lora_target target, const float *x,
+                     size_t ldx, float *y, size_t ldy, uint32_t n_tok)
+{
+    if (!(st->lora_targets & (1u << target)))
+        return;
+    for (uint32_t t = 0; t < n_tok; t++) {
+        const devio_adapter *ad = st->tok_adapter[t];
+        if (!ad || !(ad->targets & (1u << target)))
+            continue;
+        const devio_lora_module *m = &ad->mods[(size_t)li * DEVIO_LORA_N_TARGETS + target];
+        if (!m->a.data)
+            continue; /* a layer the adapter does not transform */
+        uint32_t r = ad->rank, in = (uint32_t)m->a.shape[1], out = (uint32_t)m->b.shape[0];
+        size_t asz = devio_dtype_size(m->a.dtype), bsz = devio_dtype_size(m->b.dtype);
+        const float *xt = x + (size_t)t * ldx;
+        for (uint32_t j = 0; j < r; j++) {
+            ref_widen(m->a.dtype, (const char *)m->a.data + (size_t)j * in * asz, st->lora_row,
+                      in);
+            st->lora_a[j] = devio_lane_dot(st->lora_row, xt, in);
+        }
+        float *yt = y + (size_t)t * ldy;
+        for (uint32_t o = 0; o < out; o++) {
+            ref_widen(m->b.dtype, (const char *)m->b.data + (size_t)o * r * bsz, st->lora_row, r);
+            float u = devio_lane_dot(st->lora_row, st->lora_a, r);
+            yt[o] = yt[o] + u * ad->scale;
+        }
+    }
 }
 
 static void rmsnorm_rows(ref_state *st, float *y, const float *x, const float *w, uint32_t n_tok)
@@ -364,6 +435,9 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
         qkv[2].bias = st->bv + (size_t)li * st->kv_dim;
     }
     ref_matmul_run(st->pool, st->scratch, qkv, 3);
+    lora_add(st, li, DEVIO_LORA_Q, st->h, st->d_pad, st->q, st->q_dim, n_tok);
+    lora_add(st, li, DEVIO_LORA_K, st->h, st->d_pad, st->k, st->kv_dim, n_tok);
+    lora_add(st, li, DEVIO_LORA_V, st->h, st->d_pad, st->v, st->kv_dim, n_tok);
 
     for (uint32_t t = 0; t < n_tok; t++) {
         uint32_t pos = st->tok_pos[t];
@@ -379,6 +453,27 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
             memcpy(vc + slot, st->v + src, st->hd * sizeof(float));
         }
     }
+}
+
+/* x += W in (REF_EPI_ADD); when the step's adapters target the module, the
+ * projection is stored, adapted, then added: the same x + z as fused. */
+static void residual_proj(ref_state *st, uint32_t li, devio_lora_target target, ref_matmul *mm,
+                          uint32_t n_tok)
+{
+    if (!(st->lora_targets & (1u << target))) {
+        ref_matmul_run(st->pool, st->scratch, mm, 1);
+        return;
+    }
+    float *x = mm->y;
+    mm->epi = REF_EPI_STORE;
+    mm->y = st->o_tmp;
+    ref_matmul_run(st->pool, st->scratch, mm, 1);
+    lora_add(st, li, target, mm->x, mm->ldx, st->o_tmp, st->d_pad, n_tok);
+    for (uint32_t t = 0; t < n_tok; t++)
+        for (uint32_t i = 0; i < st->d; i++) {
+            size_t k = (size_t)t * st->d_pad + i;
+            x[k] = x[k] + st->o_tmp[k];
+        }
 }
 
 /* Second half of layer li: attention, o_proj, the MLP, both residuals. */
@@ -399,19 +494,38 @@ static void layer_rest(ref_state *st, uint32_t li, uint32_t n_tok)
     ref_matmul o = {.w = l->wo.data, .dtype = l->wo.dtype, .m = st->d, .n = st->q_dim,
                     .epi = REF_EPI_ADD, .x = st->att, .ldx = st->q_pad, .n_tok = n_tok,
                     .y = st->x, .ldy = st->d_pad};
-    ref_matmul_run(st->pool, st->scratch, &o, 1);
+    residual_proj(st, li, DEVIO_LORA_O, &o, n_tok);
 
     rmsnorm_rows(st, st->h, st->x, st->ffn_norm + (size_t)li * st->d, n_tok);
 
     ref_matmul gu = {.w = l->w_gate.data, .w2 = l->w_up.data, .dtype = l->w_gate.dtype,
                      .m = st->f, .n = st->d, .epi = REF_EPI_SILU_MUL, .x = st->h,
                      .ldx = st->d_pad, .n_tok = n_tok, .y = st->act, .ldy = st->f_pad};
-    ref_matmul_run(st->pool, st->scratch, &gu, 1);
+    if (st->lora_targets & ((1u << DEVIO_LORA_GATE) | (1u << DEVIO_LORA_UP))) {
+        /* Unfused: gate and up stored, adapted, then silu(gate) * up as the
+         * fused epilogue computes it, so rows without LoRA keep their bits. */
+        ref_matmul pair[2] = {gu, gu};
+        pair[0].epi = pair[1].epi = REF_EPI_STORE;
+        pair[0].w2 = pair[1].w2 = NULL;
+        pair[1].w = l->w_up.data;
+        pair[0].y = st->g_tmp;
+        pair[1].y = st->u_tmp;
+        ref_matmul_run(st->pool, st->scratch, pair, 2);
+        lora_add(st, li, DEVIO_LORA_GATE, st->h, st->d_pad, st->g_tmp, st->f_pad, n_tok);
+        lora_add(st, li, DEVIO_LORA_UP, st->h, st->d_pad, st->u_tmp, st->f_pad, n_tok);
+        for (uint32_t t = 0; t < n_tok; t++)
+            for (uint32_t i = 0; i < st->f; i++) {
+                size_t k = (size_t)t * st->f_pad + i;
+                st->act[k] = devio_siluf(st->g_tmp[k]) * st->u_tmp[k];
+            }
+    } else {
+        ref_matmul_run(st->pool, st->scratch, &gu, 1);
+    }
 
     ref_matmul down = {.w = l->w_down.data, .dtype = l->w_down.dtype, .m = st->d, .n = st->f,
                        .epi = REF_EPI_ADD, .x = st->act, .ldx = st->f_pad, .n_tok = n_tok,
                        .y = st->x, .ldy = st->d_pad};
-    ref_matmul_run(st->pool, st->scratch, &down, 1);
+    residual_proj(st, li, DEVIO_LORA_DOWN, &down, n_tok);
 }
 
 static devio_status ref_forward(void *sp, const devio_batch *b, devio_error *err)
@@ -462,6 +576,7 @@ static devio_status ref_forward(void *sp, const devio_batch *b, devio_error *err
                    st->d * sizeof(float));
             st->tok_pos[n_out] = st->tok_pos[t];
             st->tok_blocks[n_out] = st->tok_blocks[t];
+            st->tok_adapter[n_out] = st->tok_adapter[t];
         }
         st->out_ptr[n_out++] = b->out_rows[b->out_index[t]];
     }

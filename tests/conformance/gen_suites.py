@@ -388,6 +388,101 @@ def suite_errors():
     return s
 
 
+def lora(kind, name=None, path=None, pin=None):
+    cmd = {"kind": kind}
+    if name:
+        cmd["name"] = name
+    if path:
+        cmd["path"] = path
+    if pin is not None:
+        cmd["pin"] = pin
+    return {"op": "lora", "cmd": cmd}
+
+
+def suite_lora_batch():
+    s = Script("multi-LoRA batches: a row with adapter sql alone equals the same row batched "
+               "with rows of other adapters and rows without one")
+    for name in ("sql", "chat", "code"):
+        s.op(**lora("load", name, name))
+    t = toks(11, 40)
+    s.create("x")
+    s.step([row("x", t, "all", adapter="sql")], "alone")
+    s.create("nb")
+    s.step([row("nb", t, "all")], "base")
+    seqs = []
+    rows = []
+    for i in range(12):
+        q = "m%d" % i
+        seqs.append(q)
+        s.create(q)
+        ad = [None, "chat", "code", "sql"][i % 4]
+        kw = {"adapter": ad} if ad else {}
+        rows.append(row(q, toks(1 + i % 5, 50 + i), "last" if i % 3 == 0 else "none", **kw))
+    s.create("xb")
+    rows.insert(5, row("xb", t, "all", adapter="sql"))
+    s.step(rows, "mixed")
+    s.compare("$alone.rows[0].logits", "$mixed.rows[5].logits")
+    s.note("decode steps: adapters per row, with sampling")
+    s.step([row("x", [toks(1, 60)[0]], "last", adapter="sql",
+                sample={"temperature": 0}),
+            row("nb", [toks(1, 60)[0]], "last", sample={"temperature": 0})], "d1")
+    s.step([row("xb", [toks(1, 60)[0]], "last", adapter="sql", sample={"temperature": 0}),
+            row("m1", [toks(1, 61)[0]], "last", adapter="chat")], "d2")
+    s.compare("$d1.rows[0].logits", "$d2.rows[0].logits")
+    s.op(**lora("list"))
+    s.op(op="facts")
+    return s
+
+
+def suite_lora_lifecycle():
+    s = Script("load, step, unload, step, load again: the same numbers")
+    t = toks(7, 41)
+    s.op(**lora("load", "sql", "sql"))
+    s.op(**lora("load", "sql", "sql"))
+    s.op(**lora("load", "sql", "chat"))
+    s.create("a")
+    s.step([row("a", t, "all", adapter="sql")], "r1")
+    s.op(**lora("unload", "sql"))
+    s.op(**lora("unload", "sql"))
+    s.create("b")
+    s.op(op="step", plan={"rows": [row("b", t, "all", adapter="sql")]})
+    s.op(**lora("load", "sql", "sql"))
+    s.step([row("b", t, "all", adapter="sql")], "r2")
+    s.compare("$r1.rows[0].logits", "$r2.rows[0].logits")
+    s.note("errors: a path outside the root, a missing adapter")
+    s.op(**lora("load", "bad", "../sql"))
+    s.op(**lora("load", "bad", "/etc"))
+    s.op(**lora("load", "bad", "nothing-here"))
+    s.op(**lora("list"))
+    return s
+
+
+def suite_lora_evict():
+    s = Script("eviction at capacity (run with --max-loras 2): the least recently used "
+               "unpinned adapter goes, pinned ones and ones in unawaited tickets never")
+    s.op(**lora("load", "sql", "sql", pin=True))
+    s.op(**lora("load", "chat", "chat"))
+    s.create("a")
+    s.step([row("a", toks(3, 42), "last", adapter="chat")], "r1")
+    s.op(**lora("load", "code", "code"))
+    s.op(**lora("list"))
+    s.op(op="step", plan={"rows": [row("a", toks(1, 43), adapter="chat")]})
+    s.note("code is in an unawaited ticket: it is not evicted, and sql is pinned")
+    s.op(op="launch", plan={"rows": [row("a", toks(1, 44), "last", adapter="code")]},
+         **{"as": "t"})
+    s.op(**lora("load", "math", "math"))
+    s.op(op="await", ticket="$t")
+    s.op(**lora("load", "math", "math"))
+    s.op(**lora("list"))
+    s.op(**lora("pin", "math"))
+    s.op(**lora("load", "chat", "chat"))
+    s.op(**lora("unpin", "sql"))
+    s.op(**lora("load", "chat", "chat"))
+    s.op(**lora("list"))
+    s.op(op="facts")
+    return s
+
+
 # name -> (builder, model, device flags)
 SUITES = {
     "batch": (suite_batch, "tiny", ""),
@@ -408,6 +503,20 @@ SUITES = {
     "long_gqa": (suite_long, "gqa", ""),
     "chunks_bias": (suite_chunks, "bias", ""),
     "sampling_bias": (suite_sampling, "bias", ""),
+    "lora_batch": (suite_lora_batch, "tiny", ""),
+    "lora_lifecycle": (suite_lora_lifecycle, "tiny", ""),
+    "lora_evict": (suite_lora_evict, "tiny", "--max-loras 2"),
+}
+
+# adapter name -> (base model, devio-mkmodel --adapter arguments); each is
+# written to ROOT/name, and every target runs with --adapters ROOT.
+ADAPTERS = {
+    "sql": ("tiny", "--rank 8 --alpha 16 --targets q_proj,v_proj --seed 1"),
+    "chat": ("tiny", "--rank 4 --alpha 8 --dtype bf16 --seed 2 --targets "
+                     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
+    "code": ("tiny", "--rank 16 --alpha 16 --rslora --targets o_proj,gate_proj,up_proj,down_proj "
+                     "--seed 3"),
+    "math": ("tiny", "--rank 2 --alpha 4 --dtype f16 --targets k_proj --seed 4"),
 }
 
 # model name -> devio-mkmodel arguments (same seed, same bytes)
@@ -431,6 +540,11 @@ def main():
         f.write("# model | devio-mkmodel arguments (written by gen_suites.py)\n")
         for name, args in MODELS.items():
             f.write("%s | %s\n" % (name, args))
+    with open(os.path.join(out, "adapters.txt"), "w") as f:
+        f.write("# adapter | base model | devio-mkmodel --adapter arguments "
+                "(written by gen_suites.py)\n")
+        for name, (model, args) in ADAPTERS.items():
+            f.write("%s | %s | %s\n" % (name, model, args))
     done = set()
     for build, _, _ in SUITES.values():
         base = build.__name__[len("suite_"):]

@@ -47,6 +47,17 @@ def make_models(bin_dir, tmp):
     return models
 
 
+def make_adapters(bin_dir, models, tmp):
+    """Every adapter of adapters.txt under one root, which every target is given."""
+    root = os.path.join(tmp, "adapters")
+    os.makedirs(root, exist_ok=True)
+    for name, model, args in table("adapters.txt"):
+        subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel"), "--adapter", "--model",
+                        models[model]] + args.split() + ["--out", os.path.join(root, name)],
+                       check=True, stdout=subprocess.DEVNULL, timeout=TIMEOUT_S)
+    return root
+
+
 def run(cmd, **kw):
     p = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S, **kw)
     if p.returncode != 0:
@@ -63,8 +74,7 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DEVIO_")}
         self.p = subprocess.Popen(
             [os.path.join(bin_dir, "service", "devio-server"), "--model", model,
-             "--db", os.path.join(self.dir, "devio.db"), "--listen", "127.0.0.1:0",
-             "--adapters", self.dir] + flags,
+             "--db", os.path.join(self.dir, "devio.db"), "--listen", "127.0.0.1:0"] + flags,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         deadline = time.time() + 60
         line = b""
@@ -148,13 +158,14 @@ def main():
     os.makedirs(expected_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         models = make_models(bin_dir, tmp)
+        adapters = make_adapters(bin_dir, models, tmp)
         tg = targets(args, bin_dir)
         timings = {k: 0.0 for k in tg}
         for name, script, model, flags in table("suites.txt"):
             if args.suite and name != args.suite:
                 continue
             script = os.path.join(HERE, script)
-            flags = flags.split()
+            flags = flags.split() + ["--adapters", adapters]
             exp_path = os.path.join(expected_dir, name + ".out")
             if args.regen:
                 out = tg["native-t1"](models[model], flags, script, tmp)

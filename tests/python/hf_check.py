@@ -117,6 +117,55 @@ def forward(cfg, w, tokens):
     return x @ head.T
 
 
+def merge_adapter(cfg, w, adir):
+    """W + s * B A for every adapted projection (PEFT's merge), in float64."""
+    acfg = json.load(open(os.path.join(adir, "adapter_config.json")))
+    a = read_safetensors(os.path.join(adir, "adapter_model.safetensors"))
+    r = acfg["r"]
+    alpha = float(acfg.get("lora_alpha", 8))
+    scale = alpha / np.sqrt(r) if acfg.get("use_rslora") else alpha / r
+    w = dict(w)
+    for name in list(a):
+        if ".lora_A." not in name:
+            continue
+        base = name.replace("base_model.model.", "").replace(".lora_A.weight", ".weight")
+        b = a[name.replace(".lora_A.", ".lora_B.")]
+        w[base] = w[base] + scale * (b @ a[name])
+    return w
+
+
+def run_adapter(bin_dir, preset, extra, n_tokens, tmp):
+    """Logits with a LoRA adapter against the base weights merged with it."""
+    mdir = os.path.join(tmp, preset + "-lora-base")
+    root = os.path.join(tmp, preset + "-adapters")
+    if not os.path.exists(mdir):
+        subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel"), "--preset", preset,
+                        "--seed", "6", "--out", mdir], check=True, stdout=subprocess.DEVNULL)
+    name = "ad" + str(abs(hash(" ".join(extra))) % 100000)
+    subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel"), "--adapter", "--model", mdir,
+                    "--seed", "9", "--out", os.path.join(root, name)] + extra,
+                   check=True, stdout=subprocess.DEVNULL)
+    cfg, w = load(mdir)
+    vocab = cfg["vocab_size"]
+    tokens = [(i * 7919 + 13) % vocab for i in range(n_tokens)]
+    script = os.path.join(tmp, "lora.jsonl")
+    with open(script, "w") as f:
+        f.write(json.dumps({"op": "lora", "cmd": {"kind": "load", "name": "x", "path": name}})
+                + "\n")
+        f.write('{"op":"create","as":"s"}\n')
+        f.write(json.dumps({"op": "step", "full": True, "plan": {"rows": [
+            {"seq": "$s", "tokens": tokens, "logits": "all", "adapter": "x"}]}}) + "\n")
+    out = subprocess.run([os.path.join(bin_dir, "ref", "devio-ref"), "--model", mdir,
+                          "--adapters", root, script],
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    lg = json.loads(out[2])["result"]["rows"][0]["logits"]
+    got = np.array(lg["values"], dtype=np.float64).reshape(lg["shape"])
+    want = forward(cfg, merge_adapter(cfg, w, os.path.join(root, name)), tokens)
+    base = forward(cfg, w, tokens)
+    assert np.max(np.abs(want - base)) > 1e-3 * np.max(np.abs(base)), "adapter changes nothing"
+    return np.max(np.abs(got - want)) / np.max(np.abs(want))
+
+
 def run(bin_dir, preset, extra, n_tokens, tmp):
     mdir = os.path.join(tmp, preset + "-" + "-".join(a.strip("-") for a in extra))
     subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel"), "--preset", preset,
@@ -146,6 +195,11 @@ def main():
     ap.add_argument("--tokens", type=int, default=48)
     a = ap.parse_args()
     variants = [[], ["--dtype", "bf16"], ["--dtype", "f16"], ["--tied", "--bias", "--head-dim", "24"]]
+    lora_variants = [
+        ["--rank", "8", "--alpha", "16", "--targets", "q_proj,v_proj"],
+        ["--rank", "16", "--alpha", "32", "--rslora", "--dtype", "bf16", "--targets",
+         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"],
+    ]
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for preset in a.presets.split(","):
@@ -154,6 +208,12 @@ def main():
                 ok = err < LIMIT
                 failed += not ok
                 print(f"hf_check {preset} {' '.join(extra) or 'f32'}: relative error {err:.3e} "
+                      f"({'ok' if ok else 'FAIL'}, limit {LIMIT:g})")
+            for extra in lora_variants:
+                err = run_adapter(a.bin, preset, extra, a.tokens, tmp)
+                ok = err < LIMIT
+                failed += not ok
+                print(f"hf_check {preset} LoRA {' '.join(extra)}: relative error {err:.3e} "
                       f"({'ok' if ok else 'FAIL'}, limit {LIMIT:g})")
     sys.exit(1 if failed else 0)
 
