@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,7 @@
 
 #include "device/backend.h"
 #include "device/kv_pool.h"
+#include "ref/mkmodel.h"
 #include "tests/testutil.h"
 
 typedef struct ctx {
@@ -670,6 +672,108 @@ static void test_lora_table_list(void **state)
     devio_teardown(d, NULL);
 }
 
+/* ---- LoRA table through the device ---------------------------------------- */
+
+static void write_adapter(ctx *c, const char *root, const char *name, uint32_t rank, uint64_t seed)
+{
+    char out[512];
+    snprintf(out, sizeof out, "%s/%s", root, name);
+    devio_mkmodel_adapter_opts o = devio_mkmodel_adapter_opts_default();
+    o.model_dir = c->fx.dir;
+    o.out_dir = out;
+    o.rank = rank;
+    o.alpha = 16;
+    o.seed = seed;
+    devio_error err = {0};
+    assert_int_equal(devio_mkmodel_write_adapter(&o, &err), DEVIO_OK);
+}
+
+static devio_status lora_cmd(devio_device *d, devio_lora_kind kind, const char *name,
+                             const char *path, bool pin, devio_lora_ack *ack)
+{
+    devio_lora_cmd cmd = {.kind = kind, .name = name, .path = path, .pin = pin};
+    devio_error err = {0};
+    devio_status s = devio_lora(d, &cmd, ack, &err);
+    if (s != DEVIO_OK)
+        assert_true(err.message[0] != '\0');
+    return s;
+}
+
+static void test_lora_commands(void **state)
+{
+    ctx *c = *state;
+    char root[512];
+    snprintf(root, sizeof root, "%s/adapters", c->fx.dir);
+    write_adapter(c, root, "a", 8, 1);
+    write_adapter(c, root, "b", 4, 2);
+    write_adapter(c, root, "c", 4, 3);
+    write_adapter(c, root, "big", 128, 4);
+    devio_config cfg = small_cfg();
+    cfg.max_loras = 2;
+    cfg.adapters_root = root;
+    devio_device *d = open_dev(c, cfg);
+    devio_lora_ack ack;
+
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "a", false, &ack), DEVIO_OK);
+    assert_int_equal(ack.n_adapters, 1);
+    assert_int_equal(ack.adapters[0].rank, 8);
+    assert_true(ack.adapters[0].scale == 2.0f);
+    assert_string_equal(ack.adapters[0].targets, "q_proj,v_proj");
+    assert_int_equal(strlen(ack.adapters[0].sha256), 64);
+    devio_lora_ack_free(&ack);
+    /* Same weights again: no change. Other weights under the same name: refused. */
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "a", false, &ack), DEVIO_OK);
+    devio_lora_ack_free(&ack);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "b", false, &ack), DEVIO_E_INVALID);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "X", "big", false, &ack), DEVIO_E_INVALID);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "X", "../a", false, &ack), DEVIO_E_INVALID);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "X", "none", false, &ack), DEVIO_E_IO);
+    assert_int_equal(devio_facts_get(d).adapters_loaded, 1);
+
+    /* A row of A in an unawaited ticket keeps A from eviction. */
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "B", "b", true, &ack), DEVIO_OK);
+    devio_lora_ack_free(&ack);
+    uint64_t s = new_seq(d);
+    int32_t tok[3] = {1, 2, 3};
+    devio_row row = {.seq = s, .tokens = tok, .n_tokens = 3, .adapter = "A"};
+    devio_plan plan = {.rows = &row, .n_rows = 1};
+    uint64_t t;
+    assert_int_equal(devio_launch(d, &plan, &t, NULL), DEVIO_OK);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "C", "c", false, &ack),
+                     DEVIO_E_ADAPTER_CAPACITY);
+    devio_step_result r;
+    assert_int_equal(devio_await(d, t, -1, &r, NULL), DEVIO_OK);
+    devio_step_result_free(&r);
+    /* Now A (unpinned, idle) is the one to go; B is pinned. */
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "C", "c", false, &ack), DEVIO_OK);
+    assert_string_equal(ack.evicted, "A");
+    devio_lora_ack_free(&ack);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LIST, NULL, NULL, false, &ack), DEVIO_OK);
+    assert_int_equal(ack.n_adapters, 2);
+    devio_lora_ack_free(&ack);
+    assert_int_equal(devio_launch(d, &plan, &t, NULL), DEVIO_E_UNKNOWN_ADAPTER);
+    /* pin, unpin, unload */
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_PIN, "C", NULL, false, &ack), DEVIO_OK);
+    assert_true(ack.adapters[0].pinned);
+    devio_lora_ack_free(&ack);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "a", false, &ack),
+                     DEVIO_E_ADAPTER_CAPACITY);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_UNPIN, "B", NULL, false, &ack), DEVIO_OK);
+    devio_lora_ack_free(&ack);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_UNLOAD, "B", NULL, false, &ack), DEVIO_OK);
+    devio_lora_ack_free(&ack);
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_UNLOAD, "B", NULL, false, &ack),
+                     DEVIO_E_UNKNOWN_ADAPTER);
+    assert_int_equal(devio_facts_get(d).adapters_loaded, 1);
+    devio_teardown(d, NULL);
+
+    /* Without an adapters root, loading is refused. */
+    d = open_dev(c, small_cfg());
+    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "a", false, &ack), DEVIO_E_UNSUPPORTED);
+    devio_teardown(d, NULL);
+    devio_rmtree(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -687,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_depth_invariance),
         cmocka_unit_test(test_open_rejects_bad_config),
         cmocka_unit_test(test_lora_table_list),
+        cmocka_unit_test(test_lora_commands),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
