@@ -32,7 +32,7 @@ DEB_PACKAGES=(
     bazel-bootstrap build-essential
     libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev
     python3 python3-pip curl
-    clang lld wasi-libc libclang-rt-14-dev-wasm32
+    clang lld wasi-libc libclang-rt-14-dev-wasm32 llvm-14 debian-archive-keyring
 )
 
 log() { printf 'devio: %s\n' "$*" >&2; }
@@ -92,6 +92,7 @@ setup_python() {
 cmd_setup() {
     setup_debian
     setup_python
+    "$ROOT/deploy/wasi-jansson.sh" "$STATE_DIR/wasi-jansson"
     command -v bazel >/dev/null 2>&1 || die "bazel not found after setup"
 }
 

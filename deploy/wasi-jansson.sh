@@ -63,11 +63,13 @@ if [ -z "$tarball" ]; then
     command -v apt-get >/dev/null 2>&1 || die "apt-get not found (not a Debian system)"
     log "fetching jansson's Debian source package ($SUITE)"
     APT="$WORK/apt"
-    mkdir -p "$APT/lists/partial" "$APT/dl"
+    mkdir -p "$APT/lists/partial" "$APT/cache/archives/partial" "$APT/dl"
     printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: %s\n' \
         "$SUITE" "$KEYRING" >"$APT/src.sources"
+    # Lists and caches of its own: the system's package lists and caches
+    # stay as they are.
     aptopts=(-q -o "Dir::Etc::SourceList=$APT/src.sources" -o Dir::Etc::SourceParts=/dev/null
-             -o "Dir::State::Lists=$APT/lists")
+             -o "Dir::State::Lists=$APT/lists" -o "Dir::Cache=$APT/cache")
     apt-get "${aptopts[@]}" update >"$APT/update.log" 2>&1 ||
         { cat "$APT/update.log" >&2; die "apt-get update of the deb-src index failed"; }
     (cd "$APT/dl" && apt-get "${aptopts[@]}" source --download-only jansson) >"$APT/source.log" 2>&1 ||
@@ -84,7 +86,9 @@ log "building $(basename "$tarball") for wasm32-wasi"
 mkdir -p "$WORK/jansson"
 tar -xf "$tarball" -C "$WORK/jansson" --strip-components=1
 SRC="$WORK/jansson/src"
-[ -f "$SRC/jansson.h" ] && [ -f "$SRC/jansson_config.h.in" ] || die "unexpected tarball layout"
+if [ ! -f "$SRC/jansson.h" ] || [ ! -f "$SRC/jansson_config.h.in" ]; then
+    die "unexpected tarball layout"
+fi
 
 # ---- the two headers jansson's configure step would write ----------------------
 GEN="$WORK/gen"
@@ -133,8 +137,10 @@ cat >"$GEN/jansson_private_config.h" <<'EOF'
 EOF
 
 # ---- compile and archive -------------------------------------------------------
+# The macro prefix map keeps the work directory's name out of assert()'s
+# __FILE__, so that the same source always gives the same library.
 CFLAGS=(--target=wasm32-wasi -O2 -ffp-contract=off -msimd128 -DHAVE_CONFIG_H=1
-        -I"$GEN" -I"$SRC" -w)
+        -I"$GEN" -I"$SRC" -fmacro-prefix-map="$WORK/jansson/=" -w)
 OBJ="$WORK/obj"
 mkdir -p "$OBJ"
 objs=()
@@ -145,7 +151,7 @@ for c in "$SRC"/*.c; do
 done
 [ "${#objs[@]}" -gt 0 ] || die "no jansson sources found"
 mkdir -p "$WORK/out/lib" "$WORK/out/include"
-"$AR" rcs "$WORK/out/lib/libjansson.a" "${objs[@]}"
+"$AR" rcsD "$WORK/out/lib/libjansson.a" "${objs[@]}"
 cp "$SRC/jansson.h" "$GEN/jansson_config.h" "$WORK/out/include/"
 printf 'source: %s\nsha256: %s\ncompiler: %s\n' "$(basename "$tarball")" \
     "$(sha256sum "$tarball" | cut -d' ' -f1)" "$("$CC" --version | head -n 1)" >"$WORK/out/BUILDINFO"

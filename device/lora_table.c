@@ -116,6 +116,13 @@ static devio_status load(devio_lora_table *t, const devio_lora_cmd *cmd, devio_l
     devio_adapter *a = NULL;
     devio_status s = devio_adapter_load(t->root, cmd->path, cmd->name, t->model, t->max_rank, &a,
                                         err);
+    /* A missing or malformed adapter directory is the command's fault, not
+     * the device's: it answers like any other invalid input. */
+    if (s == DEVIO_E_IO || s == DEVIO_E_MODEL) {
+        if (err)
+            err->status = DEVIO_E_INVALID;
+        return DEVIO_E_INVALID;
+    }
     if (s != DEVIO_OK)
         return s;
     int32_t have = devio_lora_table_find(t, cmd->name);

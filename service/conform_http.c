@@ -290,12 +290,52 @@ static devio_status op_await(devio_http_target *h, const json_t *body, json_t **
     }
 }
 
-/* Adapter answers carry one record or a list; the runner expects the
- * {"adapters":[...]} of devio_json_lora_ack. Takes the reference to x. */
+/* The device's fields of an adapter record: the HTTP records add the
+ * store's (times, reason) that an in-process run does not have. */
+static json_t *ack_record(const json_t *rec)
+{
+    static const char *const keys[] = {"name",   "path", "rank",   "alpha",       "scale", "targets",
+                                       "sha256", "size", "pinned", "rows_served", "state"};
+    json_t *o = json_object();
+    for (size_t i = 0; o && i < sizeof keys / sizeof *keys; i++) {
+        json_t *v = json_object_get(rec, keys[i]);
+        if (v && json_object_set(o, keys[i], v) != 0) {
+            json_decref(o);
+            o = NULL;
+        }
+    }
+    return o;
+}
+
+/* Adapter answers carry one record or a list of every recorded adapter; the
+ * runner expects the {"adapters":[...], "evicted"?} of devio_json_lora_ack,
+ * whose list holds the loaded adapters only. Takes the reference to x. */
 static devio_status wrap_adapters(json_t *x, json_t **result, devio_error *err)
 {
-    json_t *list = json_is_array(x) ? x : json_pack("[o]", x);
-    *result = list ? json_pack("{s:o}", "adapters", list) : NULL;
+    json_t *list = json_array();
+    const char *evicted = NULL;
+    bool oom = !list;
+    if (json_is_array(x)) {
+        size_t i;
+        json_t *r;
+        json_array_foreach(x, i, r)
+        {
+            const char *state = json_string_value(json_object_get(r, "state"));
+            if (!oom && state && strcmp(state, "loaded") == 0)
+                oom = json_array_append_new(list, ack_record(r)) != 0;
+        }
+    } else if (!oom) {
+        oom = json_array_append_new(list, ack_record(x)) != 0;
+        evicted = json_string_value(json_object_get(x, "evicted"));
+    }
+    *result = oom ? NULL : json_pack("{s:o}", "adapters", list);
+    if (oom)
+        json_decref(list);
+    if (*result && evicted && json_object_set_new(*result, "evicted", json_string(evicted)) != 0) {
+        json_decref(*result);
+        *result = NULL;
+    }
+    json_decref(x);
     if (!*result)
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory wrapping the adapter answer");
     return DEVIO_OK;

@@ -67,7 +67,21 @@ void devio_metrics_aborted(devio_metrics *m, uint32_t n)
     pthread_mutex_unlock(&m->mu);
 }
 
-char *devio_metrics_render(devio_metrics *m, const devio_facts *f)
+/* A label value in the exposition format: backslash, quote and newline escaped. */
+static void put_label(FILE *o, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            fprintf(o, "\\%c", *v);
+        else if (*v == '\n')
+            fputs("\\n", o);
+        else
+            fputc(*v, o);
+    }
+}
+
+char *devio_metrics_render(devio_metrics *m, const devio_facts *f,
+                           const devio_metrics_adapters *ad)
 {
     char *buf = NULL;
     size_t len = 0;
@@ -128,6 +142,21 @@ char *devio_metrics_render(devio_metrics *m, const devio_facts *f)
         for (size_t i = 0; i < sizeof g / sizeof *g; i++)
             fprintf(o, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", g[i].name, g[i].help,
                     g[i].name, g[i].name, (unsigned long long)g[i].v);
+    }
+    if (ad) {
+        fprintf(o, "# HELP devio_adapters_capacity LoRA adapters that fit at once (max_loras).\n"
+                   "# TYPE devio_adapters_capacity gauge\ndevio_adapters_capacity %u\n",
+                ad->capacity);
+        /* A count of the adapter's current load: it starts again from 0 when the
+         * adapter is loaded again, which Prometheus reads as a counter reset. */
+        fprintf(o, "# HELP devio_adapter_rows_served_total Plan rows launched with a loaded "
+                   "adapter since it was loaded.\n"
+                   "# TYPE devio_adapter_rows_served_total counter\n");
+        for (uint32_t i = 0; i < ad->n_live; i++) {
+            fputs("devio_adapter_rows_served_total{adapter=\"", o);
+            put_label(o, ad->live[i].name);
+            fprintf(o, "\"} %llu\n", (unsigned long long)ad->live[i].rows_served);
+        }
     }
     fprintf(o, "# HELP devio_up 1 while the device serves, 0 after teardown.\n"
                "# TYPE devio_up gauge\ndevio_up %d\n",

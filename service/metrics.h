@@ -36,8 +36,18 @@ void devio_metrics_step(devio_metrics *m, uint64_t compute_us, uint32_t tokens, 
 void devio_metrics_launched(devio_metrics *m);
 void devio_metrics_aborted(devio_metrics *m, uint32_t n);
 
-/* Render everything plus the device gauges (facts may be NULL after teardown).
+/* The adapter families, read from the device at render time. */
+typedef struct devio_metrics_adapters {
+    uint32_t capacity;              /* max_loras: devio_adapters_capacity */
+    uint32_t n_live;
+    const devio_adapter_info *live; /* borrowed: the loaded adapters, for
+                                       devio_adapter_rows_served_total{adapter} */
+} devio_metrics_adapters;
+
+/* Render everything plus the device gauges and the adapter families (facts
+ * and adapters may be NULL after teardown; then those are left out).
  * Returns a malloc'd NUL-terminated text; caller frees. */
-char *devio_metrics_render(devio_metrics *m, const devio_facts *facts);
+char *devio_metrics_render(devio_metrics *m, const devio_facts *facts,
+                           const devio_metrics_adapters *adapters);
 
 #endif

@@ -441,55 +441,49 @@ static void route_teardown(devio_server *s, reply *r)
     reply_json(r, 200, json_pack("{s:b,s:i}", "torn_down", 1, "aborted", aborted));
 }
 
-/* The adapter routes; `action` is "pin" or "unpin" for POST /v1/adapters/{name}/ACTION. */
+/* The adapter routes; `action` is "pin" or "unpin" for POST /v1/adapters/{name}/ACTION.
+ * service/adapters.c keeps the device's table and the store's rows in step. */
 static void route_adapters(devio_server *s, const char *method, const char *name,
                            const char *action, const json_t *body, reply *r)
 {
-    json_t *cmd, *res = NULL;
-    devio_error err = {0};
+    const char *path = NULL;
+    bool pin = false;
     if (body) {
+        if (!json_is_object(body))
+            return reply_fail(r, DEVIO_E_INVALID, "adapter body must be a JSON object%s", "");
         const char *k;
         const json_t *v;
         json_object_foreach((json_t *)body, k, v) if (strcmp(k, "path") && strcmp(k, "pin"))
             return reply_fail(r, DEVIO_E_INVALID, "unknown field '%s' in the adapter body", k);
-        if (!json_is_object(body))
-            return reply_fail(r, DEVIO_E_INVALID, "adapter body must be a JSON object%s", "");
+        const json_t *jp = json_object_get(body, "pin");
+        path = json_string_value(json_object_get(body, "path"));
+        if (!path || !path[0])
+            return reply_fail(r, DEVIO_E_INVALID, "load needs a non-empty string 'path'%s", "");
+        if (jp && !json_is_boolean(jp))
+            return reply_fail(r, DEVIO_E_INVALID, "'pin' must be a boolean%s", "");
+        pin = json_is_true(jp);
     }
-    if (!name)
-        cmd = json_pack("{s:s}", "kind", "list");
+    json_t *out = NULL;
+    devio_error err = {0};
+    devio_status st;
+    pthread_rwlock_rdlock(&s->dev_lock);
+    if (!s->dev)
+        st = devio_fail(&err, DEVIO_E_TORN_DOWN, "device torn down");
+    else if (!name)
+        st = devio_adapters_list(&s->adapters, s->dev, &out, &err);
     else if (action)
-        cmd = json_pack("{s:s,s:s}", "kind", action, "name", name);
+        st = devio_adapters_pin(&s->adapters, s->dev, name, strcmp(action, "pin") == 0, &out,
+                                &err);
     else if (strcmp(method, "PUT") == 0)
-        cmd = json_pack("{s:s,s:s,s:O*,s:O*}", "kind", "load", "name", name, "path",
-                        json_object_get(body, "path"), "pin", json_object_get(body, "pin"));
+        st = devio_adapters_load(&s->adapters, s->dev, name, path, pin, &out, &err);
     else if (strcmp(method, "DELETE") == 0)
-        cmd = json_pack("{s:s,s:s}", "kind", "unload", "name", name);
+        st = devio_adapters_unload(&s->adapters, s->dev, name, &out, &err);
     else
-        cmd = json_pack("{s:s}", "kind", "list");
-    devio_status st = device_call(s, "lora", cmd, &res, &err);
-    json_decref(cmd);
+        st = devio_adapters_get(&s->adapters, s->dev, name, &out, &err);
+    pthread_rwlock_unlock(&s->dev_lock);
     if (st != DEVIO_OK)
         return reply_error(r, &err);
-    json_t *list = json_incref(json_object_get(res, "adapters"));
-    json_decref(res);
-    if (!name)
-        return reply_json(r, 200, list);
-    if (strcmp(method, "GET") == 0) {
-        const json_t *a;
-        size_t i;
-        json_array_foreach(list, i, a) if (strcmp(json_string_value(json_object_get(a, "name")),
-                                                  name) == 0)
-        {
-            json_t *one = json_incref((json_t *)a);
-            json_decref(list);
-            return reply_json(r, 200, one);
-        }
-        json_decref(list);
-        return reply_fail(r, DEVIO_E_UNKNOWN_ADAPTER, "adapter '%s' is not loaded", name);
-    }
-    json_t *one = json_incref(json_array_get(list, 0));
-    json_decref(list);
-    reply_json(r, 200, one ? one : json_object());
+    reply_json(r, 200, out);
 }
 
 /* ---- dispatch by path ---------------------------------------------------------- */
@@ -563,13 +557,24 @@ static void handle(devio_server *s, struct MHD_Connection *c, const char *url,
         r->route = "/metrics";
         pthread_rwlock_rdlock(&s->dev_lock);
         devio_facts f;
+        devio_lora_ack live = {0};
+        devio_metrics_adapters ma = {0};
         bool up = s->dev != NULL;
-        if (up)
+        if (up) {
             f = devio_facts_get(s->dev);
+            /* rows_served per adapter comes from the device's table as it is now. */
+            devio_lora_cmd list = {.kind = DEVIO_LORA_LIST};
+            if (devio_lora(s->dev, &list, &live, NULL) == DEVIO_OK) {
+                ma.live = live.adapters;
+                ma.n_live = live.n_adapters;
+            }
+            ma.capacity = devio_config_of(s->dev)->max_loras;
+        }
         pthread_rwlock_unlock(&s->dev_lock);
         r->code = 200;
         r->ctype = "text/plain; version=0.0.4";
-        r->body = devio_metrics_render(&s->metrics, up ? &f : NULL);
+        r->body = devio_metrics_render(&s->metrics, up ? &f : NULL, up ? &ma : NULL);
+        devio_lora_ack_free(&live);
         r->len = r->body ? strlen(r->body) : 0;
         return;
     }
@@ -881,6 +886,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     s->cfg = *cfg;
     pthread_rwlock_init(&s->dev_lock, NULL);
     devio_metrics_init(&s->metrics);
+    devio_adapters_init(&s->adapters);
     struct sockaddr_in sa;
     devio_status st = parse_listen(cfg->listen, &sa, err);
     if (st == DEVIO_OK && strcmp(cfg->backend, "auto") && strcmp(cfg->backend, "ref"))
@@ -904,8 +910,13 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         dc.epoch = devio_store_epoch(s->store);
         dc.first_ticket_id = devio_store_next_ticket_id(s->store);
         dc.use_worker_thread = true;
+        dc.adapters_root = cfg->adapters;
         st = devio_open(s->model, &devio_ref_backend, &dc, &s->dev, err);
     }
+    /* Before listening: the adapters recorded as loaded are loaded again, so
+     * the first request sees the same table the last process had. */
+    if (st == DEVIO_OK)
+        st = devio_adapters_start(&s->adapters, s->store, s->dev, stderr, NULL, err);
     if (st == DEVIO_OK) {
         s->mhd = MHD_start_daemon(
             MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC |
@@ -971,6 +982,7 @@ void devio_server_stop(devio_server *s)
     s->model = NULL;
     free(s->token);
     s->token = NULL;
+    devio_adapters_fini(&s->adapters);
     devio_metrics_fini(&s->metrics);
     pthread_rwlock_destroy(&s->dev_lock);
 }

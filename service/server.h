@@ -9,6 +9,7 @@
 
 #include "device/devio.h"
 #include "device/model.h"
+#include "service/adapters.h"
 #include "service/config.h"
 #include "service/metrics.h"
 #include "service/store.h"
@@ -19,6 +20,7 @@ typedef struct devio_server {
     devio_device *dev;         /* owned; NULL after teardown */
     pthread_rwlock_t dev_lock; /* readers: every device call; writer: teardown */
     devio_store *store;        /* owned */
+    devio_adapters adapters;   /* adapter commands: device table + store rows */
     devio_metrics metrics;
     struct MHD_Daemon *mhd;
     char *token;               /* owned copy; NULL = no auth */

@@ -4,9 +4,11 @@
 #
 # usage: ref/wasm/bench.sh [BIN] [RUNS]   (BIN default bazel-bin, RUNS default 5)
 #
-# Each figure is the fastest of RUNS wall-clock runs, in milliseconds, on the
-# `small` preset model. "per token" is (decode64 - decode0) / 64: the cost of
-# one decode step with start-up (runtime, compilation, model load) taken out.
+# Each figure is the least of RUNS runs, in milliseconds, on the `small`
+# preset model: wall-clock time and CPU time (user + system, all threads; on
+# a busy machine the steadier of the two). "per token" is
+# (decode64 - decode0) / 64: the cost of one decode step with start-up
+# (runtime, compilation, model load) taken out.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -34,26 +36,34 @@ decode_script 0 >"$WORK/decode0.jsonl"
 decode_script 64 >"$WORK/decode64.jsonl"
 cp deploy/demo.jsonl "$WORK/demo.jsonl"
 
-# best NAME SCRIPT CMD... : fastest of RUNS, after checking the output.
+# best SCRIPT CMD... : "WALL CPU", each the least of RUNS runs in ms (CPU:
+# user + system of the process and its threads), after checking the output.
 best() {
-    local script=$1 b="" s e ms i
+    local script=$1
     shift
     "$@" --model "$WORK/small" "$script" >"$WORK/out" 2>/dev/null
     if ! cmp -s "$WORK/out" "$WORK/$(basename "$script").expected"; then
-        echo "output differs"
+        echo "differs differs"
         return
     fi
-    for ((i = 0; i < RUNS; i++)); do
-        s=$(date +%s%N)
-        "$@" --model "$WORK/small" "$script" >/dev/null 2>&1
-        e=$(date +%s%N)
-        ms=$(((e - s) / 1000000))
-        if [ -z "$b" ] || [ "$ms" -lt "$b" ]; then b=$ms; fi
-    done
-    echo "$b"
+    python3 - "$RUNS" "$@" --model "$WORK/small" "$script" <<'PY'
+import os, resource, subprocess, sys, time
+runs, cmd = int(sys.argv[1]), sys.argv[2:]
+wall = cpu = None
+for _ in range(runs):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.monotonic()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    w = (time.monotonic() - t) * 1000
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    c = ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * 1000
+    wall = w if wall is None else min(wall, w)
+    cpu = c if cpu is None else min(cpu, c)
+print(f"{wall:.0f} {cpu:.0f}")
+PY
 }
 
-declare -A T
+declare -A W C
 runtimes=(native native-t1 node wasmtime)
 cmd_of() {
     case "$1" in
@@ -67,16 +77,23 @@ for sc in demo decode0 decode64; do
     "$BIN/ref/devio-ref" --model "$WORK/small" "$WORK/$sc.jsonl" >"$WORK/$sc.jsonl.expected"
     for r in "${runtimes[@]}"; do
         # shellcheck disable=SC2046
-        T[$r.$sc]=$(best "$WORK/$sc.jsonl" $(cmd_of "$r"))
+        read -r W[$r.$sc] C[$r.$sc] < <(best "$WORK/$sc.jsonl" $(cmd_of "$r"))
     done
 done
 
-printf '%-10s %10s %10s %10s %12s\n' runtime demo decode0 decode64 "per token"
-for r in "${runtimes[@]}"; do
-    per="-"
-    if [[ "${T[$r.decode64]}" =~ ^[0-9]+$ && "${T[$r.decode0]}" =~ ^[0-9]+$ ]]; then
-        per=$(awk -v a="${T[$r.decode64]}" -v b="${T[$r.decode0]}" 'BEGIN { printf "%.2f", (a - b) / 64 }')
+per_token() {
+    if [[ "$1" =~ ^[0-9]+$ && "$2" =~ ^[0-9]+$ ]]; then
+        awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (a - b) / 64 }'
+    else
+        echo "-"
     fi
-    printf '%-10s %10s %10s %10s %12s\n' "$r" "${T[$r.demo]}" "${T[$r.decode0]}" "${T[$r.decode64]}" "$per"
+}
+printf '%-10s %16s %16s %16s %16s\n' "" demo decode0 decode64 "per token"
+printf '%-10s %16s %16s %16s %16s\n' runtime "wall/cpu" "wall/cpu" "wall/cpu" "wall/cpu"
+for r in "${runtimes[@]}"; do
+    printf '%-10s %16s %16s %16s %16s\n' "$r" "${W[$r.demo]}/${C[$r.demo]}" \
+        "${W[$r.decode0]}/${C[$r.decode0]}" "${W[$r.decode64]}/${C[$r.decode64]}" \
+        "$(per_token "${W[$r.decode64]}" "${W[$r.decode0]}")/$(per_token "${C[$r.decode64]}" "${C[$r.decode0]}")"
 done
-echo "(milliseconds, fastest of $RUNS runs, small preset; per token = (decode64 - decode0) / 64)"
+echo "(milliseconds, least of $RUNS runs, small preset; cpu = user + system time;"
+echo " per token = (decode64 - decode0) / 64, the cost of one decode step without start-up)"

@@ -14,7 +14,6 @@ import { fstatSync, mkdtempSync, openSync, rmSync, statSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import v8 from 'node:v8';
-import process from 'node:process';
 import { WASI } from 'node:wasi';
 
 // `process` is Node's global. Importing 'node:process' would read every
@@ -24,8 +23,9 @@ import { WASI } from 'node:wasi';
 // reason nothing here touches process.stdout, and process.stderr only after
 // the module has finished.
 
-// V8's baseline tier (Liftoff) would keep the long-running kernels in
-// unoptimised code; optimising every function up front is several times faster.
+// V8's baseline tier (Liftoff) would run the long kernel loops in unoptimised
+// code; without it each function goes to the optimising compiler on its first
+// call, several times faster for this module.
 v8.setFlagsFromString('--no-liftoff');
 // Node's WASI imports as V8 "fast API calls" can start a garbage collection
 // inside the call once uvwasi has allocated (opening a file after the module's
@@ -116,7 +116,7 @@ const wasi = new WASI({
   args: argv,
   env: {},
   preopens,
-  stdout: 1,
+  stdout: blockingOutput(1),
   stderr: blockingOutput(2),
   returnOnExit: true,
 });

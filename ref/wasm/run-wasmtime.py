@@ -78,7 +78,11 @@ def main():
     # "No such file or directory" there, as natively, and sees nothing else.
     with tempfile.TemporaryDirectory(prefix="devio-wasm-") as empty:
         for d in dirs:
-            wasi.preopen_dir(d if os.path.isdir(d) else empty, d, False)
+            host = d if os.path.isdir(d) else empty
+            try:
+                wasi.preopen_dir(host, d, False)  # read-only
+            except TypeError:
+                wasi.preopen_dir(host, d)  # releases before the permission argument
         return run(engine, module, wasi)
 
 

@@ -515,7 +515,9 @@ def _self_test(api):
         "next": 12,
     }
     adapter = {"name": "sql", "path": "sql-r8", "rank": 8, "alpha": 16.0, "scale": 2.0,
-               "pinned": False, "rows_served": 0, "state": "loaded"}
+               "targets": ["q_proj", "v_proj"], "sha256": "0" * 64, "size": 15368,
+               "pinned": False, "rows_served": 0, "state": "loaded", "loaded_ms": 1700000000000,
+               "last_used_ms": 1700000000000, "reason": None}
     unloaded = dict(adapter, state="unloaded")
     metrics = b"# TYPE devio_up gauge\ndevio_up 1\n"
 

@@ -83,8 +83,9 @@ def free_port():
 
 @pytest.mark.parametrize("script", SUITES, ids=lambda p: p.name)
 def test_suite_matches_devio_ref(servers, tiny_model, bins, conform, script):
-    ref = run_ref(bins, tiny_model, script)
     sv = servers.start(tiny_model)
+    # Both sides get the same (empty) adapters root, so adapter errors match.
+    ref = run_ref(bins, tiny_model, script, ["--adapters", str(sv.workdir / "adapters")])
     p = run_conform(conform, sv, script, ["--verbose"])
     assert p.returncode == 0, p.stderr.decode(errors="replace")
     lines = ref.decode().splitlines()

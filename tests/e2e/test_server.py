@@ -830,9 +830,9 @@ def test_adapters(c, srv):
     assert c.facts()["adapters_loaded"] == 0
     e = c.call("GET", "/v1/adapters/sql", expect=404, code="unknown_adapter")
     e = c.call("DELETE", "/v1/adapters/sql", expect=404, code="unknown_adapter")
-    # Loading is the documented unsupported state of this build, for a well-formed body.
-    e = c.call("PUT", "/v1/adapters/sql", {"path": "sql-r8", "pin": False}, expect=400, code="unsupported")
-    c.call("PUT", "/v1/adapters/sql", {"path": "sql-r8"}, expect=400, code="unsupported")
+    # A well-formed load of a directory that is not there is invalid input (a failed row).
+    e = c.call("PUT", "/v1/adapters/sql", {"path": "sql-r8", "pin": False}, expect=400, code="invalid_input")
+    c.call("PUT", "/v1/adapters/sql", {"path": "sql-r8"}, expect=400, code="invalid_input")
     # Malformed bodies are invalid_input, not unsupported.
     for bad in ({}, {"pin": True}, {"path": 5}, {"path": "x", "pin": "yes"}, [], "x"):
         c.call("PUT", "/v1/adapters/sql", bad, expect=400, code="invalid_input")
@@ -842,9 +842,9 @@ def test_adapters(c, srv):
     for method in ("GET", "DELETE"):
         c.call(method, "/v1/adapters/" + longname, expect=400, code="invalid_input")
     c.call("PUT", "/v1/adapters/" + longname, {"path": "x"}, expect=400, code="invalid_input")
-    assert c.call("GET", "/v1/adapters").json == []
-    # The store's adapter table is still empty.
-    assert db_rows(srv.db, "SELECT count(*) FROM adapters") == [(0,)]
+    assert [a["state"] for a in c.call("GET", "/v1/adapters").json] == ["failed"]
+    # Nothing is recorded as loaded.
+    assert db_rows(srv.db, "SELECT count(*) FROM adapters WHERE state = 'loaded'") == [(0,)]
     # AdapterLoad.path has minLength 1: an empty path is malformed, not a load attempt.
     c.call("PUT", "/v1/adapters/sql", {"path": ""}, expect=400, code="invalid_input")
 
