@@ -929,6 +929,20 @@ void devio_adapter_free(devio_adapter *a)
     free(a);
 }
 
+devio_status devio_adapter_path_check(const char *root, const char *rel_path, devio_error *err)
+{
+    adapter_paths P;
+    devio_error e = {0};
+    devio_status st = resolve_paths(root, rel_path, true, &P, &e);
+    if (st == DEVIO_OK)
+        paths_free(&P);
+    if (st != DEVIO_E_INVALID)
+        return DEVIO_OK; /* missing or unreadable: the load names it */
+    if (err)
+        *err = e;
+    return st;
+}
+
 devio_status devio_adapter_file_hash(const char *root, const char *rel_path, char hex[65],
                                      uint64_t *size, devio_error *err)
 {

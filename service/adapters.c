@@ -239,82 +239,12 @@ out:
 
 /* ---- paths -------------------------------------------------------------------- */
 
-static bool within(const char *root, const char *p)
-{
-    size_t n = strlen(root);
-    if (n == 1 && root[0] == '/')
-        return true;
-    return strncmp(root, p, n) == 0 && (p[n] == '\0' || p[n] == '/');
-}
-
-/* realpath(dir "/" name), or NULL when it does not resolve. */
-static char *resolve(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    char *real = realpath(p, NULL);
-    free(p);
-    return real;
-}
-
-/* The device refuses the same paths (device/adapter.h); they are judged here
+/* The device refuses the same paths when it loads; they are judged here
  * first so that a path leading out of the root is refused as a request, with
- * nothing stored about it, rather than recorded as an adapter that failed.
- * Paths that do not resolve are left to the device, which names what is missing. */
+ * nothing stored about it, rather than recorded as an adapter that failed. */
 static devio_status refuse_outside(const char *root, const char *rel, devio_error *err)
 {
-    if (rel[0] == '/')
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "adapter path '%.120s' is absolute, which is outside the adapters root "
-                          "(paths are relative to it)",
-                          rel);
-    long depth = 0;
-    for (const char *p = rel; *p;) {
-        size_t n = strcspn(p, "/");
-        if (n == 2 && p[0] == '.' && p[1] == '.')
-            depth--;
-        else if (n > 0 && !(n == 1 && p[0] == '.'))
-            depth++;
-        if (depth < 0)
-            return devio_fail(err, DEVIO_E_INVALID,
-                              "adapter path '%.120s' climbs with '..' to outside the adapters "
-                              "root",
-                              rel);
-        p += n;
-        while (*p == '/')
-            p++;
-    }
-    if (!root)
-        return DEVIO_OK;
-    devio_status st = DEVIO_OK;
-    char *root_real = realpath(root, NULL), *dir = NULL;
-    if (!root_real)
-        goto out;
-    dir = resolve(root_real, rel);
-    if (!dir)
-        goto out;
-    if (!within(root_real, dir)) {
-        st = devio_fail(err, DEVIO_E_INVALID,
-                        "adapter path '%.120s' resolves to outside the adapters root", rel);
-        goto out;
-    }
-    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
-    for (size_t i = 0; i < 2 && st == DEVIO_OK; i++) {
-        char *f = resolve(dir, files[i]);
-        if (f && !within(root_real, f))
-            st = devio_fail(err, DEVIO_E_INVALID,
-                            "%.120s/%s is a link to outside the adapters root", rel, files[i]);
-        free(f);
-    }
-out:
-    free(dir);
-    free(root_real);
-    return st;
+    return root ? devio_adapter_path_check(root, rel, err) : DEVIO_OK;
 }
 
 /* ---- commands ----------------------------------------------------------------- */
