@@ -112,7 +112,10 @@ int main(int argc, char **argv)
     } else {
         rc = 0;
     }
-    fflush(stdout);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "devio-ref: writing the results failed: %s\n", strerror(errno));
+        rc = 1;
+    }
     devio_teardown(dev, NULL);
 out_model:
     devio_model_free(model);

@@ -99,11 +99,22 @@ static ALWAYS_INLINE void stv(float *p, vf v)
  * whole vectors; the last log2(VL) steps halve the first vector. */
 static ALWAYS_INLINE float fold_lanes(vf *a)
 {
-#pragma GCC unroll 8
-    for (int w = NV / 2; w >= 1; w /= 2)
-#pragma GCC unroll 8
-        for (int i = 0; i < w; i++)
-            a[i] = a[i] + a[i + w];
+    /* Constant steps rather than a `w /= 2` loop, which clang leaves rolled
+     * (accumulators then live on the stack); same operations, same order. */
+#if NV > 8
+#error "fold_lanes: NV above 8"
+#endif
+#if NV >= 8
+    for (int i = 0; i < 4; i++)
+        a[i] = a[i] + a[i + 4];
+#endif
+#if NV >= 4
+    for (int i = 0; i < 2; i++)
+        a[i] = a[i] + a[i + 2];
+#endif
+#if NV >= 2
+    a[0] = a[0] + a[1];
+#endif
     vf s = a[0];
 #if VL == 16
     v8f s8 = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7) +
