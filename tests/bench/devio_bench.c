@@ -186,7 +186,7 @@ static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t
 static void usage(FILE *f)
 {
     fprintf(f, "usage: devio-bench [--model DIR | --preset bench|small|tiny] [--dtype bf16|f16|f32]\n"
-               "                   [--threads N] [--steps N] [--prefill N]\n"
+               "                   [--threads N] [--steps N] [--prefill N] [--batches 1,8,32]\n"
                "Writes the preset to a temp dir unless --model is given, measures the read\n"
                "bandwidth, then decode at batch 1, 8, 32 and one prefill.\n");
 }
@@ -195,6 +195,7 @@ int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *preset = "bench", *dtype = "bf16";
     uint32_t threads = 2, steps = 32, prefill = 512;
+    uint32_t batches[3] = {1, 8, 32}, n_batches = 3;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0) {
@@ -212,6 +213,16 @@ int main(int argc, char **argv)
             steps = (uint32_t)atoi(v);
         } else if (v && strcmp(a, "--prefill") == 0) {
             prefill = (uint32_t)atoi(v);
+        } else if (v && strcmp(a, "--batches") == 0) {
+            n_batches = 0;
+            for (const char *p = v; *p && n_batches < 3; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+                int b = atoi(p);
+                if (b < 1 || b > 64) {
+                    usage(stderr);
+                    return 2;
+                }
+                batches[n_batches++] = (uint32_t)b;
+            }
         } else {
             usage(stderr);
             return 2;
@@ -257,8 +268,7 @@ int main(int argc, char **argv)
            model_dir == tmp ? preset : model_dir, devio_dtype_str(m->layers[0].wq.dtype), wb / 1e6,
            threads);
     printf("read bandwidth: %.2f GB/s (best of 5 passes over 1 GiB, %u threads)\n", bw, threads);
-    const uint32_t batches[] = {1, 8, 32};
-    for (int k = 0; k < 3; k++) {
+    for (uint32_t k = 0; k < n_batches; k++) {
         double tps = bench_decode(d, batches[k], steps, m->cfg.vocab_size);
         double steps_s = tps / batches[k];
         double gbs = steps_s * (double)wb / 1e9;
