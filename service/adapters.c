@@ -591,33 +591,33 @@ devio_status devio_adapters_start(devio_adapters *a, devio_store *store, devio_d
 {
     devio_adapters_restored n = {0};
     json_t *rows = NULL;
-    rec *todo = NULL;
+    rec *pending = NULL;
     size_t k = 0;
     pthread_mutex_lock(&a->mu);
     a->store = store;
     devio_status st = devio_store_adapters_list(store, &rows, err);
     if (st != DEVIO_OK)
         goto out;
-    todo = calloc(json_array_size(rows) + 1, sizeof *todo);
-    if (!todo) {
+    pending = calloc(json_array_size(rows) + 1, sizeof *pending);
+    if (!pending) {
         st = devio_fail(err, DEVIO_E_NOMEM, "out of memory reading the adapter records");
         goto out;
     }
     const json_t *o;
     size_t i;
-    json_array_foreach(rows, i, o) if (rec_from_row(&todo[k], o) && is_loaded(&todo[k])) k++;
+    json_array_foreach(rows, i, o) if (rec_from_row(&pending[k], o) && is_loaded(&pending[k])) k++;
     /* Least recently used first: if fewer fit now, the recent ones stay. */
-    qsort(todo, k, sizeof *todo, by_last_use);
+    qsort(pending, k, sizeof *pending, by_last_use);
     for (i = 0; i < k; i++) {
-        restore_one(a, dev, &todo[i], &n, log);
+        restore_one(a, dev, &pending[i], &n, log);
         devio_error werr = {0};
-        if (rec_put(store, &todo[i], &werr) != DEVIO_OK)
-            fprintf(log, "devio-server: adapter '%s': record not written: %s\n", todo[i].name,
+        if (rec_put(store, &pending[i], &werr) != DEVIO_OK)
+            fprintf(log, "devio-server: adapter '%s': record not written: %s\n", pending[i].name,
                     werr.message);
     }
 out:
     pthread_mutex_unlock(&a->mu);
-    free(todo);
+    free(pending);
     json_decref(rows);
     if (out)
         *out = n;

@@ -150,26 +150,14 @@ static void assert_msg_has(const devio_error *err, const char *needle)
 
 static uint8_t *read_all(const char *path, size_t *size)
 {
-    FILE *fp = fopen(path, "rb");
-    assert_non_null(fp);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
+    uint8_t *b = devio_read_file(path, size);
     assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, fp), (size_t)n);
-    fclose(fp);
-    b[n] = 0;
-    *size = (size_t)n;
     return b;
 }
 
 static void write_all(const char *path, const void *data, size_t size)
 {
-    FILE *fp = fopen(path, "wb");
-    assert_non_null(fp);
-    assert_int_equal(fwrite(data, 1, size, fp), size);
-    assert_int_equal(fclose(fp), 0);
+    assert_int_equal(devio_write_file(path, data, size), 0);
 }
 
 /* Loads DIR/adapter_config.json, lets `edit` change it, writes it back. */

@@ -17,6 +17,36 @@ static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW 
     return remove(path);
 }
 
+uint8_t *devio_read_file(const char *path, size_t *size)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    uint8_t *b = NULL;
+    long n = -1;
+    if (fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) >= 0 && fseek(fp, 0, SEEK_SET) == 0)
+        b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, fp) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(fp);
+    if (b) {
+        b[n] = 0;
+        *size = (size_t)n;
+    }
+    return b;
+}
+
+int devio_write_file(const char *path, const void *data, size_t size)
+{
+    FILE *fp = fopen(path, "wb");
+    if (!fp)
+        return -1;
+    int ok = fwrite(data, 1, size, fp) == size;
+    return fclose(fp) == 0 && ok ? 0 : -1;
+}
+
 void devio_rmtree(const char *dir)
 {
     nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);

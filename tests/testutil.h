@@ -3,6 +3,9 @@
 #ifndef DEVIO_TESTUTIL_H
 #define DEVIO_TESTUTIL_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "device/backend.h"
 #include "device/devio.h"
 #include "device/model.h"
@@ -18,6 +21,12 @@ int devio_fixture_make(devio_fixture *f, devio_mkmodel_opts o);
 /* Preset by name ("tiny", "small") with the given dtype and seed. */
 int devio_fixture_preset(devio_fixture *f, const char *preset, devio_dtype dtype, uint64_t seed);
 void devio_fixture_free(devio_fixture *f);
+
+/* The whole file, NUL-terminated (not counted in *size); NULL on failure.
+ * Caller frees. */
+uint8_t *devio_read_file(const char *path, size_t *size);
+/* Write (replace) a file; 0 on success, -1 on failure. */
+int devio_write_file(const char *path, const void *data, size_t size);
 
 /* Remove a directory tree (test temp dirs only). */
 void devio_rmtree(const char *dir);
