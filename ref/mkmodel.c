@@ -381,6 +381,25 @@ uint64_t devio_mkmodel_param_count(const devio_mkmodel_opts *o)
     return V * d * (o->tie_word_embeddings ? 1 : 2) + d + layer * o->n_layers;
 }
 
+/* Elements [start, start+n) of tensor `name` of a written list, as the
+ * writer produces them (`what` names the file set in the error). */
+static devio_status mk_list_values(const mk_list *L, uint64_t seed, const char *name,
+                                   uint64_t start, size_t n, float *dst, const char *what,
+                                   devio_error *err)
+{
+    const mk_tensor *t = NULL;
+    for (size_t i = 0; i < L->n; i++)
+        if (strcmp(L->t[i].name, name) == 0)
+            t = &L->t[i];
+    if (!t || start > t->nelem || n > t->nelem - start) {
+        mk_err(err, DEVIO_E_INVALID, "tensor '%.80s' %s%s", name,
+               t ? "range is out of bounds" : "is not part of this ", t ? "" : what);
+        return DEVIO_E_INVALID;
+    }
+    mk_fill(t, mk_key(seed, t->name), start, n, dst);
+    return DEVIO_OK;
+}
+
 devio_status devio_mkmodel_values(const devio_mkmodel_opts *o, const char *name, uint64_t start,
                                   size_t n, float *dst, devio_error *err)
 {
@@ -392,17 +411,7 @@ devio_status devio_mkmodel_values(const devio_mkmodel_opts *o, const char *name,
     one.shards = 1;
     if ((st = mk_list_build(&one, &L, err)) != DEVIO_OK)
         return st;
-    const mk_tensor *t = NULL;
-    for (size_t i = 0; i < L.n; i++)
-        if (strcmp(L.t[i].name, name) == 0)
-            t = &L.t[i];
-    if (!t || start > t->nelem || n > t->nelem - start) {
-        mk_err(err, DEVIO_E_INVALID, "tensor '%.80s' %s", name,
-               t ? "range is out of bounds" : "is not part of this model");
-        st = DEVIO_E_INVALID;
-    } else {
-        mk_fill(t, mk_key(o->seed, t->name), start, n, dst);
-    }
+    st = mk_list_values(&L, o->seed, name, start, n, dst, "model", err);
     free(L.t);
     return st;
 }
@@ -952,17 +961,7 @@ devio_status devio_mkmodel_adapter_values(const devio_mkmodel_adapter_opts *o, c
     devio_status st = mk_adapter_list(o, &L, err);
     if (st != DEVIO_OK)
         return st;
-    const mk_tensor *t = NULL;
-    for (size_t i = 0; i < L.n; i++)
-        if (strcmp(L.t[i].name, name) == 0)
-            t = &L.t[i];
-    if (!t || start > t->nelem || n > t->nelem - start) {
-        mk_err(err, DEVIO_E_INVALID, "tensor '%.80s' %s", name,
-               t ? "range is out of bounds" : "is not part of this adapter");
-        st = DEVIO_E_INVALID;
-    } else {
-        mk_fill(t, mk_key(o->seed, t->name), start, n, dst);
-    }
+    st = mk_list_values(&L, o->seed, name, start, n, dst, "adapter", err);
     free(L.t);
     return st;
 }

@@ -167,6 +167,25 @@ static bool parse_targets(const char *s, uint32_t *out)
 }
 
 /* devio-mkmodel --adapter ...: every flag takes a value except --adapter and --rslora. */
+/* Split "--flag" or "--flag=value" into name and *eq (NULL without '=').
+ * 0, or 2 (with a message) for an argument that is not a flag we can hold. */
+static int flag_name(const char *a, char *name, size_t cap, const char **eq)
+{
+    if (strncmp(a, "--", 2) != 0) {
+        fprintf(stderr, "devio-mkmodel: unexpected argument '%s'\n%s", a, usage);
+        return 2;
+    }
+    *eq = strchr(a, '=');
+    size_t nl = *eq ? (size_t)(*eq - a) : strlen(a);
+    if (nl >= cap) {
+        fprintf(stderr, "devio-mkmodel: unknown flag '%s'\n", a);
+        return 2;
+    }
+    memcpy(name, a, nl);
+    name[nl] = '\0';
+    return 0;
+}
+
 static int adapter_main(int argc, char **argv)
 {
     devio_mkmodel_adapter_opts o = devio_mkmodel_adapter_opts_default();
@@ -177,19 +196,10 @@ static int adapter_main(int argc, char **argv)
             fputs(usage, stdout);
             return 0;
         }
-        if (strncmp(a, "--", 2) != 0) {
-            fprintf(stderr, "devio-mkmodel: unexpected argument '%s'\n%s", a, usage);
-            return 2;
-        }
         char name[32];
-        const char *eq = strchr(a, '=');
-        size_t nl = eq ? (size_t)(eq - a) : strlen(a);
-        if (nl >= sizeof name) {
-            fprintf(stderr, "devio-mkmodel: unknown flag '%s'\n", a);
+        const char *eq;
+        if (flag_name(a, name, sizeof name, &eq) != 0)
             return 2;
-        }
-        memcpy(name, a, nl);
-        name[nl] = '\0';
         if (strcmp(name, "--adapter") == 0 && !eq)
             continue;
         if (strcmp(name, "--rslora") == 0) {
@@ -300,19 +310,10 @@ int main(int argc, char **argv)
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (strncmp(a, "--", 2) != 0) {
-            fprintf(stderr, "devio-mkmodel: unexpected argument '%s'\n%s", a, usage);
-            return 2;
-        }
         char name[32];
-        const char *eq = strchr(a, '=');
-        size_t nl = eq ? (size_t)(eq - a) : strlen(a);
-        if (nl >= sizeof name) {
-            fprintf(stderr, "devio-mkmodel: unknown flag '%s'\n", a);
+        const char *eq;
+        if (flag_name(a, name, sizeof name, &eq) != 0)
             return 2;
-        }
-        memcpy(name, a, nl);
-        name[nl] = '\0';
 
         if (strcmp(name, "--tied") == 0 || strcmp(name, "--bias") == 0) {
             bool *dst = name[2] == 't' ? &o.tie_word_embeddings : &o.attention_bias;
