@@ -355,9 +355,10 @@ int main(int argc, char **argv)
     uint64_t params = devio_mkmodel_param_count(&o);
     static const char *const dtype_names[] = {"f32", "f16", "bf16"};
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    printf("devio-mkmodel: wrote %s: llama, %llu parameters, %s, %u shard%s, %.1f MB in "
+    printf("devio-mkmodel: wrote %s: %s, %llu parameters, %s, %u shard%s, %.1f MB in "
            "%.2f s\n",
-           o.out_dir, (unsigned long long)params, dtype_names[o.dtype], o.shards,
+           o.out_dir, o.attention_bias ? "Qwen2 (q/k/v biases)" : "Llama",
+           (unsigned long long)params, dtype_names[o.dtype], o.shards,
            o.shards == 1 ? "" : "s", (double)params * (o.dtype == DEVIO_F32 ? 4.0 : 2.0) / 1e6,
            secs);
     return 0;
