@@ -104,7 +104,7 @@ ensure_demo_model() {
     log "making demo model in $DEMO_MODEL"
     mkdir -p "$STATE_DIR"
     rm -rf "$DEMO_MODEL.partial"
-    bazel-bin/ref/devio-mkmodel --preset small --out "$DEMO_MODEL.partial"
+    bazel-bin/tools/mkmodel/devio-mkmodel --preset small --out "$DEMO_MODEL.partial"
     rm -rf "$DEMO_MODEL"
     mv "$DEMO_MODEL.partial" "$DEMO_MODEL"
 }

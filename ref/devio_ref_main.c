@@ -1,91 +1,86 @@
 /* devio_ref_main.c - devio-ref: run a conformance script on the reference device, in process.
  * Prints one result line per operation; it must never print anything nondeterministic to stdout. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/script.h"
+#include "common/cli.h"
 #include "device/backend.h"
 #include "device/model.h"
 #include "ref/inproc.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: devio-ref --model DIR [--adapters DIR] [--threads N] [--kv-blocks N]\n"
-            "                 [--block-size N] [--max-depth N] [--max-seqs N] [--max-seq-len N]\n"
-            "                 [--max-rows N] [--max-batch-tokens N] [--logits-handles N]\n"
-            "                 [--logits-rows N] [--sync] SCRIPT.jsonl|-\n"
-            "Runs a conformance script (JSON lines) against the reference device and prints\n"
-            "one JSON result line per operation. --sync runs steps inside await instead of\n"
-            "on the worker thread (the numbers are the same).\n");
-}
+typedef struct flags {
+    const char *model, *adapters;
+    devio_config dev;
+    bool sync;
+} flags;
 
-static int parse_u32(const char *s, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || *end || end == s || v > 0xffffffffUL)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
+#define F(f) offsetof(flags, f)
+#define D(f) (offsetof(flags, dev) + offsetof(devio_config, f))
+static const devio_opt opts[] = {
+    {.flag = "model", .type = DEVIO_OPT_STR, .offset = F(model), .metavar = "DIR",
+     .help = "model directory (config.json + safetensors)"},
+    {.flag = "adapters", .type = DEVIO_OPT_STR, .offset = F(adapters), .metavar = "DIR",
+     .help = "root directory of PEFT adapters"},
+    {.flag = "threads", .type = DEVIO_OPT_U32, .offset = D(threads), .metavar = "N",
+     .help = "compute threads, 0 = all cores [0]"},
+    {.flag = "kv-blocks", .type = DEVIO_OPT_U32, .offset = D(kv_blocks), .metavar = "N",
+     .help = "KV cache blocks, 0 = derived [0]"},
+    {.flag = "block-size", .type = DEVIO_OPT_U32, .offset = D(block_size), .metavar = "N",
+     .help = "tokens per KV block [16]"},
+    {.flag = "max-depth", .type = DEVIO_OPT_U32, .offset = D(max_depth), .metavar = "N",
+     .help = "tickets in flight [2]"},
+    {.flag = "max-seqs", .type = DEVIO_OPT_U32, .offset = D(max_seqs), .metavar = "N",
+     .help = "live sequences [256]"},
+    {.flag = "max-seq-len", .type = DEVIO_OPT_U32, .offset = D(max_seq_len), .metavar = "N",
+     .help = "positions per sequence, 0 = the model's, at most 4096 [0]"},
+    {.flag = "max-rows", .type = DEVIO_OPT_U32, .offset = D(max_rows), .metavar = "N",
+     .help = "rows per plan [64]"},
+    {.flag = "max-batch-tokens", .type = DEVIO_OPT_U32, .offset = D(max_batch_tokens),
+     .metavar = "N", .help = "tokens per plan [2048]"},
+    {.flag = "logits-handles", .type = DEVIO_OPT_U32, .offset = D(logits_handles),
+     .metavar = "N", .help = "live logits handles [64]"},
+    {.flag = "logits-rows", .type = DEVIO_OPT_U32, .offset = D(logits_rows), .metavar = "N",
+     .help = "live logits positions over all handles [256]"},
+    {.flag = "max-loras", .type = DEVIO_OPT_U32, .offset = D(max_loras), .metavar = "N",
+     .help = "adapters loaded at once [4]"},
+    {.flag = "max-lora-rank", .type = DEVIO_OPT_U32, .offset = D(max_lora_rank), .metavar = "N",
+     .help = "largest adapter rank [64]"},
+    {.flag = "sync", .type = DEVIO_OPT_BOOL, .offset = F(sync),
+     .help = "run steps inside await instead of on the worker thread (same numbers)"},
+};
+#undef F
+#undef D
+
+static const devio_cli cli = {
+    .prog = "devio-ref",
+    .usage = "usage: devio-ref --model DIR [--adapters DIR] [options] SCRIPT.jsonl|-\n"
+             "Runs a conformance script (JSON lines, docs/conformance.md) against the\n"
+             "reference device in this process and prints one JSON result line per operation.",
+    .opts = opts,
+    .n_opts = sizeof opts / sizeof *opts,
+    .max_args = 1,
+};
 
 int main(int argc, char **argv)
 {
-    const char *model_dir = NULL, *script = NULL;
-    devio_config cfg = devio_config_default();
-    struct { const char *flag; uint32_t *dst; } knobs[] = {
-        {"--threads", &cfg.threads},         {"--kv-blocks", &cfg.kv_blocks},
-        {"--block-size", &cfg.block_size},   {"--max-depth", &cfg.max_depth},
-        {"--max-seqs", &cfg.max_seqs},       {"--max-seq-len", &cfg.max_seq_len},
-        {"--max-rows", &cfg.max_rows},       {"--max-batch-tokens", &cfg.max_batch_tokens},
-        {"--logits-handles", &cfg.logits_handles}, {"--logits-rows", &cfg.logits_rows},
-        {"--max-loras", &cfg.max_loras},     {"--max-lora-rank", &cfg.max_lora_rank},
-    };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool matched = false;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (strcmp(a, "--sync") == 0) {
-            cfg.use_worker_thread = false;
-            continue;
-        }
-        if ((strcmp(a, "--model") == 0 || strcmp(a, "--adapters") == 0) && i + 1 < argc) {
-            if (strcmp(a, "--model") == 0)
-                model_dir = argv[i + 1];
-            else
-                cfg.adapters_root = argv[i + 1];
-            i++;
-            continue;
-        }
-        for (size_t k = 0; k < sizeof knobs / sizeof *knobs; k++)
-            if (strcmp(a, knobs[k].flag) == 0) {
-                if (i + 1 >= argc || parse_u32(argv[i + 1], knobs[k].dst) < 0) {
-                    fprintf(stderr, "devio-ref: %s needs an unsigned integer\n", a);
-                    return 2;
-                }
-                i++;
-                matched = true;
-            }
-        if (matched)
-            continue;
-        if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "devio-ref: unknown flag %s\n", a);
-            usage(stderr);
-            return 2;
-        }
-        script = a;
-    }
-    if (!model_dir || !script) {
-        usage(stderr);
+    flags f = {.dev = devio_config_default()};
+    const char *script = NULL;
+    uint32_t n_args = 0;
+    devio_cli_result cr = devio_cli_parse(&cli, &f, argc, argv, &script, &n_args, stdout, stderr);
+    if (cr != DEVIO_CLI_OK)
+        return cr == DEVIO_CLI_EXIT ? 0 : 2;
+    if (!f.model || !script) {
+        devio_cli_help(&cli, stderr);
         return 2;
     }
+    const char *model_dir = f.model;
+    devio_config cfg = f.dev;
+    cfg.adapters_root = f.adapters;
+    cfg.use_worker_thread = !f.sync;
     FILE *in = strcmp(script, "-") == 0 ? stdin : fopen(script, "r");
     if (!in) {
         fprintf(stderr, "devio-ref: cannot open %s: %s\n", script, strerror(errno));

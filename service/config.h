@@ -33,7 +33,7 @@ typedef struct devio_server_config {
 void devio_server_config_default(devio_server_config *c);
 
 /* Apply DEVIO_* environment variables, then flags (flags win). Returns 0 on
- * success, 1 when --help was printed to `out`, -1 on a bad flag or value
+ * success, 1 when --help or --version was printed to `out`, -1 on a bad flag or value
  * (message written to `errf`). Strings point into argv/environ. */
 int devio_server_config_parse(devio_server_config *c, int argc, char **argv, FILE *out,
                               FILE *errf);

@@ -20,7 +20,7 @@
 #include "device/model.h"
 #include "device/numerics.h"
 #include "device/safetensors.h"
-#include "ref/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "tests/testutil.h"
 
 #define QV ((1u << DEVIO_LORA_Q) | (1u << DEVIO_LORA_V))

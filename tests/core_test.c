@@ -12,7 +12,7 @@
 
 #include "device/backend.h"
 #include "device/kv_pool.h"
-#include "ref/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "tests/testutil.h"
 
 typedef struct ctx {

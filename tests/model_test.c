@@ -17,7 +17,7 @@
 
 #include "device/model.h"
 #include "device/numerics.h"
-#include "ref/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "tests/testutil.h"
 
 /* ---- fixture: one fresh directory per test ---- */

@@ -9,7 +9,7 @@
 #include "device/backend.h"
 #include "device/devio.h"
 #include "device/model.h"
-#include "ref/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 
 typedef struct devio_fixture {
     char dir[256];

@@ -20,7 +20,7 @@ WASM="$BIN/ref/wasm/devio-ref.wasm"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/devio-wasm-bench.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
-"$BIN/ref/devio-mkmodel" --preset small --out "$WORK/small" >/dev/null
+"$BIN/tools/mkmodel/devio-mkmodel" --preset small --out "$WORK/small" >/dev/null
 
 # decodeN: prefill 8 tokens, then N one-token greedy steps fed back.
 decode_script() {

@@ -4,7 +4,7 @@
 #
 # usage: ref/wasm/compare.sh [BIN]    (BIN: Bazel's output tree, default bazel-bin)
 #
-# Needs BIN/ref/devio-ref, BIN/ref/devio-mkmodel, BIN/ref/wasm/devio-ref.wasm
+# Needs BIN/ref/devio-ref, BIN/tools/mkmodel/devio-mkmodel, BIN/ref/wasm/devio-ref.wasm
 # and BIN/ref/wasm/heap_test.wasm (bazel build //ref/... makes them), node,
 # and python3 with the wasmtime package (tests/requirements.txt). Models and
 # scripts are generated in a temporary directory and removed afterwards.
@@ -18,7 +18,7 @@ BIN=${1:-bazel-bin}
 case "$BIN" in /*) ;; *) BIN="$ROOT/$BIN" ;; esac
 
 NATIVE="$BIN/ref/devio-ref"
-MKMODEL="$BIN/ref/devio-mkmodel"
+MKMODEL="$BIN/tools/mkmodel/devio-mkmodel"
 WASM="$BIN/ref/wasm/devio-ref.wasm"
 HEAP_TEST="$BIN/ref/wasm/heap_test.wasm"
 RUN_NODE=(node --no-warnings "$ROOT/ref/wasm/run-node.mjs")

@@ -11,7 +11,7 @@
 
 #include "device/backend.h"
 #include "device/model.h"
-#include "ref/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 
 typedef uint64_t v8u __attribute__((vector_size(64)));
 

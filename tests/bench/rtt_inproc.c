@@ -9,7 +9,7 @@
 #include "device/backend.h"
 #include "device/devio.h"
 #include "device/model.h"
-#include "ref/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 
 /* The shape of the HTTP side of the benchmark: a 16-token prompt, then
  * decode; the sequence is truncated back to the prompt before max_seq_len

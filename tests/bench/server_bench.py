@@ -188,7 +188,7 @@ def find_rtt(bin_dir, tmp):
         return built, "bazel"
     out = tmp / "rtt_inproc"
     srcs = ([str(REPO / "tests/bench/rtt_inproc.c")] + sorted(str(p) for p in (REPO / "device").glob("*.c")) +
-            [str(REPO / "ref" / f) for f in ("pool.c", "ref_backend.c", "ref_kernels.c", "mkmodel.c")])
+            [str(REPO / f) for f in ("ref/pool.c", "ref/ref_backend.c", "ref/ref_kernels.c", "tools/mkmodel/mkmodel.c")])
     cmd = ["gcc", "-std=c11", "-O2", "-ffp-contract=off", "-march=native", "-D_POSIX_C_SOURCE=200809L",
            "-I" + str(REPO)] + srcs + ["-ljansson", "-lpthread", "-o", str(out)]
     subprocess.run(cmd, check=True, timeout=300)
@@ -208,7 +208,7 @@ def run_inproc(rtt, model, n, warmup, threads):
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default="bazel-bin", help="folder with service/devio-server, ref/devio-mkmodel")
+    ap.add_argument("--bin", default="bazel-bin", help="folder with service/devio-server, tools/mkmodel/devio-mkmodel")
     ap.add_argument("--n", type=int, default=2000, help="timed steps per client [2000]")
     ap.add_argument("--warmup", type=int, default=100, help="untimed steps per client first [100]")
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients in the second run [4]")
@@ -222,7 +222,7 @@ def main(argv):
     if not bin_dir.is_absolute() and not bin_dir.exists():
         bin_dir = REPO / bin_dir
     server_bin = bin_dir / "service" / "devio-server"
-    mkmodel = bin_dir / "ref" / "devio-mkmodel"
+    mkmodel = bin_dir / "tools" / "mkmodel" / "devio-mkmodel"
     for p in (server_bin, mkmodel):
         if not os.access(p, os.X_OK):
             print("server_bench: no executable %s (bazel build //... first)" % p, file=sys.stderr)

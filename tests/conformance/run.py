@@ -41,7 +41,7 @@ def make_models(bin_dir, tmp):
     models = {}
     for name, args in table("models.txt"):
         out = os.path.join(tmp, "model-" + name)
-        subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel")] + args.split() +
+        subprocess.run([os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel")] + args.split() +
                        ["--out", out], check=True, stdout=subprocess.DEVNULL, timeout=TIMEOUT_S)
         models[name] = out
     return models
@@ -52,7 +52,7 @@ def make_adapters(bin_dir, models, tmp):
     root = os.path.join(tmp, "adapters")
     os.makedirs(root, exist_ok=True)
     for name, model, args in table("adapters.txt"):
-        subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel"), "--adapter", "--model",
+        subprocess.run([os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel"), "--adapter", "--model",
                         models[model]] + args.split() + ["--out", os.path.join(root, name)],
                        check=True, stdout=subprocess.DEVNULL, timeout=TIMEOUT_S)
     return root
@@ -106,7 +106,7 @@ def targets(args, bin_dir):
     def http(m, f, s, t):
         sv = Server(bin_dir, m, f, t)
         try:
-            return run([os.path.join(bin_dir, "service", "devio-conform"), "--server",
+            return run([os.path.join(bin_dir, "conform", "devio-conform"), "--server",
                         "http://127.0.0.1:%d" % sv.port, s])
         finally:
             sv.stop()

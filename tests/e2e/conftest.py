@@ -3,7 +3,7 @@ Every server started here is killed at teardown and every wait is bounded; it mu
 
     python3 -m pytest -q tests/e2e --bin bazel-bin
 
---bin is the folder holding service/devio-server, ref/devio-mkmodel and
+--bin is the folder holding service/devio-server, tools/mkmodel/devio-mkmodel and
 ref/devio-ref (Bazel's bazel-bin, or any tree with the same layout).
 """
 import os
@@ -29,14 +29,14 @@ STOP_TIMEOUT_S = 30.0
 
 def pytest_addoption(parser):
     parser.addoption("--bin", default="bazel-bin",
-                     help="folder with service/devio-server, ref/devio-mkmodel, ref/devio-ref")
+                     help="folder with service/devio-server, tools/mkmodel/devio-mkmodel, ref/devio-ref")
 
 
 class Bins:
     def __init__(self, root):
         self.root = root
         self.server = root / "service" / "devio-server"
-        self.mkmodel = root / "ref" / "devio-mkmodel"
+        self.mkmodel = root / "tools" / "mkmodel" / "devio-mkmodel"
         self.ref = root / "ref" / "devio-ref"
 
 

@@ -3,7 +3,7 @@ Each script runs on a freshly started server (facts depend on everything done be
 
     python3 -m pytest -q tests/e2e/test_conform.py --bin bazel-bin
 
-Needs service/devio-conform under --bin besides the binaries conftest.py needs.
+Needs conform/devio-conform under --bin besides the binaries conftest.py needs.
 """
 import json
 import os
@@ -30,9 +30,9 @@ SUITES = [
 
 @pytest.fixture(scope="session")
 def conform(bins):
-    p = bins.root / "service" / "devio-conform"
+    p = bins.root / "conform" / "devio-conform"
     if not os.access(p, os.X_OK):
-        pytest.fail("no executable %s (bazel build //service:devio-conform)" % p)
+        pytest.fail("no executable %s (bazel build //conform:devio-conform)" % p)
     return p
 
 

@@ -139,10 +139,10 @@ def run_adapter(bin_dir, preset, extra, n_tokens, tmp):
     mdir = os.path.join(tmp, preset + "-lora-base")
     root = os.path.join(tmp, preset + "-adapters")
     if not os.path.exists(mdir):
-        subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel"), "--preset", preset,
+        subprocess.run([os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel"), "--preset", preset,
                         "--seed", "6", "--out", mdir], check=True, stdout=subprocess.DEVNULL)
     name = "ad" + str(abs(hash(" ".join(extra))) % 100000)
-    subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel"), "--adapter", "--model", mdir,
+    subprocess.run([os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel"), "--adapter", "--model", mdir,
                     "--seed", "9", "--out", os.path.join(root, name)] + extra,
                    check=True, stdout=subprocess.DEVNULL)
     cfg, w = load(mdir)
@@ -168,7 +168,7 @@ def run_adapter(bin_dir, preset, extra, n_tokens, tmp):
 
 def run(bin_dir, preset, extra, n_tokens, tmp):
     mdir = os.path.join(tmp, preset + "-" + "-".join(a.strip("-") for a in extra))
-    subprocess.run([os.path.join(bin_dir, "ref", "devio-mkmodel"), "--preset", preset,
+    subprocess.run([os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel"), "--preset", preset,
                     "--seed", "5", "--out", mdir] + extra, check=True, stdout=subprocess.DEVNULL)
     cfg, w = load(mdir)
     vocab = cfg["vocab_size"]

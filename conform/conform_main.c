@@ -2,35 +2,68 @@
  * Prints the lines devio-ref prints; a transport failure is reported on stderr, never as a result line. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/script.h"
-#include "service/conform_http.h"
+#include "common/cli.h"
+#include "conform/http_target.h"
 
-static void usage(FILE *f)
+typedef struct flags {
+    const char *server, *token, *expect;
+    devio_http_options http;
+    bool verbose;
+} flags;
+
+/* Seconds of a timeout: 1 s to a week. */
+static bool parse_secs(const char *v, void *field)
 {
-    fprintf(f,
-            "usage: devio-conform --server URL [--token T] [--expect FILE] [--timeout S]\n"
-            "                     [--connect-timeout S] [--verbose] SCRIPT.jsonl|-\n"
-            "Replays a conformance script (JSON lines, DESIGN §5) against a running\n"
-            "devio-server over HTTP and prints one JSON result line per operation, the\n"
-            "same lines devio-ref prints in process.\n"
-            "  --server URL        base URL of the server (or DEVIO_SERVER)\n"
-            "  --token T           bearer token (or DEVIO_TOKEN)\n"
-            "  --expect FILE       compare the lines with FILE; the first difference is\n"
-            "                      reported on stderr with both lines, and the exit is 1\n"
-            "  --timeout S         longest wait for one request or one await [600]\n"
-            "  --connect-timeout S longest wait for a connection [10]\n"
-            "  --verbose           print request and connection counts on stderr\n"
-            "Each flag has an environment twin: DEVIO_SERVER, DEVIO_TOKEN, DEVIO_EXPECT,\n"
-            "DEVIO_TIMEOUT, DEVIO_CONNECT_TIMEOUT, DEVIO_VERBOSE=1.\n"
-            "Facts depend on everything the server did before: run each script on a\n"
-            "freshly started server configured like the devio-ref it is compared with.\n"
-            "Exit: 0 all lines printed (and equal to FILE), 1 a line differs from FILE,\n"
-            "2 usage, script or connection error.\n");
+    char *end;
+    errno = 0;
+    unsigned long n = strtoul(v, &end, 10);
+    if (errno || *end || end == v || v[0] == '-' || n == 0 || n > 86400UL * 7)
+        return false;
+    *(uint32_t *)field = (uint32_t)n;
+    return true;
 }
+
+#define F(f) offsetof(flags, f)
+static const devio_opt opts[] = {
+    {.flag = "server", .type = DEVIO_OPT_STR, .offset = F(server), .metavar = "URL",
+     .help = "base URL of the server"},
+    {.flag = "token", .type = DEVIO_OPT_STR, .offset = F(token), .metavar = "T",
+     .help = "bearer token"},
+    {.flag = "expect", .type = DEVIO_OPT_STR, .offset = F(expect), .metavar = "FILE",
+     .help = "compare the lines with FILE; the first difference goes to stderr, exit 1"},
+    {.flag = "timeout", .type = DEVIO_OPT_CUSTOM, .offset = F(http.request_timeout_s),
+     .metavar = "S", .help = "longest wait for one request or one await, seconds [600]",
+     .parse = parse_secs},
+    {.flag = "connect-timeout", .type = DEVIO_OPT_CUSTOM, .offset = F(http.connect_timeout_s),
+     .metavar = "S", .help = "longest wait for a connection, seconds [10]", .parse = parse_secs},
+    {.flag = "verbose", .type = DEVIO_OPT_BOOL, .offset = F(verbose),
+     .help = "print request and connection counts on stderr"},
+};
+#undef F
+
+static const devio_cli cli = {
+    .prog = "devio-conform",
+    .usage = "usage: devio-conform --server URL [--token T] [--expect FILE] [--timeout S]\n"
+             "                     [--connect-timeout S] [--verbose] SCRIPT.jsonl|-\n"
+             "Replays a conformance script (JSON lines, docs/conformance.md) against a\n"
+             "running devio-server over HTTP and prints one JSON result line per operation,\n"
+             "the same lines devio-ref prints in process.",
+    .epilog = "Every flag has an environment twin: --connect-timeout is DEVIO_CONNECT_TIMEOUT.\n"
+              "Facts depend on everything the server did before: run each script on a\n"
+              "freshly started server configured like the devio-ref it is compared with.\n"
+              "Exit: 0 all lines printed (and equal to FILE), 1 a line differs from FILE,\n"
+              "2 usage, script or connection error.",
+    .opts = opts,
+    .n_opts = sizeof opts / sizeof *opts,
+    .env = true,
+    .max_args = 1,
+};
 
 /* Where result lines go: stdout, and the comparison with --expect. */
 typedef struct sink {
@@ -107,84 +140,23 @@ static ssize_t sink_write(void *cls, const char *buf, size_t size)
     return (ssize_t)size;
 }
 
-static int parse_secs(const char *s, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || *end || end == s || v == 0 || v > 86400UL * 7)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
-/* An environment twin's value, NULL when unset or empty. */
-static const char *env(const char *name)
-{
-    const char *v = getenv(name);
-    return v && v[0] ? v : NULL;
-}
-
 int main(int argc, char **argv)
 {
-    devio_http_options opt = devio_http_options_default();
-    /* Flags override their DEVIO_* twins. */
-    const char *server = env("DEVIO_SERVER");
-    const char *token = env("DEVIO_TOKEN");
-    const char *expect_path = env("DEVIO_EXPECT"), *script = NULL;
-    bool verbose = env("DEVIO_VERBOSE") && strcmp(env("DEVIO_VERBOSE"), "0") != 0;
-    const struct { const char *name; uint32_t *dst; } secs[] = {
-        {"DEVIO_TIMEOUT", &opt.request_timeout_s},
-        {"DEVIO_CONNECT_TIMEOUT", &opt.connect_timeout_s},
-    };
-    for (size_t i = 0; i < sizeof secs / sizeof *secs; i++)
-        if (env(secs[i].name) && parse_secs(env(secs[i].name), secs[i].dst) < 0) {
-            fprintf(stderr, "devio-conform: %s needs a positive number of seconds\n",
-                    secs[i].name);
-            return 2;
-        }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (strcmp(a, "--verbose") == 0) {
-            verbose = true;
-        } else if (strcmp(a, "--server") == 0 && v) {
-            server = v;
-            i++;
-        } else if (strcmp(a, "--token") == 0 && v) {
-            token = v;
-            i++;
-        } else if (strcmp(a, "--expect") == 0 && v) {
-            expect_path = v;
-            i++;
-        } else if ((strcmp(a, "--timeout") == 0 || strcmp(a, "--connect-timeout") == 0) && v) {
-            uint32_t *dst = a[2] == 't' ? &opt.request_timeout_s : &opt.connect_timeout_s;
-            if (parse_secs(v, dst) < 0) {
-                fprintf(stderr, "devio-conform: %s needs a positive number of seconds\n", a);
-                return 2;
-            }
-            i++;
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "devio-conform: unknown flag or missing value: %s\n", a);
-            usage(stderr);
-            return 2;
-        } else if (script) {
-            fprintf(stderr, "devio-conform: one script at a time (%s, %s)\n", script, a);
-            return 2;
-        } else {
-            script = a;
-        }
-    }
-    if (!server || !script) {
-        usage(stderr);
+    flags f = {.http = devio_http_options_default()};
+    const char *script = NULL;
+    uint32_t n_args = 0;
+    devio_cli_result cr = devio_cli_parse(&cli, &f, argc, argv, &script, &n_args, stdout, stderr);
+    if (cr != DEVIO_CLI_OK)
+        return cr == DEVIO_CLI_EXIT ? 0 : 2;
+    if (!f.server || !script) {
+        devio_cli_help(&cli, stderr);
         return 2;
     }
+    devio_http_options opt = f.http;
+    const char *server = f.server, *expect_path = f.expect;
+    bool verbose = f.verbose;
     opt.server = server;
-    opt.token = token;
+    opt.token = f.token;
 
     int rc = 2;
     FILE *in = strcmp(script, "-") == 0 ? stdin : fopen(script, "r");

@@ -1,6 +1,6 @@
 /* mkmodel.c - writes deterministic random Llama models in Hugging Face's on-disk format.
  * It must never hold more than one chunk of one tensor in memory, nor let anything but the options shape its bytes. */
-#include "ref/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 
 #include <errno.h>
 #include <stdarg.h>

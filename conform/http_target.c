@@ -11,7 +11,7 @@
 
 #include "api/codec.h"
 #include "device/status.h"
-#include "service/conform_http.h"
+#include "conform/http_target.h"
 
 #define URL_MAX 2048
 

@@ -1,0 +1,233 @@
+/* mkmodel_main.c - the devio-mkmodel command: flags in, a seeded random model or PEFT adapter directory out.
+ * It only parses flags and calls devio_mkmodel_write(_adapter); it must never decide a byte of the output itself. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "common/cli.h"
+#include "common/clock.h"
+#include "tools/mkmodel/mkmodel.h"
+
+static const char usage[] =
+    "usage: devio-mkmodel [--preset tiny|small|bench] [--arch llama] [--seed N]\n"
+    "                     [--dtype f32|f16|bf16] [--shards N] --out DIR\n"
+    "                     [--vocab N] [--hidden N] [--layers N] [--heads N] [--kv-heads N]\n"
+    "                     [--head-dim N] [--ffn N] [--max-pos N] [--rope-theta X] [--eps X]\n"
+    "                     [--tied[=true|false]] [--bias[=true|false]]\n"
+    "\n"
+    "Writes config.json and model.safetensors (or N shards and\n"
+    "model.safetensors.index.json) of a Llama model with seeded uniform random\n"
+    "weights, in Hugging Face's format. The same options give the same bytes.\n"
+    "\n"
+    "presets (default tiny):\n"
+    "  tiny   vocab 256, hidden 64, 2 layers, 4 heads, 2 kv heads, head_dim 16,\n"
+    "         ffn 128, 512 positions, untied, f32 (106,816 parameters)\n"
+    "  small  vocab 32000, hidden 288, 6 layers, 6 heads, ffn 768, 1024 positions,\n"
+    "         tied, f32 (15,191,712 parameters)\n"
+    "  bench  vocab 32000, hidden 768, 12 layers, 12 heads, ffn 2048, 1024 positions,\n"
+    "         untied, bf16 (134,105,856 parameters)\n"
+    "Flags after the preset override it, whatever their order on the command line.\n"
+    "--arch bamba and --arch mamba2 are not supported by this build.\n"
+    "\n"
+    "       devio-mkmodel --adapter --model DIR [--rank 8] [--alpha 8]\n"
+    "                     [--targets q_proj,v_proj] [--rslora[=true|false]]\n"
+    "                     [--dtype f32|f16|bf16] [--seed N] --out DIR\n"
+    "\n"
+    "Writes adapter_config.json and adapter_model.safetensors of a PEFT LoRA\n"
+    "adapter for the model in DIR (its shapes decide the adapter's), with seeded\n"
+    "uniform random lora_A and lora_B (PEFT starts lora_B at zero; these are\n"
+    "random so that the adapter changes the outputs). Targets, comma-separated:\n"
+    "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj. Defaults are PEFT's:\n"
+    "rank 8, alpha 8, q_proj,v_proj.\n";
+
+/* What both tables write into; the mode decides which table parses. */
+typedef struct flags {
+    devio_mkmodel_opts model;
+    devio_mkmodel_adapter_opts adapter;
+    const char *preset;
+    bool adapter_mode;
+} flags;
+
+static bool parse_dtype(const char *v, void *field)
+{
+    static const char *const names[] = {"f32", "f16", "bf16"};
+    static const devio_dtype types[] = {DEVIO_F32, DEVIO_F16, DEVIO_BF16};
+    for (size_t i = 0; i < 3; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *(devio_dtype *)field = types[i];
+            return true;
+        }
+    return false;
+}
+
+/* "q_proj,v_proj" -> target bits. False on an empty list or unknown name. */
+static bool parse_targets(const char *s, void *field)
+{
+    uint32_t bits = 0;
+    while (*s) {
+        size_t n = strcspn(s, ",");
+        char name[32];
+        devio_lora_target t;
+        if (n == 0 || n >= sizeof name)
+            return false;
+        memcpy(name, s, n);
+        name[n] = '\0';
+        if (!devio_lora_target_parse(name, &t))
+            return false;
+        bits |= 1u << t;
+        s += n;
+        if (*s == ',' && *++s == '\0')
+            return false;
+    }
+    if (bits == 0)
+        return false;
+    *(uint32_t *)field = bits;
+    return true;
+}
+
+#define M(f) (offsetof(flags, model) + offsetof(devio_mkmodel_opts, f))
+#define A(f) (offsetof(flags, adapter) + offsetof(devio_mkmodel_adapter_opts, f))
+#define U32(name, field, text) \
+    {.flag = name, .type = DEVIO_OPT_U32, .offset = M(field), .metavar = "N", .help = text}
+static const devio_opt model_opts[] = {
+    {.flag = "preset", .type = DEVIO_OPT_STR, .offset = offsetof(flags, preset),
+     .metavar = "NAME", .help = "tiny|small|bench [tiny]; the other flags override it"},
+    {.flag = "arch", .type = DEVIO_OPT_STR, .offset = M(arch), .metavar = "ARCH",
+     .help = "llama [llama]"},
+    {.flag = "seed", .type = DEVIO_OPT_U64, .offset = M(seed), .metavar = "N", .help = "[0]"},
+    {.flag = "dtype", .type = DEVIO_OPT_CUSTOM, .offset = M(dtype), .metavar = "f32|f16|bf16",
+     .help = "weight type [the preset's]", .parse = parse_dtype},
+    U32("shards", shards, "safetensors files, with an index when > 1 [1]"),
+    {.flag = "out", .type = DEVIO_OPT_STR, .offset = M(out_dir), .metavar = "DIR",
+     .help = "where to write (required)"},
+    U32("vocab", vocab_size, "vocabulary size"),
+    U32("hidden", hidden_size, "hidden size"),
+    U32("layers", n_layers, "decoder layers"),
+    U32("heads", n_heads, "attention heads"),
+    U32("kv-heads", n_kv_heads, "key/value heads"),
+    U32("head-dim", head_dim, "head dimension, 0 = hidden / heads"),
+    U32("ffn", intermediate_size, "intermediate size"),
+    U32("max-pos", max_position_embeddings, "max_position_embeddings"),
+    {.flag = "rope-theta", .type = DEVIO_OPT_F64, .offset = M(rope_theta), .metavar = "X",
+     .help = "rope_theta [10000]"},
+    {.flag = "eps", .type = DEVIO_OPT_F64, .offset = M(rms_norm_eps), .metavar = "X",
+     .help = "rms_norm_eps [1e-5]"},
+    {.flag = "tied", .type = DEVIO_OPT_BOOL, .offset = M(tie_word_embeddings),
+     .help = "tie lm_head to the embedding (--tied=false unties)"},
+    {.flag = "bias", .type = DEVIO_OPT_BOOL, .offset = M(attention_bias),
+     .help = "q/k/v biases, written as a Qwen2 model"},
+    {.flag = "adapter", .type = DEVIO_OPT_BOOL, .offset = offsetof(flags, adapter_mode),
+     .help = "write a PEFT adapter instead (see below)"},
+};
+static const devio_opt adapter_opts[] = {
+    {.flag = "adapter", .type = DEVIO_OPT_BOOL, .offset = offsetof(flags, adapter_mode),
+     .help = "write a PEFT adapter"},
+    {.flag = "model", .type = DEVIO_OPT_STR, .offset = A(model_dir), .metavar = "DIR",
+     .help = "the base model (required)"},
+    {.flag = "out", .type = DEVIO_OPT_STR, .offset = A(out_dir), .metavar = "DIR",
+     .help = "where to write (required)"},
+    {.flag = "rank", .type = DEVIO_OPT_U32, .offset = A(rank), .metavar = "N", .help = "r [8]"},
+    {.flag = "alpha", .type = DEVIO_OPT_F64, .offset = A(alpha), .metavar = "X",
+     .help = "lora_alpha [8]"},
+    {.flag = "targets", .type = DEVIO_OPT_CUSTOM, .offset = A(targets), .metavar = "LIST",
+     .help = "comma-separated modules [q_proj,v_proj]", .parse = parse_targets},
+    {.flag = "rslora", .type = DEVIO_OPT_BOOL, .offset = A(use_rslora),
+     .help = "use_rslora: scale alpha / sqrt(r)"},
+    {.flag = "dtype", .type = DEVIO_OPT_CUSTOM, .offset = A(dtype), .metavar = "f32|f16|bf16",
+     .help = "weight type [f32]", .parse = parse_dtype},
+    {.flag = "seed", .type = DEVIO_OPT_U64, .offset = A(seed), .metavar = "N", .help = "[0]"},
+};
+#undef U32
+#undef M
+#undef A
+
+static const devio_cli model_cli = {
+    .prog = "devio-mkmodel",
+    .usage = usage,
+    .opts = model_opts,
+    .n_opts = sizeof model_opts / sizeof *model_opts,
+};
+static const devio_cli adapter_cli = {
+    .prog = "devio-mkmodel",
+    .usage = usage,
+    .opts = adapter_opts,
+    .n_opts = sizeof adapter_opts / sizeof *adapter_opts,
+};
+
+static const char *const dtype_names[] = {"f32", "f16", "bf16"};
+
+static int adapter_main(const devio_mkmodel_adapter_opts *o)
+{
+    devio_error err = {0};
+    if (!o->model_dir || !o->out_dir) {
+        fprintf(stderr, "devio-mkmodel: --adapter needs --model DIR and --out DIR\n");
+        return 2;
+    }
+    double t0 = devio_clock_s();
+    devio_status st = devio_mkmodel_write_adapter(o, &err);
+    double secs = devio_clock_s() - t0;
+    if (st != DEVIO_OK) {
+        fprintf(stderr, "devio-mkmodel: %s\n", err.message);
+        return st == DEVIO_E_INVALID || st == DEVIO_E_UNSUPPORTED ? 2 : 1;
+    }
+    char targets[96] = "";
+    size_t tl = 0;
+    for (int t = 0; t < DEVIO_LORA_N_TARGETS && tl < sizeof targets; t++)
+        if ((o->targets >> t) & 1u)
+            tl += (size_t)snprintf(targets + tl, sizeof targets - tl, "%s%s", tl ? "," : "",
+                                   devio_lora_target_name((devio_lora_target)t));
+    printf("devio-mkmodel: wrote %s: LoRA adapter for %s, rank %u, alpha %g%s, %s, %s, "
+           "%.2f s\n",
+           o->out_dir, o->model_dir, o->rank, o->alpha, o->use_rslora ? " (rsLoRA)" : "",
+           targets, dtype_names[o->dtype], secs);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    flags f = {.model = devio_mkmodel_opts_default(),
+               .adapter = devio_mkmodel_adapter_opts_default(),
+               .preset = "tiny"};
+    bool adapter_mode = false;
+    for (int i = 1; i < argc; i++)
+        adapter_mode = adapter_mode || strcmp(argv[i], "--adapter") == 0;
+    devio_cli_result cr;
+    if (adapter_mode) {
+        cr = devio_cli_parse(&adapter_cli, &f, argc, argv, NULL, NULL, stdout, stderr);
+        return cr != DEVIO_CLI_OK ? (cr == DEVIO_CLI_EXIT ? 0 : 2) : adapter_main(&f.adapter);
+    }
+    /* Two passes: the first finds the preset (and checks every flag), the
+     * second applies the flags over the preset, whatever their order. */
+    flags first = f;
+    cr = devio_cli_parse(&model_cli, &first, argc, argv, NULL, NULL, stdout, stderr);
+    if (cr != DEVIO_CLI_OK)
+        return cr == DEVIO_CLI_EXIT ? 0 : 2;
+    devio_error err = {0};
+    if (devio_mkmodel_preset(first.preset, &f.model, &err) != DEVIO_OK) {
+        fprintf(stderr, "devio-mkmodel: %s\n", err.message);
+        return 2;
+    }
+    devio_cli_parse(&model_cli, &f, argc, argv, NULL, NULL, stdout, stderr);
+    const devio_mkmodel_opts *o = &f.model;
+    if (!o->out_dir) {
+        fprintf(stderr, "devio-mkmodel: --out DIR is required (see --help)\n");
+        return 2;
+    }
+    double t0 = devio_clock_s();
+    devio_status st = devio_mkmodel_write(o, &err);
+    double secs = devio_clock_s() - t0;
+    if (st != DEVIO_OK) {
+        fprintf(stderr, "devio-mkmodel: %s\n", err.message);
+        return st == DEVIO_E_INVALID || st == DEVIO_E_UNSUPPORTED ? 2 : 1;
+    }
+    uint64_t params = devio_mkmodel_param_count(o);
+    printf("devio-mkmodel: wrote %s: %s, %llu parameters, %s, %u shard%s, %.1f MB in "
+           "%.2f s\n",
+           o->out_dir, o->attention_bias ? "Qwen2 (q/k/v biases)" : "Llama",
+           (unsigned long long)params, dtype_names[o->dtype], o->shards,
+           o->shards == 1 ? "" : "s", (double)params * (o->dtype == DEVIO_F32 ? 4.0 : 2.0) / 1e6,
+           secs);
+    return 0;
+}
