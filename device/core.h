@@ -1,5 +1,6 @@
-/* core.h - private state of a device: sequences, tickets, logits handles.
- * Shared by the core's .c files only; nothing outside device/ includes it. */
+/* core.h - private state of a device: sequences, tickets, logits handles, the backend.
+ * Shared by the core's .c files only (core.c, launch.c, step.c, effects.c);
+ * nothing outside device/ includes it. */
 #ifndef DEVIO_CORE_H
 #define DEVIO_CORE_H
 
@@ -28,26 +29,24 @@ typedef struct dv_handle {
     uint64_t id;      /* 0 = free */
     uint32_t n_rows;
     bool ready;       /* the step that fills it has run */
-    uint32_t *slots;  /* row slots in the logits arena, logits_rows entries */
+    uint32_t *slots;  /* logits slot of each row, logits_rows entries */
     uint32_t *pos;    /* sequence position of the token of each row */
 } dv_handle;
 
+/* What a launched row changed, so that a failed step can be undone exactly. */
 typedef struct dv_trow {
     uint32_t seq_index;   /* index in the sequence table */
     uint32_t old_len;
     uint32_t n_tokens;
-    uint32_t old_blocks;  /* block count before the launch, for rollback */
+    uint32_t old_blocks;  /* block count before the launch */
+    int64_t cow_src;      /* the shared block a copy-on-write replaced, -1 = none */
     uint64_t handle;      /* logits handle id, 0 = none */
-    bool has_sample;
-    devio_sample_params sample;
-    const float *sample_src; /* logits of the last token */
-    int32_t token;
-    float logprob;
+    int32_t sample;       /* index into the ticket's samples, -1 = none */
     int32_t lora_slot;    /* adapter table entry, -1 = none */
     uint32_t lora_gen;    /* the entry's generation at launch */
 } dv_trow;
 
-typedef enum { DV_T_FREE = 0, DV_T_QUEUED, DV_T_RUNNING, DV_T_DONE } dv_tstate;
+typedef enum { DV_T_FREE = 0, DV_T_SUBMITTED, DV_T_DONE } dv_tstate;
 
 /* One ticket slot; max_depth of them, every array sized at open. */
 typedef struct dv_ticket {
@@ -57,10 +56,12 @@ typedef struct dv_ticket {
     dv_trow *rows;              /* max_rows */
     devio_batch_row *brows;     /* max_rows */
     int32_t *tokens;            /* max_batch_tokens */
-    int32_t *out_index;         /* max_batch_tokens */
-    float **out_rows;           /* max_batch_tokens */
+    uint32_t *tok_pos, *tok_row;/* max_batch_tokens */
+    uint32_t *out_tok, *out_slot; /* max_batch_tokens */
     uint32_t *copy_src, *copy_dst; /* max_rows */
-    float *sample_scratch;      /* max_rows * vocab */
+    devio_batch_sample *samples;/* max_rows */
+    uint32_t sample_slot0;      /* first of this ticket's max_rows scratch logits slots */
+    bool device_sampled;        /* the backend's sample slot took the batch's samples */
     devio_batch batch;
     devio_status status;
     devio_error err;
@@ -72,6 +73,9 @@ struct devio_device {
     devio_config cfg;
     const devio_backend_ops *ops;
     void *backend;
+    devio_backend_config bcfg;  /* what the backend was created with */
+    devio_model_shape shape;
+    float *rope_cos, *rope_sin;
     uint32_t vocab;
     uint32_t max_blocks_per_seq;
     bool torn_down;
@@ -81,18 +85,23 @@ struct devio_device {
     uint32_t *block_tables; /* max_seqs * max_blocks_per_seq */
     uint64_t next_seq_id;
 
+    /* Logits slots: [0, logits_rows) back handles, then max_rows scratch
+     * slots per ticket slot for rows that sample without keeping logits. */
     dv_handle *handles;     /* logits_handles */
-    float *logits_arena;    /* logits_rows * vocab */
-    uint32_t *row_free;     /* stack of free row slots */
+    float *logits_arena;    /* logits_slots * vocab, host */
+    uint32_t *row_free;     /* stack of free handle slots */
     uint32_t n_row_free;
     uint32_t n_handles_live;
     uint64_t next_handle_id;
+    float *read_buf;        /* vocab floats: a row read back for effects and handle reads */
+    float *step_buf;        /* vocab floats: a row read back by the step runner */
 
     dv_ticket *tickets;     /* max_depth slots */
-    uint32_t *queue;        /* FIFO of slot indices, max_depth */
+    uint32_t *queue;        /* FIFO of submitted slot indices, max_depth */
     uint32_t q_head, q_len;
     uint32_t in_flight;     /* launched, not yet awaited */
     uint64_t next_ticket_id;
+    uint64_t last_end;      /* when the previous step settled (monotonic us) */
 
     devio_sampler *sampler; /* used by the step runner only */
     devio_sampler *fx_sampler; /* used by effects (under the lock) */
@@ -100,10 +109,11 @@ struct devio_device {
 
 #ifndef DEVIO_NO_THREADS
     pthread_mutex_t mu;
-    pthread_cond_t cv_work; /* worker: a step was queued or stop */
+    pthread_cond_t cv_work; /* worker: a step was submitted or stop */
     pthread_cond_t cv_done; /* a step finished */
     pthread_t worker;
     bool worker_started;
+    bool waiting;           /* the worker is inside a backend wait */
     bool stop;
 #endif
 };
@@ -112,12 +122,19 @@ struct devio_device {
 void dv_lock(devio_device *d);
 void dv_unlock(devio_device *d);
 
-/* Wait until every launched step has run (steps still unawaited are fine). */
+/* Wait until every launched step has settled (steps still unawaited are fine). */
 void dv_drain(devio_device *d);
+
+/* Settle the oldest submitted step; the lock is dropped during the backend wait. */
+void dv_run_queue_head(devio_device *d);
 
 dv_seq *dv_seq_find(devio_device *d, uint64_t id);
 dv_handle *dv_handle_find(devio_device *d, uint64_t id);
-float *dv_handle_row(devio_device *d, const dv_handle *h, uint32_t row);
+
+/* The logits of slot `slot` in host memory: *out is the arena row, or buf
+ * (vocab floats) read back from a backend that keeps its logits. */
+devio_status dv_logits_row(devio_device *d, uint32_t slot, float *buf, const float **out,
+                           devio_error *err);
 
 /* Allocate a handle of n rows; caller checked capacity. */
 dv_handle *dv_handle_alloc(devio_device *d, uint32_t n);
@@ -126,6 +143,9 @@ void dv_handle_release(devio_device *d, dv_handle *h);
 /* Drop blocks of s beyond those needed for new_len; returns blocks returned to the pool. */
 uint32_t dv_seq_shrink(devio_device *d, dv_seq *s, uint32_t new_len);
 
-uint64_t dv_now_us(void);
+/* Undo every reservation of ticket t (failed submit or failed step): block
+ * copies, lengths, new blocks, handles, adapter use; the sequences are as
+ * they were before the launch. Does not free the ticket slot. */
+void dv_ticket_undo(devio_device *d, dv_ticket *t);
 
 #endif

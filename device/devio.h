@@ -214,6 +214,18 @@ typedef struct devio_lora_ack {
 
 void devio_lora_ack_free(devio_lora_ack *a);
 
+/* strict: every number bit-identical to the reference (device/numspec.h);
+ * fast: a backend's own kernels, within a stated tolerance of it. */
+typedef enum devio_numerics {
+    DEVIO_NUMERICS_STRICT = 0,
+    DEVIO_NUMERICS_FAST,
+} devio_numerics;
+
+/* "strict", "fast". */
+const char *devio_numerics_str(devio_numerics n);
+/* Inverse of devio_numerics_str; false for any other string. */
+bool devio_numerics_parse(const char *s, devio_numerics *out);
+
 /* Device configuration. Fill with devio_config_default() then override. */
 typedef struct devio_config {
     uint32_t kv_blocks;        /* 0 = derive from max_seqs * max_seq_len */
@@ -230,6 +242,7 @@ typedef struct devio_config {
     const char *adapters_root; /* PEFT adapter directories live below it; borrowed, may be NULL
                                   (then loading adapters is refused) */
     uint32_t threads;          /* backend compute threads, 0 = all cores */
+    devio_numerics numerics;   /* default strict; the backend refuses what it cannot keep */
     uint64_t epoch;            /* reported in facts; the server bumps it per start */
     uint64_t first_ticket_id;  /* ticket ids start here (unique across restarts) */
     bool use_worker_thread;    /* false: steps run inside devio_await/devio_apply */
@@ -239,11 +252,27 @@ devio_config devio_config_default(void);
 
 typedef struct devio_backend_ops devio_backend_ops; /* device/backend.h */
 
+/* What GET /v1/device reports of the device: the backend actually running
+ * and what it says of its hardware. */
+typedef struct devio_device_info {
+    char backend[32];            /* the backend's name: "ref", "cuda", ... */
+    devio_numerics numerics;
+    char device[128];            /* "x86-64 CPU, 2 threads", "NVIDIA H200" */
+    uint64_t memory_total;       /* bytes of device memory; 0 for a CPU backend */
+    uint64_t memory_free;
+    uint64_t memory_used;        /* bytes the backend holds: KV pool, buffers, weight copies */
+    char compute_capability[16]; /* "9.0"; "" for a CPU */
+    char driver[32], runtime[32];/* versions; "" for a CPU */
+} devio_device_info;
+
 /* Open a device on a loaded model with a backend. `model` is borrowed and
  * must outlive the device. On success *out is owned by the caller, who ends
  * it with devio_teardown(). On failure *out is NULL. */
 devio_status devio_open(const devio_model *model, const devio_backend_ops *backend,
                         const devio_config *cfg, devio_device **out, devio_error *err);
+
+/* Fill *out. Never fails on an open device. */
+void devio_device_info_get(devio_device *d, devio_device_info *out);
 
 /* The model behind the device; borrowed. */
 const devio_model *devio_model_of(const devio_device *d);

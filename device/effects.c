@@ -47,9 +47,15 @@ static devio_status apply_sample(devio_device *d, const devio_effect *e, devio_o
     }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t r = first + i;
+        const float *logits;
+        s = dv_logits_row(d, h->slots[r], d->read_buf, &logits, err);
+        if (s != DEVIO_OK) {
+            devio_outcome_free(o);
+            return s;
+        }
         /* The sampled token would follow the token whose logits these are. */
-        s = devio_sampler_run(d->fx_sampler, dv_handle_row(d, h, r), &e->params,
-                              (uint64_t)h->pos[r] + 1, &o->tokens[i], &o->logprobs[i]);
+        s = devio_sampler_run(d->fx_sampler, logits, &e->params, (uint64_t)h->pos[r] + 1,
+                              &o->tokens[i], &o->logprobs[i]);
         if (s != DEVIO_OK) {
             devio_outcome_free(o);
             return devio_fail(err, s, "sampling failed");

@@ -8,9 +8,12 @@
 #include "device/status.h"
 
 devio_status devio_lora_table_init(devio_lora_table *t, uint32_t capacity, uint32_t max_rank,
-                                   const char *root, const devio_model *model)
+                                   const char *root, const devio_model *model,
+                                   const devio_backend_ops *ops, void *backend)
 {
     memset(t, 0, sizeof *t);
+    t->ops = ops;
+    t->backend = backend;
     t->capacity = capacity;
     t->max_rank = max_rank;
     t->root = root;
@@ -19,10 +22,25 @@ devio_status devio_lora_table_init(devio_lora_table *t, uint32_t capacity, uint3
     return t->entries ? DEVIO_OK : DEVIO_E_NOMEM;
 }
 
+/* Take entry e out of the backend's slot and free its weights. */
+static void drop(devio_lora_table *t, uint32_t i)
+{
+    devio_lora_entry *e = &t->entries[i];
+    if (t->ops && t->backend)
+        devio_backend_adapter_remove(t->ops, t->backend, i, e->generation);
+    devio_adapter_free(e->weights);
+    e->weights = NULL;
+    e->used = false;
+    e->in_use = 0;
+    e->generation++;
+    t->n_loaded--;
+}
+
 void devio_lora_table_fini(devio_lora_table *t)
 {
     for (uint32_t i = 0; t->entries && i < t->capacity; i++)
-        devio_adapter_free(t->entries[i].weights);
+        if (t->entries[i].used)
+            drop(t, i);
     free(t->entries);
     memset(t, 0, sizeof *t);
 }
@@ -102,6 +120,37 @@ static int32_t slot_for_load(const devio_lora_table *t)
     return victim;
 }
 
+/* Give the backend's slot i to adapter a under a new generation. An
+ * adapter in the slot is removed first; when the backend refuses a, the
+ * old one goes back (under yet another generation), so a failed load
+ * changes nothing. The table's entry itself is the caller's to update. */
+static devio_status place(devio_lora_table *t, uint32_t i, const devio_adapter *a,
+                          devio_error *err)
+{
+    devio_lora_entry *e = &t->entries[i];
+    if (e->used)
+        devio_backend_adapter_remove(t->ops, t->backend, i, e->generation);
+    e->generation++;
+    devio_status s = devio_backend_adapter_add(t->ops, t->backend, i, e->generation, a, err);
+    if (s == DEVIO_OK || !e->used)
+        return s;
+    devio_error again = {0};
+    e->generation++;
+    if (devio_backend_adapter_add(t->ops, t->backend, i, e->generation, e->weights, &again) !=
+        DEVIO_OK) {
+        /* The backend lost the evicted adapter as well: unload it for real
+         * rather than keep an entry no step could use. */
+        fprintf(stderr, "devio: backend '%s' refused adapter '%s' back: %s\n", t->ops->name,
+                e->info.name, again.message);
+        devio_adapter_free(e->weights);
+        e->weights = NULL;
+        e->used = false;
+        e->generation++;
+        t->n_loaded--;
+    }
+    return s;
+}
+
 static devio_status load(devio_lora_table *t, const devio_lora_cmd *cmd, devio_lora_ack *ack,
                          devio_error *err)
 {
@@ -113,6 +162,9 @@ static devio_status load(devio_lora_table *t, const devio_lora_cmd *cmd, devio_l
                           sizeof ack->evicted - 1);
     if (t->capacity == 0)
         return devio_fail(err, DEVIO_E_ADAPTER_CAPACITY, "max_loras is 0");
+    if (!devio_backend_has_adapters(t->ops))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED, "backend '%s' does not run LoRA adapters",
+                          t->ops->name);
     devio_adapter *a = NULL;
     devio_status s = devio_adapter_load(t->root, cmd->path, cmd->name, t->model, t->max_rank, &a,
                                         err);
@@ -159,6 +211,12 @@ static devio_status load(devio_lora_table *t, const devio_lora_cmd *cmd, devio_l
         devio_adapter_free(a);
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
     }
+    s = place(t, (uint32_t)slot, a, err);
+    if (s != DEVIO_OK) {
+        devio_lora_ack_free(ack);
+        devio_adapter_free(a);
+        return s;
+    }
     if (e->used) {
         snprintf(ack->evicted, sizeof ack->evicted, "%s", e->info.name);
         devio_adapter_free(e->weights);
@@ -168,7 +226,6 @@ static devio_status load(devio_lora_table *t, const devio_lora_cmd *cmd, devio_l
     e->info = info;
     e->weights = a;
     e->in_use = 0;
-    e->generation++;
     e->last_use = ++t->clock;
     t->n_loaded++;
     return DEVIO_OK;
@@ -209,12 +266,7 @@ devio_status devio_lora_table_apply(devio_lora_table *t, const devio_lora_cmd *c
     if (cmd->kind == DEVIO_LORA_UNLOAD) {
         /* Every launched step has run (quiescence), so no step reads the
          * weights any more; tickets not yet awaited only hold a count. */
-        devio_adapter_free(e->weights);
-        e->weights = NULL;
-        e->used = false;
-        e->in_use = 0;
-        e->generation++;
-        t->n_loaded--;
+        drop(t, (uint32_t)i);
     }
     return DEVIO_OK;
 }

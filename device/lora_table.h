@@ -1,4 +1,5 @@
-/* lora_table.h - the device's table of loaded LoRA adapters: weights, pins, use, LRU.
+/* lora_table.h - the device's table of loaded LoRA adapters: weights, pins, use, LRU,
+ * and the backend's adapter slots kept in step with it (slot = entry index).
  * Changed only at quiescence (under the device lock, after every launched step ran). */
 #ifndef DEVIO_LORA_TABLE_H
 #define DEVIO_LORA_TABLE_H
@@ -7,6 +8,7 @@
 #include <stdint.h>
 
 #include "device/adapter.h"
+#include "device/backend.h"
 #include "device/devio.h"
 #include "device/model.h"
 
@@ -16,7 +18,7 @@ typedef struct devio_lora_entry {
     devio_adapter *weights; /* owned */
     uint64_t last_use;      /* logical clock for LRU eviction */
     uint32_t in_use;        /* unawaited tickets with a row naming it */
-    uint32_t generation;    /* bumped whenever the slot changes hands */
+    uint32_t generation;    /* bumped whenever the slot changes hands; never reused */
 } devio_lora_entry;
 
 typedef struct devio_lora_table {
@@ -26,12 +28,17 @@ typedef struct devio_lora_table {
     uint64_t clock;
     const char *root;          /* adapters root, borrowed; NULL = loading refused */
     const devio_model *model;  /* borrowed */
+    const devio_backend_ops *ops; /* borrowed: the backend holding the slots */
+    void *backend;                /* borrowed */
     devio_lora_entry *entries; /* capacity entries */
 } devio_lora_table;
 
+/* ops/backend receive adapter_add/adapter_remove for every change of an
+ * entry; a backend without adapter slots makes every load DEVIO_E_UNSUPPORTED. */
 devio_status devio_lora_table_init(devio_lora_table *t, uint32_t capacity, uint32_t max_rank,
-                                   const char *root, const devio_model *model);
-/* Frees every loaded adapter. */
+                                   const char *root, const devio_model *model,
+                                   const devio_backend_ops *ops, void *backend);
+/* Removes every adapter from the backend and frees it. */
 void devio_lora_table_fini(devio_lora_table *t);
 
 /* Index of the loaded adapter `name`, or -1 when none. */
@@ -47,7 +54,8 @@ void devio_lora_table_release(devio_lora_table *t, int32_t i, uint32_t gen);
  * is loaded with the same weights, refuses the name with other weights,
  * and when the table is full evicts the least recently used adapter that
  * is unpinned and named by no unawaited ticket (DEVIO_E_ADAPTER_CAPACITY
- * when there is none). */
+ * when there is none). The backend's slot changes with the entry; when the
+ * backend refuses the new adapter, the evicted one is put back. */
 devio_status devio_lora_table_apply(devio_lora_table *t, const devio_lora_cmd *cmd,
                                     devio_lora_ack *ack, devio_error *err);
 

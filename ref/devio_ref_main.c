@@ -10,10 +10,11 @@
 #include "common/cli.h"
 #include "device/backend.h"
 #include "device/model.h"
+#include "ref/builtin.h"
 #include "ref/inproc.h"
 
 typedef struct flags {
-    const char *model, *adapters;
+    const char *model, *adapters, *backend, *backend_path;
     devio_config dev;
     bool sync;
 } flags;
@@ -25,6 +26,10 @@ static const devio_opt opts[] = {
      .help = "model directory (config.json + safetensors)"},
     {.flag = "adapters", .type = DEVIO_OPT_STR, .offset = F(adapters), .metavar = "DIR",
      .help = "root directory of PEFT adapters"},
+    {.flag = "backend", .type = DEVIO_OPT_STR, .offset = F(backend), .metavar = "NAME",
+     .help = "ref, auto, or a plugin's name [ref]"},
+    {.flag = "backend-path", .type = DEVIO_OPT_STR, .offset = F(backend_path), .metavar = "DIR",
+     .help = "where backend plugins (libdevio-backend-NAME.so) are [next to this binary]"},
     {.flag = "threads", .type = DEVIO_OPT_U32, .offset = D(threads), .metavar = "N",
      .help = "compute threads, 0 = all cores [0]"},
     {.flag = "kv-blocks", .type = DEVIO_OPT_U32, .offset = D(kv_blocks), .metavar = "N",
@@ -58,8 +63,9 @@ static const devio_opt opts[] = {
 static const devio_cli cli = {
     .prog = "devio-ref",
     .usage = "usage: devio-ref --model DIR [--adapters DIR] [options] SCRIPT.jsonl|-\n"
-             "Runs a conformance script (JSON lines, docs/conformance.md) against the\n"
-             "reference device in this process and prints one JSON result line per operation.",
+             "Runs a conformance script (JSON lines, docs/conformance.md) against a device in\n"
+             "this process (the reference unless --backend says otherwise) and prints one\n"
+             "JSON result line per operation.",
     .opts = opts,
     .n_opts = sizeof opts / sizeof *opts,
     .max_args = 1,
@@ -67,7 +73,7 @@ static const devio_cli cli = {
 
 int main(int argc, char **argv)
 {
-    flags f = {.dev = devio_config_default()};
+    flags f = {.dev = devio_config_default(), .backend = "ref"};
     const char *script = NULL;
     uint32_t n_args = 0;
     devio_cli_result cr = devio_cli_parse(&cli, &f, argc, argv, &script, &n_args, stdout, stderr);
@@ -90,11 +96,15 @@ int main(int argc, char **argv)
     devio_error err = {0};
     devio_model *model = NULL;
     devio_device *dev = NULL;
+    devio_registry reg;
+    const devio_backend_ops *ops = NULL;
+    devio_registry_builtin(&reg, f.backend_path);
     if (devio_model_load(model_dir, &model, &err) != DEVIO_OK) {
         fprintf(stderr, "devio-ref: %s: %s\n", devio_status_str(err.status), err.message);
         goto out_close;
     }
-    if (devio_open(model, &devio_ref_backend, &cfg, &dev, &err) != DEVIO_OK) {
+    if (devio_registry_find(&reg, f.backend, &ops, &err) != DEVIO_OK ||
+        devio_open(model, ops, &cfg, &dev, &err) != DEVIO_OK) {
         fprintf(stderr, "devio-ref: %s: %s\n", devio_status_str(err.status), err.message);
         goto out_model;
     }
@@ -115,6 +125,7 @@ int main(int argc, char **argv)
 out_model:
     devio_model_free(model);
 out_close:
+    devio_registry_close(&reg);
     if (in != stdin)
         fclose(in);
     return rc;

@@ -1,9 +1,11 @@
 /* ref_backend.c - the reference backend: a Llama forward pass over a paged
- * KV cache, in the operation order of ref/ref_kernels.h. All memory is taken
- * in create; forward never allocates. Weight matrices are used in place,
+ * KV cache, in the operation order of device/numspec.h. All memory is taken
+ * in create; a step never allocates. It computes synchronously: submit only
+ * checks, wait runs the whole step. Weight matrices are used in place,
  * never copied or widened ahead, and read once per step (once per block of
  * about 256 KiB of token activations in long prefills). */
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +18,7 @@
 
 typedef struct ref_state {
     const devio_model *model; /* borrowed */
-    devio_backend_config cfg;
+    devio_backend_config cfg; /* its pointers are borrowed from the core */
     uint32_t d, n_heads, n_kv, hd, f, vocab, q_dim, kv_dim;
     uint32_t d_pad, q_pad, f_pad;
     float eps, attn_scale;
@@ -25,7 +27,8 @@ typedef struct ref_state {
      * a block, so one head's keys are contiguous for attention. */
     float **k_cache, **v_cache;
     size_t block_floats;        /* block_size * kv_dim */
-    float *rope_cos, *rope_sin; /* [max_seq_len, hd / 2] */
+    const float *rope_cos, *rope_sin; /* [max_seq_len, hd / 2], the core's */
+    size_t bytes;               /* everything create allocated, for info */
 
     /* Norm weights and biases widened once: they are tiny and read per token. */
     float *attn_norm, *ffn_norm; /* [n_layers, d] */
@@ -41,9 +44,11 @@ typedef struct ref_state {
     float *v;   /* [T, kv_dim] */
     float *att; /* [T, q_pad] attention output */
     float *act; /* [T, f_pad] silu(gate) * up */
-    uint32_t *tok_pos;
+    uint32_t *tok_pos;          /* [T] the batch's positions, compacted for the last layer */
     const uint32_t **tok_blocks;
     const devio_adapter **tok_adapter; /* [T] the LoRA adapter of each token's row, or NULL */
+    const devio_adapter **slots; /* [adapter_slots] what adapter_add placed, borrowed */
+    uint32_t *slot_gen;          /* [adapter_slots] the generation it was placed under */
     uint32_t lora_targets;      /* union of the targets of this step's adapters */
     /* LoRA (unfused path, only when a step's adapters target the module):
      * base outputs before their epilogue, and one token's A x. */
@@ -61,62 +66,16 @@ typedef struct ref_state {
 
 static void ref_destroy(void *sp);
 
-static bool tensor_is(const devio_tensor *t, uint64_t rows, uint64_t cols)
+/* calloc of a product of counts, counted in st->bytes; NULL on overflow. */
+static void *calloc_n(ref_state *st, size_t a, size_t b, size_t size)
 {
-    if (!t->data)
-        return false;
-    if (t->dtype != DEVIO_F32 && t->dtype != DEVIO_F16 && t->dtype != DEVIO_BF16)
-        return false;
-    if (cols == 0)
-        return t->ndim == 1 && t->shape[0] == rows;
-    return t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
-}
-
-/* A bias is either absent or a vector of n. */
-static bool bias_ok(const devio_tensor *t, uint64_t n)
-{
-    return !t->data || tensor_is(t, n, 0);
-}
-
-static devio_status check_model(const devio_model *m, devio_error *err)
-{
-    const devio_model_config *c = &m->cfg;
-    if (c->hidden_size == 0 || c->n_heads == 0 || c->n_kv_heads == 0 || c->head_dim == 0 ||
-        c->vocab_size == 0 || c->intermediate_size == 0 || c->n_layers == 0 || !m->layers)
-        return devio_fail(err, DEVIO_E_MODEL, "model has an empty dimension");
-    if (c->n_heads % c->n_kv_heads != 0)
-        return devio_fail(err, DEVIO_E_MODEL, "n_heads %u is not a multiple of n_kv_heads %u",
-                          c->n_heads, c->n_kv_heads);
-    if (c->head_dim % 2 != 0)
-        return devio_fail(err, DEVIO_E_MODEL, "head_dim %u is odd", c->head_dim);
-    uint64_t d = c->hidden_size, q = (uint64_t)c->n_heads * c->head_dim;
-    uint64_t kv = (uint64_t)c->n_kv_heads * c->head_dim, f = c->intermediate_size;
-    if (!tensor_is(&m->embed, c->vocab_size, d) || !tensor_is(&m->lm_head, c->vocab_size, d) ||
-        !tensor_is(&m->norm, d, 0))
-        return devio_fail(err, DEVIO_E_MODEL, "embedding, norm or lm_head has a wrong shape");
-    for (uint32_t i = 0; i < c->n_layers; i++) {
-        const devio_layer *l = &m->layers[i];
-        if (!tensor_is(&l->attn_norm, d, 0) || !tensor_is(&l->ffn_norm, d, 0) ||
-            !tensor_is(&l->wq, q, d) || !tensor_is(&l->wk, kv, d) || !tensor_is(&l->wv, kv, d) ||
-            !tensor_is(&l->wo, d, q) || !tensor_is(&l->w_gate, f, d) ||
-            !tensor_is(&l->w_up, f, d) || !tensor_is(&l->w_down, d, f) ||
-            !bias_ok(&l->bq, q) || !bias_ok(&l->bk, kv) || !bias_ok(&l->bv, kv))
-            return devio_fail_at(err, DEVIO_E_MODEL, "layer", i,
-                                 "layer %u has a tensor of the wrong shape or dtype", i);
-        /* gate and up are swept together as one fused projection. */
-        if (l->w_gate.dtype != l->w_up.dtype)
-            return devio_fail_at(err, DEVIO_E_UNSUPPORTED, "layer", i,
-                                 "layer %u: gate_proj and up_proj differ in dtype", i);
-    }
-    return DEVIO_OK;
-}
-
-/* calloc of a product of counts, NULL on overflow. */
-static void *calloc_n(size_t a, size_t b, size_t size)
-{
-    if (a != 0 && b > SIZE_MAX / a)
+    if (a != 0 && b > SIZE_MAX / a / (size ? size : 1))
         return NULL;
-    return calloc(a * b, size);
+    size_t n = a * b;
+    void *p = calloc(n > 0 ? n : 1, size);
+    if (p)
+        st->bytes += a * b * size;
+    return p;
 }
 
 static void widen_tensor(const devio_tensor *t, float *dst, size_t n)
@@ -124,134 +83,139 @@ static void widen_tensor(const devio_tensor *t, float *dst, size_t n)
     ref_widen(t->dtype, t->data, dst, n);
 }
 
-static devio_status ref_create(const devio_model *model, const devio_backend_config *cfg,
-                               void **state, devio_error *err)
+/* The KV pools, zeroed so that no slot ever holds a non-finite value. */
+static bool create_kv(ref_state *st, uint32_t L)
 {
-    *state = NULL;
-    devio_status s = check_model(model, err);
-    if (s != DEVIO_OK)
-        return s;
-    if (cfg->block_size == 0 || cfg->kv_blocks == 0 || cfg->max_batch_tokens == 0 ||
-        cfg->max_rows == 0 || cfg->max_seq_len == 0)
-        return devio_fail(err, DEVIO_E_INVALID, "backend configuration has a zero size");
-
-    ref_state *st = calloc(1, sizeof *st);
-    if (!st)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the reference backend");
-    const devio_model_config *c = &model->cfg;
-    st->model = model;
-    st->cfg = *cfg;
-    if (st->cfg.threads == 0)
-        st->cfg.threads = 1;
-    st->d = c->hidden_size;
-    st->n_heads = c->n_heads;
-    st->n_kv = c->n_kv_heads;
-    st->hd = c->head_dim;
-    st->f = c->intermediate_size;
-    st->vocab = c->vocab_size;
-    st->q_dim = c->n_heads * c->head_dim;
-    st->kv_dim = c->n_kv_heads * c->head_dim;
-    st->d_pad = ref_pad32(st->d);
-    st->q_pad = ref_pad32(st->q_dim);
-    st->f_pad = ref_pad32(st->f);
-    st->eps = c->rms_norm_eps;
-    st->attn_scale = devio_rsqrtf((float)st->hd);
-    uint32_t L = c->n_layers, T = cfg->max_batch_tokens, half = st->hd / 2;
-
-    /* KV pools, zeroed so that no slot ever holds a non-finite value. */
-    st->block_floats = (size_t)cfg->block_size * st->kv_dim;
-    st->k_cache = calloc(L, sizeof *st->k_cache);
-    st->v_cache = calloc(L, sizeof *st->v_cache);
+    st->block_floats = (size_t)st->cfg.block_size * st->kv_dim;
+    st->k_cache = calloc_n(st, L, 1, sizeof *st->k_cache);
+    st->v_cache = calloc_n(st, L, 1, sizeof *st->v_cache);
     if (!st->k_cache || !st->v_cache)
-        goto out_nomem;
+        return false;
     for (uint32_t i = 0; i < L; i++) {
-        st->k_cache[i] = calloc_n(cfg->kv_blocks, st->block_floats, sizeof(float));
-        st->v_cache[i] = calloc_n(cfg->kv_blocks, st->block_floats, sizeof(float));
+        st->k_cache[i] = calloc_n(st, st->cfg.kv_blocks, st->block_floats, sizeof(float));
+        st->v_cache[i] = calloc_n(st, st->cfg.kv_blocks, st->block_floats, sizeof(float));
         if (!st->k_cache[i] || !st->v_cache[i])
-            goto out_nomem;
+            return false;
     }
+    return true;
+}
 
-    /* RoPE table of rule 4. */
-    st->rope_cos = calloc_n(cfg->max_seq_len, half, sizeof(float));
-    st->rope_sin = calloc_n(cfg->max_seq_len, half, sizeof(float));
-    if (!st->rope_cos || !st->rope_sin)
-        goto out_nomem;
-    for (uint32_t i = 0; i < half; i++) {
-        float inv_freq = 1.0f / devio_powf_pos(c->rope_theta, (float)(2 * i) / (float)st->hd);
-        for (uint32_t p = 0; p < cfg->max_seq_len; p++) {
-            float ang = (float)p * inv_freq;
-            st->rope_cos[(size_t)p * half + i] = devio_cosf(ang);
-            st->rope_sin[(size_t)p * half + i] = devio_sinf(ang);
-        }
-    }
-
-    st->attn_norm = calloc_n(L, st->d, sizeof(float));
-    st->ffn_norm = calloc_n(L, st->d, sizeof(float));
-    st->final_norm = calloc(st->d, sizeof(float));
+/* Norm weights and biases widened once: they are tiny and read per token. */
+static bool create_small_weights(ref_state *st, uint32_t L)
+{
+    const devio_model *model = st->model;
+    st->attn_norm = calloc_n(st, L, st->d, sizeof(float));
+    st->ffn_norm = calloc_n(st, L, st->d, sizeof(float));
+    st->final_norm = calloc_n(st, st->d, 1, sizeof(float));
     if (!st->attn_norm || !st->ffn_norm || !st->final_norm)
-        goto out_nomem;
+        return false;
     widen_tensor(&model->norm, st->final_norm, st->d);
-    bool has_bias = false;
     for (uint32_t i = 0; i < L; i++) {
         const devio_layer *l = &model->layers[i];
         widen_tensor(&l->attn_norm, st->attn_norm + (size_t)i * st->d, st->d);
         widen_tensor(&l->ffn_norm, st->ffn_norm + (size_t)i * st->d, st->d);
-        has_bias = has_bias || l->bq.data || l->bk.data || l->bv.data;
     }
-    if (has_bias) {
-        /* A layer without one of the biases gets zeros: x + 0 is x (the
-         * projection sum is never -0), so the result is the unbiased one. */
-        st->bq = calloc_n(L, st->q_dim, sizeof(float));
-        st->bk = calloc_n(L, st->kv_dim, sizeof(float));
-        st->bv = calloc_n(L, st->kv_dim, sizeof(float));
-        if (!st->bq || !st->bk || !st->bv)
-            goto out_nomem;
-        for (uint32_t i = 0; i < L; i++) {
-            const devio_layer *l = &model->layers[i];
-            if (l->bq.data)
-                widen_tensor(&l->bq, st->bq + (size_t)i * st->q_dim, st->q_dim);
-            if (l->bk.data)
-                widen_tensor(&l->bk, st->bk + (size_t)i * st->kv_dim, st->kv_dim);
-            if (l->bv.data)
-                widen_tensor(&l->bv, st->bv + (size_t)i * st->kv_dim, st->kv_dim);
-        }
+    if (!st->cfg.shape->has_bias)
+        return true;
+    /* A layer without one of the biases gets zeros: x + 0 is x (the
+     * projection sum is never -0), so the result is the unbiased one. */
+    st->bq = calloc_n(st, L, st->q_dim, sizeof(float));
+    st->bk = calloc_n(st, L, st->kv_dim, sizeof(float));
+    st->bv = calloc_n(st, L, st->kv_dim, sizeof(float));
+    if (!st->bq || !st->bk || !st->bv)
+        return false;
+    for (uint32_t i = 0; i < L; i++) {
+        const devio_layer *l = &model->layers[i];
+        if (l->bq.data)
+            widen_tensor(&l->bq, st->bq + (size_t)i * st->q_dim, st->q_dim);
+        if (l->bk.data)
+            widen_tensor(&l->bk, st->bk + (size_t)i * st->kv_dim, st->kv_dim);
+        if (l->bv.data)
+            widen_tensor(&l->bv, st->bv + (size_t)i * st->kv_dim, st->kv_dim);
     }
+    return true;
+}
 
-    st->x = calloc_n(T, st->d_pad, sizeof(float));
-    st->h = calloc_n(T, st->d_pad, sizeof(float));
-    st->q = calloc_n(T, st->q_dim, sizeof(float));
-    st->k = calloc_n(T, st->kv_dim, sizeof(float));
-    st->v = calloc_n(T, st->kv_dim, sizeof(float));
-    st->att = calloc_n(T, st->q_pad, sizeof(float));
-    st->act = calloc_n(T, st->f_pad, sizeof(float));
-    st->tok_pos = calloc(T, sizeof *st->tok_pos);
-    st->tok_blocks = calloc(T, sizeof *st->tok_blocks);
-    st->tok_adapter = calloc(T, sizeof *st->tok_adapter);
+/* Activations and per-token tables for max_batch_tokens tokens. */
+static bool create_buffers(ref_state *st)
+{
+    const devio_backend_config *cfg = &st->cfg;
+    uint32_t T = cfg->max_batch_tokens, R = cfg->max_lora_rank;
+    st->x = calloc_n(st, T, st->d_pad, sizeof(float));
+    st->h = calloc_n(st, T, st->d_pad, sizeof(float));
+    st->q = calloc_n(st, T, st->q_dim, sizeof(float));
+    st->k = calloc_n(st, T, st->kv_dim, sizeof(float));
+    st->v = calloc_n(st, T, st->kv_dim, sizeof(float));
+    st->att = calloc_n(st, T, st->q_pad, sizeof(float));
+    st->act = calloc_n(st, T, st->f_pad, sizeof(float));
+    st->tok_pos = calloc_n(st, T, 1, sizeof *st->tok_pos);
+    st->tok_blocks = calloc_n(st, T, 1, sizeof *st->tok_blocks);
+    st->tok_adapter = calloc_n(st, T, 1, sizeof *st->tok_adapter);
+    st->slots = calloc_n(st, cfg->adapter_slots, 1, sizeof *st->slots);
+    st->slot_gen = calloc_n(st, cfg->adapter_slots, 1, sizeof *st->slot_gen);
     uint32_t widest = st->d_pad > st->f_pad ? st->d_pad : st->f_pad;
     widest = widest > st->q_pad ? widest : st->q_pad;
-    if (cfg->max_lora_rank > widest)
-        widest = cfg->max_lora_rank;
-    st->lora_row = calloc_n(widest, 1, sizeof(float));
-    st->lora_a = calloc_n(cfg->max_lora_rank ? cfg->max_lora_rank : 1, 1, sizeof(float));
-    if (cfg->max_lora_rank) {
-        st->o_tmp = calloc_n(T, st->d_pad, sizeof(float));
-        st->g_tmp = calloc_n(T, st->f_pad, sizeof(float));
-        st->u_tmp = calloc_n(T, st->f_pad, sizeof(float));
+    widest = R > widest ? R : widest;
+    st->lora_row = calloc_n(st, widest, 1, sizeof(float));
+    st->lora_a = calloc_n(st, R ? R : 1, 1, sizeof(float));
+    if (R && cfg->adapter_slots) {
+        st->o_tmp = calloc_n(st, T, st->d_pad, sizeof(float));
+        st->g_tmp = calloc_n(st, T, st->f_pad, sizeof(float));
+        st->u_tmp = calloc_n(st, T, st->f_pad, sizeof(float));
+        if (!st->o_tmp || !st->g_tmp || !st->u_tmp)
+            return false;
     }
-    st->out_ptr = calloc(T, sizeof *st->out_ptr);
-    if (!st->x || !st->h || !st->q || !st->k || !st->v || !st->att || !st->act ||
-        !st->tok_pos || !st->tok_blocks || !st->out_ptr || !st->tok_adapter ||
-        !st->lora_row || !st->lora_a ||
-        (cfg->max_lora_rank && (!st->o_tmp || !st->g_tmp || !st->u_tmp)))
-        goto out_nomem;
+    st->out_ptr = calloc_n(st, T, 1, sizeof *st->out_ptr);
+    return st->x && st->h && st->q && st->k && st->v && st->att && st->act && st->tok_pos &&
+           st->tok_blocks && st->out_ptr && st->tok_adapter && st->slots && st->slot_gen &&
+           st->lora_row && st->lora_a;
+}
 
+static devio_status ref_create(const devio_model *model, const devio_backend_config *cfg,
+                               void **state, devio_error *err)
+{
+    *state = NULL;
+    if (cfg->numerics != DEVIO_NUMERICS_STRICT)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "the reference computes strict numerics only (fast needs --backend "
+                          "cuda)");
+    if (cfg->block_size == 0 || cfg->kv_blocks == 0 || cfg->max_batch_tokens == 0 ||
+        cfg->max_rows == 0 || cfg->max_seq_len == 0 || !cfg->shape || !cfg->rope_cos ||
+        !cfg->logits_host)
+        return devio_fail(err, DEVIO_E_INVALID, "backend configuration has a zero size");
+    ref_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the reference backend");
+    const devio_model_shape *m = cfg->shape;
+    st->model = model;
+    st->cfg = *cfg;
+    if (st->cfg.threads == 0)
+        st->cfg.threads = 1;
+    st->d = m->d;
+    st->n_heads = m->n_heads;
+    st->n_kv = m->n_kv_heads;
+    st->hd = m->head_dim;
+    st->f = m->f;
+    st->vocab = m->vocab;
+    st->q_dim = m->q_dim;
+    st->kv_dim = m->kv_dim;
+    st->d_pad = ref_pad32(st->d);
+    st->q_pad = ref_pad32(st->q_dim);
+    st->f_pad = ref_pad32(st->f);
+    st->eps = m->eps;
+    st->attn_scale = m->attn_scale;
+    st->rope_cos = cfg->rope_cos;
+    st->rope_sin = cfg->rope_sin;
+    if (!create_kv(st, m->n_layers) || !create_small_weights(st, m->n_layers) ||
+        !create_buffers(st))
+        goto out_nomem;
     st->pool = devio_pool_create(st->cfg.threads);
     if (!st->pool) {
         ref_destroy(st);
         return devio_fail(err, DEVIO_E_DEVICE, "cannot start %u compute threads", st->cfg.threads);
     }
     st->n_scratch = devio_pool_threads(st->pool);
-    st->scratch = calloc(st->n_scratch, sizeof *st->scratch);
+    st->scratch = calloc_n(st, st->n_scratch, 1, sizeof *st->scratch);
     if (!st->scratch)
         goto out_nomem;
     uint32_t max_in = st->d > st->q_dim ? st->d : st->q_dim;
@@ -279,96 +243,84 @@ static void ref_destroy(void *sp)
             ref_scratch_fini(&st->scratch[i]);
         free(st->scratch);
     }
-    uint32_t L = st->model->cfg.n_layers;
-    for (uint32_t i = 0; i < L; i++) {
+    for (uint32_t i = 0; i < st->cfg.shape->n_layers; i++) {
         if (st->k_cache)
             free(st->k_cache[i]);
         if (st->v_cache)
             free(st->v_cache[i]);
     }
-    free(st->k_cache);
-    free(st->v_cache);
-    free(st->rope_cos);
-    free(st->rope_sin);
-    free(st->attn_norm);
-    free(st->ffn_norm);
-    free(st->final_norm);
-    free(st->bq);
-    free(st->bk);
-    free(st->bv);
-    free(st->x);
-    free(st->h);
-    free(st->q);
-    free(st->k);
-    free(st->v);
-    free(st->att);
-    free(st->act);
-    free(st->tok_pos);
-    free(st->tok_blocks);
-    free(st->tok_adapter);
-    free(st->lora_row);
-    free(st->lora_a);
-    free(st->o_tmp);
-    free(st->g_tmp);
-    free(st->u_tmp);
-    free(st->out_ptr);
+    void *bufs[] = {st->k_cache, st->v_cache, st->attn_norm, st->ffn_norm, st->final_norm,
+                    st->bq, st->bk, st->bv, st->x, st->h, st->q, st->k, st->v, st->att,
+                    st->act, st->tok_pos, st->tok_blocks, st->tok_adapter, st->slots,
+                    st->slot_gen, st->lora_row, st->lora_a, st->o_tmp, st->g_tmp, st->u_tmp,
+                    st->out_ptr};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        free(bufs[i]);
     free(st);
 }
 
-/* The core validates plans; these checks only keep a malformed batch from
- * reading or writing outside the buffers. Nothing is changed before they pass. */
-static devio_status check_batch(ref_state *st, const devio_batch *b, devio_error *err)
+static void ref_info(void *sp, devio_device_info *out)
 {
-    const devio_backend_config *cfg = &st->cfg;
-    if (b->n_tokens > cfg->max_batch_tokens || b->n_rows > cfg->max_rows)
-        return devio_fail(err, DEVIO_E_TOO_LARGE, "batch of %u tokens in %u rows over the limits",
-                          b->n_tokens, b->n_rows);
-    for (uint32_t t = 0; t < b->n_tokens; t++)
-        st->tok_pos[t] = UINT32_MAX;
-    st->lora_targets = 0;
+    ref_state *st = sp;
+#if defined(__x86_64__)
+    const char *arch = "x86-64";
+#elif defined(__aarch64__)
+    const char *arch = "arm64";
+#elif defined(__wasm__)
+    const char *arch = "wasm32";
+#else
+    const char *arch = "host";
+#endif
+    snprintf(out->device, sizeof out->device, "%s CPU, %u thread%s (reference)", arch,
+             st->n_scratch, st->n_scratch == 1 ? "" : "s");
+    out->memory_used = st->bytes;
+}
+
+static devio_status ref_adapter_add(void *sp, uint32_t slot, uint32_t generation,
+                                    const devio_adapter *a, devio_error *err)
+{
+    ref_state *st = sp;
+    if (slot >= st->cfg.adapter_slots)
+        return devio_fail(err, DEVIO_E_INVALID, "adapter slot %u of %u", slot,
+                          st->cfg.adapter_slots);
+    if (a->rank == 0 || a->rank > st->cfg.max_lora_rank || a->n_layers != st->cfg.shape->n_layers)
+        return devio_fail(err, DEVIO_E_INVALID, "adapter '%s' of rank %u does not fit this backend",
+                          a->name, a->rank);
+    /* Host weights are used in place: nothing to copy. */
+    st->slots[slot] = a;
+    st->slot_gen[slot] = generation;
+    return DEVIO_OK;
+}
+
+static void ref_adapter_remove(void *sp, uint32_t slot, uint32_t generation)
+{
+    ref_state *st = sp;
+    if (slot < st->cfg.adapter_slots && st->slot_gen[slot] == generation)
+        st->slots[slot] = NULL;
+}
+
+/* Per-token tables of a checked batch: positions, block tables, adapters.
+ * A row naming a slot that holds another generation is refused. */
+static devio_status prepare(ref_state *st, const devio_batch *b, devio_error *err)
+{
     for (uint32_t r = 0; r < b->n_rows; r++) {
         const devio_batch_row *row = &b->rows[r];
-        if (row->n_tokens == 0)
-            continue;
-        if (row->tok_start > b->n_tokens || row->n_tokens > b->n_tokens - row->tok_start ||
-            row->pos0 > cfg->max_seq_len || row->n_tokens > cfg->max_seq_len - row->pos0 ||
-            !row->blocks)
-            return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u lies outside the batch", r);
-        if (row->adapter && (row->adapter->rank == 0 || row->adapter->rank > cfg->max_lora_rank ||
-                             row->adapter->n_layers != st->model->cfg.n_layers))
-            return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
-                                 "row %u: adapter of rank %u does not fit this backend", r,
-                                 row->adapter->rank);
-        if (row->adapter)
-            st->lora_targets |= row->adapter->targets;
-        uint32_t end = row->pos0 + row->n_tokens;
-        for (uint32_t i = 0; i < (end + cfg->block_size - 1) / cfg->block_size; i++)
-            if (row->blocks[i] >= cfg->kv_blocks)
-                return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u names KV block %u",
-                                     r, row->blocks[i]);
+        const devio_adapter *ad = NULL;
+        if (row->adapter >= 0) {
+            ad = st->slots[row->adapter];
+            if (!ad || st->slot_gen[row->adapter] != row->adapter_gen)
+                return devio_fail_at(err, DEVIO_E_DEVICE, "row", r,
+                                     "row %u names adapter slot %d generation %u, not held", r,
+                                     row->adapter, row->adapter_gen);
+        }
         for (uint32_t i = 0; i < row->n_tokens; i++) {
             uint32_t t = row->tok_start + i;
-            if (st->tok_pos[t] != UINT32_MAX)
-                return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
-                                     "token %u belongs to two rows", t);
-            st->tok_pos[t] = row->pos0 + i;
+            st->tok_pos[t] = b->tok_pos[t];
             st->tok_blocks[t] = row->blocks;
-            st->tok_adapter[t] = row->adapter;
+            st->tok_adapter[t] = ad;
         }
     }
-    for (uint32_t t = 0; t < b->n_tokens; t++) {
-        if (st->tok_pos[t] == UINT32_MAX)
-            return devio_fail(err, DEVIO_E_INVALID, "token %u belongs to no row", t);
-        if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= st->vocab)
-            return devio_fail(err, DEVIO_E_INVALID, "token id %d outside the vocabulary",
-                              b->tokens[t]);
-        if (b->out_index && b->out_index[t] >= 0 && (uint32_t)b->out_index[t] >= b->n_out)
-            return devio_fail(err, DEVIO_E_INVALID, "token %u has logits index %d of %u", t,
-                              b->out_index[t], b->n_out);
-    }
-    for (uint32_t c = 0; c < b->n_copies; c++)
-        if (b->copy_src[c] >= cfg->kv_blocks || b->copy_dst[c] >= cfg->kv_blocks)
-            return devio_fail(err, DEVIO_E_INVALID, "block copy %u names a block outside the pool", c);
+    st->lora_targets = b->lora_targets;
     return DEVIO_OK;
 }
 
@@ -528,21 +480,23 @@ static void layer_rest(ref_state *st, uint32_t li, uint32_t n_tok)
     residual_proj(st, li, DEVIO_LORA_DOWN, &down, n_tok);
 }
 
-static devio_status ref_forward(void *sp, const devio_batch *b, devio_error *err)
+/* The whole step, on the calling thread (the pool's threads help). */
+static devio_status ref_wait(void *sp, const devio_batch *b, devio_error *err)
 {
     ref_state *st = sp;
-    devio_status s = check_batch(st, b, err);
+    devio_status s = prepare(st, b, err);
     if (s != DEVIO_OK)
         return s;
     uint32_t n_tok = b->n_tokens;
     const devio_model *m = st->model;
+    uint32_t L = st->cfg.shape->n_layers;
 
     for (uint32_t c = 0; c < b->n_copies; c++) {
         size_t src = (size_t)b->copy_src[c] * st->block_floats;
         size_t dst = (size_t)b->copy_dst[c] * st->block_floats;
         if (src == dst)
             continue;
-        for (uint32_t li = 0; li < m->cfg.n_layers; li++) {
+        for (uint32_t li = 0; li < L; li++) {
             memcpy(st->k_cache[li] + dst, st->k_cache[li] + src, st->block_floats * sizeof(float));
             memcpy(st->v_cache[li] + dst, st->v_cache[li] + src, st->block_floats * sizeof(float));
         }
@@ -556,7 +510,7 @@ static devio_status ref_forward(void *sp, const devio_batch *b, devio_error *err
         ref_widen(m->embed.dtype, row, st->x + (size_t)t * st->d_pad, st->d);
     }
 
-    uint32_t last = m->cfg.n_layers - 1;
+    uint32_t last = L - 1;
     for (uint32_t li = 0; li < last; li++) {
         layer_qkv(st, li, n_tok);
         layer_rest(st, li, n_tok);
@@ -565,36 +519,47 @@ static devio_status ref_forward(void *sp, const devio_batch *b, devio_error *err
     /* Past the last layer's K and V only the tokens whose logits are wanted
      * matter: they move to the front, in batch order, and only they go on
      * (a prefill asking for its last logits skips most of a layer). */
-    uint32_t n_out = 0;
-    for (uint32_t t = 0; b->out_index && t < n_tok; t++) {
-        if (b->out_index[t] < 0)
-            continue;
-        if (n_out != t) {
-            memcpy(st->q + (size_t)n_out * st->q_dim, st->q + (size_t)t * st->q_dim,
+    for (uint32_t i = 0; i < b->n_out; i++) {
+        uint32_t t = b->out_tok[i];
+        if (i != t) {
+            memcpy(st->q + (size_t)i * st->q_dim, st->q + (size_t)t * st->q_dim,
                    st->q_dim * sizeof(float));
-            memcpy(st->x + (size_t)n_out * st->d_pad, st->x + (size_t)t * st->d_pad,
+            memcpy(st->x + (size_t)i * st->d_pad, st->x + (size_t)t * st->d_pad,
                    st->d * sizeof(float));
-            st->tok_pos[n_out] = st->tok_pos[t];
-            st->tok_blocks[n_out] = st->tok_blocks[t];
-            st->tok_adapter[n_out] = st->tok_adapter[t];
+            st->tok_pos[i] = st->tok_pos[t];
+            st->tok_blocks[i] = st->tok_blocks[t];
+            st->tok_adapter[i] = st->tok_adapter[t];
         }
-        st->out_ptr[n_out++] = b->out_rows[b->out_index[t]];
+        st->out_ptr[i] = st->cfg.logits_host + (size_t)b->out_slot[i] * st->vocab;
     }
-    if (n_out > 0) {
-        layer_rest(st, last, n_out);
-        rmsnorm_rows(st, st->h, st->x, st->final_norm, n_out);
+    if (b->n_out > 0) {
+        layer_rest(st, last, b->n_out);
+        rmsnorm_rows(st, st->h, st->x, st->final_norm, b->n_out);
         ref_matmul lm = {.w = m->lm_head.data, .dtype = m->lm_head.dtype, .m = st->vocab,
-                         .n = st->d, .x = st->h, .ldx = st->d_pad, .n_tok = n_out,
+                         .n = st->d, .x = st->h, .ldx = st->d_pad, .n_tok = b->n_out,
                          .y_rows = st->out_ptr};
         ref_matmul_run(st->pool, st->scratch, &lm, 1);
     }
     return DEVIO_OK;
 }
 
+/* Nothing to enqueue: the step runs in wait, which the core calls next for it. */
+static devio_status ref_submit(void *sp, const devio_batch *b, devio_error *err)
+{
+    (void)sp;
+    (void)b;
+    (void)err;
+    return DEVIO_OK;
+}
+
 const devio_backend_ops devio_ref_backend = {
-    .version = DEVIO_BACKEND_VERSION,
+    .abi = DEVIO_BACKEND_ABI,
     .name = "ref",
     .create = ref_create,
     .destroy = ref_destroy,
-    .forward = ref_forward,
+    .info = ref_info,
+    .submit = ref_submit,
+    .wait = ref_wait,
+    .adapter_add = ref_adapter_add,
+    .adapter_remove = ref_adapter_remove,
 };

@@ -15,6 +15,7 @@
 #include "api/codec.h"
 #include "api/dispatch.h"
 #include "device/backend.h"
+#include "ref/ref_backend.h"
 #include "device/status.h"
 #include "service/http_error.h"
 #include "service/server.h"

@@ -15,6 +15,7 @@
 #include "api/script.h"
 #include "device/sha256.h"
 #include "ref/inproc.h"
+#include "ref/ref_backend.h"
 #include "tests/testutil.h"
 
 static void test_sha256_vectors(void **state)

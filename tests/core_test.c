@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "device/backend.h"
+#include "ref/ref_backend.h"
 #include "device/kv_pool.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "tests/testutil.h"
@@ -650,7 +651,7 @@ static void test_open_rejects_bad_config(void **state)
     assert_int_equal(devio_open(c->fx.model, &devio_ref_backend, &cfg, &d, &err),
                      DEVIO_E_INVALID);
     devio_backend_ops bad = devio_ref_backend;
-    bad.version = 99;
+    bad.abi = 99;
     cfg = devio_config_default();
     assert_int_equal(devio_open(c->fx.model, &bad, &cfg, &d, &err), DEVIO_E_UNSUPPORTED);
     assert_string_equal(devio_status_str(DEVIO_E_OUT_OF_KV_BLOCKS), "out_of_kv_blocks");

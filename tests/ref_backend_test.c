@@ -14,7 +14,9 @@
 #include "device/backend.h"
 #include "device/model.h"
 #include "device/numerics.h"
+#include "device/shape.h"
 #include "ref/pool.h"
+#include "ref/ref_backend.h"
 #include "ref/ref_kernels.h"
 
 /* ---- random numbers and models in memory ------------------------------ */
@@ -301,16 +303,46 @@ static void naive_forward(const devio_model *m, const int32_t *toks, uint32_t n,
 #define T_MAX_SEQ 256u
 #define T_MAX_BLOCKS_PER_SEQ (T_MAX_SEQ / T_BLOCK)
 
-static void *be_open(const devio_model *m, uint32_t threads)
+/* The reference backend as the core drives it: created through the
+ * wrappers with the shape, RoPE tables and a host logits arena of
+ * T_MAX_TOK slots (output i of a step goes to slot i). */
+typedef struct tbe {
+    void *st;
+    devio_backend_config cfg;
+    devio_model_shape shape;
+    float *rope_cos, *rope_sin, *logits;
+} tbe;
+
+static tbe *be_open(const devio_model *m, uint32_t threads)
 {
-    devio_backend_config cfg = {.kv_blocks = T_KV_BLOCKS, .block_size = T_BLOCK,
-                                .max_batch_tokens = T_MAX_TOK, .max_rows = T_MAX_ROWS,
-                                .max_seq_len = T_MAX_SEQ, .threads = threads};
-    void *st = NULL;
+    tbe *be = calloc(1, sizeof *be);
     devio_error err = {0};
-    assert_int_equal(devio_ref_backend.create(m, &cfg, &st, &err), DEVIO_OK);
-    assert_non_null(st);
-    return st;
+    assert_non_null(be);
+    assert_int_equal(devio_model_shape_get(m, &be->shape, &err), DEVIO_OK);
+    assert_int_equal(devio_rope_tables(m->cfg.rope_theta, be->shape.head_dim, T_MAX_SEQ,
+                                       &be->rope_cos, &be->rope_sin, &err),
+                     DEVIO_OK);
+    be->logits = calloc((size_t)T_MAX_TOK * m->cfg.vocab_size, sizeof(float));
+    assert_non_null(be->logits);
+    be->cfg = (devio_backend_config){.kv_blocks = T_KV_BLOCKS, .block_size = T_BLOCK,
+                                     .max_batch_tokens = T_MAX_TOK, .max_rows = T_MAX_ROWS,
+                                     .max_seq_len = T_MAX_SEQ, .max_depth = 1,
+                                     .threads = threads, .logits_slots = T_MAX_TOK,
+                                     .shape = &be->shape, .rope_cos = be->rope_cos,
+                                     .rope_sin = be->rope_sin, .logits_host = be->logits};
+    assert_int_equal(devio_backend_create(&devio_ref_backend, m, &be->cfg, &be->st, &err),
+                     DEVIO_OK);
+    assert_non_null(be->st);
+    return be;
+}
+
+static void be_close(tbe *be)
+{
+    devio_backend_destroy(&devio_ref_backend, be->st);
+    free(be->rope_cos);
+    free(be->rope_sin);
+    free(be->logits);
+    free(be);
 }
 
 /* A sequence as the core would hold it. */
@@ -350,8 +382,9 @@ static void tseq_init(tseq *s, tblocks *b)
 typedef struct tbatch {
     devio_batch_row rows[T_MAX_ROWS];
     int32_t tokens[T_MAX_TOK];
-    int32_t out_index[T_MAX_TOK];
-    float *out_rows[T_MAX_TOK];
+    uint32_t tok_pos[T_MAX_TOK], tok_row[T_MAX_TOK];
+    uint32_t out_tok[T_MAX_TOK], out_slot[T_MAX_TOK];
+    float *out_dst[T_MAX_TOK]; /* where the logits of output i are copied */
     uint32_t copy_src[8], copy_dst[8];
     uint32_t n_rows, n_tok, n_out, n_copies;
 } tbatch;
@@ -363,18 +396,21 @@ static void tb_add_some(tbatch *b, tseq *s, const int32_t *toks, uint32_t n, flo
                         uint32_t vocab, uint32_t every)
 {
     assert_true(b->n_rows < T_MAX_ROWS && b->n_tok + n <= T_MAX_TOK);
-    b->rows[b->n_rows++] = (devio_batch_row){.pos0 = s->len, .n_tokens = n,
-                                             .tok_start = b->n_tok, .blocks = s->blocks};
+    b->rows[b->n_rows] = (devio_batch_row){.pos0 = s->len, .n_tokens = n,
+                                           .tok_start = b->n_tok, .blocks = s->blocks,
+                                           .adapter = -1, .ssm_slot = -1};
     for (uint32_t i = 0; i < n; i++) {
         b->tokens[b->n_tok] = toks[i];
+        b->tok_pos[b->n_tok] = s->len + i;
+        b->tok_row[b->n_tok] = b->n_rows;
         if (logits && (s->len + i) % every == every - 1) {
-            b->out_rows[b->n_out] = logits + (size_t)i * vocab;
-            b->out_index[b->n_tok] = (int32_t)b->n_out++;
-        } else {
-            b->out_index[b->n_tok] = -1;
+            b->out_dst[b->n_out] = logits + (size_t)i * vocab;
+            b->out_slot[b->n_out] = b->n_out;
+            b->out_tok[b->n_out++] = b->n_tok;
         }
         b->n_tok++;
     }
+    b->n_rows++;
     s->len += n;
 }
 
@@ -385,14 +421,27 @@ static void tb_add(tbatch *b, tseq *s, const int32_t *toks, uint32_t n, float *l
     tb_add_some(b, s, toks, n, logits, vocab, 1);
 }
 
-static void tb_run(void *st, tbatch *b)
+static devio_batch tb_batch(tbatch *b)
 {
-    devio_batch batch = {.n_rows = b->n_rows, .rows = b->rows, .n_tokens = b->n_tok,
-                         .tokens = b->tokens, .out_index = b->out_index, .n_out = b->n_out,
-                         .out_rows = b->out_rows, .n_copies = b->n_copies,
-                         .copy_src = b->copy_src, .copy_dst = b->copy_dst};
+    return (devio_batch){.n_rows = b->n_rows, .rows = b->rows, .n_tokens = b->n_tok,
+                         .tokens = b->tokens, .tok_pos = b->tok_pos, .tok_row = b->tok_row,
+                         .n_out = b->n_out, .out_tok = b->out_tok, .out_slot = b->out_slot,
+                         .n_copies = b->n_copies, .copy_src = b->copy_src,
+                         .copy_dst = b->copy_dst};
+}
+
+/* Submit, wait, and copy each output's logits to where tb_add asked. */
+static void tb_run(tbe *be, tbatch *b)
+{
+    devio_batch batch = tb_batch(b);
     devio_error err = {0};
-    assert_int_equal(devio_ref_backend.forward(st, &batch, &err), DEVIO_OK);
+    assert_int_equal(devio_backend_submit(&devio_ref_backend, be->st, &be->cfg, &batch, &err),
+                     DEVIO_OK);
+    assert_int_equal(devio_backend_wait(&devio_ref_backend, be->st, &batch, &err), DEVIO_OK);
+    size_t vocab = be->shape.vocab;
+    for (uint32_t i = 0; i < b->n_out; i++)
+        memcpy(b->out_dst[i], be->logits + (size_t)b->out_slot[i] * vocab,
+               vocab * sizeof(float));
     memset(b, 0, sizeof *b);
 }
 
@@ -401,7 +450,7 @@ static void tb_run(void *st, tbatch *b)
 static void run_chunked_some(const devio_model *m, uint32_t threads, const int32_t *toks,
                              const uint32_t *chunks, float *out, uint32_t every)
 {
-    void *st = be_open(m, threads);
+    tbe *st = be_open(m, threads);
     tblocks bl;
     tblocks_init(&bl, 77);
     tseq s;
@@ -415,7 +464,7 @@ static void run_chunked_some(const devio_model *m, uint32_t threads, const int32
         at += *c;
     }
     free(b);
-    devio_ref_backend.destroy(st);
+    be_close(st);
 }
 
 static void run_chunked(const devio_model *m, uint32_t threads, const int32_t *toks,
@@ -549,7 +598,7 @@ static void mix_run(const devio_model *m, uint32_t threads, const mix_plan *p, u
                     uint64_t block_seed, float **out)
 {
     uint32_t vocab = m->cfg.vocab_size;
-    void *st = be_open(m, threads);
+    tbe *st = be_open(m, threads);
     tblocks bl;
     tblocks_init(&bl, block_seed);
     tseq *seqs = calloc(MIX_SEQS, sizeof *seqs);
@@ -571,7 +620,7 @@ static void mix_run(const devio_model *m, uint32_t threads, const mix_plan *p, u
     tb_run(st, b);
     free(b);
     free(seqs);
-    devio_ref_backend.destroy(st);
+    be_close(st);
 }
 
 static float **mix_alloc(uint32_t vocab)
@@ -656,7 +705,7 @@ static void test_block_copy(void **unused)
     (void)unused;
     tmodel *tm = tm_build(&SPEC_F32);
     uint32_t vocab = tm->m.cfg.vocab_size;
-    void *st = be_open(&tm->m, 2);
+    tbe *st = be_open(&tm->m, 2);
     tblocks bl;
     tblocks_init(&bl, 3);
     tseq a, fork;
@@ -686,7 +735,7 @@ static void test_block_copy(void **unused)
     tb_add(b, &a, toks2 + P, C, lo, vocab);
     tb_add(b, &fork, toks + P, C, lf, vocab);
     tb_run(st, b);
-    devio_ref_backend.destroy(st);
+    be_close(st);
 
     uint32_t chunks[] = {P, C, 0};
     run_chunked(&tm->m, 1, toks, chunks, all);
@@ -702,48 +751,62 @@ static void test_block_copy(void **unused)
     tm_free(tm);
 }
 
+static devio_status submit(tbe *be, const devio_batch *b)
+{
+    devio_error err = {0};
+    return devio_backend_submit(&devio_ref_backend, be->st, &be->cfg, b, &err);
+}
+
 static void test_bad_batches(void **unused)
 {
     (void)unused;
     tmodel *tm = tm_build(&SPEC_F32);
-    void *st = be_open(&tm->m, 1);
+    tbe *be = be_open(&tm->m, 1);
     tblocks bl;
     tblocks_init(&bl, 1);
     tseq s;
     tseq_init(&s, &bl);
+    tbatch *tb = calloc(1, sizeof *tb);
+    assert_non_null(tb);
     int32_t toks[2] = {1, 256}; /* 256 is outside the vocabulary */
-    devio_batch_row row = {.pos0 = 0, .n_tokens = 2, .tok_start = 0, .blocks = s.blocks};
-    int32_t outi[2] = {-1, -1};
-    devio_batch b = {.n_rows = 1, .rows = &row, .n_tokens = 2, .tokens = toks, .out_index = outi};
+    tb_add_some(tb, &s, toks, 2, NULL, 0, 1);
+    devio_batch b = tb_batch(tb);
+    devio_batch_row *row = &tb->rows[0];
     devio_error err = {0};
-    assert_int_equal(devio_ref_backend.forward(st, &b, &err), DEVIO_E_INVALID);
+    assert_int_equal(submit(be, &b), DEVIO_E_INVALID);
     toks[1] = 3;
-    row.pos0 = T_MAX_SEQ - 1; /* would run past max_seq_len */
-    assert_int_equal(devio_ref_backend.forward(st, &b, &err), DEVIO_E_INVALID);
-    row.pos0 = 0;
+    tb->tokens[1] = 3;
+    row->pos0 = T_MAX_SEQ - 1; /* would run past max_seq_len */
+    assert_int_equal(submit(be, &b), DEVIO_E_INVALID);
+    row->pos0 = 0;
     b.n_tokens = T_MAX_TOK + 1;
-    assert_int_equal(devio_ref_backend.forward(st, &b, &err), DEVIO_E_TOO_LARGE);
+    assert_int_equal(submit(be, &b), DEVIO_E_TOO_LARGE);
     b.n_tokens = 2;
-    row.n_tokens = 1; /* token 1 in no row */
-    assert_int_equal(devio_ref_backend.forward(st, &b, &err), DEVIO_E_INVALID);
-    row.n_tokens = 2;
-    outi[1] = 0; /* logits index past n_out = 0 */
-    assert_int_equal(devio_ref_backend.forward(st, &b, &err), DEVIO_E_INVALID);
-    outi[1] = -1;
-    assert_int_equal(devio_ref_backend.forward(st, &b, &err), DEVIO_OK);
-    devio_ref_backend.destroy(st);
+    row->n_tokens = 1; /* token 1 in no row */
+    assert_int_equal(submit(be, &b), DEVIO_E_INVALID);
+    row->n_tokens = 2;
+    tb->tok_pos[1] = 5; /* a position the row does not have */
+    assert_int_equal(submit(be, &b), DEVIO_E_INVALID);
+    tb->tok_pos[1] = 1;
+    row->adapter = 0; /* no adapter slots */
+    assert_int_equal(submit(be, &b), DEVIO_E_INVALID);
+    row->adapter = -1;
+    tb->out_tok[0] = 1;
+    tb->out_slot[0] = T_MAX_TOK; /* logits slot past the arena */
+    b.n_out = 1;
+    assert_int_equal(submit(be, &b), DEVIO_E_INVALID);
+    b.n_out = 0;
+    assert_int_equal(submit(be, &b), DEVIO_OK);
+    assert_int_equal(devio_backend_wait(&devio_ref_backend, be->st, &b, &err), DEVIO_OK);
+    be_close(be);
+    free(tb);
 
-    /* A model with a wrong shape is refused at create, holding nothing. */
+    /* A model with a wrong shape is refused before any backend sees it. */
+    devio_model_shape shape;
     tm->layers[1].wk.shape[0] = 7;
-    devio_backend_config cfg = {.kv_blocks = 4, .block_size = 16, .max_batch_tokens = 8,
-                                .max_rows = 2, .max_seq_len = 64, .threads = 1};
-    void *bad = (void *)1;
-    assert_int_equal(devio_ref_backend.create(&tm->m, &cfg, &bad, &err), DEVIO_E_MODEL);
-    assert_null(bad);
+    assert_int_equal(devio_model_shape_get(&tm->m, &shape, &err), DEVIO_E_MODEL);
     tm_free(tm);
 }
-
-/* ---- kernels against the scalar definitions --------------------------- */
 
 static void test_lane_reductions(void **unused)
 {

@@ -2,6 +2,8 @@
  * Measures the machine's read bandwidth in the same run and reports decode as a
  * fraction of it. A benchmark, not a test: it prints figures and asserts nothing. */
 #include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,18 +11,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cli.h"
+#include "common/clock.h"
 #include "device/backend.h"
 #include "device/model.h"
+#include "ref/builtin.h"
 #include "tools/mkmodel/mkmodel.h"
 
 typedef uint64_t v8u __attribute__((vector_size(64)));
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- read bandwidth ------------------------------------------------------ */
 
@@ -58,14 +57,14 @@ static double read_bandwidth(uint32_t threads, size_t bytes)
     for (int pass = 0; pass < 5; pass++) {
         pthread_t th[64];
         bw_job jobs[64];
-        double t0 = now_s();
+        double t0 = devio_clock_s();
         for (uint32_t t = 0; t < threads; t++) {
             jobs[t] = (bw_job){.p = buf + n / threads * t, .n = n / threads};
             pthread_create(&th[t], NULL, bw_read, &jobs[t]);
         }
         for (uint32_t t = 0; t < threads; t++)
             pthread_join(th[t], NULL);
-        double gbs = (double)bytes / (now_s() - t0) / 1e9;
+        double gbs = (double)bytes / (devio_clock_s() - t0) / 1e9;
         if (gbs > best)
             best = gbs;
     }
@@ -130,7 +129,7 @@ static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint
         tok[i] = r.rows[0].token;
         devio_step_result_free(&r);
     }
-    double t0 = now_s();
+    double t0 = devio_clock_s();
     for (uint32_t s = 0; s < steps; s++) {
         for (uint32_t i = 0; i < batch; i++)
             rows[i] = (devio_row){.seq = seqs[i], .tokens = &tok[i], .n_tokens = 1,
@@ -143,7 +142,7 @@ static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint
             tok[i] = r.rows[i].token;
         devio_step_result_free(&r);
     }
-    double dt = now_s() - t0;
+    double dt = devio_clock_s() - t0;
     for (uint32_t i = 0; i < batch; i++) {
         devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = seqs[i]};
         devio_outcome o;
@@ -168,11 +167,11 @@ static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t
         devio_row row = {.seq = s, .tokens = prompt, .n_tokens = n,
                          .has_sample = true, .sample = {.temperature = 0, .top_p = 1}};
         devio_plan p = {.rows = &row, .n_rows = 1};
-        double t0 = now_s();
+        double t0 = devio_clock_s();
         if (check(devio_launch(d, &p, &t, &err), &err, "prefill") < 0 ||
             check(devio_await(d, t, -1, &r, &err), &err, "await") < 0)
             break;
-        double tps = n / (now_s() - t0);
+        double tps = n / (devio_clock_s() - t0);
         best = tps > best ? tps : best;
         devio_step_result_free(&r);
         devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = s};
@@ -183,64 +182,86 @@ static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t
     return best;
 }
 
-static void usage(FILE *f)
+typedef struct flags {
+    const char *model, *preset, *backend, *backend_path;
+    int dtype; /* index into dtypes */
+    uint32_t threads, steps, prefill;
+    uint32_t batches[4]; /* [0] = how many */
+} flags;
+
+static const char *const dtypes[] = {"bf16", "f16", "f32", NULL};
+
+/* "1,8,32": up to three batch sizes in 1..64. */
+static bool parse_batches(const char *v, void *field)
 {
-    fprintf(f, "usage: devio-bench [--model DIR | --preset bench|small|tiny] [--dtype bf16|f16|f32]\n"
-               "                   [--threads N] [--steps N] [--prefill N] [--batches 1,8,32]\n"
-               "Writes the preset to a temp dir unless --model is given, measures the read\n"
-               "bandwidth, then decode at batch 1, 8, 32 and one prefill.\n");
+    uint32_t *b = field, n = 0;
+    while (*v) {
+        char *end;
+        unsigned long x = strtoul(v, &end, 10);
+        if (end == v || x < 1 || x > 64 || n >= 3 || (*end && *end != ','))
+            return false;
+        b[++n] = (uint32_t)x;
+        v = *end ? end + 1 : end;
+    }
+    b[0] = n;
+    return n > 0;
 }
+
+#define F(f) offsetof(flags, f)
+static const devio_opt opts[] = {
+    {.flag = "model", .type = DEVIO_OPT_STR, .offset = F(model), .metavar = "DIR",
+     .help = "model directory [the preset, written to a temp dir]"},
+    {.flag = "preset", .type = DEVIO_OPT_STR, .offset = F(preset), .metavar = "NAME",
+     .help = "bench|small|tiny [bench]"},
+    {.flag = "dtype", .type = DEVIO_OPT_CHOICE, .offset = F(dtype), .metavar = "bf16|f16|f32",
+     .help = "weight type of the preset [bf16]", .choices = dtypes},
+    {.flag = "backend", .type = DEVIO_OPT_STR, .offset = F(backend), .metavar = "NAME",
+     .help = "ref, auto, or a plugin's name [ref]"},
+    {.flag = "backend-path", .type = DEVIO_OPT_STR, .offset = F(backend_path), .metavar = "DIR",
+     .help = "where backend plugins are [next to this binary]"},
+    {.flag = "threads", .type = DEVIO_OPT_U32, .offset = F(threads), .metavar = "N",
+     .help = "compute threads, 1..64 [2]"},
+    {.flag = "steps", .type = DEVIO_OPT_U32, .offset = F(steps), .metavar = "N",
+     .help = "decode steps per batch size [32]"},
+    {.flag = "prefill", .type = DEVIO_OPT_U32, .offset = F(prefill), .metavar = "N",
+     .help = "prompt tokens of the prefill run [512]"},
+    {.flag = "batches", .type = DEVIO_OPT_CUSTOM, .offset = F(batches), .metavar = "LIST",
+     .help = "decode batch sizes, up to three in 1..64 [1,8,32]", .parse = parse_batches},
+};
+#undef F
+
+static const devio_cli cli = {
+    .prog = "devio-bench",
+    .usage = "usage: devio-bench [--model DIR | --preset bench|small|tiny] [options]\n"
+             "Writes the preset to a temp dir unless --model is given, measures the read\n"
+             "bandwidth, then decode at each batch size and one prefill. Prints figures;\n"
+             "asserts nothing.",
+    .opts = opts,
+    .n_opts = sizeof opts / sizeof *opts,
+};
 
 int main(int argc, char **argv)
 {
-    const char *model_dir = NULL, *preset = "bench", *dtype = "bf16";
-    uint32_t threads = 2, steps = 32, prefill = 512;
-    uint32_t batches[3] = {1, 8, 32}, n_batches = 3;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0) {
-            usage(stdout);
-            return 0;
-        } else if (v && strcmp(a, "--model") == 0) {
-            model_dir = v;
-        } else if (v && strcmp(a, "--preset") == 0) {
-            preset = v;
-        } else if (v && strcmp(a, "--dtype") == 0) {
-            dtype = v;
-        } else if (v && strcmp(a, "--threads") == 0) {
-            threads = (uint32_t)atoi(v);
-        } else if (v && strcmp(a, "--steps") == 0) {
-            steps = (uint32_t)atoi(v);
-        } else if (v && strcmp(a, "--prefill") == 0) {
-            prefill = (uint32_t)atoi(v);
-        } else if (v && strcmp(a, "--batches") == 0) {
-            n_batches = 0;
-            for (const char *p = v; *p && n_batches < 3; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
-                int b = atoi(p);
-                if (b < 1 || b > 64) {
-                    usage(stderr);
-                    return 2;
-                }
-                batches[n_batches++] = (uint32_t)b;
-            }
-        } else {
-            usage(stderr);
-            return 2;
-        }
-        i++;
-    }
-    if (threads == 0 || threads > 64 || steps == 0 || prefill == 0) {
-        usage(stderr);
+    flags f = {.preset = "bench", .backend = "ref", .threads = 2, .steps = 32, .prefill = 512,
+               .batches = {3, 1, 8, 32}};
+    devio_cli_result cr = devio_cli_parse(&cli, &f, argc, argv, NULL, NULL, stdout, stderr);
+    if (cr != DEVIO_CLI_OK)
+        return cr == DEVIO_CLI_EXIT ? 0 : 2;
+    if (f.threads == 0 || f.threads > 64 || f.steps == 0 || f.prefill == 0) {
+        fprintf(stderr, "devio-bench: --threads must be in 1..64, --steps and --prefill > 0\n");
         return 2;
     }
+    const char *model_dir = f.model, *preset = f.preset;
+    uint32_t threads = f.threads, steps = f.steps, prefill = f.prefill;
+    uint32_t n_batches = f.batches[0], *batches = f.batches + 1;
     devio_error err = {0};
     char tmp[256] = "";
     if (!model_dir) {
         devio_mkmodel_opts o = devio_mkmodel_opts_default();
         if (check(devio_mkmodel_preset(preset, &o, &err), &err, "preset") < 0)
             return 2;
-        o.dtype = strcmp(dtype, "f32") == 0 ? DEVIO_F32 : strcmp(dtype, "f16") == 0 ? DEVIO_F16
-                                                                                      : DEVIO_BF16;
+        static const devio_dtype types[] = {DEVIO_BF16, DEVIO_F16, DEVIO_F32};
+        o.dtype = types[f.dtype];
         snprintf(tmp, sizeof tmp, "/tmp/devio-bench-XXXXXX");
         if (!mkdtemp(tmp))
             return 1;
@@ -259,11 +280,19 @@ int main(int argc, char **argv)
     cfg.kv_blocks = 64 * ((cfg.max_seq_len + 15) / 16);
     cfg.max_batch_tokens = prefill > 64 ? prefill : 64;
     devio_device *d = NULL;
-    if (check(devio_open(m, &devio_ref_backend, &cfg, &d, &err), &err, "open") < 0)
+    devio_registry reg;
+    const devio_backend_ops *ops = NULL;
+    devio_registry_builtin(&reg, f.backend_path);
+    if (check(devio_registry_find(&reg, f.backend, &ops, &err), &err, "backend") < 0 ||
+        check(devio_open(m, ops, &cfg, &d, &err), &err, "open") < 0)
         return 1;
 
     double bw = read_bandwidth(threads, (size_t)1 << 30);
     uint64_t wb = weight_bytes(m);
+    devio_device_info info;
+    devio_device_info_get(d, &info);
+    printf("devio-bench: backend %s (%s numerics) on %s\n", info.backend,
+           devio_numerics_str(info.numerics), info.device);
     printf("devio-bench: model %s (%s), %.1f MB of weights streamed per step, %u threads\n",
            model_dir == tmp ? preset : model_dir, devio_dtype_str(m->layers[0].wq.dtype), wb / 1e6,
            threads);
@@ -279,6 +308,7 @@ int main(int argc, char **argv)
     printf("prefill %u tokens: %.1f tokens/s\n", prefill,
            bench_prefill(d, prefill, 3, m->cfg.vocab_size));
     devio_teardown(d, NULL);
+    devio_registry_close(&reg);
     devio_model_free(m);
     if (tmp[0]) {
         char path[300];

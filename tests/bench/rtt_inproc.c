@@ -1,14 +1,18 @@
 /* rtt_inproc.c - rtt_inproc: launch+await round trips of one-token greedy decode steps, called in-process.
  * The baseline for tests/bench/server_bench.py; a benchmark that prints one JSON line and asserts nothing. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/cli.h"
+#include "common/clock.h"
 #include "device/backend.h"
 #include "device/devio.h"
 #include "device/model.h"
+#include "ref/builtin.h"
 #include "tools/mkmodel/mkmodel.h"
 
 /* The shape of the HTTP side of the benchmark: a 16-token prompt, then
@@ -18,9 +22,7 @@ enum { PROMPT = 16, WRAP_AT = 500 };
 
 static double now_us(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+    return (double)devio_clock_us();
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -86,56 +88,55 @@ static devio_status step(devio_device *d, uint64_t seq, const int32_t *tok, uint
     return DEVIO_OK;
 }
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: rtt_inproc --model DIR [--n N] [--warmup N] [--threads N]\n"
-               "Times N launch+await round trips of one-token greedy decode steps on the\n"
-               "reference device, in-process. DIR without config.json gets the tiny preset.\n"
-               "Prints {\"steps_per_s\":..,\"p50_us\":..,\"p99_us\":..}.\n");
-}
+typedef struct flags {
+    const char *model, *backend, *backend_path;
+    uint32_t n, warmup, threads;
+} flags;
+
+#define F(f) offsetof(flags, f)
+static const devio_opt opts[] = {
+    {.flag = "model", .type = DEVIO_OPT_STR, .offset = F(model), .metavar = "DIR",
+     .help = "model directory; one without config.json gets the tiny preset (required)"},
+    {.flag = "n", .type = DEVIO_OPT_U32, .offset = F(n), .metavar = "N",
+     .help = "timed round trips, 1..100000000 [2000]"},
+    {.flag = "warmup", .type = DEVIO_OPT_U32, .offset = F(warmup), .metavar = "N",
+     .help = "untimed round trips first [100]"},
+    {.flag = "threads", .type = DEVIO_OPT_U32, .offset = F(threads), .metavar = "N",
+     .help = "compute threads, 0 = all cores [0]"},
+    {.flag = "backend", .type = DEVIO_OPT_STR, .offset = F(backend), .metavar = "NAME",
+     .help = "ref, auto, or a plugin's name [ref]"},
+    {.flag = "backend-path", .type = DEVIO_OPT_STR, .offset = F(backend_path), .metavar = "DIR",
+     .help = "where backend plugins are [next to this binary]"},
+};
+#undef F
+
+static const devio_cli cli = {
+    .prog = "rtt_inproc",
+    .usage = "usage: rtt_inproc --model DIR [--n N] [--warmup N] [--threads N]\n"
+             "Times N launch+await round trips of one-token greedy decode steps in-process.\n"
+             "Prints {\"steps_per_s\":..,\"p50_us\":..,\"p99_us\":..}.",
+    .opts = opts,
+    .n_opts = sizeof opts / sizeof *opts,
+};
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL;
-    long n = 2000, warmup = 100, threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-        if (strcmp(a, "--help") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (!v) {
-            usage(stderr);
-            return 2;
-        }
-        if (strcmp(a, "--model") == 0) {
-            dir = v;
-        } else if (strcmp(a, "--n") == 0) {
-            n = strtol(v, &end, 10);
-        } else if (strcmp(a, "--warmup") == 0) {
-            warmup = strtol(v, &end, 10);
-        } else if (strcmp(a, "--threads") == 0) {
-            threads = strtol(v, &end, 10);
-        } else {
-            usage(stderr);
-            return 2;
-        }
-        if (end && (*end || end == v)) {
-            usage(stderr);
-            return 2;
-        }
-        i++;
-    }
-    if (!dir || n < 1 || n > 100000000 || warmup < 0 || threads < 0 || threads > 1024) {
-        usage(stderr);
+    flags f = {.n = 2000, .warmup = 100, .backend = "ref"};
+    devio_cli_result cr = devio_cli_parse(&cli, &f, argc, argv, NULL, NULL, stdout, stderr);
+    if (cr != DEVIO_CLI_OK)
+        return cr == DEVIO_CLI_EXIT ? 0 : 2;
+    if (!f.model || f.n < 1 || f.n > 100000000 || f.threads > 1024) {
+        devio_cli_help(&cli, stderr);
         return 2;
     }
-
+    const char *dir = f.model;
+    long n = f.n, warmup = f.warmup;
     int rc = 1;
     devio_error err = {0};
     devio_model *m = NULL;
     devio_device *d = NULL;
+    devio_registry reg = {0};
+    const devio_backend_ops *ops = NULL;
     double *lat = malloc((size_t)n * sizeof *lat);
     devio_status s;
     if (!lat) {
@@ -147,9 +148,11 @@ int main(int argc, char **argv)
         goto out;
     }
     devio_config cfg = devio_config_default();
-    cfg.threads = (uint32_t)threads;
+    cfg.threads = f.threads;
     cfg.use_worker_thread = true; /* as devio-server runs it */
-    if ((s = devio_open(m, &devio_ref_backend, &cfg, &d, &err)) != DEVIO_OK) {
+    devio_registry_builtin(&reg, f.backend_path);
+    if ((s = devio_registry_find(&reg, f.backend, &ops, &err)) != DEVIO_OK ||
+        (s = devio_open(m, ops, &cfg, &d, &err)) != DEVIO_OK) {
         rc = fail(s, &err, "open");
         goto out;
     }
@@ -200,6 +203,7 @@ int main(int argc, char **argv)
 out:
     if (d)
         devio_teardown(d, NULL);
+    devio_registry_close(&reg);
     devio_model_free(m);
     free(lat);
     return rc;

@@ -1,0 +1,273 @@
+/* launch.c - devio_launch: validate a plan, reserve what it needs, lay out the batch, submit it.
+ * A plan is refused whole before anything changes; a submit the backend refuses is undone exactly. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "device/core.h"
+#include "device/status.h"
+
+/* Validate a plan against the device limits and state; changes nothing. */
+static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t *kv_need,
+                                  uint32_t *handles_need, uint32_t *rows_need, devio_error *err)
+{
+    const devio_config *c = &d->cfg;
+    if (!p || p->n_rows == 0 || !p->rows)
+        return devio_fail(err, DEVIO_E_INVALID, "plan has no rows");
+    if (p->n_rows > c->max_rows)
+        return devio_fail_at(err, DEVIO_E_TOO_LARGE, "max_rows", c->max_rows,
+                             "plan has %u rows, max_rows is %u", p->n_rows, c->max_rows);
+    uint64_t total = 0;
+    *kv_need = *handles_need = *rows_need = 0;
+    for (uint32_t r = 0; r < p->n_rows; r++) {
+        const devio_row *row = &p->rows[r];
+        dv_seq *q = dv_seq_find(d, row->seq);
+        if (!q)
+            return devio_fail_at(err, DEVIO_E_UNKNOWN_SEQ, "row", r, "row %u: no sequence %llu", r,
+                                 (unsigned long long)row->seq);
+        for (uint32_t k = 0; k < r; k++)
+            if (p->rows[k].seq == row->seq)
+                return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
+                                     "row %u: sequence %llu appears twice in the plan", r,
+                                     (unsigned long long)row->seq);
+        if (q->busy)
+            return devio_fail_at(err, DEVIO_E_SEQ_BUSY, "row", r,
+                                 "row %u: sequence %llu is busy in ticket %llu", r,
+                                 (unsigned long long)row->seq, (unsigned long long)q->busy);
+        if (row->n_tokens == 0 || !row->tokens)
+            return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u has no tokens", r);
+        for (uint32_t i = 0; i < row->n_tokens; i++)
+            if (row->tokens[i] < 0 || (uint32_t)row->tokens[i] >= d->vocab)
+                return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
+                                     "row %u: token %d is outside the vocabulary [0, %u)", r,
+                                     row->tokens[i], d->vocab);
+        if ((uint64_t)q->len + row->n_tokens > c->max_seq_len)
+            return devio_fail_at(err, DEVIO_E_TOO_LARGE, "row", r,
+                                 "row %u: length %u + %u exceeds max_seq_len %u", r, q->len,
+                                 row->n_tokens, c->max_seq_len);
+        if (row->logits > DEVIO_LOGITS_ALL)
+            return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u: bad logits mode", r);
+        if (row->adapter && devio_lora_table_find(&d->lora, row->adapter) < 0)
+            return devio_fail_at(err, DEVIO_E_UNKNOWN_ADAPTER, "row", r,
+                                 "row %u: adapter '%s' is not loaded", r, row->adapter);
+        if (row->has_sample) {
+            devio_status s = devio_sampler_check(&row->sample, err);
+            if (s != DEVIO_OK) {
+                if (err) {
+                    err->detail_val = r;
+                    snprintf(err->detail_key, sizeof err->detail_key, "row");
+                }
+                return s;
+            }
+        }
+        total += row->n_tokens;
+        uint32_t bs = c->block_size;
+        uint32_t have = q->n_blocks;
+        uint32_t want = (q->len + row->n_tokens + bs - 1) / bs;
+        *kv_need += want - have;
+        /* Writing into a shared partial block copies it first. */
+        if (q->len % bs != 0 && devio_kv_pool_is_shared(&d->pool, q->blocks[have - 1]))
+            *kv_need += 1;
+        if (row->logits != DEVIO_LOGITS_NONE) {
+            *handles_need += 1;
+            *rows_need += row->logits == DEVIO_LOGITS_ALL ? row->n_tokens : 1;
+        }
+    }
+    if (total > c->max_batch_tokens)
+        return devio_fail_at(err, DEVIO_E_TOO_LARGE, "max_batch_tokens", c->max_batch_tokens,
+                             "plan has %llu tokens, max_batch_tokens is %u",
+                             (unsigned long long)total, c->max_batch_tokens);
+    if (*kv_need > d->pool.n_free)
+        return devio_fail_at(err, DEVIO_E_OUT_OF_KV_BLOCKS, "needed", *kv_need,
+                             "plan needs %u KV blocks, %u are free", *kv_need, d->pool.n_free);
+    if (*handles_need > c->logits_handles - d->n_handles_live || *rows_need > d->n_row_free)
+        return devio_fail_at(err, DEVIO_E_OUT_OF_LOGITS, "needed_rows", *rows_need,
+                             "plan needs %u logits handles and %u rows; %u and %u are free",
+                             *handles_need, *rows_need, c->logits_handles - d->n_handles_live,
+                             d->n_row_free);
+    return DEVIO_OK;
+}
+
+/* Copy-on-write of the partial last block of q, when it is shared. */
+static void cow_last_block(devio_device *d, dv_ticket *t, dv_seq *q, dv_trow *tr)
+{
+    uint32_t bs = d->cfg.block_size;
+    if (q->len % bs == 0 || !devio_kv_pool_is_shared(&d->pool, q->blocks[q->n_blocks - 1]))
+        return;
+    uint32_t src = q->blocks[q->n_blocks - 1];
+    uint32_t dst = devio_kv_pool_take(&d->pool);
+    devio_kv_pool_unref(&d->pool, src);
+    q->blocks[q->n_blocks - 1] = dst;
+    tr->cow_src = src;
+    t->copy_src[t->batch.n_copies] = src;
+    t->copy_dst[t->batch.n_copies] = dst;
+    t->batch.n_copies++;
+}
+
+/* Lay out the tokens of row r: positions, rows, and which want logits
+ * (every one for "all", the last for "last" or for a sample). */
+static void layout_tokens(dv_ticket *t, uint32_t r, const devio_row *row, const dv_seq *q,
+                          dv_handle *h)
+{
+    devio_batch *b = &t->batch;
+    dv_trow *tr = &t->rows[r];
+    for (uint32_t i = 0; i < row->n_tokens; i++) {
+        uint32_t ti = b->n_tokens + i;
+        bool last = i + 1 == row->n_tokens;
+        t->tokens[ti] = row->tokens[i];
+        t->tok_pos[ti] = q->len + i;
+        t->tok_row[ti] = r;
+        int64_t slot = -1;
+        if (h && (row->logits == DEVIO_LOGITS_ALL || last)) {
+            uint32_t hr = row->logits == DEVIO_LOGITS_ALL ? i : 0;
+            h->pos[hr] = q->len + i;
+            slot = h->slots[hr];
+        } else if (last && row->has_sample) {
+            slot = t->sample_slot0 + r;
+        }
+        if (slot >= 0) {
+            t->out_tok[b->n_out] = ti;
+            t->out_slot[b->n_out++] = (uint32_t)slot;
+        }
+        if (last && row->has_sample) {
+            tr->sample = (int32_t)b->n_samples;
+            t->samples[b->n_samples++] = (devio_batch_sample){
+                .row = r, .slot = (uint32_t)slot, .params = row->sample,
+                /* The sampled token takes the position after the row's last token. */
+                .position = (uint64_t)q->len + row->n_tokens};
+        }
+    }
+    b->n_tokens += row->n_tokens;
+}
+
+/* Reserve and lay out one validated row in ticket slot t. Cannot fail. */
+static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_row *row)
+{
+    dv_seq *q = dv_seq_find(d, row->seq);
+    dv_trow *tr = &t->rows[r];
+    *tr = (dv_trow){.seq_index = (uint32_t)(q - d->seqs), .old_len = q->len,
+                    .n_tokens = row->n_tokens, .old_blocks = q->n_blocks, .cow_src = -1,
+                    .sample = -1, .lora_slot = -1};
+    if (row->adapter) {
+        tr->lora_slot = devio_lora_table_find(&d->lora, row->adapter);
+        devio_lora_entry *e = &d->lora.entries[tr->lora_slot];
+        tr->lora_gen = e->generation;
+        t->batch.lora_targets |= e->weights->targets;
+        devio_lora_table_acquire(&d->lora, tr->lora_slot);
+    }
+    cow_last_block(d, t, q, tr);
+    uint32_t want = (q->len + row->n_tokens + d->cfg.block_size - 1) / d->cfg.block_size;
+    while (q->n_blocks < want)
+        q->blocks[q->n_blocks++] = devio_kv_pool_take(&d->pool);
+    dv_handle *h = NULL;
+    if (row->logits != DEVIO_LOGITS_NONE) {
+        h = dv_handle_alloc(d, row->logits == DEVIO_LOGITS_ALL ? row->n_tokens : 1);
+        tr->handle = h->id;
+    }
+    t->brows[r] = (devio_batch_row){.pos0 = q->len, .n_tokens = row->n_tokens,
+                                    .tok_start = t->batch.n_tokens, .blocks = q->blocks,
+                                    .adapter = tr->lora_slot, .adapter_gen = tr->lora_gen,
+                                    .ssm_slot = -1, .snapshot = DEVIO_SNAPSHOT_NONE};
+    layout_tokens(t, r, row, q, h);
+    q->len += row->n_tokens;
+    q->busy = t->id;
+}
+
+void dv_ticket_undo(devio_device *d, dv_ticket *t)
+{
+    for (uint32_t r = t->n_rows; r-- > 0;) {
+        dv_trow *tr = &t->rows[r];
+        dv_seq *q = &d->seqs[tr->seq_index];
+        /* Back to the shared block the sequence held before the launch,
+         * unless its other holders freed it meanwhile: then the copy stays. */
+        if (tr->cow_src >= 0 && d->pool.refcount[tr->cow_src] > 0) {
+            uint32_t copy = q->blocks[tr->old_blocks - 1];
+            devio_kv_pool_ref(&d->pool, (uint32_t)tr->cow_src);
+            q->blocks[tr->old_blocks - 1] = (uint32_t)tr->cow_src;
+            devio_kv_pool_unref(&d->pool, copy);
+        }
+        dv_seq_shrink(d, q, tr->old_len);
+        dv_handle *h = dv_handle_find(d, tr->handle);
+        if (h)
+            dv_handle_release(d, h);
+        q->busy = 0;
+        devio_lora_table_release(&d->lora, tr->lora_slot, tr->lora_gen);
+    }
+}
+
+/* A free ticket slot (in_flight < max_depth guarantees one) with an empty batch. */
+static dv_ticket *ticket_take(devio_device *d, uint32_t *slot_out)
+{
+    uint32_t slot = 0;
+    while (d->tickets[slot].state != DV_T_FREE)
+        slot++;
+    dv_ticket *t = &d->tickets[slot];
+    t->id = d->next_ticket_id;
+    t->batch = (devio_batch){.ticket = t->id, .rows = t->brows, .tokens = t->tokens,
+                             .tok_pos = t->tok_pos, .tok_row = t->tok_row,
+                             .out_tok = t->out_tok, .out_slot = t->out_slot,
+                             .copy_src = t->copy_src, .copy_dst = t->copy_dst,
+                             .samples = t->samples};
+    t->device_sampled = false;
+    *slot_out = slot;
+    return t;
+}
+
+/* Hand the laid-out batch to the backend; sampling goes to the device only
+ * under fast numerics and when the backend has the slot. */
+static devio_status submit(devio_device *d, dv_ticket *t, devio_error *err)
+{
+    devio_status s = devio_backend_submit(d->ops, d->backend, &d->bcfg, &t->batch, err);
+    if (s == DEVIO_OK && t->batch.n_samples > 0 && d->cfg.numerics == DEVIO_NUMERICS_FAST &&
+        devio_backend_has_sample(d->ops)) {
+        s = devio_backend_sample(d->ops, d->backend, &t->batch, err);
+        t->device_sampled = s == DEVIO_OK;
+    }
+    return s;
+}
+
+devio_status devio_launch(devio_device *d, const devio_plan *plan, uint64_t *ticket,
+                          devio_error *err)
+{
+    devio_status s = DEVIO_OK;
+    dv_lock(d);
+    if (d->torn_down) {
+        s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
+        goto out;
+    }
+    if (d->in_flight >= d->cfg.max_depth) {
+        s = devio_fail_at(err, DEVIO_E_DEPTH_EXCEEDED, "max_depth", d->cfg.max_depth,
+                          "%u tickets in flight, max_depth is %u", d->in_flight,
+                          d->cfg.max_depth);
+        goto out;
+    }
+    uint32_t kv_need, handles_need, rows_need;
+    s = validate_plan(d, plan, &kv_need, &handles_need, &rows_need, err);
+    if (s != DEVIO_OK)
+        goto out;
+    uint32_t slot;
+    dv_ticket *t = ticket_take(d, &slot);
+    t->n_rows = plan->n_rows;
+    for (uint32_t r = 0; r < plan->n_rows; r++)
+        commit_row(d, t, r, &plan->rows[r]);
+    t->batch.n_rows = plan->n_rows;
+    t->t_launch = devio_clock_us();
+    s = submit(d, t, err);
+    if (s != DEVIO_OK) {
+        /* The backend refused the step: nothing of it happened. */
+        dv_ticket_undo(d, t);
+        goto out;
+    }
+    d->next_ticket_id++;
+    t->state = DV_T_SUBMITTED;
+    d->queue[(d->q_head + d->q_len) % d->cfg.max_depth] = slot;
+    d->q_len++;
+    d->in_flight++;
+    *ticket = t->id;
+#ifndef DEVIO_NO_THREADS
+    pthread_cond_signal(&d->cv_work);
+#endif
+out:
+    dv_unlock(d);
+    return s;
+}

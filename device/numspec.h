@@ -1,0 +1,95 @@
+/* numspec.h - the numeric specification of devio: the exact order of every
+ * floating-point operation of a forward step, which every backend implements
+ * bit for bit under strict numerics (the reference in ref/, CUDA in kernels/).
+ * A definition only: it declares nothing and must never gain code that a
+ * backend could call instead of following it. docs/numerics.md explains it.
+ *
+ * GROUND RULES
+ *   - binary32 throughout. Every product is rounded before it is added (no
+ *     fused multiply-add: -ffp-contract=off in C, __fmul_rn/__fadd_rn or
+ *     -fmad=false in CUDA). No -ffast-math, no reassociation.
+ *   - Transcendentals come from device/numerics.h (devio_expf, devio_logf,
+ *     devio_sinf, devio_cosf, devio_siluf, devio_rsqrtf, devio_powf_pos),
+ *     written with + - * /, sqrt and bit operations; never from a libm.
+ *   - Widening: BF16 bits b -> f32 bits b << 16; F16 -> f32 exactly (IEEE
+ *     half, subnormals and infinities; a NaN stays a NaN, whether a
+ *     signalling NaN comes out quiet is left open, so NaN bits are
+ *     canonicalised wherever numbers are compared); F32 as is.
+ *
+ * lane_dot(a, b, n) - THE 32-LANE RULE, used for every reduction:
+ *   lane l (0 <= l < 32) starts at +0.0f and adds a[i]*b[i] (the rounded
+ *   product) for i = l, l+32, l+64, ... < n in increasing i; then for
+ *   w = 16, 8, 4, 2, 1: p[l] = p[l] + p[l+w] for l < w; the result is p[0].
+ *   lane_sum(x, n) is the same with the term x[i]. Scalar definitions:
+ *   devio_lane_dot, devio_lane_sum in device/numerics.h. This is a CUDA warp
+ *   reducing with xor shuffles, and 8- or 16-wide SIMD on a CPU. A lane sum
+ *   is never -0, so zero terms padded up to a multiple of 32 change nothing.
+ *
+ * 1. Embedding: x[i] = widen(embed[token][i]).
+ *
+ * 2. rmsnorm(x, w) over d elements:
+ *      ss = lane_dot(x, x, d)
+ *      r  = devio_rsqrtf(ss / (float)d + eps)     (one division, one add)
+ *      y_i = w_i * (x_i * r)                      (weight * (x * rsqrt))
+ *
+ * 3. Projections: y_o = lane_dot(W[o, :], h, n) for a weight W [m, n]
+ *    (Hugging Face layout [out, in]), then
+ *      with a bias:        y_o = y_o + b_o
+ *      residual (o, down): x_o = x_o + y_o
+ *    Each output element is one lane_dot over the whole input dimension: it
+ *    never depends on a tile, the batch or the thread count.
+ *
+ * 3a. LoRA, for a row whose adapter targets module M (weight W [out, in],
+ *    optional bias c, input x of the token; A = lora_A [r, in], B = lora_B
+ *    [out, r], s = the adapter's scale, device/adapter.h), in this order:
+ *      z[o]  = lane_dot(W[o], x, in) (+ c[o])      the base output
+ *      a[j]  = lane_dot(A[j], x, in)               j < r
+ *      u[o]  = lane_dot(B[o], a, r)
+ *      z'[o] = z[o] + u[o] * s                     product rounded, then added
+ *    and z' replaces z in what follows (RoPE, the residual add,
+ *    silu(gate) * up). Rows without an adapter, or whose adapter does not
+ *    target M (or not in this layer), use z: their bits never depend on the
+ *    adapters of other rows.
+ *
+ * 4. RoPE (rotate_half), head dimension hd, half = hd / 2, for i < half:
+ *      inv_freq_i = 1.0f / devio_powf_pos(theta, (float)(2*i) / (float)hd)
+ *      ang        = (float)pos * inv_freq_i
+ *      c = devio_cosf(ang), s = devio_sinf(ang)
+ *      out_i        = x_i * c - x_{i+half} * s
+ *      out_{i+half} = x_{i+half} * c + x_i * s
+ *    applied to every q head and every k head, at the token's absolute
+ *    position pos. The table [max_seq_len, half] of c and s is built once on
+ *    the host by the core (device/shape.h) and handed to every backend.
+ *
+ * 5. K and V (after RoPE for K) go to the cache slot of position pos:
+ *    block row.blocks[pos / block_size], offset pos % block_size. The pool's
+ *    layout inside a block is the backend's and no part of the numbers.
+ *
+ * 6. Attention, head h reads kv head h / (n_heads / n_kv_heads); keys are
+ *    the absolute positions j = 0 .. pos of the token's own sequence, read
+ *    through its block table:
+ *      scale = devio_rsqrtf((float)hd)
+ *      s_j   = lane_dot(q, k_j, hd) * scale
+ *      m     = s_0, then for j = 1 .. pos: m = (s_j > m) ? s_j : m
+ *      e_j   = devio_expf(s_j - m)
+ *      Z     = lane_sum over j of e_j                  (lane = j mod 32)
+ *      o[c]  = (lane_sum over j of e_j * v_j[c]) / Z   (lane = j mod 32)
+ *    The sums run over the absolute key index j, so the result does not
+ *    depend on how the sequence was chunked into steps or batched.
+ *
+ * 7. Layer: h = rmsnorm(x, attn_norm); q, k, v = projections (+ bias, +
+ *    LoRA); RoPE; K, V to the cache; o = attention; x = x + o_proj(o);
+ *    h2 = rmsnorm(x, ffn_norm); g = gate(h2), u = up(h2);
+ *    a = devio_siluf(g) * u  (one rounded multiply); x = x + down(a).
+ *
+ * 8. Output: for tokens with logits wanted, hn = rmsnorm(x, norm) and
+ *    logits = lm_head(hn) (rule 3, no bias).
+ *
+ * 9. Sampling (the sampler of device/sampler.h, on the host under strict
+ *    numerics): Philox4x32-10 keyed by (seed, sequence position), Gumbel-max
+ *    over the filtered logits, ties to the lowest token id; logprob is the
+ *    log-softmax of the raw logits at the chosen token.
+ */
+#ifndef DEVIO_NUMSPEC_H
+#define DEVIO_NUMSPEC_H
+#endif

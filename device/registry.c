@@ -1,0 +1,152 @@
+/* registry.c - find a backend by name: built in, or a plugin .so loaded with dlopen.
+ * It must never keep a plugin whose ABI or name is not the one asked for, and never open a device. */
+#include <stdio.h>
+#include <string.h>
+
+#if !defined(__wasi__)
+#include <dlfcn.h>
+#include <unistd.h>
+#define HAVE_DLOPEN 1
+#endif
+
+#include "device/registry.h"
+#include "device/status.h"
+
+typedef const devio_backend_ops *(*plugin_entry)(void);
+
+/* Plugins `auto` tries before the built-in backends, best first. */
+static const char *const auto_plugins[] = {"cuda"};
+
+static void note(devio_registry *r, const char *name, const devio_error *why)
+{
+    size_t n = strlen(r->note);
+    snprintf(r->note + n, sizeof r->note - n, "%s%s: %s", n ? "; " : "", name, why->message);
+}
+
+#ifdef HAVE_DLOPEN
+/* The directory plugins are looked up in, into buf. */
+static devio_status plugin_dir(const devio_registry *r, char *buf, size_t n, devio_error *err)
+{
+    if (r->plugin_dir) {
+        snprintf(buf, n, "%s", r->plugin_dir);
+        return DEVIO_OK;
+    }
+    ssize_t len = readlink("/proc/self/exe", buf, n - 1);
+    if (len > 0) {
+        buf[len] = '\0';
+        char *slash = strrchr(buf, '/');
+        if (slash) {
+            *slash = '\0';
+            return DEVIO_OK;
+        }
+    }
+    return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                      "cannot tell where this binary lives; give the plugin directory");
+}
+
+#endif
+
+static devio_status load_plugin(devio_registry *r, const char *name, const devio_backend_ops **out,
+                                devio_error *err)
+{
+#ifdef HAVE_DLOPEN
+    char dir[512], path[700];
+    devio_status s = plugin_dir(r, dir, sizeof dir, err);
+    if (s != DEVIO_OK)
+        return s;
+    if (strchr(name, '/') || strlen(name) > 64)
+        return devio_fail(err, DEVIO_E_INVALID, "backend name '%s' is not a plain name", name);
+    snprintf(path, sizeof path, "%s/%s%s.so", dir, DEVIO_PLUGIN_PREFIX, name);
+    if (access(path, F_OK) != 0)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "no backend '%s' in this build, and no plugin %s", name, path);
+    if (r->n_handles >= DEVIO_REGISTRY_MAX_PLUGINS)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED, "more than %d backend plugins",
+                          DEVIO_REGISTRY_MAX_PLUGINS);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED, "cannot load backend plugin %s: %s", path,
+                          dlerror());
+    plugin_entry entry;
+    /* POSIX guarantees a data pointer from dlsym converts to a function pointer. */
+    *(void **)&entry = dlsym(h, DEVIO_PLUGIN_SYMBOL);
+    const devio_backend_ops *ops = entry ? entry() : NULL;
+    if (!ops) {
+        dlclose(h);
+        return devio_fail(err, DEVIO_E_UNSUPPORTED, "backend plugin %s has no %s entry", path,
+                          DEVIO_PLUGIN_SYMBOL);
+    }
+    if (ops->abi != DEVIO_BACKEND_ABI) {
+        uint32_t abi = ops->abi;
+        dlclose(h);
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "backend plugin %s has interface version %u, this devio needs %u", path,
+                          abi, DEVIO_BACKEND_ABI);
+    }
+    s = devio_backend_check(ops, err);
+    if (s == DEVIO_OK && strcmp(ops->name, name) != 0)
+        s = devio_fail(err, DEVIO_E_UNSUPPORTED, "backend plugin %s calls itself '%s'", path,
+                       ops->name);
+    if (s != DEVIO_OK) {
+        dlclose(h);
+        return s;
+    }
+    r->handles[r->n_handles++] = h;
+    *out = ops;
+    return DEVIO_OK;
+#else
+    (void)r;
+    (void)out;
+    return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                      "no backend '%s' in this build (this platform loads no plugins)", name);
+#endif
+}
+
+static const devio_backend_ops *builtin(const devio_registry *r, const char *name)
+{
+    for (uint32_t i = 0; i < r->n_builtin; i++)
+        if (r->builtin[i] && r->builtin[i]->name && strcmp(r->builtin[i]->name, name) == 0)
+            return r->builtin[i];
+    return NULL;
+}
+
+devio_status devio_registry_find(devio_registry *r, const char *name,
+                                 const devio_backend_ops **out, devio_error *err)
+{
+    *out = NULL;
+    if (!name || !name[0])
+        return devio_fail(err, DEVIO_E_INVALID, "no backend name given");
+    if (strcmp(name, "auto") != 0) {
+        const devio_backend_ops *b = builtin(r, name);
+        if (b) {
+            *out = b;
+            return devio_backend_check(b, err);
+        }
+        return load_plugin(r, name, out, err);
+    }
+    for (size_t i = 0; i < sizeof auto_plugins / sizeof *auto_plugins; i++) {
+        devio_error why = {0};
+        const devio_backend_ops *b = builtin(r, auto_plugins[i]);
+        devio_status s = b ? DEVIO_OK : load_plugin(r, auto_plugins[i], &b, &why);
+        if (s == DEVIO_OK)
+            s = devio_backend_probe(b, &why);
+        if (s == DEVIO_OK) {
+            *out = b;
+            return DEVIO_OK;
+        }
+        note(r, auto_plugins[i], &why);
+    }
+    if (r->n_builtin == 0 || !r->builtin[0])
+        return devio_fail(err, DEVIO_E_UNSUPPORTED, "no backend available (%s)", r->note);
+    *out = r->builtin[0];
+    return devio_backend_check(*out, err);
+}
+
+void devio_registry_close(devio_registry *r)
+{
+#ifdef HAVE_DLOPEN
+    while (r->n_handles > 0)
+        dlclose(r->handles[--r->n_handles]);
+#endif
+    r->n_handles = 0;
+}

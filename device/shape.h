@@ -1,0 +1,24 @@
+/* shape.h - the checks and derived sizes every backend needs, computed once by the core:
+ * the model's shape (device/backend.h devio_model_shape) and the RoPE tables of numspec rule 4.
+ * Never computes a forward pass; never keeps a pointer into what it checks. */
+#ifndef DEVIO_SHAPE_H
+#define DEVIO_SHAPE_H
+
+#include <stdint.h>
+
+#include "device/backend.h"
+#include "device/model.h"
+
+/* Check every tensor of `m` against the config (shapes, dtypes F32/F16/BF16,
+ * gate and up of one dtype, heads divisible, head_dim even) and fill *out.
+ * DEVIO_E_MODEL or DEVIO_E_UNSUPPORTED naming the layer at fault. */
+devio_status devio_model_shape_get(const devio_model *m, devio_model_shape *out,
+                                   devio_error *err);
+
+/* RoPE tables of numspec rule 4: cos and sin [max_seq_len, head_dim / 2]
+ * for rope_theta. Caller frees both with free(); DEVIO_E_NOMEM on failure
+ * (then both are NULL). */
+devio_status devio_rope_tables(float theta, uint32_t head_dim, uint32_t max_seq_len,
+                               float **cos_out, float **sin_out, devio_error *err);
+
+#endif

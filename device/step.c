@@ -1,0 +1,259 @@
+/* step.c - the step runner (backend wait, then host sampling), await, logits reads and LoRA commands.
+ * It never changes a sequence while a step runs, and a failed step is undone before its ticket ends. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "device/core.h"
+#include "device/status.h"
+
+/* Wait for the step of t, then sample its rows on the host unless the
+ * backend sampled them. Runs without the device lock. */
+static void run_step(devio_device *d, dv_ticket *t)
+{
+    memset(&t->err, 0, sizeof t->err);
+    t->status = devio_backend_wait(d->ops, d->backend, &t->batch, &t->err);
+    if (t->status != DEVIO_OK && t->err.status == DEVIO_OK)
+        devio_fail(&t->err, t->status, "backend '%s' failed the step", d->ops->name);
+    for (uint32_t i = 0; i < t->batch.n_samples && t->status == DEVIO_OK && !t->device_sampled;
+         i++) {
+        devio_batch_sample *sm = &t->samples[i];
+        const float *logits;
+        t->status = dv_logits_row(d, sm->slot, d->step_buf, &logits, &t->err);
+        if (t->status != DEVIO_OK)
+            break;
+        if (devio_sampler_run(d->sampler, logits, &sm->params, sm->position, &sm->token,
+                              &sm->logprob) != DEVIO_OK)
+            t->status = devio_fail_at(&t->err, DEVIO_E_DEVICE, "row", sm->row,
+                                      "row %u: cannot sample, every logit is NaN or -inf",
+                                      sm->row);
+    }
+    t->t_end = devio_clock_us();
+}
+
+void dv_run_queue_head(devio_device *d)
+{
+    dv_ticket *t = &d->tickets[d->queue[d->q_head]];
+    /* The device starts a step when it finished the previous one, or at
+     * its launch when it was idle then. */
+    t->t_start = t->t_launch > d->last_end ? t->t_launch : d->last_end;
+    dv_unlock(d);
+    run_step(d, t);
+    dv_lock(d);
+    d->last_end = t->t_end;
+    t->state = DV_T_DONE;
+    d->q_head = (d->q_head + 1) % d->cfg.max_depth;
+    d->q_len--;
+    for (uint32_t r = 0; r < t->n_rows; r++) {
+        dv_handle *h = dv_handle_find(d, t->rows[r].handle);
+        if (h)
+            h->ready = true;
+    }
+#ifndef DEVIO_NO_THREADS
+    pthread_cond_broadcast(&d->cv_done);
+#endif
+}
+
+void dv_drain(devio_device *d)
+{
+#ifndef DEVIO_NO_THREADS
+    if (d->worker_started) {
+        while (d->q_len > 0)
+            pthread_cond_wait(&d->cv_done, &d->mu);
+        return;
+    }
+#endif
+    while (d->q_len > 0)
+        dv_run_queue_head(d);
+}
+
+/* ---- await ------------------------------------------------------------ */
+
+static dv_ticket *ticket_find(devio_device *d, uint64_t id)
+{
+    for (uint32_t i = 0; i < d->cfg.max_depth; i++)
+        if (d->tickets[i].state != DV_T_FREE && d->tickets[i].id == id)
+            return &d->tickets[i];
+    return NULL;
+}
+
+/* Still waiting for ticket `id` in slot t: not done, not taken by another awaiter. */
+static bool still_pending(const dv_ticket *t, uint64_t id)
+{
+    return t->id == id && t->state == DV_T_SUBMITTED;
+}
+
+/* Wait until t settles or the timeout passes. Lock held. */
+static void wait_done(devio_device *d, dv_ticket *t, int64_t timeout_ms)
+{
+    uint64_t id = t->id;
+#ifndef DEVIO_NO_THREADS
+    if (d->worker_started) {
+        if (timeout_ms < 0) {
+            while (still_pending(t, id))
+                pthread_cond_wait(&d->cv_done, &d->mu);
+            return;
+        }
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        while (still_pending(t, id))
+            if (pthread_cond_timedwait(&d->cv_done, &d->mu, &dl) != 0)
+                return;
+        return;
+    }
+#endif
+    (void)timeout_ms;
+    while (still_pending(t, id))
+        dv_run_queue_head(d);
+}
+
+/* The settled ticket t as a result, or its failure (the step undone). */
+static devio_status settle(devio_device *d, dv_ticket *t, devio_step_result *out,
+                           devio_error *err)
+{
+    if (t->status != DEVIO_OK) {
+        if (err)
+            *err = t->err;
+        dv_ticket_undo(d, t);
+        return t->status;
+    }
+    devio_row_result *rows = calloc(t->n_rows, sizeof *rows);
+    if (!rows)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the step result");
+    for (uint32_t r = 0; r < t->n_rows; r++) {
+        const dv_trow *tr = &t->rows[r];
+        dv_seq *q = &d->seqs[tr->seq_index];
+        const devio_batch_sample *sm = tr->sample >= 0 ? &t->samples[tr->sample] : NULL;
+        rows[r] = (devio_row_result){.seq = q->id, .len = tr->old_len + tr->n_tokens,
+                                     .logits = tr->handle, .sampled = sm != NULL,
+                                     .token = sm ? sm->token : 0,
+                                     .logprob = sm ? sm->logprob : 0.0f};
+        q->busy = 0;
+        devio_lora_table_release(&d->lora, tr->lora_slot, tr->lora_gen);
+    }
+    *out = (devio_step_result){.ticket = t->id, .n_rows = t->n_rows, .rows = rows,
+                               .queued_us = t->t_start - t->t_launch,
+                               .compute_us = t->t_end - t->t_start,
+                               .n_tokens = t->batch.n_tokens};
+    return DEVIO_OK;
+}
+
+devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
+                         devio_step_result *out, devio_error *err)
+{
+    devio_status s = DEVIO_OK;
+    memset(out, 0, sizeof *out);
+    dv_lock(d);
+    if (d->torn_down) {
+        s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
+        goto out;
+    }
+    dv_ticket *t = ticket_find(d, ticket);
+    if (!t) {
+        if (ticket >= d->cfg.first_ticket_id && ticket < d->next_ticket_id)
+            s = devio_fail_at(err, DEVIO_E_TICKET_CONSUMED, "ticket", (int64_t)ticket,
+                              "ticket %llu was already awaited", (unsigned long long)ticket);
+        else
+            s = devio_fail_at(err, DEVIO_E_UNKNOWN_TICKET, "ticket", (int64_t)ticket,
+                              "no ticket %llu", (unsigned long long)ticket);
+        goto out;
+    }
+    wait_done(d, t, timeout_ms);
+    if (t->id != ticket || t->state == DV_T_FREE) {
+        s = devio_fail_at(err, DEVIO_E_TICKET_CONSUMED, "ticket", (int64_t)ticket,
+                          "ticket %llu was awaited by another caller", (unsigned long long)ticket);
+        goto out;
+    }
+    if (t->state != DV_T_DONE) {
+        s = devio_fail_at(err, DEVIO_E_TICKET_PENDING, "ticket", (int64_t)ticket,
+                          "ticket %llu has not settled yet", (unsigned long long)ticket);
+        goto out;
+    }
+    s = settle(d, t, out, err);
+    if (s == DEVIO_E_NOMEM && t->status == DEVIO_OK)
+        goto out; /* the result could not be built: the ticket stays for a retry */
+    t->state = DV_T_FREE;
+    d->in_flight--;
+out:
+    dv_unlock(d);
+    return s;
+}
+
+void devio_step_result_free(devio_step_result *r)
+{
+    if (!r)
+        return;
+    free(r->rows);
+    r->rows = NULL;
+    r->n_rows = 0;
+}
+
+/* ---- logits and LoRA -------------------------------------------------- */
+
+devio_status devio_logits_read(devio_device *d, uint64_t logits, uint32_t row, uint32_t n,
+                               float *dst, uint32_t *n_rows_out, devio_error *err)
+{
+    devio_status s = DEVIO_OK;
+    dv_lock(d);
+    dv_drain(d);
+    dv_handle *h = d->torn_down ? NULL : dv_handle_find(d, logits);
+    if (d->torn_down) {
+        s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
+    } else if (!h) {
+        s = devio_fail_at(err, DEVIO_E_UNKNOWN_LOGITS, "logits", (int64_t)logits,
+                          "no logits handle %llu", (unsigned long long)logits);
+    } else if (!h->ready) {
+        s = devio_fail(err, DEVIO_E_DEVICE, "logits %llu were not computed (the step failed)",
+                       (unsigned long long)logits);
+    } else if ((uint64_t)row + n > h->n_rows) {
+        s = devio_fail_at(err, DEVIO_E_INVALID, "row", row,
+                          "rows [%u, %u) outside the handle's %u rows", row, row + n, h->n_rows);
+    } else {
+        if (n_rows_out)
+            *n_rows_out = h->n_rows;
+        for (uint32_t i = 0; i < n && dst && s == DEVIO_OK; i++) {
+            float *to = dst + (size_t)i * d->vocab;
+            const float *src;
+            s = dv_logits_row(d, h->slots[row + i], to, &src, err);
+            if (s == DEVIO_OK && src != to)
+                memcpy(to, src, sizeof(float) * d->vocab);
+        }
+    }
+    dv_unlock(d);
+    return s;
+}
+
+devio_status devio_lora(devio_device *d, const devio_lora_cmd *cmd, devio_lora_ack *ack,
+                        devio_error *err)
+{
+    devio_status s;
+    dv_lock(d);
+    if (d->torn_down) {
+        memset(ack, 0, sizeof *ack);
+        s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
+    } else {
+        /* Quiescence: every launched step has run before the table changes.
+         * A list changes nothing (rows are counted at launch): no wait. */
+        if (cmd->kind != DEVIO_LORA_LIST)
+            dv_drain(d);
+        s = devio_lora_table_apply(&d->lora, cmd, ack, err);
+    }
+    dv_unlock(d);
+    return s;
+}
+
+void devio_lora_ack_free(devio_lora_ack *a)
+{
+    if (!a)
+        return;
+    free(a->adapters);
+    a->adapters = NULL;
+    a->n_adapters = 0;
+}
