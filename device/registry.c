@@ -83,10 +83,11 @@ static devio_status load_plugin(devio_registry *r, const char *name, const devio
                           "backend plugin %s has interface version %u, this devio needs %u", path,
                           abi, DEVIO_BACKEND_ABI);
     }
-    s = devio_backend_check(ops, err);
-    if (s == DEVIO_OK && strcmp(ops->name, name) != 0)
+    if (!ops->name || strcmp(ops->name, name) != 0)
         s = devio_fail(err, DEVIO_E_UNSUPPORTED, "backend plugin %s calls itself '%s'", path,
-                       ops->name);
+                       ops->name ? ops->name : "");
+    else
+        s = devio_backend_check(ops, err);
     if (s != DEVIO_OK) {
         dlclose(h);
         return s;

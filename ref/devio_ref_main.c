@@ -19,6 +19,11 @@ typedef struct flags {
     bool sync;
 } flags;
 
+static bool parse_numerics(const char *v, void *field)
+{
+    return devio_numerics_parse(v, field);
+}
+
 #define F(f) offsetof(flags, f)
 #define D(f) (offsetof(flags, dev) + offsetof(devio_config, f))
 static const devio_opt opts[] = {
@@ -30,6 +35,8 @@ static const devio_opt opts[] = {
      .help = "ref, auto, or a plugin's name [ref]"},
     {.flag = "backend-path", .type = DEVIO_OPT_STR, .offset = F(backend_path), .metavar = "DIR",
      .help = "where backend plugins (libdevio-backend-NAME.so) are [next to this binary]"},
+    {.flag = "numerics", .type = DEVIO_OPT_CUSTOM, .offset = D(numerics), .metavar = "MODE",
+     .help = "strict|fast [strict]; the reference computes strict only", .parse = parse_numerics},
     {.flag = "threads", .type = DEVIO_OPT_U32, .offset = D(threads), .metavar = "N",
      .help = "compute threads, 0 = all cores [0]"},
     {.flag = "kv-blocks", .type = DEVIO_OPT_U32, .offset = D(kv_blocks), .metavar = "N",

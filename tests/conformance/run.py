@@ -3,8 +3,9 @@
 
 For each suite of tests/conformance/suites.txt: the native reference with 1
 and 2 threads and with steps run inside await (--sync), devio-server over HTTP
-through devio-conform, and devio-ref.wasm under Node's WASI (and wasmtime when
-the `wasmtime` package is installed) must print exactly the expected file
+through devio-conform, the stream test backend loaded as a plugin (strict, and
+fast with sampling on its side), and devio-ref.wasm under Node's WASI (and
+wasmtime when the `wasmtime` package is installed) must print exactly the expected file
 tests/conformance/expected/SUITE.out, and every `compare` line must say
 "equal":true.
 
@@ -112,6 +113,17 @@ def targets(args, bin_dir):
             sv.stop()
 
     out["http"] = http
+    # A second backend through the registry: the stream test backend, loaded
+    # with dlopen, computing behind submit/wait with its own logits memory;
+    # under fast numerics it also samples on its side.
+    plugins = os.path.join(bin_dir, "tests", "backend")
+    if os.path.exists(os.path.join(plugins, "libdevio-backend-stream.so")):
+        stream = [ref, "--backend", "stream", "--backend-path", plugins]
+        out["plugin-stream"] = lambda m, f, s, t: run(stream + ["--model", m] + f + [s])
+        out["plugin-stream-fast"] = lambda m, f, s, t: run(
+            stream + ["--model", m, "--numerics", "fast"] + f + [s])
+    elif args.require_plugin:
+        raise SystemExit("the stream plugin is missing (bazel build //tests/backend/...)")
     wasm = os.path.join(bin_dir, "ref", "wasm", "devio-ref.wasm")
     if os.path.exists(wasm) and shutil.which("node"):
         node = os.path.join(ROOT, "ref", "wasm", "run-node.mjs")
@@ -150,6 +162,8 @@ def main():
     ap.add_argument("--only", help="only targets whose name starts with this")
     ap.add_argument("--require-wasi", action="store_true")
     ap.add_argument("--no-wasmtime", action="store_true")
+    ap.add_argument("--require-plugin", action="store_true",
+                    help="fail when the stream test backend plugin was not built")
     args = ap.parse_args()
     bin_dir = os.path.abspath(args.bin)
     t0 = time.time()
