@@ -1,4 +1,4 @@
-/* http_error.c - device status -> HTTP status code: one table indexed by devio_status.
+/* http_error.c - device status -> HTTP status code: one table indexed by devio_status (docs/http.md).
  * The only such table in devio; it never builds bodies, and api/openapi.yaml (ErrorCode,
  * x-devio-http-status) must say the same: tests/python/status_table_check.py compares them. */
 #include "service/http_error.h"

@@ -131,7 +131,7 @@ def main():
         print("status_table_check: %d mismatches" % len(problems))
         return 1
     print("status_table_check: %d codes agree between service/http_error.c, the ErrorCode enum "
-          "and x-devio-http-status; %d error responses are filed under their codes' status"
+          "and x-devio-http-status; %d responses naming codes are filed under their status"
           % (len(table), n_resp))
     return 0
 
