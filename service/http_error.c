@@ -1,38 +1,43 @@
-/* http_error.c - device status -> HTTP status code (DESIGN §3, Errors).
- * The only such table in devio; every route answers through it. */
+/* http_error.c - device status -> HTTP status code: one table indexed by devio_status (docs/http.md).
+ * The only such table in devio; it never builds bodies, and api/openapi.yaml (ErrorCode,
+ * x-devio-http-status) must say the same: tests/python/status_table_check.py compares them. */
 #include "service/http_error.h"
+
+/* Every status has a row; a status added to the enum without one answers 500
+ * (and fails the comparison with the OpenAPI document). */
+static const unsigned short http_codes[DEVIO_STATUS_COUNT] = {
+    [DEVIO_OK] = 200,
+    [DEVIO_E_INVALID] = 400,
+    [DEVIO_E_UNKNOWN_SEQ] = 404,
+    [DEVIO_E_UNKNOWN_TICKET] = 404,
+    [DEVIO_E_UNKNOWN_LOGITS] = 404,
+    [DEVIO_E_UNKNOWN_ADAPTER] = 404,
+    [DEVIO_E_SEQ_BUSY] = 409,
+    [DEVIO_E_DEPTH_EXCEEDED] = 409,
+    [DEVIO_E_TICKET_CONSUMED] = 409,
+    [DEVIO_E_TICKET_PENDING] = 408,
+    [DEVIO_E_OUT_OF_KV_BLOCKS] = 409,
+    [DEVIO_E_OUT_OF_LOGITS] = 409,
+    [DEVIO_E_OUT_OF_SEQS] = 409,
+    [DEVIO_E_OUT_OF_SSM_SLOTS] = 409,
+    [DEVIO_E_NO_SNAPSHOT] = 409,
+    [DEVIO_E_ADAPTER_CAPACITY] = 409,
+    [DEVIO_E_UNSUPPORTED] = 400,
+    [DEVIO_E_TOO_LARGE] = 413,
+    [DEVIO_E_TORN_DOWN] = 503,
+    [DEVIO_E_MODEL] = 500,
+    [DEVIO_E_IO] = 500,
+    [DEVIO_E_NOMEM] = 500,
+    [DEVIO_E_DEVICE] = 500,
+    [DEVIO_E_UNAUTHORIZED] = 401,
+    [DEVIO_E_NOT_FOUND] = 404,
+    [DEVIO_E_METHOD] = 405,
+    [DEVIO_E_NOT_READY] = 503,
+};
 
 unsigned devio_http_code(devio_status s)
 {
-    switch (s) {
-    case DEVIO_OK: return 200;
-    case DEVIO_E_INVALID:
-    case DEVIO_E_UNSUPPORTED: return 400;
-    case DEVIO_E_UNAUTHORIZED: return 401;
-    case DEVIO_E_UNKNOWN_SEQ:
-    case DEVIO_E_UNKNOWN_TICKET:
-    case DEVIO_E_UNKNOWN_LOGITS:
-    case DEVIO_E_UNKNOWN_ADAPTER:
-    case DEVIO_E_NOT_FOUND: return 404;
-    case DEVIO_E_METHOD: return 405;
-    case DEVIO_E_TICKET_PENDING: return 408;
-    case DEVIO_E_SEQ_BUSY:
-    case DEVIO_E_DEPTH_EXCEEDED:
-    case DEVIO_E_TICKET_CONSUMED:
-    case DEVIO_E_OUT_OF_KV_BLOCKS:
-    case DEVIO_E_OUT_OF_LOGITS:
-    case DEVIO_E_OUT_OF_SEQS:
-    case DEVIO_E_OUT_OF_SSM_SLOTS:
-    case DEVIO_E_NO_SNAPSHOT:
-    case DEVIO_E_ADAPTER_CAPACITY: return 409;
-    case DEVIO_E_TOO_LARGE: return 413;
-    case DEVIO_E_TORN_DOWN:
-    case DEVIO_E_NOT_READY: return 503;
-    case DEVIO_E_MODEL:
-    case DEVIO_E_IO:
-    case DEVIO_E_NOMEM:
-    case DEVIO_E_DEVICE:
-    case DEVIO_STATUS_COUNT: return 500;
-    }
-    return 500;
+    if ((unsigned)s >= DEVIO_STATUS_COUNT || http_codes[s] == 0)
+        return 500;
+    return http_codes[s];
 }
