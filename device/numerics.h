@@ -585,7 +585,7 @@ DEVIO_NUM_FN float devio_powf_pos(float b, float e)
     return devio_expf(DEVIO_MUL(e, devio_logf(b)));
 }
 
-/* ---- the 32-lane reduction rule (DESIGN §4) ------------------------------ */
+/* ---- the 32-lane reduction rule (device/numspec.h) -------------------------- */
 
 /*
  * The scalar definition every vectorised or CUDA reduction must match bit

@@ -8,7 +8,7 @@
  * occupy. All arithmetic is binary32 with every operation rounded (no
  * contraction); exp and log are devio_expf / devio_logf from
  * device/numerics.h; every sum of many terms is devio_lane_sum (the 32-lane
- * rule of DESIGN section 4) over a length-V array indexed by token id.
+ * rule of device/numspec.h) over a length-V array indexed by token id.
  *
  * 0. Sanitise: a NaN logit is read as -inf, a +inf logit as FLT_MAX. Call the
  *    result l'. If every l' is -inf the call fails with DEVIO_E_INVALID

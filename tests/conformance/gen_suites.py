@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gen_suites.py - writes devio's conformance scripts (DESIGN §5) into tests/conformance/.
+"""gen_suites.py - writes devio's conformance scripts (docs/conformance.md) into tests/conformance/.
 
 The scripts are data: deterministic, reviewed, and committed. Their expected
 outputs are made by `tests/conformance/regen.sh` from the native reference and

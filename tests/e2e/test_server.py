@@ -269,7 +269,7 @@ def test_step_route(c):
 
 
 def test_pipelined_depth_two_matches_serial(c):
-    """Two tickets in flight give the same numbers as one at a time (DESIGN §3)."""
+    """Two tickets in flight give the same numbers as one at a time (docs/objects.md)."""
     a, b, x, y = c.create(), c.create(), c.create(), c.create()
     t1 = c.launch(plan(row(a, prompt(9, 1), logits="last")))
     t2 = c.launch(plan(row(b, prompt(4, 2), logits="last")))
