@@ -92,7 +92,7 @@ devio_status devio_json_adapter_record_decode(const json_t *j, devio_adapter_rec
 {
     memset(out, 0, sizeof *out);
     uint64_t rank = 0, size = 0, rows = 0, loaded = 0, used = 0;
-    devio_status s = devio_json_check_object(j, "an adapter record", err);
+    devio_status s = devio_json_check_object(j, NULL, "an adapter record", err);
     if (s == DEVIO_OK && (!json_is_string(json_object_get(j, "name")) ||
                           !json_is_string(json_object_get(j, "path"))))
         s = devio_fail(err, DEVIO_E_INVALID, "an adapter record needs a 'name' and a 'path'");
@@ -173,7 +173,7 @@ json_t *devio_json_lora_ack(const devio_lora_ack *a)
 /* ---- command bodies ------------------------------------------------------- */
 
 /* The load fields, wherever they come from: "path" (required for a load) and "pin". */
-static devio_status load_fields(const json_t *j, bool need_path, devio_adapter_load *out,
+static devio_status load_fields(const json_t *j, bool need_path, devio_adapter_load_body *out,
                                 devio_error *err)
 {
     out->path = json_string_value(json_object_get(j, "path"));
@@ -184,14 +184,12 @@ static devio_status load_fields(const json_t *j, bool need_path, devio_adapter_l
     return s;
 }
 
-devio_status devio_json_adapter_load_decode(const json_t *j, devio_adapter_load *out,
+devio_status devio_json_adapter_load_decode(const json_t *j, devio_adapter_load_body *out,
                                             devio_error *err)
 {
     static const char *const keys[] = {"path", "pin", NULL};
     memset(out, 0, sizeof *out);
-    devio_status s = devio_json_check_object(j, "the adapter body", err);
-    if (s == DEVIO_OK)
-        s = devio_json_check_keys(j, keys, "the adapter body", err);
+    devio_status s = devio_json_check_object(j, keys, "the adapter body", err);
     return s == DEVIO_OK ? load_fields(j, true, out, err) : s;
 }
 
@@ -200,9 +198,7 @@ devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, de
     static const char *const kinds[] = {"load", "unload", "list", "pin", "unpin"};
     static const char *const keys[] = {"kind", "name", "path", "pin", NULL};
     memset(out, 0, sizeof *out);
-    devio_status s = devio_json_check_object(j, "adapter command", err);
-    if (s == DEVIO_OK)
-        s = devio_json_check_keys(j, keys, "the adapter command", err);
+    devio_status s = devio_json_check_object(j, keys, "the adapter command", err);
     if (s != DEVIO_OK)
         return s;
     const char *k = json_string_value(json_object_get(j, "kind"));
@@ -217,7 +213,7 @@ devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, de
     out->name = json_string_value(json_object_get(j, "name"));
     if (out->kind != DEVIO_LORA_LIST && !out->name)
         return devio_fail(err, DEVIO_E_INVALID, "adapter command needs a 'name'");
-    devio_adapter_load load;
+    devio_adapter_load_body load;
     s = load_fields(j, out->kind == DEVIO_LORA_LOAD, &load, err);
     out->path = load.path;
     out->pin = load.pin;

@@ -38,12 +38,12 @@ json_t *devio_json_adapter_ack(const devio_adapter_record *recs, uint32_t n,
 json_t *devio_json_lora_ack(const devio_lora_ack *a);
 
 /* The body of PUT /v1/adapters/{name}: {"path": non-empty string, "pin"?: bool}. */
-typedef struct devio_adapter_load {
+typedef struct devio_adapter_load_body {
     const char *path; /* borrowed from the JSON: keep it alive while this is used */
     bool pin;
-} devio_adapter_load;
+} devio_adapter_load_body;
 
-devio_status devio_json_adapter_load_decode(const json_t *j, devio_adapter_load *out,
+devio_status devio_json_adapter_load_decode(const json_t *j, devio_adapter_load_body *out,
                                             devio_error *err);
 
 /* A script's command {"kind":..., "name":..., "path":..., "pin":...}; the load

@@ -40,9 +40,7 @@ devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
 {
     static const char *const keys[] = {"temperature", "top_k", "top_p", "min_p", "seed", NULL};
     *out = devio_sample_params_default();
-    devio_status s = devio_json_check_object(j, "sample params", err);
-    if (s == DEVIO_OK)
-        s = devio_json_check_keys(j, keys, "sample params", err);
+    devio_status s = devio_json_check_object(j, keys, "sample params", err);
     uint64_t k = 0, seed = 0;
     if (s == DEVIO_OK)
         s = devio_json_get_float(j, "temperature", &out->temperature, err);
@@ -78,7 +76,7 @@ static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf
     if (!json_is_object(jr))
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u must be an object", r);
     uint64_t seq = 0;
-    devio_status s = devio_json_check_keys(jr, keys, "a plan row", err);
+    devio_status s = devio_json_check_object(jr, keys, "a plan row", err);
     if (s != DEVIO_OK)
         return in_row(err, r, s);
     s = devio_json_get_uint(jr, "seq", UINT64_MAX, true, &seq, err);
@@ -150,9 +148,7 @@ devio_status devio_json_plan_decode(const json_t *j, uint32_t max_rows, uint32_t
 {
     static const char *const keys[] = {"rows", NULL};
     memset(buf, 0, sizeof *buf);
-    devio_status s = devio_json_check_object(j, "plan", err);
-    if (s == DEVIO_OK)
-        s = devio_json_check_keys(j, keys, "the plan", err);
+    devio_status s = devio_json_check_object(j, keys, "the plan", err);
     if (s != DEVIO_OK)
         return s;
     const json_t *jrows = json_object_get(j, "rows");
@@ -202,7 +198,7 @@ void devio_plan_buf_free(devio_plan_buf *buf)
 devio_status devio_json_id_decode(const json_t *j, const char *key, uint64_t *out,
                                   devio_error *err)
 {
-    devio_status s = devio_json_check_object(j, "the body", err);
+    devio_status s = devio_json_check_object(j, NULL, "the body", err);
     return s == DEVIO_OK ? devio_json_get_uint(j, key, UINT64_MAX, true, out, err) : s;
 }
 
@@ -221,9 +217,7 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_
 {
     static const char *const keys[] = {"kind", "seq", "len", "logits", "row", "params", NULL};
     memset(out, 0, sizeof *out);
-    devio_status s = devio_json_check_object(j, "effect", err);
-    if (s == DEVIO_OK)
-        s = devio_json_check_keys(j, keys, "the effect", err);
+    devio_status s = devio_json_check_object(j, keys, "the effect", err);
     if (s != DEVIO_OK)
         return s;
     int kind = devio_effect_kind_parse(json_string_value(json_object_get(j, "kind")));
@@ -236,7 +230,8 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_
     switch (out->kind) {
     case DEVIO_EFFECT_SAMPLE: {
         s = devio_json_get_uint(j, "logits", UINT64_MAX, true, &out->logits, err);
-        if (s == DEVIO_OK && json_object_get(j, "row") && !json_is_null(json_object_get(j, "row"))) {
+        const json_t *jr = json_object_get(j, "row");
+        if (s == DEVIO_OK && jr && !json_is_null(jr)) {
             s = devio_json_get_uint(j, "row", UINT32_MAX, true, &v, err);
             out->has_row = true;
             out->row = (uint32_t)v;

@@ -6,21 +6,16 @@
 #include "api/json_fields.h"
 #include "device/status.h"
 
-devio_status devio_json_check_object(const json_t *j, const char *what, devio_error *err)
+devio_status devio_json_check_object(const json_t *j, const char *const *allowed,
+                                     const char *what, devio_error *err)
 {
     if (!json_is_object(j))
         return devio_fail(err, DEVIO_E_INVALID, "%s must be a JSON object", what);
-    return DEVIO_OK;
-}
-
-devio_status devio_json_check_keys(const json_t *obj, const char *const *allowed,
-                                   const char *what, devio_error *err)
-{
     const char *k;
     const json_t *v;
-    json_object_foreach((json_t *)obj, k, v) {
-        bool ok = false;
-        for (size_t i = 0; allowed[i] && !ok; i++)
+    json_object_foreach((json_t *)j, k, v) {
+        bool ok = !allowed;
+        for (size_t i = 0; allowed && allowed[i] && !ok; i++)
             ok = strcmp(k, allowed[i]) == 0;
         if (!ok)
             return devio_fail(err, DEVIO_E_INVALID, "unknown field '%s' in %s", k, what);

@@ -10,12 +10,11 @@
 
 #include "device/devio.h"
 
-/* DEVIO_E_INVALID "<what> must be a JSON object" unless j is one. */
-devio_status devio_json_check_object(const json_t *j, const char *what, devio_error *err);
-
-/* Refuse fields outside `allowed` (NULL-terminated), so a typo is an error, not a no-op. */
-devio_status devio_json_check_keys(const json_t *obj, const char *const *allowed,
-                                   const char *what, devio_error *err);
+/* DEVIO_E_INVALID unless j is an object whose fields are all in `allowed`
+ * (NULL-terminated; NULL allows any), so a typo is an error, not a no-op.
+ * `what` names it in the message, e.g. "the plan". */
+devio_status devio_json_check_object(const json_t *j, const char *const *allowed,
+                                     const char *what, devio_error *err);
 
 /* Unsigned integer field in [0, max]. Absent: DEVIO_E_INVALID when required,
  * otherwise DEVIO_OK with *out untouched. */
