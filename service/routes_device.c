@@ -9,93 +9,116 @@
 #include "service/routes.h"
 #include "service/server.h"
 
-devio_status devio_route_seq_create(devio_server *s, const devio_request *rq, devio_reply *out,
-                                    devio_error *err)
+/* Makes an answer's JSON from the device, which the caller holds. */
+typedef devio_status device_answer(devio_server *s, const devio_request *rq, devio_device *dev,
+                                   json_t **j, devio_error *err);
+
+/* Under the device read lock, `make` the answer; then send it with `code`. */
+static devio_status answer(devio_server *s, const devio_request *rq, device_answer *make,
+                           unsigned code, devio_reply *out, devio_error *err)
 {
-    (void)rq;
     devio_device *dev;
-    uint64_t seq = 0;
+    json_t *j = NULL;
     devio_status st = devio_server_hold(s, &dev, err);
     if (st != DEVIO_OK)
         return st;
-    st = devio_seq_create(dev, &seq, err);
+    st = make(s, rq, dev, &j, err);
     devio_server_release(s);
-    return st == DEVIO_OK ? devio_reply_json(out, 201, devio_json_seq_ref(seq), err) : st;
+    return st == DEVIO_OK ? devio_reply_json(out, code, j, err) : st;
+}
+
+static devio_status seq_created(devio_server *s, const devio_request *rq, devio_device *dev,
+                                json_t **j, devio_error *err)
+{
+    (void)s;
+    (void)rq;
+    uint64_t seq = 0;
+    devio_status st = devio_seq_create(dev, &seq, err);
+    if (st == DEVIO_OK)
+        *j = devio_json_seq_ref(seq);
+    return st;
+}
+
+static devio_status seq_info(devio_server *s, const devio_request *rq, devio_device *dev,
+                             json_t **j, devio_error *err)
+{
+    (void)s;
+    devio_seq_info info;
+    devio_status st = devio_seq_info_get(dev, rq->params.id, &info, err);
+    if (st == DEVIO_OK)
+        *j = devio_json_seq_info(&info);
+    return st;
+}
+
+static devio_status outcome_of(devio_device *dev, const devio_effect *e, json_t **j,
+                               devio_error *err)
+{
+    devio_outcome o;
+    devio_status st = devio_apply(dev, e, &o, err);
+    if (st == DEVIO_OK) {
+        *j = devio_json_outcome(&o);
+        devio_outcome_free(&o);
+    }
+    return st;
+}
+
+/* DELETE /v1/sequences/{id} is the free effect. */
+static devio_status seq_freed(devio_server *s, const devio_request *rq, devio_device *dev,
+                              json_t **j, devio_error *err)
+{
+    (void)s;
+    devio_effect e = {.kind = DEVIO_EFFECT_FREE, .seq = rq->params.id};
+    return outcome_of(dev, &e, j, err);
+}
+
+static devio_status effect_applied(devio_server *s, const devio_request *rq, devio_device *dev,
+                                   json_t **j, devio_error *err)
+{
+    (void)s;
+    devio_effect e;
+    devio_status st = devio_json_effect_decode(rq->body, &e, err);
+    return st == DEVIO_OK ? outcome_of(dev, &e, j, err) : st;
+}
+
+static devio_status facts(devio_server *s, const devio_request *rq, devio_device *dev,
+                          json_t **j, devio_error *err)
+{
+    (void)s;
+    (void)rq;
+    (void)err;
+    devio_facts f = devio_facts_get(dev);
+    *j = devio_json_facts(&f);
+    return DEVIO_OK;
+}
+
+devio_status devio_route_seq_create(devio_server *s, const devio_request *rq, devio_reply *out,
+                                    devio_error *err)
+{
+    return answer(s, rq, seq_created, 201, out, err);
 }
 
 devio_status devio_route_seq_get(devio_server *s, const devio_request *rq, devio_reply *out,
                                  devio_error *err)
 {
-    devio_device *dev;
-    devio_seq_info info;
-    devio_status st = devio_server_hold(s, &dev, err);
-    if (st != DEVIO_OK)
-        return st;
-    st = devio_seq_info_get(dev, rq->params.id, &info, err);
-    devio_server_release(s);
-    return st == DEVIO_OK ? devio_reply_json(out, 200, devio_json_seq_info(&info), err) : st;
+    return answer(s, rq, seq_info, 200, out, err);
 }
 
-/* Apply one effect and answer its outcome. */
-static devio_status apply(devio_server *s, const devio_effect *e, devio_reply *out,
-                          devio_error *err)
-{
-    devio_device *dev;
-    devio_outcome o;
-    devio_status st = devio_server_hold(s, &dev, err);
-    if (st != DEVIO_OK)
-        return st;
-    st = devio_apply(dev, e, &o, err);
-    devio_server_release(s);
-    if (st != DEVIO_OK)
-        return st;
-    st = devio_reply_json(out, 200, devio_json_outcome(&o), err);
-    devio_outcome_free(&o);
-    return st;
-}
-
-/* DELETE /v1/sequences/{id} is the free effect. */
 devio_status devio_route_seq_delete(devio_server *s, const devio_request *rq, devio_reply *out,
                                     devio_error *err)
 {
-    devio_effect e = {.kind = DEVIO_EFFECT_FREE, .seq = rq->params.id};
-    return apply(s, &e, out, err);
+    return answer(s, rq, seq_freed, 200, out, err);
 }
 
 devio_status devio_route_effects(devio_server *s, const devio_request *rq, devio_reply *out,
                                  devio_error *err)
 {
-    devio_effect e;
-    devio_status st = devio_json_effect_decode(rq->body, &e, err);
-    return st == DEVIO_OK ? apply(s, &e, out, err) : st;
-}
-
-/* Answer 200 with what `encode` makes of the device, read under the lock. */
-static devio_status answer_device(devio_server *s,
-                                  json_t *(*encode)(devio_server *, devio_device *),
-                                  devio_reply *out, devio_error *err)
-{
-    devio_device *dev;
-    devio_status st = devio_server_hold(s, &dev, err);
-    if (st != DEVIO_OK)
-        return st;
-    json_t *j = encode(s, dev);
-    devio_server_release(s);
-    return devio_reply_json(out, 200, j, err);
-}
-
-static json_t *facts_json(devio_server *s, devio_device *dev)
-{
-    (void)s;
-    devio_facts f = devio_facts_get(dev);
-    return devio_json_facts(&f);
+    return answer(s, rq, effect_applied, 200, out, err);
 }
 
 devio_status devio_route_facts(devio_server *s, const devio_request *rq, devio_reply *out,
                                devio_error *err)
 {
-    (void)rq;
-    return answer_device(s, facts_json, out, err);
+    return answer(s, rq, facts, 200, out, err);
 }
 
 /* ---- logits ------------------------------------------------------------------- */
@@ -216,16 +239,19 @@ static json_t *device_json(const devio_model *model, const devio_config *c)
         (json_int_t)c->epoch);
 }
 
-static json_t *device_of(devio_server *s, devio_device *dev)
+static devio_status device_body(devio_server *s, const devio_request *rq, devio_device *dev,
+                                json_t **j, devio_error *err)
 {
-    return device_json(s->model, devio_config_of(dev));
+    (void)rq;
+    (void)err;
+    *j = device_json(s->model, devio_config_of(dev));
+    return DEVIO_OK;
 }
 
 devio_status devio_route_device(devio_server *s, const devio_request *rq, devio_reply *out,
                                 devio_error *err)
 {
-    (void)rq;
-    return answer_device(s, device_of, out, err);
+    return answer(s, rq, device_body, 200, out, err);
 }
 
 devio_status devio_route_teardown(devio_server *s, const devio_request *rq, devio_reply *out,
