@@ -1,4 +1,4 @@
-/* codec.c - JSON codecs for plans, effects, results, facts, adapters and errors.
+/* codec.c - JSON codecs for ids, plans, effects, results, facts, sequences and errors.
  * Pure translation: it must never call the device or accept a value it cannot represent. */
 #include <math.h>
 #include <stdio.h>
@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "api/codec.h"
+#include "api/json_fields.h"
 #include "device/status.h"
 
 static const char *const effect_names[] = {
@@ -32,60 +33,6 @@ json_t *devio_json_float(float x)
     return isfinite(x) ? json_real((double)x) : json_null();
 }
 
-/* Refuse fields a decoder does not know, so a typo is an error, not a no-op. */
-static devio_status check_keys(const json_t *obj, const char *const *allowed, const char *what,
-                               devio_error *err)
-{
-    const char *k;
-    const json_t *v;
-    json_object_foreach((json_t *)obj, k, v) {
-        bool ok = false;
-        for (size_t i = 0; allowed[i] && !ok; i++)
-            ok = strcmp(k, allowed[i]) == 0;
-        if (!ok)
-            return devio_fail(err, DEVIO_E_INVALID, "unknown field '%s' in %s", k, what);
-    }
-    return DEVIO_OK;
-}
-
-/* ---- field readers ---------------------------------------------------- */
-
-/* Optional unsigned integer field in [0, max]; absent leaves *out alone. */
-static devio_status get_uint(const json_t *obj, const char *key, uint64_t max, bool required,
-                             uint64_t *out, devio_error *err)
-{
-    const json_t *v = json_object_get(obj, key);
-    if (!v) {
-        if (required)
-            return devio_fail(err, DEVIO_E_INVALID, "missing field '%s'", key);
-        return DEVIO_OK;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-        (uint64_t)json_integer_value(v) > max)
-        return devio_fail(err, DEVIO_E_INVALID, "field '%s' must be an integer in [0, %llu]", key,
-                          (unsigned long long)max);
-    *out = (uint64_t)json_integer_value(v);
-    return DEVIO_OK;
-}
-
-static devio_status get_float(const json_t *obj, const char *key, float *out, devio_error *err)
-{
-    const json_t *v = json_object_get(obj, key);
-    if (!v)
-        return DEVIO_OK;
-    if (!json_is_number(v) || !isfinite(json_number_value(v)))
-        return devio_fail(err, DEVIO_E_INVALID, "field '%s' must be a finite number", key);
-    *out = (float)json_number_value(v);
-    return DEVIO_OK;
-}
-
-static devio_status check_object(const json_t *j, const char *what, devio_error *err)
-{
-    if (!json_is_object(j))
-        return devio_fail(err, DEVIO_E_INVALID, "%s must be a JSON object", what);
-    return DEVIO_OK;
-}
-
 /* ---- decoders --------------------------------------------------------- */
 
 devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
@@ -93,22 +40,30 @@ devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
 {
     static const char *const keys[] = {"temperature", "top_k", "top_p", "min_p", "seed", NULL};
     *out = devio_sample_params_default();
-    devio_status s = check_object(j, "sample params", err);
-    if (s == DEVIO_OK)
-        s = check_keys(j, keys, "sample params", err);
+    devio_status s = devio_json_check_object(j, keys, "sample params", err);
     uint64_t k = 0, seed = 0;
     if (s == DEVIO_OK)
-        s = get_float(j, "temperature", &out->temperature, err);
+        s = devio_json_get_float(j, "temperature", &out->temperature, err);
     if (s == DEVIO_OK)
-        s = get_uint(j, "top_k", INT32_MAX, false, &k, err);
+        s = devio_json_get_uint(j, "top_k", INT32_MAX, false, &k, err);
     if (s == DEVIO_OK)
-        s = get_float(j, "top_p", &out->top_p, err);
+        s = devio_json_get_float(j, "top_p", &out->top_p, err);
     if (s == DEVIO_OK)
-        s = get_float(j, "min_p", &out->min_p, err);
+        s = devio_json_get_float(j, "min_p", &out->min_p, err);
     if (s == DEVIO_OK)
-        s = get_uint(j, "seed", UINT64_MAX, false, &seed, err);
+        s = devio_json_get_uint(j, "seed", UINT64_MAX, false, &seed, err);
     out->top_k = (int32_t)k;
     out->seed = seed;
+    return s;
+}
+
+/* A nested decoder's failure, pinned to plan row r (its message kept). */
+static devio_status in_row(devio_error *err, uint32_t r, devio_status s)
+{
+    if (err) {
+        snprintf(err->detail_key, sizeof err->detail_key, "row");
+        err->detail_val = r;
+    }
     return s;
 }
 
@@ -121,15 +76,10 @@ static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf
     if (!json_is_object(jr))
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u must be an object", r);
     uint64_t seq = 0;
-    devio_status s = check_keys(jr, keys, "a plan row", err);
-    if (s != DEVIO_OK) {
-        if (err) {
-            snprintf(err->detail_key, sizeof err->detail_key, "row");
-            err->detail_val = r;
-        }
-        return s;
-    }
-    s = get_uint(jr, "seq", UINT64_MAX, true, &seq, err);
+    devio_status s = devio_json_check_object(jr, keys, "a plan row", err);
+    if (s != DEVIO_OK)
+        return in_row(err, r, s);
+    s = devio_json_get_uint(jr, "seq", UINT64_MAX, true, &seq, err);
     if (s != DEVIO_OK)
         return devio_fail_at(err, s, "row", r, "row %u: 'seq' must be a sequence id", r);
     row->seq = seq;
@@ -180,13 +130,8 @@ static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf
     if (js && !json_is_null(js)) {
         row->has_sample = true;
         s = devio_json_sample_decode(js, &row->sample, err);
-        if (s != DEVIO_OK) {
-            if (err) {
-                snprintf(err->detail_key, sizeof err->detail_key, "row");
-                err->detail_val = r;
-            }
-            return s;
-        }
+        if (s != DEVIO_OK)
+            return in_row(err, r, s);
     }
     const json_t *jn = json_object_get(jr, "snapshot");
     if (jn && !json_is_null(jn)) {
@@ -203,9 +148,7 @@ devio_status devio_json_plan_decode(const json_t *j, uint32_t max_rows, uint32_t
 {
     static const char *const keys[] = {"rows", NULL};
     memset(buf, 0, sizeof *buf);
-    devio_status s = check_object(j, "plan", err);
-    if (s == DEVIO_OK)
-        s = check_keys(j, keys, "the plan", err);
+    devio_status s = devio_json_check_object(j, keys, "the plan", err);
     if (s != DEVIO_OK)
         return s;
     const json_t *jrows = json_object_get(j, "rows");
@@ -252,13 +195,29 @@ void devio_plan_buf_free(devio_plan_buf *buf)
     memset(buf, 0, sizeof *buf);
 }
 
+devio_status devio_json_id_decode(const json_t *j, const char *key, uint64_t *out,
+                                  devio_error *err)
+{
+    devio_status s = devio_json_check_object(j, NULL, "the body", err);
+    return s == DEVIO_OK ? devio_json_get_uint(j, key, UINT64_MAX, true, out, err) : s;
+}
+
+devio_status devio_json_await_decode(const json_t *j, uint64_t *ticket, int64_t *timeout_ms,
+                                     devio_error *err)
+{
+    uint64_t t = UINT64_MAX;
+    devio_status s = devio_json_id_decode(j, "ticket", ticket, err);
+    if (s == DEVIO_OK)
+        s = devio_json_get_uint(j, "timeout_ms", INT64_MAX, false, &t, err);
+    *timeout_ms = s == DEVIO_OK && t != UINT64_MAX ? (int64_t)t : -1;
+    return s;
+}
+
 devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_error *err)
 {
     static const char *const keys[] = {"kind", "seq", "len", "logits", "row", "params", NULL};
     memset(out, 0, sizeof *out);
-    devio_status s = check_object(j, "effect", err);
-    if (s == DEVIO_OK)
-        s = check_keys(j, keys, "the effect", err);
+    devio_status s = devio_json_check_object(j, keys, "the effect", err);
     if (s != DEVIO_OK)
         return s;
     int kind = devio_effect_kind_parse(json_string_value(json_object_get(j, "kind")));
@@ -270,9 +229,10 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_
     uint64_t v = 0;
     switch (out->kind) {
     case DEVIO_EFFECT_SAMPLE: {
-        s = get_uint(j, "logits", UINT64_MAX, true, &out->logits, err);
-        if (s == DEVIO_OK && json_object_get(j, "row") && !json_is_null(json_object_get(j, "row"))) {
-            s = get_uint(j, "row", UINT32_MAX, true, &v, err);
+        s = devio_json_get_uint(j, "logits", UINT64_MAX, true, &out->logits, err);
+        const json_t *jr = json_object_get(j, "row");
+        if (s == DEVIO_OK && jr && !json_is_null(jr)) {
+            s = devio_json_get_uint(j, "row", UINT32_MAX, true, &v, err);
             out->has_row = true;
             out->row = (uint32_t)v;
         }
@@ -283,7 +243,7 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_
         return s;
     }
     case DEVIO_EFFECT_TRUNCATE:
-        s = get_uint(j, "len", UINT32_MAX, true, &v, err);
+        s = devio_json_get_uint(j, "len", UINT32_MAX, true, &v, err);
         out->len = (uint32_t)v;
         if (s != DEVIO_OK)
             return s;
@@ -291,46 +251,24 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_
     case DEVIO_EFFECT_FORK:
     case DEVIO_EFFECT_SNAPSHOT:
     case DEVIO_EFFECT_FREE:
-        return get_uint(j, "seq", UINT64_MAX, true, &out->seq, err);
+        return devio_json_get_uint(j, "seq", UINT64_MAX, true, &out->seq, err);
     case DEVIO_EFFECT_RELEASE:
-        return get_uint(j, "logits", UINT64_MAX, true, &out->logits, err);
+        return devio_json_get_uint(j, "logits", UINT64_MAX, true, &out->logits, err);
     }
     return DEVIO_OK;
 }
 
-devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, devio_error *err)
+/* ---- encoders --------------------------------------------------------- */
+
+json_t *devio_json_seq_ref(uint64_t seq)
 {
-    static const char *const kinds[] = {"load", "unload", "list", "pin", "unpin"};
-    static const char *const keys[] = {"kind", "name", "path", "pin", NULL};
-    memset(out, 0, sizeof *out);
-    devio_status s = check_object(j, "adapter command", err);
-    if (s == DEVIO_OK)
-        s = check_keys(j, keys, "the adapter command", err);
-    if (s != DEVIO_OK)
-        return s;
-    const char *k = json_string_value(json_object_get(j, "kind"));
-    int kind = -1;
-    for (int i = 0; k && i < 5; i++)
-        if (strcmp(k, kinds[i]) == 0)
-            kind = i;
-    if (kind < 0)
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "adapter command 'kind' must be load, unload, list, pin or unpin");
-    out->kind = (devio_lora_kind)kind;
-    out->name = json_string_value(json_object_get(j, "name"));
-    out->path = json_string_value(json_object_get(j, "path"));
-    const json_t *jp = json_object_get(j, "pin");
-    if (jp && !json_is_boolean(jp))
-        return devio_fail(err, DEVIO_E_INVALID, "'pin' must be a boolean");
-    out->pin = jp && json_is_true(jp);
-    if (out->kind != DEVIO_LORA_LIST && !out->name)
-        return devio_fail(err, DEVIO_E_INVALID, "adapter command needs a 'name'");
-    if (out->kind == DEVIO_LORA_LOAD && (!out->path || !out->path[0]))
-        return devio_fail(err, DEVIO_E_INVALID, "load needs a non-empty 'path'");
-    return DEVIO_OK;
+    return json_pack("{s:I}", "seq", (json_int_t)seq);
 }
 
-/* ---- encoders --------------------------------------------------------- */
+json_t *devio_json_ticket_ref(uint64_t ticket)
+{
+    return json_pack("{s:I}", "ticket", (json_int_t)ticket);
+}
 
 json_t *devio_json_step_result(const devio_step_result *r)
 {
@@ -407,36 +345,6 @@ json_t *devio_json_seq_info(const devio_seq_info *s)
                      s->blocks, "busy",
                      s->busy_ticket ? json_integer((json_int_t)s->busy_ticket) : json_null(),
                      "snapshots", snaps);
-}
-
-static json_t *adapter_json(const devio_adapter_info *a, const char *state)
-{
-    json_t *targets = json_array();
-    for (const char *p = a->targets; targets && *p;) {
-        size_t n = strcspn(p, ",");
-        json_array_append_new(targets, json_stringn(p, n));
-        p += n + (p[n] == ',');
-    }
-    return json_pack("{s:s,s:s,s:i,s:f,s:f,s:o,s:s,s:I,s:b,s:I,s:s}", "name", a->name, "path",
-                     a->path, "rank", a->rank, "alpha", (double)a->alpha, "scale",
-                     (double)a->scale, "targets", targets, "sha256", a->sha256, "size",
-                     (json_int_t)a->size, "pinned", a->pinned, "rows_served",
-                     (json_int_t)a->rows_served, "state", state);
-}
-
-json_t *devio_json_adapter(const devio_adapter_info *a) { return adapter_json(a, "loaded"); }
-
-json_t *devio_json_lora_ack(const devio_lora_ack *a)
-{
-    json_t *list = json_array();
-    for (uint32_t i = 0; list && i < a->n_adapters; i++)
-        json_array_append_new(list, adapter_json(&a->adapters[i],
-                                                 a->kind == DEVIO_LORA_UNLOAD ? "unloaded"
-                                                                              : "loaded"));
-    json_t *j = json_pack("{s:o}", "adapters", list);
-    if (j && a->evicted[0])
-        json_object_set_new(j, "evicted", json_string(a->evicted));
-    return j;
 }
 
 json_t *devio_json_error(const devio_error *e)

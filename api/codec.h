@@ -1,4 +1,4 @@
-/* codec.h - JSON <-> C for the wire shapes of DESIGN §7 (jansson).
+/* codec.h - JSON <-> C for the wire shapes of DESIGN §7 (jansson); adapters are in adapter_codec.h.
  * Decoders validate types and ranges and never touch the device; encoders never fail silently. */
 #ifndef DEVIO_CODEC_H
 #define DEVIO_CODEC_H
@@ -28,16 +28,20 @@ devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
                                       devio_error *err);
 devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_error *err);
 
-/* cmd->name and cmd->path borrow strings from j: keep j alive while cmd is used. */
-devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, devio_error *err);
+/* {"<key>": id}: a sequence ({"seq":N}) or a ticket ({"ticket":N}). */
+devio_status devio_json_id_decode(const json_t *j, const char *key, uint64_t *out,
+                                  devio_error *err);
+/* {"ticket":N, "timeout_ms"?:M}; *timeout_ms is -1 (wait) when absent. */
+devio_status devio_json_await_decode(const json_t *j, uint64_t *ticket, int64_t *timeout_ms,
+                                     devio_error *err);
 
 /* Encoders: each returns a new reference (caller json_decref), NULL on out of memory. */
+json_t *devio_json_seq_ref(uint64_t seq);       /* {"seq":N}, a created sequence */
+json_t *devio_json_ticket_ref(uint64_t ticket); /* {"ticket":N}, a launched step */
 json_t *devio_json_step_result(const devio_step_result *r);
 json_t *devio_json_outcome(const devio_outcome *o);
 json_t *devio_json_facts(const devio_facts *f);
 json_t *devio_json_seq_info(const devio_seq_info *s);
-json_t *devio_json_adapter(const devio_adapter_info *a);
-json_t *devio_json_lora_ack(const devio_lora_ack *a);
 /* {"error":{"code":..., "message":..., "details":{...}}} */
 json_t *devio_json_error(const devio_error *e);
 

@@ -1,5 +1,5 @@
-/* dispatch.h - one DeviceIo operation from its JSON body to its JSON result.
- * Shared by the HTTP routes and the in-process script runner, so both answer alike. */
+/* dispatch.h - one DeviceIo operation from its JSON body to its JSON result, for the in-process script target.
+ * A table over the codecs of codec.h and adapter_codec.h, the very ones the HTTP routes use, so both answer alike. */
 #ifndef DEVIO_DISPATCH_H
 #define DEVIO_DISPATCH_H
 

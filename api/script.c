@@ -153,33 +153,37 @@ static json_t *resolve_ref(runner *r, const char *ref)
     return v ? json_deep_copy(v) : NULL;
 }
 
+static int substitute(runner *r, json_t *j);
+
+/* *repl: what replaces v when it is a "$ref" string (new reference), else NULL
+ * after substituting inside v. */
+static int substitute_value(runner *r, json_t *v, json_t **repl)
+{
+    *repl = NULL;
+    if (!json_is_string(v) || json_string_value(v)[0] != '$')
+        return substitute(r, v);
+    *repl = resolve_ref(r, json_string_value(v) + 1);
+    return *repl ? 0 : fail(r, "unbound reference '%s'", json_string_value(v));
+}
+
 /* Replace every "$ref" string inside j (in place). */
 static int substitute(runner *r, json_t *j)
 {
+    json_t *v, *x;
     if (json_is_object(j)) {
         const char *k;
-        json_t *v;
         json_object_foreach(j, k, v) {
-            if (json_is_string(v) && json_string_value(v)[0] == '$') {
-                json_t *x = resolve_ref(r, json_string_value(v) + 1);
-                if (!x)
-                    return fail(r, "unbound reference '%s'", json_string_value(v));
-                json_object_set_new(j, k, x);
-            } else if (substitute(r, v) < 0) {
+            if (substitute_value(r, v, &x) < 0)
                 return -1;
-            }
+            if (x)
+                json_object_set_new(j, k, x);
         }
     } else if (json_is_array(j)) {
         for (size_t i = 0; i < json_array_size(j); i++) {
-            json_t *v = json_array_get(j, i);
-            if (json_is_string(v) && json_string_value(v)[0] == '$') {
-                json_t *x = resolve_ref(r, json_string_value(v) + 1);
-                if (!x)
-                    return fail(r, "unbound reference '%s'", json_string_value(v));
-                json_array_set_new(j, i, x);
-            } else if (substitute(r, v) < 0) {
+            if (substitute_value(r, json_array_get(j, i), &x) < 0)
                 return -1;
-            }
+            if (x)
+                json_array_set_new(j, i, x);
         }
     }
     return 0;

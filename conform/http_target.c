@@ -4,14 +4,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "api/adapter_codec.h"
 #include "api/codec.h"
-#include "device/status.h"
+#include "common/clock.h"
 #include "conform/http_target.h"
+#include "device/status.h"
 
 #define URL_MAX 2048
 
@@ -236,36 +237,17 @@ static devio_status request_json(devio_http_target *h, const char *method, const
     return DEVIO_OK;
 }
 
-/* Same check as dispatch's, so that a malformed id fails alike without a request. */
-static devio_status get_id(const json_t *body, const char *key, uint64_t *out, devio_error *err)
-{
-    const json_t *v = json_object_get(body, key);
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return devio_fail(err, DEVIO_E_INVALID, "'%s' must be a non-negative integer id", key);
-    *out = (uint64_t)json_integer_value(v);
-    return DEVIO_OK;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static devio_status op_await(devio_http_target *h, const json_t *body, json_t **result,
                              devio_error *err)
 {
     uint64_t id;
+    int64_t t;
     char path[128];
-    devio_status s = get_id(body, "ticket", &id, err);
+    /* The in-process decoder: a malformed body fails alike, without a request. */
+    devio_status s = devio_json_await_decode(body, &id, &t, err);
     if (s != DEVIO_OK)
         return s;
-    const json_t *jt = json_object_get(body, "timeout_ms");
-    if (jt) {
-        if (!json_is_integer(jt) || json_integer_value(jt) < 0)
-            return devio_fail(err, DEVIO_E_INVALID, "'timeout_ms' must be >= 0");
-        json_int_t t = json_integer_value(jt);
+    if (t >= 0) {
         snprintf(path, sizeof path, "/v1/tickets/%llu/await?timeout_ms=%lld",
                  (unsigned long long)id, (long long)t);
         /* The server caps one long poll at an hour; the transfer may take that long. */
@@ -275,12 +257,12 @@ static devio_status op_await(devio_http_target *h, const json_t *body, json_t **
     /* No timeout: wait, as in process, in bounded long polls. */
     snprintf(path, sizeof path, "/v1/tickets/%llu/await?timeout_ms=%u", (unsigned long long)id,
              h->opt.await_slice_ms);
-    double deadline = now_s() + h->opt.request_timeout_s;
+    double deadline = devio_clock_s() + h->opt.request_timeout_s;
     for (;;) {
         s = request_json(h, "POST", path, NULL, (long)h->opt.await_slice_ms, result, err);
         if (s != DEVIO_E_TICKET_PENDING)
             return s;
-        if (now_s() >= deadline) {
+        if (devio_clock_s() >= deadline) {
             fprintf(stderr,
                     "devio-conform: ticket %llu still pending after %u s; answering "
                     "ticket_pending\n",
@@ -290,55 +272,35 @@ static devio_status op_await(devio_http_target *h, const json_t *body, json_t **
     }
 }
 
-/* The device's fields of an adapter record: the HTTP records add the
- * store's (times, reason) that an in-process run does not have. */
-static json_t *ack_record(const json_t *rec)
+/* Adapter answers carry one record (with "evicted" after a load that
+ * evicted) or a list of every recorded adapter. The runner prints the lora
+ * result of the in-process path, whose list holds the loaded adapters only:
+ * the same decoder and encoder make it here. Takes the reference to x. */
+static devio_status adapter_result(devio_http_target *h, const char *path, json_t *x,
+                                   json_t **result, devio_error *err)
 {
-    static const char *const keys[] = {"name",   "path", "rank",   "alpha",       "scale", "targets",
-                                       "sha256", "size", "pinned", "rows_served", "state"};
-    json_t *o = json_object();
-    for (size_t i = 0; o && i < sizeof keys / sizeof *keys; i++) {
-        json_t *v = json_object_get(rec, keys[i]);
-        if (v && json_object_set(o, keys[i], v) != 0) {
-            json_decref(o);
-            o = NULL;
-        }
+    bool list = json_is_array(x);
+    size_t n = list ? json_array_size(x) : 1, kept = 0;
+    devio_adapter_record *recs = calloc(n + 1, sizeof *recs);
+    devio_status s = recs ? DEVIO_OK : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+    for (size_t i = 0; s == DEVIO_OK && i < n; i++) {
+        s = devio_json_adapter_record_decode(list ? json_array_get(x, i) : x, &recs[kept], err);
+        if (s != DEVIO_OK)
+            s = broken(h, err, "%s answered an adapter record that is not one: %s", path,
+                       err ? err->message : "");
+        else if (!list || recs[kept].state == DEVIO_ADAPTER_LOADED)
+            kept++;
     }
-    return o;
-}
-
-/* Adapter answers carry one record or a list of every recorded adapter; the
- * runner expects the {"adapters":[...], "evicted"?} of devio_json_lora_ack,
- * whose list holds the loaded adapters only. Takes the reference to x. */
-static devio_status wrap_adapters(json_t *x, json_t **result, devio_error *err)
-{
-    json_t *list = json_array();
-    const char *evicted = NULL;
-    bool oom = !list;
-    if (json_is_array(x)) {
-        size_t i;
-        json_t *r;
-        json_array_foreach(x, i, r)
-        {
-            const char *state = json_string_value(json_object_get(r, "state"));
-            if (!oom && state && strcmp(state, "loaded") == 0)
-                oom = json_array_append_new(list, ack_record(r)) != 0;
-        }
-    } else if (!oom) {
-        oom = json_array_append_new(list, ack_record(x)) != 0;
-        evicted = json_string_value(json_object_get(x, "evicted"));
+    if (s == DEVIO_OK) {
+        *result = devio_json_adapter_ack(recs, (uint32_t)kept,
+                                         list ? NULL
+                                              : json_string_value(json_object_get(x, "evicted")));
+        if (!*result)
+            s = devio_fail(err, DEVIO_E_NOMEM, "out of memory encoding the adapter result");
     }
-    *result = oom ? NULL : json_pack("{s:o}", "adapters", list);
-    if (oom)
-        json_decref(list);
-    if (*result && evicted && json_object_set_new(*result, "evicted", json_string(evicted)) != 0) {
-        json_decref(*result);
-        *result = NULL;
-    }
+    free(recs);
     json_decref(x);
-    if (!*result)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of memory wrapping the adapter answer");
-    return DEVIO_OK;
+    return s;
 }
 
 static devio_status op_lora(devio_http_target *h, const json_t *body, json_t **result,
@@ -354,7 +316,7 @@ static devio_status op_lora(devio_http_target *h, const json_t *body, json_t **r
         return s;
     if (cmd.kind == DEVIO_LORA_LIST) {
         s = request_json(h, "GET", "/v1/adapters", NULL, 0, &x, err);
-        return s == DEVIO_OK ? wrap_adapters(x, result, err) : s;
+        return s == DEVIO_OK ? adapter_result(h, "GET /v1/adapters", x, result, err) : s;
     }
     if (!cmd.name[0])
         return devio_fail(err, DEVIO_E_INVALID, "adapter command needs a name");
@@ -369,10 +331,7 @@ static devio_status op_lora(devio_http_target *h, const json_t *body, json_t **r
     if (n < 0 || (size_t)n >= sizeof path)
         return devio_fail(err, DEVIO_E_INVALID, "adapter name too long");
     if (cmd.kind == DEVIO_LORA_LOAD) {
-        put = json_pack("{s:s}", "path", cmd.path);
-        const json_t *pin = json_object_get(body, "pin");
-        if (put && pin)
-            json_object_set(put, "pin", (json_t *)pin);
+        put = json_pack("{s:s,s:b}", "path", cmd.path, "pin", cmd.pin);
         if (!put)
             return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
         s = request_json(h, "PUT", path, put, 0, &x, err);
@@ -384,7 +343,7 @@ static devio_status op_lora(devio_http_target *h, const json_t *body, json_t **r
     } else {
         s = request_json(h, "DELETE", path, NULL, 0, &x, err);
     }
-    return s == DEVIO_OK ? wrap_adapters(x, result, err) : s;
+    return s == DEVIO_OK ? adapter_result(h, path, x, result, err) : s;
 }
 
 static devio_status http_call(void *ctx, const char *op, const json_t *body, json_t **result,
@@ -399,7 +358,7 @@ static devio_status http_call(void *ctx, const char *op, const json_t *body, jso
     if (strcmp(op, "seq") == 0) {
         uint64_t id;
         char path[64];
-        devio_status s = get_id(body, "seq", &id, err);
+        devio_status s = devio_json_id_decode(body, "seq", &id, err);
         if (s != DEVIO_OK)
             return s;
         snprintf(path, sizeof path, "/v1/sequences/%llu", (unsigned long long)id);

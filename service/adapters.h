@@ -8,8 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include <jansson.h>
-
+#include "api/adapter_record.h"
 #include "device/devio.h"
 #include "service/store.h"
 
@@ -42,19 +41,14 @@ devio_status devio_adapters_start(devio_adapters *a, devio_store *store, devio_d
                                   FILE *log, devio_adapters_restored *out, devio_error *err);
 
 /* The commands. `dev` is borrowed for the call (the caller keeps it alive,
- * e.g. under the server's device lock). On success *out is a new reference
- * to the adapter record (list: an array of records, by name):
- *
- *   {"name", "path", "rank", "alpha", "scale", "targets": ["q_proj", ...],
- *    "sha256": hex|null, "size", "state": "loaded"|"unloaded"|"stale"|"failed",
- *    "pinned", "rows_served", "loaded_ms", "last_used_ms", "reason": text|null}
- *
- * plus, for a load that evicted an adapter, "evicted": its name.
+ * e.g. under the server's device lock). On success *out is the adapter's
+ * record (api/adapter_record.h), the one GET /v1/adapters/{name} shows:
  * rows_served counts the plan rows launched with the adapter since it was
  * loaded, from the device's table; 0 for an adapter that is not loaded,
  * except in the unload answer, which gives the count at the unload.
  * loaded_ms is when the weights were loaded (kept by an idempotent re-load),
  * last_used_ms when a command last touched the adapter; both unix ms.
+ * A load that evicted an adapter names it in evicted ("" otherwise).
  *
  * Rows written, each before the answer:
  *   load ok      name -> "loaded"; an evicted adapter -> "unloaded", reason "evicted"
@@ -72,20 +66,22 @@ devio_status devio_adapters_start(devio_adapters *a, devio_store *store, devio_d
  * back in step. Reads (list, get) merge the rows with the device's table,
  * which wins where they disagree. */
 devio_status devio_adapters_load(devio_adapters *a, devio_device *dev, const char *name,
-                                 const char *path, bool pin, json_t **out, devio_error *err);
+                                 const char *path, bool pin, devio_adapter_record *out,
+                                 char evicted[DEVIO_ADAPTER_NAME_MAX], devio_error *err);
 devio_status devio_adapters_unload(devio_adapters *a, devio_device *dev, const char *name,
-                                   json_t **out, devio_error *err);
+                                   devio_adapter_record *out, devio_error *err);
 devio_status devio_adapters_pin(devio_adapters *a, devio_device *dev, const char *name,
-                                bool pin, json_t **out, devio_error *err);
+                                bool pin, devio_adapter_record *out, devio_error *err);
 /* Every record, whatever its state, merged with the loaded adapters: the
  * loaded ones first, in the order of the device's list command (so that an
  * HTTP run of a script prints what an in-process run prints), then the
- * others by name. */
-devio_status devio_adapters_list(devio_adapters *a, devio_device *dev, json_t **out,
-                                 devio_error *err);
+ * others by name. On success *out is a malloc'd array of *n records (caller
+ * frees with free()). */
+devio_status devio_adapters_list(devio_adapters *a, devio_device *dev, devio_adapter_record **out,
+                                 size_t *n, devio_error *err);
 /* One record in any state; DEVIO_E_UNKNOWN_ADAPTER only when neither the
  * store nor the device knows the name. */
 devio_status devio_adapters_get(devio_adapters *a, devio_device *dev, const char *name,
-                                json_t **out, devio_error *err);
+                                devio_adapter_record *out, devio_error *err);
 
 #endif

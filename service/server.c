@@ -1,5 +1,5 @@
-/* server.c - libmicrohttpd plumbing, auth, limits and the routes of DESIGN §7.
- * Every answer goes through reply_error/reply_json; no route computes or touches SQL directly. */
+/* server.c - devio-server's libmicrohttpd plumbing and its route table: auth, body limits, draining, metrics labels.
+ * Routes live in routes_*.c; this file must never decode a body for a route, touch SQL or compute. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -12,70 +12,99 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
-#include "api/codec.h"
-#include "api/dispatch.h"
 #include "device/backend.h"
 #include "ref/ref_backend.h"
 #include "device/status.h"
-#include "service/http_error.h"
+#include "service/request.h"
+#include "service/routes.h"
 #include "service/server.h"
 
-extern const char devio_openapi_yaml[];
-extern const unsigned long devio_openapi_yaml_len;
+#define ROUTE(m, p, h, a, b, d)                                                                 \
+    {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
+     .refused_while_draining = d}
+
+/* Every route of the contract (api/openapi.yaml): method, path template,
+ * handler, who may call it, its body, and whether it is refused while the
+ * server drains. Metrics label each answer with its route's path (a 405 with
+ * the path's first entry); answers decided before a route is known use
+ * "auth" (401), "body" (413) and "unknown" (404). */
+static const devio_route routes[] = {
+    ROUTE("GET", "/healthz", devio_route_healthz, HEALTH, NO_BODY, false),
+    ROUTE("GET", "/readyz", devio_route_readyz, HEALTH, NO_BODY, false),
+    ROUTE("GET", "/metrics", devio_route_metrics, HEALTH, NO_BODY, false),
+    ROUTE("GET", "/v1/openapi.yaml", devio_route_openapi, TOKEN, NO_BODY, false),
+    ROUTE("POST", "/v1/sequences", devio_route_seq_create, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/sequences/{id}", devio_route_seq_get, TOKEN, NO_BODY, false),
+    ROUTE("DELETE", "/v1/sequences/{id}", devio_route_seq_delete, TOKEN, NO_BODY, false),
+    ROUTE("POST", "/v1/launch", devio_route_launch, TOKEN, JSON_BODY, true),
+    ROUTE("POST", "/v1/step", devio_route_step, TOKEN, JSON_BODY, true),
+    ROUTE("POST", "/v1/tickets/{id}/await", devio_route_await, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/tickets", devio_route_tickets, TOKEN, NO_BODY, false),
+    ROUTE("POST", "/v1/effects", devio_route_effects, TOKEN, JSON_BODY, false),
+    ROUTE("GET", "/v1/logits/{id}", devio_route_logits, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/facts", devio_route_facts, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/device", devio_route_device, TOKEN, NO_BODY, false),
+    ROUTE("POST", "/v1/teardown", devio_route_teardown, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/adapters", devio_route_adapters_list, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/adapters/{name}", devio_route_adapter_get, TOKEN, NO_BODY, false),
+    ROUTE("PUT", "/v1/adapters/{name}", devio_route_adapter_put, TOKEN, JSON_BODY, false),
+    ROUTE("DELETE", "/v1/adapters/{name}", devio_route_adapter_delete, TOKEN, NO_BODY, false),
+    ROUTE("POST", "/v1/adapters/{name}/pin", devio_route_adapter_pin, TOKEN, NO_BODY, false),
+    ROUTE("POST", "/v1/adapters/{name}/unpin", devio_route_adapter_unpin, TOKEN, NO_BODY, false),
+};
+#undef ROUTE
+
+const devio_route *devio_server_routes(size_t *n)
+{
+    *n = sizeof routes / sizeof *routes;
+    return routes;
+}
 
 /* Per-request state, kept in libmicrohttpd's req_cls across calls. */
 typedef struct req {
+    const devio_route *route;   /* the entry for method and path, or NULL */
+    const devio_route *on_path; /* the first entry for the path, any method, or NULL */
+    devio_route_params params;
+    bool keep_body;             /* the route parses a JSON body */
     char *body;
-    size_t len, cap;
+    size_t len, cap;            /* len counts dropped bodies too, for the limit */
     bool too_large;
 } req;
 
-/* What a route answers. */
-typedef struct reply {
-    unsigned code;
-    char *body; /* malloc'd */
-    size_t len;
-    const char *ctype;
-    const char *route; /* template, for metrics */
-    bool close;        /* ask the client to close the connection */
-} reply;
+/* ---- the device, shared by the routes ---------------------------------------- */
 
-static int64_t now_ms(void)
+devio_status devio_server_hold(devio_server *s, devio_device **dev, devio_error *err)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    pthread_rwlock_rdlock(&s->dev_lock);
+    *dev = s->dev;
+    if (*dev)
+        return DEVIO_OK;
+    pthread_rwlock_unlock(&s->dev_lock);
+    return devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
 }
 
-/* ---- replies ---------------------------------------------------------------- */
-
-static void reply_json(reply *r, unsigned code, json_t *j)
+void devio_server_release(devio_server *s)
 {
-    r->code = code;
-    r->ctype = "application/json";
-    r->body = j ? json_dumps(j, DEVIO_JSON_FLAGS) : NULL;
-    json_decref(j);
-    if (!r->body) {
-        r->code = 500;
-        r->body = strdup("{\"error\":{\"code\":\"out_of_memory\",\"message\":\"encoding\","
-                         "\"details\":{}}}");
-    }
-    r->len = r->body ? strlen(r->body) : 0;
+    pthread_rwlock_unlock(&s->dev_lock);
 }
 
-static void reply_error(reply *r, const devio_error *e)
+bool devio_server_teardown(devio_server *s, const char *reason, uint32_t *aborted)
 {
-    reply_json(r, devio_http_code(e->status), devio_json_error(e));
+    *aborted = 0;
+    pthread_rwlock_wrlock(&s->dev_lock);
+    bool was_up = s->dev != NULL;
+    if (was_up)
+        devio_teardown(s->dev, aborted);
+    s->dev = NULL;
+    pthread_rwlock_unlock(&s->dev_lock);
+    if (!was_up)
+        return false;
+    atomic_store(&s->ready, false);
+    devio_tickets_aborted(&s->tickets, *aborted, reason);
+    return true;
 }
 
-static void reply_fail(reply *r, devio_status s, const char *fmt, const char *arg)
-{
-    devio_error e = {0};
-    devio_fail(&e, s, fmt, arg);
-    reply_error(r, &e);
-}
-
-/* ---- helpers ---------------------------------------------------------------- */
+/* ---- before a route runs ------------------------------------------------------- */
 
 /* Nesting depth of a JSON text, counting brackets outside strings. */
 static unsigned json_depth(const char *p, size_t n)
@@ -102,27 +131,21 @@ static unsigned json_depth(const char *p, size_t n)
     return max;
 }
 
-static json_t *parse_body(devio_server *s, const req *q, reply *r)
+static devio_status parse_body(const devio_server *s, const req *q, json_t **out,
+                               devio_error *err)
 {
-    if (q->len == 0) {
-        reply_fail(r, DEVIO_E_INVALID, "request body must be JSON%s", "");
-        return NULL;
-    }
-    if (json_depth(q->body, q->len) > s->cfg.max_json_depth) {
-        char lim[32];
-        snprintf(lim, sizeof lim, "%u", s->cfg.max_json_depth);
-        reply_fail(r, DEVIO_E_INVALID, "JSON nested deeper than %s levels", lim);
-        return NULL;
-    }
+    *out = NULL;
+    if (q->len == 0)
+        return devio_fail(err, DEVIO_E_INVALID, "request body must be JSON");
+    if (json_depth(q->body, q->len) > s->cfg.max_json_depth)
+        return devio_fail(err, DEVIO_E_INVALID, "JSON nested deeper than %u levels",
+                          s->cfg.max_json_depth);
     json_error_t je;
-    json_t *j = json_loadb(q->body, q->len, JSON_REJECT_DUPLICATES, &je);
-    if (!j) {
-        devio_error e = {0};
-        devio_fail(&e, DEVIO_E_INVALID, "malformed JSON at line %d column %d: %s", je.line,
-                   je.column, je.text);
-        reply_error(r, &e);
-    }
-    return j;
+    *out = json_loadb(q->body, q->len, JSON_REJECT_DUPLICATES, &je);
+    if (!*out)
+        return devio_fail(err, DEVIO_E_INVALID, "malformed JSON at line %d column %d: %s",
+                          je.line, je.column, je.text);
+    return DEVIO_OK;
 }
 
 /* Constant-time comparison of the presented bearer token. */
@@ -139,611 +162,97 @@ static bool token_ok(const devio_server *s, const char *header)
     return diff == 0;
 }
 
-/* Ids and integer query values: decimal, at most INT64_MAX (JSON integers are signed). */
-static bool parse_id(const char *p, size_t n, uint64_t *out)
+static bool needs_token(const devio_server *s, const devio_route *on_path)
 {
-    if (n == 0 || n > 19)
-        return false;
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return false;
-        v = v * 10 + (uint64_t)(p[i] - '0');
-    }
-    if (v > (uint64_t)INT64_MAX)
-        return false;
-    *out = v;
-    return true;
+    devio_route_auth a = on_path ? on_path->auth : DEVIO_ROUTE_TOKEN;
+    return s->token && (a == DEVIO_ROUTE_TOKEN || (a == DEVIO_ROUTE_HEALTH && s->cfg.auth_health));
 }
 
-static bool query_u64(struct MHD_Connection *c, const char *key, uint64_t *out, bool *bad)
+/* Everything between the request and its route's handler, in the order the
+ * contract answers: 401, 413, 404, 405, draining 503, malformed body 400.
+ * *label is the metrics label of the answer. */
+static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const char *url,
+                             const char *method, const req *q, devio_reply *r,
+                             const char **label, devio_error *err)
 {
-    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, key);
-    if (!v)
-        return false;
-    if (!parse_id(v, strlen(v), out))
-        *bad = true;
-    return true;
-}
-
-/* Run `op` on the device under the read lock. */
-static devio_status device_call(devio_server *s, const char *op, const json_t *body,
-                                json_t **result, devio_error *err)
-{
-    pthread_rwlock_rdlock(&s->dev_lock);
-    devio_status st = s->dev ? devio_api_call(s->dev, op, body, result, err)
-                             : devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
-    pthread_rwlock_unlock(&s->dev_lock);
-    return st;
-}
-
-/* ---- tickets: device + store -------------------------------------------------- */
-
-static char *seqs_text(const json_t *plan)
-{
-    json_t *a = json_array();
-    const json_t *rows = json_object_get(plan, "rows"), *row;
-    size_t i;
-    json_array_foreach(rows, i, row) json_array_append(a, json_object_get(row, "seq"));
-    char *t = json_dumps(a, JSON_COMPACT);
-    json_decref(a);
-    return t;
-}
-
-static devio_status launch(devio_server *s, const json_t *plan, uint64_t *ticket,
-                           devio_error *err)
-{
-    json_t *res = NULL;
-    devio_status st = device_call(s, "launch", plan, &res, err);
-    if (st != DEVIO_OK)
-        return st;
-    *ticket = (uint64_t)json_integer_value(json_object_get(res, "ticket"));
-    json_decref(res);
-    devio_metrics_launched(&s->metrics);
-    uint32_t tokens = 0;
-    const json_t *row;
-    size_t i;
-    json_array_foreach(json_object_get(plan, "rows"), i, row)
-        tokens += (uint32_t)json_array_size(json_object_get(row, "tokens"));
-    char *seqs = seqs_text(plan);
-    devio_ticket_record rec = {.id = *ticket, .status = "in_flight", .launched_ms = now_ms(),
-                               .rows = (uint32_t)json_array_size(json_object_get(plan, "rows")),
-                               .tokens = tokens, .seqs = seqs ? seqs : "[]"};
-    /* The client sees the id only once its row is committed. The step is
-     * queued either way, so a failed history write is logged, not returned:
-     * the client must learn the id to await it. */
-    devio_error werr = {0};
-    if (devio_store_wait(s->store, devio_store_ticket_launched(s->store, &rec), &werr) != DEVIO_OK)
-        fprintf(stderr, "devio-server: history write for ticket %llu failed: %s\n",
-                (unsigned long long)*ticket, werr.message);
-    free(seqs);
-    return DEVIO_OK;
-}
-
-static devio_status await_ticket(devio_server *s, uint64_t ticket, int64_t timeout_ms,
-                                 json_t **result, devio_error *err)
-{
-    json_t *body = json_pack("{s:I}", "ticket", (json_int_t)ticket);
-    if (timeout_ms >= 0)
-        json_object_set_new(body, "timeout_ms", json_integer(timeout_ms));
-    devio_status st = device_call(s, "await", body, result, err);
-    json_decref(body);
-    if (st == DEVIO_E_TICKET_PENDING || st == DEVIO_E_TICKET_CONSUMED ||
-        st == DEVIO_E_UNKNOWN_TICKET || st == DEVIO_E_TORN_DOWN)
-        return st;
-    devio_ticket_record rec = {.id = ticket, .settled_ms = now_ms()};
-    if (st == DEVIO_OK) {
-        const json_t *timing = json_object_get(*result, "timing");
-        rec.status = "ok";
-        rec.queued_us = (uint64_t)json_integer_value(json_object_get(timing, "queued_us"));
-        rec.compute_us = (uint64_t)json_integer_value(json_object_get(timing, "compute_us"));
-        devio_metrics_step(&s->metrics, rec.compute_us,
-                           (uint32_t)json_integer_value(json_object_get(*result, "tokens")),
-                           true);
-    } else {
-        rec.status = "failed";
-        rec.error_code = devio_status_str(st);
-        rec.error_message = err->message;
-        devio_metrics_step(&s->metrics, 0, 0, false);
-    }
-    /* The ticket is consumed either way: a failed history write must not
-     * take the result from the client, so it is logged and the answer stands. */
-    devio_error werr = {0};
-    if (devio_store_wait(s->store, devio_store_ticket_settled(s->store, &rec), &werr) != DEVIO_OK)
-        fprintf(stderr, "devio-server: history write for ticket %llu failed: %s\n",
-                (unsigned long long)ticket, werr.message);
-    return st;
-}
-
-/* ---- routes ------------------------------------------------------------------- */
-
-static void route_launch(devio_server *s, const json_t *body, reply *r)
-{
-    uint64_t ticket;
-    devio_error err = {0};
-    if (launch(s, body, &ticket, &err) != DEVIO_OK)
-        return reply_error(r, &err);
-    reply_json(r, 202, json_pack("{s:I}", "ticket", (json_int_t)ticket));
-}
-
-static void route_await(devio_server *s, struct MHD_Connection *c, uint64_t ticket, reply *r)
-{
-    uint64_t t = 0;
-    bool bad = false;
-    int64_t timeout = -1;
-    /* Long polls are capped at one hour; clients retry on ticket_pending. */
-    if (query_u64(c, "timeout_ms", &t, &bad))
-        timeout = (int64_t)(t > 3600000u ? 3600000u : t);
-    if (bad)
-        return reply_fail(r, DEVIO_E_INVALID, "timeout_ms must be a non-negative integer%s", "");
-    json_t *res = NULL;
-    devio_error err = {0};
-    if (await_ticket(s, ticket, timeout, &res, &err) != DEVIO_OK)
-        return reply_error(r, &err);
-    reply_json(r, 200, res);
-}
-
-static void route_step(devio_server *s, const json_t *body, reply *r)
-{
-    uint64_t ticket;
-    json_t *res = NULL;
-    devio_error err = {0};
-    if (launch(s, body, &ticket, &err) != DEVIO_OK ||
-        await_ticket(s, ticket, -1, &res, &err) != DEVIO_OK)
-        return reply_error(r, &err);
-    reply_json(r, 200, res);
-}
-
-static void route_simple(devio_server *s, const char *op, const json_t *body, unsigned code,
-                         reply *r)
-{
-    json_t *res = NULL;
-    devio_error err = {0};
-    if (device_call(s, op, body, &res, &err) != DEVIO_OK)
-        return reply_error(r, &err);
-    reply_json(r, code, res);
-}
-
-static void route_logits(devio_server *s, struct MHD_Connection *c, uint64_t id, reply *r)
-{
-    devio_error err = {0};
-    uint64_t top = 5, row = 0;
-    bool bad = false;
-    query_u64(c, "top", &top, &bad);
-    query_u64(c, "row", &row, &bad);
-    if (bad || top > 1000)
-        return reply_fail(r, DEVIO_E_INVALID, "top (<= 1000) and row must be integers%s", "");
-    const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept");
-    bool raw = accept && strstr(accept, "application/octet-stream");
-    pthread_rwlock_rdlock(&s->dev_lock);
-    uint32_t rows = 0, vocab = s->model->cfg.vocab_size;
-    float *data = NULL;
-    devio_status st = s->dev ? devio_logits_read(s->dev, id, 0, 0, NULL, &rows, &err)
-                             : devio_fail(&err, DEVIO_E_TORN_DOWN, "device torn down");
-    if (st == DEVIO_OK) {
-        data = malloc((size_t)rows * vocab * sizeof *data + 1);
-        st = data ? devio_logits_read(s->dev, id, 0, rows, data, &rows, &err)
-                  : devio_fail(&err, DEVIO_E_NOMEM, "out of memory");
-    }
-    pthread_rwlock_unlock(&s->dev_lock);
-    if (st != DEVIO_OK) {
-        free(data);
-        return reply_error(r, &err);
-    }
-    if (raw) {
-        /* Little-endian f32, the host order of every platform devio runs on. */
-        r->code = 200;
-        r->ctype = "application/octet-stream";
-        r->body = (char *)data;
-        r->len = (size_t)rows * vocab * sizeof(float);
-        return;
-    }
-    if (row >= rows) {
-        free(data);
-        return reply_fail(r, DEVIO_E_INVALID, "row is outside the handle's rows%s", "");
-    }
-    const float *v = data + (size_t)row * vocab;
-    json_t *list = json_array();
-    /* Partial selection: top is small, vocab is large. */
-    uint32_t k = (uint32_t)(top < vocab ? top : vocab);
-    int32_t *best = calloc(k ? k : 1, sizeof *best);
-    uint32_t n = 0;
-    for (uint32_t i = 0; best && i < vocab; i++) {
-        uint32_t pos = n;
-        while (pos > 0 && (v[i] > v[best[pos - 1]]))
-            pos--;
-        if (pos >= k)
-            continue;
-        uint32_t end = n < k ? n : k - 1;
-        memmove(best + pos + 1, best + pos, (end - pos) * sizeof *best);
-        best[pos] = (int32_t)i;
-        if (n < k)
-            n++;
-    }
-    for (uint32_t i = 0; i < n; i++)
-        json_array_append_new(list, json_pack("[i,o]", best[i], devio_json_float(v[best[i]])));
-    free(best);
-    free(data);
-    reply_json(r, 200, json_pack("{s:[i,i],s:I,s:o}", "shape", rows, vocab, "row",
-                                 (json_int_t)row, "top", list));
-}
-
-static void route_device(devio_server *s, reply *r)
-{
-    const devio_model_config *m = &s->model->cfg;
-    pthread_rwlock_rdlock(&s->dev_lock);
-    if (!s->dev) {
-        pthread_rwlock_unlock(&s->dev_lock);
-        return reply_fail(r, DEVIO_E_TORN_DOWN, "device torn down%s", "");
-    }
-    const devio_config *c = devio_config_of(s->dev);
-    json_t *j = json_pack(
-        "{s:s,s:s,s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b},s:i,s:{s:i,s:i,s:i,s:i,s:i,"
-        "s:i,s:i,s:i,s:i,s:i},s:i,s:I}",
-        "backend", "ref", "numerics", "strict", "model", "architecture", m->architecture,
-        "dtype", devio_dtype_str(s->model->layers[0].wq.dtype), "vocab_size", m->vocab_size,
-        "hidden_size", m->hidden_size, "intermediate_size", m->intermediate_size, "layers",
-        m->n_layers, "heads", m->n_heads, "kv_heads", m->n_kv_heads, "head_dim", m->head_dim,
-        "max_position_embeddings", m->max_position_embeddings, "tied_embeddings",
-        m->tie_word_embeddings, "max_depth", c->max_depth, "limits", "block_size", c->block_size,
-        "kv_blocks", c->kv_blocks, "max_seqs", c->max_seqs, "max_seq_len", c->max_seq_len,
-        "max_rows", c->max_rows, "max_batch_tokens", c->max_batch_tokens, "logits_handles",
-        c->logits_handles, "logits_rows", c->logits_rows, "max_loras", c->max_loras,
-        "max_lora_rank", c->max_lora_rank, "threads", c->threads, "epoch",
-        (json_int_t)c->epoch);
-    pthread_rwlock_unlock(&s->dev_lock);
-    reply_json(r, 200, j);
-}
-
-static void route_tickets(devio_server *s, struct MHD_Connection *c, reply *r)
-{
-    devio_ticket_query q = {.limit = 50};
-    uint64_t v;
-    bool bad = false;
-    if (query_u64(c, "limit", &v, &bad))
-        q.limit = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
-    if (query_u64(c, "before", &v, &bad))
-        q.before_id = v;
-    if (query_u64(c, "since_ms", &v, &bad))
-        q.since_ms = (int64_t)v;
-    if (query_u64(c, "until_ms", &v, &bad))
-        q.until_ms = (int64_t)v;
-    q.status = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "status");
-    if (bad)
-        return reply_fail(r, DEVIO_E_INVALID,
-                          "limit, before, since_ms and until_ms must be integers%s", "");
-    if (q.status && strcmp(q.status, "in_flight") && strcmp(q.status, "ok") &&
-        strcmp(q.status, "failed") && strcmp(q.status, "aborted"))
-        return reply_fail(r, DEVIO_E_INVALID,
-                          "status must be in_flight, ok, failed or aborted, not '%s'", q.status);
-    json_t *out = NULL;
-    devio_error err = {0};
-    if (devio_store_tickets_query(s->store, &q, &out, &err) != DEVIO_OK)
-        return reply_error(r, &err);
-    reply_json(r, 200, out);
-}
-
-static void route_teardown(devio_server *s, reply *r)
-{
-    pthread_rwlock_wrlock(&s->dev_lock);
-    uint32_t aborted = 0;
-    bool was_up = s->dev != NULL;
-    if (s->dev) {
-        devio_teardown(s->dev, &aborted);
-        s->dev = NULL;
-    }
-    pthread_rwlock_unlock(&s->dev_lock);
-    if (!was_up)
-        return reply_fail(r, DEVIO_E_TORN_DOWN, "device already torn down%s", "");
-    atomic_store(&s->ready, false);
-    devio_metrics_aborted(&s->metrics, aborted);
-    devio_error err = {0};
-    devio_store_wait(s->store, devio_store_abort_in_flight(s->store, "device torn down"), &err);
-    reply_json(r, 200, json_pack("{s:b,s:i}", "torn_down", 1, "aborted", aborted));
-}
-
-/* The adapter routes; `action` is "pin" or "unpin" for POST /v1/adapters/{name}/ACTION.
- * service/adapters.c keeps the device's table and the store's rows in step. */
-static void route_adapters(devio_server *s, const char *method, const char *name,
-                           const char *action, const json_t *body, reply *r)
-{
-    const char *path = NULL;
-    bool pin = false;
-    if (body) {
-        if (!json_is_object(body))
-            return reply_fail(r, DEVIO_E_INVALID, "adapter body must be a JSON object%s", "");
-        const char *k;
-        const json_t *v;
-        json_object_foreach((json_t *)body, k, v) if (strcmp(k, "path") && strcmp(k, "pin"))
-            return reply_fail(r, DEVIO_E_INVALID, "unknown field '%s' in the adapter body", k);
-        const json_t *jp = json_object_get(body, "pin");
-        path = json_string_value(json_object_get(body, "path"));
-        if (!path || !path[0])
-            return reply_fail(r, DEVIO_E_INVALID, "load needs a non-empty string 'path'%s", "");
-        if (jp && !json_is_boolean(jp))
-            return reply_fail(r, DEVIO_E_INVALID, "'pin' must be a boolean%s", "");
-        pin = json_is_true(jp);
-    }
-    json_t *out = NULL;
-    devio_error err = {0};
-    devio_status st;
-    pthread_rwlock_rdlock(&s->dev_lock);
-    if (!s->dev)
-        st = devio_fail(&err, DEVIO_E_TORN_DOWN, "device torn down");
-    else if (!name)
-        st = devio_adapters_list(&s->adapters, s->dev, &out, &err);
-    else if (action)
-        st = devio_adapters_pin(&s->adapters, s->dev, name, strcmp(action, "pin") == 0, &out,
-                                &err);
-    else if (strcmp(method, "PUT") == 0)
-        st = devio_adapters_load(&s->adapters, s->dev, name, path, pin, &out, &err);
-    else if (strcmp(method, "DELETE") == 0)
-        st = devio_adapters_unload(&s->adapters, s->dev, name, &out, &err);
-    else
-        st = devio_adapters_get(&s->adapters, s->dev, name, &out, &err);
-    pthread_rwlock_unlock(&s->dev_lock);
-    if (st != DEVIO_OK)
-        return reply_error(r, &err);
-    reply_json(r, 200, out);
-}
-
-/* ---- dispatch by path ---------------------------------------------------------- */
-
-static bool is(const char *a, const char *b) { return strcmp(a, b) == 0; }
-
-/* Split "/v1/x/123/await" into up to 5 segments. */
-static int split(const char *url, const char *seg[5], size_t len[5])
-{
-    int n = 0;
-    const char *p = url;
-    while (*p == '/')
-        p++;
-    while (*p && n < 5) {
-        const char *e = strchr(p, '/');
-        size_t l = e ? (size_t)(e - p) : strlen(p);
-        seg[n] = p;
-        len[n++] = l;
-        p += l;
-        while (*p == '/')
-            p++;
-    }
-    return *p ? -1 : n;
-}
-
-static bool seg_is(const char *seg, size_t len, const char *lit)
-{
-    return strlen(lit) == len && strncmp(seg, lit, len) == 0;
-}
-
-static void handle(devio_server *s, struct MHD_Connection *c, const char *url,
-                   const char *method, req *q, reply *r)
-{
-    const char *seg[5];
-    size_t len[5];
-    int n = split(url, seg, len);
-    bool get = is(method, "GET"), post = is(method, "POST"), del = is(method, "DELETE"),
-         put = is(method, "PUT");
-    uint64_t id = 0;
-
-    /* Open routes: health, readiness, metrics (unless --auth-health). */
-    bool open_route = n == 1 && (seg_is(seg[0], len[0], "healthz") ||
-                                 seg_is(seg[0], len[0], "readyz") ||
-                                 seg_is(seg[0], len[0], "metrics"));
-    if (s->token && (!open_route || s->cfg.auth_health) &&
-        !token_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
-        r->route = "auth";
-        return reply_fail(r, DEVIO_E_UNAUTHORIZED, "missing or wrong bearer token%s", "");
-    }
-    if (q->too_large) {
-        r->route = "body";
-        char lim[32];
-        snprintf(lim, sizeof lim, "%u", s->cfg.max_body);
-        return reply_fail(r, DEVIO_E_TOO_LARGE, "request body larger than %s bytes", lim);
-    }
-    if (open_route) {
-        if (!get) {
-            r->route = "health";
-            return reply_fail(r, DEVIO_E_METHOD, "use GET%s", "");
-        }
-        if (seg_is(seg[0], len[0], "healthz")) {
-            r->route = "/healthz";
-            return reply_json(r, 200, json_pack("{s:s}", "status", "ok"));
-        }
-        if (seg_is(seg[0], len[0], "readyz")) {
-            r->route = "/readyz";
-            if (!atomic_load(&s->ready))
-                return reply_fail(r, DEVIO_E_NOT_READY, "not serving%s", "");
-            return reply_json(r, 200, json_pack("{s:s}", "status", "ready"));
-        }
-        r->route = "/metrics";
-        pthread_rwlock_rdlock(&s->dev_lock);
-        devio_facts f;
-        devio_lora_ack live = {0};
-        devio_metrics_adapters ma = {0};
-        bool up = s->dev != NULL;
-        if (up) {
-            f = devio_facts_get(s->dev);
-            /* rows_served per adapter comes from the device's table as it is now. */
-            devio_lora_cmd list = {.kind = DEVIO_LORA_LIST};
-            if (devio_lora(s->dev, &list, &live, NULL) == DEVIO_OK) {
-                ma.live = live.adapters;
-                ma.n_live = live.n_adapters;
-            }
-            ma.capacity = devio_config_of(s->dev)->max_loras;
-        }
-        pthread_rwlock_unlock(&s->dev_lock);
-        r->code = 200;
-        r->ctype = "text/plain; version=0.0.4";
-        r->body = devio_metrics_render(&s->metrics, up ? &f : NULL, up ? &ma : NULL);
-        devio_lora_ack_free(&live);
-        r->len = r->body ? strlen(r->body) : 0;
-        return;
-    }
-    if (n < 2 || !seg_is(seg[0], len[0], "v1")) {
-        r->route = "unknown";
-        return reply_fail(r, DEVIO_E_NOT_FOUND, "no route %s", url);
-    }
-    const char *res = seg[1];
-    size_t rl = len[1];
-    bool has_id = n >= 3 && parse_id(seg[2], len[2], &id);
-    json_t *body = NULL;
-#define BODY()                                                                                  \
-    do {                                                                                        \
-        body = parse_body(s, q, r);                                                             \
-        if (!body)                                                                              \
-            return;                                                                             \
-    } while (0)
-#define ROUTE(tmpl, cond)                                                                       \
-    if ((r->route = tmpl, cond))
-#define METHOD_ERR() return reply_fail(r, DEVIO_E_METHOD, "method not allowed on %s", url)
-
-    if (seg_is(res, rl, "sequences") && n == 2) {
-        r->route = "/v1/sequences";
-        if (!post)
-            METHOD_ERR();
-        return route_simple(s, "create", NULL, 201, r);
-    }
-    if (seg_is(res, rl, "sequences") && n == 3 && has_id) {
-        r->route = "/v1/sequences/{id}";
-        json_t *b = json_pack("{s:I}", "seq", (json_int_t)id);
-        if (get)
-            route_simple(s, "seq", b, 200, r);
-        else if (del) {
-            json_object_set_new(b, "kind", json_string("free"));
-            route_simple(s, "apply", b, 200, r);
-        } else
-            reply_fail(r, DEVIO_E_METHOD, "method not allowed on %s", url);
-        json_decref(b);
-        return;
-    }
-    if ((seg_is(res, rl, "launch") || seg_is(res, rl, "step")) && n == 2 && post &&
-        atomic_load(&s->draining)) {
-        r->route = seg_is(res, rl, "launch") ? "/v1/launch" : "/v1/step";
+    *label = "auth";
+    if (needs_token(s, q->on_path) &&
+        !token_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
+        return devio_fail(err, DEVIO_E_UNAUTHORIZED, "missing or wrong bearer token");
+    *label = "body";
+    if (q->too_large)
+        return devio_fail(err, DEVIO_E_TOO_LARGE, "request body larger than %u bytes",
+                          s->cfg.max_body);
+    *label = "unknown";
+    if (!q->on_path)
+        return devio_fail(err, DEVIO_E_NOT_FOUND, "no route %s", url);
+    *label = q->on_path->path;
+    if (!q->route)
+        return devio_fail(err, DEVIO_E_METHOD, "method not allowed on %s", url);
+    *label = q->route->path;
+    if (q->route->refused_while_draining && atomic_load(&s->draining)) {
         r->close = true;
-        return reply_fail(r, DEVIO_E_NOT_READY, "server is draining; launch elsewhere%s", "");
+        return devio_fail(err, DEVIO_E_NOT_READY, "server is draining; launch elsewhere");
     }
-    ROUTE("/v1/launch", seg_is(res, rl, "launch") && n == 2)
-    {
-        if (!post)
-            METHOD_ERR();
-        BODY();
-        route_launch(s, body, r);
-        json_decref(body);
-        return;
-    }
-    ROUTE("/v1/step", seg_is(res, rl, "step") && n == 2)
-    {
-        if (!post)
-            METHOD_ERR();
-        BODY();
-        route_step(s, body, r);
-        json_decref(body);
-        return;
-    }
-    ROUTE("/v1/tickets/{id}/await",
-          seg_is(res, rl, "tickets") && n == 4 && has_id && seg_is(seg[3], len[3], "await"))
-    {
-        if (!post)
-            METHOD_ERR();
-        return route_await(s, c, id, r);
-    }
-    ROUTE("/v1/tickets", seg_is(res, rl, "tickets") && n == 2)
-    {
-        if (!get)
-            METHOD_ERR();
-        return route_tickets(s, c, r);
-    }
-    ROUTE("/v1/effects", seg_is(res, rl, "effects") && n == 2)
-    {
-        if (!post)
-            METHOD_ERR();
-        BODY();
-        route_simple(s, "apply", body, 200, r);
-        json_decref(body);
-        return;
-    }
-    ROUTE("/v1/logits/{id}", seg_is(res, rl, "logits") && n == 3 && has_id)
-    {
-        if (!get)
-            METHOD_ERR();
-        return route_logits(s, c, id, r);
-    }
-    ROUTE("/v1/facts", seg_is(res, rl, "facts") && n == 2)
-    {
-        if (!get)
-            METHOD_ERR();
-        return route_simple(s, "facts", NULL, 200, r);
-    }
-    ROUTE("/v1/device", seg_is(res, rl, "device") && n == 2)
-    {
-        if (!get)
-            METHOD_ERR();
-        return route_device(s, r);
-    }
-    ROUTE("/v1/teardown", seg_is(res, rl, "teardown") && n == 2)
-    {
-        if (!post)
-            METHOD_ERR();
-        return route_teardown(s, r);
-    }
-    ROUTE("/v1/openapi.yaml", seg_is(res, rl, "openapi.yaml") && n == 2)
-    {
-        if (!get)
-            METHOD_ERR();
-        r->code = 200;
-        r->ctype = "application/yaml";
-        r->body = malloc(devio_openapi_yaml_len + 1);
-        if (r->body)
-            memcpy(r->body, devio_openapi_yaml, devio_openapi_yaml_len);
-        r->len = r->body ? devio_openapi_yaml_len : 0;
-        return;
-    }
-    ROUTE("/v1/adapters", seg_is(res, rl, "adapters") && n == 2)
-    {
-        if (!get)
-            METHOD_ERR();
-        return route_adapters(s, method, NULL, NULL, NULL, r);
-    }
-    ROUTE("/v1/adapters/{name}", seg_is(res, rl, "adapters") && n == 3)
-    {
-        char name[64];
-        if (len[2] >= sizeof name)
-            return reply_fail(r, DEVIO_E_INVALID, "adapter name too long%s", "");
-        memcpy(name, seg[2], len[2]);
-        name[len[2]] = '\0';
-        if (put) {
-            BODY();
-        } else if (!get && !del) {
-            METHOD_ERR();
-        }
-        route_adapters(s, method, name, NULL, body, r);
-        json_decref(body);
-        return;
-    }
-    ROUTE("/v1/adapters/{name}/pin",
-          seg_is(res, rl, "adapters") && n == 4 &&
-              (seg_is(seg[3], len[3], "pin") || seg_is(seg[3], len[3], "unpin")))
-    {
-        char name[64];
-        bool pin = seg_is(seg[3], len[3], "pin");
-        if (!pin)
-            r->route = "/v1/adapters/{name}/unpin";
-        if (!post)
-            METHOD_ERR();
-        if (len[2] >= sizeof name)
-            return reply_fail(r, DEVIO_E_INVALID, "adapter name too long%s", "");
-        memcpy(name, seg[2], len[2]);
-        name[len[2]] = '\0';
-        return route_adapters(s, method, name, pin ? "pin" : "unpin", NULL, r);
-    }
-    r->route = "unknown";
-    reply_fail(r, DEVIO_E_NOT_FOUND, "no route %s", url);
-#undef BODY
-#undef ROUTE
-#undef METHOD_ERR
+    devio_request rq = {.method = method, .url = url, .params = q->params, .conn = c};
+    json_t *body = NULL;
+    devio_status st = DEVIO_OK;
+    if (q->route->body == DEVIO_ROUTE_JSON_BODY)
+        st = parse_body(s, q, &body, err);
+    rq.body = body;
+    if (st == DEVIO_OK)
+        st = q->route->handler(s, &rq, r, err);
+    json_decref(body);
+    return st;
 }
 
 /* ---- libmicrohttpd callbacks ---------------------------------------------------- */
+
+/* Take one piece of an upload: kept for a JSON route, counted for any other. */
+static enum MHD_Result take_upload(const devio_server *s, req *q, const char *upload,
+                                   size_t size)
+{
+    if (!q->too_large && q->len + size > s->cfg.max_body) {
+        q->too_large = true;
+        free(q->body);
+        q->body = NULL;
+        q->cap = 0;
+    }
+    if (!q->too_large && q->keep_body) {
+        if (q->len + size + 1 > q->cap) {
+            size_t cap = (q->len + size + 1) * 2;
+            char *b = realloc(q->body, cap);
+            if (!b)
+                return MHD_NO;
+            q->body = b;
+            q->cap = cap;
+        }
+        memcpy(q->body + q->len, upload, size);
+        q->body[q->len + size] = '\0';
+    }
+    q->len += size;
+    return MHD_YES;
+}
+
+static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, devio_reply *r,
+                                  const char *label)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        devio_reply_free(r);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", r->ctype);
+    if (r->code == 401)
+        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (r->close)
+        MHD_add_response_header(resp, "Connection", "close");
+    enum MHD_Result ret = MHD_queue_response(c, r->code, resp);
+    MHD_destroy_response(resp);
+    devio_metrics_http(&s->metrics, label, r->code);
+    return ret;
+}
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload,
@@ -756,61 +265,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q = calloc(1, sizeof *q);
         if (!q)
             return MHD_NO;
+        q->route = devio_route_find(routes, sizeof routes / sizeof *routes, method, url,
+                                    &q->params, &q->on_path);
+        q->keep_body = q->route && q->route->body == DEVIO_ROUTE_JSON_BODY;
         *req_cls = q;
         atomic_fetch_add(&s->active, 1);
         return MHD_YES;
     }
-    if (*upload_size && (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0)) {
-        *upload_size = 0; /* bodies of reads are ignored, whatever their size */
-        return MHD_YES;
-    }
     if (*upload_size) {
-        if (!q->too_large && q->len + *upload_size > s->cfg.max_body) {
-            q->too_large = true;
-            free(q->body);
-            q->body = NULL;
-            q->len = q->cap = 0;
-        }
-        if (!q->too_large) {
-            if (q->len + *upload_size + 1 > q->cap) {
-                size_t cap = (q->len + *upload_size + 1) * 2;
-                char *b = realloc(q->body, cap);
-                if (!b)
-                    return MHD_NO;
-                q->body = b;
-                q->cap = cap;
-            }
-            memcpy(q->body + q->len, upload, *upload_size);
-            q->len += *upload_size;
-            q->body[q->len] = '\0';
-        }
+        /* Bodies of reads are ignored, whatever their size. */
+        bool read = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+        enum MHD_Result ok = read ? MHD_YES : take_upload(s, q, upload, *upload_size);
         *upload_size = 0;
-        return MHD_YES;
+        return ok;
     }
-    reply r = {.code = 500, .route = "unknown"};
-    handle(s, c, url, method, q, &r);
+    devio_reply r = {.code = 500};
+    devio_error err = {0};
+    const char *label = "unknown";
+    if (dispatch(s, c, url, method, q, &r, &label, &err) != DEVIO_OK)
+        devio_reply_error(&r, &err);
     if (!r.body) {
-        r.code = 500;
-        r.body = strdup("{\"error\":{\"code\":\"out_of_memory\",\"message\":\"no reply\","
-                        "\"details\":{}}}");
-        r.len = r.body ? strlen(r.body) : 0;
-        r.ctype = "application/json";
+        /* A handler that answered nothing: an error, never an empty 200. */
+        devio_fail(&err, DEVIO_E_NOMEM, "no reply");
+        devio_reply_error(&r, &err);
     }
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(r.len, r.body, MHD_RESPMEM_MUST_FREE);
-    if (!resp) {
-        free(r.body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, "Content-Type", r.ctype);
-    if (r.code == 401)
-        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
-    if (r.close)
-        MHD_add_response_header(resp, "Connection", "close");
-    enum MHD_Result ret = MHD_queue_response(c, r.code, resp);
-    MHD_destroy_response(resp);
-    devio_metrics_http(&s->metrics, r.route, r.code);
-    return ret;
+    return send_reply(s, c, &r, label);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
@@ -888,6 +367,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     pthread_rwlock_init(&s->dev_lock, NULL);
     devio_metrics_init(&s->metrics);
     devio_adapters_init(&s->adapters);
+    s->tickets.metrics = &s->metrics;
     struct sockaddr_in sa;
     devio_status st = parse_listen(cfg->listen, &sa, err);
     if (st == DEVIO_OK && strcmp(cfg->backend, "auto") && strcmp(cfg->backend, "ref"))
@@ -906,6 +386,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     so.retention = cfg->retention;
     if (st == DEVIO_OK)
         st = devio_store_open(cfg->db, &so, &s->store, err);
+    s->tickets.store = s->store;
     if (st == DEVIO_OK) {
         devio_config dc = cfg->device;
         dc.epoch = devio_store_epoch(s->store);
@@ -920,8 +401,8 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         st = devio_adapters_start(&s->adapters, s->store, s->dev, stderr, NULL, err);
     if (st == DEVIO_OK) {
         s->mhd = MHD_start_daemon(
-            MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC |
-                MHD_USE_ERROR_LOG,
+            MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
+                MHD_USE_ITC | MHD_USE_ERROR_LOG,
             0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
             (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
@@ -943,9 +424,11 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
 /* Tickets launched and not yet awaited; 0 after teardown. */
 static uint32_t tickets_in_flight(devio_server *s)
 {
-    pthread_rwlock_rdlock(&s->dev_lock);
-    uint32_t n = s->dev ? devio_facts_get(s->dev).tickets_in_flight : 0;
-    pthread_rwlock_unlock(&s->dev_lock);
+    devio_device *dev;
+    if (devio_server_hold(s, &dev, NULL) != DEVIO_OK)
+        return 0;
+    uint32_t n = devio_facts_get(dev).tickets_in_flight;
+    devio_server_release(s);
     return n;
 }
 
@@ -964,20 +447,12 @@ void devio_server_stop(devio_server *s)
              waited += 10)
             nanosleep(&(struct timespec){.tv_nsec = 10 * 1000000L}, NULL);
     }
-    pthread_rwlock_wrlock(&s->dev_lock);
     uint32_t aborted = 0;
-    if (s->dev)
-        devio_teardown(s->dev, &aborted);
-    s->dev = NULL;
-    pthread_rwlock_unlock(&s->dev_lock);
+    devio_server_teardown(s, "server stopped", &aborted);
     if (s->mhd)
         MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
-    if (s->store) {
-        devio_error err = {0};
-        devio_store_wait(s->store, devio_store_abort_in_flight(s->store, "server stopped"), &err);
-        devio_store_close(s->store);
-    }
+    devio_store_close(s->store);
     s->store = NULL;
     devio_model_free(s->model);
     s->model = NULL;

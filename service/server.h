@@ -12,7 +12,9 @@
 #include "service/adapters.h"
 #include "service/config.h"
 #include "service/metrics.h"
+#include "service/route.h"
 #include "service/store.h"
+#include "service/tickets.h"
 
 typedef struct devio_server {
     devio_server_config cfg;
@@ -21,6 +23,7 @@ typedef struct devio_server {
     pthread_rwlock_t dev_lock; /* readers: every device call; writer: teardown */
     devio_store *store;        /* owned */
     devio_adapters adapters;   /* adapter commands: device table + store rows */
+    devio_tickets tickets;     /* steps: device + history rows + metrics */
     devio_metrics metrics;
     struct MHD_Daemon *mhd;
     char *token;               /* owned copy; NULL = no auth */
@@ -39,5 +42,18 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
 /* Stop accepting, wait up to cfg.drain_ms for requests in progress, tear
  * the device down (in-flight tickets recorded as aborted), close the store. */
 void devio_server_stop(devio_server *s);
+
+/* The device for one call, under the read lock: DEVIO_OK with *dev set and
+ * the lock held (end with devio_server_release), or DEVIO_E_TORN_DOWN with
+ * nothing held. */
+devio_status devio_server_hold(devio_server *s, devio_device **dev, devio_error *err);
+void devio_server_release(devio_server *s);
+
+/* The route table: *n entries, static. */
+const devio_route *devio_server_routes(size_t *n);
+
+/* Tear the device down under the write lock, then record its unawaited
+ * tickets as aborted with `reason`. False when it was already torn down. */
+bool devio_server_teardown(devio_server *s, const char *reason, uint32_t *aborted);
 
 #endif

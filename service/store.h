@@ -1,13 +1,13 @@
-/* store.h - devio's SQLite file: ticket history, adapter metadata, process metadata.
- * Writes go through one writer thread in batched transactions; callers never run SQL on the step path. */
+/* store.h - devio's SQLite file: ticket history, adapter records, process metadata.
+ * Writes go through one writer thread in batched transactions; callers never run SQL on the step path, and nothing here speaks JSON. */
 #ifndef DEVIO_STORE_H
 #define DEVIO_STORE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#include <jansson.h>
-
+#include "api/adapter_record.h"
 #include "device/devio.h"
 
 typedef struct devio_store devio_store;
@@ -18,6 +18,8 @@ typedef struct devio_store_options {
 } devio_store_options;
 
 devio_store_options devio_store_options_default(void);
+
+/* ---- lifecycle (store.c, store_schema.c) ---------------------------------- */
 
 /* Open or create the database at `path` (WAL mode), create or migrate the
  * schema forward, bump the epoch, and mark every ticket left "in_flight" by
@@ -37,14 +39,17 @@ uint64_t devio_store_epoch(const devio_store *s);
 uint64_t devio_store_next_ticket_id(const devio_store *s);
 uint32_t devio_store_schema_version(const devio_store *s);
 
-/* What a ticket row holds. Strings are borrowed for the call. */
+/* ---- ticket writes (store_writer.c) --------------------------------------- */
+
+/* What a ticket write holds. Pointers are borrowed for the call. */
 typedef struct devio_ticket_record {
     uint64_t id;
     const char *status;     /* "in_flight", "ok", "failed", "aborted" */
     int64_t launched_ms;    /* unix time, ms */
     int64_t settled_ms;     /* 0 while in flight */
     uint32_t rows, tokens;
-    const char *seqs;       /* JSON array text of the sequence ids, e.g. "[7,8]" */
+    const uint64_t *seqs;   /* launch: the sequence of each plan row (n_seqs of them) */
+    uint32_t n_seqs;
     uint64_t queued_us, compute_us;
     const char *error_code;    /* NULL unless failed/aborted */
     const char *error_message; /* NULL unless failed/aborted */
@@ -53,7 +58,7 @@ typedef struct devio_ticket_record {
 /* Queue an insert (launch) or an update (settle: status, settled_ms, timings,
  * error) of a ticket row. Never blocks on SQLite. Returns a write number
  * to pass to devio_store_wait, or 0 when the queue could not take it (out of
- * memory or store closed). */
+ * memory, store closed, or a malformed record: id 0, unknown status). */
 uint64_t devio_store_ticket_launched(devio_store *s, const devio_ticket_record *r);
 uint64_t devio_store_ticket_settled(devio_store *s, const devio_ticket_record *r);
 
@@ -64,11 +69,11 @@ uint64_t devio_store_abort_in_flight(devio_store *s, const char *reason);
  * the write failed; the failure is also logged to stderr once. */
 devio_status devio_store_wait(devio_store *s, uint64_t n, devio_error *err);
 
-/* History, newest first: status filter (NULL = any), launched_ms in
- * [since_ms, until_ms) (0 = unbounded), ids below before_id (0 = none),
- * at most limit rows (1..1000). *out = {"tickets":[...], "next": id|null}
- * where next is the before_id for the following page. Reads committed data
- * only (call devio_store_wait first for read-your-writes). */
+/* ---- history (store_history.c) -------------------------------------------- */
+
+/* Filters of a history page: status (NULL = any), launched_ms in
+ * [since_ms, until_ms) (0 = unbounded), ids below before_id (0 = none), at
+ * most limit rows (1..1000). */
 typedef struct devio_ticket_query {
     const char *status;
     int64_t since_ms, until_ms;
@@ -76,30 +81,53 @@ typedef struct devio_ticket_query {
     uint32_t limit;
 } devio_ticket_query;
 
+/* One ticket row as stored. Strings and seqs are owned by the page. */
+typedef struct devio_ticket_row {
+    uint64_t id, epoch;
+    const char *status;   /* static: "in_flight", "ok", "failed", "aborted" */
+    int64_t launched_ms;
+    bool has_settled_ms;  /* false while in flight, and for tickets aborted at start */
+    int64_t settled_ms;
+    uint32_t rows, tokens;
+    uint64_t *seqs;       /* the launch's sequences; empty when the row has none */
+    uint32_t n_seqs;
+    bool has_queued_us, has_compute_us;
+    uint64_t queued_us, compute_us;
+    char *error_code;     /* NULL when the ticket did not fail */
+    char *error_message;  /* "" when failed without a message; NULL when not failed */
+} devio_ticket_row;
+
+/* A page of history, newest first. Release with devio_ticket_page_free(). */
+typedef struct devio_ticket_page {
+    devio_ticket_row *rows;
+    uint32_t n;
+    bool has_next;    /* more rows match: pass next as before_id for the following page */
+    uint64_t next;
+} devio_ticket_page;
+
+/* Reads committed data only (call devio_store_wait first for read-your-writes).
+ * On failure *out is empty (safe to free). */
 devio_status devio_store_tickets_query(devio_store *s, const devio_ticket_query *q,
-                                       json_t **out, devio_error *err);
+                                       devio_ticket_page *out, devio_error *err);
+void devio_ticket_page_free(devio_ticket_page *p);
 
-/* Adapter metadata rows (synchronous; never on the step path). */
-typedef struct devio_adapter_record {
-    const char *name, *path;
-    uint32_t rank;
-    double alpha, scale;
-    const char *targets;   /* comma-separated module names */
-    const char *sha256;    /* hex of the weights file */
-    uint64_t size;         /* bytes of the weights file */
-    const char *state;     /* "loaded", "unloaded", "stale", "failed" */
-    bool pinned;
-    int64_t loaded_ms, last_used_ms;
-    const char *reason;    /* failure reason or NULL */
-} devio_adapter_record;
+/* ---- adapter records (store_adapters.c; synchronous, never on the step path) ---- */
 
-/* Insert or replace the row of r->name, in one transaction. */
+/* Insert or replace the row of r->name, in one transaction. rows_served is
+ * not stored (it is the device's count). */
 devio_status devio_store_adapter_put(devio_store *s, const devio_adapter_record *r,
                                      devio_error *err);
 /* Delete the row of `name`; DEVIO_E_UNKNOWN_ADAPTER when absent. */
 devio_status devio_store_adapter_delete(devio_store *s, const char *name, devio_error *err);
-/* All rows as a JSON array of objects (fields as in the record), by name. */
-devio_status devio_store_adapters_list(devio_store *s, json_t **out, devio_error *err);
+/* The row of `name` into *out; *found false (and *out zeroed) when there is none. */
+devio_status devio_store_adapter_get(devio_store *s, const char *name, devio_adapter_record *out,
+                                     bool *found, devio_error *err);
+/* Every row, by name. On success *out is a malloc'd array of *n records
+ * (caller frees with free(); never NULL on success, even for none). */
+devio_status devio_store_adapters_list(devio_store *s, devio_adapter_record **out, size_t *n,
+                                       devio_error *err);
+
+/* ---- metadata (store_meta.c) ----------------------------------------------- */
 
 /* Metadata key/value (text). */
 devio_status devio_store_meta_get(devio_store *s, const char *key, char *buf, size_t len,

@@ -1,4 +1,4 @@
-/* api_test.c - JSON codecs, SHA-256, dispatch and the script runner in process.
+/* api_test.c - JSON codecs (adapter records included), SHA-256, dispatch and the script runner in process.
  * Uses the real device over the reference backend on a written tiny model. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +10,9 @@
 
 #include <cmocka.h>
 
+#include <math.h>
+
+#include "api/adapter_codec.h"
 #include "api/codec.h"
 #include "api/dispatch.h"
 #include "api/script.h"
@@ -171,6 +174,160 @@ static void test_effect_decode(void **state)
     }
 }
 
+static devio_adapter_record sample_record(void)
+{
+    devio_adapter_record r = {.rank = 8, .alpha = 16.0f, .scale = 2.0f, .size = 15368,
+                              .state = DEVIO_ADAPTER_UNLOADED, .pinned = true,
+                              .rows_served = 3, .loaded_ms = 1700000000001,
+                              .last_used_ms = 1700000000002};
+    devio_adapter_record_set(r.name, sizeof r.name, "sql");
+    devio_adapter_record_set(r.path, sizeof r.path, "sql-r8");
+    devio_adapter_record_set(r.targets, sizeof r.targets, "q_proj,v_proj");
+    devio_adapter_record_set(r.sha256, sizeof r.sha256, "ab12");
+    devio_adapter_record_set(r.reason, sizeof r.reason, "evicted");
+    return r;
+}
+
+static void test_adapter_record_round_trip(void **state)
+{
+    (void)state;
+    devio_adapter_record r = sample_record(), back;
+    devio_error err = {0};
+    /* The HTTP view carries every field and decodes to the same record. */
+    json_t *j = devio_json_adapter_record(&r, DEVIO_ADAPTER_VIEW_RECORD);
+    assert_non_null(j);
+    assert_int_equal(json_object_size(j), 14);
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "unloaded");
+    assert_int_equal(json_array_size(json_object_get(j, "targets")), 2);
+    assert_int_equal(devio_json_adapter_record_decode(j, &back, &err), DEVIO_OK);
+    assert_memory_equal(&r, &back, sizeof r);
+    json_decref(j);
+    /* The device view leaves the store's fields out; they decode as zero. */
+    j = devio_json_adapter_record(&r, DEVIO_ADAPTER_VIEW_DEVICE);
+    assert_int_equal(json_object_size(j), 11);
+    assert_null(json_object_get(j, "reason"));
+    assert_int_equal(devio_json_adapter_record_decode(j, &back, &err), DEVIO_OK);
+    assert_int_equal(back.loaded_ms, 0);
+    assert_string_equal(back.reason, "");
+    assert_string_equal(back.targets, "q_proj,v_proj");
+    json_decref(j);
+    /* Unknown values are null on the wire and come back as such. */
+    r.sha256[0] = '\0';
+    r.reason[0] = '\0';
+    r.alpha = NAN;
+    j = devio_json_adapter_record(&r, DEVIO_ADAPTER_VIEW_RECORD);
+    assert_true(json_is_null(json_object_get(j, "sha256")));
+    assert_true(json_is_null(json_object_get(j, "reason")));
+    assert_true(json_is_null(json_object_get(j, "alpha")));
+    assert_int_equal(devio_json_adapter_record_decode(j, &back, &err), DEVIO_OK);
+    assert_string_equal(back.sha256, "");
+    assert_true(isnan(back.alpha));
+    json_decref(j);
+    /* Records that are not one. */
+    const char *bad[] = {"[]", "{\"name\":\"a\",\"path\":\"p\",\"state\":\"gone\"}",
+                         "{\"name\":\"a\",\"state\":\"loaded\"}",
+                         "{\"name\":\"a\",\"path\":\"p\",\"state\":\"loaded\",\"rank\":1,"
+                         "\"alpha\":1,\"scale\":1,\"targets\":\"q_proj\",\"size\":1,"
+                         "\"pinned\":false,\"rows_served\":0}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = parse(bad[i]);
+        assert_int_equal(devio_json_adapter_record_decode(j, &back, &err), DEVIO_E_INVALID);
+        json_decref(j);
+    }
+}
+
+static void test_adapter_ack_and_bodies(void **state)
+{
+    (void)state;
+    /* The device's acknowledgement and a list of records print alike. */
+    devio_adapter_info info = {.name = "sql", .path = "sql-r8", .rank = 8, .alpha = 16.0f,
+                               .scale = 2.0f, .targets = "q_proj,v_proj", .sha256 = "ab12",
+                               .size = 15368, .rows_served = 0};
+    devio_lora_ack ack = {.kind = DEVIO_LORA_LOAD, .n_adapters = 1, .adapters = &info,
+                          .evicted = "old"};
+    devio_adapter_record r;
+    devio_adapter_record_from_info(&r, &info, DEVIO_ADAPTER_LOADED);
+    json_t *a = devio_json_lora_ack(&ack), *b = devio_json_adapter_ack(&r, 1, "old");
+    char *ta = json_dumps(a, DEVIO_JSON_FLAGS | JSON_SORT_KEYS),
+         *tb = json_dumps(b, DEVIO_JSON_FLAGS | JSON_SORT_KEYS);
+    assert_string_equal(ta, tb);
+    assert_string_equal(ta, "{\"adapters\":[{\"alpha\":16.0,\"name\":\"sql\",\"path\":\"sql-r8\","
+                            "\"pinned\":false,\"rank\":8,\"rows_served\":0,\"scale\":2.0,"
+                            "\"sha256\":\"ab12\",\"size\":15368,\"state\":\"loaded\","
+                            "\"targets\":[\"q_proj\",\"v_proj\"]}],\"evicted\":\"old\"}");
+    free(ta);
+    free(tb);
+    json_decref(a);
+    json_decref(b);
+    ack.kind = DEVIO_LORA_UNLOAD;
+    a = devio_json_lora_ack(&ack);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_array_get(json_object_get(a, "adapters"), 0), "state")),
+                        "unloaded");
+    json_decref(a);
+
+    /* The load body, for PUT and for a script's load command alike. */
+    devio_adapter_load_body load;
+    devio_lora_cmd cmd;
+    devio_error err = {0};
+    json_t *j = parse("{\"path\":\"sql-r8\",\"pin\":true}");
+    assert_int_equal(devio_json_adapter_load_decode(j, &load, &err), DEVIO_OK);
+    assert_string_equal(load.path, "sql-r8");
+    assert_true(load.pin);
+    json_decref(j);
+    j = parse("{\"kind\":\"load\",\"name\":\"sql\",\"path\":\"sql-r8\",\"pin\":true}");
+    assert_int_equal(devio_json_lora_cmd_decode(j, &cmd, &err), DEVIO_OK);
+    assert_int_equal(cmd.kind, DEVIO_LORA_LOAD);
+    assert_string_equal(cmd.path, "sql-r8");
+    assert_true(cmd.pin);
+    json_decref(j);
+    const char *bad_put[] = {"{}", "{\"pin\":true}", "{\"path\":5}", "{\"path\":\"\"}",
+                             "{\"path\":\"x\",\"pin\":\"yes\"}", "{\"path\":\"x\",\"name\":\"y\"}",
+                             "[]", "\"x\""};
+    for (size_t i = 0; i < sizeof bad_put / sizeof *bad_put; i++) {
+        j = parse(bad_put[i]);
+        assert_int_equal(devio_json_adapter_load_decode(j, &load, &err), DEVIO_E_INVALID);
+        json_decref(j);
+    }
+    const char *bad_cmd[] = {"{\"kind\":\"load\",\"name\":\"a\"}", "{\"kind\":\"unload\"}",
+                             "{\"kind\":\"merge\",\"name\":\"a\"}",
+                             "{\"kind\":\"pin\",\"name\":\"a\",\"pin\":1}"};
+    for (size_t i = 0; i < sizeof bad_cmd / sizeof *bad_cmd; i++) {
+        j = parse(bad_cmd[i]);
+        assert_int_equal(devio_json_lora_cmd_decode(j, &cmd, &err), DEVIO_E_INVALID);
+        json_decref(j);
+    }
+}
+
+static void test_id_and_await_bodies(void **state)
+{
+    (void)state;
+    uint64_t id = 0;
+    int64_t timeout = 0;
+    devio_error err = {0};
+    json_t *j = parse("{\"ticket\":12}");
+    assert_int_equal(devio_json_await_decode(j, &id, &timeout, &err), DEVIO_OK);
+    assert_int_equal(id, 12);
+    assert_int_equal(timeout, -1);
+    json_decref(j);
+    j = parse("{\"ticket\":12,\"timeout_ms\":0}");
+    assert_int_equal(devio_json_await_decode(j, &id, &timeout, &err), DEVIO_OK);
+    assert_int_equal(timeout, 0);
+    json_decref(j);
+    const char *bad[] = {"{}", "{\"ticket\":-1}", "{\"ticket\":\"t\"}",
+                         "{\"ticket\":1,\"timeout_ms\":-5}", "[]"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = parse(bad[i]);
+        assert_int_equal(devio_json_await_decode(j, &id, &timeout, &err), DEVIO_E_INVALID);
+        json_decref(j);
+    }
+    j = parse("{\"seq\":7}");
+    assert_int_equal(devio_json_id_decode(j, "seq", &id, &err), DEVIO_OK);
+    assert_int_equal(id, 7);
+    assert_int_equal(devio_json_id_decode(j, "ticket", &id, &err), DEVIO_E_INVALID);
+    json_decref(j);
+}
+
 static void test_error_shape(void **state)
 {
     (void)state;
@@ -271,6 +428,9 @@ int main(void)
         cmocka_unit_test(test_sha256_vectors),     cmocka_unit_test(test_digest_canonicalises_nan),
         cmocka_unit_test(test_plan_decode),        cmocka_unit_test(test_effect_decode),
         cmocka_unit_test(test_error_shape),        cmocka_unit_test(test_script_runner),
+        cmocka_unit_test(test_adapter_record_round_trip),
+        cmocka_unit_test(test_adapter_ack_and_bodies),
+        cmocka_unit_test(test_id_and_await_bodies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -144,10 +144,12 @@ static void wait_ok(devio_store *s, uint64_t n)
     assert_int_equal(st, DEVIO_OK);
 }
 
+static const uint64_t seqs78[] = {7, 8}, seq1[] = {1};
+
 static uint64_t launch(devio_store *s, uint64_t id, int64_t launched_ms)
 {
     devio_ticket_record r = {.id = id, .status = "in_flight", .launched_ms = launched_ms,
-                             .rows = 2, .tokens = 17, .seqs = "[7,8]"};
+                             .rows = 2, .tokens = 17, .seqs = seqs78, .n_seqs = 2};
     uint64_t n = devio_store_ticket_launched(s, &r);
     assert_true(n > 0);
     return n;
@@ -164,31 +166,25 @@ static uint64_t settle(devio_store *s, uint64_t id, const char *status, const ch
     return n;
 }
 
-static json_t *query(devio_store *s, const char *status, int64_t since, int64_t until,
-                     uint64_t before, uint32_t limit)
+static devio_ticket_page query(devio_store *s, const char *status, int64_t since, int64_t until,
+                               uint64_t before, uint32_t limit)
 {
     devio_ticket_query q = {.status = status, .since_ms = since, .until_ms = until,
                             .before_id = before, .limit = limit};
-    json_t *out = NULL;
+    devio_ticket_page out;
     devio_error err = {0};
     devio_status st = devio_store_tickets_query(s, &q, &out, &err);
     if (st != DEVIO_OK)
         print_message("query failed: %s\n", err.message);
     assert_int_equal(st, DEVIO_OK);
-    assert_non_null(out);
+    assert_true(out.n == 0 || out.rows != NULL);
     return out;
 }
 
-static json_t *tickets_of(json_t *page)
+static int64_t id_at(const devio_ticket_page *page, size_t i)
 {
-    json_t *t = json_object_get(page, "tickets");
-    assert_true(json_is_array(t));
-    return t;
-}
-
-static int64_t id_at(json_t *page, size_t i)
-{
-    return json_integer_value(json_object_get(json_array_get(tickets_of(page), i), "id"));
+    assert_true(i < page->n);
+    return (int64_t)page->rows[i].id;
 }
 
 /* ---- tests ------------------------------------------------------------- */
@@ -211,10 +207,10 @@ static void test_new_db(void **state)
     assert_int_equal(devio_store_meta_get(s, "epoch", buf, sizeof buf, &found, &err), DEVIO_OK);
     assert_string_equal(buf, "1");
 
-    json_t *page = query(s, NULL, 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(page)), 0);
-    assert_true(json_is_null(json_object_get(page, "next")));
-    json_decref(page);
+    devio_ticket_page page = query(s, NULL, 0, 0, 0, 10);
+    assert_int_equal(page.n, 0);
+    assert_true(!page.has_next);
+    devio_ticket_page_free(&page);
     devio_store_close(s);
 
     assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 1);
@@ -244,43 +240,42 @@ static void test_launch_settle_query(void **state)
     uint64_t n = settle(s, 2, "failed", "device_error", "boom");
     wait_ok(s, n);
 
-    json_t *page = query(s, NULL, 0, 0, 0, 10);
-    json_t *t = tickets_of(page);
-    assert_int_equal(json_array_size(t), 3);
-    assert_int_equal(id_at(page, 0), 3);
-    assert_int_equal(id_at(page, 1), 2);
-    assert_int_equal(id_at(page, 2), 1);
-    assert_true(json_is_null(json_object_get(page, "next")));
+    devio_ticket_page page = query(s, NULL, 0, 0, 0, 10);
+    devio_ticket_row *t = page.rows;
+    assert_int_equal(page.n, 3);
+    assert_int_equal(id_at(&page, 0), 3);
+    assert_int_equal(id_at(&page, 1), 2);
+    assert_int_equal(id_at(&page, 2), 1);
+    assert_true(!page.has_next);
 
-    json_t *t3 = json_array_get(t, 0);
-    assert_string_equal(json_string_value(json_object_get(t3, "status")), "in_flight");
-    assert_true(json_is_null(json_object_get(t3, "settled_ms")));
-    assert_true(json_is_null(json_object_get(t3, "queued_us")));
-    assert_true(json_is_null(json_object_get(t3, "error")));
-    assert_int_equal(json_integer_value(json_object_get(t3, "epoch")), 1);
-    assert_int_equal(json_integer_value(json_object_get(t3, "launched_ms")), 1002);
+    const devio_ticket_row *t3 = &t[0];
+    assert_string_equal(t3->status, "in_flight");
+    assert_false(t3->has_settled_ms);
+    assert_false(t3->has_queued_us);
+    assert_null(t3->error_code);
+    assert_int_equal(t3->epoch, 1);
+    assert_int_equal(t3->launched_ms, 1002);
 
-    json_t *t2 = json_array_get(t, 1);
-    assert_string_equal(json_string_value(json_object_get(t2, "status")), "failed");
-    json_t *e = json_object_get(t2, "error");
-    assert_true(json_is_object(e));
-    assert_string_equal(json_string_value(json_object_get(e, "code")), "device_error");
-    assert_string_equal(json_string_value(json_object_get(e, "message")), "boom");
+    const devio_ticket_row *t2 = &t[1];
+    assert_string_equal(t2->status, "failed");
+    assert_non_null(t2->error_code);
+    assert_string_equal(t2->error_code, "device_error");
+    assert_string_equal(t2->error_message, "boom");
 
-    json_t *t1 = json_array_get(t, 2);
-    assert_string_equal(json_string_value(json_object_get(t1, "status")), "ok");
-    assert_int_equal(json_integer_value(json_object_get(t1, "settled_ms")), 5001);
-    assert_int_equal(json_integer_value(json_object_get(t1, "rows")), 2);
-    assert_int_equal(json_integer_value(json_object_get(t1, "tokens")), 17);
-    assert_int_equal(json_integer_value(json_object_get(t1, "queued_us")), 10);
-    assert_int_equal(json_integer_value(json_object_get(t1, "compute_us")), 20);
-    json_t *seqs = json_object_get(t1, "seqs");
-    assert_true(json_is_array(seqs));
-    assert_int_equal(json_array_size(seqs), 2);
-    assert_int_equal(json_integer_value(json_array_get(seqs, 0)), 7);
-    assert_int_equal(json_integer_value(json_array_get(seqs, 1)), 8);
-    assert_true(json_is_null(json_object_get(t1, "error")));
-    json_decref(page);
+    const devio_ticket_row *t1 = &t[2];
+    assert_string_equal(t1->status, "ok");
+    assert_true(t1->has_settled_ms);
+    assert_int_equal(t1->settled_ms, 5001);
+    assert_int_equal(t1->rows, 2);
+    assert_int_equal(t1->tokens, 17);
+    assert_true(t1->has_queued_us && t1->has_compute_us);
+    assert_int_equal(t1->queued_us, 10);
+    assert_int_equal(t1->compute_us, 20);
+    assert_int_equal(t1->n_seqs, 2);
+    assert_int_equal(t1->seqs[0], 7);
+    assert_int_equal(t1->seqs[1], 8);
+    assert_null(t1->error_code);
+    devio_ticket_page_free(&page);
     devio_store_close(s);
 }
 
@@ -295,28 +290,29 @@ static void test_status_filter(void **state)
     settle(s, 4, "ok", NULL, NULL);
     wait_ok(s, settle(s, 5, "failed", "device_error", "y"));
 
-    json_t *p = query(s, "failed", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 2);
-    assert_int_equal(id_at(p, 0), 5);
-    assert_int_equal(id_at(p, 1), 2);
-    json_decref(p);
+    devio_ticket_page p = query(s, "failed", 0, 0, 0, 10);
+    assert_int_equal(p.n, 2);
+    assert_int_equal(id_at(&p, 0), 5);
+    assert_int_equal(id_at(&p, 1), 2);
+    devio_ticket_page_free(&p);
     p = query(s, "in_flight", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 2);
-    assert_int_equal(id_at(p, 0), 6);
-    assert_int_equal(id_at(p, 1), 3);
-    json_decref(p);
+    assert_int_equal(p.n, 2);
+    assert_int_equal(id_at(&p, 0), 6);
+    assert_int_equal(id_at(&p, 1), 3);
+    devio_ticket_page_free(&p);
     p = query(s, "ok", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 2);
-    json_decref(p);
+    assert_int_equal(p.n, 2);
+    devio_ticket_page_free(&p);
     p = query(s, "aborted", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 0);
-    json_decref(p);
+    assert_int_equal(p.n, 0);
+    devio_ticket_page_free(&p);
 
     devio_ticket_query q = {.status = "done", .limit = 10};
-    json_t *out = (json_t *)1;
+    devio_ticket_page out = {.n = 1};
     devio_error err = {0};
     assert_int_equal(devio_store_tickets_query(s, &q, &out, &err), DEVIO_E_INVALID);
-    assert_null(out);
+    assert_null(out.rows);
+    assert_int_equal(out.n, 0);
     devio_store_close(s);
 }
 
@@ -329,26 +325,26 @@ static void test_time_window(void **state)
         n = launch(s, id, (int64_t)id * 1000);
     wait_ok(s, n);
 
-    json_t *p = query(s, NULL, 3000, 6000, 0, 100);
-    assert_int_equal(json_array_size(tickets_of(p)), 3);
-    assert_int_equal(id_at(p, 0), 5);
-    assert_int_equal(id_at(p, 2), 3);
-    json_decref(p);
+    devio_ticket_page p = query(s, NULL, 3000, 6000, 0, 100);
+    assert_int_equal(p.n, 3);
+    assert_int_equal(id_at(&p, 0), 5);
+    assert_int_equal(id_at(&p, 2), 3);
+    devio_ticket_page_free(&p);
     p = query(s, NULL, 8000, 0, 0, 100);
-    assert_int_equal(json_array_size(tickets_of(p)), 3);
-    assert_int_equal(id_at(p, 0), 10);
-    json_decref(p);
+    assert_int_equal(p.n, 3);
+    assert_int_equal(id_at(&p, 0), 10);
+    devio_ticket_page_free(&p);
     p = query(s, NULL, 0, 2001, 0, 100);
-    assert_int_equal(json_array_size(tickets_of(p)), 2);
-    assert_int_equal(id_at(p, 0), 2);
-    json_decref(p);
+    assert_int_equal(p.n, 2);
+    assert_int_equal(id_at(&p, 0), 2);
+    devio_ticket_page_free(&p);
     p = query(s, "in_flight", 4000, 4001, 0, 100);
-    assert_int_equal(json_array_size(tickets_of(p)), 1);
-    assert_int_equal(id_at(p, 0), 4);
-    json_decref(p);
+    assert_int_equal(p.n, 1);
+    assert_int_equal(id_at(&p, 0), 4);
+    devio_ticket_page_free(&p);
 
     devio_ticket_query q = {.since_ms = 5000, .until_ms = 4000, .limit = 10};
-    json_t *out = NULL;
+    devio_ticket_page out;
     assert_int_equal(devio_store_tickets_query(s, &q, &out, NULL), DEVIO_E_INVALID);
     devio_store_close(s);
 }
@@ -367,30 +363,28 @@ static void test_pagination(void **state)
     int pages = 0;
     size_t sizes[3] = {10, 10, 5};
     for (;;) {
-        json_t *p = query(s, NULL, 0, 0, before, 10);
-        json_t *t = tickets_of(p);
+        devio_ticket_page p = query(s, NULL, 0, 0, before, 10);
         assert_true(pages < 3);
-        assert_int_equal(json_array_size(t), sizes[pages]);
-        for (size_t i = 0; i < json_array_size(t); i++)
-            assert_int_equal(id_at(p, i), expect--);
-        json_t *next = json_object_get(p, "next");
+        assert_int_equal(p.n, sizes[pages]);
+        for (size_t i = 0; i < p.n; i++)
+            assert_int_equal(id_at(&p, i), expect--);
         pages++;
-        if (json_is_null(next)) {
-            json_decref(p);
+        if (!p.has_next) {
+            devio_ticket_page_free(&p);
             break;
         }
-        assert_int_equal(json_integer_value(next), id_at(p, json_array_size(t) - 1));
-        before = (uint64_t)json_integer_value(next);
-        json_decref(p);
+        assert_int_equal(p.next, id_at(&p, p.n - 1));
+        before = p.next;
+        devio_ticket_page_free(&p);
     }
     assert_int_equal(pages, 3);
     assert_int_equal(expect, 0);
 
     /* Exactly a full last page: next is null, not a page of nothing. */
-    json_t *p = query(s, NULL, 0, 0, 0, 25);
-    assert_int_equal(json_array_size(tickets_of(p)), 25);
-    assert_true(json_is_null(json_object_get(p, "next")));
-    json_decref(p);
+    devio_ticket_page p = query(s, NULL, 0, 0, 0, 25);
+    assert_int_equal(p.n, 25);
+    assert_true(!p.has_next);
+    devio_ticket_page_free(&p);
     devio_store_close(s);
 }
 
@@ -399,19 +393,19 @@ static void test_limit_bounds(void **state)
     ctx *c = *state;
     devio_store *s = open_store(c, 0);
     devio_error err = {0};
-    json_t *out = NULL;
+    devio_ticket_page out;
     devio_ticket_query q = {.limit = 0};
     assert_int_equal(devio_store_tickets_query(s, &q, &out, &err), DEVIO_E_INVALID);
     assert_string_equal(err.detail_key, "limit");
-    assert_null(out);
+    assert_null(out.rows);
     q.limit = 1001;
     assert_int_equal(devio_store_tickets_query(s, &q, &out, &err), DEVIO_E_INVALID);
     q.limit = 1000;
     assert_int_equal(devio_store_tickets_query(s, &q, &out, &err), DEVIO_OK);
-    json_decref(out);
+    devio_ticket_page_free(&out);
     q.limit = 1;
     assert_int_equal(devio_store_tickets_query(s, &q, &out, &err), DEVIO_OK);
-    json_decref(out);
+    devio_ticket_page_free(&out);
     q.before_id = (uint64_t)INT64_MAX + 1;
     assert_int_equal(devio_store_tickets_query(s, &q, &out, &err), DEVIO_E_INVALID);
     q.before_id = 0;
@@ -452,17 +446,17 @@ static void test_bad_records_and_waits(void **state)
 
     /* A settle whose launch row is missing still records the outcome. */
     wait_ok(s, settle(s, 9, "ok", NULL, NULL));
-    json_t *p = query(s, "ok", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 1);
-    assert_int_equal(id_at(p, 0), 9);
-    json_decref(p);
+    devio_ticket_page p = query(s, "ok", 0, 0, 0, 10);
+    assert_int_equal(p.n, 1);
+    assert_int_equal(id_at(&p, 0), 9);
+    devio_ticket_page_free(&p);
     /* A settle without a status is "ok", or "failed" with an error code. */
     devio_ticket_record f = {.id = 2, .error_code = "device_error", .error_message = "m"};
     wait_ok(s, devio_store_ticket_settled(s, &f));
     p = query(s, "failed", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 1);
-    assert_int_equal(id_at(p, 0), 2);
-    json_decref(p);
+    assert_int_equal(p.n, 1);
+    assert_int_equal(id_at(&p, 0), 2);
+    devio_ticket_page_free(&p);
     devio_store_close(s);
 }
 
@@ -480,33 +474,26 @@ static void test_reopen(void **state)
     s = open_store(c, 0);
     assert_int_equal(devio_store_epoch(s), 2);
     assert_int_equal(devio_store_next_ticket_id(s), 6);
-    json_t *p = query(s, "aborted", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 2);
-    assert_int_equal(id_at(p, 0), 5);
-    assert_int_equal(id_at(p, 1), 4);
-    json_t *e = json_object_get(json_array_get(tickets_of(p), 0), "error");
-    assert_string_equal(json_string_value(json_object_get(e, "code")), "aborted");
-    assert_non_null(strstr(json_string_value(json_object_get(e, "message")), "process ended"));
-    json_decref(p);
+    devio_ticket_page p = query(s, "aborted", 0, 0, 0, 10);
+    assert_int_equal(p.n, 2);
+    assert_int_equal(id_at(&p, 0), 5);
+    assert_int_equal(id_at(&p, 1), 4);
+    assert_string_equal(p.rows[0].error_code, "aborted");
+    assert_non_null(strstr(p.rows[0].error_message, "process ended"));
+    devio_ticket_page_free(&p);
     p = query(s, "ok", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 2);
-    assert_int_equal(json_integer_value(json_object_get(json_array_get(tickets_of(p), 0),
-                                                        "settled_ms")),
-                     5002);
-    assert_int_equal(json_integer_value(json_object_get(json_array_get(tickets_of(p), 0),
-                                                        "epoch")),
-                     1);
-    json_decref(p);
+    assert_int_equal(p.n, 2);
+    assert_int_equal(p.rows[0].settled_ms, 5002);
+    assert_int_equal(p.rows[0].epoch, 1);
+    devio_ticket_page_free(&p);
     p = query(s, "failed", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 1);
-    json_decref(p);
+    assert_int_equal(p.n, 1);
+    devio_ticket_page_free(&p);
     /* New tickets carry the new epoch. */
     wait_ok(s, launch(s, 6, 200));
     p = query(s, NULL, 0, 0, 0, 1);
-    assert_int_equal(json_integer_value(json_object_get(json_array_get(tickets_of(p), 0),
-                                                        "epoch")),
-                     2);
-    json_decref(p);
+    assert_int_equal(p.rows[0].epoch, 2);
+    devio_ticket_page_free(&p);
     devio_store_close(s);
 
     /* Ids never repeat even when the history itself is emptied. */
@@ -542,20 +529,19 @@ static void test_abort_in_flight(void **state)
     uint64_t later = launch(s, 4, 4); /* queued after the abort: untouched */
     wait_ok(s, n);
     wait_ok(s, later);
-    json_t *p = query(s, "aborted", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 2);
-    assert_int_equal(id_at(p, 0), 3);
-    assert_int_equal(id_at(p, 1), 1);
-    json_t *t = json_array_get(tickets_of(p), 0);
-    assert_true(json_is_integer(json_object_get(t, "settled_ms")));
-    json_t *e = json_object_get(t, "error");
-    assert_string_equal(json_string_value(json_object_get(e, "code")), "aborted");
-    assert_string_equal(json_string_value(json_object_get(e, "message")), "teardown");
-    json_decref(p);
+    devio_ticket_page p = query(s, "aborted", 0, 0, 0, 10);
+    assert_int_equal(p.n, 2);
+    assert_int_equal(id_at(&p, 0), 3);
+    assert_int_equal(id_at(&p, 1), 1);
+    const devio_ticket_row *t = &p.rows[0];
+    assert_true(t->has_settled_ms);
+    assert_string_equal(t->error_code, "aborted");
+    assert_string_equal(t->error_message, "teardown");
+    devio_ticket_page_free(&p);
     p = query(s, "in_flight", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 1);
-    assert_int_equal(id_at(p, 0), 4);
-    json_decref(p);
+    assert_int_equal(p.n, 1);
+    assert_int_equal(id_at(&p, 0), 4);
+    devio_ticket_page_free(&p);
     devio_store_close(s);
 }
 
@@ -576,17 +562,17 @@ static void test_retention(void **state)
     assert_true(sql_int(c->path, "SELECT CAST(value AS INTEGER) FROM meta"
                                  " WHERE key='ticket_id_high'") >=
                 sql_int(c->path, "SELECT min(id) FROM tickets WHERE status='ok'") - 1);
-    json_t *p = query(s, "ok", 0, 0, 0, 1000);
-    size_t kept = json_array_size(tickets_of(p));
+    devio_ticket_page p = query(s, "ok", 0, 0, 0, 1000);
+    size_t kept = p.n;
     /* At most retention + slack (1 for a retention of 10) settled rows. */
     assert_true(kept >= 9 && kept <= 11);
     for (size_t i = 0; i < kept; i++)
-        assert_int_equal(id_at(p, i), 601 - (int64_t)i); /* the newest */
-    json_decref(p);
+        assert_int_equal(id_at(&p, i), 601 - (int64_t)i); /* the newest */
+    devio_ticket_page_free(&p);
     p = query(s, "in_flight", 0, 0, 0, 10);
-    assert_int_equal(json_array_size(tickets_of(p)), 1);
-    assert_int_equal(id_at(p, 0), 1);
-    json_decref(p);
+    assert_int_equal(p.n, 1);
+    assert_int_equal(id_at(&p, 0), 1);
+    devio_ticket_page_free(&p);
     devio_store_close(s);
     assert_true(sql_int(c->path, "SELECT count(*) FROM tickets") <= 12);
 
@@ -610,7 +596,7 @@ static void *worker_main(void *arg)
     for (int i = 0; i < w->count; i++) {
         uint64_t id = atomic_fetch_add(w->next_id, 1);
         devio_ticket_record r = {.id = id, .launched_ms = (int64_t)id, .rows = 1, .tokens = 1,
-                                 .seqs = "[1]"};
+                                 .seqs = seq1, .n_seqs = 1};
         if (devio_store_wait(w->s, devio_store_ticket_launched(w->s, &r), NULL) != DEVIO_OK)
             w->failures++;
         r.status = "ok";
@@ -654,18 +640,16 @@ static void test_many_threads(void **state)
     uint64_t before = 0;
     size_t total = 0;
     for (;;) {
-        json_t *p = query(s, "ok", 0, 0, before, 1000);
-        json_t *t = tickets_of(p);
-        for (size_t i = 0; i < json_array_size(t); i++) {
-            int64_t id = id_at(p, i);
+        devio_ticket_page p = query(s, "ok", 0, 0, before, 1000);
+        for (size_t i = 0; i < p.n; i++) {
+            int64_t id = id_at(&p, i);
             assert_true(id >= 1 && id <= 2000);
             assert_int_equal(seen[id], 0);
             seen[id] = 1;
             total++;
         }
-        json_t *next = json_object_get(p, "next");
-        before = json_is_null(next) ? 0 : (uint64_t)json_integer_value(next);
-        json_decref(p);
+        before = p.has_next ? p.next : 0;
+        devio_ticket_page_free(&p);
         if (!before)
             break;
     }
@@ -691,12 +675,15 @@ static void test_throughput(void **state)
 }
 
 static void fill_adapter(devio_adapter_record *a, const char *name, uint32_t rank,
-                         const char *state)
+                         devio_adapter_state state)
 {
-    *a = (devio_adapter_record){.name = name, .path = "/adapters/x", .rank = rank,
-                                .alpha = 16.0, .scale = 2.0, .targets = "q_proj,v_proj",
-                                .sha256 = "ab12", .size = 4096, .state = state, .pinned = true,
-                                .loaded_ms = 1234, .last_used_ms = 5678, .reason = NULL};
+    *a = (devio_adapter_record){.rank = rank, .alpha = 16.0f, .scale = 2.0f, .size = 4096,
+                                .state = state, .pinned = true, .loaded_ms = 1234,
+                                .last_used_ms = 5678};
+    devio_adapter_record_set(a->name, sizeof a->name, name);
+    devio_adapter_record_set(a->path, sizeof a->path, "/adapters/x");
+    devio_adapter_record_set(a->targets, sizeof a->targets, "q_proj,v_proj");
+    devio_adapter_record_set(a->sha256, sizeof a->sha256, "ab12");
 }
 
 static void test_adapters(void **state)
@@ -705,35 +692,47 @@ static void test_adapters(void **state)
     devio_store *s = open_store(c, 0);
     devio_error err = {0};
     devio_adapter_record a;
-    fill_adapter(&a, "beta", 8, "loaded");
+    fill_adapter(&a, "beta", 8, DEVIO_ADAPTER_LOADED);
     assert_int_equal(devio_store_adapter_put(s, &a, &err), DEVIO_OK);
-    fill_adapter(&a, "alpha", 8, "loaded");
+    fill_adapter(&a, "alpha", 8, DEVIO_ADAPTER_LOADED);
     assert_int_equal(devio_store_adapter_put(s, &a, &err), DEVIO_OK);
-    fill_adapter(&a, "beta", 4, "failed");
+    fill_adapter(&a, "beta", 4, DEVIO_ADAPTER_FAILED);
     a.pinned = false;
-    a.reason = "bad shape";
+    devio_adapter_record_set(a.reason, sizeof a.reason, "bad shape");
     assert_int_equal(devio_store_adapter_put(s, &a, &err), DEVIO_OK); /* replaces */
 
-    json_t *list = NULL;
-    assert_int_equal(devio_store_adapters_list(s, &list, &err), DEVIO_OK);
-    assert_int_equal(json_array_size(list), 2);
-    json_t *a0 = json_array_get(list, 0), *a1 = json_array_get(list, 1);
-    assert_string_equal(json_string_value(json_object_get(a0, "name")), "alpha");
-    assert_true(json_is_true(json_object_get(a0, "pinned")));
-    assert_true(json_is_null(json_object_get(a0, "reason")));
-    assert_string_equal(json_string_value(json_object_get(a0, "targets")), "q_proj,v_proj");
-    assert_true(json_real_value(json_object_get(a0, "alpha")) == 16.0);
-    assert_int_equal(json_integer_value(json_object_get(a0, "size")), 4096);
-    assert_string_equal(json_string_value(json_object_get(a1, "name")), "beta");
-    assert_int_equal(json_integer_value(json_object_get(a1, "rank")), 4);
-    assert_string_equal(json_string_value(json_object_get(a1, "state")), "failed");
-    assert_string_equal(json_string_value(json_object_get(a1, "reason")), "bad shape");
-    assert_true(json_is_false(json_object_get(a1, "pinned")));
-    json_decref(list);
+    devio_adapter_record *list = NULL;
+    size_t n = 0;
+    assert_int_equal(devio_store_adapters_list(s, &list, &n, &err), DEVIO_OK);
+    assert_int_equal(n, 2);
+    const devio_adapter_record *a0 = &list[0], *a1 = &list[1];
+    assert_string_equal(a0->name, "alpha");
+    assert_true(a0->pinned);
+    assert_string_equal(a0->reason, "");
+    assert_string_equal(a0->targets, "q_proj,v_proj");
+    assert_true(a0->alpha == 16.0f);
+    assert_int_equal(a0->size, 4096);
+    assert_string_equal(a1->name, "beta");
+    assert_int_equal(a1->rank, 4);
+    assert_int_equal(a1->state, DEVIO_ADAPTER_FAILED);
+    assert_string_equal(a1->reason, "bad shape");
+    assert_false(a1->pinned);
+    free(list);
 
-    fill_adapter(&a, "gamma", 8, "running");
+    /* One row by name; a name with no row is not an error. */
+    bool found = false;
+    assert_int_equal(devio_store_adapter_get(s, "beta", &a, &found, &err), DEVIO_OK);
+    assert_true(found);
+    assert_int_equal(a.rank, 4);
+    assert_int_equal(a.loaded_ms, 1234);
+    assert_int_equal(a.last_used_ms, 5678);
+    assert_string_equal(a.sha256, "ab12");
+    assert_int_equal(devio_store_adapter_get(s, "delta", &a, &found, &err), DEVIO_OK);
+    assert_false(found);
+
+    fill_adapter(&a, "gamma", 8, (devio_adapter_state)99); /* no such state */
     assert_int_equal(devio_store_adapter_put(s, &a, &err), DEVIO_E_INVALID);
-    fill_adapter(&a, "gamma", 8, "loaded");
+    fill_adapter(&a, "gamma", 8, DEVIO_ADAPTER_LOADED);
     a.alpha = NAN;
     assert_int_equal(devio_store_adapter_put(s, &a, &err), DEVIO_E_INVALID);
 
@@ -743,11 +742,10 @@ static void test_adapters(void **state)
     devio_store_close(s);
 
     s = open_store(c, 0); /* rows persist */
-    assert_int_equal(devio_store_adapters_list(s, &list, &err), DEVIO_OK);
-    assert_int_equal(json_array_size(list), 1);
-    assert_string_equal(json_string_value(json_object_get(json_array_get(list, 0), "name")),
-                        "alpha");
-    json_decref(list);
+    assert_int_equal(devio_store_adapters_list(s, &list, &n, &err), DEVIO_OK);
+    assert_int_equal(n, 1);
+    assert_string_equal(list[0].name, "alpha");
+    free(list);
     devio_store_close(s);
 }
 
@@ -861,7 +859,8 @@ static void test_crash_safety(void **state)
         if (devio_store_open(c->path, NULL, &s, NULL) != DEVIO_OK)
             _exit(2);
         for (uint64_t id = 1; id <= N; id++) {
-            devio_ticket_record r = {.id = id, .launched_ms = (int64_t)id, .seqs = "[1]"};
+            devio_ticket_record r = {.id = id, .launched_ms = (int64_t)id, .seqs = seq1,
+                                     .n_seqs = 1};
             if (devio_store_wait(s, devio_store_ticket_launched(s, &r), NULL) != DEVIO_OK)
                 _exit(3);
             r.status = "ok";
@@ -894,18 +893,18 @@ static void test_crash_safety(void **state)
     devio_store *s = open_store(c, 0);
     assert_int_equal(devio_store_epoch(s), 2);
     assert_true(devio_store_next_ticket_id(s) >= N + M + 1);
-    json_t *p = query(s, "ok", 0, 0, 0, 1000);
-    assert_int_equal(json_array_size(tickets_of(p)), N);
-    assert_int_equal(id_at(p, 0), N);
-    assert_int_equal(id_at(p, N - 1), 1);
-    json_decref(p);
+    devio_ticket_page p = query(s, "ok", 0, 0, 0, 1000);
+    assert_int_equal(p.n, N);
+    assert_int_equal(id_at(&p, 0), N);
+    assert_int_equal(id_at(&p, N - 1), 1);
+    devio_ticket_page_free(&p);
     p = query(s, "in_flight", 0, 0, 0, 1000);
-    assert_int_equal(json_array_size(tickets_of(p)), 0);
-    json_decref(p);
+    assert_int_equal(p.n, 0);
+    devio_ticket_page_free(&p);
     p = query(s, "aborted", 0, 0, 0, 1000);
-    size_t aborted = json_array_size(tickets_of(p));
+    size_t aborted = p.n;
     assert_true(aborted >= M && aborted <= M + 50);
-    json_decref(p);
+    devio_ticket_page_free(&p);
     devio_store_close(s);
     assert_true(integrity_ok(c->path));
     assert_int_equal(sql_int(c->path, "SELECT count(*) - count(DISTINCT id) FROM tickets"), 0);

@@ -1,0 +1,26 @@
+/* routes.h - the handlers of devio-server's route table (service/server.c), one per method and path.
+ * Each decodes with api/, calls the device API or a service module, and encodes with api/; none touches SQL or sockets. */
+#ifndef DEVIO_ROUTES_H
+#define DEVIO_ROUTES_H
+
+#include "service/route.h"
+
+/* Each is a devio_route_handler (service/route.h). */
+
+/* routes_device.c: sequences, effects, logits, facts, the device, teardown */
+devio_route_handler devio_route_seq_create, devio_route_seq_get, devio_route_seq_delete,
+    devio_route_effects, devio_route_logits, devio_route_facts, devio_route_device,
+    devio_route_teardown;
+
+/* routes_tickets.c: launch, step, await, the history */
+devio_route_handler devio_route_launch, devio_route_step, devio_route_await, devio_route_tickets;
+
+/* routes_adapters.c: list, get, load, unload, pin, unpin */
+devio_route_handler devio_route_adapters_list, devio_route_adapter_get, devio_route_adapter_put,
+    devio_route_adapter_delete, devio_route_adapter_pin, devio_route_adapter_unpin;
+
+/* routes_ops.c: health, readiness, metrics, the contract document */
+devio_route_handler devio_route_healthz, devio_route_readyz, devio_route_metrics,
+    devio_route_openapi;
+
+#endif

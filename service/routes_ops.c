@@ -1,0 +1,71 @@
+/* routes_ops.c - the operations routes: /healthz, /readyz, /metrics and the contract at /v1/openapi.yaml.
+ * Read-only; they must answer even after teardown, and never wait on a step. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/status.h"
+#include "service/request.h"
+#include "service/routes.h"
+#include "service/server.h"
+
+extern const char devio_openapi_yaml[];
+extern const unsigned long devio_openapi_yaml_len;
+
+devio_status devio_route_healthz(devio_server *s, const devio_request *rq, devio_reply *out,
+                                 devio_error *err)
+{
+    (void)s;
+    (void)rq;
+    return devio_reply_json(out, 200, json_pack("{s:s}", "status", "ok"), err);
+}
+
+devio_status devio_route_readyz(devio_server *s, const devio_request *rq, devio_reply *out,
+                                devio_error *err)
+{
+    (void)rq;
+    if (!atomic_load(&s->ready))
+        return devio_fail(err, DEVIO_E_NOT_READY, "not serving");
+    return devio_reply_json(out, 200, json_pack("{s:s}", "status", "ready"), err);
+}
+
+devio_status devio_route_metrics(devio_server *s, const devio_request *rq, devio_reply *out,
+                                 devio_error *err)
+{
+    (void)rq;
+    devio_device *dev;
+    devio_facts f;
+    devio_lora_ack live = {0};
+    devio_metrics_adapters ma = {0};
+    devio_error down = {0};
+    bool up = devio_server_hold(s, &dev, &down) == DEVIO_OK;
+    if (up) {
+        f = devio_facts_get(dev);
+        /* rows_served per adapter comes from the device's table as it is now. */
+        devio_lora_cmd list = {.kind = DEVIO_LORA_LIST};
+        if (devio_lora(dev, &list, &live, NULL) == DEVIO_OK) {
+            ma.live = live.adapters;
+            ma.n_live = live.n_adapters;
+        }
+        ma.capacity = devio_config_of(dev)->max_loras;
+        devio_server_release(s);
+    }
+    char *text = devio_metrics_render(&s->metrics, up ? &f : NULL, up ? &ma : NULL);
+    devio_lora_ack_free(&live);
+    if (!text)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory rendering the metrics");
+    devio_reply_bytes(out, 200, "text/plain; version=0.0.4", text, strlen(text));
+    return DEVIO_OK;
+}
+
+devio_status devio_route_openapi(devio_server *s, const devio_request *rq, devio_reply *out,
+                                 devio_error *err)
+{
+    (void)s;
+    (void)rq;
+    char *body = malloc(devio_openapi_yaml_len + 1);
+    if (!body)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+    memcpy(body, devio_openapi_yaml, devio_openapi_yaml_len);
+    devio_reply_bytes(out, 200, "application/yaml", body, devio_openapi_yaml_len);
+    return DEVIO_OK;
+}

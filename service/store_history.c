@@ -1,0 +1,210 @@
+/* store_history.c - ticket history pages: the filtered, newest-first reads behind GET /v1/tickets.
+ * Reads committed rows into structs on the caller's connection; it never writes and never speaks JSON. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/status.h"
+#include "service/store_internal.h"
+
+#define QUERY_LIMIT_MAX 1000u
+
+static sqlite3_stmt *query_stmt(devio_store *s, unsigned mask)
+{
+    if (s->st_query[mask])
+        return s->st_query[mask];
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT id, epoch, status, launched_ms, settled_ms, rows, tokens, seqs,"
+             " queued_us, compute_us, error_code, error_message FROM tickets WHERE 1%s%s%s%s"
+             " ORDER BY id DESC LIMIT :limit",
+             (mask & STORE_QF_STATUS) ? " AND status = :status" : "",
+             (mask & STORE_QF_SINCE) ? " AND launched_ms >= :since" : "",
+             (mask & STORE_QF_UNTIL) ? " AND launched_ms < :until" : "",
+             (mask & STORE_QF_BEFORE) ? " AND id < :before" : "");
+    if (sqlite3_prepare_v3(s->rdb, sql, -1, SQLITE_PREPARE_PERSISTENT, &s->st_query[mask],
+                           NULL) != SQLITE_OK) {
+        sqlite3_finalize(s->st_query[mask]);
+        s->st_query[mask] = NULL;
+    }
+    return s->st_query[mask];
+}
+
+void store_history_finalize(devio_store *s)
+{
+    for (int i = 0; i < STORE_QF_COUNT; i++)
+        sqlite3_finalize(s->st_query[i]);
+}
+
+/* The seqs text store_writer.c writes ("[7,8]") as ids. Text that is not such
+ * a list gives an empty one rather than failing the whole page. */
+static int parse_seqs(const char *t, uint64_t **out, uint32_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (!t || *t != '[')
+        return 0;
+    size_t commas = 0;
+    for (const char *p = t; *p; p++)
+        commas += *p == ',';
+    uint64_t *v = malloc((commas + 1) * sizeof *v);
+    if (!v)
+        return -1;
+    uint32_t k = 0;
+    const char *p = t + 1;
+    while (*p != ']') {
+        if (*p < '0' || *p > '9')
+            goto out_empty;
+        char *end;
+        v[k++] = strtoull(p, &end, 10);
+        p = end;
+        if (*p == ',' && p[1] != ']')
+            p++;
+        else if (*p != ']')
+            goto out_empty;
+    }
+    if (p[1] != '\0' || k == 0)
+        goto out_empty;
+    *out = v;
+    *n = k;
+    return 0;
+out_empty:
+    free(v);
+    return 0;
+}
+
+static char *column_dup(sqlite3_stmt *st, int i, bool *oom)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    char *d = t ? strdup((const char *)t) : NULL;
+    *oom |= t && !d;
+    return d;
+}
+
+/* One result row into *r; -1 on out of memory (what was taken is freed with the page). */
+static int read_row(sqlite3_stmt *st, devio_ticket_row *r)
+{
+    bool oom = false;
+    r->id = (uint64_t)sqlite3_column_int64(st, 0);
+    r->epoch = (uint64_t)sqlite3_column_int64(st, 1);
+    r->status = store_find_name(store_ticket_statuses, 4, (const char *)sqlite3_column_text(st, 2));
+    if (!r->status) /* the schema's CHECK keeps this from happening */
+        r->status = "failed";
+    r->launched_ms = sqlite3_column_int64(st, 3);
+    r->has_settled_ms = sqlite3_column_type(st, 4) != SQLITE_NULL;
+    r->settled_ms = sqlite3_column_int64(st, 4);
+    r->rows = (uint32_t)sqlite3_column_int64(st, 5);
+    r->tokens = (uint32_t)sqlite3_column_int64(st, 6);
+    if (parse_seqs((const char *)sqlite3_column_text(st, 7), &r->seqs, &r->n_seqs) < 0)
+        oom = true;
+    r->has_queued_us = sqlite3_column_type(st, 8) != SQLITE_NULL;
+    r->queued_us = (uint64_t)sqlite3_column_int64(st, 8);
+    r->has_compute_us = sqlite3_column_type(st, 9) != SQLITE_NULL;
+    r->compute_us = (uint64_t)sqlite3_column_int64(st, 9);
+    if (sqlite3_column_type(st, 10) != SQLITE_NULL) {
+        r->error_code = column_dup(st, 10, &oom);
+        r->error_message = column_dup(st, 11, &oom);
+        if (!r->error_message && !oom)
+            r->error_message = strdup("");
+        oom |= !r->error_message;
+    }
+    return oom ? -1 : 0;
+}
+
+void devio_ticket_page_free(devio_ticket_page *p)
+{
+    if (!p)
+        return;
+    for (uint32_t i = 0; i < p->n; i++) {
+        free(p->rows[i].seqs);
+        free(p->rows[i].error_code);
+        free(p->rows[i].error_message);
+    }
+    free(p->rows);
+    memset(p, 0, sizeof *p);
+}
+
+static devio_status check_query(const devio_ticket_query *q, const char **status,
+                                devio_error *err)
+{
+    if (q->limit < 1 || q->limit > QUERY_LIMIT_MAX)
+        return devio_fail_at(err, DEVIO_E_INVALID, "limit", q->limit,
+                             "ticket query: limit must be 1..%u", QUERY_LIMIT_MAX);
+    *status = NULL;
+    if (q->status) {
+        *status = store_find_name(store_ticket_statuses, 4, q->status);
+        if (!*status)
+            return devio_fail(err, DEVIO_E_INVALID,
+                              "ticket query: status must be in_flight, ok, failed or aborted");
+    }
+    if (q->since_ms < 0 || q->until_ms < 0)
+        return devio_fail(err, DEVIO_E_INVALID, "ticket query: times must not be negative");
+    if (q->since_ms && q->until_ms && q->until_ms < q->since_ms)
+        return devio_fail(err, DEVIO_E_INVALID, "ticket query: until is before since");
+    if (q->before_id > INT64_MAX)
+        return devio_fail(err, DEVIO_E_INVALID, "ticket query: before_id is out of range");
+    return DEVIO_OK;
+}
+
+static void bind_named_int(sqlite3_stmt *st, const char *name, int64_t v)
+{
+    int i = sqlite3_bind_parameter_index(st, name);
+    if (i > 0)
+        sqlite3_bind_int64(st, i, v);
+}
+
+devio_status devio_store_tickets_query(devio_store *s, const devio_ticket_query *q,
+                                       devio_ticket_page *out, devio_error *err)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!s || !q || !out)
+        return devio_fail(err, DEVIO_E_INVALID, "ticket query: store, query or out is NULL");
+    const char *status = NULL;
+    devio_status rs = check_query(q, &status, err);
+    if (rs != DEVIO_OK)
+        return rs;
+    out->rows = calloc(q->limit, sizeof *out->rows);
+    if (!out->rows)
+        return devio_fail(err, DEVIO_E_NOMEM, "ticket query: out of memory");
+
+    unsigned mask = (status ? STORE_QF_STATUS : 0) | (q->since_ms ? STORE_QF_SINCE : 0) |
+                    (q->until_ms ? STORE_QF_UNTIL : 0) | (q->before_id ? STORE_QF_BEFORE : 0);
+    pthread_mutex_lock(&s->rmu);
+    sqlite3_stmt *st = query_stmt(s, mask);
+    if (!st) {
+        rs = store_sql_fail(err, s->rdb, s->path, "cannot prepare the history query");
+        goto out_unlock;
+    }
+    if (status)
+        sqlite3_bind_text(st, sqlite3_bind_parameter_index(st, ":status"), status, -1,
+                          SQLITE_STATIC);
+    bind_named_int(st, ":since", q->since_ms);
+    bind_named_int(st, ":until", q->until_ms);
+    bind_named_int(st, ":before", (int64_t)q->before_id);
+    /* One row more than asked tells whether a next page exists. */
+    bind_named_int(st, ":limit", (int64_t)q->limit + 1);
+
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (out->n == q->limit) {
+            out->has_next = true;
+            out->next = out->rows[out->n - 1].id;
+            break;
+        }
+        if (read_row(st, &out->rows[out->n++]) < 0) {
+            rs = devio_fail(err, DEVIO_E_NOMEM, "ticket query: out of memory");
+            break;
+        }
+    }
+    if (rs == DEVIO_OK && rc != SQLITE_ROW && rc != SQLITE_DONE)
+        rs = store_sql_fail(err, s->rdb, s->path, "history query failed");
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+out_unlock:
+    pthread_mutex_unlock(&s->rmu);
+    if (rs != DEVIO_OK)
+        devio_ticket_page_free(out);
+    return rs;
+}

@@ -1,0 +1,128 @@
+/* store_internal.h - the state the store's files share: the devio_store struct, the write queue and small SQLite helpers.
+ * Private to service/store*.c; nothing outside the store may include it. */
+#ifndef DEVIO_STORE_INTERNAL_H
+#define DEVIO_STORE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <sqlite3.h>
+
+#include "service/store.h"
+
+#define STORE_FAIL_RANGES 64
+#define STORE_FAIL_MSG_LEN 160
+
+/* The ticket statuses of the schema's CHECK; [0] is "in_flight". */
+extern const char *const store_ticket_statuses[4];
+
+typedef enum store_wkind { STORE_W_LAUNCH, STORE_W_SETTLE, STORE_W_ABORT } store_wkind;
+
+/* One queued write. Strings are copied into buf so the caller's record may
+ * die as soon as the enqueue returns. */
+typedef struct store_wrec {
+    struct store_wrec *next;
+    uint64_t n; /* write number */
+    store_wkind kind;
+    const char *status; /* points into store_ticket_statuses */
+    int64_t id, launched_ms, settled_ms;
+    uint32_t rows, tokens;
+    int64_t queued_us, compute_us;
+    const char *seqs, *error_code, *error_message; /* into buf, or NULL */
+    char *fail;  /* SQLite's message when this write failed (malloc'd), or NULL */
+    bool failed;
+    char buf[];
+} store_wrec;
+
+/* A run of write numbers that failed, with the first message seen. */
+typedef struct store_fail_range {
+    uint64_t lo, hi;
+    char msg[STORE_FAIL_MSG_LEN];
+} store_fail_range;
+
+/* History query shapes: one cached statement per combination of optional filters. */
+enum { STORE_QF_STATUS = 1, STORE_QF_SINCE = 2, STORE_QF_UNTIL = 4, STORE_QF_BEFORE = 8,
+       STORE_QF_COUNT = 16 };
+
+struct devio_store {
+    char *path;
+    devio_store_options opt;
+    uint64_t epoch;
+    uint32_t schema_version;
+
+    /* Queue state, guarded by mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t work;  /* writer waits here for records or stop */
+    pthread_cond_t done;  /* waiters wait here for `committed` to move */
+    store_wrec *head, *tail;
+    uint64_t last_queued;  /* highest write number handed out */
+    uint64_t committed;    /* every write <= this has been committed or failed */
+    uint64_t next_id;      /* one more than the largest ticket id stored or queued */
+    bool stopping;
+    /* Ring of failed runs, oldest overwritten: a waiter must ask within 64
+     * failure runs of its write, which holds since callers wait at once. */
+    store_fail_range fails[STORE_FAIL_RANGES];
+    unsigned nfails, fail_pos;
+
+    /* Writer thread only (after open). */
+    pthread_t thread;
+    sqlite3 *wdb;
+    sqlite3_stmt *st_begin, *st_commit, *st_rollback;
+    sqlite3_stmt *st_launch, *st_settle, *st_abort, *st_trim, *st_high;
+    int64_t rows_estimate;  /* ticket rows in the file, for retention */
+    int64_t id_high;        /* largest ticket id committed */
+    int64_t id_high_stored; /* ticket_id_high in meta; written only when rows are
+                             * deleted and at close, since max(id) covers the rest */
+    bool failing;           /* a failure was logged and nothing has succeeded since */
+    bool trim_warned;       /* a trimming failure was logged */
+    uint64_t failures_since_log;
+
+    /* Caller-side connection for history, adapters and meta, guarded by rmu.
+     * WAL lets it read while the writer holds its transaction. */
+    pthread_mutex_t rmu;
+    sqlite3 *rdb;
+    sqlite3_stmt *st_query[STORE_QF_COUNT];
+};
+
+/* ---- helpers (store_sql.c) ------------------------------------------------ */
+
+/* DEVIO_E_IO "ticket store PATH: WHAT: sqlite message". */
+devio_status store_sql_fail(devio_error *err, sqlite3 *db, const char *path, const char *what);
+/* Prepare sql on the reader connection (the caller holds rmu); on failure
+ * DEVIO_E_IO "WHAT: cannot prepare: ..." and *st NULL. */
+devio_status store_prepare(devio_store *s, const char *sql, sqlite3_stmt **st, const char *what,
+                           devio_error *err);
+/* SQL text with no results (pragmas, DDL, BEGIN/COMMIT); the caller reports errors. */
+int store_exec(sqlite3 *db, const char *sql);
+/* A single integer from a one-row query; *found (may be NULL) false when no row or NULL. */
+int store_query_int(sqlite3 *db, const char *sql, int64_t *v, bool *found);
+/* Insert or replace a meta row on db (either connection); SQLITE_OK or the error. */
+int store_meta_put(sqlite3 *db, const char *key, const char *value);
+void store_bind_text_or_null(sqlite3_stmt *st, int i, const char *v);
+/* Step, reset and clear a prepared statement; the step's result code. */
+int store_step_reset(sqlite3_stmt *st);
+/* The entry of names[0..n) equal to v (the static string), or NULL. */
+const char *store_find_name(const char *const *names, size_t n, const char *v);
+
+/* ---- open (store_schema.c) ------------------------------------------------ */
+
+/* A connection configured for the store (busy timeout, pragmas). */
+devio_status store_connect(const char *path, uint32_t busy_ms, sqlite3 **out, devio_error *err);
+/* On s->wdb: WAL, migrations, epoch, aborted-at-start, the ticket id high-water mark,
+ * in one transaction. Fills s->schema_version, epoch, rows_estimate, id_high*, next_id. */
+devio_status store_schema_open(devio_store *s, devio_error *err);
+
+/* ---- writer (store_writer.c) ---------------------------------------------- */
+
+devio_status store_writer_prepare(devio_store *s, devio_error *err);
+void *store_writer_main(void *arg);
+/* Record the ticket id high-water mark (writer connection); SQLITE_DONE on success. */
+int store_writer_high(devio_store *s, int64_t id);
+void store_writer_finalize(devio_store *s);
+
+/* ---- history (store_history.c) -------------------------------------------- */
+
+void store_history_finalize(devio_store *s);
+
+#endif

@@ -1,0 +1,471 @@
+/* store_writer.c - ticket writes: the queue callers fill, the writer thread that group-commits it, retention.
+ * Never runs SQL on a caller's thread; never holds the queue lock while SQLite works. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "device/status.h"
+#include "service/store_internal.h"
+
+#define FIND_STATUS(v) store_find_name(store_ticket_statuses, 4, (v))
+
+devio_status store_writer_prepare(devio_store *s, devio_error *err)
+{
+    struct {
+        sqlite3_stmt **st;
+        const char *sql;
+    } tab[] = {
+        {&s->st_begin, "BEGIN IMMEDIATE"},
+        {&s->st_commit, "COMMIT"},
+        {&s->st_rollback, "ROLLBACK"},
+        {&s->st_launch,
+         "INSERT INTO tickets(id, epoch, status, launched_ms, settled_ms, rows, tokens, seqs,"
+         " queued_us, compute_us, error_code, error_message)"
+         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"},
+        {&s->st_settle,
+         "UPDATE tickets SET status=?2, settled_ms=?3, queued_us=?4, compute_us=?5,"
+         " error_code=?6, error_message=?7 WHERE id=?1"},
+        {&s->st_abort,
+         "UPDATE tickets SET status='aborted', settled_ms=?1, error_code='aborted',"
+         " error_message=?2 WHERE status='in_flight' AND epoch=?3"},
+        /* Oldest settled rows first; rows still in flight are never trimmed
+         * so their settle finds them. Walks only the rows it deletes. */
+        {&s->st_trim,
+         "DELETE FROM tickets WHERE id IN (SELECT id FROM tickets"
+         " WHERE status <> 'in_flight' ORDER BY id LIMIT ?1)"},
+        {&s->st_high, "UPDATE meta SET value=?1 WHERE key='ticket_id_high'"},
+    };
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (sqlite3_prepare_v3(s->wdb, tab[i].sql, -1, SQLITE_PREPARE_PERSISTENT, tab[i].st,
+                               NULL) != SQLITE_OK)
+            return store_sql_fail(err, s->wdb, s->path, "cannot prepare a statement");
+    return DEVIO_OK;
+}
+
+void store_writer_finalize(devio_store *s)
+{
+    sqlite3_stmt *w[] = {s->st_begin,  s->st_commit, s->st_rollback, s->st_launch, s->st_settle,
+                         s->st_abort,  s->st_trim,   s->st_high};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        sqlite3_finalize(w[i]);
+}
+
+/* ---- enqueue ----------------------------------------------------------- */
+
+static uint64_t enqueue(devio_store *s, store_wrec *w)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        free(w);
+        return 0;
+    }
+    w->n = ++s->last_queued;
+    if (w->kind == STORE_W_LAUNCH && (uint64_t)w->id >= s->next_id)
+        s->next_id = (uint64_t)w->id + 1;
+    if (s->tail)
+        s->tail->next = w;
+    else
+        s->head = w;
+    s->tail = w;
+    uint64_t n = w->n;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+static size_t slen(const char *p)
+{
+    return p ? strlen(p) + 1 : 0;
+}
+
+/* Copy p into the record's buffer at *pos; NULL stays NULL. */
+static const char *put_str(store_wrec *w, size_t *pos, const char *p)
+{
+    if (!p)
+        return NULL;
+    size_t n = strlen(p) + 1;
+    char *d = w->buf + *pos;
+    memcpy(d, p, n);
+    *pos += n;
+    return d;
+}
+
+/* The seqs column: the sequence ids as text "[7,8]" (store_history.c reads it
+ * back), written into the record's buffer at *pos. */
+static const char *put_seqs(store_wrec *w, size_t *pos, const uint64_t *seqs, uint32_t n)
+{
+    char *d = w->buf + *pos, *p = d;
+    *p++ = '[';
+    for (uint32_t i = 0; i < n; i++)
+        p += sprintf(p, i ? ",%" PRIu64 : "%" PRIu64, seqs[i]);
+    *p++ = ']';
+    *p++ = '\0';
+    *pos += (size_t)(p - d);
+    return d;
+}
+
+/* Bytes of put_seqs' text: brackets, NUL, and at most 20 digits and a comma each. */
+static size_t seqs_len(uint32_t n)
+{
+    return 3 + (size_t)n * 21;
+}
+
+static store_wrec *make_rec(store_wkind kind, const devio_ticket_record *r, const char *status)
+{
+    bool has_seqs = kind == STORE_W_LAUNCH && r->seqs; /* no seqs: NULL in the row */
+    size_t extra = (has_seqs ? seqs_len(r->n_seqs) : 0) + slen(r->error_code) +
+                   slen(r->error_message);
+    store_wrec *w = calloc(1, sizeof *w + extra);
+    if (!w)
+        return NULL;
+    size_t pos = 0;
+    w->kind = kind;
+    w->status = status;
+    w->id = (int64_t)r->id;
+    w->launched_ms = r->launched_ms;
+    w->settled_ms = r->settled_ms;
+    w->rows = r->rows;
+    w->tokens = r->tokens;
+    w->queued_us = r->queued_us > INT64_MAX ? INT64_MAX : (int64_t)r->queued_us;
+    w->compute_us = r->compute_us > INT64_MAX ? INT64_MAX : (int64_t)r->compute_us;
+    w->seqs = has_seqs ? put_seqs(w, &pos, r->seqs, r->n_seqs) : NULL;
+    w->error_code = put_str(w, &pos, r->error_code);
+    w->error_message = put_str(w, &pos, r->error_message);
+    return w;
+}
+
+/* A malformed record (NULL, id 0 or past INT64_MAX, unknown status) is a
+ * caller bug; it is refused here (0) rather than failing later in SQL. */
+uint64_t devio_store_ticket_launched(devio_store *s, const devio_ticket_record *r)
+{
+    if (!s || !r || r->id == 0 || r->id > INT64_MAX)
+        return 0;
+    const char *status = r->status ? FIND_STATUS(r->status) : store_ticket_statuses[0];
+    if (!status)
+        return 0;
+    store_wrec *w = make_rec(STORE_W_LAUNCH, r, status);
+    return w ? enqueue(s, w) : 0;
+}
+
+uint64_t devio_store_ticket_settled(devio_store *s, const devio_ticket_record *r)
+{
+    if (!s || !r || r->id == 0 || r->id > INT64_MAX)
+        return 0;
+    const char *status = r->status ? FIND_STATUS(r->status)
+                                   : (r->error_code ? "failed" : "ok");
+    if (!status || status == store_ticket_statuses[0]) /* settling into in_flight means nothing */
+        return 0;
+    store_wrec *w = make_rec(STORE_W_SETTLE, r, status);
+    if (!w)
+        return 0;
+    if (w->settled_ms == 0) /* a settled row always carries a time */
+        w->settled_ms = devio_unix_ms();
+    return enqueue(s, w);
+}
+
+uint64_t devio_store_abort_in_flight(devio_store *s, const char *reason)
+{
+    if (!s)
+        return 0;
+    devio_ticket_record r = {.id = 0,
+                             .error_message = reason ? reason : "device torn down",
+                             .settled_ms = devio_unix_ms()};
+    store_wrec *w = make_rec(STORE_W_ABORT, &r, "aborted");
+    return w ? enqueue(s, w) : 0;
+}
+
+/* ---- wait -------------------------------------------------------------- */
+
+devio_status devio_store_wait(devio_store *s, uint64_t n, devio_error *err)
+{
+    if (n == 0)
+        return DEVIO_OK;
+    if (!s)
+        return devio_fail(err, DEVIO_E_INVALID, "devio_store_wait: store is NULL");
+    pthread_mutex_lock(&s->mu);
+    if (n > s->last_queued) {
+        uint64_t last = s->last_queued;
+        pthread_mutex_unlock(&s->mu);
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "ticket store write %" PRIu64 " was never queued (last %" PRIu64 ")",
+                          n, last);
+    }
+    while (s->committed < n)
+        pthread_cond_wait(&s->done, &s->mu);
+    devio_status st = DEVIO_OK;
+    for (unsigned i = 0; i < s->nfails; i++) {
+        const store_fail_range *f = &s->fails[i];
+        if (n >= f->lo && n <= f->hi) {
+            st = devio_fail(err, DEVIO_E_IO, "ticket store %s: write %" PRIu64 " failed: %s",
+                            s->path, n, f->msg);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+/* ---- writer thread ----------------------------------------------------- */
+
+static int insert_row(devio_store *s, const store_wrec *w, bool settled)
+{
+    sqlite3_stmt *st = s->st_launch;
+    sqlite3_bind_int64(st, 1, w->id);
+    sqlite3_bind_int64(st, 2, (int64_t)s->epoch);
+    sqlite3_bind_text(st, 3, w->status, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, w->launched_ms);
+    bool in_flight = strcmp(w->status, "in_flight") == 0;
+    if (w->settled_ms != 0 && !in_flight)
+        sqlite3_bind_int64(st, 5, w->settled_ms);
+    else
+        sqlite3_bind_null(st, 5);
+    sqlite3_bind_int64(st, 6, w->rows);
+    sqlite3_bind_int64(st, 7, w->tokens);
+    store_bind_text_or_null(st, 8, w->seqs);
+    if (settled || !in_flight) {
+        sqlite3_bind_int64(st, 9, w->queued_us);
+        sqlite3_bind_int64(st, 10, w->compute_us);
+    }
+    store_bind_text_or_null(st, 11, w->error_code);
+    store_bind_text_or_null(st, 12, w->error_message);
+    return store_step_reset(st);
+}
+
+/* insert_row, counting the new row and the largest id for retention. */
+static int insert_counted(devio_store *s, const store_wrec *w, bool settled, int64_t *added,
+                          int64_t *max_id)
+{
+    int rc = insert_row(s, w, settled);
+    if (rc == SQLITE_DONE) {
+        (*added)++;
+        if (w->id > *max_id)
+            *max_id = w->id;
+    }
+    return rc;
+}
+
+/* Apply one record inside the open transaction. *added counts new rows.
+ * A settle changes status, settled_ms, timings and error only; rows, tokens
+ * and seqs are those written at launch. */
+static int apply(devio_store *s, store_wrec *w, int64_t *added, int64_t *max_id)
+{
+    int rc;
+    switch (w->kind) {
+    case STORE_W_LAUNCH:
+        return insert_counted(s, w, false, added, max_id);
+    case STORE_W_SETTLE: {
+        sqlite3_stmt *st = s->st_settle;
+        sqlite3_bind_int64(st, 1, w->id);
+        sqlite3_bind_text(st, 2, w->status, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, w->settled_ms);
+        sqlite3_bind_int64(st, 4, w->queued_us);
+        sqlite3_bind_int64(st, 5, w->compute_us);
+        store_bind_text_or_null(st, 6, w->error_code);
+        store_bind_text_or_null(st, 7, w->error_message);
+        rc = store_step_reset(st);
+        if (rc != SQLITE_DONE || sqlite3_changes(s->wdb) > 0)
+            return rc;
+        /* No row (its launch write failed or was never made): record the
+         * outcome anyway rather than lose it. */
+        return insert_counted(s, w, true, added, max_id);
+    }
+    case STORE_W_ABORT: {
+        sqlite3_stmt *st = s->st_abort;
+        sqlite3_bind_int64(st, 1, w->settled_ms);
+        store_bind_text_or_null(st, 2, w->error_message);
+        sqlite3_bind_int64(st, 3, (int64_t)s->epoch);
+        return store_step_reset(st);
+    }
+    }
+    return SQLITE_MISUSE;
+}
+
+static void mark_failed(store_wrec *from, const store_wrec *to_excl, const char *msg)
+{
+    for (store_wrec *w = from; w != to_excl; w = w->next) {
+        if (w->failed)
+            continue;
+        w->failed = true;
+        w->fail = strdup(msg ? msg : "unknown SQLite error");
+    }
+}
+
+int store_writer_high(devio_store *s, int64_t id)
+{
+    char txt[32];
+    snprintf(txt, sizeof txt, "%" PRId64, id);
+    sqlite3_bind_text(s->st_high, 1, txt, -1, SQLITE_TRANSIENT);
+    return store_step_reset(s->st_high);
+}
+
+/* Trim the oldest settled rows once the table is `slack` past the limit, so
+ * each trim deletes at least `slack` rows: cost per insert stays O(1) and the
+ * table holds at most retention + slack rows (plus rows still in flight). */
+static int retain(devio_store *s, int64_t *added, int64_t max_id, int64_t *stored)
+{
+    uint32_t keep = s->opt.retention;
+    if (keep == 0)
+        return SQLITE_DONE;
+    int64_t slack = keep / 16;
+    if (slack < 1)
+        slack = 1;
+    if (slack > 256)
+        slack = 256;
+    int64_t rows = s->rows_estimate + *added;
+    if (rows <= (int64_t)keep + slack)
+        return SQLITE_DONE;
+    /* The rows about to go may hold the largest id; keep it in meta first, in
+     * the same transaction, so a later open never hands an id out again. */
+    int rc = SQLITE_DONE;
+    if (max_id > *stored) {
+        rc = store_writer_high(s, max_id);
+        if (rc != SQLITE_DONE)
+            return rc;
+        *stored = max_id;
+    }
+    sqlite3_bind_int64(s->st_trim, 1, rows - keep);
+    rc = store_step_reset(s->st_trim);
+    if (rc == SQLITE_DONE)
+        *added -= sqlite3_changes(s->wdb);
+    return rc;
+}
+
+/* Run one transaction over records from `first` on, stopping early only when
+ * SQLite rolled the transaction back itself. Returns the first record not
+ * attempted (NULL when all were). */
+static store_wrec *run_txn(devio_store *s, store_wrec *first)
+{
+    int64_t added = 0, max_id = s->id_high, stored = s->id_high_stored;
+    if (store_step_reset(s->st_begin) != SQLITE_DONE) {
+        mark_failed(first, NULL, sqlite3_errmsg(s->wdb));
+        return NULL;
+    }
+    store_wrec *w = first;
+    for (; w; w = w->next) {
+        if (apply(s, w, &added, &max_id) == SQLITE_DONE)
+            continue;
+        if (sqlite3_get_autocommit(s->wdb)) {
+            /* SQLite abandoned the whole transaction (I/O error, disk full):
+             * every write of it so far is lost. */
+            mark_failed(first, w->next, sqlite3_errmsg(s->wdb));
+            return w->next;
+        }
+        mark_failed(w, w->next, sqlite3_errmsg(s->wdb)); /* this statement only */
+    }
+    int rc = retain(s, &added, max_id, &stored);
+    if (rc != SQLITE_DONE && !sqlite3_get_autocommit(s->wdb)) {
+        /* Trimming is housekeeping: when it fails alone, the writes still
+         * commit and the next batch tries again. */
+        if (!s->trim_warned)
+            fprintf(stderr, "devio store %s: trimming history failed: %s\n", s->path,
+                    sqlite3_errmsg(s->wdb));
+        s->trim_warned = true;
+        rc = SQLITE_DONE;
+    }
+    if (rc == SQLITE_DONE)
+        rc = store_step_reset(s->st_commit);
+    if (rc != SQLITE_DONE) {
+        mark_failed(first, NULL, sqlite3_errmsg(s->wdb));
+        if (!sqlite3_get_autocommit(s->wdb))
+            store_step_reset(s->st_rollback);
+        return NULL;
+    }
+    s->rows_estimate += added;
+    s->id_high = max_id;
+    s->id_high_stored = stored;
+    return NULL;
+}
+
+/* Record the batch's failures for waiters (under mu). Adjacent failures merge
+ * so a failing disk costs one range, not one per write. */
+static void note_failures(devio_store *s, const store_wrec *batch)
+{
+    for (const store_wrec *w = batch; w; w = w->next) {
+        if (!w->failed)
+            continue;
+        unsigned prev = (s->fail_pos + STORE_FAIL_RANGES - 1) % STORE_FAIL_RANGES;
+        store_fail_range *last = s->nfails ? &s->fails[prev] : NULL;
+        if (last && last->hi + 1 == w->n) {
+            last->hi = w->n;
+            continue;
+        }
+        store_fail_range *f = &s->fails[s->fail_pos];
+        s->fail_pos = (s->fail_pos + 1) % STORE_FAIL_RANGES;
+        if (s->nfails < STORE_FAIL_RANGES)
+            s->nfails++;
+        f->lo = f->hi = w->n;
+        snprintf(f->msg, sizeof f->msg, "%s", w->fail ? w->fail : "out of memory");
+    }
+}
+
+/* Log the first failure of a run of failures, then one line when writes
+ * succeed again, so a failing disk does not flood stderr. */
+static void log_outcome(devio_store *s, const store_wrec *batch)
+{
+    uint64_t failed = 0, ok = 0;
+    const store_wrec *first_fail = NULL;
+    for (const store_wrec *w = batch; w; w = w->next) {
+        if (w->failed) {
+            failed++;
+            if (!first_fail)
+                first_fail = w;
+        } else {
+            ok++;
+        }
+    }
+    if (failed && !s->failing) {
+        fprintf(stderr, "devio store %s: write %" PRIu64 " failed: %s\n", s->path, first_fail->n,
+                first_fail->fail ? first_fail->fail : "out of memory");
+        s->failing = true;
+    }
+    s->failures_since_log += failed;
+    if (ok && s->failing && !failed) {
+        fprintf(stderr, "devio store %s: writes succeed again after %" PRIu64 " failed\n",
+                s->path, s->failures_since_log);
+        s->failing = false;
+        s->failures_since_log = 0;
+    }
+}
+
+void *store_writer_main(void *arg)
+{
+    devio_store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stopping)
+            pthread_cond_wait(&s->work, &s->mu);
+        if (!s->head)
+            break; /* stopping and drained */
+        /* Group commit: take everything queued, one transaction for all. */
+        store_wrec *batch = s->head;
+        s->head = s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+
+        for (store_wrec *from = batch; from;)
+            from = run_txn(s, from);
+        log_outcome(s, batch);
+        uint64_t last = batch->n;
+        for (store_wrec *w = batch; w; w = w->next)
+            last = w->n;
+
+        pthread_mutex_lock(&s->mu);
+        note_failures(s, batch);
+        s->committed = last;
+        pthread_cond_broadcast(&s->done);
+        pthread_mutex_unlock(&s->mu);
+
+        while (batch) {
+            store_wrec *next = batch->next;
+            free(batch->fail);
+            free(batch);
+            batch = next;
+        }
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
