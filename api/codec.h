@@ -1,4 +1,4 @@
-/* codec.h - JSON <-> C for the wire shapes of DESIGN §7 (jansson); adapters are in adapter_codec.h.
+/* codec.h - JSON <-> C for the wire shapes of docs/http.md (jansson); adapters are in adapter_codec.h.
  * Decoders validate types and ranges and never touch the device; encoders never fail silently. */
 #ifndef DEVIO_CODEC_H
 #define DEVIO_CODEC_H

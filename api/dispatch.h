@@ -10,7 +10,7 @@
 /* op: "create", "seq", "launch", "await", "step", "apply", "facts", "lora".
  * body is borrowed (may be NULL for create/facts). On success *result is a
  * new reference the caller releases; on failure *result is NULL and err is
- * filled. Bodies are those of DESIGN §7: launch/step take a plan, await
+ * filled. Bodies are those of docs/http.md: launch/step take a plan, await
  * takes {"ticket":N,"timeout_ms":M} (no timeout_ms: wait), apply an effect,
  * lora a command {"kind":..., "name":..., "path":..., "pin":...}, seq {"seq":N}. */
 devio_status devio_api_call(devio_device *d, const char *op, const json_t *body,

@@ -365,7 +365,7 @@ static int run_line(runner *r, json_t *line, FILE *out)
         json_decref(body);
     }
     /* Keys of the result are sorted so that every target prints the same
-     * bytes; the line itself reads op, ok, result/error as in DESIGN §5. */
+     * bytes; the line itself reads op, ok, result/error as in docs/conformance.md. */
     json_t *payload;
     if (s == DEVIO_OK) {
         if (as)

@@ -1,4 +1,4 @@
-/* script.h - the conformance script runner of DESIGN §5, over any target.
+/* script.h - the conformance script runner of docs/conformance.md, over any target.
  * The same runner drives the in-process device and a server over HTTP, so their lines compare byte for byte. */
 #ifndef DEVIO_SCRIPT_H
 #define DEVIO_SCRIPT_H

@@ -1,4 +1,4 @@
-/* conform_http.c - the HTTP script target: operations to DESIGN §7 routes, answers back to dispatch's shapes.
+/* http_target.c - the HTTP script target: operations to the routes of docs/http.md, answers back to dispatch's shapes.
  * One curl handle, one keep-alive connection; it must never retry a request that changes state, nor guess a number. */
 #include <stdarg.h>
 #include <stdio.h>

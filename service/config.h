@@ -14,7 +14,8 @@ typedef struct devio_server_config {
     const char *listen;     /* --listen HOST:PORT, default 127.0.0.1:8080 */
     const char *db;         /* --db FILE, default devio.db */
     const char *adapters;   /* --adapters DIR, default adapters */
-    const char *backend;    /* --backend auto|ref|cuda */
+    const char *backend;    /* --backend auto|ref|cuda|NAME of a plugin */
+    const char *backend_path; /* --backend-path DIR, where plugins are; NULL = next to the binary */
     const char *numerics;   /* --numerics strict|fast */
     const char *token;      /* DEVIO_TOKEN (environment only: flags show in ps) */
     const char *token_file; /* --token-file F */

@@ -29,8 +29,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "devio-server: %s: %s\n", devio_status_str(err.status), err.message);
         return 1;
     }
-    fprintf(stderr, "devio-server: serving %s on port %u (epoch %llu); SIGTERM stops\n",
-            cfg.model, srv.port, (unsigned long long)devio_store_epoch(srv.store));
+    devio_device_info info;
+    devio_device_info_get(srv.dev, &info);
+    fprintf(stderr, "devio-server: serving %s on port %u (epoch %llu) with backend %s (%s "
+                    "numerics) on %s; SIGTERM stops\n",
+            cfg.model, srv.port, (unsigned long long)devio_store_epoch(srv.store), info.backend,
+            devio_numerics_str(info.numerics), info.device);
     printf("listening %u\n", srv.port);
     fflush(stdout);
     int sig = 0;

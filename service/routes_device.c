@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "api/codec.h"
+#include "common/version.h"
 #include "device/status.h"
 #include "service/request.h"
 #include "service/routes.h"
@@ -219,14 +220,21 @@ devio_status devio_route_logits(devio_server *s, const devio_request *rq, devio_
 
 /* ---- the device ---------------------------------------------------------------- */
 
-/* The body of GET /v1/device: backend, numerics, the model and the limits in force. */
-static json_t *device_json(const devio_model *model, const devio_config *c)
+/* The body of GET /v1/device: the backend running and its device, the
+ * model and the limits in force. */
+static json_t *device_json(const devio_model *model, const devio_config *c,
+                           const devio_device_info *d)
 {
     const devio_model_config *m = &model->cfg;
+    json_t *hw = json_pack("{s:s,s:I,s:I,s:I,s:s,s:s,s:s}", "name", d->device, "memory_total",
+                           (json_int_t)d->memory_total, "memory_free", (json_int_t)d->memory_free,
+                           "memory_used", (json_int_t)d->memory_used, "compute_capability",
+                           d->compute_capability, "driver", d->driver, "runtime", d->runtime);
     return json_pack(
-        "{s:s,s:s,s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b},s:i,s:{s:i,s:i,s:i,s:i,s:i,"
-        "s:i,s:i,s:i,s:i,s:i},s:i,s:I}",
-        "backend", "ref", "numerics", "strict", "model", "architecture", m->architecture,
+        "{s:s,s:s,s:s,s:o,s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b},s:i,s:{s:i,s:i,s:i,"
+        "s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:i,s:I}",
+        "version", DEVIO_VERSION, "backend", d->backend, "numerics",
+        devio_numerics_str(d->numerics), "device", hw, "model", "architecture", m->architecture,
         "dtype", devio_dtype_str(model->layers[0].wq.dtype), "vocab_size", m->vocab_size,
         "hidden_size", m->hidden_size, "intermediate_size", m->intermediate_size, "layers",
         m->n_layers, "heads", m->n_heads, "kv_heads", m->n_kv_heads, "head_dim", m->head_dim,
@@ -244,7 +252,9 @@ static devio_status device_body(devio_server *s, const devio_request *rq, devio_
 {
     (void)rq;
     (void)err;
-    *j = device_json(s->model, devio_config_of(dev));
+    devio_device_info info;
+    devio_device_info_get(dev, &info);
+    *j = device_json(s->model, devio_config_of(dev), &info);
     return DEVIO_OK;
 }
 

@@ -13,8 +13,8 @@
 #include <microhttpd.h>
 
 #include "device/backend.h"
-#include "ref/ref_backend.h"
 #include "device/status.h"
+#include "ref/builtin.h"
 #include "service/request.h"
 #include "service/routes.h"
 #include "service/server.h"
@@ -370,14 +370,16 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     s->tickets.metrics = &s->metrics;
     struct sockaddr_in sa;
     devio_status st = parse_listen(cfg->listen, &sa, err);
-    if (st == DEVIO_OK && strcmp(cfg->backend, "auto") && strcmp(cfg->backend, "ref"))
-        st = devio_fail(err, DEVIO_E_UNSUPPORTED,
-                        "backend '%s' is not available in this build (use ref or auto)",
-                        cfg->backend);
-    if (st == DEVIO_OK && strcmp(cfg->numerics, "strict"))
-        st = devio_fail(err, DEVIO_E_UNSUPPORTED,
-                        "numerics '%s' needs the CUDA backend; the reference is strict",
+    devio_config dc = cfg->device;
+    if (st == DEVIO_OK && !devio_numerics_parse(cfg->numerics, &dc.numerics))
+        st = devio_fail(err, DEVIO_E_INVALID, "--numerics must be strict or fast, not '%s'",
                         cfg->numerics);
+    const devio_backend_ops *ops = NULL;
+    devio_registry_builtin(&s->registry, cfg->backend_path);
+    if (st == DEVIO_OK)
+        st = devio_registry_find(&s->registry, cfg->backend, &ops, err);
+    if (st == DEVIO_OK && s->registry.note[0])
+        fprintf(stderr, "devio-server: backend auto passed over %s\n", s->registry.note);
     if (st == DEVIO_OK)
         st = read_token(s, err);
     if (st == DEVIO_OK)
@@ -388,12 +390,11 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         st = devio_store_open(cfg->db, &so, &s->store, err);
     s->tickets.store = s->store;
     if (st == DEVIO_OK) {
-        devio_config dc = cfg->device;
         dc.epoch = devio_store_epoch(s->store);
         dc.first_ticket_id = devio_store_next_ticket_id(s->store);
         dc.use_worker_thread = true;
         dc.adapters_root = cfg->adapters;
-        st = devio_open(s->model, &devio_ref_backend, &dc, &s->dev, err);
+        st = devio_open(s->model, ops, &dc, &s->dev, err);
     }
     /* Before listening: the adapters recorded as loaded are loaded again, so
      * the first request sees the same table the last process had. */
@@ -452,6 +453,7 @@ void devio_server_stop(devio_server *s)
     if (s->mhd)
         MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
+    devio_registry_close(&s->registry);
     devio_store_close(s->store);
     s->store = NULL;
     devio_model_free(s->model);

@@ -9,6 +9,7 @@
 
 #include "device/devio.h"
 #include "device/model.h"
+#include "device/registry.h"
 #include "service/adapters.h"
 #include "service/config.h"
 #include "service/metrics.h"
@@ -19,6 +20,7 @@
 typedef struct devio_server {
     devio_server_config cfg;
     devio_model *model;        /* owned */
+    devio_registry registry;   /* owned: the backend plugins loaded; closed after teardown */
     devio_device *dev;         /* owned; NULL after teardown */
     pthread_rwlock_t dev_lock; /* readers: every device call; writer: teardown */
     devio_store *store;        /* owned */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ref/ref_backend.h"
 #include "service/tickets.h"
 #include "tests/testutil.h"
 

@@ -481,8 +481,13 @@ def _self_test(api):
         "epoch": 3,
     }
     device = {
+        "version": "0.2.0",
         "backend": "ref",
         "numerics": "strict",
+        "device": {
+            "name": "x86-64 CPU, 2 threads (reference)", "memory_total": 0, "memory_free": 0,
+            "memory_used": 1 << 20, "compute_capability": "", "driver": "", "runtime": "",
+        },
         "model": {
             "architecture": "LlamaForCausalLM", "dtype": "F32", "vocab_size": 256,
             "hidden_size": 64, "intermediate_size": 128, "layers": 2, "heads": 4,

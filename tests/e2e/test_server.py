@@ -688,7 +688,10 @@ def test_facts_and_device(c):
     assert f["ssm"] == {"slots_total": 0, "slots_used": 0, "snapshots_total": 0, "snapshots_used": 0}
     assert f["epoch"] == 1 and f["adapters_loaded"] == 0
     d = c.device()
+    # No CUDA plugin next to the binary: auto runs the reference.
     assert d["backend"] == "ref" and d["numerics"] == "strict"
+    assert "reference" in d["device"]["name"] and d["device"]["memory_used"] > 0
+    assert d["device"]["compute_capability"] == "" and d["version"]
     m = d["model"]
     assert (m["architecture"], m["vocab_size"], m["hidden_size"], m["layers"], m["heads"],
             m["kv_heads"], m["head_dim"]) == ("LlamaForCausalLM", VOCAB, 64, 2, 4, 2, 16)
@@ -697,6 +700,34 @@ def test_facts_and_device(c):
     assert d["limits"]["kv_blocks"] == f["kv"]["blocks_total"]
     assert d["epoch"] == f["epoch"] >= 1
     assert f["ssm"] == {"slots_total": 0, "slots_used": 0, "snapshots_total": 0, "snapshots_used": 0}
+
+
+def test_backend_choice(servers, tiny_model, bins):
+    """--backend picks through the registry: a plugin runs the same numbers; what is absent,
+    or refuses the numerics asked, stops the start with a message saying so."""
+    plugins = bins.root / "tests" / "backend"
+    toks = [3, 1, 4, 1, 5]
+    got = {}
+    for args in ([], ["--backend", "stream", "--backend-path", plugins, "--numerics", "fast"],
+                 ["--backend", "ref"]):
+        sv = servers.start(tiny_model, args)
+        c = sv.client()
+        s = c.create()
+        r = c.step(plan(row(s, toks, logits="last", sample={"temperature": 0.9, "seed": 4})))
+        d = c.device()
+        got[d["backend"]] = (c.logits_raw(r["rows"][0]["logits"]), r["rows"][0]["tokens"],
+                             d["numerics"])
+        assert sv.stop() == 0
+    assert set(got) == {"ref", "stream"}
+    assert got["stream"][2] == "fast" and got["ref"][2] == "strict"
+    assert got["stream"][:2] == got["ref"][:2]
+    for args, says in ((["--backend", "cuda"], "libdevio-backend-cuda.so"),
+                       (["--backend", "badabi", "--backend-path", plugins], "interface version 1"),
+                       (["--numerics", "fast"], "strict numerics only"),
+                       (["--numerics", "exact"], "--numerics must be strict or fast")):
+        with pytest.raises(AssertionError, match="exited") as e:
+            servers.start(tiny_model, args)
+        assert says in str(e.value), str(e.value)
 
 
 def test_env_twins(servers, tiny_model):
