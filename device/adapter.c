@@ -1,34 +1,20 @@
-/* adapter.c - loads a PEFT LoRA adapter directory for a loaded base model and hashes its weights file.
- * It must never open a file outside the adapters root, accept a tensor it would not apply, or leave anything behind on failure. */
-/* glibc declares realpath() only for XSI; the build's _POSIX_C_SOURCE alone hides it. */
-#define _XOPEN_SOURCE 700
+/* adapter.c - loads a PEFT LoRA adapter for a loaded base model: target names, tensor names, views (paths: adapter_files.c; config: adapter_config.c).
+ * It must never accept a tensor it would not apply, or leave anything behind on failure. */
 #include "device/adapter.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <jansson.h>
-
-#include "device/sha256.h"
+#include "device/adapter_config.h"
+#include "device/adapter_files.h"
 #include "device/numerics.h"
 #include "device/safetensors.h"
 #include "device/status.h"
 
-#define CONFIG_NAME "adapter_config.json"
-#define WEIGHTS_NAME "adapter_model.safetensors"
-/* PEFT's LoraConfig default for lora_alpha. */
-#define DEFAULT_ALPHA 8.0
-/* An adapter_config.json is a few hundred bytes; anything this large is not one. */
-#define MAX_CONFIG_BYTES (4 * 1024 * 1024)
 /* PEFT's prefix for a causal LM's decoder layers, adapter name removed as
  * get_peft_model_state_dict saves it. */
 #define TENSOR_PREFIX "base_model.model.model.layers."
-#define HASH_CHUNK 65536
 
 static const struct {
     const char *name;  /* PEFT module name, as in target_modules */
@@ -46,30 +32,6 @@ typedef struct adapter_priv {
     void **owned;        /* aligned copies of tensors stored at unaligned offsets */
     size_t n_owned;
 } adapter_priv;
-
-/* What adapter_config.json says, after checking. */
-typedef struct lora_config {
-    uint32_t rank;
-    float alpha;
-    bool use_rslora;
-    uint32_t targets;
-    bool *layer_on; /* n_layers entries: layers_to_transform */
-} lora_config;
-
-/* Resolved, contained paths of one adapter directory. */
-typedef struct adapter_paths {
-    char *dir;
-    char *config;
-    char *weights;
-} adapter_paths;
-
-/* Who a file is, to notice it being replaced between hashing and mapping. */
-typedef struct file_id {
-    dev_t dev;
-    ino_t ino;
-    off_t size;
-    struct timespec mtime;
-} file_id;
 
 const char *devio_lora_target_name(devio_lora_target t)
 {
@@ -113,539 +75,7 @@ bool devio_lora_target_dims(const devio_model *base, uint32_t layer, devio_lora_
     return true;
 }
 
-/* ---- paths ---- */
-
-static char *path_join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
-}
-
-static void paths_free(adapter_paths *p)
-{
-    free(p->dir);
-    free(p->config);
-    free(p->weights);
-    memset(p, 0, sizeof *p);
-}
-
-/* The lexical rule every build applies before touching the file system:
- * relative, non-empty, and no ".." that climbs above the root. */
-static devio_status check_rel_lexical(const char *rel, devio_error *err)
-{
-    if (!rel || !rel[0])
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "adapter path is empty: it must name a directory inside the adapters "
-                          "root");
-    if (rel[0] == '/')
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "adapter path '%.120s' is absolute, which is outside the adapters root "
-                          "(paths are relative to it)",
-                          rel);
-    long depth = 0;
-    for (const char *s = rel; *s;) {
-        size_t n = strcspn(s, "/");
-        if (n == 2 && s[0] == '.' && s[1] == '.')
-            depth--;
-        else if (n > 0 && !(n == 1 && s[0] == '.'))
-            depth++;
-        if (depth < 0)
-            return devio_fail(err, DEVIO_E_INVALID,
-                              "adapter path '%.120s' climbs with '..' to outside the adapters "
-                              "root",
-                              rel);
-        s += n;
-        while (*s == '/')
-            s++;
-    }
-    return DEVIO_OK;
-}
-
-/* WASI runtimes refuse a symlink that leads out of a preopened directory
- * with ENOTCAPABLE; that is the same escape realpath() catches natively, and
- * must give the same status. */
-static bool escaped(int e)
-{
-#ifdef ENOTCAPABLE
-    return e == ENOTCAPABLE;
-#else
-    (void)e;
-    return false;
-#endif
-}
-
-#ifndef __wasi__
-/* True when `p` is `root` or lies below it; both are realpath() results. */
-static bool path_within(const char *root, const char *p)
-{
-    size_t n = strlen(root);
-    if (n == 1 && root[0] == '/')
-        return true;
-    return strncmp(root, p, n) == 0 && (p[n] == '\0' || p[n] == '/');
-}
-#endif
-
-/* Resolves DIR/NAME to a real, contained path. A missing file (a dangling
- * symlink included) is DEVIO_E_IO naming it. */
-static devio_status resolve_file(const char *root_real, const char *dir, const char *rel,
-                                 const char *name, char **out, devio_error *err)
-{
-    *out = NULL;
-    char *p = path_join(dir, name);
-    if (!p)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-    struct stat sb;
-    if (stat(p, &sb) != 0) {
-        int e = errno;
-        free(p);
-        if (escaped(e))
-            return devio_fail(err, DEVIO_E_INVALID,
-                              "%.120s/%s is a link to outside the adapters root", rel, name);
-        return devio_fail(err, DEVIO_E_IO, "%.120s/%s: %s", rel, name,
-                          e == ENOENT ? "not found in the adapter directory" : strerror(e));
-    }
-#ifdef __wasi__
-    (void)root_real;
-    *out = p;
-#else
-    char *real = realpath(p, NULL);
-    int e = errno;
-    free(p);
-    if (!real)
-        return devio_fail(err, DEVIO_E_IO, "%.120s/%s: cannot resolve: %s", rel, name,
-                          strerror(e));
-    if (!path_within(root_real, real)) {
-        free(real);
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "%.120s/%s is a link to outside the adapters root", rel, name);
-    }
-    *out = real;
-#endif
-    if (!S_ISREG(sb.st_mode)) {
-        free(*out);
-        *out = NULL;
-        return devio_fail(err, DEVIO_E_IO, "%.120s/%s: not a regular file", rel, name);
-    }
-    return DEVIO_OK;
-}
-
-/* Resolves root/rel to a contained directory and, for each wanted file,
- * its contained path. Natively, root, directory and files all go through
- * realpath(), so symlinks and ".." are judged by where they lead. */
-static devio_status resolve_paths(const char *root, const char *rel, bool want_config,
-                                  adapter_paths *P, devio_error *err)
-{
-    memset(P, 0, sizeof *P);
-    if (!root || !root[0])
-        return devio_fail(err, DEVIO_E_INVALID, "no adapters root is configured");
-    devio_status st = check_rel_lexical(rel, err);
-    if (st != DEVIO_OK)
-        return st;
-    char *root_real = NULL;
-#ifdef __wasi__
-    /* No realpath: the lexical rule above plus the runtime's preopen sandbox. */
-    root_real = strdup(root);
-    if (!root_real)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-    P->dir = path_join(root_real, rel);
-    if (!P->dir) {
-        st = devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-        goto out;
-    }
-    struct stat sb;
-    if (stat(P->dir, &sb) != 0) {
-        if (escaped(errno))
-            st = devio_fail(err, DEVIO_E_INVALID,
-                            "adapter path '%.120s' resolves to outside the adapters root", rel);
-        else
-            st = devio_fail(err, DEVIO_E_IO, "adapter directory '%.120s': %s", rel,
-                            errno == ENOENT ? "not found in the adapters root" : strerror(errno));
-        goto out;
-    }
-#else
-    root_real = realpath(root, NULL);
-    if (!root_real)
-        return devio_fail(err, DEVIO_E_INVALID, "adapters root '%.120s' cannot be resolved: %s",
-                          root, strerror(errno));
-    char *joined = path_join(root_real, rel);
-    if (!joined) {
-        st = devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-        goto out;
-    }
-    P->dir = realpath(joined, NULL);
-    int e = errno;
-    free(joined);
-    if (!P->dir) {
-        st = devio_fail(err, DEVIO_E_IO, "adapter directory '%.120s': %s", rel,
-                        e == ENOENT ? "not found in the adapters root" : strerror(e));
-        goto out;
-    }
-    if (!path_within(root_real, P->dir)) {
-        st = devio_fail(err, DEVIO_E_INVALID,
-                        "adapter path '%.120s' resolves to outside the adapters root", rel);
-        goto out;
-    }
-    struct stat sb;
-    if (stat(P->dir, &sb) != 0) {
-        st = devio_fail(err, DEVIO_E_IO, "adapter directory '%.120s': %s", rel, strerror(errno));
-        goto out;
-    }
-#endif
-    if (!S_ISDIR(sb.st_mode)) {
-        st = devio_fail(err, DEVIO_E_IO, "adapter path '%.120s' is not a directory", rel);
-        goto out;
-    }
-    if (want_config &&
-        (st = resolve_file(root_real, P->dir, rel, CONFIG_NAME, &P->config, err)) != DEVIO_OK)
-        goto out;
-    st = resolve_file(root_real, P->dir, rel, WEIGHTS_NAME, &P->weights, err);
-out:
-    free(root_real);
-    if (st != DEVIO_OK)
-        paths_free(P);
-    return st;
-}
-
-/* ---- adapter_config.json ---- */
-
-/* True when a JSON value switches a feature on: anything but absent, null,
- * false, or an empty string, array or object. */
-static bool json_is_set(const json_t *v)
-{
-    if (!v || json_is_null(v) || json_is_false(v))
-        return false;
-    if (json_is_string(v))
-        return json_string_length(v) > 0;
-    if (json_is_array(v))
-        return json_array_size(v) > 0;
-    if (json_is_object(v))
-        return json_object_size(v) > 0;
-    return true;
-}
-
-static devio_status cfg_bool(const json_t *root, const char *key, const char *label, bool *out,
-                             devio_error *err)
-{
-    const json_t *v = json_object_get(root, key);
-    *out = false;
-    if (!v || json_is_null(v))
-        return DEVIO_OK;
-    if (!json_is_boolean(v))
-        return devio_fail(err, DEVIO_E_INVALID, "%.120s: '%s' is not true or false", label, key);
-    *out = json_is_true(v);
-    return DEVIO_OK;
-}
-
-/* One target_modules entry. */
-static devio_status cfg_target(const char *s, const char *label, uint32_t *targets,
-                               devio_error *err)
-{
-    devio_lora_target t;
-    if (!devio_lora_target_parse(s, &t))
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "%.120s: target_modules names '%.40s', which this device does not "
-                          "adapt (supported: q_proj k_proj v_proj o_proj gate_proj up_proj "
-                          "down_proj)",
-                          label, s);
-    *targets |= 1u << t;
-    return DEVIO_OK;
-}
-
-static devio_status cfg_targets(const json_t *root, const char *label, uint32_t *targets,
-                                devio_error *err)
-{
-    const json_t *v = json_object_get(root, "target_modules");
-    *targets = 0;
-    if (json_is_string(v)) {
-        const char *s = json_string_value(v);
-        /* PEFT's shorthand for every linear layer but the output head. */
-        if (strcmp(s, "all-linear") == 0) {
-            *targets = DEVIO_LORA_ALL_TARGETS;
-            return DEVIO_OK;
-        }
-        devio_lora_target t;
-        if (devio_lora_target_parse(s, &t)) {
-            *targets = 1u << t;
-            return DEVIO_OK;
-        }
-        /* PEFT reads any other string as a regular expression over module
-         * paths; only a list says unambiguously which modules are adapted. */
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "%.120s: target_modules '%.60s' is a pattern; only a list of module "
-                          "names (or one name, or \"all-linear\") is supported",
-                          label, s);
-    }
-    if (!json_is_array(v) || json_array_size(v) == 0)
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "%.120s: target_modules must be a non-empty list of module names",
-                          label);
-    size_t i;
-    const json_t *e;
-    json_array_foreach(v, i, e)
-    {
-        if (!json_is_string(e))
-            return devio_fail(err, DEVIO_E_INVALID,
-                              "%.120s: target_modules[%zu] is not a string", label, i);
-        devio_status st = cfg_target(json_string_value(e), label, targets, err);
-        if (st != DEVIO_OK)
-            return st;
-    }
-    return DEVIO_OK;
-}
-
-static devio_status cfg_layer(const json_t *v, const char *label, uint32_t n_layers,
-                              bool *layer_on, devio_error *err)
-{
-    if (!json_is_integer(v))
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "%.120s: layers_to_transform holds a value that is not an integer",
-                          label);
-    json_int_t x = json_integer_value(v);
-    if (x < 0 || x >= (json_int_t)n_layers)
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "%.120s: layers_to_transform names layer %lld, but the base model "
-                          "has %u layers",
-                          label, (long long)x, n_layers);
-    layer_on[x] = true;
-    return DEVIO_OK;
-}
-
-/* layers_to_transform (an int or a list) restricts the adapted layers; the
- * layer is found through layers_pattern, which for this family is "layers". */
-static devio_status cfg_layers(const json_t *root, const char *label, uint32_t n_layers,
-                               bool *layer_on, devio_error *err)
-{
-    const json_t *v = json_object_get(root, "layers_to_transform");
-    if (!v || json_is_null(v)) {
-        for (uint32_t i = 0; i < n_layers; i++)
-            layer_on[i] = true;
-        return DEVIO_OK;
-    }
-    const json_t *pat = json_object_get(root, "layers_pattern");
-    if (pat && !json_is_null(pat)) {
-        bool ok = json_is_string(pat) && strcmp(json_string_value(pat), "layers") == 0;
-        if (json_is_array(pat)) {
-            size_t i;
-            const json_t *e;
-            ok = json_array_size(pat) > 0;
-            json_array_foreach(pat, i, e)
-            {
-                ok = ok && json_is_string(e) && strcmp(json_string_value(e), "layers") == 0;
-            }
-        }
-        if (!ok)
-            return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                              "%.120s: layers_pattern other than \"layers\" is not supported",
-                              label);
-    }
-    memset(layer_on, 0, n_layers * sizeof *layer_on);
-    devio_status st;
-    if (json_is_array(v)) {
-        if (json_array_size(v) == 0)
-            return devio_fail(err, DEVIO_E_INVALID,
-                              "%.120s: layers_to_transform is an empty list (no layer adapted)",
-                              label);
-        size_t i;
-        const json_t *e;
-        json_array_foreach(v, i, e)
-        {
-            if ((st = cfg_layer(e, label, n_layers, layer_on, err)) != DEVIO_OK)
-                return st;
-        }
-        return DEVIO_OK;
-    }
-    return cfg_layer(v, label, n_layers, layer_on, err);
-}
-
-static devio_status parse_config(const json_t *root, const char *label, uint32_t n_layers,
-                                 uint32_t max_rank, lora_config *c, devio_error *err)
-{
-    devio_status st;
-    const json_t *v = json_object_get(root, "peft_type");
-    if (v && !json_is_null(v)) {
-        if (!json_is_string(v))
-            return devio_fail(err, DEVIO_E_INVALID, "%.120s: peft_type is not a string", label);
-        if (strcmp(json_string_value(v), "LORA") != 0)
-            return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                              "%.120s: peft_type '%.40s' is not supported; only LORA is", label,
-                              json_string_value(v));
-    }
-
-    v = json_object_get(root, "r");
-    if (!v || json_is_null(v))
-        return devio_fail(err, DEVIO_E_INVALID, "%.120s: rank 'r' is missing", label);
-    if (!json_is_integer(v))
-        return devio_fail(err, DEVIO_E_INVALID, "%.120s: rank 'r' is not an integer", label);
-    json_int_t r = json_integer_value(v);
-    if (r < 1)
-        return devio_fail(err, DEVIO_E_INVALID, "%.120s: rank %lld must be at least 1", label,
-                          (long long)r);
-    if (r > (json_int_t)max_rank)
-        return devio_fail(err, DEVIO_E_INVALID, "%.120s: rank %lld exceeds max_lora_rank %u",
-                          label, (long long)r, max_rank);
-    c->rank = (uint32_t)r;
-
-    v = json_object_get(root, "lora_alpha");
-    double alpha = DEFAULT_ALPHA;
-    if (v && !json_is_null(v)) {
-        if (!json_is_number(v))
-            return devio_fail(err, DEVIO_E_INVALID, "%.120s: lora_alpha is not a number", label);
-        alpha = json_number_value(v);
-    }
-    c->alpha = (float)alpha;
-    /* A finite float minus itself is zero; inf and NaN give NaN. */
-    if (!(c->alpha - c->alpha == 0.0f))
-        return devio_fail(err, DEVIO_E_INVALID, "%.120s: lora_alpha %g is out of range", label,
-                          alpha);
-
-    if ((st = cfg_bool(root, "use_rslora", label, &c->use_rslora, err)) != DEVIO_OK)
-        return st;
-    if ((st = cfg_targets(root, label, &c->targets, err)) != DEVIO_OK)
-        return st;
-
-    v = json_object_get(root, "bias");
-    if (v && !json_is_null(v)) {
-        if (!json_is_string(v))
-            return devio_fail(err, DEVIO_E_INVALID, "%.120s: bias is not a string", label);
-        if (strcmp(json_string_value(v), "none") != 0)
-            return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                              "%.120s: bias '%.20s' is not supported; only \"none\" is", label,
-                              json_string_value(v));
-    }
-    /* Features that change what the adapter computes or which weights it
-     * carries; applying the rest without them would give other numbers. */
-    static const struct {
-        const char *key, *what;
-    } refused[] = {
-        {"fan_in_fan_out", "fan_in_fan_out (Conv1D-style transposed weights)"},
-        {"use_dora", "use_dora (DoRA)"},
-        {"lora_bias", "lora_bias"},
-        {"use_qalora", "use_qalora"},
-        {"rank_pattern", "rank_pattern (per-module ranks)"},
-        {"alpha_pattern", "alpha_pattern (per-module alphas)"},
-        {"modules_to_save", "modules_to_save"},
-        {"exclude_modules", "exclude_modules"},
-        {"trainable_token_indices", "trainable_token_indices"},
-        {"layer_replication", "layer_replication"},
-        {"target_parameters", "target_parameters"},
-    };
-    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        v = json_object_get(root, refused[i].key);
-        if (json_is_set(v))
-            return devio_fail(err, DEVIO_E_UNSUPPORTED, "%.120s: %s is not supported", label,
-                              refused[i].what);
-    }
-    return cfg_layers(root, label, n_layers, c->layer_on, err);
-}
-
-static devio_status read_config(const char *path, const char *label, json_t **out,
-                                devio_error *err)
-{
-    *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return devio_fail(err, DEVIO_E_IO, "%.120s: cannot open: %s", label, strerror(errno));
-    devio_status st = DEVIO_OK;
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0) {
-        st = devio_fail(err, DEVIO_E_IO, "%.120s: cannot stat: %s", label, strerror(errno));
-        goto out;
-    }
-    if (sb.st_size > MAX_CONFIG_BYTES) {
-        st = devio_fail(err, DEVIO_E_MODEL, "%.120s: %lld bytes is too large for an adapter "
-                        "config", label, (long long)sb.st_size);
-        goto out;
-    }
-    json_error_t jerr;
-    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        st = devio_fail(err, DEVIO_E_MODEL, "%.120s: not valid JSON (line %d: %.80s)", label,
-                        jerr.line, jerr.text);
-        goto out;
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        st = devio_fail(err, DEVIO_E_MODEL, "%.120s: top level is not a JSON object", label);
-        goto out;
-    }
-    *out = root;
-out:
-    fclose(fp);
-    return st;
-}
-
-/* ---- the weights file ---- */
-
-static void file_id_of(const struct stat *sb, file_id *id)
-{
-    id->dev = sb->st_dev;
-    id->ino = sb->st_ino;
-    id->size = sb->st_size;
-    id->mtime = sb->st_mtim;
-}
-
-static bool file_id_equal(const file_id *a, const file_id *b)
-{
-    return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
-           a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec;
-}
-
-/* Streams the file through SHA-256 without holding it in memory. */
-static devio_status hash_file(const char *path, const char *label, char hex[65], uint64_t *size,
-                              file_id *id, devio_error *err)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return devio_fail(err, DEVIO_E_IO, "%.120s: cannot open: %s", label, strerror(errno));
-    devio_status st = DEVIO_OK;
-    uint8_t *buf = malloc(HASH_CHUNK);
-    struct stat sb;
-    if (!buf) {
-        st = devio_fail(err, DEVIO_E_NOMEM, "out of memory hashing %.120s", label);
-        goto out;
-    }
-    if (fstat(fd, &sb) != 0) {
-        st = devio_fail(err, DEVIO_E_IO, "%.120s: cannot stat: %s", label, strerror(errno));
-        goto out;
-    }
-    devio_sha256 h;
-    devio_sha256_init(&h);
-    uint64_t total = 0;
-    for (;;) {
-        ssize_t n = read(fd, buf, HASH_CHUNK);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            st = devio_fail(err, DEVIO_E_IO, "%.120s: read failed at byte %llu: %s", label,
-                            (unsigned long long)total, strerror(errno));
-            goto out;
-        }
-        if (n == 0)
-            break;
-        devio_sha256_update(&h, buf, (size_t)n);
-        total += (uint64_t)n;
-    }
-    if (total != (uint64_t)sb.st_size) {
-        st = devio_fail(err, DEVIO_E_IO, "%.120s: changed size while being read", label);
-        goto out;
-    }
-    uint8_t digest[32];
-    devio_sha256_final(&h, digest);
-    devio_sha256_hex(digest, hex);
-    *size = total;
-    if (id)
-        file_id_of(&sb, id);
-out:
-    free(buf);
-    close(fd);
-    return st;
-}
+/* ---- tensors ---- */
 
 static devio_status priv_own(adapter_priv *p, void *buf, size_t cap)
 {
@@ -744,8 +174,9 @@ static devio_status bind_tensor(const devio_st_tensor *t, const char *label, uin
  * tensor in the file must be one the config asks for (so nothing is
  * silently ignored), then every module asked for must have both tensors
  * with the base model's shapes. */
-static devio_status bind_tensors(devio_adapter *a, const lora_config *c, const devio_model *base,
-                                 adapter_priv *priv, const char *label, devio_error *err)
+static devio_status bind_tensors(devio_adapter *a, const devio_lora_config *c,
+                                 const devio_model *base, adapter_priv *priv, const char *label,
+                                 devio_error *err)
 {
     const uint32_t L = base->cfg.n_layers, N = DEVIO_LORA_N_TARGETS;
     const devio_st_file *f = priv->file;
@@ -843,17 +274,16 @@ devio_status devio_adapter_load(const char *root, const char *rel_path, const ch
         return devio_fail(err, DEVIO_E_INVALID, "adapter path is longer than %zu bytes",
                           sizeof((devio_adapter *)0)->path - 1);
 
-    adapter_paths P;
-    devio_status st = resolve_paths(root, rel_path, true, &P, err);
+    devio_adapter_paths P;
+    devio_status st = devio_adapter_paths_resolve(root, rel_path, true, &P, err);
     if (st != DEVIO_OK)
         return st;
 
     char clabel[320], wlabel[320];
-    snprintf(clabel, sizeof clabel, "%s/%s", rel_path, CONFIG_NAME);
-    snprintf(wlabel, sizeof wlabel, "%s/%s", rel_path, WEIGHTS_NAME);
+    snprintf(clabel, sizeof clabel, "%s/%s", rel_path, DEVIO_ADAPTER_CONFIG_NAME);
+    snprintf(wlabel, sizeof wlabel, "%s/%s", rel_path, DEVIO_ADAPTER_WEIGHTS_NAME);
     const uint32_t L = base->cfg.n_layers;
-    json_t *cj = NULL;
-    lora_config c = {0};
+    devio_lora_config c = {0};
     devio_adapter *a = calloc(1, sizeof *a);
     adapter_priv *priv = calloc(1, sizeof *priv);
     c.layer_on = calloc(L ? L : 1, sizeof *c.layer_on);
@@ -870,28 +300,19 @@ devio_status devio_adapter_load(const char *root, const char *rel_path, const ch
     }
     a->priv = priv;
 
-    if ((st = read_config(P.config, clabel, &cj, err)) != DEVIO_OK ||
-        (st = parse_config(cj, clabel, L, max_rank, &c, err)) != DEVIO_OK)
+    if ((st = devio_lora_config_load(P.config, clabel, L, max_rank, &c, err)) != DEVIO_OK)
         goto out;
 
-    file_id before, after;
-    if ((st = hash_file(P.weights, wlabel, a->sha256, &a->size, &before, err)) != DEVIO_OK)
+    devio_file_id before;
+    if ((st = devio_adapter_hash_file(P.weights, wlabel, a->sha256, &a->size, &before, err)) !=
+        DEVIO_OK)
         goto out;
     if ((st = devio_st_open(P.weights, wlabel, NULL, &priv->file, err)) != DEVIO_OK)
         goto out;
     /* The hash must describe the bytes mapped: a file replaced in between
      * would be recorded under the wrong digest. */
-    struct stat sb;
-    if (stat(P.weights, &sb) != 0) {
-        st = devio_fail(err, DEVIO_E_IO, "%.120s: cannot stat: %s", wlabel, strerror(errno));
+    if ((st = devio_adapter_file_unchanged(P.weights, wlabel, &before, err)) != DEVIO_OK)
         goto out;
-    }
-    file_id_of(&sb, &after);
-    if (!file_id_equal(&before, &after)) {
-        st = devio_fail(err, DEVIO_E_IO, "%.120s: changed while being loaded; try again",
-                        wlabel);
-        goto out;
-    }
     if ((st = bind_tensors(a, &c, base, priv, wlabel, err)) != DEVIO_OK)
         goto out;
 
@@ -908,8 +329,7 @@ devio_status devio_adapter_load(const char *root, const char *rel_path, const ch
 out:
     devio_adapter_free(a);
     free(c.layer_on);
-    json_decref(cj);
-    paths_free(&P);
+    devio_adapter_paths_free(&P);
     return st;
 }
 
@@ -927,32 +347,4 @@ void devio_adapter_free(devio_adapter *a)
     }
     free(a->mods);
     free(a);
-}
-
-devio_status devio_adapter_path_check(const char *root, const char *rel_path, devio_error *err)
-{
-    adapter_paths P;
-    devio_error e = {0};
-    devio_status st = resolve_paths(root, rel_path, true, &P, &e);
-    if (st == DEVIO_OK)
-        paths_free(&P);
-    if (st != DEVIO_E_INVALID)
-        return DEVIO_OK; /* missing or unreadable: the load names it */
-    if (err)
-        *err = e;
-    return st;
-}
-
-devio_status devio_adapter_file_hash(const char *root, const char *rel_path, char hex[65],
-                                     uint64_t *size, devio_error *err)
-{
-    adapter_paths P;
-    devio_status st = resolve_paths(root, rel_path, false, &P, err);
-    if (st != DEVIO_OK)
-        return st;
-    char wlabel[320];
-    snprintf(wlabel, sizeof wlabel, "%s/%s", rel_path, WEIGHTS_NAME);
-    st = hash_file(P.weights, wlabel, hex, size, NULL, err);
-    paths_free(&P);
-    return st;
 }

@@ -1,4 +1,4 @@
-/* model.c - loads a Hugging Face Llama-family directory (config.json + safetensors) into devio_model.
+/* model.c - loads a Hugging Face Llama-family directory (config.json + safetensors) into devio_model (config fields: model_config.c).
  * It never computes with the weights and never accepts a tensor whose dtype, shape or range is wrong. */
 #include "device/model.h"
 
@@ -12,21 +12,12 @@
 
 #include <jansson.h>
 
+#include "device/model_config.h"
 #include "device/numerics.h"
 #include "device/safetensors.h"
 
-#define CONFIG_NAME "config.json"
 #define SINGLE_NAME "model.safetensors"
 #define INDEX_NAME "model.safetensors.index.json"
-
-/* Bounds past which a config is treated as corrupt rather than large. */
-#define MAX_VOCAB (1u << 24)
-#define MAX_HIDDEN (1u << 16)
-#define MAX_FFN (1u << 20)
-#define MAX_LAYERS 1024u
-#define MAX_HEADS 1024u
-#define MAX_HEAD_DIM 1024u
-#define MAX_POSITIONS (1u << 24)
 
 /* Everything the model owns besides its tensor views. */
 typedef struct model_priv {
@@ -105,7 +96,7 @@ float devio_tensor_get(const devio_tensor *t, uint64_t i)
     return 0.0f;
 }
 
-/* ---- config.json ---- */
+/* ---- files ---- */
 
 static char *path_join(const char *dir, const char *name)
 {
@@ -154,207 +145,6 @@ static devio_status load_json(const char *dir, const char *name, json_t **out, d
 out_path:
     free(path);
     return st;
-}
-
-/* Absent or null -> def (or an error when required). */
-static devio_status cfg_u32(const json_t *root, const char *key, bool required, uint32_t def,
-                            uint32_t lo, uint32_t hi, uint32_t *out, devio_error *err)
-{
-    const json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        if (required) {
-            set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": required field '%s' is missing", key);
-            return DEVIO_E_MODEL;
-        }
-        *out = def;
-        return DEVIO_OK;
-    }
-    if (!json_is_integer(v)) {
-        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' is not an integer", key);
-        return DEVIO_E_MODEL;
-    }
-    json_int_t x = json_integer_value(v);
-    if (x < (json_int_t)lo || x > (json_int_t)hi) {
-        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' = %lld is outside [%u, %u]", key,
-                (long long)x, lo, hi);
-        return DEVIO_E_MODEL;
-    }
-    *out = (uint32_t)x;
-    return DEVIO_OK;
-}
-
-static devio_status cfg_pos_float(const json_t *root, const char *key, double def, double hi,
-                                  float *out, devio_error *err)
-{
-    const json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = (float)def;
-        return DEVIO_OK;
-    }
-    if (!json_is_number(v)) {
-        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' is not a number", key);
-        return DEVIO_E_MODEL;
-    }
-    double x = json_number_value(v);
-    /* Written as !(x > 0) so that a NaN is refused too. */
-    if (!(x > 0.0) || x > hi) {
-        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' = %g must be in (0, %g]", key, x,
-                hi);
-        return DEVIO_E_MODEL;
-    }
-    *out = (float)x;
-    return DEVIO_OK;
-}
-
-static devio_status cfg_bool(const json_t *root, const char *key, bool def, bool *out,
-                             devio_error *err)
-{
-    const json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = def;
-        return DEVIO_OK;
-    }
-    if (!json_is_boolean(v)) {
-        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' is not true or false", key);
-        return DEVIO_E_MODEL;
-    }
-    *out = json_is_true(v);
-    return DEVIO_OK;
-}
-
-typedef enum arch_kind { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2 } arch_kind;
-
-static devio_status parse_config(const json_t *root, devio_model_config *c, devio_error *err)
-{
-    devio_status st;
-    memset(c, 0, sizeof *c);
-
-    const json_t *archs = json_object_get(root, "architectures");
-    const char *arch = NULL;
-    if (json_is_array(archs) && json_array_size(archs) > 0)
-        arch = json_string_value(json_array_get(archs, 0));
-    if (!arch) {
-        set_err(err, DEVIO_E_MODEL,
-                CONFIG_NAME ": 'architectures' must be a non-empty array of strings");
-        return DEVIO_E_MODEL;
-    }
-    arch_kind kind;
-    if (strcmp(arch, "LlamaForCausalLM") == 0)
-        kind = ARCH_LLAMA;
-    else if (strcmp(arch, "MistralForCausalLM") == 0)
-        kind = ARCH_MISTRAL;
-    else if (strcmp(arch, "Qwen2ForCausalLM") == 0)
-        kind = ARCH_QWEN2;
-    else {
-        set_err(err, DEVIO_E_MODEL,
-                CONFIG_NAME ": unknown architecture '%.64s' (supported: LlamaForCausalLM, "
-                            "MistralForCausalLM, Qwen2ForCausalLM)",
-                arch);
-        return DEVIO_E_MODEL;
-    }
-    snprintf(c->architecture, sizeof c->architecture, "%s", arch);
-
-    /* Features these architectures may switch on that the backends do not
-     * compute: refuse them rather than produce different numbers. */
-    const json_t *rs = json_object_get(root, "rope_scaling");
-    if (rs && !json_is_null(rs)) {
-        const char *t = json_string_value(json_object_get(rs, "rope_type"));
-        if (!t)
-            t = json_string_value(json_object_get(rs, "type"));
-        set_err(err, DEVIO_E_UNSUPPORTED,
-                CONFIG_NAME ": rope_scaling (type '%.32s') is not supported; only plain RoPE "
-                            "(rope_scaling null) is",
-                t ? t : "?");
-        return DEVIO_E_UNSUPPORTED;
-    }
-    const json_t *act = json_object_get(root, "hidden_act");
-    if (act && !json_is_null(act) &&
-        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
-        set_err(err, DEVIO_E_UNSUPPORTED,
-                CONFIG_NAME ": hidden_act '%.32s' is not supported; only silu is",
-                json_is_string(act) ? json_string_value(act) : "?");
-        return DEVIO_E_UNSUPPORTED;
-    }
-    bool mlp_bias;
-    if ((st = cfg_bool(root, "mlp_bias", false, &mlp_bias, err)) != DEVIO_OK)
-        return st;
-    if (mlp_bias) {
-        set_err(err, DEVIO_E_UNSUPPORTED, CONFIG_NAME ": mlp_bias true is not supported");
-        return DEVIO_E_UNSUPPORTED;
-    }
-
-    if ((st = cfg_u32(root, "vocab_size", true, 0, 1, MAX_VOCAB, &c->vocab_size, err)) ||
-        (st = cfg_u32(root, "hidden_size", true, 0, 1, MAX_HIDDEN, &c->hidden_size, err)) ||
-        (st = cfg_u32(root, "intermediate_size", true, 0, 1, MAX_FFN, &c->intermediate_size,
-                      err)) ||
-        (st = cfg_u32(root, "num_hidden_layers", true, 0, 1, MAX_LAYERS, &c->n_layers, err)) ||
-        (st = cfg_u32(root, "num_attention_heads", true, 0, 1, MAX_HEADS, &c->n_heads, err)) ||
-        (st = cfg_u32(root, "num_key_value_heads", false, c->n_heads, 1, MAX_HEADS,
-                      &c->n_kv_heads, err)) ||
-        (st = cfg_u32(root, "max_position_embeddings", true, 0, 1, MAX_POSITIONS,
-                      &c->max_position_embeddings, err)))
-        return st;
-    if (c->n_heads % c->n_kv_heads != 0) {
-        set_err(err, DEVIO_E_MODEL,
-                CONFIG_NAME ": num_attention_heads %u is not a multiple of "
-                            "num_key_value_heads %u",
-                c->n_heads, c->n_kv_heads);
-        return DEVIO_E_MODEL;
-    }
-    const json_t *hd = json_object_get(root, "head_dim");
-    if (!hd || json_is_null(hd)) {
-        if (c->hidden_size % c->n_heads != 0) {
-            set_err(err, DEVIO_E_MODEL,
-                    CONFIG_NAME ": hidden_size %u is not a multiple of num_attention_heads %u",
-                    c->hidden_size, c->n_heads);
-            return DEVIO_E_MODEL;
-        }
-        c->head_dim = c->hidden_size / c->n_heads;
-    } else if ((st = cfg_u32(root, "head_dim", true, 0, 1, MAX_HEAD_DIM, &c->head_dim, err))) {
-        return st;
-    }
-    if (c->head_dim % 2 != 0 || c->head_dim > MAX_HEAD_DIM) {
-        /* rotate_half pairs dimension i with i + head_dim/2. */
-        set_err(err, DEVIO_E_MODEL, CONFIG_NAME ": head_dim %u must be even and at most %u",
-                c->head_dim, MAX_HEAD_DIM);
-        return DEVIO_E_MODEL;
-    }
-    if ((st = cfg_pos_float(root, "rope_theta", 10000.0, 1e12, &c->rope_theta, err)) ||
-        (st = cfg_pos_float(root, "rms_norm_eps", 1e-6, 1.0, &c->rms_norm_eps, err)))
-        return st;
-    bool tie, bias;
-    if ((st = cfg_bool(root, "tie_word_embeddings", false, &tie, err)) ||
-        (st = cfg_bool(root, "attention_bias", kind == ARCH_QWEN2, &bias, err)))
-        return st;
-    c->tie_word_embeddings = tie;
-    /* Qwen2 always biases q/k/v (and never o_proj). Llama's and Mistral's
-     * attention_bias biases o_proj as well, which devio_layer cannot hold:
-     * refuse it rather than compute something else. */
-    if (kind == ARCH_QWEN2)
-        bias = true;
-    else if (bias) {
-        set_err(err, DEVIO_E_UNSUPPORTED,
-                CONFIG_NAME ": attention_bias with %s biases o_proj, which devio does not "
-                            "support (Qwen2's q/k/v biases are)",
-                arch);
-        return DEVIO_E_UNSUPPORTED;
-    }
-    c->attention_bias = bias;
-
-    /* Sliding-window attention equals full attention for every position
-     * below the window, so serving at most `window` positions is exact. */
-    bool window_on = kind == ARCH_MISTRAL;
-    if (kind == ARCH_QWEN2 &&
-        (st = cfg_bool(root, "use_sliding_window", false, &window_on, err)) != DEVIO_OK)
-        return st;
-    if (window_on && kind != ARCH_LLAMA) {
-        uint32_t window;
-        if ((st = cfg_u32(root, "sliding_window", false, 0, 0, UINT32_MAX, &window, err)))
-            return st;
-        if (window > 0 && window < c->max_position_embeddings)
-            c->max_position_embeddings = window;
-    }
-    return DEVIO_OK;
 }
 
 /* ---- tensors ---- */
@@ -626,7 +416,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
         return DEVIO_E_UNSUPPORTED;
     }
     json_t *cfg_json = NULL, *index = NULL;
-    devio_status st = load_json(dir, CONFIG_NAME, &cfg_json, err);
+    devio_status st = load_json(dir, DEVIO_MODEL_CONFIG_NAME, &cfg_json, err);
     if (st != DEVIO_OK)
         return st;
 
@@ -640,7 +430,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
         goto out_json;
     }
     m->priv = priv;
-    if ((st = parse_config(cfg_json, &m->cfg, err)) != DEVIO_OK)
+    if ((st = devio_model_config_parse(cfg_json, &m->cfg, err)) != DEVIO_OK)
         goto out_model;
     const devio_model_config *c = &m->cfg;
     m->layers = calloc(c->n_layers, sizeof *m->layers);
@@ -691,7 +481,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
             goto out_model;
         if (!m->lm_head.data) {
             set_err(err, DEVIO_E_MODEL,
-                    "%s: tensor 'lm_head.weight' is missing and " CONFIG_NAME
+                    "%s: tensor 'lm_head.weight' is missing and " DEVIO_MODEL_CONFIG_NAME
                     " has tie_word_embeddings false",
                     L.sharded ? INDEX_NAME : SINGLE_NAME);
             st = DEVIO_E_MODEL;

@@ -1,5 +1,7 @@
 /* device/numerics.h: the binary32 math all devio backends share: exp, log, sin, cos, tanh, ..., the 32-lane reductions, f16/bf16.
  * Never calls libm, uses double or lets a multiply-add fuse: the same input gives the same bits in C, wasm32 and CUDA. */
+/* long because it is the one self-contained definition C, wasm32 and CUDA include whole (DEVIO_NUM_FN); the
+ * f16/bf16 conversions at the end use its private bit helpers, and the accuracy table below is part of the contract. */
 #ifndef DEVIO_NUMERICS_H
 #define DEVIO_NUMERICS_H
 

@@ -4,7 +4,11 @@
  *
  * Vectorisation uses GCC/clang generic vectors, so the same source becomes
  * AVX-512 natively and simd128 on wasm32; the only instruction-set code is
- * the F16C half conversion, which is exact and so changes no number. */
+ * the F16C half conversion, which is exact and so changes no number.
+ *
+ * long because the widening, the reductions, matmul and attention all build
+ * on this file's private vector types and always-inline helpers (VL, vf, ldv,
+ * fold_lanes, widen_*): split, they would need a header of their own. */
 #include "ref/ref_kernels.h"
 
 #include <stdlib.h>

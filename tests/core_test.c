@@ -1,5 +1,6 @@
 /* core_test.c - the device core: KV pool, launch/await, effects, limits, invariances.
- * Drives the real core over the reference backend and a written tiny model. */
+ * Drives the real core over the reference backend and a written tiny model.
+ * long because every case drives the same opened device, through the fixture and helpers at the top. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,6 +1,7 @@
 /* ref_backend_test.c - the reference backend against a plain scalar forward
  * pass, and its invariances (batch, chunking, threads, block copies), bit for
- * bit. Never tolerates a difference: every comparison is memcmp. */
+ * bit. Never tolerates a difference: every comparison is memcmp.
+ * long because the scalar oracle and the backend driver the cases share live here, beside the cases. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,5 +1,6 @@
 /* sampler_test.c - checks the sampler against sampler.h's definition: Philox
- * known answers, masks, distributions, logprobs. libm here is only a double oracle. */
+ * known answers, masks, distributions, logprobs. libm here is only a double oracle.
+ * long because it checks one module against its whole definition, every part through the same double oracle. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -187,10 +187,13 @@ def find_rtt(bin_dir, tmp):
     if os.access(built, os.X_OK):
         return built, "bazel"
     out = tmp / "rtt_inproc"
-    srcs = ([str(REPO / "tests/bench/rtt_inproc.c")] + sorted(str(p) for p in (REPO / "device").glob("*.c")) +
-            [str(REPO / f) for f in ("ref/pool.c", "ref/ref_backend.c", "ref/ref_kernels.c", "tools/mkmodel/mkmodel.c")])
+    srcs = ([str(REPO / "tests/bench/rtt_inproc.c")] +
+            sorted(str(p) for d in ("common", "device") for p in (REPO / d).glob("*.c")) +
+            [str(REPO / f) for f in ("ref/builtin.c", "ref/pool.c", "ref/ref_backend.c", "ref/ref_kernels.c",
+                                     "tools/mkmodel/mkmodel.c", "tools/mkmodel/mkadapter.c",
+                                     "tools/mkmodel/mkwrite.c")])
     cmd = ["gcc", "-std=c11", "-O2", "-ffp-contract=off", "-march=native", "-D_POSIX_C_SOURCE=200809L",
-           "-I" + str(REPO)] + srcs + ["-ljansson", "-lpthread", "-o", str(out)]
+           "-I" + str(REPO)] + srcs + ["-ljansson", "-lpthread", "-ldl", "-o", str(out)]
     subprocess.run(cmd, check=True, timeout=300)
     return out, "gcc"
 

@@ -1,0 +1,480 @@
+/* model_bad_test.c - breaks written tiny models on purpose (safetensors, config.json, shard index), one case each.
+ * Every case asserts the status and the words of the error; a broken file must never load, crash or leave a model behind. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "device/model.h"
+#include "tests/model_fixture.h"
+#include "tools/mkmodel/mkmodel.h"
+
+static void test_bad_truncated(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    size_t n;
+    free(read_all(p, &n));
+    assert_int_equal(truncate(p, (off_t)n - 100), 0);
+    /* Data is in name order, so the last tensor is the one cut. */
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors", "'model.norm.weight'");
+}
+
+static void test_bad_tiny_file(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    write_all(path_in(fx->dir, "model.safetensors"), "\x05\0\0\0\0", 5);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: file is 5 bytes",
+                "'model.embed_tokens.weight'");
+}
+
+static void test_bad_header_length(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    size_t n;
+    uint8_t *b = read_all(p, &n);
+    uint64_t big = n; /* one more than what follows the length field */
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(big >> (8 * i));
+    write_all(p, b, n);
+    free(b);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header length",
+                "'model.embed_tokens.weight'");
+    /* A length near 2^64 must not wrap any check. */
+    b = read_all(p, &n);
+    memset(b, 0xff, 8);
+    write_all(p, b, n);
+    free(b);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header length",
+                "'model.embed_tokens.weight'");
+}
+
+static void test_bad_header_not_json(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    header_set_raw(p, "{\"a\": [1, 2", 11);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header is not valid JSON",
+                "'model.embed_tokens.weight'");
+    header_set_raw(p, "[1, 2]", 6);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header is not a JSON object",
+                "'model.embed_tokens.weight'");
+    header_set_raw(p, "", 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: header is not valid JSON", NULL);
+}
+
+static void test_bad_duplicate_key(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    const char *h = "{\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[64],"
+                    "\"data_offsets\":[0,256]},\"model.norm.weight\":{\"dtype\":\"F32\","
+                    "\"shape\":[64],\"data_offsets\":[256,512]}}";
+    header_set_raw(p, h, strlen(h));
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors", "duplicate");
+}
+
+static void set_offsets(const char *path, const char *name, json_int_t a, json_int_t b)
+{
+    json_t *h = header_load(path);
+    json_t *e = json_object_get(h, name);
+    assert_non_null(e);
+    json_object_set_new(e, "data_offsets", json_pack("[II]", a, b));
+    header_store(path, h);
+}
+
+static void test_bad_offsets_out_of_range(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    set_offsets(p, "model.layers.1.mlp.up_proj.weight", 1000000000, 1000000000 + 32768);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors",
+                "'model.layers.1.mlp.up_proj.weight'");
+}
+
+static void test_bad_offsets_reversed(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    set_offsets(p, "model.norm.weight", 512, 256);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "before begin");
+}
+
+static void test_bad_offsets_not_integers(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "data_offsets",
+                        json_pack("[i]", 0));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "data_offsets");
+    h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "data_offsets",
+                        json_pack("[ii]", -4, 252));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "data_offsets");
+}
+
+static void test_bad_size_mismatch(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "shape", json_pack("[i]", 65));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "need 260");
+    /* A shape whose product overflows 64 bits is refused, not wrapped. */
+    h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "shape",
+                        json_pack("[III]", (json_int_t)1 << 40, (json_int_t)1 << 40, 4));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "too large");
+}
+
+static void test_bad_dtype(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    /* I64 with a shape that keeps the byte count: only the dtype is wrong. */
+    json_t *h = header_load(p);
+    json_t *e = json_object_get(h, "model.norm.weight");
+    json_object_set_new(e, "dtype", json_string("I64"));
+    json_object_set_new(e, "shape", json_pack("[i]", 32));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "dtype I64");
+    h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.norm.weight"), "dtype", json_string("Q4_K"));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.norm.weight'",
+                "unknown dtype 'Q4_K'");
+}
+
+static void test_bad_shape(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    /* Same element count, transposed: only the shape check can see it. */
+    json_t *h = header_load(p);
+    json_object_set_new(json_object_get(h, "model.layers.0.self_attn.o_proj.weight"), "shape",
+                        json_pack("[ii]", 32, 128));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL,
+                "model.safetensors: tensor 'model.layers.0.self_attn.o_proj.weight'",
+                "shape [32, 128], expected [64, 64]");
+}
+
+static void test_bad_missing_tensor(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    json_t *e = json_incref(json_object_get(h, "model.layers.1.mlp.up_proj.weight"));
+    json_object_del(h, "model.layers.1.mlp.up_proj.weight");
+    json_object_set_new(h, "model.layers.1.mlp.up_proj.weight_", e);
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL,
+                "model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight'", "missing");
+}
+
+static void test_bad_missing_lm_head(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    json_object_del(h, "lm_head.weight");
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'lm_head.weight'",
+                "tie_word_embeddings false");
+    /* The same file is a valid tied model. */
+    file_sub(path_in(fx->dir, "config.json"), "\"tie_word_embeddings\": false",
+             "\"tie_word_embeddings\": true");
+    devio_model *m = load_ok(fx->dir);
+    assert_ptr_equal(m->lm_head.data, m->embed.data);
+    devio_model_free(m);
+}
+
+static void test_bad_bias_missing(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    file_sub(path_in(fx->dir, "config.json"), "\"attention_bias\": false",
+             "\"attention_bias\": true");
+    /* Llama's attention_bias biases o_proj as well, which devio does not model. */
+    expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json", "o_proj");
+}
+
+static void test_bad_unknown_arch(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    file_sub(path_in(fx->dir, "config.json"), "LlamaForCausalLM", "GPTNeoXForCausalLM");
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json",
+                "unknown architecture 'GPTNeoXForCausalLM'");
+}
+
+static void test_bad_missing_config(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    assert_int_equal(unlink(path_in(fx->dir, "config.json")), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json", fx->dir);
+    expect_fail("/nonexistent/devio/model", DEVIO_E_MODEL, "config.json", NULL);
+}
+
+static void test_bad_config_json(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    file_sub(cfg, "\"vocab_size\": 256", "\"vocab_size\": 256,");
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json: not valid JSON", NULL);
+}
+
+static void test_bad_config_values(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    static const struct {
+        const char *from, *to, *field;
+    } cases[] = {
+        {"\"hidden_size\": 64", "\"hidden_size\": 0", "'hidden_size'"},
+        {"\"vocab_size\": 256", "\"vocab_size\": 1000000000", "'vocab_size'"},
+        {"\"vocab_size\": 256", "\"vocab_size\": -1", "'vocab_size'"},
+        {"\"vocab_size\": 256", "\"vocab_size\": \"256\"", "'vocab_size'"},
+        {"\"num_hidden_layers\": 2", "\"num_hidden_layers\": 100000", "'num_hidden_layers'"},
+        {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3", "num_key_value_heads 3"},
+        {"\"head_dim\": 16", "\"head_dim\": 15", "head_dim 15"},
+        {"\"num_attention_heads\": 4", "\"num_attention_heads\": 0", "'num_attention_heads'"},
+        {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": -1e-05", "'rms_norm_eps'"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 0.0", "'rope_theta'"},
+        {"\"tie_word_embeddings\": false", "\"tie_word_embeddings\": 0",
+         "'tie_word_embeddings'"},
+        {"\"intermediate_size\": 128,", "", "'intermediate_size' is missing"},
+        {"\"architectures\": [\"LlamaForCausalLM\"]", "\"architectures\": []", "architectures"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        file_sub(cfg, cases[i].from, cases[i].to);
+        expect_fail(fx->dir, DEVIO_E_MODEL, "config.json", cases[i].field);
+        file_sub(cfg, cases[i].to[0] ? cases[i].to : "\"max_position_embeddings\"",
+                 cases[i].to[0] ? cases[i].from
+                                : "\"intermediate_size\": 128, \"max_position_embeddings\"");
+    }
+    /* heads not dividing hidden when head_dim is absent */
+    file_sub(cfg, "\"head_dim\": 16,", "");
+    file_sub(cfg, "\"num_attention_heads\": 4", "\"num_attention_heads\": 6");
+    file_sub(cfg, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 6");
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json", "hidden_size 64 is not a multiple");
+}
+
+static void test_bad_config_unsupported(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    file_sub(cfg, "\"rope_scaling\": null",
+             "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}");
+    expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json: rope_scaling (type 'llama3')",
+                "not supported");
+    file_sub(cfg, "{\"rope_type\": \"llama3\", \"factor\": 8.0}", "null");
+    file_sub(cfg, "\"silu\"", "\"gelu\"");
+    expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json: hidden_act 'gelu'", NULL);
+    file_sub(cfg, "\"gelu\"", "\"silu\"");
+    file_sub(cfg, "\"mlp_bias\": false", "\"mlp_bias\": true");
+    expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json: mlp_bias", NULL);
+}
+
+static void test_bad_no_weights(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    assert_int_equal(unlink(path_in(fx->dir, "model.safetensors")), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors", "model.safetensors.index.json");
+}
+
+static void test_bad_shard_missing(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.shards = 3;
+    write_model(&o);
+    assert_int_equal(unlink(path_in(fx->dir, "model-00002-of-00003.safetensors")), 0);
+    /* Names the shard and the first tensor (in name order) it should hold. */
+    json_t *idx = json_load_file(path_in(fx->dir, "model.safetensors.index.json"), 0, NULL);
+    assert_non_null(idx);
+    const char *first = NULL, *key;
+    json_t *val;
+    json_object_foreach(json_object_get(idx, "weight_map"), key, val)
+    {
+        if (strcmp(json_string_value(val), "model-00002-of-00003.safetensors") == 0 &&
+            (!first || strcmp(key, first) < 0))
+            first = key;
+    }
+    assert_non_null(first);
+    char want[160];
+    snprintf(want, sizeof want, "'%s'", first);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model-00002-of-00003.safetensors: cannot open", want);
+    json_decref(idx);
+}
+
+static void test_bad_shard_lacks_tensor(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.shards = 2;
+    write_model(&o);
+    const char *ip = path_in(fx->dir, "model.safetensors.index.json");
+    json_t *idx = json_load_file(ip, 0, NULL);
+    assert_non_null(idx);
+    json_t *wm = json_object_get(idx, "weight_map");
+    const char *was = json_string_value(json_object_get(wm, "model.norm.weight"));
+    const char *other = strcmp(was, "model-00001-of-00002.safetensors") == 0
+                            ? "model-00002-of-00002.safetensors"
+                            : "model-00001-of-00002.safetensors";
+    json_object_set_new(wm, "model.norm.weight", json_string(other));
+    assert_int_equal(json_dump_file(idx, ip, JSON_INDENT(2)), 0);
+    json_decref(idx);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors.index.json: tensor 'model.norm.weight'",
+                other);
+}
+
+static void test_bad_index(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.shards = 2;
+    write_model(&o);
+    const char *ip = path_in(fx->dir, "model.safetensors.index.json");
+    json_t *idx = json_load_file(ip, 0, NULL);
+    json_t *wm = json_object_get(idx, "weight_map");
+    json_object_set_new(wm, "model.norm.weight", json_string("../model-00001-of-00002.safetensors"));
+    assert_int_equal(json_dump_file(idx, ip, JSON_INDENT(2)), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors.index.json: tensor 'model.norm.weight'",
+                "not a file name");
+    json_object_del(wm, "model.norm.weight");
+    assert_int_equal(json_dump_file(idx, ip, JSON_INDENT(2)), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors.index.json: tensor 'model.norm.weight'",
+                "missing from weight_map");
+    json_object_del(idx, "weight_map");
+    assert_int_equal(json_dump_file(idx, ip, JSON_INDENT(2)), 0);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors.index.json", "weight_map");
+    json_decref(idx);
+}
+
+/* Every malformed header must be refused without crashing: flip each byte
+ * of the header of a small model in turn. */
+static void test_bad_header_bytes(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.n_layers = 1;
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    size_t n;
+    uint8_t *orig = read_all(p, &n);
+    size_t hl = (size_t)header_len(orig);
+    int refused = 0;
+    for (size_t i = 0; i < 8 + hl; i += 3) {
+        uint8_t *b = malloc(n);
+        memcpy(b, orig, n);
+        b[i] = (uint8_t)(b[i] ^ (i < 8 ? 0x40 : 0x0b));
+        write_all(p, b, n);
+        free(b);
+        devio_model *m = NULL;
+        devio_error err = {0};
+        devio_status st = devio_model_load(fx->dir, &m, &err);
+        if (st == DEVIO_OK) {
+            assert_non_null(m);
+            devio_model_free(m);
+        } else {
+            assert_null(m);
+            assert_int_equal(err.status, st);
+            assert_true(err.message[0] != '\0');
+            refused++;
+        }
+    }
+    assert_true(refused > 0);
+    free(orig);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, fx_setup, fx_teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_bad_truncated),
+        T(test_bad_tiny_file),
+        T(test_bad_header_length),
+        T(test_bad_header_not_json),
+        T(test_bad_duplicate_key),
+        T(test_bad_offsets_out_of_range),
+        T(test_bad_offsets_reversed),
+        T(test_bad_offsets_not_integers),
+        T(test_bad_size_mismatch),
+        T(test_bad_dtype),
+        T(test_bad_shape),
+        T(test_bad_missing_tensor),
+        T(test_bad_missing_lm_head),
+        T(test_bad_bias_missing),
+        T(test_bad_unknown_arch),
+        T(test_bad_missing_config),
+        T(test_bad_config_json),
+        T(test_bad_config_values),
+        T(test_bad_config_unsupported),
+        T(test_bad_no_weights),
+        T(test_bad_shard_missing),
+        T(test_bad_shard_lacks_tensor),
+        T(test_bad_index),
+        T(test_bad_header_bytes),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,190 @@
+/* model_fixture.c - the model tests' shared fixture and file helpers (see model_fixture.h).
+ * Test-only; it never reaches a production binary, and a helper that cannot do its job fails the calling test. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/model_fixture.h"
+#include "tests/testutil.h"
+
+int fx_setup(void **state)
+{
+    fixture *fx = calloc(1, sizeof *fx);
+    if (!fx)
+        return -1;
+    snprintf(fx->dir, sizeof fx->dir, "/tmp/devio-model-test-XXXXXX");
+    if (!mkdtemp(fx->dir)) {
+        free(fx);
+        return -1;
+    }
+    *state = fx;
+    return 0;
+}
+
+/* Removes the directory and whatever a test left in it (one level, plus
+ * one level of subdirectories: the determinism test writes two models). */
+static void rm_tree(const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[512];
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            if (unlink(p) != 0 && depth > 0)
+                rm_tree(p, depth - 1);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+int fx_teardown(void **state)
+{
+    fixture *fx = *state;
+    rm_tree(fx->dir, 1);
+    free(fx);
+    return 0;
+}
+
+char *path_in(const char *dir, const char *name)
+{
+    static _Thread_local char buf[4][512];
+    static _Thread_local int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+    return buf[k];
+}
+
+devio_mkmodel_opts tiny_opts(const char *dir)
+{
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
+    o.out_dir = dir;
+    o.seed = 7;
+    return o;
+}
+
+void write_model(const devio_mkmodel_opts *o)
+{
+    devio_error err = {0};
+    devio_status st = devio_mkmodel_write(o, &err);
+    if (st != DEVIO_OK)
+        print_error("mkmodel: %s\n", err.message);
+    assert_int_equal(st, DEVIO_OK);
+}
+uint8_t *read_all(const char *path, size_t *size)
+{
+    uint8_t *b = devio_read_file(path, size);
+    assert_non_null(b);
+    return b;
+}
+
+void write_all(const char *path, const void *data, size_t size)
+{
+    assert_int_equal(devio_write_file(path, data, size), 0);
+}
+
+/* Replaces the first `old` in a text file with `new`; the text must be there. */
+void file_sub(const char *path, const char *old, const char *new)
+{
+    size_t n;
+    char *s = (char *)read_all(path, &n);
+    char *at = strstr(s, old);
+    assert_non_null(at);
+    size_t a = (size_t)(at - s), lo = strlen(old), ln = strlen(new);
+    char *o = malloc(n - lo + ln);
+    assert_non_null(o);
+    memcpy(o, s, a);
+    memcpy(o + a, new, ln);
+    memcpy(o + a + ln, at + lo, n - a - lo);
+    write_all(path, o, n - lo + ln);
+    free(o);
+    free(s);
+}
+
+uint64_t header_len(const uint8_t *b)
+{
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | b[i];
+    return n;
+}
+
+/* Rewrites a safetensors file with `header` (raw text) and the old data. */
+void header_set_raw(const char *path, const char *header, size_t hlen)
+{
+    size_t n;
+    uint8_t *b = read_all(path, &n);
+    uint64_t old = header_len(b);
+    size_t data = n - 8 - (size_t)old;
+    uint8_t *o = malloc(8 + hlen + data);
+    assert_non_null(o);
+    for (int i = 0; i < 8; i++)
+        o[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    memcpy(o + 8, header, hlen);
+    memcpy(o + 8 + hlen, b + 8 + old, data);
+    write_all(path, o, 8 + hlen + data);
+    free(o);
+    free(b);
+}
+
+json_t *header_load(const char *path)
+{
+    size_t n;
+    uint8_t *b = read_all(path, &n);
+    json_error_t je;
+    json_t *h = json_loadb((const char *)b + 8, (size_t)header_len(b), 0, &je);
+    assert_non_null(h);
+    free(b);
+    return h;
+}
+
+/* Stores `h` (consumed) as the header of `path`, keeping the data. */
+void header_store(const char *path, json_t *h)
+{
+    char *s = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_non_null(s);
+    header_set_raw(path, s, strlen(s));
+    free(s);
+    json_decref(h);
+}
+
+/* Loading must fail with `want`, leave *out NULL and name both strings. */
+void expect_fail(const char *dir, devio_status want, const char *s1, const char *s2)
+{
+    devio_model *m = (devio_model *)&m; /* not NULL, so the reset is observable */
+    devio_error err;
+    memset(&err, 0, sizeof err);
+    devio_status st = devio_model_load(dir, &m, &err);
+    if (st != want || (s1 && !strstr(err.message, s1)) || (s2 && !strstr(err.message, s2)))
+        print_error("status %d, message: %s\n", (int)st, err.message);
+    assert_int_equal(st, want);
+    assert_int_equal(err.status, want);
+    assert_null(m);
+    if (s1)
+        assert_non_null(strstr(err.message, s1));
+    if (s2)
+        assert_non_null(strstr(err.message, s2));
+}
+
+devio_model *load_ok(const char *dir)
+{
+    devio_model *m = NULL;
+    devio_error err = {0};
+    devio_status st = devio_model_load(dir, &m, &err);
+    if (st != DEVIO_OK)
+        print_error("load: %s\n", err.message);
+    assert_int_equal(st, DEVIO_OK);
+    assert_non_null(m);
+    return m;
+}
