@@ -25,13 +25,33 @@ void devio_cli_version(const devio_cli *cli, FILE *out)
     fprintf(out, "%s %s\n", cli->prog, DEVIO_VERSION);
 }
 
+/* The cli's options one after another: its own table, then each group's.
+ * Returns the i-th (and the base its offset counts from), NULL past the last. */
+static const devio_opt *opt_at(const devio_cli *cli, size_t i, size_t *base)
+{
+    *base = 0;
+    if (i < cli->n_opts)
+        return &cli->opts[i];
+    i -= cli->n_opts;
+    for (size_t g = 0; g < cli->n_groups; g++) {
+        const devio_opt *o = cli->groups[g].opts;
+        for (; o->flag; o++, i--)
+            if (i == 0) {
+                *base = cli->groups[g].base;
+                return o;
+            }
+    }
+    return NULL;
+}
+
 void devio_cli_help(const devio_cli *cli, FILE *out)
 {
     if (cli->usage)
         fprintf(out, "%s\n", cli->usage);
     fprintf(out, "options:\n");
-    for (size_t i = 0; i < cli->n_opts; i++) {
-        const devio_opt *o = &cli->opts[i];
+    size_t base;
+    const devio_opt *o;
+    for (size_t i = 0; (o = opt_at(cli, i, &base)) != NULL; i++) {
         char left[48];
         snprintf(left, sizeof left, "--%s%s%s", o->flag, o->metavar ? " " : "",
                  o->metavar ? o->metavar : "");
@@ -88,10 +108,10 @@ static const char *wants(const devio_opt *o)
 }
 
 /* Store value v (never NULL) of option o; `from` names it in messages. */
-static bool set(const devio_cli *cli, const devio_opt *o, void *dst, const char *v,
-                const char *from, FILE *errf)
+static bool set(const devio_cli *cli, const devio_opt *o, size_t base, void *dst,
+                const char *v, const char *from, FILE *errf)
 {
-    void *field = (char *)dst + o->offset;
+    void *field = (char *)dst + base + o->offset;
     bool ok = true;
     uint64_t u = 0;
     switch (o->type) {
@@ -138,24 +158,27 @@ static bool set(const devio_cli *cli, const devio_opt *o, void *dst, const char 
     return ok;
 }
 
-static const devio_opt *find(const devio_cli *cli, const char *name, size_t len)
+static const devio_opt *find(const devio_cli *cli, const char *name, size_t len, size_t *base)
 {
-    for (size_t i = 0; i < cli->n_opts; i++)
-        if (strlen(cli->opts[i].flag) == len && strncmp(cli->opts[i].flag, name, len) == 0)
-            return &cli->opts[i];
+    const devio_opt *o;
+    for (size_t i = 0; (o = opt_at(cli, i, base)) != NULL; i++)
+        if (strlen(o->flag) == len && strncmp(o->flag, name, len) == 0)
+            return o;
     return NULL;
 }
 
 static devio_cli_result apply_env(const devio_cli *cli, void *dst, FILE *errf)
 {
-    for (size_t i = 0; cli->env && i < cli->n_opts; i++) {
+    size_t base;
+    const devio_opt *o;
+    for (size_t i = 0; cli->env && (o = opt_at(cli, i, &base)) != NULL; i++) {
         char name[64];
-        if (cli->opts[i].no_env)
+        if (o->no_env)
             continue;
-        devio_cli_env_name(cli->opts[i].flag, name, sizeof name);
+        devio_cli_env_name(o->flag, name, sizeof name);
         const char *v = getenv(name);
         /* An empty twin counts as unset, as shells make them easily. */
-        if (v && *v && !set(cli, &cli->opts[i], dst, v, name, errf))
+        if (v && *v && !set(cli, o, base, dst, v, name, errf))
             return DEVIO_CLI_ERROR;
     }
     return DEVIO_CLI_OK;
@@ -191,7 +214,8 @@ devio_cli_result devio_cli_parse(const devio_cli *cli, void *dst, int argc, char
         }
         const char *name = arg + (arg[1] == '-' ? 2 : 1), *eq = strchr(name, '=');
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
-        const devio_opt *o = arg[1] == '-' ? find(cli, name, len) : NULL;
+        size_t base = 0;
+        const devio_opt *o = arg[1] == '-' ? find(cli, name, len, &base) : NULL;
         if (!o) {
             fprintf(errf, "%s: unknown flag '%s' (see --help)\n", cli->prog, arg);
             return DEVIO_CLI_ERROR;
@@ -208,7 +232,7 @@ devio_cli_result devio_cli_parse(const devio_cli *cli, void *dst, int argc, char
         }
         char from[72];
         snprintf(from, sizeof from, "--%s", o->flag);
-        if (!set(cli, o, dst, v, from, errf))
+        if (!set(cli, o, base, dst, v, from, errf))
             return DEVIO_CLI_ERROR;
     }
     return DEVIO_CLI_OK;

@@ -31,12 +31,22 @@ typedef struct devio_opt {
     bool no_env;         /* no DEVIO_* twin even when the parser reads the environment */
 } devio_opt;
 
+/* A table of options shared by several binaries, e.g. the device's
+ * (device/options.h): its offsets are from `base` in the caller's struct,
+ * and the table ends at an entry whose flag is NULL. */
+typedef struct devio_opt_group {
+    const devio_opt *opts;
+    size_t base;
+} devio_opt_group;
+
 typedef struct devio_cli {
     const char *prog;     /* "devio-server": first word of every message */
     const char *usage;    /* --help text before the option list */
     const char *epilog;   /* --help text after the option list, or NULL */
     const devio_opt *opts;
     size_t n_opts;
+    const devio_opt_group *groups; /* after opts, in order; --help lists them the same way */
+    size_t n_groups;
     bool env;             /* read the DEVIO_<FLAG> twin of every option before the flags */
     uint32_t max_args;    /* positional arguments accepted ("-" is one) */
 } devio_cli;

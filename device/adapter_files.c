@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/path.h"
 #include "device/adapter.h"
 #include "device/sha256.h"
 #include "device/status.h"
@@ -19,18 +20,6 @@
 #define HASH_CHUNK 65536
 
 /* ---- paths ---- */
-
-static char *path_join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
-}
 
 void devio_adapter_paths_free(devio_adapter_paths *p)
 {
@@ -102,7 +91,7 @@ static devio_status resolve_file(const char *root_real, const char *dir, const c
                                  const char *name, char **out, devio_error *err)
 {
     *out = NULL;
-    char *p = path_join(dir, name);
+    char *p = devio_path_join(dir, name);
     if (!p)
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
     struct stat sb;
@@ -158,7 +147,7 @@ devio_status devio_adapter_paths_resolve(const char *root, const char *rel, bool
     root_real = strdup(root);
     if (!root_real)
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-    P->dir = path_join(root_real, rel);
+    P->dir = devio_path_join(root_real, rel);
     if (!P->dir) {
         st = devio_fail(err, DEVIO_E_NOMEM, "out of memory");
         goto out;
@@ -178,7 +167,7 @@ devio_status devio_adapter_paths_resolve(const char *root, const char *rel, bool
     if (!root_real)
         return devio_fail(err, DEVIO_E_INVALID, "adapters root '%.120s' cannot be resolved: %s",
                           root, strerror(errno));
-    char *joined = path_join(root_real, rel);
+    char *joined = devio_path_join(root_real, rel);
     if (!joined) {
         st = devio_fail(err, DEVIO_E_NOMEM, "out of memory");
         goto out;

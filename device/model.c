@@ -3,7 +3,6 @@
 #include "device/model.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +11,11 @@
 
 #include <jansson.h>
 
+#include "common/path.h"
 #include "device/model_config.h"
 #include "device/numerics.h"
 #include "device/safetensors.h"
+#include "device/status.h"
 
 #define SINGLE_NAME "model.safetensors"
 #define INDEX_NAME "model.safetensors.index.json"
@@ -34,19 +35,6 @@ typedef struct loader {
     bool sharded;
     json_t *weight_map; /* sharded: tensor name -> shard file name */
 } loader;
-
-static void set_err(devio_error *err, devio_status s, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err) {
-        err->status = s;
-        err->detail_key[0] = '\0';
-        err->detail_val = 0;
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-    }
-    va_end(ap);
-}
 
 size_t devio_dtype_size(devio_dtype t)
 {
@@ -98,32 +86,21 @@ float devio_tensor_get(const devio_tensor *t, uint64_t i)
 
 /* ---- files ---- */
 
-static char *path_join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
-}
 
 /* Reads a JSON file; DEVIO_E_MODEL when it is missing or not a JSON object. */
 static devio_status load_json(const char *dir, const char *name, json_t **out, devio_error *err)
 {
     *out = NULL;
-    char *path = path_join(dir, name);
+    char *path = devio_path_join(dir, name);
     if (!path) {
-        set_err(err, DEVIO_E_NOMEM, "out of memory reading %s", name);
+        devio_fail(err, DEVIO_E_NOMEM, "out of memory reading %s", name);
         return DEVIO_E_NOMEM;
     }
     devio_status st = DEVIO_OK;
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         st = errno == ENOENT ? DEVIO_E_MODEL : DEVIO_E_IO;
-        set_err(err, st, "%s: cannot open in model directory '%.120s': %s", name, dir,
+        devio_fail(err, st, "%s: cannot open in model directory '%.120s': %s", name, dir,
                 strerror(errno));
         goto out_path;
     }
@@ -132,13 +109,13 @@ static devio_status load_json(const char *dir, const char *name, json_t **out, d
     fclose(fp);
     if (!root) {
         st = DEVIO_E_MODEL;
-        set_err(err, st, "%s: not valid JSON (line %d: %.100s)", name, jerr.line, jerr.text);
+        devio_fail(err, st, "%s: not valid JSON (line %d: %.100s)", name, jerr.line, jerr.text);
         goto out_path;
     }
     if (!json_is_object(root)) {
         json_decref(root);
         st = DEVIO_E_MODEL;
-        set_err(err, st, "%s: top level is not a JSON object", name);
+        devio_fail(err, st, "%s: top level is not a JSON object", name);
         goto out_path;
     }
     *out = root;
@@ -155,7 +132,7 @@ static devio_status priv_add_file(model_priv *p, devio_st_file *f, devio_error *
         size_t cap = p->cap_files ? p->cap_files * 2 : 4;
         devio_st_file **nf = realloc(p->files, cap * sizeof *nf);
         if (!nf) {
-            set_err(err, DEVIO_E_NOMEM, "out of memory opening %s", devio_st_label(f));
+            devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %s", devio_st_label(f));
             return DEVIO_E_NOMEM;
         }
         p->files = nf;
@@ -176,9 +153,9 @@ static devio_status loader_file(loader *L, const char *name, const char *wanted,
             return DEVIO_OK;
         }
     }
-    char *path = path_join(L->dir, name);
+    char *path = devio_path_join(L->dir, name);
     if (!path) {
-        set_err(err, DEVIO_E_NOMEM, "out of memory opening %s", name);
+        devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %s", name);
         return DEVIO_E_NOMEM;
     }
     devio_st_file *f;
@@ -213,7 +190,7 @@ static devio_status loader_check_index(loader *L, devio_error *err)
     size_t n = json_object_size(L->weight_map);
     const char **keys = malloc((n ? n : 1) * sizeof *keys);
     if (!keys) {
-        set_err(err, DEVIO_E_NOMEM, INDEX_NAME ": out of memory");
+        devio_fail(err, DEVIO_E_NOMEM, INDEX_NAME ": out of memory");
         return DEVIO_E_NOMEM;
     }
     size_t k = 0;
@@ -229,7 +206,7 @@ static devio_status loader_check_index(loader *L, devio_error *err)
     for (size_t i = 0; i < n; i++) {
         const char *shard = json_string_value(json_object_get(L->weight_map, keys[i]));
         if (!shard || !shard_name_ok(shard)) {
-            set_err(err, DEVIO_E_MODEL,
+            devio_fail(err, DEVIO_E_MODEL,
                     INDEX_NAME ": tensor '%.80s' maps to '%.60s', not a file name in the "
                                "model directory",
                     keys[i], shard ? shard : "(not a string)");
@@ -240,7 +217,7 @@ static devio_status loader_check_index(loader *L, devio_error *err)
         if ((st = loader_file(L, shard, keys[i], &f, err)) != DEVIO_OK)
             break;
         if (!devio_st_find(f, keys[i])) {
-            set_err(err, DEVIO_E_MODEL,
+            devio_fail(err, DEVIO_E_MODEL,
                     INDEX_NAME ": tensor '%.80s' is mapped to '%.60s', which does not contain it",
                     keys[i], shard);
             st = DEVIO_E_MODEL;
@@ -257,7 +234,7 @@ static devio_status priv_own(model_priv *p, void *buf, devio_error *err)
         size_t cap = p->cap_owned ? p->cap_owned * 2 : 8;
         void **no = realloc(p->owned, cap * sizeof *no);
         if (!no) {
-            set_err(err, DEVIO_E_NOMEM, "out of memory copying tensors");
+            devio_fail(err, DEVIO_E_NOMEM, "out of memory copying tensors");
             return DEVIO_E_NOMEM;
         }
         p->owned = no;
@@ -279,7 +256,7 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
         if (!v) {
             if (!required)
                 return DEVIO_OK;
-            set_err(err, DEVIO_E_MODEL, INDEX_NAME ": tensor '%.80s' is missing from weight_map",
+            devio_fail(err, DEVIO_E_MODEL, INDEX_NAME ": tensor '%.80s' is missing from weight_map",
                     name);
             return DEVIO_E_MODEL;
         }
@@ -293,11 +270,11 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
     if (!t) {
         if (!required)
             return DEVIO_OK;
-        set_err(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' is missing", fname, name);
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' is missing", fname, name);
         return DEVIO_E_MODEL;
     }
     if (!t->supported) {
-        set_err(err, DEVIO_E_MODEL,
+        devio_fail(err, DEVIO_E_MODEL,
                 "%.100s: tensor '%.80s' has dtype %s; only F32, F16 and BF16 are supported",
                 fname, name, t->dtype_str);
         return DEVIO_E_MODEL;
@@ -317,7 +294,7 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
         else
             snprintf(exp, sizeof exp, "%llu, %llu", (unsigned long long)s0,
                      (unsigned long long)s1);
-        set_err(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' has shape [%s], expected [%s]",
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' has shape [%s], expected [%s]",
                 fname, name, got, exp);
         return DEVIO_E_MODEL;
     }
@@ -331,7 +308,7 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
     if ((uintptr_t)t->data % devio_dtype_size(t->dtype) != 0) {
         void *copy = malloc(t->nbytes ? (size_t)t->nbytes : 1);
         if (!copy) {
-            set_err(err, DEVIO_E_NOMEM, "%.100s: tensor '%.80s': out of memory for an aligned copy",
+            devio_fail(err, DEVIO_E_NOMEM, "%.100s: tensor '%.80s': out of memory for an aligned copy",
                     fname, name);
             return DEVIO_E_NOMEM;
         }
@@ -397,9 +374,9 @@ static bool host_is_little_endian(void)
  * with its own error, not look absent. */
 static devio_status file_exists(const char *dir, const char *name, bool *yes, devio_error *err)
 {
-    char *path = path_join(dir, name);
+    char *path = devio_path_join(dir, name);
     if (!path) {
-        set_err(err, DEVIO_E_NOMEM, "out of memory");
+        devio_fail(err, DEVIO_E_NOMEM, "out of memory");
         return DEVIO_E_NOMEM;
     }
     struct stat sb;
@@ -412,7 +389,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
 {
     *out = NULL;
     if (!host_is_little_endian()) {
-        set_err(err, DEVIO_E_UNSUPPORTED, "safetensors data is little-endian; this host is not");
+        devio_fail(err, DEVIO_E_UNSUPPORTED, "safetensors data is little-endian; this host is not");
         return DEVIO_E_UNSUPPORTED;
     }
     json_t *cfg_json = NULL, *index = NULL;
@@ -425,7 +402,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
     if (!m || !priv) {
         free(m);
         free(priv);
-        set_err(err, DEVIO_E_NOMEM, "out of memory loading the model");
+        devio_fail(err, DEVIO_E_NOMEM, "out of memory loading the model");
         st = DEVIO_E_NOMEM;
         goto out_json;
     }
@@ -435,7 +412,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
     const devio_model_config *c = &m->cfg;
     m->layers = calloc(c->n_layers, sizeof *m->layers);
     if (!m->layers) {
-        set_err(err, DEVIO_E_NOMEM, "out of memory for %u layers", c->n_layers);
+        devio_fail(err, DEVIO_E_NOMEM, "out of memory for %u layers", c->n_layers);
         st = DEVIO_E_NOMEM;
         goto out_model;
     }
@@ -450,7 +427,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
             goto out_model;
         L.weight_map = json_object_get(index, "weight_map");
         if (!json_is_object(L.weight_map)) {
-            set_err(err, DEVIO_E_MODEL, INDEX_NAME ": 'weight_map' is missing or not an object");
+            devio_fail(err, DEVIO_E_MODEL, INDEX_NAME ": 'weight_map' is missing or not an object");
             st = DEVIO_E_MODEL;
             goto out_model;
         }
@@ -458,7 +435,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
         if ((st = loader_check_index(&L, err)) != DEVIO_OK)
             goto out_model;
     } else if (!single) {
-        set_err(err, DEVIO_E_MODEL,
+        devio_fail(err, DEVIO_E_MODEL,
                 "model directory '%.120s' has neither " SINGLE_NAME " nor " INDEX_NAME, dir);
         st = DEVIO_E_MODEL;
         goto out_model;
@@ -480,7 +457,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
         if ((st = loader_tensor(&L, "lm_head.weight", false, 2, V, d, &m->lm_head, err)))
             goto out_model;
         if (!m->lm_head.data) {
-            set_err(err, DEVIO_E_MODEL,
+            devio_fail(err, DEVIO_E_MODEL,
                     "%s: tensor 'lm_head.weight' is missing and " DEVIO_MODEL_CONFIG_NAME
                     " has tie_word_embeddings false",
                     L.sharded ? INDEX_NAME : SINGLE_NAME);

@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
+
+#include "device/status.h"
 
 #ifndef __wasi__
 #include <sys/mman.h>
@@ -24,19 +25,6 @@ struct devio_st_file {
     devio_st_tensor *tensors; /* sorted by name */
     size_t n_tensors;
 };
-
-static void st_err(devio_error *err, devio_status s, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err) {
-        err->status = s;
-        err->detail_key[0] = '\0';
-        err->detail_val = 0;
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-    }
-    va_end(ap);
-}
 
 /* Element sizes of every dtype the safetensors format defines, so that the
  * byte range of a tensor we will not use can still be checked. */
@@ -64,30 +52,30 @@ static devio_status st_load_bytes(devio_st_file *f, const char *path, const char
     if (fd < 0) {
         /* A weights file that is not there makes the model directory malformed. */
         devio_status s = errno == ENOENT ? DEVIO_E_MODEL : DEVIO_E_IO;
-        st_err(err, s, "%.100s: cannot open: %s%s", f->label, strerror(errno), ctx);
+        devio_fail(err, s, "%.100s: cannot open: %s%s", f->label, strerror(errno), ctx);
         return s;
     }
     devio_status st = DEVIO_OK;
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
-        st_err(err, DEVIO_E_IO, "%.100s: cannot stat: %s%s", f->label, strerror(errno), ctx);
+        devio_fail(err, DEVIO_E_IO, "%.100s: cannot stat: %s%s", f->label, strerror(errno), ctx);
         st = DEVIO_E_IO;
         goto out_close;
     }
     if (!S_ISREG(sb.st_mode)) {
-        st_err(err, DEVIO_E_MODEL, "%.100s: not a regular file%s", f->label, ctx);
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: not a regular file%s", f->label, ctx);
         st = DEVIO_E_MODEL;
         goto out_close;
     }
     if (sb.st_size < 8) {
-        st_err(err, DEVIO_E_MODEL,
+        devio_fail(err, DEVIO_E_MODEL,
                "%.100s: file is %lld bytes, shorter than the 8-byte header length%s", f->label,
                (long long)sb.st_size, ctx);
         st = DEVIO_E_MODEL;
         goto out_close;
     }
     if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
-        st_err(err, DEVIO_E_MODEL, "%.100s: file of %lld bytes is too large for this build%s",
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: file of %lld bytes is too large for this build%s",
                f->label, (long long)sb.st_size, ctx);
         st = DEVIO_E_MODEL;
         goto out_close;
@@ -96,7 +84,7 @@ static devio_status st_load_bytes(devio_st_file *f, const char *path, const char
 #ifdef __wasi__
     f->base = malloc(f->size);
     if (!f->base) {
-        st_err(err, DEVIO_E_NOMEM, "%.100s: cannot allocate %zu bytes%s", f->label, f->size, ctx);
+        devio_fail(err, DEVIO_E_NOMEM, "%.100s: cannot allocate %zu bytes%s", f->label, f->size, ctx);
         st = DEVIO_E_NOMEM;
         goto out_close;
     }
@@ -105,7 +93,7 @@ static devio_status st_load_bytes(devio_st_file *f, const char *path, const char
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            st_err(err, DEVIO_E_IO, "%.100s: read failed at byte %zu: %s%s", f->label, got,
+            devio_fail(err, DEVIO_E_IO, "%.100s: read failed at byte %zu: %s%s", f->label, got,
                    n < 0 ? strerror(errno) : "unexpected end of file", ctx);
             st = DEVIO_E_IO;
             free(f->base);
@@ -117,7 +105,7 @@ static devio_status st_load_bytes(devio_st_file *f, const char *path, const char
 #else
     void *p = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
-        st_err(err, DEVIO_E_IO, "%.100s: mmap of %zu bytes failed: %s%s", f->label, f->size,
+        devio_fail(err, DEVIO_E_IO, "%.100s: mmap of %zu bytes failed: %s%s", f->label, f->size,
                strerror(errno), ctx);
         st = DEVIO_E_IO;
         goto out_close;
@@ -160,7 +148,7 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
 {
     const char *lab = f->label;
     if (!json_is_object(v)) {
-        st_err(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': header entry is not an object", lab,
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': header entry is not an object", lab,
                name);
         return DEVIO_E_MODEL;
     }
@@ -168,7 +156,7 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
     const json_t *js = json_object_get(v, "shape");
     const json_t *jo = json_object_get(v, "data_offsets");
     if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo)) {
-        st_err(err, DEVIO_E_MODEL,
+        devio_fail(err, DEVIO_E_MODEL,
                "%.100s: tensor '%.80s': entry needs string dtype, array shape and "
                "array data_offsets",
                lab, name);
@@ -180,7 +168,7 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
         if (strcmp(ds, st_dtypes[i].name) == 0)
             esize = st_dtypes[i].size;
     if (esize == 0) {
-        st_err(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': unknown dtype '%.20s'", lab, name, ds);
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': unknown dtype '%.20s'", lab, name, ds);
         return DEVIO_E_MODEL;
     }
     snprintf(t->dtype_str, sizeof t->dtype_str, "%s", ds);
@@ -196,7 +184,7 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
 
     size_t nd = json_array_size(js);
     if (nd > DEVIO_ST_MAX_DIMS) {
-        st_err(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': %zu dimensions (at most %d)", lab,
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': %zu dimensions (at most %d)", lab,
                name, nd, DEVIO_ST_MAX_DIMS);
         return DEVIO_E_MODEL;
     }
@@ -206,7 +194,7 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
     for (size_t i = 0; i < nd; i++) {
         uint64_t d;
         if (!st_uint(json_array_get(js, i), &d)) {
-            st_err(err, DEVIO_E_MODEL,
+            devio_fail(err, DEVIO_E_MODEL,
                    "%.100s: tensor '%.80s': shape[%zu] is not a non-negative integer", lab, name,
                    i);
             return DEVIO_E_MODEL;
@@ -218,25 +206,25 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
             nelem *= d;
     }
     if (overflow || nelem > UINT64_MAX / esize) {
-        st_err(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': shape is too large", lab, name);
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': shape is too large", lab, name);
         return DEVIO_E_MODEL;
     }
     uint64_t begin, end;
     if (json_array_size(jo) != 2 || !st_uint(json_array_get(jo, 0), &begin) ||
         !st_uint(json_array_get(jo, 1), &end)) {
-        st_err(err, DEVIO_E_MODEL,
+        devio_fail(err, DEVIO_E_MODEL,
                "%.100s: tensor '%.80s': data_offsets must be two non-negative integers", lab,
                name);
         return DEVIO_E_MODEL;
     }
     if (end < begin) {
-        st_err(err, DEVIO_E_MODEL,
+        devio_fail(err, DEVIO_E_MODEL,
                "%.100s: tensor '%.80s': data_offsets end %llu is before begin %llu", lab, name,
                (unsigned long long)end, (unsigned long long)begin);
         return DEVIO_E_MODEL;
     }
     if (end > data_size) {
-        st_err(err, DEVIO_E_MODEL,
+        devio_fail(err, DEVIO_E_MODEL,
                "%.100s: tensor '%.80s': data_offsets [%llu, %llu] run past the data section "
                "of %llu bytes (file truncated?)",
                lab, name, (unsigned long long)begin, (unsigned long long)end,
@@ -244,7 +232,7 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
         return DEVIO_E_MODEL;
     }
     if (end - begin != nelem * esize) {
-        st_err(err, DEVIO_E_MODEL,
+        devio_fail(err, DEVIO_E_MODEL,
                "%.100s: tensor '%.80s': %llu data bytes, but shape and dtype %s need %llu", lab,
                name, (unsigned long long)(end - begin), ds, (unsigned long long)(nelem * esize));
         return DEVIO_E_MODEL;
@@ -264,12 +252,12 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
     devio_status st;
     devio_st_file *f = calloc(1, sizeof *f);
     if (!f) {
-        st_err(err, DEVIO_E_NOMEM, "out of memory opening %.100s", label);
+        devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %.100s", label);
         return DEVIO_E_NOMEM;
     }
     f->label = strdup(label);
     if (!f->label) {
-        st_err(err, DEVIO_E_NOMEM, "out of memory opening %.100s", label);
+        devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %.100s", label);
         st = DEVIO_E_NOMEM;
         goto out_free;
     }
@@ -282,14 +270,14 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
         hlen = (hlen << 8) | f->base[i];
     uint64_t room = (uint64_t)f->size - 8;
     if (hlen > room) {
-        st_err(err, DEVIO_E_MODEL,
+        devio_fail(err, DEVIO_E_MODEL,
                "%.100s: header length %llu is larger than the %llu bytes after it%s", f->label,
                (unsigned long long)hlen, (unsigned long long)room, ctx);
         st = DEVIO_E_MODEL;
         goto out_free;
     }
     if (hlen > DEVIO_ST_MAX_HEADER) {
-        st_err(err, DEVIO_E_MODEL, "%.100s: header length %llu exceeds the %llu-byte limit%s",
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: header length %llu exceeds the %llu-byte limit%s",
                f->label, (unsigned long long)hlen, (unsigned long long)DEVIO_ST_MAX_HEADER, ctx);
         st = DEVIO_E_MODEL;
         goto out_free;
@@ -298,13 +286,13 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
     json_t *root = json_loadb((const char *)f->base + 8, (size_t)hlen, JSON_REJECT_DUPLICATES,
                               &jerr);
     if (!root) {
-        st_err(err, DEVIO_E_MODEL, "%.100s: header is not valid JSON (%.60s)%s", f->label,
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: header is not valid JSON (%.60s)%s", f->label,
                jerr.text, ctx);
         st = DEVIO_E_MODEL;
         goto out_free;
     }
     if (!json_is_object(root)) {
-        st_err(err, DEVIO_E_MODEL, "%.100s: header is not a JSON object%s", f->label, ctx);
+        devio_fail(err, DEVIO_E_MODEL, "%.100s: header is not a JSON object%s", f->label, ctx);
         st = DEVIO_E_MODEL;
         goto out_json;
     }
@@ -313,7 +301,7 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
         n--;
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
     if (!f->tensors) {
-        st_err(err, DEVIO_E_NOMEM, "%.100s: out of memory for %zu header entries", f->label, n);
+        devio_fail(err, DEVIO_E_NOMEM, "%.100s: out of memory for %zu header entries", f->label, n);
         st = DEVIO_E_NOMEM;
         goto out_json;
     }
@@ -331,7 +319,7 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
             goto out_json;
         t->name = strdup(key);
         if (!t->name) {
-            st_err(err, DEVIO_E_NOMEM, "%.100s: out of memory", f->label);
+            devio_fail(err, DEVIO_E_NOMEM, "%.100s: out of memory", f->label);
             st = DEVIO_E_NOMEM;
             goto out_json;
         }

@@ -10,6 +10,7 @@
 #include "common/cli.h"
 #include "device/backend.h"
 #include "device/model.h"
+#include "device/options.h"
 #include "ref/builtin.h"
 #include "ref/inproc.h"
 
@@ -19,13 +20,7 @@ typedef struct flags {
     bool sync;
 } flags;
 
-static bool parse_numerics(const char *v, void *field)
-{
-    return devio_numerics_parse(v, field);
-}
-
 #define F(f) offsetof(flags, f)
-#define D(f) (offsetof(flags, dev) + offsetof(devio_config, f))
 static const devio_opt opts[] = {
     {.flag = "model", .type = DEVIO_OPT_STR, .offset = F(model), .metavar = "DIR",
      .help = "model directory (config.json + safetensors)"},
@@ -35,37 +30,12 @@ static const devio_opt opts[] = {
      .help = "ref, auto, or a plugin's name [ref]"},
     {.flag = "backend-path", .type = DEVIO_OPT_STR, .offset = F(backend_path), .metavar = "DIR",
      .help = "where backend plugins (libdevio-backend-NAME.so) are [next to this binary]"},
-    {.flag = "numerics", .type = DEVIO_OPT_CUSTOM, .offset = D(numerics), .metavar = "MODE",
-     .help = "strict|fast [strict]; the reference computes strict only", .parse = parse_numerics},
-    {.flag = "threads", .type = DEVIO_OPT_U32, .offset = D(threads), .metavar = "N",
-     .help = "compute threads, 0 = all cores [0]"},
-    {.flag = "kv-blocks", .type = DEVIO_OPT_U32, .offset = D(kv_blocks), .metavar = "N",
-     .help = "KV cache blocks, 0 = derived [0]"},
-    {.flag = "block-size", .type = DEVIO_OPT_U32, .offset = D(block_size), .metavar = "N",
-     .help = "tokens per KV block [16]"},
-    {.flag = "max-depth", .type = DEVIO_OPT_U32, .offset = D(max_depth), .metavar = "N",
-     .help = "tickets in flight [2]"},
-    {.flag = "max-seqs", .type = DEVIO_OPT_U32, .offset = D(max_seqs), .metavar = "N",
-     .help = "live sequences [256]"},
-    {.flag = "max-seq-len", .type = DEVIO_OPT_U32, .offset = D(max_seq_len), .metavar = "N",
-     .help = "positions per sequence, 0 = the model's, at most 4096 [0]"},
-    {.flag = "max-rows", .type = DEVIO_OPT_U32, .offset = D(max_rows), .metavar = "N",
-     .help = "rows per plan [64]"},
-    {.flag = "max-batch-tokens", .type = DEVIO_OPT_U32, .offset = D(max_batch_tokens),
-     .metavar = "N", .help = "tokens per plan [2048]"},
-    {.flag = "logits-handles", .type = DEVIO_OPT_U32, .offset = D(logits_handles),
-     .metavar = "N", .help = "live logits handles [64]"},
-    {.flag = "logits-rows", .type = DEVIO_OPT_U32, .offset = D(logits_rows), .metavar = "N",
-     .help = "live logits positions over all handles [256]"},
-    {.flag = "max-loras", .type = DEVIO_OPT_U32, .offset = D(max_loras), .metavar = "N",
-     .help = "adapters loaded at once [4]"},
-    {.flag = "max-lora-rank", .type = DEVIO_OPT_U32, .offset = D(max_lora_rank), .metavar = "N",
-     .help = "largest adapter rank [64]"},
     {.flag = "sync", .type = DEVIO_OPT_BOOL, .offset = F(sync),
      .help = "run steps inside await instead of on the worker thread (same numbers)"},
 };
 #undef F
-#undef D
+
+static const devio_opt_group groups[] = {{devio_config_options, offsetof(flags, dev)}};
 
 static const devio_cli cli = {
     .prog = "devio-ref",
@@ -75,6 +45,8 @@ static const devio_cli cli = {
              "JSON result line per operation.",
     .opts = opts,
     .n_opts = sizeof opts / sizeof *opts,
+    .groups = groups,
+    .n_groups = 1,
     .max_args = 1,
 };
 

@@ -5,10 +5,10 @@
 #include <string.h>
 
 #include "common/cli.h"
+#include "device/options.h"
 #include "service/config.h"
 
 #define S(f) offsetof(devio_server_config, f)
-#define D(f) (offsetof(devio_server_config, device) + offsetof(devio_config, f))
 
 static const devio_opt opts[] = {
     {.flag = "model", .type = DEVIO_OPT_STR, .offset = S(model), .metavar = "DIR",
@@ -23,34 +23,8 @@ static const devio_opt opts[] = {
      .help = "auto|ref|cuda, or a backend plugin's name [auto]"},
     {.flag = "backend-path", .type = DEVIO_OPT_STR, .offset = S(backend_path), .metavar = "DIR",
      .help = "where backend plugins (libdevio-backend-NAME.so) are [next to this binary]"},
-    {.flag = "numerics", .type = DEVIO_OPT_STR, .offset = S(numerics), .metavar = "MODE",
-     .help = "strict|fast [strict]"},
     {.flag = "token-file", .type = DEVIO_OPT_STR, .offset = S(token_file), .metavar = "FILE",
      .help = "file holding the bearer token (or DEVIO_TOKEN)"},
-    {.flag = "threads", .type = DEVIO_OPT_U32, .offset = D(threads), .metavar = "N",
-     .help = "compute threads, 0 = all cores [0]"},
-    {.flag = "kv-blocks", .type = DEVIO_OPT_U32, .offset = D(kv_blocks), .metavar = "N",
-     .help = "KV cache blocks, 0 = derived [0]"},
-    {.flag = "block-size", .type = DEVIO_OPT_U32, .offset = D(block_size), .metavar = "N",
-     .help = "tokens per KV block [16]"},
-    {.flag = "max-depth", .type = DEVIO_OPT_U32, .offset = D(max_depth), .metavar = "N",
-     .help = "tickets in flight [2]"},
-    {.flag = "max-seqs", .type = DEVIO_OPT_U32, .offset = D(max_seqs), .metavar = "N",
-     .help = "live sequences [256]"},
-    {.flag = "max-seq-len", .type = DEVIO_OPT_U32, .offset = D(max_seq_len), .metavar = "N",
-     .help = "positions per sequence, 0 = model's [0]"},
-    {.flag = "max-rows", .type = DEVIO_OPT_U32, .offset = D(max_rows), .metavar = "N",
-     .help = "rows per plan [64]"},
-    {.flag = "max-batch-tokens", .type = DEVIO_OPT_U32, .offset = D(max_batch_tokens), .metavar = "N",
-     .help = "tokens per plan [2048]"},
-    {.flag = "logits-handles", .type = DEVIO_OPT_U32, .offset = D(logits_handles), .metavar = "N",
-     .help = "live logits handles [64]"},
-    {.flag = "logits-rows", .type = DEVIO_OPT_U32, .offset = D(logits_rows), .metavar = "N",
-     .help = "live logits positions over all handles [256]"},
-    {.flag = "max-loras", .type = DEVIO_OPT_U32, .offset = D(max_loras), .metavar = "N",
-     .help = "adapters loaded at once [4]"},
-    {.flag = "max-lora-rank", .type = DEVIO_OPT_U32, .offset = D(max_lora_rank), .metavar = "N",
-     .help = "largest adapter rank [64]"},
     {.flag = "max-body", .type = DEVIO_OPT_U32, .offset = S(max_body), .metavar = "N",
      .help = "largest request body in bytes [1048576]"},
     {.flag = "max-json-depth", .type = DEVIO_OPT_U32, .offset = S(max_json_depth), .metavar = "N",
@@ -67,7 +41,10 @@ static const devio_opt opts[] = {
      .help = "require the token on /healthz, /readyz, /metrics"},
 };
 #undef S
-#undef D
+
+static const devio_opt_group groups[] = {
+    {devio_config_options, offsetof(devio_server_config, device)},
+};
 
 static const devio_cli cli = {
     .prog = "devio-server",
@@ -77,6 +54,8 @@ static const devio_cli cli = {
              "The bearer token comes from DEVIO_TOKEN or --token-file.\n",
     .opts = opts,
     .n_opts = sizeof opts / sizeof *opts,
+    .groups = groups,
+    .n_groups = 1,
     .env = true,
 };
 
@@ -87,7 +66,6 @@ void devio_server_config_default(devio_server_config *c)
     c->db = "devio.db";
     c->adapters = "adapters";
     c->backend = "auto";
-    c->numerics = "strict";
     c->max_body = 1u << 20;
     c->max_json_depth = 32;
     c->max_connections = 256;

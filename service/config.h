@@ -16,7 +16,6 @@ typedef struct devio_server_config {
     const char *adapters;   /* --adapters DIR, default adapters */
     const char *backend;    /* --backend auto|ref|cuda|NAME of a plugin */
     const char *backend_path; /* --backend-path DIR, where plugins are; NULL = next to the binary */
-    const char *numerics;   /* --numerics strict|fast */
     const char *token;      /* DEVIO_TOKEN (environment only: flags show in ps) */
     const char *token_file; /* --token-file F */
     uint32_t max_body;      /* --max-body bytes, default 1 MiB */
@@ -26,9 +25,7 @@ typedef struct devio_server_config {
     uint32_t retention;     /* --retention ticket rows kept, default 100000 */
     uint32_t drain_ms;      /* --drain-ms on SIGTERM, default 10000 */
     bool auth_health;       /* --auth-health: token needed for /healthz /readyz /metrics too */
-    devio_config device;    /* --threads --kv-blocks --block-size --max-depth --max-seqs
-                               --max-seq-len --max-rows --max-batch-tokens --logits-handles
-                               --logits-rows --max-loras --max-lora-rank */
+    devio_config device;    /* the options of device/options.h */
 } devio_server_config;
 
 void devio_server_config_default(devio_server_config *c);

@@ -371,9 +371,6 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     struct sockaddr_in sa;
     devio_status st = parse_listen(cfg->listen, &sa, err);
     devio_config dc = cfg->device;
-    if (st == DEVIO_OK && !devio_numerics_parse(cfg->numerics, &dc.numerics))
-        st = devio_fail(err, DEVIO_E_INVALID, "--numerics must be strict or fast, not '%s'",
-                        cfg->numerics);
     const devio_backend_ops *ops = NULL;
     devio_registry_builtin(&s->registry, cfg->backend_path);
     if (st == DEVIO_OK)

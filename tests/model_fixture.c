@@ -6,7 +6,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,30 +28,10 @@ int fx_setup(void **state)
     return 0;
 }
 
-/* Removes the directory and whatever a test left in it (one level, plus
- * one level of subdirectories: the determinism test writes two models). */
-static void rm_tree(const char *dir, int depth)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char p[512];
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            if (unlink(p) != 0 && depth > 0)
-                rm_tree(p, depth - 1);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 int fx_teardown(void **state)
 {
     fixture *fx = *state;
-    rm_tree(fx->dir, 1);
+    devio_rmtree(fx->dir);
     free(fx);
     return 0;
 }

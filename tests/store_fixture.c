@@ -6,7 +6,6 @@
 
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,29 +15,9 @@
 #include <sqlite3.h>
 
 #include "tests/store_fixture.h"
+#include "tests/testutil.h"
 
 /* ---- fixtures ---------------------------------------------------------- */
-
-void rmtree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
-            rmtree(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 /* PRAGMA integrity_check through a connection of its own; 1 when "ok". */
 int integrity_ok(const char *path)
@@ -78,7 +57,7 @@ int teardown(void **state)
     struct stat st;
     /* Whatever a test did, the file it leaves must be sound. */
     int ok = stat(c->path, &st) != 0 || integrity_ok(c->path);
-    rmtree(c->dir);
+    devio_rmtree(c->dir);
     free(c);
     return ok ? 0 : -1;
 }

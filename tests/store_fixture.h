@@ -15,8 +15,6 @@ typedef struct ctx {
     char path[300];
 } ctx;
 
-/* Removes `dir` and everything under it. */
-void rmtree(const char *dir);
 /* PRAGMA integrity_check through a connection of its own; 1 when "ok". */
 int integrity_ok(const char *path);
 

@@ -724,7 +724,7 @@ def test_backend_choice(servers, tiny_model, bins):
     for args, says in ((["--backend", "cuda"], "libdevio-backend-cuda.so"),
                        (["--backend", "badabi", "--backend-path", plugins], "interface version 1"),
                        (["--numerics", "fast"], "strict numerics only"),
-                       (["--numerics", "exact"], "--numerics must be strict or fast")):
+                       (["--numerics", "exact"], "--numerics takes strict|fast, not 'exact'")):
         with pytest.raises(AssertionError, match="exited") as e:
             servers.start(tiny_model, args)
         assert says in str(e.value), str(e.value)
