@@ -92,16 +92,14 @@ static devio_status load_json(const char *dir, const char *name, json_t **out, d
 {
     *out = NULL;
     char *path = devio_path_join(dir, name);
-    if (!path) {
-        devio_fail(err, DEVIO_E_NOMEM, "out of memory reading %s", name);
-        return DEVIO_E_NOMEM;
-    }
+    if (!path)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory reading %s", name);
     devio_status st = DEVIO_OK;
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         st = errno == ENOENT ? DEVIO_E_MODEL : DEVIO_E_IO;
         devio_fail(err, st, "%s: cannot open in model directory '%.120s': %s", name, dir,
-                strerror(errno));
+                   strerror(errno));
         goto out_path;
     }
     json_error_t jerr;
@@ -131,10 +129,8 @@ static devio_status priv_add_file(model_priv *p, devio_st_file *f, devio_error *
     if (p->n_files == p->cap_files) {
         size_t cap = p->cap_files ? p->cap_files * 2 : 4;
         devio_st_file **nf = realloc(p->files, cap * sizeof *nf);
-        if (!nf) {
-            devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %s", devio_st_label(f));
-            return DEVIO_E_NOMEM;
-        }
+        if (!nf)
+            return devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %s", devio_st_label(f));
         p->files = nf;
         p->cap_files = cap;
     }
@@ -154,10 +150,8 @@ static devio_status loader_file(loader *L, const char *name, const char *wanted,
         }
     }
     char *path = devio_path_join(L->dir, name);
-    if (!path) {
-        devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %s", name);
-        return DEVIO_E_NOMEM;
-    }
+    if (!path)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %s", name);
     devio_st_file *f;
     devio_status st = devio_st_open(path, name, wanted, &f, err);
     free(path);
@@ -189,10 +183,8 @@ static devio_status loader_check_index(loader *L, devio_error *err)
 {
     size_t n = json_object_size(L->weight_map);
     const char **keys = malloc((n ? n : 1) * sizeof *keys);
-    if (!keys) {
-        devio_fail(err, DEVIO_E_NOMEM, INDEX_NAME ": out of memory");
-        return DEVIO_E_NOMEM;
-    }
+    if (!keys)
+        return devio_fail(err, DEVIO_E_NOMEM, INDEX_NAME ": out of memory");
     size_t k = 0;
     const char *key;
     json_t *val;
@@ -207,9 +199,9 @@ static devio_status loader_check_index(loader *L, devio_error *err)
         const char *shard = json_string_value(json_object_get(L->weight_map, keys[i]));
         if (!shard || !shard_name_ok(shard)) {
             devio_fail(err, DEVIO_E_MODEL,
-                    INDEX_NAME ": tensor '%.80s' maps to '%.60s', not a file name in the "
-                               "model directory",
-                    keys[i], shard ? shard : "(not a string)");
+                       INDEX_NAME ": tensor '%.80s' maps to '%.60s', not a file name in the "
+                                  "model directory",
+                       keys[i], shard ? shard : "(not a string)");
             st = DEVIO_E_MODEL;
             break;
         }
@@ -218,8 +210,8 @@ static devio_status loader_check_index(loader *L, devio_error *err)
             break;
         if (!devio_st_find(f, keys[i])) {
             devio_fail(err, DEVIO_E_MODEL,
-                    INDEX_NAME ": tensor '%.80s' is mapped to '%.60s', which does not contain it",
-                    keys[i], shard);
+                       INDEX_NAME ": tensor '%.80s' is mapped to '%.60s', which does not contain it",
+                       keys[i], shard);
             st = DEVIO_E_MODEL;
             break;
         }
@@ -233,10 +225,8 @@ static devio_status priv_own(model_priv *p, void *buf, devio_error *err)
     if (p->n_owned == p->cap_owned) {
         size_t cap = p->cap_owned ? p->cap_owned * 2 : 8;
         void **no = realloc(p->owned, cap * sizeof *no);
-        if (!no) {
-            devio_fail(err, DEVIO_E_NOMEM, "out of memory copying tensors");
-            return DEVIO_E_NOMEM;
-        }
+        if (!no)
+            return devio_fail(err, DEVIO_E_NOMEM, "out of memory copying tensors");
         p->owned = no;
         p->cap_owned = cap;
     }
@@ -256,9 +246,8 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
         if (!v) {
             if (!required)
                 return DEVIO_OK;
-            devio_fail(err, DEVIO_E_MODEL, INDEX_NAME ": tensor '%.80s' is missing from weight_map",
-                    name);
-            return DEVIO_E_MODEL;
+            return devio_fail(err, DEVIO_E_MODEL,
+                              INDEX_NAME ": tensor '%.80s' is missing from weight_map", name);
         }
         fname = json_string_value(v); /* checked by loader_check_index */
     }
@@ -270,13 +259,12 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
     if (!t) {
         if (!required)
             return DEVIO_OK;
-        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' is missing", fname, name);
-        return DEVIO_E_MODEL;
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' is missing", fname, name);
     }
     if (!t->supported) {
         devio_fail(err, DEVIO_E_MODEL,
-                "%.100s: tensor '%.80s' has dtype %s; only F32, F16 and BF16 are supported",
-                fname, name, t->dtype_str);
+                   "%.100s: tensor '%.80s' has dtype %s; only F32, F16 and BF16 are supported",
+                   fname, name, t->dtype_str);
         return DEVIO_E_MODEL;
     }
     uint64_t want[2] = {s0, s1};
@@ -294,9 +282,9 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
         else
             snprintf(exp, sizeof exp, "%llu, %llu", (unsigned long long)s0,
                      (unsigned long long)s1);
-        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' has shape [%s], expected [%s]",
-                fname, name, got, exp);
-        return DEVIO_E_MODEL;
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: tensor '%.80s' has shape [%s], expected [%s]", fname, name, got,
+                          exp);
     }
     out->dtype = t->dtype;
     out->ndim = ndim;
@@ -307,11 +295,10 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
      * load whole elements, so give them an aligned copy when needed. */
     if ((uintptr_t)t->data % devio_dtype_size(t->dtype) != 0) {
         void *copy = malloc(t->nbytes ? (size_t)t->nbytes : 1);
-        if (!copy) {
-            devio_fail(err, DEVIO_E_NOMEM, "%.100s: tensor '%.80s': out of memory for an aligned copy",
-                    fname, name);
-            return DEVIO_E_NOMEM;
-        }
+        if (!copy)
+            return devio_fail(err, DEVIO_E_NOMEM,
+                              "%.100s: tensor '%.80s': out of memory for an aligned copy", fname,
+                              name);
         memcpy(copy, t->data, (size_t)t->nbytes);
         if ((st = priv_own(L->priv, copy, err)) != DEVIO_OK) {
             free(copy);
@@ -375,10 +362,8 @@ static bool host_is_little_endian(void)
 static devio_status file_exists(const char *dir, const char *name, bool *yes, devio_error *err)
 {
     char *path = devio_path_join(dir, name);
-    if (!path) {
-        devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-        return DEVIO_E_NOMEM;
-    }
+    if (!path)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
     struct stat sb;
     *yes = stat(path, &sb) == 0;
     free(path);
@@ -418,7 +403,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
     }
 
     loader L = {.dir = dir, .priv = priv};
-    bool single, sharded;
+    bool single = false, sharded = false;
     if ((st = file_exists(dir, SINGLE_NAME, &single, err)) ||
         (st = file_exists(dir, INDEX_NAME, &sharded, err)))
         goto out_model;
@@ -436,7 +421,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
             goto out_model;
     } else if (!single) {
         devio_fail(err, DEVIO_E_MODEL,
-                "model directory '%.120s' has neither " SINGLE_NAME " nor " INDEX_NAME, dir);
+                   "model directory '%.120s' has neither " SINGLE_NAME " nor " INDEX_NAME, dir);
         st = DEVIO_E_MODEL;
         goto out_model;
     }
@@ -458,9 +443,9 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
             goto out_model;
         if (!m->lm_head.data) {
             devio_fail(err, DEVIO_E_MODEL,
-                    "%s: tensor 'lm_head.weight' is missing and " DEVIO_MODEL_CONFIG_NAME
-                    " has tie_word_embeddings false",
-                    L.sharded ? INDEX_NAME : SINGLE_NAME);
+                       "%s: tensor 'lm_head.weight' is missing and "
+                       DEVIO_MODEL_CONFIG_NAME " has tie_word_embeddings false",
+                       L.sharded ? INDEX_NAME : SINGLE_NAME);
             st = DEVIO_E_MODEL;
             goto out_model;
         }

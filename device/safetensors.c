@@ -69,14 +69,14 @@ static devio_status st_load_bytes(devio_st_file *f, const char *path, const char
     }
     if (sb.st_size < 8) {
         devio_fail(err, DEVIO_E_MODEL,
-               "%.100s: file is %lld bytes, shorter than the 8-byte header length%s", f->label,
-               (long long)sb.st_size, ctx);
+                   "%.100s: file is %lld bytes, shorter than the 8-byte header length%s", f->label,
+                   (long long)sb.st_size, ctx);
         st = DEVIO_E_MODEL;
         goto out_close;
     }
     if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
         devio_fail(err, DEVIO_E_MODEL, "%.100s: file of %lld bytes is too large for this build%s",
-               f->label, (long long)sb.st_size, ctx);
+                   f->label, (long long)sb.st_size, ctx);
         st = DEVIO_E_MODEL;
         goto out_close;
     }
@@ -84,7 +84,8 @@ static devio_status st_load_bytes(devio_st_file *f, const char *path, const char
 #ifdef __wasi__
     f->base = malloc(f->size);
     if (!f->base) {
-        devio_fail(err, DEVIO_E_NOMEM, "%.100s: cannot allocate %zu bytes%s", f->label, f->size, ctx);
+        devio_fail(err, DEVIO_E_NOMEM, "%.100s: cannot allocate %zu bytes%s", f->label, f->size,
+                   ctx);
         st = DEVIO_E_NOMEM;
         goto out_close;
     }
@@ -94,7 +95,7 @@ static devio_status st_load_bytes(devio_st_file *f, const char *path, const char
             continue;
         if (n <= 0) {
             devio_fail(err, DEVIO_E_IO, "%.100s: read failed at byte %zu: %s%s", f->label, got,
-                   n < 0 ? strerror(errno) : "unexpected end of file", ctx);
+                       n < 0 ? strerror(errno) : "unexpected end of file", ctx);
             st = DEVIO_E_IO;
             free(f->base);
             f->base = NULL;
@@ -106,7 +107,7 @@ static devio_status st_load_bytes(devio_st_file *f, const char *path, const char
     void *p = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
         devio_fail(err, DEVIO_E_IO, "%.100s: mmap of %zu bytes failed: %s%s", f->label, f->size,
-               strerror(errno), ctx);
+                   strerror(errno), ctx);
         st = DEVIO_E_IO;
         goto out_close;
     }
@@ -147,19 +148,17 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
                                    devio_st_tensor *t, devio_error *err)
 {
     const char *lab = f->label;
-    if (!json_is_object(v)) {
-        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': header entry is not an object", lab,
-               name);
-        return DEVIO_E_MODEL;
-    }
+    if (!json_is_object(v))
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: tensor '%.80s': header entry is not an object", lab, name);
     const json_t *jd = json_object_get(v, "dtype");
     const json_t *js = json_object_get(v, "shape");
     const json_t *jo = json_object_get(v, "data_offsets");
     if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo)) {
         devio_fail(err, DEVIO_E_MODEL,
-               "%.100s: tensor '%.80s': entry needs string dtype, array shape and "
-               "array data_offsets",
-               lab, name);
+                   "%.100s: tensor '%.80s': entry needs string dtype, array shape and "
+                   "array data_offsets",
+                   lab, name);
         return DEVIO_E_MODEL;
     }
     const char *ds = json_string_value(jd);
@@ -167,10 +166,9 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
     for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
         if (strcmp(ds, st_dtypes[i].name) == 0)
             esize = st_dtypes[i].size;
-    if (esize == 0) {
-        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': unknown dtype '%.20s'", lab, name, ds);
-        return DEVIO_E_MODEL;
-    }
+    if (esize == 0)
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': unknown dtype '%.20s'", lab,
+                          name, ds);
     snprintf(t->dtype_str, sizeof t->dtype_str, "%s", ds);
     t->supported = true;
     if (strcmp(ds, "F32") == 0)
@@ -183,11 +181,9 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
         t->supported = false;
 
     size_t nd = json_array_size(js);
-    if (nd > DEVIO_ST_MAX_DIMS) {
-        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': %zu dimensions (at most %d)", lab,
-               name, nd, DEVIO_ST_MAX_DIMS);
-        return DEVIO_E_MODEL;
-    }
+    if (nd > DEVIO_ST_MAX_DIMS)
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': %zu dimensions (at most %d)",
+                          lab, name, nd, DEVIO_ST_MAX_DIMS);
     t->ndim = (uint32_t)nd;
     uint64_t nelem = 1;
     bool overflow = false;
@@ -195,8 +191,8 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
         uint64_t d;
         if (!st_uint(json_array_get(js, i), &d)) {
             devio_fail(err, DEVIO_E_MODEL,
-                   "%.100s: tensor '%.80s': shape[%zu] is not a non-negative integer", lab, name,
-                   i);
+                       "%.100s: tensor '%.80s': shape[%zu] is not a non-negative integer", lab,
+                       name, i);
             return DEVIO_E_MODEL;
         }
         t->shape[i] = d;
@@ -205,36 +201,36 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
         else
             nelem *= d;
     }
-    if (overflow || nelem > UINT64_MAX / esize) {
-        devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': shape is too large", lab, name);
-        return DEVIO_E_MODEL;
-    }
+    if (overflow || nelem > UINT64_MAX / esize)
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s': shape is too large", lab,
+                          name);
     uint64_t begin, end;
     if (json_array_size(jo) != 2 || !st_uint(json_array_get(jo, 0), &begin) ||
         !st_uint(json_array_get(jo, 1), &end)) {
         devio_fail(err, DEVIO_E_MODEL,
-               "%.100s: tensor '%.80s': data_offsets must be two non-negative integers", lab,
-               name);
+                   "%.100s: tensor '%.80s': data_offsets must be two non-negative integers", lab,
+                   name);
         return DEVIO_E_MODEL;
     }
     if (end < begin) {
         devio_fail(err, DEVIO_E_MODEL,
-               "%.100s: tensor '%.80s': data_offsets end %llu is before begin %llu", lab, name,
-               (unsigned long long)end, (unsigned long long)begin);
+                   "%.100s: tensor '%.80s': data_offsets end %llu is before begin %llu", lab, name,
+                   (unsigned long long)end, (unsigned long long)begin);
         return DEVIO_E_MODEL;
     }
     if (end > data_size) {
         devio_fail(err, DEVIO_E_MODEL,
-               "%.100s: tensor '%.80s': data_offsets [%llu, %llu] run past the data section "
-               "of %llu bytes (file truncated?)",
-               lab, name, (unsigned long long)begin, (unsigned long long)end,
-               (unsigned long long)data_size);
+                   "%.100s: tensor '%.80s': data_offsets [%llu, %llu] run past the data section "
+                   "of %llu bytes (file truncated?)",
+                   lab, name, (unsigned long long)begin, (unsigned long long)end,
+                   (unsigned long long)data_size);
         return DEVIO_E_MODEL;
     }
     if (end - begin != nelem * esize) {
         devio_fail(err, DEVIO_E_MODEL,
-               "%.100s: tensor '%.80s': %llu data bytes, but shape and dtype %s need %llu", lab,
-               name, (unsigned long long)(end - begin), ds, (unsigned long long)(nelem * esize));
+                   "%.100s: tensor '%.80s': %llu data bytes, but shape and dtype %s need %llu", lab,
+                   name, (unsigned long long)(end - begin), ds,
+                   (unsigned long long)(nelem * esize));
         return DEVIO_E_MODEL;
     }
     t->nbytes = end - begin;
@@ -251,10 +247,8 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
         snprintf(ctx, sizeof ctx, " (needed for tensor '%.80s')", wanted);
     devio_status st;
     devio_st_file *f = calloc(1, sizeof *f);
-    if (!f) {
-        devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %.100s", label);
-        return DEVIO_E_NOMEM;
-    }
+    if (!f)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %.100s", label);
     f->label = strdup(label);
     if (!f->label) {
         devio_fail(err, DEVIO_E_NOMEM, "out of memory opening %.100s", label);
@@ -271,14 +265,15 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
     uint64_t room = (uint64_t)f->size - 8;
     if (hlen > room) {
         devio_fail(err, DEVIO_E_MODEL,
-               "%.100s: header length %llu is larger than the %llu bytes after it%s", f->label,
-               (unsigned long long)hlen, (unsigned long long)room, ctx);
+                   "%.100s: header length %llu is larger than the %llu bytes after it%s", f->label,
+                   (unsigned long long)hlen, (unsigned long long)room, ctx);
         st = DEVIO_E_MODEL;
         goto out_free;
     }
     if (hlen > DEVIO_ST_MAX_HEADER) {
         devio_fail(err, DEVIO_E_MODEL, "%.100s: header length %llu exceeds the %llu-byte limit%s",
-               f->label, (unsigned long long)hlen, (unsigned long long)DEVIO_ST_MAX_HEADER, ctx);
+                   f->label, (unsigned long long)hlen, (unsigned long long)DEVIO_ST_MAX_HEADER,
+                   ctx);
         st = DEVIO_E_MODEL;
         goto out_free;
     }
@@ -287,7 +282,7 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
                               &jerr);
     if (!root) {
         devio_fail(err, DEVIO_E_MODEL, "%.100s: header is not valid JSON (%.60s)%s", f->label,
-               jerr.text, ctx);
+                   jerr.text, ctx);
         st = DEVIO_E_MODEL;
         goto out_free;
     }
