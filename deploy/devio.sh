@@ -145,7 +145,7 @@ cmd_up() {
 }
 
 cmd_test() {
-    local passed=0 failed=0 rc=0 line target status log
+    local passed=0 failed=0 skipped=0 rc=0 line target status log
     cmd_setup
     mkdir -p "$STATE_DIR"
     log="$STATE_DIR/bazel-test.log"
@@ -181,14 +181,16 @@ cmd_test() {
     esac
 
     run_checks
+    # Skipped cases (a GPU test without a GPU) are neither passed nor failed.
+    [ "$skipped" -eq 0 ] || log "$skipped skipped (they need hardware this machine lacks; see above)"
     echo "$passed passed, $failed failed"
     [ "$failed" -eq 0 ]
 }
 
-# Add a test target's cases to `passed`/`failed`: the cmocka summary of its
-# log when there is one ("[  PASSED  ] N test(s)."), else the given fallback.
+# Add a test target's cases to `passed`/`failed`/`skipped`: the cmocka summary
+# of its log when there is one ("[  PASSED  ] N test(s)."), else the given fallback.
 count_cases() {
-    local target=$1 p=$2 f=$3 tl n
+    local target=$1 p=$2 f=$3 tl n s
     tl="bazel-testlogs/${target#//}"
     tl="${tl/://}/test.log"
     if [ -f "$tl" ] && n=$(grep -oE '^\[  PASSED  \] [0-9]+ test' "$tl" | grep -oE '[0-9]+' | tail -n 1); then
@@ -196,13 +198,19 @@ count_cases() {
         f=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$tl" | grep -oE '[0-9]+' | tail -n 1 || true)
         f=${f:-0}
         [ "$3" -eq 0 ] || [ "$f" -gt 0 ] || f=1
+        s=$(grep -oE '^\[  SKIPPED \] [0-9]+ test' "$tl" | grep -oE '[0-9]+' | tail -n 1 || true)
+        if [ -n "$s" ]; then
+            skipped=$((skipped + s))
+            log "SKIPPED: $s case(s) of $target"
+        fi
     fi
     passed=$((passed + p))
     failed=$((failed + f))
 }
 
 # Counts of a check: pytest's summary ("38 passed, 1 failed in 2s") when the
-# output has one, else 1 passed or 1 failed by exit status.
+# output has one, else by exit status: 0 passed, 77 skipped (the check says
+# why), anything else failed.
 count_check() {
     local out=$1 crc=$2 p f
     p=$(grep -oE '[0-9]+ passed' "$out" | tail -n 1 | grep -oE '[0-9]+' || true)
@@ -214,6 +222,8 @@ count_check() {
         failed=$((failed + f))
     elif [ "$crc" -eq 0 ]; then
         passed=$((passed + 1))
+    elif [ "$crc" -eq 77 ]; then
+        skipped=$((skipped + 1))
     else
         failed=$((failed + 1))
     fi
@@ -221,7 +231,7 @@ count_check() {
 
 # tests/checks.txt: one shell command per line, run from the repository root
 # after the Bazel tests; blank lines and lines starting with # are skipped.
-# Adds to the caller's `passed` and `failed` (bash locals are dynamically scoped).
+# Adds to the caller's `passed`, `failed` and `skipped` (bash locals are dynamically scoped).
 run_checks() {
     local file="$ROOT/tests/checks.txt" cmd crc out
     [ -f "$file" ] || return 0
@@ -238,6 +248,8 @@ run_checks() {
         count_check "$out" "$crc"
         if [ "$crc" -eq 0 ]; then
             log "PASSED: $cmd"
+        elif [ "$crc" -eq 77 ]; then
+            log "SKIPPED: $cmd"
         else
             log "FAILED: $cmd (exit $crc)"
         fi

@@ -58,6 +58,12 @@ void devio_backend_destroy(const devio_backend_ops *ops, void *state)
         ops->destroy(state);
 }
 
+uint32_t devio_backend_kv_blocks_fit(const devio_backend_ops *ops, const devio_model *model,
+                                     const devio_backend_config *cfg)
+{
+    return ops->kv_blocks_fit ? ops->kv_blocks_fit(model, cfg) : 0;
+}
+
 void devio_backend_info_get(const devio_backend_ops *ops, void *state, devio_device_info *out)
 {
     ops->info(state, out);

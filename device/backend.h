@@ -1,6 +1,7 @@
-/* backend.h - the backend seam, version 2: the vtable every compute engine
+/* backend.h - the backend seam, version 3: the vtable every compute engine
  * fills (the reference in ref/, CUDA in kernels/, test backends), the facts
  * the core hands it, and the checked wrappers through which the core calls it.
+ * Version 3 added kv_blocks_fit.
  * A backend only computes: it never validates plans, counts blocks, owns
  * sequences or decides what a number must be (device/numspec.h does).
  *
@@ -31,7 +32,7 @@
 #include "device/devio.h"
 #include "device/model.h"
 
-#define DEVIO_BACKEND_ABI 2u
+#define DEVIO_BACKEND_ABI 3u
 
 struct devio_adapter; /* device/adapter.h */
 
@@ -200,6 +201,12 @@ typedef struct devio_backend_ops {
      * time wait returns. The core calls it right after submit, and only
      * under fast numerics: strict numerics sample on the host. */
     devio_status (*sample)(void *state, const devio_batch *batch, devio_error *err);
+
+    /* Optional: the most KV blocks this backend could hold beside everything
+     * else `cfg` asks for (cfg->kv_blocks is ignored), or 0 when it cannot
+     * tell. Called before create when --kv-blocks is 0: the pool is then
+     * what fits, and never more than max_seqs full-length sequences need. */
+    uint32_t (*kv_blocks_fit)(const devio_model *model, const devio_backend_config *cfg);
 } devio_backend_ops;
 
 /* ---- checked wrappers: the only way the core reaches a backend ---------- */
@@ -211,6 +218,9 @@ devio_status devio_backend_create(const devio_backend_ops *ops, const devio_mode
                                   const devio_backend_config *cfg, void **state,
                                   devio_error *err);
 void devio_backend_destroy(const devio_backend_ops *ops, void *state);
+/* ops->kv_blocks_fit, or 0 when the backend has none. */
+uint32_t devio_backend_kv_blocks_fit(const devio_backend_ops *ops, const devio_model *model,
+                                     const devio_backend_config *cfg);
 void devio_backend_info_get(const devio_backend_ops *ops, void *state, devio_device_info *out);
 /* Checks the batch against cfg (devio_batch_check) before the backend sees it. */
 devio_status devio_backend_submit(const devio_backend_ops *ops, void *state,

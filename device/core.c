@@ -242,8 +242,6 @@ static devio_status alloc_tables(devio_device *d)
 {
     const devio_config *c = &d->cfg;
     size_t slots = (size_t)c->logits_rows + (size_t)c->max_depth * c->max_rows;
-    if (devio_kv_pool_init(&d->pool, c->kv_blocks) != DEVIO_OK)
-        return DEVIO_E_NOMEM;
     if (devio_sampler_create(d->vocab, &d->sampler) != DEVIO_OK ||
         devio_sampler_create(d->vocab, &d->fx_sampler) != DEVIO_OK)
         return DEVIO_E_NOMEM;
@@ -302,6 +300,16 @@ static devio_status open_backend(devio_device *d, devio_error *err)
         .rope_sin = d->rope_sin,
         .logits_host = d->logits_arena,
     };
+    if (d->kv_auto) {
+        /* --kv-blocks 0 on a backend that knows its memory: what fits, up
+         * to what max_seqs full-length sequences could use. */
+        uint64_t cap = (uint64_t)c->max_seqs * d->max_blocks_per_seq;
+        uint64_t fit = devio_backend_kv_blocks_fit(d->ops, d->model, &d->bcfg);
+        if (fit > 0) {
+            d->cfg.kv_blocks = (uint32_t)(fit < cap ? fit : cap);
+            d->bcfg.kv_blocks = d->cfg.kv_blocks;
+        }
+    }
     s = devio_backend_create(d->ops, d->model, &d->bcfg, &d->backend, err);
     if (s != DEVIO_OK)
         return s;
@@ -342,6 +350,7 @@ devio_status devio_open(const devio_model *model, const devio_backend_ops *backe
     d->ops = backend;
     d->cfg = cfg ? *cfg : devio_config_default();
     d->vocab = model->cfg.vocab_size;
+    d->kv_auto = d->cfg.kv_blocks == 0;
     s = check_config(&d->cfg, model, err);
     if (s != DEVIO_OK)
         goto out_free;
@@ -354,6 +363,8 @@ devio_status devio_open(const devio_model *model, const devio_backend_ops *backe
         goto out_free;
     }
     s = open_backend(d, err);
+    if (s == DEVIO_OK && devio_kv_pool_init(&d->pool, d->cfg.kv_blocks) != DEVIO_OK)
+        s = devio_fail(err, DEVIO_E_NOMEM, "out of memory for the KV block table");
     if (s != DEVIO_OK)
         goto out_free;
 #ifndef DEVIO_NO_THREADS

@@ -78,6 +78,7 @@ struct devio_device {
     float *rope_cos, *rope_sin;
     uint32_t vocab;
     uint32_t max_blocks_per_seq;
+    bool kv_auto;               /* --kv-blocks was 0: the backend may size the pool (kv_blocks_fit) */
     bool torn_down;
 
     devio_kv_pool pool;

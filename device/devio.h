@@ -263,6 +263,7 @@ typedef struct devio_device_info {
     uint64_t memory_used;        /* bytes the backend holds: KV pool, buffers, weight copies */
     char compute_capability[16]; /* "9.0"; "" for a CPU */
     char driver[32], runtime[32];/* versions; "" for a CPU */
+    char failure[200];           /* why the device can compute no more; "" while it can */
 } devio_device_info;
 
 /* Open a device on a loaded model with a backend. `model` is borrowed and

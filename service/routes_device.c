@@ -226,10 +226,11 @@ static json_t *device_json(const devio_model *model, const devio_config *c,
                            const devio_device_info *d)
 {
     const devio_model_config *m = &model->cfg;
-    json_t *hw = json_pack("{s:s,s:I,s:I,s:I,s:s,s:s,s:s}", "name", d->device, "memory_total",
-                           (json_int_t)d->memory_total, "memory_free", (json_int_t)d->memory_free,
-                           "memory_used", (json_int_t)d->memory_used, "compute_capability",
-                           d->compute_capability, "driver", d->driver, "runtime", d->runtime);
+    json_t *hw = json_pack("{s:s,s:I,s:I,s:I,s:s,s:s,s:s,s:s}", "name", d->device,
+                           "memory_total", (json_int_t)d->memory_total, "memory_free",
+                           (json_int_t)d->memory_free, "memory_used", (json_int_t)d->memory_used,
+                           "compute_capability", d->compute_capability, "driver", d->driver,
+                           "runtime", d->runtime, "failure", d->failure);
     return json_pack(
         "{s:s,s:s,s:s,s:o,s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b},s:i,s:{s:i,s:i,s:i,"
         "s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:i,s:I}",

@@ -25,6 +25,15 @@ devio_status devio_route_readyz(devio_server *s, const devio_request *rq, devio_
     (void)rq;
     if (!atomic_load(&s->ready))
         return devio_fail(err, DEVIO_E_NOT_READY, "not serving");
+    /* A device whose backend failed for good (a CUDA error) takes no traffic. */
+    devio_device *dev;
+    devio_device_info info = {0};
+    if (devio_server_hold(s, &dev, NULL) == DEVIO_OK) {
+        devio_device_info_get(dev, &info);
+        devio_server_release(s);
+    }
+    if (info.failure[0])
+        return devio_fail(err, DEVIO_E_NOT_READY, "the device failed: %s", info.failure);
     return devio_reply_json(out, 200, json_pack("{s:s}", "status", "ready"), err);
 }
 

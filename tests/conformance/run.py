@@ -139,9 +139,32 @@ def targets(args, bin_dir):
                 [sys.executable, wt, wasm, "--model", m] + f + [s])
     except ImportError:
         pass
+    if args.gpu:
+        # Only the CUDA backend (strict numerics), at depth 1 and 2.
+        cuda = [ref, "--backend", "cuda", "--backend-path", os.path.join(bin_dir, "kernels")]
+        out = {
+            "cuda": lambda m, f, s, t: run(cuda + ["--model", m] + f + [s]),
+            "cuda-depth1": lambda m, f, s, t: run(cuda + ["--model", m, "--max-depth", "1"] + f
+                                                  + [s]),
+        }
     if args.only:
         out = {k: v for k, v in out.items() if k.startswith(args.only)}
     return out
+
+
+def gpu_absent(bin_dir, model):
+    """Why the cuda target cannot run here, or None when a CUDA device answers."""
+    plugin = os.path.join(bin_dir, "kernels", "libdevio-backend-cuda.so")
+    if not os.path.exists(plugin):
+        return "no CUDA backend plugin in this build (no nvcc where it was built)"
+    probe = subprocess.run(
+        [os.path.join(bin_dir, "ref", "devio-ref"), "--model", model, "--backend", "cuda",
+         "--backend-path", os.path.dirname(plugin), "-"],
+        input=b"", capture_output=True, timeout=120)
+    err = probe.stderr.decode(errors="replace")
+    if "no CUDA device" in err:
+        return err.strip().splitlines()[-1]
+    return None
 
 
 def first_difference(a, b):
@@ -164,14 +187,23 @@ def main():
     ap.add_argument("--no-wasmtime", action="store_true")
     ap.add_argument("--require-plugin", action="store_true",
                     help="fail when the stream test backend plugin was not built")
+    ap.add_argument("--gpu", action="store_true",
+                    help="run the suites on the CUDA backend only; exit 77 (skipped) when no "
+                         "CUDA device answers")
     args = ap.parse_args()
     bin_dir = os.path.abspath(args.bin)
+
     t0 = time.time()
     passed = failed = 0
     expected_dir = os.path.join(HERE, "expected")
     os.makedirs(expected_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         models = make_models(bin_dir, tmp)
+        if args.gpu:
+            why = gpu_absent(bin_dir, next(iter(models.values())))
+            if why:
+                print("conformance: the cuda target is skipped: %s" % why)
+                sys.exit(77)
         adapters = make_adapters(bin_dir, models, tmp)
         tg = targets(args, bin_dir)
         timings = {k: 0.0 for k in tg}

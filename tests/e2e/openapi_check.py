@@ -487,6 +487,7 @@ def _self_test(api):
         "device": {
             "name": "x86-64 CPU, 2 threads (reference)", "memory_total": 0, "memory_free": 0,
             "memory_used": 1 << 20, "compute_capability": "", "driver": "", "runtime": "",
+            "failure": "",
         },
         "model": {
             "architecture": "LlamaForCausalLM", "dtype": "F32", "vocab_size": 256,

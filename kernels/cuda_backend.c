@@ -1,0 +1,480 @@
+/* cuda_backend.c - the CUDA backend's life: probe, create (every device
+ * allocation, sized by cuda_plan.h), destroy, info, adapter slots, and the
+ * plugin entry. Steps are in cuda_step.c. It must never call the CUDA driver
+ * API, never allocate device memory after create (adapter copies go into
+ * slots create reserved), and never abort: every CUDA error is returned. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "device/numerics.h"
+#include "device/status.h"
+#include "kernels/cuda_backend.h"
+#include "kernels/cuda_state.h"
+
+devio_status devio_cuda_error(int code, const char *what, devio_error *err)
+{
+    cudaError_t e = (cudaError_t)code;
+    return devio_fail(err, DEVIO_E_DEVICE, "CUDA error in %s: %s: %s", what, cudaGetErrorName(e),
+                      cudaGetErrorString(e));
+}
+
+devio_status cuda_check(cuda_state *st, int code, const char *what, devio_error *err)
+{
+    if (code == 0)
+        return DEVIO_OK;
+    devio_error e = {0};
+    devio_cuda_error(code, what, &e);
+    if (st && !st->failure[0])
+        snprintf(st->failure, sizeof st->failure, "%.190s", e.message);
+    if (err)
+        *err = e;
+    return DEVIO_E_DEVICE;
+}
+
+static devio_status cuda_probe(devio_error *err)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED, "no CUDA device: %s: %s",
+                          cudaGetErrorName(e), cudaGetErrorString(e));
+    if (n == 0)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED, "no CUDA device");
+    return DEVIO_OK;
+}
+
+/* ---- create ---------------------------------------------------------------- */
+
+/* cudaMalloc of `bytes`, zeroed, remembered for destroy. */
+static devio_status dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err)
+{
+    *p = NULL;
+    if (st->n_allocs == st->cap_allocs) {
+        uint32_t cap = st->cap_allocs ? 2 * st->cap_allocs : 64;
+        void **a = realloc(st->allocs, cap * sizeof *a);
+        if (!a)
+            return devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
+        st->allocs = a;
+        st->cap_allocs = cap;
+    }
+    devio_status s = cuda_check(st, cudaMalloc(p, bytes ? bytes : 4), "cudaMalloc", err);
+    if (s == DEVIO_OK)
+        s = cuda_check(st, cudaMemset(*p, 0, bytes ? bytes : 4), "cudaMemset", err);
+    if (*p)
+        st->allocs[st->n_allocs++] = *p;
+    st->bytes += bytes;
+    return s;
+}
+
+#define DALLOC(st, ptr, bytes, err) dalloc((st), (void **)&(ptr), (bytes), (err))
+
+static uint64_t tensor_bytes(const devio_tensor *t)
+{
+    return t->shape[0] * (t->ndim > 1 ? t->shape[1] : 1) * devio_dtype_size(t->dtype);
+}
+
+/* A tensor uploaded as loaded; *dev is NULL for an absent tensor. */
+static devio_status upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
+                           devio_error *err)
+{
+    *dev = NULL;
+    *dt = (int)t->dtype;
+    if (!t->data)
+        return DEVIO_OK;
+    void *p;
+    devio_status s = dalloc(st, &p, tensor_bytes(t), err);
+    if (s == DEVIO_OK)
+        s = cuda_check(st, cudaMemcpy(p, t->data, tensor_bytes(t), cudaMemcpyHostToDevice),
+                       "uploading a weight", err);
+    *dev = p;
+    return s;
+}
+
+/* Host: n elements of t widened to f32 into dst (numspec's widening). */
+static void widen_host(const devio_tensor *t, float *dst, size_t n)
+{
+    const uint16_t *h = t->data;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = t->dtype == DEVIO_F32   ? ((const float *)t->data)[i]
+                 : t->dtype == DEVIO_F16 ? devio_f16_to_f32(h[i])
+                                         : devio_bf16_to_f32(h[i]);
+}
+
+/* Tensors of n floats each (NULL ones give zeros) widened and uploaded as
+ * consecutive rows of dst. */
+static devio_status upload_rows(cuda_state *st, float *dst, const devio_tensor *const *ts,
+                                uint32_t count, size_t n, devio_error *err)
+{
+    float *tmp = calloc(n ? n : 1, sizeof *tmp);
+    if (!tmp)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of host memory widening weights");
+    devio_status s = DEVIO_OK;
+    for (uint32_t i = 0; i < count && s == DEVIO_OK; i++) {
+        memset(tmp, 0, n * sizeof *tmp);
+        if (ts[i] && ts[i]->data)
+            widen_host(ts[i], tmp, n);
+        s = cuda_check(st, cudaMemcpy(dst + i * n, tmp, n * sizeof *tmp, cudaMemcpyHostToDevice),
+                       "uploading norms", err);
+    }
+    free(tmp);
+    return s;
+}
+
+static devio_status create_weights(cuda_state *st, devio_error *err)
+{
+    const devio_model *m = st->model;
+    uint32_t L = st->sh.n_layers;
+    devio_status s = upload(st, &m->embed, &st->embed, &st->dt_embed, err);
+    if (s == DEVIO_OK && m->lm_head.data == m->embed.data) {
+        st->lm_head = st->embed;
+        st->dt_lm = st->dt_embed;
+    } else if (s == DEVIO_OK) {
+        s = upload(st, &m->lm_head, &st->lm_head, &st->dt_lm, err);
+    }
+    for (uint32_t i = 0; i < L && s == DEVIO_OK; i++) {
+        const devio_layer *l = &m->layers[i];
+        cuda_layer *c = &st->layers[i];
+        int dt_up;
+        if ((s = upload(st, &l->wq, &c->wq, &c->dt_q, err)) || (s = upload(st, &l->wk, &c->wk, &c->dt_k, err)) ||
+            (s = upload(st, &l->wv, &c->wv, &c->dt_v, err)) || (s = upload(st, &l->wo, &c->wo, &c->dt_o, err)) ||
+            (s = upload(st, &l->w_gate, &c->w_gate, &c->dt_mlp, err)) ||
+            (s = upload(st, &l->w_up, &c->w_up, &dt_up, err)) ||
+            (s = upload(st, &l->w_down, &c->w_down, &c->dt_down, err)))
+            break;
+    }
+    return s;
+}
+
+/* Norms and biases widened once (they are tiny and read by every token),
+ * and the core's RoPE tables. */
+static devio_status create_small(cuda_state *st, devio_error *err)
+{
+    const devio_model *m = st->model;
+    const devio_model_shape *sh = &st->sh;
+    uint32_t L = sh->n_layers;
+    const devio_tensor **an = calloc(L ? L : 1, sizeof *an), **fn = calloc(L ? L : 1, sizeof *fn);
+    const devio_tensor **tq = calloc(L ? L : 1, sizeof *tq), **tk = calloc(L ? L : 1, sizeof *tk);
+    const devio_tensor **tv = calloc(L ? L : 1, sizeof *tv);
+    devio_status s = DEVIO_OK;
+    if (!an || !fn || !tq || !tk || !tv)
+        s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
+    for (uint32_t i = 0; i < L && s == DEVIO_OK; i++) {
+        an[i] = &m->layers[i].attn_norm;
+        fn[i] = &m->layers[i].ffn_norm;
+        tq[i] = &m->layers[i].bq;
+        tk[i] = &m->layers[i].bk;
+        tv[i] = &m->layers[i].bv;
+    }
+    const devio_tensor *fin = &m->norm;
+    size_t half = sh->head_dim / 2, rope = (size_t)st->cfg.max_seq_len * half * sizeof(float);
+    if (s == DEVIO_OK && !(s = DALLOC(st, st->attn_norm, (uint64_t)L * sh->d * 4, err)) &&
+        !(s = DALLOC(st, st->ffn_norm, (uint64_t)L * sh->d * 4, err)) &&
+        !(s = DALLOC(st, st->final_norm, (uint64_t)sh->d * 4, err)) &&
+        !(s = upload_rows(st, st->attn_norm, an, L, sh->d, err)) &&
+        !(s = upload_rows(st, st->ffn_norm, fn, L, sh->d, err)) &&
+        !(s = upload_rows(st, st->final_norm, &fin, 1, sh->d, err)) &&
+        !(s = DALLOC(st, st->rope_cos, rope, err)) && !(s = DALLOC(st, st->rope_sin, rope, err)))
+        s = cuda_check(st, cudaMemcpy(st->rope_cos, st->cfg.rope_cos, rope, cudaMemcpyHostToDevice),
+                       "uploading RoPE tables", err);
+    if (s == DEVIO_OK)
+        s = cuda_check(st, cudaMemcpy(st->rope_sin, st->cfg.rope_sin, rope, cudaMemcpyHostToDevice),
+                       "uploading RoPE tables", err);
+    /* A layer without one of the biases gets zeros: x + 0 is x, as in the reference. */
+    if (s == DEVIO_OK && sh->has_bias && !(s = DALLOC(st, st->bq, (uint64_t)L * sh->q_dim * 4, err)) &&
+        !(s = DALLOC(st, st->bk, (uint64_t)L * sh->kv_dim * 4, err)) &&
+        !(s = DALLOC(st, st->bv, (uint64_t)L * sh->kv_dim * 4, err)) &&
+        !(s = upload_rows(st, st->bq, tq, L, sh->q_dim, err)) &&
+        !(s = upload_rows(st, st->bk, tk, L, sh->kv_dim, err)))
+        s = upload_rows(st, st->bv, tv, L, sh->kv_dim, err);
+    free(an);
+    free(fn);
+    free(tq);
+    free(tk);
+    free(tv);
+    return s;
+}
+
+static devio_status create_buffers(cuda_state *st, devio_error *err)
+{
+    const devio_model_shape *sh = &st->sh;
+    uint64_t T = st->cfg.max_batch_tokens, F = sizeof(float);
+    uint64_t d = T * sh->d * F, q = T * sh->q_dim * F, kv = T * sh->kv_dim * F, f = T * sh->f * F;
+    st->block_floats = st->cfg.block_size * sh->kv_dim;
+    st->layer_floats = (uint64_t)st->cfg.kv_blocks * st->block_floats;
+    uint64_t pool = st->plan.kv / 2;
+    devio_status s;
+    if ((s = DALLOC(st, st->k_cache, pool, err)) || (s = DALLOC(st, st->v_cache, pool, err)) ||
+        (s = DALLOC(st, st->x, d, err)) || (s = DALLOC(st, st->x2, d, err)) ||
+        (s = DALLOC(st, st->h, d, err)) || (s = DALLOC(st, st->o_tmp, d, err)) ||
+        (s = DALLOC(st, st->q, q, err)) || (s = DALLOC(st, st->q2, q, err)) ||
+        (s = DALLOC(st, st->att, q, err)) || (s = DALLOC(st, st->k, kv, err)) ||
+        (s = DALLOC(st, st->v, kv, err)) || (s = DALLOC(st, st->act, f, err)) ||
+        (s = DALLOC(st, st->g_tmp, f, err)) || (s = DALLOC(st, st->u_tmp, f, err)) ||
+        (s = DALLOC(st, st->lora_a, T * st->cfg.max_lora_rank * F, err)) ||
+        (s = DALLOC(st, st->logits, st->plan.logits, err)) ||
+        (s = DALLOC(st, st->meta, st->plan.meta, err)))
+        return s;
+    uint32_t n_mods = st->cfg.adapter_slots * sh->n_layers * DEVIO_LORA_N_TARGETS;
+    st->slots = calloc(st->cfg.adapter_slots ? st->cfg.adapter_slots : 1, sizeof *st->slots);
+    st->host_mods = calloc(n_mods ? n_mods : 1, sizeof *st->host_mods);
+    st->host_meta = calloc(st->cfg.max_depth, sizeof *st->host_meta);
+    st->done = calloc(st->cfg.max_depth, sizeof *st->done);
+    if (!st->slots || !st->host_mods || !st->host_meta || !st->done)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
+    if ((s = DALLOC(st, st->mods, (uint64_t)n_mods * sizeof *st->mods, err)))
+        return s;
+    for (uint32_t i = 0; i < st->cfg.adapter_slots; i++)
+        if ((s = DALLOC(st, st->slots[i].mem, st->plan.lora_slot, err)))
+            return s;
+    for (uint32_t i = 0; i < st->cfg.max_depth; i++) {
+        if ((s = cuda_check(st, cudaMallocHost((void **)&st->host_meta[i], st->plan.meta),
+                            "cudaMallocHost", err)) ||
+            (s = cuda_check(st, cudaEventCreateWithFlags(&st->done[i], cudaEventDisableTiming),
+                            "cudaEventCreate", err)))
+            return s;
+    }
+    return DEVIO_OK;
+}
+
+/* The device, its fit for the plan, and the attention kernel's shared memory. */
+static devio_status create_device(cuda_state *st, devio_error *err)
+{
+    devio_status s = cuda_probe(err);
+    if (s != DEVIO_OK)
+        return s;
+    struct cudaDeviceProp p;
+    size_t free_b = 0, total_b = 0;
+    if ((s = cuda_check(st, cudaSetDevice(0), "cudaSetDevice", err)) ||
+        (s = cuda_check(st, cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties", err)) ||
+        (s = cuda_check(st, cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo", err)))
+        return s;
+    snprintf(st->name, sizeof st->name, "%.120s", p.name);
+    snprintf(st->cc, sizeof st->cc, "%d.%d", p.major, p.minor);
+    st->memory_total = total_b;
+    uint64_t budget = cuda_plan_budget(free_b, total_b);
+    if (st->plan.total > budget)
+        return devio_fail(err, DEVIO_E_NOMEM,
+                          "the CUDA backend needs %llu MiB (KV pool of %u blocks: %llu MiB) and "
+                          "%llu MiB of %s are free to it; at most %u KV blocks fit (--kv-blocks)",
+                          (unsigned long long)(st->plan.total >> 20), st->cfg.kv_blocks,
+                          (unsigned long long)(st->plan.kv >> 20),
+                          (unsigned long long)(budget >> 20), st->name,
+                          cuda_plan_kv_fit(&st->plan, budget));
+    st->smem = cuda_attention_smem(st->cfg.max_seq_len, st->sh.head_dim);
+    if (st->smem > p.sharedMemPerBlockOptin)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "--max-seq-len %u needs %u KiB of shared memory per attention block, "
+                          "%s has %zu KiB",
+                          st->cfg.max_seq_len, st->smem >> 10, st->name,
+                          (size_t)p.sharedMemPerBlockOptin >> 10);
+    if ((s = cuda_check(st, cuda_attention_prepare(st->smem), "preparing attention", err)))
+        return s;
+    return cuda_check(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking),
+                      "cudaStreamCreate", err);
+}
+
+static void cuda_destroy(void *sp);
+
+static devio_status cuda_create(const devio_model *model, const devio_backend_config *cfg,
+                                void **state, devio_error *err)
+{
+    *state = NULL;
+    if (cfg->numerics != DEVIO_NUMERICS_STRICT)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "the CUDA backend computes strict numerics only in this version");
+    if (cfg->ssm_slots || cfg->ssm_snapshots)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "the CUDA backend does not run recurrent (SSM) layers yet");
+    cuda_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
+    st->model = model;
+    st->cfg = *cfg;
+    st->sh = *cfg->shape;
+    st->cfg.shape = &st->sh;
+    st->layers = calloc(st->sh.n_layers ? st->sh.n_layers : 1, sizeof *st->layers);
+    devio_status s = DEVIO_OK;
+    if (!st->layers)
+        s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
+    else if (!cuda_plan_make(&st->cfg, cuda_plan_weight_bytes(model), &st->plan))
+        s = devio_fail(err, DEVIO_E_INVALID, "the CUDA backend's memory plan overflows");
+    if (s == DEVIO_OK && !(s = create_device(st, err)) && !(s = create_weights(st, err)) &&
+        !(s = create_small(st, err)))
+        s = create_buffers(st, err);
+    if (s == DEVIO_OK) {
+        /* Pinned, the host logits arena takes asynchronous copies; when it
+         * cannot be pinned, copies into it are synchronous and still right. */
+        size_t bytes = (size_t)cfg->logits_slots * st->sh.vocab * sizeof(float);
+        st->logits_pinned =
+            cudaHostRegister(cfg->logits_host, bytes, cudaHostRegisterDefault) == cudaSuccess;
+        if (!st->logits_pinned)
+            (void)cudaGetLastError();
+    }
+    if (s != DEVIO_OK) {
+        cuda_destroy(st);
+        return s;
+    }
+    *state = st;
+    return DEVIO_OK;
+}
+
+static void cuda_destroy(void *sp)
+{
+    cuda_state *st = sp;
+    if (!st)
+        return;
+    if (st->stream)
+        cudaStreamSynchronize(st->stream);
+    if (st->logits_pinned)
+        cudaHostUnregister(st->cfg.logits_host);
+    for (uint32_t i = 0; st->host_meta && i < st->cfg.max_depth; i++)
+        if (st->host_meta[i])
+            cudaFreeHost(st->host_meta[i]);
+    for (uint32_t i = 0; st->done && i < st->cfg.max_depth; i++)
+        if (st->done[i])
+            cudaEventDestroy(st->done[i]);
+    for (uint32_t i = 0; i < st->n_allocs; i++)
+        cudaFree(st->allocs[i]);
+    if (st->stream)
+        cudaStreamDestroy(st->stream);
+    free(st->allocs);
+    free(st->layers);
+    free(st->slots);
+    free(st->host_mods);
+    free(st->host_meta);
+    free(st->done);
+    free(st);
+}
+
+static void version(char *buf, size_t n, int v)
+{
+    if (v > 0)
+        snprintf(buf, n, "%d.%d", v / 1000, v % 1000 / 10);
+}
+
+static void cuda_info(void *sp, devio_device_info *out)
+{
+    cuda_state *st = sp;
+    snprintf(out->device, sizeof out->device, "%s", st->name);
+    snprintf(out->compute_capability, sizeof out->compute_capability, "%s", st->cc);
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        total_b = st->memory_total;
+    }
+    out->memory_total = total_b;
+    out->memory_free = free_b;
+    out->memory_used = st->bytes;
+    int v = 0;
+    if (cudaDriverGetVersion(&v) == cudaSuccess)
+        version(out->driver, sizeof out->driver, v);
+    if (cudaRuntimeGetVersion(&v) == cudaSuccess)
+        version(out->runtime, sizeof out->runtime, v);
+    if (st->failure[0])
+        snprintf(out->failure, sizeof out->failure, "%s", st->failure);
+}
+
+/* ---- adapter slots -------------------------------------------------------- */
+
+/* In- and output widths of target t. */
+static void target_dims(const devio_model_shape *s, uint32_t t, uint32_t *in, uint32_t *out)
+{
+    static const uint8_t in_q[] = {0, 0, 0, 1, 0, 0, 2}, out_q[] = {1, 3, 3, 0, 2, 2, 0};
+    const uint32_t w[] = {s->d, s->q_dim, s->f, s->kv_dim};
+    *in = w[in_q[t]];
+    *out = w[out_q[t]];
+}
+
+/* Host: the slot's modules widened into one host image, then one upload. */
+static devio_status cuda_adapter_add(void *sp, uint32_t slot, uint32_t generation,
+                                     const devio_adapter *a, devio_error *err)
+{
+    cuda_state *st = sp;
+    uint32_t L = st->sh.n_layers, R = st->cfg.max_lora_rank;
+    if (slot >= st->cfg.adapter_slots)
+        return devio_fail(err, DEVIO_E_INVALID, "adapter slot %u of %u", slot,
+                          st->cfg.adapter_slots);
+    if (a->rank == 0 || a->rank > R || a->n_layers != L)
+        return devio_fail(err, DEVIO_E_INVALID, "adapter '%s' of rank %u does not fit this backend",
+                          a->name, a->rank);
+    if (st->failure[0])
+        return devio_fail(err, DEVIO_E_DEVICE, "the CUDA device failed earlier: %s", st->failure);
+    float *img = calloc(st->plan.lora_slot / sizeof(float) + 1, sizeof(float));
+    cuda_lora_mod *mods = st->host_mods + (size_t)slot * L * DEVIO_LORA_N_TARGETS;
+    if (!img)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of host memory copying adapter '%s'", a->name);
+    float *dev = st->slots[slot].mem;
+    size_t off = 0;
+    for (uint32_t l = 0; l < L; l++)
+        for (uint32_t t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
+            uint32_t in, out;
+            target_dims(&st->sh, t, &in, &out);
+            const devio_lora_module *m = &a->mods[(size_t)l * DEVIO_LORA_N_TARGETS + t];
+            cuda_lora_mod *cm = &mods[l * DEVIO_LORA_N_TARGETS + t];
+            *cm = (cuda_lora_mod){0};
+            if ((a->targets & (1u << t)) && m->a.data) {
+                widen_host(&m->a, img + off, (size_t)a->rank * in);
+                widen_host(&m->b, img + off + (size_t)R * in, (size_t)out * a->rank);
+                *cm = (cuda_lora_mod){.a = dev + off, .b = dev + off + (size_t)R * in,
+                                      .rank = a->rank, .in = in, .out = out, .scale = a->scale};
+            }
+            off += (size_t)R * (in + out);
+        }
+    devio_status s = cuda_check(st, cudaMemcpy(dev, img, off * sizeof(float),
+                                               cudaMemcpyHostToDevice),
+                                "uploading an adapter", err);
+    free(img);
+    if (s == DEVIO_OK)
+        s = cuda_check(st, cudaMemcpy(st->mods + (size_t)slot * L * DEVIO_LORA_N_TARGETS, mods,
+                                      (size_t)L * DEVIO_LORA_N_TARGETS * sizeof *mods,
+                                      cudaMemcpyHostToDevice),
+                       "uploading an adapter", err);
+    if (s != DEVIO_OK)
+        return s;
+    st->slots[slot].held = true;
+    st->slots[slot].generation = generation;
+    return DEVIO_OK;
+}
+
+static void cuda_adapter_remove(void *sp, uint32_t slot, uint32_t generation)
+{
+    cuda_state *st = sp;
+    /* Rows never name a freed slot (the core and cuda_submit check); the
+     * copy stays until the slot is filled again. */
+    if (slot < st->cfg.adapter_slots && st->slots[slot].generation == generation)
+        st->slots[slot].held = false;
+}
+
+/* The most KV blocks the GPU holds beside everything else cfg asks for. */
+static uint32_t cuda_kv_blocks_fit(const devio_model *model, const devio_backend_config *cfg)
+{
+    cuda_plan p;
+    size_t free_b = 0, total_b = 0;
+    if (cuda_probe(NULL) != DEVIO_OK || cudaSetDevice(0) != cudaSuccess ||
+        cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
+        !cuda_plan_make(cfg, cuda_plan_weight_bytes(model), &p)) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return cuda_plan_kv_fit(&p, cuda_plan_budget(free_b, total_b));
+}
+
+const devio_backend_ops devio_cuda_backend = {
+    .abi = DEVIO_BACKEND_ABI,
+    .name = "cuda",
+    .probe = cuda_probe,
+    .create = cuda_create,
+    .destroy = cuda_destroy,
+    .info = cuda_info,
+    .submit = cuda_submit,
+    .wait = cuda_wait,
+    .adapter_add = cuda_adapter_add,
+    .adapter_remove = cuda_adapter_remove,
+    .kv_blocks_fit = cuda_kv_blocks_fit,
+};
+
+const devio_backend_ops *devio_backend_plugin(void);
+const devio_backend_ops *devio_backend_plugin(void) { return &devio_cuda_backend; }

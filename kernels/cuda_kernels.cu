@@ -1,0 +1,502 @@
+/* cuda_kernels.cu - the kernels of cuda_kernels.h: device/numspec.h on a GPU.
+ * The definition's 32 lanes are a warp's 32 threads: lane l accumulates the
+ * terms l, l+32, ... in order, and fold() is its xor-shuffle tree, so every
+ * reduction gives the reference's bits. Every float operation is one of
+ * numerics.h's DEVIO_ADD/SUB/MUL/DIV (the _rn intrinsics, never contracted
+ * into FMA); the build adds -fmad=false as well. It must never use a CUDA
+ * math function (expf, rsqrtf, ...): numerics.h has the only ones allowed. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "device/numerics.h"
+#include "kernels/cuda_kernels.h"
+
+#define FULL 0xffffffffu
+#define WARPS 8 /* warps per block in the one-warp-per-output kernels */
+#define TILE 8  /* token rows a warp's lanes hold partial sums for at once */
+
+/* The fold of numspec's lane rule: for w = 16 .. 1, p[l] = p[l] + p[l + w]
+ * for l < w. Lane l adds lane l ^ w, which is l + w for l < w; lane 0 ends
+ * holding the definition's p[0]. Every lane of the warp must call it. */
+__device__ __forceinline__ float fold(float v)
+{
+#pragma unroll
+    for (int w = 16; w >= 1; w >>= 1)
+        v = DEVIO_ADD(v, __shfl_xor_sync(FULL, v, w));
+    return v;
+}
+
+/* fold() and lane 0's result in every lane. */
+__device__ __forceinline__ float fold_all(float v)
+{
+    return __shfl_sync(FULL, fold(v), 0);
+}
+
+/* Element i of a weight of dtype DT, widened exactly to f32. */
+template <int DT>
+__device__ __forceinline__ float ld(const void *p, size_t i)
+{
+    if (DT == CUDA_F32)
+        return static_cast<const float *>(p)[i];
+    uint16_t h = static_cast<const uint16_t *>(p)[i];
+    return DT == CUDA_F16 ? devio_f16_to_f32(h) : devio_bf16_to_f32(h);
+}
+
+static int launched(void)
+{
+    return (int)cudaGetLastError();
+}
+
+static uint32_t blocks_for(uint64_t n, uint32_t per)
+{
+    return (uint32_t)((n + per - 1) / per);
+}
+
+/* ---- embedding, widening ------------------------------------------------ */
+
+template <int DT>
+__global__ void k_embed(const void *embed, uint32_t d, const int32_t *tokens, float *x)
+{
+    uint32_t t = blockIdx.y;
+    size_t row = (size_t)(uint32_t)tokens[t] * d;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < d; i += gridDim.x * blockDim.x)
+        x[(size_t)t * d + i] = ld<DT>(embed, row + i);
+}
+
+int cuda_embed(const void *embed, int dtype, uint32_t d, const int32_t *tokens, uint32_t n_tok,
+               float *x, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    dim3 grid(blocks_for(d, 256), n_tok);
+    if (dtype == CUDA_F32)
+        k_embed<CUDA_F32><<<grid, 256, 0, s>>>(embed, d, tokens, x);
+    else if (dtype == CUDA_F16)
+        k_embed<CUDA_F16><<<grid, 256, 0, s>>>(embed, d, tokens, x);
+    else
+        k_embed<CUDA_BF16><<<grid, 256, 0, s>>>(embed, d, tokens, x);
+    return launched();
+}
+
+template <int DT>
+__global__ void k_widen(const void *src, float *dst, uint64_t n)
+{
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x)
+        dst[i] = ld<DT>(src, i);
+}
+
+int cuda_widen(const void *src, int dtype, float *dst, uint64_t n, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    uint32_t grid = n ? (blocks_for(n, 256) < 65535 ? blocks_for(n, 256) : 65535) : 1;
+    if (dtype == CUDA_F32)
+        k_widen<CUDA_F32><<<grid, 256, 0, s>>>(src, dst, n);
+    else if (dtype == CUDA_F16)
+        k_widen<CUDA_F16><<<grid, 256, 0, s>>>(src, dst, n);
+    else
+        k_widen<CUDA_BF16><<<grid, 256, 0, s>>>(src, dst, n);
+    return launched();
+}
+
+/* ---- rule 2: rmsnorm, one warp per token --------------------------------- */
+
+__global__ void k_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps,
+                          uint32_t n_tok)
+{
+    uint32_t lane = threadIdx.x & 31u, t = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (t >= n_tok)
+        return; /* the whole warp: t is the same in every lane */
+    const float *xr = x + (size_t)t * d;
+    float p = 0.0f;
+    for (uint32_t i = lane; i < d; i += 32)
+        p = DEVIO_ADD(p, DEVIO_MUL(xr[i], xr[i]));
+    float ss = fold_all(p);
+    float r = devio_rsqrtf(DEVIO_ADD(DEVIO_DIV(ss, (float)d), eps));
+    for (uint32_t i = lane; i < d; i += 32)
+        y[(size_t)t * d + i] = DEVIO_MUL(w[i], DEVIO_MUL(xr[i], r));
+}
+
+int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps, uint32_t n_tok,
+                 void *stream)
+{
+    k_rmsnorm<<<blocks_for(n_tok, WARPS), 32 * WARPS, 0, (cudaStream_t)stream>>>(x, w, y, d, eps,
+                                                                                 n_tok);
+    return launched();
+}
+
+/* ---- rule 3: projections, one warp per output row ------------------------ */
+
+/* Warp o of the grid computes output row o for every token: its lanes read
+ * the weight row once per TILE tokens (the row stays in L1 between tiles)
+ * and hold TILE partial sums each; a step of up to TILE tokens reads each
+ * weight exactly once. */
+template <int DT, int EPI>
+__global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
+{
+    uint32_t lane = threadIdx.x & 31u, o = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (o >= mv.m)
+        return;
+    size_t row = (size_t)o * mv.n;
+    for (uint32_t t0 = 0; t0 < mv.n_tok; t0 += TILE) {
+        uint32_t nt = mv.n_tok - t0 < TILE ? mv.n_tok - t0 : TILE;
+        float acc[TILE], acc2[TILE];
+#pragma unroll
+        for (int tt = 0; tt < TILE; tt++)
+            acc[tt] = acc2[tt] = 0.0f;
+        const float *x = mv.x + (size_t)t0 * mv.ldx;
+        for (uint32_t i = lane; i < mv.n; i += 32) {
+            float w = ld<DT>(mv.w, row + i);
+            float w2 = EPI == CUDA_EPI_SILU_MUL ? ld<DT>(mv.w2, row + i) : 0.0f;
+#pragma unroll
+            for (int tt = 0; tt < TILE; tt++) {
+                if ((uint32_t)tt < nt) {
+                    float xv = x[(size_t)tt * mv.ldx + i];
+                    acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w, xv));
+                    if (EPI == CUDA_EPI_SILU_MUL)
+                        acc2[tt] = DEVIO_ADD(acc2[tt], DEVIO_MUL(w2, xv));
+                }
+            }
+        }
+#pragma unroll
+        for (int tt = 0; tt < TILE; tt++) {
+            if ((uint32_t)tt >= nt)
+                break; /* nt is the same in every lane */
+            float dot = fold(acc[tt]);
+            float up = EPI == CUDA_EPI_SILU_MUL ? fold(acc2[tt]) : 0.0f;
+            if (lane != 0)
+                continue;
+            float *y = mv.y + (size_t)(t0 + tt) * mv.ldy + o;
+            if (EPI == CUDA_EPI_STORE)
+                *y = dot;
+            else if (EPI == CUDA_EPI_BIAS)
+                *y = DEVIO_ADD(dot, mv.bias[o]);
+            else if (EPI == CUDA_EPI_ADD)
+                *y = DEVIO_ADD(*y, dot);
+            else
+                *y = DEVIO_MUL(devio_siluf(dot), up);
+        }
+    }
+}
+
+template <int DT>
+static void project_dt(const cuda_matvec *mv, cudaStream_t s)
+{
+    uint32_t grid = blocks_for(mv->m, WARPS);
+    switch (mv->epi) {
+    case CUDA_EPI_STORE: k_project<DT, CUDA_EPI_STORE><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
+    case CUDA_EPI_BIAS: k_project<DT, CUDA_EPI_BIAS><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
+    case CUDA_EPI_ADD: k_project<DT, CUDA_EPI_ADD><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
+    case CUDA_EPI_SILU_MUL:
+        k_project<DT, CUDA_EPI_SILU_MUL><<<grid, 32 * WARPS, 0, s>>>(*mv);
+        break;
+    }
+}
+
+int cuda_project(const cuda_matvec *mv, void *stream)
+{
+    if (mv->n_tok == 0 || mv->m == 0)
+        return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (mv->dtype == CUDA_F32)
+        project_dt<CUDA_F32>(mv, s);
+    else if (mv->dtype == CUDA_F16)
+        project_dt<CUDA_F16>(mv, s);
+    else
+        project_dt<CUDA_BF16>(mv, s);
+    return launched();
+}
+
+/* ---- rules 4 and 5: RoPE, then K and V into their slots ------------------ */
+
+__device__ __forceinline__ size_t kv_slot(const cuda_kv &kv, const uint32_t *bt, uint32_t pos,
+                                          uint32_t g)
+{
+    size_t blk = bt[pos / kv.block_size];
+    return ((blk * kv.n_kv + g) * kv.block_size + pos % kv.block_size) * kv.hd;
+}
+
+__device__ __forceinline__ void rope_heads(float *x, uint32_t n_heads, uint32_t hd,
+                                           const float *c, const float *sn)
+{
+    uint32_t half = hd / 2;
+    for (uint32_t idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
+        float *p = x + (size_t)(idx / half) * hd;
+        uint32_t i = idx % half;
+        float a = p[i], b = p[i + half];
+        p[i] = DEVIO_SUB(DEVIO_MUL(a, c[i]), DEVIO_MUL(b, sn[i]));
+        p[i + half] = DEVIO_ADD(DEVIO_MUL(b, c[i]), DEVIO_MUL(a, sn[i]));
+    }
+}
+
+__global__ void k_rope_store(cuda_kv kv, float *q, float *k, const float *v, const float *cos_t,
+                             const float *sin_t)
+{
+    uint32_t t = blockIdx.x, pos = kv.pos[t], hd = kv.hd, kv_dim = kv.n_kv * hd;
+    const float *c = cos_t + (size_t)pos * (hd / 2), *sn = sin_t + (size_t)pos * (hd / 2);
+    rope_heads(q + (size_t)t * kv.n_heads * hd, kv.n_heads, hd, c, sn);
+    rope_heads(k + (size_t)t * kv_dim, kv.n_kv, hd, c, sn);
+    __syncthreads();
+    const uint32_t *bt = kv.bt + kv.bt_off[t];
+    for (uint32_t idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
+        size_t slot = kv_slot(kv, bt, pos, idx / hd) + idx % hd;
+        kv.k[slot] = k[(size_t)t * kv_dim + idx];
+        kv.v[slot] = v[(size_t)t * kv_dim + idx];
+    }
+}
+
+int cuda_rope_store(const cuda_kv *kv, float *q, float *k, const float *v, const float *cos_t,
+                    const float *sin_t, uint32_t n_tok, void *stream)
+{
+    if (n_tok == 0)
+        return 0;
+    k_rope_store<<<n_tok, 128, 0, (cudaStream_t)stream>>>(*kv, q, k, v, cos_t, sin_t);
+    return launched();
+}
+
+/* ---- rule 6: attention, one warp per (token, head) ----------------------- */
+
+/* Shared memory: the query head (hd rounded up to 32) then one score per key. */
+uint32_t cuda_attention_smem(uint32_t max_seq_len, uint32_t hd)
+{
+    return (((hd + 31u) & ~31u) + max_seq_len) * (uint32_t)sizeof(float);
+}
+
+__global__ void __launch_bounds__(32) k_attention(cuda_kv kv, const float *q, float scale,
+                                                  float *out)
+{
+    extern __shared__ float sm[];
+    uint32_t t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = kv.hd;
+    uint32_t g = h / (kv.n_heads / kv.n_kv), n_keys = kv.pos[t] + 1;
+    const uint32_t *bt = kv.bt + kv.bt_off[t];
+    float *qs = sm, *sc = sm + ((hd + 31u) & ~31u);
+    const float *qt = q + ((size_t)t * kv.n_heads + h) * hd;
+    for (uint32_t i = lane; i < hd; i += 32)
+        qs[i] = qt[i];
+    __syncwarp();
+
+    /* s_j = lane_dot(q, k_j, hd) * scale: the warp's lanes are the lanes of
+     * each key's dot product. */
+    for (uint32_t j = 0; j < n_keys; j++) {
+        const float *kr = kv.k + kv_slot(kv, bt, j, g);
+        float p = 0.0f;
+        for (uint32_t i = lane; i < hd; i += 32)
+            p = DEVIO_ADD(p, DEVIO_MUL(qs[i], kr[i]));
+        p = fold(p);
+        if (lane == 0)
+            sc[j] = DEVIO_MUL(p, scale);
+    }
+    __syncwarp();
+
+    /* m: the first largest score (what the definition's running max keeps);
+     * each lane scans its keys j = lane mod 32, then the lanes' candidates
+     * meet, the larger value winning and the lower key breaking ties. */
+    float m = 0.0f;
+    int32_t jm = -1;
+    for (uint32_t j = lane; j < n_keys; j += 32)
+        if (jm < 0 || sc[j] > m) {
+            m = sc[j];
+            jm = (int32_t)j;
+        }
+#pragma unroll
+    for (int w = 16; w >= 1; w >>= 1) {
+        float m2 = __shfl_xor_sync(FULL, m, w);
+        int32_t j2 = __shfl_xor_sync(FULL, jm, w);
+        bool take = j2 >= 0 && (jm < 0 || m2 > m || (!(m > m2) && j2 < jm));
+        if (take) {
+            m = m2;
+            jm = j2;
+        }
+    }
+    m = __shfl_sync(FULL, m, 0);
+
+    /* e_j = expf(s_j - m) and Z = lane_sum of e_j, lane = j mod 32. */
+    float z = 0.0f;
+    for (uint32_t j = lane; j < n_keys; j += 32) {
+        float e = devio_expf(DEVIO_SUB(sc[j], m));
+        sc[j] = e;
+        z = DEVIO_ADD(z, e);
+    }
+    z = fold_all(z);
+    __syncwarp();
+
+    /* o[c] = (lane_sum over j of e_j * v_j[c]) / Z, 32 columns at a time:
+     * lane l holds the partial sums of its keys for each column. */
+    float *o = out + ((size_t)t * kv.n_heads + h) * hd;
+    for (uint32_t c0 = 0; c0 < hd; c0 += 32) {
+        float acc[32];
+#pragma unroll
+        for (int cc = 0; cc < 32; cc++)
+            acc[cc] = 0.0f;
+        for (uint32_t j = lane; j < n_keys; j += 32) {
+            const float *vr = kv.v + kv_slot(kv, bt, j, g) + c0;
+            float e = sc[j];
+#pragma unroll
+            for (int cc = 0; cc < 32; cc++)
+                if (c0 + cc < hd)
+                    acc[cc] = DEVIO_ADD(acc[cc], DEVIO_MUL(e, vr[cc]));
+        }
+        float mine = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < 32; cc++) {
+            float r = fold_all(acc[cc]);
+            if (lane == (uint32_t)cc)
+                mine = r;
+        }
+        if (c0 + lane < hd)
+            o[c0 + lane] = DEVIO_DIV(mine, z);
+    }
+}
+
+int cuda_attention_prepare(uint32_t smem_bytes)
+{
+    return (int)cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem_bytes);
+}
+
+int cuda_attention(const cuda_kv *kv, const float *q, float scale, float *out, uint32_t n_tok,
+                   uint32_t smem_bytes, void *stream)
+{
+    if (n_tok == 0)
+        return 0;
+    dim3 grid(n_tok, kv->n_heads);
+    k_attention<<<grid, 32, smem_bytes, (cudaStream_t)stream>>>(*kv, q, scale, out);
+    return launched();
+}
+
+/* ---- rule 3a: LoRA ------------------------------------------------------- */
+
+__global__ void k_lora_a(const cuda_lora_mod *mods, uint32_t per_slot, uint32_t idx,
+                         const int32_t *tok_slot, const float *x, uint32_t ldx, uint32_t max_rank,
+                         float *a_buf)
+{
+    uint32_t t = blockIdx.x, lane = threadIdx.x & 31u;
+    uint32_t j = blockIdx.y * WARPS + (threadIdx.x >> 5);
+    int32_t slot = tok_slot[t];
+    if (slot < 0)
+        return;
+    const cuda_lora_mod *md = &mods[(size_t)slot * per_slot + idx];
+    if (!md->a || j >= md->rank)
+        return;
+    const float *ar = md->a + (size_t)j * md->in, *xt = x + (size_t)t * ldx;
+    float p = 0.0f;
+    for (uint32_t i = lane; i < md->in; i += 32)
+        p = DEVIO_ADD(p, DEVIO_MUL(ar[i], xt[i]));
+    p = fold(p);
+    if (lane == 0)
+        a_buf[(size_t)t * max_rank + j] = p;
+}
+
+__global__ void k_lora_b(const cuda_lora_mod *mods, uint32_t per_slot, uint32_t idx,
+                         const int32_t *tok_slot, uint32_t max_rank, const float *a_buf, float *y,
+                         uint32_t ldy)
+{
+    uint32_t t = blockIdx.x, lane = threadIdx.x & 31u;
+    uint32_t o = blockIdx.y * WARPS + (threadIdx.x >> 5);
+    int32_t slot = tok_slot[t];
+    if (slot < 0)
+        return;
+    const cuda_lora_mod *md = &mods[(size_t)slot * per_slot + idx];
+    if (!md->a || o >= md->out)
+        return;
+    const float *br = md->b + (size_t)o * md->rank, *at = a_buf + (size_t)t * max_rank;
+    float p = 0.0f;
+    for (uint32_t i = lane; i < md->rank; i += 32)
+        p = DEVIO_ADD(p, DEVIO_MUL(br[i], at[i]));
+    p = fold(p);
+    if (lane == 0) {
+        float *yo = y + (size_t)t * ldy + o;
+        *yo = DEVIO_ADD(*yo, DEVIO_MUL(p, md->scale));
+    }
+}
+
+int cuda_lora(const cuda_lora_mod *mods, uint32_t mods_per_slot, uint32_t mod_index,
+              const int32_t *tok_slot, const float *x, uint32_t ldx, float *y, uint32_t ldy,
+              uint32_t n_tok, uint32_t max_rank, uint32_t max_out, float *a_buf, void *stream)
+{
+    if (n_tok == 0 || max_rank == 0)
+        return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    dim3 ga(n_tok, blocks_for(max_rank, WARPS)), gb(n_tok, blocks_for(max_out, WARPS));
+    k_lora_a<<<ga, 32 * WARPS, 0, s>>>(mods, mods_per_slot, mod_index, tok_slot, x, ldx, max_rank,
+                                       a_buf);
+    k_lora_b<<<gb, 32 * WARPS, 0, s>>>(mods, mods_per_slot, mod_index, tok_slot, max_rank, a_buf,
+                                       y, ldy);
+    return launched();
+}
+
+/* ---- element-wise -------------------------------------------------------- */
+
+__global__ void k_add(float *x, const float *y, uint64_t n)
+{
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x)
+        x[i] = DEVIO_ADD(x[i], y[i]);
+}
+
+int cuda_add(float *x, const float *y, uint32_t n, uint32_t n_tok, void *stream)
+{
+    uint64_t total = (uint64_t)n * n_tok;
+    if (total == 0)
+        return 0;
+    uint32_t grid = blocks_for(total, 256) < 65535 ? blocks_for(total, 256) : 65535;
+    k_add<<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, total);
+    return launched();
+}
+
+__global__ void k_silu_mul(const float *g, const float *u, float *act, uint64_t n)
+{
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x)
+        act[i] = DEVIO_MUL(devio_siluf(g[i]), u[i]);
+}
+
+int cuda_silu_mul(const float *g, const float *u, float *act, uint32_t n, uint32_t n_tok,
+                  void *stream)
+{
+    uint64_t total = (uint64_t)n * n_tok;
+    if (total == 0)
+        return 0;
+    uint32_t grid = blocks_for(total, 256) < 65535 ? blocks_for(total, 256) : 65535;
+    k_silu_mul<<<grid, 256, 0, (cudaStream_t)stream>>>(g, u, act, total);
+    return launched();
+}
+
+__global__ void k_gather(float *dst, const float *src, const uint32_t *idx, uint32_t width)
+{
+    uint32_t r = blockIdx.y;
+    const float *s = src + (size_t)idx[r] * width;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
+        dst[(size_t)r * width + i] = s[i];
+}
+
+int cuda_gather(float *dst, const float *src, const uint32_t *idx, uint32_t width, uint32_t n,
+                void *stream)
+{
+    if (n == 0)
+        return 0;
+    dim3 grid(blocks_for(width, 256), n);
+    k_gather<<<grid, 256, 0, (cudaStream_t)stream>>>(dst, src, idx, width);
+    return launched();
+}
+
+__global__ void k_copy_block(float *k, float *v, uint64_t layer_floats, uint32_t block_floats,
+                             uint32_t src, uint32_t dst)
+{
+    size_t base = (size_t)blockIdx.y * layer_floats;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < block_floats;
+         i += gridDim.x * blockDim.x) {
+        k[base + (size_t)dst * block_floats + i] = k[base + (size_t)src * block_floats + i];
+        v[base + (size_t)dst * block_floats + i] = v[base + (size_t)src * block_floats + i];
+    }
+}
+
+int cuda_copy_block(float *k, float *v, uint32_t n_layers, uint64_t layer_floats,
+                    uint32_t block_floats, uint32_t src, uint32_t dst, void *stream)
+{
+    if (src == dst || n_layers == 0)
+        return 0;
+    dim3 grid(blocks_for(block_floats, 256), n_layers);
+    k_copy_block<<<grid, 256, 0, (cudaStream_t)stream>>>(k, v, layer_floats, block_floats, src,
+                                                         dst);
+    return launched();
+}

@@ -1,0 +1,111 @@
+/* cuda_kernels.h - the CUDA backend's kernels, as C functions that enqueue
+ * them on a stream: every one follows device/numspec.h operation for
+ * operation (the rule numbers below are that header's), with one warp doing
+ * what the definition calls the 32 lanes. Shared by cuda_kernels.cu (nvcc)
+ * and cuda_backend.c (the C compiler): no CUDA types cross it.
+ *
+ * Every function only enqueues work on `stream` (a cudaStream_t) and returns
+ * the cudaError_t of the launch as an int (0 = cudaSuccess). Pointers are
+ * device memory unless said otherwise, borrowed for the life of the work. */
+#ifndef DEVIO_CUDA_KERNELS_H
+#define DEVIO_CUDA_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Weight dtypes, as device/model.h numbers them. */
+enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 };
+
+/* Rule 1: x[t, 0..d) = widen(embed[tokens[t], 0..d)). */
+int cuda_embed(const void *embed, int dtype, uint32_t d, const int32_t *tokens, uint32_t n_tok,
+               float *x, void *stream);
+
+/* Rule 2: y[t] = rmsnorm(x[t], w) for n_tok rows of d floats; w is f32. */
+int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps, uint32_t n_tok,
+                 void *stream);
+
+/* What a projection does with each dot product (rules 3 and 7). */
+typedef enum cuda_epi {
+    CUDA_EPI_STORE = 0, /* y = dot */
+    CUDA_EPI_BIAS,      /* y = dot + bias[o] */
+    CUDA_EPI_ADD,       /* y = y + dot (residual) */
+    CUDA_EPI_SILU_MUL,  /* y = devio_siluf(dot(w)) * dot(w2) */
+} cuda_epi;
+
+/* Rule 3 over n_tok token rows: y[t, o] = epi(lane_dot(W[o, :], x[t, :], n)).
+ * One warp per output row reads that row once for all the step's tokens. */
+typedef struct cuda_matvec {
+    const void *w, *w2; /* [m, n] of dtype; w2 (the up weight) for SILU_MUL */
+    int dtype;
+    uint32_t m, n;
+    const float *bias;  /* [m] for BIAS */
+    cuda_epi epi;
+    const float *x;     /* [n_tok, ldx] */
+    uint32_t ldx, n_tok;
+    float *y;           /* [n_tok, ldy] */
+    uint32_t ldy;
+} cuda_matvec;
+
+int cuda_project(const cuda_matvec *mv, void *stream);
+
+/* The paged KV cache of one layer: [kv_blocks, n_kv, block_size, hd] f32
+ * for K and for V, and how a token finds its slot: position pos[t] of the
+ * block table bt + bt_off[t]. */
+typedef struct cuda_kv {
+    float *k, *v;
+    uint32_t block_size, n_heads, n_kv, hd;
+    const uint32_t *pos, *bt_off, *bt;
+} cuda_kv;
+
+/* Rules 4 and 5: RoPE on every q and k head of n_tok tokens (in place, with
+ * the tables cos/sin [max_seq_len, hd/2]), then K and V into the cache. */
+int cuda_rope_store(const cuda_kv *kv, float *q, float *k, const float *v, const float *cos_t,
+                    const float *sin_t, uint32_t n_tok, void *stream);
+
+/* Rule 6 for every (token, head): out [n_tok, n_heads * hd]. smem_bytes is
+ * what cuda_attention_smem gives for the longest sequence. */
+int cuda_attention(const cuda_kv *kv, const float *q, float scale, float *out, uint32_t n_tok,
+                   uint32_t smem_bytes, void *stream);
+uint32_t cuda_attention_smem(uint32_t max_seq_len, uint32_t hd);
+/* Lets the attention kernel use smem_bytes of shared memory (once, at create). */
+int cuda_attention_prepare(uint32_t smem_bytes);
+
+/* One adapted module of one adapter slot, widened to f32 on the device. */
+typedef struct cuda_lora_mod {
+    const float *a; /* [rank, in], NULL when the module is not adapted */
+    const float *b; /* [out, rank] */
+    uint32_t rank, in, out;
+    float scale;
+} cuda_lora_mod;
+
+/* Rule 3a for the tokens whose slot tok_slot[t] >= 0 has module
+ * mods[slot * mods_per_slot + mod_index] adapted: a = A x, then
+ * y[t, o] = y[t, o] + lane_dot(B[o], a, rank) * scale. a_buf holds
+ * [n_tok, max_rank] floats. mods is device memory. */
+int cuda_lora(const cuda_lora_mod *mods, uint32_t mods_per_slot, uint32_t mod_index,
+              const int32_t *tok_slot, const float *x, uint32_t ldx, float *y, uint32_t ldy,
+              uint32_t n_tok, uint32_t max_rank, uint32_t max_out, float *a_buf, void *stream);
+
+/* x[t, i] = x[t, i] + y[t, i] for n_tok rows of n floats (the residual add). */
+int cuda_add(float *x, const float *y, uint32_t n, uint32_t n_tok, void *stream);
+/* act = devio_siluf(g) * u, n_tok rows of n floats. */
+int cuda_silu_mul(const float *g, const float *u, float *act, uint32_t n, uint32_t n_tok,
+                  void *stream);
+/* dst[i, 0..width) = src[idx[i], 0..width) for n rows (dst and src distinct). */
+int cuda_gather(float *dst, const float *src, const uint32_t *idx, uint32_t width, uint32_t n,
+                void *stream);
+/* Block dst <- block src in every layer of the K and V pools (layer_floats
+ * apart), block_floats each. */
+int cuda_copy_block(float *k, float *v, uint32_t n_layers, uint64_t layer_floats,
+                    uint32_t block_floats, uint32_t src, uint32_t dst, void *stream);
+/* dst[0..n) = widen(src[0..n) of dtype): for weights widened once. */
+int cuda_widen(const void *src, int dtype, float *dst, uint64_t n, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

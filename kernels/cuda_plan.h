@@ -1,0 +1,50 @@
+/* cuda_plan.h - how much device memory the CUDA backend takes, region by
+ * region, and how many KV blocks fit beside the rest: plain arithmetic on the
+ * model shape and the backend configuration, so that it is tested on any
+ * machine. Never allocates; never calls CUDA. */
+#ifndef DEVIO_CUDA_PLAN_H
+#define DEVIO_CUDA_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device/backend.h"
+
+/* What the backend keeps free of its own allocations on the device, for the
+ * CUDA context, kernels' stacks and the allocator's rounding: a fixed part
+ * and a share of the total. */
+#define CUDA_PLAN_RESERVE_BYTES (512ull << 20)
+#define CUDA_PLAN_RESERVE_PER_MILLE 20u
+
+typedef struct cuda_plan {
+    uint64_t weights;     /* embedding, lm_head and projections, as loaded (bf16/f16/f32) */
+    uint64_t small;       /* norms and biases widened to f32, RoPE tables */
+    uint64_t kv;          /* K and V pools: 2 * layers * kv_blocks * block bytes */
+    uint64_t kv_block;    /* bytes one KV block takes over all layers, K and V */
+    uint64_t activations; /* the step's f32 buffers */
+    uint64_t logits;      /* the logits staging rows */
+    uint64_t lora;        /* adapter slots, f32 A and B for every module */
+    uint64_t lora_slot;   /* one adapter slot */
+    uint64_t meta;        /* one step's uploaded tables (tokens, positions, block tables) */
+    uint64_t total;
+    uint32_t meta_words;  /* meta / 4 */
+    uint32_t logits_rows; /* rows of the staging buffer */
+    uint32_t max_blocks_per_seq;
+} cuda_plan;
+
+/* The plan for `cfg` (with cfg->kv_blocks as asked) and `weight_bytes` of
+ * weights; false when a size overflows 64 bits. */
+bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda_plan *out);
+
+/* The device memory the plan may use when `free_bytes` are free of `total_bytes`. */
+uint64_t cuda_plan_budget(uint64_t free_bytes, uint64_t total_bytes);
+
+/* The most KV blocks that fit in `budget` beside everything else of the plan
+ * (whose kv part is ignored); 0 when not even the rest fits. */
+uint32_t cuda_plan_kv_fit(const cuda_plan *p, uint64_t budget);
+
+/* Bytes of the tensors the backend uploads as they are: the embedding, lm_head
+ * (when not tied) and every layer's seven projections. */
+uint64_t cuda_plan_weight_bytes(const devio_model *m);
+
+#endif

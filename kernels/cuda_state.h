@@ -1,0 +1,88 @@
+/* cuda_state.h - the CUDA backend's state, private to kernels/: what create
+ * allocated on the device (cuda_backend.c) and what a step reads and writes
+ * (cuda_step.c). All device memory is taken in create; a step never
+ * allocates. Every pointer below is device memory unless it says host. */
+#ifndef DEVIO_CUDA_STATE_H
+#define DEVIO_CUDA_STATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "device/adapter.h"
+#include "device/backend.h"
+#include "kernels/cuda_kernels.h"
+#include "kernels/cuda_plan.h"
+
+/* A layer's projections as loaded (dtype as device/model.h numbers it). */
+typedef struct cuda_layer {
+    const void *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    int dt_q, dt_k, dt_v, dt_o, dt_mlp, dt_down;
+} cuda_layer;
+
+/* What an adapter slot holds, host side. */
+typedef struct cuda_adapter_slot {
+    bool held;
+    uint32_t generation;
+    float *mem; /* device: plan.lora_slot bytes */
+} cuda_adapter_slot;
+
+typedef struct cuda_state {
+    const devio_model *model;  /* borrowed */
+    devio_backend_config cfg;  /* its pointers are borrowed from the core */
+    devio_model_shape sh;
+    cuda_plan plan;
+    cudaStream_t stream;
+    cudaEvent_t *done;         /* host: [max_depth], one per submitted step */
+    uint32_t q_head, q_len;    /* the steps submitted and not yet waited, a ring */
+    char failure[200];         /* the first CUDA error; a step after it is refused */
+
+    /* Weights, uploaded once as loaded. */
+    const void *embed, *lm_head;
+    int dt_embed, dt_lm;
+    cuda_layer *layers;        /* host: [n_layers] of device pointers */
+    void **allocs;             /* host: every cudaMalloc, for destroy */
+    uint32_t n_allocs, cap_allocs;
+
+    /* Widened once: norms, biases (zeros where a layer has none), RoPE. */
+    float *attn_norm, *ffn_norm, *final_norm; /* [L, d], [L, d], [d] */
+    float *bq, *bk, *bv;                      /* [L, q_dim / kv_dim] or NULL */
+    float *rope_cos, *rope_sin;               /* [max_seq_len, hd / 2] */
+
+    /* KV pools: [L][kv_blocks][n_kv][block_size][hd] f32. */
+    float *k_cache, *v_cache;
+    uint64_t layer_floats;
+    uint32_t block_floats;
+
+    /* Activations for max_batch_tokens tokens, tightly packed rows. */
+    float *x, *x2, *h, *q, *q2, *k, *v, *att, *act, *o_tmp, *g_tmp, *u_tmp, *lora_a;
+    float *logits;             /* [plan.logits_rows, vocab] staging */
+    uint32_t smem;             /* attention shared memory per block */
+
+    /* A step's tables: packed on the host in one of max_depth pinned
+     * buffers, uploaded with one copy into meta. */
+    uint32_t **host_meta;      /* host: [max_depth] pinned, plan.meta_words each */
+    uint32_t *meta;
+
+    /* LoRA: per slot, per layer, per target, the module (cuda_lora_mod). */
+    cuda_adapter_slot *slots;  /* host: [adapter_slots] */
+    cuda_lora_mod *host_mods;  /* host: [adapter_slots * L * DEVIO_LORA_N_TARGETS] */
+    cuda_lora_mod *mods;       /* the same on the device */
+
+    bool logits_pinned;        /* cfg.logits_host registered with cudaHostRegister */
+    uint64_t bytes;            /* device memory create took */
+    char name[128];            /* the GPU's name */
+    char cc[16];
+    uint64_t memory_total;
+} cuda_state;
+
+/* A CUDA call's result: DEVIO_OK, or DEVIO_E_DEVICE with the error text and
+ * the state marked failed (st->failure) so that no later step runs on it. */
+devio_status cuda_check(cuda_state *st, int code, const char *what, devio_error *err);
+
+/* The backend's submit and wait (cuda_step.c). */
+devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err);
+devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err);
+
+#endif

@@ -1,0 +1,315 @@
+/* cuda_step.c - one step on the GPU: submit packs the batch's tables into a
+ * pinned buffer, uploads them with one copy and enqueues every kernel of the
+ * forward pass on the backend's stream, then records an event; wait syncs on
+ * that event. With max_depth 2 the host packs and enqueues step n+1 while the
+ * GPU computes step n. The order of work is the reference's (ref_backend.c),
+ * so every number is the same. It must never allocate and never block in
+ * submit beyond what the CUDA runtime does to enqueue. */
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "device/status.h"
+#include "kernels/cuda_state.h"
+
+/* Where a step's per-token tables sit in the uploaded words (offsets into
+ * st->meta), for all tokens or for the tokens whose logits are wanted. */
+typedef struct step_tables {
+    const int32_t *tokens;
+    const uint32_t *pos, *bt_off, *bt, *out_tok;
+    const int32_t *slot;
+} step_tables;
+
+typedef struct step {
+    cuda_state *st;
+    const devio_batch *b;
+    step_tables all, out;
+    devio_error *err;
+} step;
+
+#define CHECK(s, call, what)                                                                       \
+    do {                                                                                           \
+        devio_status s_ = cuda_check((s)->st, (call), (what), (s)->err);                           \
+        if (s_ != DEVIO_OK)                                                                        \
+            return s_;                                                                             \
+    } while (0)
+
+/* Rows naming an adapter slot must name the generation it holds. */
+static devio_status check_adapters(const cuda_state *st, const devio_batch *b, devio_error *err)
+{
+    for (uint32_t r = 0; r < b->n_rows; r++) {
+        const devio_batch_row *row = &b->rows[r];
+        if (row->adapter < 0)
+            continue;
+        const cuda_adapter_slot *sl = &st->slots[row->adapter];
+        if (!sl->held || sl->generation != row->adapter_gen)
+            return devio_fail_at(err, DEVIO_E_DEVICE, "row", r,
+                                 "row %u names adapter slot %d generation %u, not held", r,
+                                 row->adapter, row->adapter_gen);
+    }
+    return DEVIO_OK;
+}
+
+/* The batch's tables into host words w, laid out as
+ *   tokens[n] pos[n] bt_off[n] slot[n] out_tok[o] out_pos[o] out_bt[o] out_slot[o] bt[...]
+ * and the device views of them. Returns the words used. */
+static uint32_t pack(step *sp, uint32_t *w)
+{
+    cuda_state *st = sp->st;
+    const devio_batch *b = sp->b;
+    uint32_t n = b->n_tokens, o = b->n_out, bs = st->cfg.block_size;
+    uint32_t *tok = w, *pos = w + n, *bt_off = w + 2 * n, *slot = w + 3 * n;
+    uint32_t *out_tok = w + 4 * n, *out_pos = out_tok + o, *out_bt = out_pos + o;
+    uint32_t *out_slot = out_bt + o, *bt = out_slot + o;
+    uint32_t used = 4 * n + 4 * o, nb = 0;
+    for (uint32_t r = 0; r < b->n_rows; r++) {
+        const devio_batch_row *row = &b->rows[r];
+        uint32_t blocks = (row->pos0 + row->n_tokens + bs - 1) / bs;
+        memcpy(bt + nb, row->blocks, blocks * sizeof *bt);
+        for (uint32_t i = 0; i < row->n_tokens; i++) {
+            uint32_t t = row->tok_start + i;
+            tok[t] = (uint32_t)b->tokens[t];
+            pos[t] = b->tok_pos[t];
+            bt_off[t] = nb;
+            slot[t] = (uint32_t)row->adapter;
+        }
+        nb += blocks;
+    }
+    for (uint32_t i = 0; i < o; i++) {
+        uint32_t t = b->out_tok[i];
+        out_tok[i] = t;
+        out_pos[i] = pos[t];
+        out_bt[i] = bt_off[t];
+        out_slot[i] = slot[t];
+    }
+    const uint32_t *d = st->meta;
+    sp->all = (step_tables){.tokens = (const int32_t *)d, .pos = d + n, .bt_off = d + 2 * n,
+                            .slot = (const int32_t *)(d + 3 * n), .bt = d + used};
+    sp->out = (step_tables){.pos = d + 4 * n + o, .bt_off = d + 4 * n + 2 * o,
+                            .slot = (const int32_t *)(d + 4 * n + 3 * o), .bt = d + used,
+                            .out_tok = d + 4 * n};
+    return used + nb;
+}
+
+static cuda_kv layer_kv(const cuda_state *st, uint32_t li, const step_tables *t)
+{
+    return (cuda_kv){.k = st->k_cache + li * st->layer_floats,
+                     .v = st->v_cache + li * st->layer_floats,
+                     .block_size = st->cfg.block_size, .n_heads = st->sh.n_heads,
+                     .n_kv = st->sh.n_kv_heads, .hd = st->sh.head_dim,
+                     .pos = t->pos, .bt_off = t->bt_off, .bt = t->bt};
+}
+
+/* Rule 3a on y for the tokens whose adapter adapts `target` of layer li,
+ * when some adapter of the step does. */
+static devio_status lora(step *sp, uint32_t li, devio_lora_target target, const step_tables *t,
+                         const float *x, uint32_t ldx, float *y, uint32_t ldy, uint32_t max_out,
+                         uint32_t n)
+{
+    cuda_state *st = sp->st;
+    if (!(sp->b->lora_targets & (1u << target)))
+        return DEVIO_OK;
+    CHECK(sp, cuda_lora(st->mods, st->sh.n_layers * DEVIO_LORA_N_TARGETS,
+                        li * DEVIO_LORA_N_TARGETS + target, t->slot, x, ldx, y, ldy, n,
+                        st->cfg.max_lora_rank, max_out, st->lora_a, st->stream),
+          "LoRA");
+    return DEVIO_OK;
+}
+
+static devio_status project(step *sp, cuda_matvec mv, const char *what)
+{
+    CHECK(sp, cuda_project(&mv, sp->st->stream), what);
+    return DEVIO_OK;
+}
+
+/* First half of layer li: norm, q/k/v (+ bias, + LoRA), RoPE, K and V stored. */
+static devio_status layer_qkv(step *sp, uint32_t li, uint32_t n)
+{
+    cuda_state *st = sp->st;
+    const cuda_layer *l = &st->layers[li];
+    const devio_model_shape *sh = &st->sh;
+    uint32_t d = sh->d;
+    CHECK(sp, cuda_rmsnorm(st->x, st->attn_norm + (size_t)li * d, st->h, d, sh->eps, n, st->stream),
+          "rmsnorm");
+    cuda_epi epi = st->bq ? CUDA_EPI_BIAS : CUDA_EPI_STORE;
+    cuda_matvec base = {.n = d, .epi = epi, .x = st->h, .ldx = d, .n_tok = n};
+    cuda_matvec q = base, k = base, v = base;
+    q.w = l->wq, q.dtype = l->dt_q, q.m = sh->q_dim, q.y = st->q, q.ldy = sh->q_dim;
+    k.w = l->wk, k.dtype = l->dt_k, k.m = sh->kv_dim, k.y = st->k, k.ldy = sh->kv_dim;
+    v.w = l->wv, v.dtype = l->dt_v, v.m = sh->kv_dim, v.y = st->v, v.ldy = sh->kv_dim;
+    if (st->bq) {
+        q.bias = st->bq + (size_t)li * sh->q_dim;
+        k.bias = st->bk + (size_t)li * sh->kv_dim;
+        v.bias = st->bv + (size_t)li * sh->kv_dim;
+    }
+    devio_status s;
+    if ((s = project(sp, q, "q_proj")) || (s = project(sp, k, "k_proj")) ||
+        (s = project(sp, v, "v_proj")) ||
+        (s = lora(sp, li, DEVIO_LORA_Q, &sp->all, st->h, d, st->q, sh->q_dim, sh->q_dim, n)) ||
+        (s = lora(sp, li, DEVIO_LORA_K, &sp->all, st->h, d, st->k, sh->kv_dim, sh->kv_dim, n)) ||
+        (s = lora(sp, li, DEVIO_LORA_V, &sp->all, st->h, d, st->v, sh->kv_dim, sh->kv_dim, n)))
+        return s;
+    cuda_kv kv = layer_kv(st, li, &sp->all);
+    CHECK(sp, cuda_rope_store(&kv, st->q, st->k, st->v, st->rope_cos, st->rope_sin, n, st->stream),
+          "RoPE");
+    return DEVIO_OK;
+}
+
+/* x += W in; when the step's adapters target the module, the projection is
+ * stored, adapted, then added: the same x + z as the fused epilogue. */
+static devio_status residual(step *sp, uint32_t li, devio_lora_target target, cuda_matvec mv,
+                             const step_tables *t, const char *what)
+{
+    cuda_state *st = sp->st;
+    if (!(sp->b->lora_targets & (1u << target))) {
+        mv.epi = CUDA_EPI_ADD;
+        return project(sp, mv, what);
+    }
+    float *x = mv.y;
+    mv.epi = CUDA_EPI_STORE;
+    mv.y = st->o_tmp;
+    devio_status s = project(sp, mv, what);
+    if (s == DEVIO_OK)
+        s = lora(sp, li, target, t, mv.x, mv.ldx, st->o_tmp, mv.ldy, mv.m, mv.n_tok);
+    if (s == DEVIO_OK)
+        CHECK(sp, cuda_add(x, st->o_tmp, mv.m, mv.n_tok, st->stream), "residual add");
+    return s;
+}
+
+/* Second half of layer li on n tokens whose residual rows are x and query
+ * rows q: attention, o_proj, the MLP, both residual adds. */
+static devio_status layer_rest(step *sp, uint32_t li, uint32_t n, float *x, const float *q,
+                               const step_tables *t)
+{
+    cuda_state *st = sp->st;
+    const cuda_layer *l = &st->layers[li];
+    const devio_model_shape *sh = &st->sh;
+    uint32_t d = sh->d, f = sh->f;
+    cuda_kv kv = layer_kv(st, li, t);
+    CHECK(sp, cuda_attention(&kv, q, sh->attn_scale, st->att, n, st->smem, st->stream),
+          "attention");
+    cuda_matvec o = {.w = l->wo, .dtype = l->dt_o, .m = d, .n = sh->q_dim, .x = st->att,
+                     .ldx = sh->q_dim, .n_tok = n, .y = x, .ldy = d};
+    devio_status s = residual(sp, li, DEVIO_LORA_O, o, t, "o_proj");
+    if (s != DEVIO_OK)
+        return s;
+    CHECK(sp, cuda_rmsnorm(x, st->ffn_norm + (size_t)li * d, st->h, d, sh->eps, n, st->stream),
+          "rmsnorm");
+    cuda_matvec gu = {.w = l->w_gate, .w2 = l->w_up, .dtype = l->dt_mlp, .m = f, .n = d,
+                      .epi = CUDA_EPI_SILU_MUL, .x = st->h, .ldx = d, .n_tok = n, .y = st->act,
+                      .ldy = f};
+    if (sp->b->lora_targets & ((1u << DEVIO_LORA_GATE) | (1u << DEVIO_LORA_UP))) {
+        /* Unfused: gate and up stored, adapted, then silu(gate) * up as the
+         * fused epilogue computes it, so rows without LoRA keep their bits. */
+        cuda_matvec g = gu, u = gu;
+        g.epi = u.epi = CUDA_EPI_STORE;
+        g.w2 = u.w2 = NULL;
+        u.w = l->w_up;
+        g.y = st->g_tmp;
+        u.y = st->u_tmp;
+        if ((s = project(sp, g, "gate_proj")) || (s = project(sp, u, "up_proj")) ||
+            (s = lora(sp, li, DEVIO_LORA_GATE, t, st->h, d, st->g_tmp, f, f, n)) ||
+            (s = lora(sp, li, DEVIO_LORA_UP, t, st->h, d, st->u_tmp, f, f, n)))
+            return s;
+        CHECK(sp, cuda_silu_mul(st->g_tmp, st->u_tmp, st->act, f, n, st->stream), "silu");
+    } else if ((s = project(sp, gu, "gate_proj and up_proj"))) {
+        return s;
+    }
+    cuda_matvec down = {.w = l->w_down, .dtype = l->dt_down, .m = d, .n = f, .x = st->act,
+                        .ldx = f, .n_tok = n, .y = x, .ldy = d};
+    return residual(sp, li, DEVIO_LORA_DOWN, down, t, "down_proj");
+}
+
+/* Past the last layer's K and V only the tokens whose logits are wanted go
+ * on, gathered in batch order; then the final norm, lm_head, and each
+ * output's logits copied into its slot of the host arena. */
+static devio_status outputs(step *sp)
+{
+    cuda_state *st = sp->st;
+    const devio_batch *b = sp->b;
+    const devio_model_shape *sh = &st->sh;
+    uint32_t o = b->n_out, L = sh->n_layers;
+    CHECK(sp, cuda_gather(st->x2, st->x, sp->out.out_tok, sh->d, o, st->stream), "gather");
+    CHECK(sp, cuda_gather(st->q2, st->q, sp->out.out_tok, sh->q_dim, o, st->stream), "gather");
+    devio_status s = layer_rest(sp, L - 1, o, st->x2, st->q2, &sp->out);
+    if (s != DEVIO_OK)
+        return s;
+    CHECK(sp, cuda_rmsnorm(st->x2, st->final_norm, st->h, sh->d, sh->eps, o, st->stream),
+          "rmsnorm");
+    size_t row = (size_t)sh->vocab * sizeof(float);
+    for (uint32_t i0 = 0; i0 < o; i0 += st->plan.logits_rows) {
+        uint32_t k = o - i0 < st->plan.logits_rows ? o - i0 : st->plan.logits_rows;
+        cuda_matvec lm = {.w = st->lm_head, .dtype = st->dt_lm, .m = sh->vocab, .n = sh->d,
+                          .x = st->h + (size_t)i0 * sh->d, .ldx = sh->d, .n_tok = k,
+                          .y = st->logits, .ldy = sh->vocab};
+        if ((s = project(sp, lm, "lm_head")))
+            return s;
+        for (uint32_t i = 0; i < k; i++)
+            CHECK(sp,
+                  cudaMemcpyAsync(st->cfg.logits_host + (size_t)b->out_slot[i0 + i] * sh->vocab,
+                                  (const char *)st->logits + i * row, row, cudaMemcpyDeviceToHost,
+                                  st->stream),
+                  "copying logits");
+    }
+    return DEVIO_OK;
+}
+
+static devio_status enqueue(step *sp, uint32_t ring)
+{
+    cuda_state *st = sp->st;
+    const devio_batch *b = sp->b;
+    uint32_t L = st->sh.n_layers, n = b->n_tokens;
+    uint32_t words = pack(sp, st->host_meta[ring]);
+    CHECK(sp, cudaMemcpyAsync(st->meta, st->host_meta[ring], (size_t)words * 4,
+                              cudaMemcpyHostToDevice, st->stream),
+          "uploading the step");
+    for (uint32_t c = 0; c < b->n_copies; c++)
+        CHECK(sp, cuda_copy_block(st->k_cache, st->v_cache, L, st->layer_floats, st->block_floats,
+                                  b->copy_src[c], b->copy_dst[c], st->stream),
+              "copying a KV block");
+    if (n == 0)
+        return DEVIO_OK;
+    CHECK(sp, cuda_embed(st->embed, st->dt_embed, st->sh.d, sp->all.tokens, n, st->x, st->stream),
+          "embedding");
+    devio_status s = DEVIO_OK;
+    for (uint32_t li = 0; li + 1 < L && s == DEVIO_OK; li++)
+        if (!(s = layer_qkv(sp, li, n)))
+            s = layer_rest(sp, li, n, st->x, st->q, &sp->all);
+    if (s == DEVIO_OK)
+        s = layer_qkv(sp, L - 1, n);
+    if (s == DEVIO_OK && b->n_out > 0)
+        s = outputs(sp);
+    return s;
+}
+
+devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err)
+{
+    cuda_state *st = state;
+    if (st->failure[0])
+        return devio_fail(err, DEVIO_E_DEVICE, "the CUDA device failed earlier: %s", st->failure);
+    if (st->q_len >= st->cfg.max_depth)
+        return devio_fail(err, DEVIO_E_DEVICE, "more than %u steps submitted", st->cfg.max_depth);
+    devio_status s = check_adapters(st, b, err);
+    if (s != DEVIO_OK)
+        return s;
+    uint32_t ring = (st->q_head + st->q_len) % st->cfg.max_depth;
+    step sp = {.st = st, .b = b, .err = err};
+    if ((s = enqueue(&sp, ring)) == DEVIO_OK)
+        s = cuda_check(st, cudaEventRecord(st->done[ring], st->stream), "cudaEventRecord", err);
+    if (s != DEVIO_OK)
+        return s;
+    st->q_len++;
+    return DEVIO_OK;
+}
+
+devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err)
+{
+    cuda_state *st = state;
+    (void)b;
+    if (st->q_len == 0)
+        return devio_fail(err, DEVIO_E_DEVICE, "wait without a submitted step");
+    uint32_t ring = st->q_head;
+    st->q_head = (st->q_head + 1) % st->cfg.max_depth;
+    st->q_len--;
+    return cuda_check(st, cudaEventSynchronize(st->done[ring]), "the step", err);
+}
