@@ -111,13 +111,17 @@ ensure_demo_model() {
 
 # ---------------------------------------------------------------------------
 # The main job that `up` runs in the foreground, given the model directory
-# and the caller's extra arguments: devio-server on the reference backend,
+# and the caller's extra arguments: devio-server on the CUDA backend when a GPU
+# answers and the plugin was built, else on the reference,
 # its SQLite file and adapters root under .devio/ unless DEVIO_DB /
 # DEVIO_ADAPTERS say otherwise.
 run_main_job() {
     local model=$1
     shift
     mkdir -p "$STATE_DIR"
+    # The CUDA backend plugin, where this machine built one (--backend auto
+    # takes it when a GPU answers, else the reference).
+    export DEVIO_BACKEND_PATH=${DEVIO_BACKEND_PATH:-$ROOT/bazel-bin/kernels}
     log "devio-server on http://${DEVIO_LISTEN:-127.0.0.1:8080} (model $model); Ctrl-C stops"
     exec bazel-bin/service/devio-server --model "$model" --db "${DEVIO_DB:-$STATE_DIR/devio.db}" \
         --adapters "${DEVIO_ADAPTERS:-$STATE_DIR/adapters}" "$@"

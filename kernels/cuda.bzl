@@ -69,6 +69,14 @@ def cuda_backend_targets():
         name = "libdevio-backend-cuda.so",
         deps = [":cuda_backend"],
     )
+    native.genrule(
+        name = "devio-gpu-bw",
+        srcs = ["bw_probe.cu"],
+        outs = ["devio-gpu-bw"],
+        cmd = "%s -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 $(location bw_probe.cu) -o $@" % NVCC,
+        executable = True,
+        tags = ["no-sandbox"],
+    )
 
 def devio_cuda_test(name, deps = [], data = [], **kwargs):
     """A cmocka test of the CUDA backend, made only where nvcc is: it links

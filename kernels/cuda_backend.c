@@ -288,6 +288,10 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
     if (cfg->ssm_slots || cfg->ssm_snapshots)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "the CUDA backend does not run recurrent (SSM) layers yet");
+    /* Kernels put a step's tokens (and a layer's heads) on a grid's y axis. */
+    if (cfg->max_batch_tokens > 65535 || cfg->shape->n_heads > 65535)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "the CUDA backend takes at most 65535 tokens per step (--max-batch-tokens)");
     cuda_state *st = calloc(1, sizeof *st);
     if (!st)
         return devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");

@@ -14,6 +14,7 @@
 #define FULL 0xffffffffu
 #define WARPS 8 /* warps per block in the one-warp-per-output kernels */
 #define TILE 8  /* token rows a warp's lanes hold partial sums for at once */
+#define KEYS 4  /* keys whose scores attention computes at once */
 
 /* The fold of numspec's lane rule: for w = 16 .. 1, p[l] = p[l] + p[l + w]
  * for l < w. Lane l adds lane l ^ w, which is l + w for l < w; lane 0 ends
@@ -129,13 +130,17 @@ int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps
 /* Warp o of the grid computes output row o for every token: its lanes read
  * the weight row once per TILE tokens (the row stays in L1 between tiles)
  * and hold TILE partial sums each; a step of up to TILE tokens reads each
- * weight exactly once. */
+ * weight exactly once. A lane's terms are i = lane, lane + 32, ... in order,
+ * as the definition says; UNROLL of them are loaded before any is added, so
+ * that a warp keeps that many loads in flight. */
+#define UNROLL 8
 template <int DT, int EPI>
 __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
 {
     uint32_t lane = threadIdx.x & 31u, o = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (o >= mv.m)
         return;
+    const bool two = EPI == CUDA_EPI_SILU_MUL;
     size_t row = (size_t)o * mv.n;
     for (uint32_t t0 = 0; t0 < mv.n_tok; t0 += TILE) {
         uint32_t nt = mv.n_tok - t0 < TILE ? mv.n_tok - t0 : TILE;
@@ -144,17 +149,42 @@ __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
         for (int tt = 0; tt < TILE; tt++)
             acc[tt] = acc2[tt] = 0.0f;
         const float *x = mv.x + (size_t)t0 * mv.ldx;
-        for (uint32_t i = lane; i < mv.n; i += 32) {
-            float w = ld<DT>(mv.w, row + i);
-            float w2 = EPI == CUDA_EPI_SILU_MUL ? ld<DT>(mv.w2, row + i) : 0.0f;
+        uint32_t i = lane;
+        for (; i + 32 * (UNROLL - 1) < mv.n; i += 32 * UNROLL) {
+            float w[UNROLL], w2[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                w[u] = ld<DT>(mv.w, row + i + 32 * u);
+                w2[u] = two ? ld<DT>(mv.w2, row + i + 32 * u) : 0.0f;
+            }
 #pragma unroll
             for (int tt = 0; tt < TILE; tt++) {
-                if ((uint32_t)tt < nt) {
-                    float xv = x[(size_t)tt * mv.ldx + i];
-                    acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w, xv));
-                    if (EPI == CUDA_EPI_SILU_MUL)
-                        acc2[tt] = DEVIO_ADD(acc2[tt], DEVIO_MUL(w2, xv));
+                if ((uint32_t)tt >= nt)
+                    break;
+                const float *xt = x + (size_t)tt * mv.ldx + i;
+                float xv[UNROLL];
+#pragma unroll
+                for (int u = 0; u < UNROLL; u++)
+                    xv[u] = xt[32 * u];
+#pragma unroll
+                for (int u = 0; u < UNROLL; u++) {
+                    acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w[u], xv[u]));
+                    if (two)
+                        acc2[tt] = DEVIO_ADD(acc2[tt], DEVIO_MUL(w2[u], xv[u]));
                 }
+            }
+        }
+        for (; i < mv.n; i += 32) {
+            float w = ld<DT>(mv.w, row + i);
+            float w2 = two ? ld<DT>(mv.w2, row + i) : 0.0f;
+#pragma unroll
+            for (int tt = 0; tt < TILE; tt++) {
+                if ((uint32_t)tt >= nt)
+                    break;
+                float xv = x[(size_t)tt * mv.ldx + i];
+                acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w, xv));
+                if (two)
+                    acc2[tt] = DEVIO_ADD(acc2[tt], DEVIO_MUL(w2, xv));
             }
         }
 #pragma unroll
@@ -162,7 +192,7 @@ __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
             if ((uint32_t)tt >= nt)
                 break; /* nt is the same in every lane */
             float dot = fold(acc[tt]);
-            float up = EPI == CUDA_EPI_SILU_MUL ? fold(acc2[tt]) : 0.0f;
+            float up = two ? fold(acc2[tt]) : 0.0f;
             if (lane != 0)
                 continue;
             float *y = mv.y + (size_t)(t0 + tt) * mv.ldy + o;
@@ -275,8 +305,34 @@ __global__ void __launch_bounds__(32) k_attention(cuda_kv kv, const float *q, fl
     __syncwarp();
 
     /* s_j = lane_dot(q, k_j, hd) * scale: the warp's lanes are the lanes of
-     * each key's dot product. */
-    for (uint32_t j = 0; j < n_keys; j++) {
+     * each key's dot product. KEYS keys at a time, their rows loaded before
+     * any is reduced, so that the loads overlap. */
+    uint32_t j = 0;
+    for (; j + KEYS <= n_keys; j += KEYS) {
+        const float *kr[KEYS];
+        float p[KEYS];
+#pragma unroll
+        for (int u = 0; u < KEYS; u++) {
+            kr[u] = kv.k + kv_slot(kv, bt, j + u, g);
+            p[u] = 0.0f;
+        }
+        for (uint32_t i = lane; i < hd; i += 32) {
+            float kx[KEYS];
+#pragma unroll
+            for (int u = 0; u < KEYS; u++)
+                kx[u] = kr[u][i];
+#pragma unroll
+            for (int u = 0; u < KEYS; u++)
+                p[u] = DEVIO_ADD(p[u], DEVIO_MUL(qs[i], kx[u]));
+        }
+#pragma unroll
+        for (int u = 0; u < KEYS; u++) {
+            float d = fold(p[u]);
+            if (lane == 0)
+                sc[j + u] = DEVIO_MUL(d, scale);
+        }
+    }
+    for (; j < n_keys; j++) {
         const float *kr = kv.k + kv_slot(kv, bt, j, g);
         float p = 0.0f;
         for (uint32_t i = lane; i < hd; i += 32)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# kernels/gpu-check.sh OUT_DIR [BIN_DIR]: everything devio checks and measures
+# on a machine with an NVIDIA GPU, in one command, in under 8 minutes.
+#   BIN_DIR  binaries laid out as bazel-bin (default bazel-bin; a bundle made
+#            here by kernels/gpu-bundle.sh when the GPU machine cannot build)
+# It runs the CUDA unit tests, every conformance suite on --backend cuda
+# (strict numerics, depth 2 and depth 1) against the reference's expected
+# outputs, logits against Hugging Face transformers + PyTorch (tiny, small and
+# the 1b preset) and reference vs CUDA bit for bit on 1b, the GPU's read
+# bandwidth, then decode at batch 1/8/64, two groups at depth 1 vs 2, and a
+# prefill on 1b. It writes OUT_DIR/gpu-check.json and OUT_DIR/gpu-check.md
+# and ends with the Markdown table; exit status 0 when every check passed.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${1:?usage: kernels/gpu-check.sh OUT_DIR [BIN_DIR]}
+BIN=${2:-$ROOT/bazel-bin}
+case "$BIN" in /*) ;; *) BIN="$PWD/$BIN" ;; esac
+mkdir -p "$OUT"
+[ -d "$BIN/../lib" ] && export LD_LIBRARY_PATH="$(cd "$BIN/../lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1
+cd "$ROOT"
+exec timeout 470 python3 kernels/gpu_check.py --bin "$BIN" --out "$OUT"

@@ -177,8 +177,8 @@ static devio_status ref_create(const devio_model *model, const devio_backend_con
     *state = NULL;
     if (cfg->numerics != DEVIO_NUMERICS_STRICT)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "the reference computes strict numerics only (fast needs --backend "
-                          "cuda)");
+                          "the reference computes strict numerics only (fast needs a backend "
+                          "with fast kernels)");
     if (cfg->block_size == 0 || cfg->kv_blocks == 0 || cfg->max_batch_tokens == 0 ||
         cfg->max_rows == 0 || cfg->max_seq_len == 0 || !cfg->shape || !cfg->rope_cos ||
         !cfg->logits_host)

@@ -151,6 +151,66 @@ static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint
     return (double)batch * steps / dt;
 }
 
+/* Decode of two groups of `half` sequences each, one plan per group, for
+ * `steps` steps of each; tokens/s. depth 1: launch a group and await it,
+ * then the other. depth 2: the next group is launched before the previous
+ * one is awaited, so a backend that computes behind submit overlaps the
+ * host's work on one group with the device's on the other. */
+static double bench_overlap(devio_device *d, uint32_t half, uint32_t steps, uint32_t vocab,
+                            uint32_t depth)
+{
+    uint64_t seqs[64];
+    int32_t tok[64];
+    devio_row rows[64];
+    devio_error err = {0};
+    devio_step_result r;
+    uint32_t n = 2 * half;
+    for (uint32_t i = 0; i < n; i++) {
+        if (check(devio_seq_create(d, &seqs[i], &err), &err, "create") < 0)
+            return 0;
+        tok[i] = (int32_t)((i * 131u + 1u) % vocab);
+    }
+    uint64_t pending[2] = {0, 0};
+    double t0 = devio_clock_s();
+    for (uint32_t s = 0; s < 2 * steps; s++) {
+        uint32_t g = s % 2, base = g * half;
+        for (uint32_t i = 0; i < half; i++)
+            rows[base + i] = (devio_row){.seq = seqs[base + i], .tokens = &tok[base + i],
+                                         .n_tokens = 1, .has_sample = true,
+                                         .sample = {.temperature = 0, .top_p = 1}};
+        devio_plan p = {.rows = rows + base, .n_rows = half};
+        /* The group's previous step must be done before its next launch. */
+        if (pending[g]) {
+            if (check(devio_await(d, pending[g], -1, &r, &err), &err, "await") < 0)
+                return 0;
+            for (uint32_t i = 0; i < half; i++)
+                tok[base + i] = r.rows[i].token;
+            devio_step_result_free(&r);
+            pending[g] = 0;
+        }
+        if (check(devio_launch(d, &p, &pending[g], &err), &err, "decode") < 0)
+            return 0;
+        if (depth == 1) {
+            if (check(devio_await(d, pending[g], -1, &r, &err), &err, "await") < 0)
+                return 0;
+            for (uint32_t i = 0; i < half; i++)
+                tok[base + i] = r.rows[i].token;
+            devio_step_result_free(&r);
+            pending[g] = 0;
+        }
+    }
+    for (uint32_t g = 0; g < 2; g++)
+        if (pending[g] && check(devio_await(d, pending[g], -1, &r, &err), &err, "await") == 0)
+            devio_step_result_free(&r);
+    double dt = devio_clock_s() - t0;
+    for (uint32_t i = 0; i < n; i++) {
+        devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = seqs[i]};
+        devio_outcome o;
+        devio_apply(d, &fr, &o, &err);
+    }
+    return (double)n * steps / dt;
+}
+
 /* One prefill of `n` tokens (logits of the last position); tokens/s. */
 static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t vocab)
 {
@@ -185,7 +245,8 @@ static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t
 typedef struct flags {
     const char *model, *preset, *backend, *backend_path;
     int dtype; /* index into dtypes */
-    uint32_t threads, steps, prefill;
+    uint32_t threads, steps, prefill, overlap;
+    double device_bw; /* GB/s measured elsewhere (the GPU check's probe), or 0 */
     uint32_t batches[4]; /* [0] = how many */
 } flags;
 
@@ -212,7 +273,7 @@ static const devio_opt opts[] = {
     {.flag = "model", .type = DEVIO_OPT_STR, .offset = F(model), .metavar = "DIR",
      .help = "model directory [the preset, written to a temp dir]"},
     {.flag = "preset", .type = DEVIO_OPT_STR, .offset = F(preset), .metavar = "NAME",
-     .help = "bench|small|tiny [bench]"},
+     .help = "bench|small|tiny|1b [bench]"},
     {.flag = "dtype", .type = DEVIO_OPT_CHOICE, .offset = F(dtype), .metavar = "bf16|f16|f32",
      .help = "weight type of the preset [bf16]", .choices = dtypes},
     {.flag = "backend", .type = DEVIO_OPT_STR, .offset = F(backend), .metavar = "NAME",
@@ -227,12 +288,16 @@ static const devio_opt opts[] = {
      .help = "prompt tokens of the prefill run [512]"},
     {.flag = "batches", .type = DEVIO_OPT_CUSTOM, .offset = F(batches), .metavar = "LIST",
      .help = "decode batch sizes, up to three in 1..64 [1,8,32]", .parse = parse_batches},
+    {.flag = "overlap", .type = DEVIO_OPT_U32, .offset = F(overlap), .metavar = "N",
+     .help = "also decode two groups of N/2 at depth 1 and depth 2, 0 = not [0]"},
+    {.flag = "device-bw", .type = DEVIO_OPT_F64, .offset = F(device_bw), .metavar = "GBS",
+     .help = "the device's read bandwidth, measured apart (a GPU): decode is compared with it"},
 };
 #undef F
 
 static const devio_cli cli = {
     .prog = "devio-bench",
-    .usage = "usage: devio-bench [--model DIR | --preset bench|small|tiny] [options]\n"
+    .usage = "usage: devio-bench [--model DIR | --preset bench|small|tiny|1b] [options]\n"
              "Writes the preset to a temp dir unless --model is given, measures the read\n"
              "bandwidth, then decode at each batch size and one prefill. Prints figures;\n"
              "asserts nothing.",
@@ -287,7 +352,7 @@ int main(int argc, char **argv)
         check(devio_open(m, ops, &cfg, &d, &err), &err, "open") < 0)
         return 1;
 
-    double bw = read_bandwidth(threads, (size_t)1 << 30);
+    double bw = f.device_bw > 0 ? f.device_bw : read_bandwidth(threads, (size_t)1 << 30);
     uint64_t wb = weight_bytes(m);
     devio_device_info info;
     devio_device_info_get(d, &info);
@@ -296,7 +361,11 @@ int main(int argc, char **argv)
     printf("devio-bench: model %s (%s), %.1f MB of weights streamed per step, %u threads\n",
            model_dir == tmp ? preset : model_dir, devio_dtype_str(m->layers[0].wq.dtype), wb / 1e6,
            threads);
-    printf("read bandwidth: %.2f GB/s (best of 5 passes over 1 GiB, %u threads)\n", bw, threads);
+    if (f.device_bw > 0)
+        printf("read bandwidth: %.2f GB/s (the device's, as given by --device-bw)\n", bw);
+    else
+        printf("read bandwidth: %.2f GB/s (best of 5 passes over 1 GiB, %u threads)\n", bw,
+               threads);
     for (uint32_t k = 0; k < n_batches; k++) {
         double tps = bench_decode(d, batches[k], steps, m->cfg.vocab_size);
         double steps_s = tps / batches[k];
@@ -304,6 +373,13 @@ int main(int argc, char **argv)
         printf("decode batch %2u: %8.1f tokens/s  %6.2f steps/s  weights %.2f GB/s = %.0f%% of "
                "read bandwidth\n",
                batches[k], tps, steps_s, gbs, 100.0 * gbs / bw);
+    }
+    if (f.overlap >= 2) {
+        uint32_t half = f.overlap / 2 > 32 ? 32 : f.overlap / 2;
+        double d1 = bench_overlap(d, half, steps, m->cfg.vocab_size, 1);
+        double d2 = bench_overlap(d, half, steps, m->cfg.vocab_size, 2);
+        printf("decode 2 groups of %u: depth 1 %.1f tokens/s, depth 2 %.1f tokens/s = %.2fx\n",
+               half, d1, d2, d1 > 0 ? d2 / d1 : 0.0);
     }
     printf("prefill %u tokens: %.1f tokens/s\n", prefill,
            bench_prefill(d, prefill, 3, m->cfg.vocab_size));

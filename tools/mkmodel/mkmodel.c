@@ -63,8 +63,20 @@ devio_status devio_mkmodel_preset(const char *name, devio_mkmodel_opts *o, devio
         o->max_position_embeddings = 1024;
         o->tie_word_embeddings = false;
         o->dtype = DEVIO_BF16;
+    } else if (strcmp(name, "1b") == 0) {
+        /* TinyLlama-1.1B's shape: what a GPU's decode speed is measured on. */
+        o->vocab_size = 32000;
+        o->hidden_size = 2048;
+        o->n_layers = 22;
+        o->n_heads = 32;
+        o->n_kv_heads = 4;
+        o->head_dim = 64;
+        o->intermediate_size = 5632;
+        o->max_position_embeddings = 2048;
+        o->tie_word_embeddings = false;
+        o->dtype = DEVIO_BF16;
     } else {
-        devio_fail(err, DEVIO_E_INVALID, "unknown preset '%.40s' (tiny, small, bench)", name);
+        devio_fail(err, DEVIO_E_INVALID, "unknown preset '%.40s' (tiny, small, bench, 1b)", name);
         return DEVIO_E_INVALID;
     }
     o->attention_bias = false;

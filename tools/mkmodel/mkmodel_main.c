@@ -11,7 +11,7 @@
 #include "tools/mkmodel/mkmodel.h"
 
 static const char usage[] =
-    "usage: devio-mkmodel [--preset tiny|small|bench] [--arch llama] [--seed N]\n"
+    "usage: devio-mkmodel [--preset tiny|small|bench|1b] [--arch llama] [--seed N]\n"
     "                     [--dtype f32|f16|bf16] [--shards N] --out DIR\n"
     "                     [--vocab N] [--hidden N] [--layers N] [--heads N] [--kv-heads N]\n"
     "                     [--head-dim N] [--ffn N] [--max-pos N] [--rope-theta X] [--eps X]\n"
@@ -28,6 +28,8 @@ static const char usage[] =
     "         tied, f32 (15,191,712 parameters)\n"
     "  bench  vocab 32000, hidden 768, 12 layers, 12 heads, ffn 2048, 1024 positions,\n"
     "         untied, bf16 (134,105,856 parameters)\n"
+    "  1b     vocab 32000, hidden 2048, 22 layers, 32 heads, 4 kv heads, ffn 5632,\n"
+    "         2048 positions, untied, bf16 (1,100,048,384 parameters)\n"
     "Flags after the preset override it, whatever their order on the command line.\n"
     "--arch bamba and --arch mamba2 are not supported by this build.\n"
     "\n"
@@ -93,7 +95,7 @@ static bool parse_targets(const char *s, void *field)
     {.flag = name, .type = DEVIO_OPT_U32, .offset = M(field), .metavar = "N", .help = text}
 static const devio_opt model_opts[] = {
     {.flag = "preset", .type = DEVIO_OPT_STR, .offset = offsetof(flags, preset),
-     .metavar = "NAME", .help = "tiny|small|bench [tiny]; the other flags override it"},
+     .metavar = "NAME", .help = "tiny|small|bench|1b [tiny]; the other flags override it"},
     {.flag = "arch", .type = DEVIO_OPT_STR, .offset = M(arch), .metavar = "ARCH",
      .help = "llama [llama]"},
     {.flag = "seed", .type = DEVIO_OPT_U64, .offset = M(seed), .metavar = "N", .help = "[0]"},
