@@ -105,6 +105,17 @@ static int check(devio_status s, const devio_error *e, const char *what)
     return -1;
 }
 
+/* Frees the benchmark's sequences (what a failure leaves is the process's end). */
+static void free_seqs(devio_device *d, const uint64_t *seqs, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = seqs[i]};
+        devio_outcome o;
+        if (devio_apply(d, &fr, &o, NULL) == DEVIO_OK)
+            devio_outcome_free(&o);
+    }
+}
+
 /* Decode `steps` steps at batch `batch` after a short prefill; tokens/s. */
 static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint32_t vocab)
 {
@@ -143,11 +154,7 @@ static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint
         devio_step_result_free(&r);
     }
     double dt = devio_clock_s() - t0;
-    for (uint32_t i = 0; i < batch; i++) {
-        devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = seqs[i]};
-        devio_outcome o;
-        devio_apply(d, &fr, &o, &err);
-    }
+    free_seqs(d, seqs, batch);
     return (double)batch * steps / dt;
 }
 
@@ -203,11 +210,7 @@ static double bench_overlap(devio_device *d, uint32_t half, uint32_t steps, uint
         if (pending[g] && check(devio_await(d, pending[g], -1, &r, &err), &err, "await") == 0)
             devio_step_result_free(&r);
     double dt = devio_clock_s() - t0;
-    for (uint32_t i = 0; i < n; i++) {
-        devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = seqs[i]};
-        devio_outcome o;
-        devio_apply(d, &fr, &o, &err);
-    }
+    free_seqs(d, seqs, n);
     return (double)n * steps / dt;
 }
 
@@ -234,9 +237,7 @@ static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t
         double tps = n / (devio_clock_s() - t0);
         best = tps > best ? tps : best;
         devio_step_result_free(&r);
-        devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = s};
-        devio_outcome o;
-        devio_apply(d, &fr, &o, &err);
+        free_seqs(d, &s, 1);
     }
     free(prompt);
     return best;
