@@ -122,6 +122,13 @@ typedef struct run_out {
     uint32_t n;
 } run_out;
 
+static void free_run(run_out *r)
+{
+    free(r->logits);
+    free(r->tokens);
+    free(r->logprobs);
+}
+
 static devio_device *open_dev(const devio_fixture *fx, const devio_backend_ops *ops,
                               uint32_t depth, const char *adapters)
 {
@@ -147,11 +154,44 @@ static devio_device *open_dev(const devio_fixture *fx, const devio_backend_ops *
     return d;
 }
 
-/* A fixed workload: three sequences (one with an adapter when given), a
- * 37-token prompt split 20 + 17, a 5-token prompt, a fork of the first,
- * then 6 decode steps of all of them in one plan each; every step's rows
- * ask for all logits or the last and a sampled token. With depth 2 two
- * launches are in flight before the first await. */
+/* One row of the workload's prompt phase. */
+typedef struct prompt_row {
+    uint32_t seq;   /* index into the workload's sequences */
+    uint32_t first, n;
+    bool lora, all; /* the adapter (when there is one); all logits, else the last */
+} prompt_row;
+
+/* Settles ticket t: every logits row it produced, its sampled tokens and
+ * logprobs appended to out, in row order; n_logits[r] rows for row r. */
+static void collect(devio_device *d, uint64_t t, const uint32_t *n_logits, uint32_t V,
+                    run_out *out)
+{
+    devio_step_result res;
+    devio_error err = {0};
+    assert_int_equal(devio_await(d, t, -1, &res, &err), DEVIO_OK);
+    for (uint32_t r = 0; r < res.n_rows; r++) {
+        uint32_t nl = n_logits[r];
+        assert_true(out->n + nl <= 64);
+        assert_int_equal(devio_logits_read(d, res.rows[r].logits, 0, nl,
+                                           out->logits + (size_t)out->n * V, NULL, &err),
+                         DEVIO_OK);
+        out->n += nl;
+        out->tokens[out->n - 1] = res.rows[r].token;
+        out->logprobs[out->n - 1] = res.rows[r].logprob;
+        devio_effect rel = {.kind = DEVIO_EFFECT_RELEASE, .logits = res.rows[r].logits};
+        devio_outcome eo;
+        assert_int_equal(devio_apply(d, &rel, &eo, NULL), DEVIO_OK);
+        devio_outcome_free(&eo);
+    }
+    devio_step_result_free(&res);
+}
+
+/* A fixed workload: three sequences (one with an adapter when given); a
+ * 37-token prompt split 20 + 17, a 5-token and a 2-token prompt; a fork of
+ * the first; then 6 decode steps of all four in one plan each. Rows ask for
+ * all logits or the last, and a sampled token. The first two plans touch
+ * different sequences: at depth 2 both are in flight before either is
+ * awaited. */
 static run_out workload(const devio_fixture *fx, const devio_backend_ops *ops, uint32_t depth,
                         const char *adapters)
 {
@@ -167,54 +207,34 @@ static run_out workload(const devio_fixture *fx, const devio_backend_ops *ops, u
     for (uint32_t i = 0; i < 37; i++)
         prompt[i] = (int32_t)((i * 131u + 7u) % V);
     devio_sample_params sp = {.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .seed = 11};
-    struct {
-        uint64_t seq;
-        const int32_t *tok;
-        uint32_t n;
-        const char *adapter;
-        devio_logits_mode mode;
-    } steps[][3] = {
-        {{s[0], prompt, 20, NULL, DEVIO_LOGITS_ALL}, {s[1], prompt + 3, 5, "a", DEVIO_LOGITS_LAST}},
-        {{s[0], prompt + 20, 17, NULL, DEVIO_LOGITS_LAST}, {s[2], prompt + 9, 2, NULL, DEVIO_LOGITS_ALL}},
+    static const prompt_row plans[3][2] = {
+        {{0, 0, 20, false, true}, {1, 3, 5, true, false}},
+        {{2, 9, 2, false, true}, {0, 0, 0, false, false}},
+        {{0, 20, 17, false, false}, {0, 0, 0, false, false}},
     };
-    uint64_t pending[2];
-    uint32_t n_pending = 0, pending_k[2];
-    for (uint32_t k = 0; k < 2; k++) {
-        devio_row rows[3];
+    uint64_t t[3];
+    uint32_t n_logits[3][2] = {{0}};
+    for (uint32_t k = 0; k < 3; k++) {
+        devio_row rows[2];
         uint32_t nr = 0;
-        for (uint32_t r = 0; r < 2; r++)
-            rows[nr++] = (devio_row){.seq = steps[k][r].seq, .tokens = steps[k][r].tok,
-                                     .n_tokens = steps[k][r].n, .logits = steps[k][r].mode,
-                                     .adapter = adapters ? steps[k][r].adapter : NULL,
-                                     .has_sample = true, .sample = sp};
+        for (uint32_t r = 0; r < 2 && plans[k][r].n; r++, nr++) {
+            const prompt_row *p = &plans[k][r];
+            rows[r] = (devio_row){.seq = s[p->seq], .tokens = prompt + p->first, .n_tokens = p->n,
+                                  .logits = p->all ? DEVIO_LOGITS_ALL : DEVIO_LOGITS_LAST,
+                                  .adapter = adapters && p->lora ? "a" : NULL,
+                                  .has_sample = true, .sample = sp};
+            n_logits[k][r] = p->all ? p->n : 1;
+        }
         devio_plan plan = {.rows = rows, .n_rows = nr};
         devio_error err = {0};
-        pending_k[n_pending] = k;
-        if (devio_launch(d, &plan, &pending[n_pending++], &err) != DEVIO_OK)
+        if (devio_launch(d, &plan, &t[k], &err) != DEVIO_OK)
             fail_msg("launch: %s", err.message);
-        if (n_pending < depth && k == 0)
+        /* Plan 0 stays in flight while plan 1 is launched when depth allows. */
+        if (k == 0 && depth >= 2)
             continue;
-        for (uint32_t i = 0; i < n_pending; i++) {
-            devio_step_result res;
-            assert_int_equal(devio_await(d, pending[i], -1, &res, &err), DEVIO_OK);
-            for (uint32_t r = 0; r < res.n_rows; r++) {
-                uint32_t kk = pending_k[i];
-                uint32_t nl = steps[kk][r].mode == DEVIO_LOGITS_ALL ? steps[kk][r].n : 1;
-                assert_true(out.n + nl <= 64);
-                assert_int_equal(devio_logits_read(d, res.rows[r].logits, 0, nl,
-                                                   out.logits + (size_t)out.n * V, NULL, &err),
-                                 DEVIO_OK);
-                out.n += nl;
-                out.tokens[out.n - 1] = res.rows[r].token;
-                out.logprobs[out.n - 1] = res.rows[r].logprob;
-                devio_effect rel = {.kind = DEVIO_EFFECT_RELEASE, .logits = res.rows[r].logits};
-                devio_outcome eo;
-                assert_int_equal(devio_apply(d, &rel, &eo, NULL), DEVIO_OK);
-                devio_outcome_free(&eo);
-            }
-            devio_step_result_free(&res);
-        }
-        n_pending = 0;
+        if (k == 1 && depth >= 2)
+            collect(d, t[0], n_logits[0], V, &out);
+        collect(d, t[k], n_logits[k], V, &out);
     }
     /* A fork shares s0's blocks; its first decode copies the partial block. */
     devio_effect fork = {.kind = DEVIO_EFFECT_FORK, .seq = s[0]};
@@ -233,24 +253,10 @@ static run_out workload(const devio_fixture *fx, const devio_backend_ops *ops, u
                                   .has_sample = true, .sample = sp};
         }
         devio_plan plan = {.rows = rows, .n_rows = 4};
-        uint64_t t;
-        devio_error err = {0};
-        devio_step_result res;
-        assert_int_equal(devio_launch(d, &plan, &t, &err), DEVIO_OK);
-        assert_int_equal(devio_await(d, t, -1, &res, &err), DEVIO_OK);
-        for (uint32_t r = 0; r < res.n_rows; r++) {
-            assert_true(out.n < 64);
-            assert_int_equal(devio_logits_read(d, res.rows[r].logits, 0, 1,
-                                               out.logits + (size_t)out.n * V, NULL, &err),
-                             DEVIO_OK);
-            out.tokens[out.n] = res.rows[r].token;
-            out.logprobs[out.n++] = res.rows[r].logprob;
-            devio_effect rel = {.kind = DEVIO_EFFECT_RELEASE, .logits = res.rows[r].logits};
-            devio_outcome eo;
-            assert_int_equal(devio_apply(d, &rel, &eo, NULL), DEVIO_OK);
-            devio_outcome_free(&eo);
-        }
-        devio_step_result_free(&res);
+        static const uint32_t ones[4] = {1, 1, 1, 1};
+        uint64_t tk;
+        assert_int_equal(devio_launch(d, &plan, &tk, NULL), DEVIO_OK);
+        collect(d, tk, ones, V, &out);
     }
     devio_teardown(d, NULL);
     return out;
@@ -272,32 +278,65 @@ static void compare_runs(const devio_fixture *fx, const char *adapters)
             }
         assert_memory_equal(got.tokens, want.tokens, want.n * sizeof(int32_t));
         assert_memory_equal(got.logprobs, want.logprobs, want.n * sizeof(float));
-        free(got.logits);
-        free(got.tokens);
-        free(got.logprobs);
+        free_run(&got);
     }
-    free(want.logits);
-    free(want.tokens);
-    free(want.logprobs);
+    free_run(&want);
+}
+
+/* The tiny model in `dtype` (seed 5), and when `lora` an adapter "a0" of
+ * rank 8 under fx->dir/adapters, whose path goes to adapters. */
+static void fixture_with(devio_fixture *fx, devio_dtype dtype, bool lora, char *adapters,
+                         size_t n)
+{
+    assert_int_equal(devio_fixture_preset(fx, "tiny", dtype, 5), 0);
+    snprintf(adapters, n, "%s/adapters", fx->dir);
+    if (!lora)
+        return;
+    devio_mkmodel_adapter_opts o = devio_mkmodel_adapter_opts_default();
+    char out[400];
+    snprintf(out, sizeof out, "%s/a0", adapters);
+    o.model_dir = fx->dir;
+    o.out_dir = out;
+    o.rank = 8;
+    o.seed = 2;
+    assert_int_equal(devio_mkmodel_write_adapter(&o, NULL), DEVIO_OK);
+}
+
+/* The workload itself, on the reference at depth 1 and 2, with and without
+ * an adapter (so that the GPU cases check the backend, not a broken
+ * harness): the same bits. */
+static void test_workload_on_reference(void **state)
+{
+    (void)state;
+    for (int lora = 0; lora < 2; lora++) {
+        devio_fixture fx;
+        char adapters[300];
+        fixture_with(&fx, lora ? DEVIO_F16 : DEVIO_BF16, lora, adapters, sizeof adapters);
+        uint32_t V = fx.model->cfg.vocab_size;
+        run_out a = workload(&fx, &devio_ref_backend, 1, lora ? adapters : NULL);
+        run_out b = workload(&fx, &devio_ref_backend, 2, lora ? adapters : NULL);
+        assert_int_equal(a.n, 20 + 1 + 2 + 1 + 6 * 4);
+        assert_int_equal(b.n, a.n);
+        assert_memory_equal(a.logits, b.logits, (size_t)a.n * V * sizeof(float));
+        assert_memory_equal(a.tokens, b.tokens, a.n * sizeof(int32_t));
+        if (lora) {
+            /* The adapter changes the logits of its rows. */
+            run_out c = workload(&fx, &devio_ref_backend, 1, NULL);
+            assert_true(memcmp(a.logits, c.logits, (size_t)a.n * V * sizeof(float)) != 0);
+            free_run(&c);
+        }
+        free_run(&a);
+        free_run(&b);
+        devio_fixture_free(&fx);
+    }
 }
 
 static void strict_case(devio_dtype dtype, bool lora)
 {
     NEED_GPU();
     devio_fixture fx;
-    assert_int_equal(devio_fixture_preset(&fx, "tiny", dtype, 5), 0);
     char adapters[300];
-    snprintf(adapters, sizeof adapters, "%s/adapters", fx.dir);
-    if (lora) {
-        devio_mkmodel_adapter_opts o = devio_mkmodel_adapter_opts_default();
-        char out[400];
-        snprintf(out, sizeof out, "%s/a0", adapters);
-        o.model_dir = fx.dir;
-        o.out_dir = out;
-        o.rank = 8;
-        o.seed = 2;
-        assert_int_equal(devio_mkmodel_write_adapter(&o, NULL), DEVIO_OK);
-    }
+    fixture_with(&fx, dtype, lora, adapters, sizeof adapters);
     compare_runs(&fx, lora ? adapters : NULL);
     devio_fixture_free(&fx);
 }
@@ -339,6 +378,7 @@ int main(void)
         cmocka_unit_test(test_plugin_loads),
         cmocka_unit_test(test_no_device),
         cmocka_unit_test(test_fast_refused),
+        cmocka_unit_test(test_workload_on_reference),
         cmocka_unit_test(test_device_info),
         cmocka_unit_test(test_strict_f32),
         cmocka_unit_test(test_strict_bf16),
