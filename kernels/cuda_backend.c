@@ -27,11 +27,28 @@ devio_status cuda_check(cuda_state *st, int code, const char *what, devio_error 
         return DEVIO_OK;
     devio_error e = {0};
     devio_cuda_error(code, what, &e);
-    if (st && !st->failure[0])
-        snprintf(st->failure, sizeof st->failure, "%.190s", e.message);
+    if (st) {
+        pthread_mutex_lock(&st->fail_mu);
+        if (!atomic_load(&st->failed)) {
+            snprintf(st->failure, sizeof st->failure, "%.190s", e.message);
+            atomic_store(&st->failed, true);
+        }
+        pthread_mutex_unlock(&st->fail_mu);
+    }
     if (err)
         *err = e;
     return DEVIO_E_DEVICE;
+}
+
+devio_status cuda_refuse_if_failed(cuda_state *st, devio_error *err)
+{
+    if (!atomic_load(&st->failed))
+        return DEVIO_OK;
+    pthread_mutex_lock(&st->fail_mu);
+    devio_status s =
+        devio_fail(err, DEVIO_E_DEVICE, "the CUDA device failed earlier: %s", st->failure);
+    pthread_mutex_unlock(&st->fail_mu);
+    return s;
 }
 
 static devio_status cuda_probe(devio_error *err)
@@ -288,13 +305,16 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
     if (cfg->ssm_slots || cfg->ssm_snapshots)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "the CUDA backend does not run recurrent (SSM) layers yet");
-    /* Kernels put a step's tokens (and a layer's heads) on a grid's y axis. */
-    if (cfg->max_batch_tokens > 65535 || cfg->shape->n_heads > 65535)
+    /* Kernels put a step's tokens, a layer's heads or the layers on a grid's y axis. */
+    if (cfg->max_batch_tokens > 65535 || cfg->shape->n_heads > 65535 ||
+        cfg->shape->n_layers > 65535)
         return devio_fail(err, DEVIO_E_INVALID,
-                          "the CUDA backend takes at most 65535 tokens per step (--max-batch-tokens)");
+                          "the CUDA backend takes at most 65535 tokens per step "
+                          "(--max-batch-tokens), heads and layers");
     cuda_state *st = calloc(1, sizeof *st);
     if (!st)
         return devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
+    pthread_mutex_init(&st->fail_mu, NULL);
     st->model = model;
     st->cfg = *cfg;
     st->sh = *cfg->shape;
@@ -308,6 +328,10 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
     if (s == DEVIO_OK && !(s = create_device(st, err)) && !(s = create_weights(st, err)) &&
         !(s = create_small(st, err)))
         s = create_buffers(st, err);
+    /* Every upload and memset of create went through the default stream,
+     * which the (non-blocking) step stream does not wait for. */
+    if (s == DEVIO_OK)
+        s = cuda_check(st, cudaDeviceSynchronize(), "finishing the uploads", err);
     if (s == DEVIO_OK) {
         /* Pinned, the host logits arena takes asynchronous copies; when it
          * cannot be pinned, copies into it are synchronous and still right. */
@@ -350,6 +374,7 @@ static void cuda_destroy(void *sp)
     free(st->host_mods);
     free(st->host_meta);
     free(st->done);
+    pthread_mutex_destroy(&st->fail_mu);
     free(st);
 }
 
@@ -377,8 +402,11 @@ static void cuda_info(void *sp, devio_device_info *out)
         version(out->driver, sizeof out->driver, v);
     if (cudaRuntimeGetVersion(&v) == cudaSuccess)
         version(out->runtime, sizeof out->runtime, v);
-    if (st->failure[0])
+    if (atomic_load(&st->failed)) {
+        pthread_mutex_lock(&st->fail_mu);
         snprintf(out->failure, sizeof out->failure, "%s", st->failure);
+        pthread_mutex_unlock(&st->fail_mu);
+    }
 }
 
 /* ---- adapter slots -------------------------------------------------------- */
@@ -404,8 +432,9 @@ static devio_status cuda_adapter_add(void *sp, uint32_t slot, uint32_t generatio
     if (a->rank == 0 || a->rank > R || a->n_layers != L)
         return devio_fail(err, DEVIO_E_INVALID, "adapter '%s' of rank %u does not fit this backend",
                           a->name, a->rank);
-    if (st->failure[0])
-        return devio_fail(err, DEVIO_E_DEVICE, "the CUDA device failed earlier: %s", st->failure);
+    devio_status s = cuda_refuse_if_failed(st, err);
+    if (s != DEVIO_OK)
+        return s;
     float *img = calloc(st->plan.lora_slot / sizeof(float) + 1, sizeof(float));
     cuda_lora_mod *mods = st->host_mods + (size_t)slot * L * DEVIO_LORA_N_TARGETS;
     if (!img)
@@ -427,15 +456,18 @@ static devio_status cuda_adapter_add(void *sp, uint32_t slot, uint32_t generatio
             }
             off += (size_t)R * (in + out);
         }
-    devio_status s = cuda_check(st, cudaMemcpy(dev, img, off * sizeof(float),
-                                               cudaMemcpyHostToDevice),
-                                "uploading an adapter", err);
+    s = cuda_check(st, cudaMemcpy(dev, img, off * sizeof(float), cudaMemcpyHostToDevice),
+                   "uploading an adapter", err);
     free(img);
     if (s == DEVIO_OK)
         s = cuda_check(st, cudaMemcpy(st->mods + (size_t)slot * L * DEVIO_LORA_N_TARGETS, mods,
                                       (size_t)L * DEVIO_LORA_N_TARGETS * sizeof *mods,
                                       cudaMemcpyHostToDevice),
                        "uploading an adapter", err);
+    /* The uploads went through the default stream, which the step stream
+     * does not wait for: they must have landed before a step reads them. */
+    if (s == DEVIO_OK)
+        s = cuda_check(st, cudaDeviceSynchronize(), "uploading an adapter", err);
     if (s != DEVIO_OK)
         return s;
     st->slots[slot].held = true;

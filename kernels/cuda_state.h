@@ -5,6 +5,8 @@
 #ifndef DEVIO_CUDA_STATE_H
 #define DEVIO_CUDA_STATE_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -35,8 +37,15 @@ typedef struct cuda_state {
     cuda_plan plan;
     cudaStream_t stream;
     cudaEvent_t *done;         /* host: [max_depth], one per submitted step */
-    uint32_t q_head, q_len;    /* the steps submitted and not yet waited, a ring */
-    char failure[200];         /* the first CUDA error; a step after it is refused */
+    /* Steps submitted and waited so far. submit (the launching thread)
+     * writes only `submitted`, wait (the worker) only `waited`, so the two
+     * may run at once: step n uses ring slot n % max_depth. */
+    _Atomic uint64_t submitted, waited;
+    /* The first CUDA error; a step after it is refused. Set once under
+     * fail_mu (either thread may hit an error); `failed` says it is set. */
+    pthread_mutex_t fail_mu;
+    atomic_bool failed;
+    char failure[200];
 
     /* Weights, uploaded once as loaded. */
     const void *embed, *lm_head;
@@ -80,6 +89,10 @@ typedef struct cuda_state {
 /* A CUDA call's result: DEVIO_OK, or DEVIO_E_DEVICE with the error text and
  * the state marked failed (st->failure) so that no later step runs on it. */
 devio_status cuda_check(cuda_state *st, int code, const char *what, devio_error *err);
+
+/* DEVIO_E_DEVICE "the CUDA device failed earlier: ..." when the state is
+ * marked failed, else DEVIO_OK. */
+devio_status cuda_refuse_if_failed(cuda_state *st, devio_error *err);
 
 /* The backend's submit and wait (cuda_step.c). */
 devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err);

@@ -285,20 +285,21 @@ static devio_status enqueue(step *sp, uint32_t ring)
 devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err)
 {
     cuda_state *st = state;
-    if (st->failure[0])
-        return devio_fail(err, DEVIO_E_DEVICE, "the CUDA device failed earlier: %s", st->failure);
-    if (st->q_len >= st->cfg.max_depth)
-        return devio_fail(err, DEVIO_E_DEVICE, "more than %u steps submitted", st->cfg.max_depth);
-    devio_status s = check_adapters(st, b, err);
+    devio_status s = cuda_refuse_if_failed(st, err);
     if (s != DEVIO_OK)
         return s;
-    uint32_t ring = (st->q_head + st->q_len) % st->cfg.max_depth;
+    uint64_t n = atomic_load(&st->submitted);
+    if (n - atomic_load(&st->waited) >= st->cfg.max_depth)
+        return devio_fail(err, DEVIO_E_DEVICE, "more than %u steps submitted", st->cfg.max_depth);
+    if ((s = check_adapters(st, b, err)) != DEVIO_OK)
+        return s;
+    uint32_t ring = (uint32_t)(n % st->cfg.max_depth);
     step sp = {.st = st, .b = b, .err = err};
     if ((s = enqueue(&sp, ring)) == DEVIO_OK)
         s = cuda_check(st, cudaEventRecord(st->done[ring], st->stream), "cudaEventRecord", err);
     if (s != DEVIO_OK)
         return s;
-    st->q_len++;
+    atomic_store(&st->submitted, n + 1);
     return DEVIO_OK;
 }
 
@@ -306,10 +307,13 @@ devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err)
 {
     cuda_state *st = state;
     (void)b;
-    if (st->q_len == 0)
+    uint64_t n = atomic_load(&st->waited);
+    if (n >= atomic_load(&st->submitted))
         return devio_fail(err, DEVIO_E_DEVICE, "wait without a submitted step");
-    uint32_t ring = st->q_head;
-    st->q_head = (st->q_head + 1) % st->cfg.max_depth;
-    st->q_len--;
-    return cuda_check(st, cudaEventSynchronize(st->done[ring]), "the step", err);
+    /* The ring slot (and its pinned tables) is free for reuse only once
+     * its step has finished: `waited` moves after the sync. */
+    devio_status s = cuda_check(st, cudaEventSynchronize(st->done[n % st->cfg.max_depth]),
+                                "the step", err);
+    atomic_store(&st->waited, n + 1);
+    return s;
 }
