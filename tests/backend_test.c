@@ -354,7 +354,7 @@ static void test_faults(void **state)
     assert_true(before.blocks_shared > 0);
 
     devio_error err = {0};
-    devio_stream_fail(st, 1, 0);
+    devio_stream_fail(st, 1, 0, false);
     devio_row row = {.seq = child, .tokens = tok + 6, .n_tokens = 2,
                      .logits = DEVIO_LOGITS_LAST};
     devio_plan plan = {.rows = &row, .n_rows = 1};
@@ -363,7 +363,7 @@ static void test_faults(void **state)
     assert_facts_equal(devio_facts_get(d), before);
     assert_int_equal(seq_len(d, child), 6);
 
-    devio_stream_fail(st, 0, 1);
+    devio_stream_fail(st, 0, 1, false);
     assert_int_equal(devio_launch(d, &plan, &t, &err), DEVIO_OK);
     assert_true(devio_facts_get(d).blocks_shared < before.blocks_shared);
     devio_step_result r;
@@ -379,6 +379,40 @@ static void test_faults(void **state)
     assert_same(&got, &want[0], c->vocab);
     free(got.logits);
     free_outcomes(want, 4);
+    devio_teardown(d, NULL);
+}
+
+/* A device that breaks for good (a GPU's error): the failed step is undone
+ * like any other, the device's info says why from then on (the server turns
+ * /readyz unready on it), and every later launch is refused with the reason
+ * while nothing is reserved. */
+static void test_broken_device(void **state)
+{
+    ctx *c = *state;
+    devio_backend_ops ops = stream_ops();
+    devio_device *d = open_with(c, &ops, cfg_of(c, DEVIO_NUMERICS_STRICT));
+    void *st = captured;
+    devio_device_info info;
+    devio_device_info_get(d, &info);
+    assert_string_equal(info.failure, "");
+    int32_t tok[8];
+    tokens_for(tok, 8, 3, c->vocab);
+    uint64_t s = new_seq(d), t;
+    devio_facts before = devio_facts_get(d);
+    devio_stream_fail(st, 0, 1, true);
+    devio_error err = {0};
+    devio_step_result r;
+    assert_int_equal(launch_one(d, s, tok, 8, NULL, &t), DEVIO_OK);
+    assert_int_equal(devio_await(d, t, -1, &r, &err), DEVIO_E_DEVICE);
+    assert_facts_equal(devio_facts_get(d), before);
+    devio_device_info_get(d, &info);
+    assert_non_null(strstr(info.failure, "found at sync"));
+    devio_row row = {.seq = s, .tokens = tok, .n_tokens = 8, .logits = DEVIO_LOGITS_LAST};
+    devio_plan plan = {.rows = &row, .n_rows = 1};
+    assert_int_equal(devio_launch(d, &plan, &t, &err), DEVIO_E_DEVICE);
+    assert_non_null(strstr(err.message, "failed earlier"));
+    assert_facts_equal(devio_facts_get(d), before);
+    assert_int_equal(seq_len(d, s), 0);
     devio_teardown(d, NULL);
 }
 
@@ -419,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_overlap_sync),
         cmocka_unit_test(test_overlap_lora),
         cmocka_unit_test(test_faults),
+        cmocka_unit_test(test_broken_device),
         cmocka_unit_test(test_adapter_slots),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

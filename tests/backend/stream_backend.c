@@ -44,6 +44,8 @@ typedef struct stream {
     devio_error *errs;        /* [max_depth] per batch */
     uint32_t hold;            /* one-shot: the next step waits for this many queued */
     uint32_t fail_submit, fail_wait; /* countdowns, 0 = off */
+    bool sticky;                      /* an injected wait fault breaks the device for good */
+    char failure[200];                /* what broke it: info reports it, submits are refused */
     devio_stream_stats stats;
 } stream;
 
@@ -185,6 +187,9 @@ static void stream_info(void *sp, devio_device_info *out)
     stream *s = sp;
     devio_ref_backend.info(s->ref, out);
     snprintf(out->device, sizeof out->device, "stream test device over the reference");
+    pthread_mutex_lock(&s->mu);
+    snprintf(out->failure, sizeof out->failure, "%s", s->failure);
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* Queue an item; the caller holds s->mu and the ring has room (at most
@@ -201,7 +206,9 @@ static devio_status stream_submit(void *sp, const devio_batch *b, devio_error *e
     stream *s = sp;
     pthread_mutex_lock(&s->mu);
     devio_status st = DEVIO_OK;
-    if (s->fail_submit && --s->fail_submit == 0) {
+    if (s->failure[0]) {
+        st = devio_fail(err, DEVIO_E_DEVICE, "stream: the device failed earlier: %s", s->failure);
+    } else if (s->fail_submit && --s->fail_submit == 0) {
         st = devio_fail(err, DEVIO_E_DEVICE, "stream: injected submit fault (ticket %llu)",
                         (unsigned long long)b->ticket);
     } else {
@@ -238,9 +245,15 @@ static devio_status stream_wait(void *sp, const devio_batch *b, devio_error *err
     devio_status st = s->status[k];
     if (st != DEVIO_OK && err)
         *err = s->errs[k];
-    if (st == DEVIO_OK && s->fail_wait && --s->fail_wait == 0)
-        st = devio_fail(err, DEVIO_E_DEVICE, "stream: injected fault found at sync (ticket %llu)",
+    if (st == DEVIO_OK && s->fail_wait && --s->fail_wait == 0) {
+        devio_error e = {0};
+        st = devio_fail(&e, DEVIO_E_DEVICE, "stream: injected fault found at sync (ticket %llu)",
                         (unsigned long long)b->ticket);
+        if (s->sticky)
+            snprintf(s->failure, sizeof s->failure, "%.190s", e.message);
+        if (err)
+            *err = e;
+    }
     s->stats.waited++;
     pthread_mutex_unlock(&s->mu);
     return st;
@@ -310,11 +323,12 @@ void devio_stream_hold(void *state, uint32_t n)
     pthread_mutex_unlock(&s->mu);
 }
 
-void devio_stream_fail(void *state, uint32_t submit_k, uint32_t wait_k)
+void devio_stream_fail(void *state, uint32_t submit_k, uint32_t wait_k, bool sticky)
 {
     stream *s = state;
     pthread_mutex_lock(&s->mu);
     s->fail_submit = submit_k;
     s->fail_wait = wait_k;
+    s->sticky = sticky;
     pthread_mutex_unlock(&s->mu);
 }

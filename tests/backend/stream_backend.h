@@ -34,7 +34,9 @@ void devio_stream_hold(void *state, uint32_t n);
 
 /* Fail the k-th submit (counting from 1) or the k-th wait from now with
  * DEVIO_E_DEVICE; 0 = never. The wait fault computes the step first and
- * then reports it failed, as a device error found at sync time would. */
-void devio_stream_fail(void *state, uint32_t submit_k, uint32_t wait_k);
+ * then reports it failed, as a device error found at sync time would.
+ * sticky: the wait fault breaks the device for good, as a CUDA error does:
+ * info reports it in `failure` and every later submit is refused. */
+void devio_stream_fail(void *state, uint32_t submit_k, uint32_t wait_k, bool sticky);
 
 #endif
