@@ -3,6 +3,7 @@
  * plugin entry. Steps are in cuda_step.c. It must never call the CUDA driver
  * API, never allocate device memory after create (adapter copies go into
  * slots create reserved), and never abort: every CUDA error is returned. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,11 +89,6 @@ static devio_status dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error
 
 #define DALLOC(st, ptr, bytes, err) dalloc((st), (void **)&(ptr), (bytes), (err))
 
-static uint64_t tensor_bytes(const devio_tensor *t)
-{
-    return t->shape[0] * (t->ndim > 1 ? t->shape[1] : 1) * devio_dtype_size(t->dtype);
-}
-
 /* A tensor uploaded as loaded; *dev is NULL for an absent tensor. */
 static devio_status upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
                            devio_error *err)
@@ -101,10 +97,11 @@ static devio_status upload(cuda_state *st, const devio_tensor *t, const void **d
     *dt = (int)t->dtype;
     if (!t->data)
         return DEVIO_OK;
+    uint64_t bytes = cuda_plan_tensor_bytes(t);
     void *p;
-    devio_status s = dalloc(st, &p, tensor_bytes(t), err);
+    devio_status s = dalloc(st, &p, bytes, err);
     if (s == DEVIO_OK)
-        s = cuda_check(st, cudaMemcpy(p, t->data, tensor_bytes(t), cudaMemcpyHostToDevice),
+        s = cuda_check(st, cudaMemcpy(p, t->data, bytes, cudaMemcpyHostToDevice),
                        "uploading a weight", err);
     *dev = p;
     return s;
@@ -113,27 +110,29 @@ static devio_status upload(cuda_state *st, const devio_tensor *t, const void **d
 /* Host: n elements of t widened to f32 into dst (numspec's widening). */
 static void widen_host(const devio_tensor *t, float *dst, size_t n)
 {
-    const uint16_t *h = t->data;
     for (size_t i = 0; i < n; i++)
-        dst[i] = t->dtype == DEVIO_F32   ? ((const float *)t->data)[i]
-                 : t->dtype == DEVIO_F16 ? devio_f16_to_f32(h[i])
-                                         : devio_bf16_to_f32(h[i]);
+        dst[i] = devio_tensor_get(t, i);
 }
 
-/* Tensors of n floats each (NULL ones give zeros) widened and uploaded as
- * consecutive rows of dst. */
-static devio_status upload_rows(cuda_state *st, float *dst, const devio_tensor *const *ts,
-                                uint32_t count, size_t n, devio_error *err)
+/* *dst: n floats per row, widened and uploaded: the one tensor `one`, or
+ * else the tensor at byte `member` of every layer (offsetof(devio_layer,
+ * ...)); an absent tensor gives zeros. */
+static devio_status upload_widened(cuda_state *st, float **dst, const devio_tensor *one,
+                                   size_t member, size_t n, devio_error *err)
 {
+    uint32_t rows = one ? 1 : st->sh.n_layers;
+    devio_status s = DALLOC(st, *dst, (uint64_t)rows * n * sizeof(float), err);
     float *tmp = calloc(n ? n : 1, sizeof *tmp);
-    if (!tmp)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of host memory widening weights");
-    devio_status s = DEVIO_OK;
-    for (uint32_t i = 0; i < count && s == DEVIO_OK; i++) {
+    if (s == DEVIO_OK && !tmp)
+        s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory widening weights");
+    for (uint32_t i = 0; i < rows && s == DEVIO_OK; i++) {
+        const devio_tensor *t =
+            one ? one : (const devio_tensor *)((const char *)&st->model->layers[i] + member);
         memset(tmp, 0, n * sizeof *tmp);
-        if (ts[i] && ts[i]->data)
-            widen_host(ts[i], tmp, n);
-        s = cuda_check(st, cudaMemcpy(dst + i * n, tmp, n * sizeof *tmp, cudaMemcpyHostToDevice),
+        if (t->data)
+            widen_host(t, tmp, n);
+        s = cuda_check(st, cudaMemcpy(*dst + i * n, tmp, n * sizeof *tmp,
+                                      cudaMemcpyHostToDevice),
                        "uploading norms", err);
     }
     free(tmp);
@@ -154,9 +153,11 @@ static devio_status create_weights(cuda_state *st, devio_error *err)
     for (uint32_t i = 0; i < L && s == DEVIO_OK; i++) {
         const devio_layer *l = &m->layers[i];
         cuda_layer *c = &st->layers[i];
-        int dt_up;
-        if ((s = upload(st, &l->wq, &c->wq, &c->dt_q, err)) || (s = upload(st, &l->wk, &c->wk, &c->dt_k, err)) ||
-            (s = upload(st, &l->wv, &c->wv, &c->dt_v, err)) || (s = upload(st, &l->wo, &c->wo, &c->dt_o, err)) ||
+        int dt_up; /* the shape check made it dt_mlp */
+        if ((s = upload(st, &l->wq, &c->wq, &c->dt_q, err)) ||
+            (s = upload(st, &l->wk, &c->wk, &c->dt_k, err)) ||
+            (s = upload(st, &l->wv, &c->wv, &c->dt_v, err)) ||
+            (s = upload(st, &l->wo, &c->wo, &c->dt_o, err)) ||
             (s = upload(st, &l->w_gate, &c->w_gate, &c->dt_mlp, err)) ||
             (s = upload(st, &l->w_up, &c->w_up, &dt_up, err)) ||
             (s = upload(st, &l->w_down, &c->w_down, &c->dt_down, err)))
@@ -169,49 +170,29 @@ static devio_status create_weights(cuda_state *st, devio_error *err)
  * and the core's RoPE tables. */
 static devio_status create_small(cuda_state *st, devio_error *err)
 {
-    const devio_model *m = st->model;
     const devio_model_shape *sh = &st->sh;
-    uint32_t L = sh->n_layers;
-    const devio_tensor **an = calloc(L ? L : 1, sizeof *an), **fn = calloc(L ? L : 1, sizeof *fn);
-    const devio_tensor **tq = calloc(L ? L : 1, sizeof *tq), **tk = calloc(L ? L : 1, sizeof *tk);
-    const devio_tensor **tv = calloc(L ? L : 1, sizeof *tv);
-    devio_status s = DEVIO_OK;
-    if (!an || !fn || !tq || !tk || !tv)
-        s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
-    for (uint32_t i = 0; i < L && s == DEVIO_OK; i++) {
-        an[i] = &m->layers[i].attn_norm;
-        fn[i] = &m->layers[i].ffn_norm;
-        tq[i] = &m->layers[i].bq;
-        tk[i] = &m->layers[i].bk;
-        tv[i] = &m->layers[i].bv;
-    }
-    const devio_tensor *fin = &m->norm;
-    size_t half = sh->head_dim / 2, rope = (size_t)st->cfg.max_seq_len * half * sizeof(float);
-    if (s == DEVIO_OK && !(s = DALLOC(st, st->attn_norm, (uint64_t)L * sh->d * 4, err)) &&
-        !(s = DALLOC(st, st->ffn_norm, (uint64_t)L * sh->d * 4, err)) &&
-        !(s = DALLOC(st, st->final_norm, (uint64_t)sh->d * 4, err)) &&
-        !(s = upload_rows(st, st->attn_norm, an, L, sh->d, err)) &&
-        !(s = upload_rows(st, st->ffn_norm, fn, L, sh->d, err)) &&
-        !(s = upload_rows(st, st->final_norm, &fin, 1, sh->d, err)) &&
-        !(s = DALLOC(st, st->rope_cos, rope, err)) && !(s = DALLOC(st, st->rope_sin, rope, err)))
-        s = cuda_check(st, cudaMemcpy(st->rope_cos, st->cfg.rope_cos, rope, cudaMemcpyHostToDevice),
-                       "uploading RoPE tables", err);
-    if (s == DEVIO_OK)
-        s = cuda_check(st, cudaMemcpy(st->rope_sin, st->cfg.rope_sin, rope, cudaMemcpyHostToDevice),
-                       "uploading RoPE tables", err);
+    size_t rope = (size_t)st->cfg.max_seq_len * (sh->head_dim / 2) * sizeof(float);
+    devio_status s;
+    if ((s = upload_widened(st, &st->final_norm, &st->model->norm, 0, sh->d, err)) ||
+        (s = upload_widened(st, &st->attn_norm, NULL, offsetof(devio_layer, attn_norm), sh->d,
+                            err)) ||
+        (s = upload_widened(st, &st->ffn_norm, NULL, offsetof(devio_layer, ffn_norm), sh->d,
+                            err)) ||
+        (s = DALLOC(st, st->rope_cos, rope, err)) || (s = DALLOC(st, st->rope_sin, rope, err)) ||
+        (s = cuda_check(st, cudaMemcpy(st->rope_cos, st->cfg.rope_cos, rope,
+                                       cudaMemcpyHostToDevice),
+                        "uploading RoPE tables", err)) ||
+        (s = cuda_check(st, cudaMemcpy(st->rope_sin, st->cfg.rope_sin, rope,
+                                       cudaMemcpyHostToDevice),
+                        "uploading RoPE tables", err)))
+        return s;
     /* A layer without one of the biases gets zeros: x + 0 is x, as in the reference. */
-    if (s == DEVIO_OK && sh->has_bias && !(s = DALLOC(st, st->bq, (uint64_t)L * sh->q_dim * 4, err)) &&
-        !(s = DALLOC(st, st->bk, (uint64_t)L * sh->kv_dim * 4, err)) &&
-        !(s = DALLOC(st, st->bv, (uint64_t)L * sh->kv_dim * 4, err)) &&
-        !(s = upload_rows(st, st->bq, tq, L, sh->q_dim, err)) &&
-        !(s = upload_rows(st, st->bk, tk, L, sh->kv_dim, err)))
-        s = upload_rows(st, st->bv, tv, L, sh->kv_dim, err);
-    free(an);
-    free(fn);
-    free(tq);
-    free(tk);
-    free(tv);
-    return s;
+    if (!sh->has_bias)
+        return DEVIO_OK;
+    if ((s = upload_widened(st, &st->bq, NULL, offsetof(devio_layer, bq), sh->q_dim, err)) ||
+        (s = upload_widened(st, &st->bk, NULL, offsetof(devio_layer, bk), sh->kv_dim, err)))
+        return s;
+    return upload_widened(st, &st->bv, NULL, offsetof(devio_layer, bv), sh->kv_dim, err);
 }
 
 static devio_status create_buffers(cuda_state *st, devio_error *err)

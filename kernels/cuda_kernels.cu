@@ -53,7 +53,7 @@ static uint32_t blocks_for(uint64_t n, uint32_t per)
     return (uint32_t)((n + per - 1) / per);
 }
 
-/* ---- embedding, widening ------------------------------------------------ */
+/* ---- rule 1: embedding -------------------------------------------------- */
 
 template <int DT>
 __global__ void k_embed(const void *embed, uint32_t d, const int32_t *tokens, float *x)
@@ -75,27 +75,6 @@ int cuda_embed(const void *embed, int dtype, uint32_t d, const int32_t *tokens, 
         k_embed<CUDA_F16><<<grid, 256, 0, s>>>(embed, d, tokens, x);
     else
         k_embed<CUDA_BF16><<<grid, 256, 0, s>>>(embed, d, tokens, x);
-    return launched();
-}
-
-template <int DT>
-__global__ void k_widen(const void *src, float *dst, uint64_t n)
-{
-    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (uint64_t)gridDim.x * blockDim.x)
-        dst[i] = ld<DT>(src, i);
-}
-
-int cuda_widen(const void *src, int dtype, float *dst, uint64_t n, void *stream)
-{
-    cudaStream_t s = (cudaStream_t)stream;
-    uint32_t grid = n ? (blocks_for(n, 256) < 65535 ? blocks_for(n, 256) : 65535) : 1;
-    if (dtype == CUDA_F32)
-        k_widen<CUDA_F32><<<grid, 256, 0, s>>>(src, dst, n);
-    else if (dtype == CUDA_F16)
-        k_widen<CUDA_F16><<<grid, 256, 0, s>>>(src, dst, n);
-    else
-        k_widen<CUDA_BF16><<<grid, 256, 0, s>>>(src, dst, n);
     return launched();
 }
 

@@ -101,8 +101,6 @@ int cuda_gather(float *dst, const float *src, const uint32_t *idx, uint32_t widt
  * apart), block_floats each. */
 int cuda_copy_block(float *k, float *v, uint32_t n_layers, uint64_t layer_floats,
                     uint32_t block_floats, uint32_t src, uint32_t dst, void *stream);
-/* dst[0..n) = widen(src[0..n) of dtype): for weights widened once. */
-int cuda_widen(const void *src, int dtype, float *dst, uint64_t n, void *stream);
 
 #ifdef __cplusplus
 }

@@ -111,7 +111,7 @@ uint32_t cuda_plan_kv_fit(const cuda_plan *p, uint64_t budget)
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
-static uint64_t tensor_bytes(const devio_tensor *t)
+uint64_t cuda_plan_tensor_bytes(const devio_tensor *t)
 {
     if (!t->data)
         return 0;
@@ -123,15 +123,15 @@ static uint64_t tensor_bytes(const devio_tensor *t)
 
 uint64_t cuda_plan_weight_bytes(const devio_model *m)
 {
-    uint64_t total = tensor_bytes(&m->embed);
+    uint64_t total = cuda_plan_tensor_bytes(&m->embed);
     if (m->lm_head.data != m->embed.data)
-        total += tensor_bytes(&m->lm_head);
+        total += cuda_plan_tensor_bytes(&m->lm_head);
     for (uint32_t i = 0; i < m->cfg.n_layers; i++) {
         const devio_layer *l = &m->layers[i];
         const devio_tensor *big[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
                                      &l->w_down};
         for (size_t k = 0; k < sizeof big / sizeof *big; k++)
-            total += tensor_bytes(big[k]);
+            total += cuda_plan_tensor_bytes(big[k]);
     }
     return total;
 }

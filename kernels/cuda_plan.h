@@ -43,6 +43,9 @@ uint64_t cuda_plan_budget(uint64_t free_bytes, uint64_t total_bytes);
  * (whose kv part is ignored); 0 when not even the rest fits. */
 uint32_t cuda_plan_kv_fit(const cuda_plan *p, uint64_t budget);
 
+/* Bytes of one tensor's data as loaded; 0 for an absent one. */
+uint64_t cuda_plan_tensor_bytes(const devio_tensor *t);
+
 /* Bytes of the tensors the backend uploads as they are: the embedding, lm_head
  * (when not tied) and every layer's seven projections. */
 uint64_t cuda_plan_weight_bytes(const devio_model *m);

@@ -88,7 +88,8 @@ static run *parse(const char *const *words)
     int argc = 0;
     for (; words[argc]; argc++)
         argv[argc] = (char *)words[argc];
-    FILE *out = fmemopen(R.out, sizeof R.out - 1, "w"), *errf = fmemopen(R.errs, sizeof R.errs - 1, "w");
+    FILE *out = fmemopen(R.out, sizeof R.out - 1, "w");
+    FILE *errf = fmemopen(R.errs, sizeof R.errs - 1, "w");
     assert_non_null(out);
     assert_non_null(errf);
     R.r = devio_cli_parse(&cli, &R.f, argc, argv, R.args, &R.n_args, out, errf);

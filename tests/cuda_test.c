@@ -43,7 +43,8 @@ static void test_error_text(void **state)
     (void)state;
     devio_error err = {0};
     assert_int_equal(devio_cuda_error(2, "q_proj", &err), DEVIO_E_DEVICE);
-    assert_string_equal(err.message, "CUDA error in q_proj: cudaErrorMemoryAllocation: out of memory");
+    assert_string_equal(err.message,
+                        "CUDA error in q_proj: cudaErrorMemoryAllocation: out of memory");
     assert_int_equal(err.status, DEVIO_E_DEVICE);
     assert_int_equal(devio_cuda_error(700, "the step", &err), DEVIO_E_DEVICE);
     assert_non_null(strstr(err.message, "cudaErrorIllegalAddress"));
