@@ -28,59 +28,42 @@ devio_mkmodel_opts devio_mkmodel_opts_default(void)
     return o;
 }
 
+/* The presets: what each measures or checks is in devio-mkmodel --help. */
+static const struct preset {
+    const char *name;
+    uint32_t vocab, hidden, layers, heads, kv_heads, head_dim, ffn, positions;
+    bool tied;
+    devio_dtype dtype;
+} presets[] = {
+    {"tiny", 256, 64, 2, 4, 2, 16, 128, 512, false, DEVIO_F32},
+    {"small", 32000, 288, 6, 6, 6, 48, 768, 1024, true, DEVIO_F32},
+    /* the stories110M shape */
+    {"bench", 32000, 768, 12, 12, 12, 64, 2048, 1024, false, DEVIO_BF16},
+    /* TinyLlama-1.1B's shape: what a GPU's decode speed is measured on */
+    {"1b", 32000, 2048, 22, 32, 4, 64, 5632, 2048, false, DEVIO_BF16},
+};
+
 devio_status devio_mkmodel_preset(const char *name, devio_mkmodel_opts *o, devio_error *err)
 {
-    if (strcmp(name, "tiny") == 0) {
-        o->vocab_size = 256;
-        o->hidden_size = 64;
-        o->n_layers = 2;
-        o->n_heads = 4;
-        o->n_kv_heads = 2;
-        o->head_dim = 16;
-        o->intermediate_size = 128;
-        o->max_position_embeddings = 512;
-        o->tie_word_embeddings = false;
-        o->dtype = DEVIO_F32;
-    } else if (strcmp(name, "small") == 0) {
-        o->vocab_size = 32000;
-        o->hidden_size = 288;
-        o->n_layers = 6;
-        o->n_heads = 6;
-        o->n_kv_heads = 6;
-        o->head_dim = 48;
-        o->intermediate_size = 768;
-        o->max_position_embeddings = 1024;
-        o->tie_word_embeddings = true;
-        o->dtype = DEVIO_F32;
-    } else if (strcmp(name, "bench") == 0) {
-        o->vocab_size = 32000;
-        o->hidden_size = 768;
-        o->n_layers = 12;
-        o->n_heads = 12;
-        o->n_kv_heads = 12;
-        o->head_dim = 64;
-        o->intermediate_size = 2048;
-        o->max_position_embeddings = 1024;
-        o->tie_word_embeddings = false;
-        o->dtype = DEVIO_BF16;
-    } else if (strcmp(name, "1b") == 0) {
-        /* TinyLlama-1.1B's shape: what a GPU's decode speed is measured on. */
-        o->vocab_size = 32000;
-        o->hidden_size = 2048;
-        o->n_layers = 22;
-        o->n_heads = 32;
-        o->n_kv_heads = 4;
-        o->head_dim = 64;
-        o->intermediate_size = 5632;
-        o->max_position_embeddings = 2048;
-        o->tie_word_embeddings = false;
-        o->dtype = DEVIO_BF16;
-    } else {
-        devio_fail(err, DEVIO_E_INVALID, "unknown preset '%.40s' (tiny, small, bench, 1b)", name);
-        return DEVIO_E_INVALID;
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+        const struct preset *p = &presets[i];
+        if (strcmp(name, p->name) != 0)
+            continue;
+        o->vocab_size = p->vocab;
+        o->hidden_size = p->hidden;
+        o->n_layers = p->layers;
+        o->n_heads = p->heads;
+        o->n_kv_heads = p->kv_heads;
+        o->head_dim = p->head_dim;
+        o->intermediate_size = p->ffn;
+        o->max_position_embeddings = p->positions;
+        o->tie_word_embeddings = p->tied;
+        o->dtype = p->dtype;
+        o->attention_bias = false;
+        return DEVIO_OK;
     }
-    o->attention_bias = false;
-    return DEVIO_OK;
+    return devio_fail(err, DEVIO_E_INVALID, "unknown preset '%.40s' (tiny, small, bench, 1b)",
+                      name);
 }
 
 static uint32_t mk_head_dim(const devio_mkmodel_opts *o)

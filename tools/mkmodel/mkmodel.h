@@ -42,6 +42,9 @@ devio_mkmodel_opts devio_mkmodel_opts_default(void);
  *   bench : the stories110M shape: vocab 32000, hidden 768, 12 layers, 12 heads,
  *           12 kv heads, ffn 2048, 1024 positions, untied, bf16
  *                                                       134,105,856 parameters
+ *   1b    : the TinyLlama-1.1B shape: vocab 32000, hidden 2048, 22 layers,
+ *           32 heads, 4 kv heads, ffn 5632, 2048 positions, untied, bf16
+ *                                                     1,100,048,384 parameters
  * out_dir, arch, seed and shards are left as they are.
  * Unknown name: DEVIO_E_INVALID. */
 devio_status devio_mkmodel_preset(const char *name, devio_mkmodel_opts *o, devio_error *err);
