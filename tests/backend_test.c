@@ -416,6 +416,48 @@ static void test_broken_device(void **state)
     devio_teardown(d, NULL);
 }
 
+/* --kv-blocks 0 on a backend that can size its pool (kv_blocks_fit): the
+ * pool is what fits, capped at what max_seqs full sequences could use; an
+ * explicit --kv-blocks, or a backend that cannot tell (0), keeps the core's
+ * choice. */
+static uint32_t fit_answer;
+
+static uint32_t fit_blocks(const devio_model *m, const devio_backend_config *cfg)
+{
+    (void)m;
+    assert_non_null(cfg->shape);
+    return fit_answer;
+}
+
+static void test_kv_blocks_fit(void **state)
+{
+    ctx *c = *state;
+    devio_backend_ops ops = stream_ops();
+    ops.kv_blocks_fit = fit_blocks;
+    static const struct {
+        uint32_t asked, fit, want;
+    } cases[] = {
+        {0, 37, 37},        /* what fits */
+        {0, 1000000, 256},  /* at most 8 sequences of 128 positions in blocks of 4 */
+        {0, 0, 0},          /* the backend cannot tell: the core's default */
+        {50, 37, 50},       /* asked for: kept */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        devio_config cfg = cfg_of(c, DEVIO_NUMERICS_STRICT);
+        cfg.kv_blocks = cases[i].asked;
+        cfg.max_seqs = 8;
+        fit_answer = cases[i].fit;
+        devio_device *d = open_with(c, &ops, cfg);
+        uint32_t total = devio_facts_get(d).blocks_total;
+        if (cases[i].want)
+            assert_int_equal(total, cases[i].want);
+        else
+            assert_true(total > 0 && total != 37);
+        assert_int_equal(devio_config_of(d)->kv_blocks, total);
+        devio_teardown(d, NULL);
+    }
+}
+
 /* Loads, evictions and unloads move the backend's adapter slots in step. */
 static void test_adapter_slots(void **state)
 {
@@ -454,6 +496,7 @@ int main(void)
         cmocka_unit_test(test_overlap_lora),
         cmocka_unit_test(test_faults),
         cmocka_unit_test(test_broken_device),
+        cmocka_unit_test(test_kv_blocks_fit),
         cmocka_unit_test(test_adapter_slots),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

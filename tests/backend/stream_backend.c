@@ -178,6 +178,13 @@ static devio_status stream_create(const devio_model *model, const devio_backend_
         stream_destroy(s);
         return st;
     }
+    /* For end-to-end tests of a device that breaks for good (devio-server
+     * loads the plugin; nothing else can reach devio_stream_fail). */
+    const char *brk = getenv("STREAM_BACKEND_BREAK_AT_WAIT");
+    if (brk && atoi(brk) > 0) {
+        s->fail_wait = (uint32_t)atoi(brk);
+        s->sticky = true;
+    }
     *state = s;
     return DEVIO_OK;
 }

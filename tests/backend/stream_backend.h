@@ -36,7 +36,9 @@ void devio_stream_hold(void *state, uint32_t n);
  * DEVIO_E_DEVICE; 0 = never. The wait fault computes the step first and
  * then reports it failed, as a device error found at sync time would.
  * sticky: the wait fault breaks the device for good, as a CUDA error does:
- * info reports it in `failure` and every later submit is refused. */
+ * info reports it in `failure` and every later submit is refused.
+ * STREAM_BACKEND_BREAK_AT_WAIT=k in the environment at create does the same
+ * (wait_k = k, sticky) for tests that reach the backend only as a plugin. */
 void devio_stream_fail(void *state, uint32_t submit_k, uint32_t wait_k, bool sticky);
 
 #endif

@@ -730,6 +730,29 @@ def test_backend_choice(servers, tiny_model, bins):
         assert says in str(e.value), str(e.value)
 
 
+def test_broken_device(servers, tiny_model, bins):
+    """A device that breaks for good (a CUDA error, here the stream plugin told to
+    break at its first sync): the step fails with device_error, GET /v1/device says
+    why, /readyz answers 503 so traffic moves away, later launches are refused, and
+    the server still answers and stops cleanly."""
+    plugins = bins.root / "tests" / "backend"
+    sv = servers.start(tiny_model, ["--backend", "stream", "--backend-path", plugins],
+                       env={"STREAM_BACKEND_BREAK_AT_WAIT": "1"})
+    c = sv.client()
+    assert c.device()["device"]["failure"] == ""
+    assert c.call("GET", "/readyz").json == {"status": "ready"}
+    s = c.create()
+    c.call("POST", "/v1/step", plan(row(s, [1, 2, 3])), expect=500, code="device_error")
+    failure = c.device()["device"]["failure"]
+    assert "found at sync" in failure, failure
+    r = c.call("GET", "/readyz", expect=503, code="not_ready")
+    assert "the device failed" in r.json["error"]["message"], r
+    c.call("POST", "/v1/launch", plan(row(s, [1, 2, 3])), expect=500, code="device_error")
+    assert c.seq(s)["len"] == 0
+    assert c.facts()["tickets_in_flight"] == 0
+    assert sv.stop() == 0
+
+
 def test_env_twins(servers, tiny_model):
     sv = servers.start(tiny_model, env={"DEVIO_MAX_DEPTH": "1", "DEVIO_KV_BLOCKS": "40",
                                         "DEVIO_BLOCK_SIZE": "8"})
