@@ -135,10 +135,14 @@ static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf
     }
     const json_t *jn = json_object_get(jr, "snapshot");
     if (jn && !json_is_null(jn)) {
-        if (!json_is_string(jn) || strcmp(json_string_value(jn), "end") != 0)
+        const char *m = json_string_value(jn);
+        if (m && strcmp(m, "end") == 0)
+            row->snapshot = DEVIO_SNAP_END;
+        else if (m && strcmp(m, "each") == 0)
+            row->snapshot = DEVIO_SNAP_EACH;
+        else
             return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
-                                 "row %u: 'snapshot' must be \"end\"", r);
-        row->snapshot_end = true;
+                                 "row %u: 'snapshot' must be \"end\" or \"each\"", r);
     }
     return DEVIO_OK;
 }

@@ -92,6 +92,27 @@ devio_status devio_backend_wait(const devio_backend_ops *ops, void *state,
 bool devio_backend_has_adapters(const devio_backend_ops *ops) { return ops->adapter_add; }
 bool devio_backend_has_device_logits(const devio_backend_ops *ops) { return ops->logits_read; }
 bool devio_backend_has_sample(const devio_backend_ops *ops) { return ops->sample; }
+bool devio_backend_has_ssm(const devio_backend_ops *ops) { return ops->ssm_copy; }
+
+static bool ssm_ref_ok(const devio_backend_config *cfg, devio_ssm_ref r)
+{
+    return r.index < (r.snapshot ? cfg->ssm_snapshots : cfg->ssm_slots);
+}
+
+devio_status devio_backend_ssm_copy(const devio_backend_ops *ops, void *state,
+                                    const devio_backend_config *cfg, devio_ssm_ref dst,
+                                    devio_ssm_ref src, devio_error *err)
+{
+    if (!ops->ssm_copy)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED, "backend '%s' keeps no recurrent state",
+                          name_of(ops));
+    if (!ssm_ref_ok(cfg, dst) || !ssm_ref_ok(cfg, src) ||
+        (dst.snapshot == src.snapshot && dst.index == src.index))
+        return devio_fail(err, DEVIO_E_INVALID, "state copy %s %u <- %s %u is out of range",
+                          dst.snapshot ? "snapshot" : "slot", dst.index,
+                          src.snapshot ? "snapshot" : "slot", src.index);
+    return ops->ssm_copy(state, dst, src, err);
+}
 
 devio_status devio_backend_adapter_add(const devio_backend_ops *ops, void *state, uint32_t slot,
                                        uint32_t generation, const devio_adapter *a,
@@ -146,7 +167,8 @@ static devio_status check_row(const devio_backend_config *cfg, const devio_batch
     if (row->adapter < -1 || (row->adapter >= 0 && (uint32_t)row->adapter >= cfg->adapter_slots))
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u names adapter slot %d", r,
                              row->adapter);
-    if (row->ssm_slot < -1 || (row->ssm_slot >= 0 && (uint32_t)row->ssm_slot >= cfg->ssm_slots))
+    if (row->ssm_slot < -1 || (row->ssm_slot >= 0 && (uint32_t)row->ssm_slot >= cfg->ssm_slots) ||
+        (cfg->shape->n_mixers > 0 && row->ssm_slot < 0))
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u names state slot %d", r,
                              row->ssm_slot);
     uint32_t n_snap = row->snapshot == DEVIO_SNAPSHOT_NONE ? 0

@@ -1,7 +1,8 @@
-/* backend.h - the backend seam, version 3: the vtable every compute engine
+/* backend.h - the backend seam, version 4: the vtable every compute engine
  * fills (the reference in ref/, CUDA in kernels/, test backends), the facts
  * the core hands it, and the checked wrappers through which the core calls it.
- * Version 3 added kv_blocks_fit.
+ * Version 3 added kv_blocks_fit; version 4 the recurrent state of hybrid
+ * models (state and snapshot slots, ssm_copy).
  * A backend only computes: it never validates plans, counts blocks, owns
  * sequences or decides what a number must be (device/numspec.h does).
  *
@@ -32,7 +33,7 @@
 #include "device/devio.h"
 #include "device/model.h"
 
-#define DEVIO_BACKEND_ABI 3u
+#define DEVIO_BACKEND_ABI 4u
 
 struct devio_adapter; /* device/adapter.h */
 
@@ -50,6 +51,22 @@ typedef struct devio_model_shape {
     float eps;           /* rms_norm_eps */
     float attn_scale;    /* devio_rsqrtf((float)head_dim), numspec rule 6 */
     bool has_bias;       /* some layer has a q, k or v bias */
+    uint32_t rotary_dim; /* RoPE turns dimensions [0, rotary_dim) of a head (rule 4) */
+    /* Hybrid models (numspec rule 10); every field 0 when n_mixers is 0.
+     * Layer li is a mixer when model->layers[li].kind says so. */
+    uint32_t n_attn;     /* attention layers */
+    uint32_t n_mixers;   /* Mamba-2 mixer layers */
+    bool has_mlp;        /* false for Mamba2: a layer is norm, mixer, residual */
+    uint32_t ssm_heads, ssm_head_dim, ssm_groups, ssm_state, ssm_conv; /* H, P, G, N, K */
+    uint32_t ssm_inner;  /* I = H * P */
+    uint32_t conv_dim;   /* I + 2 * G * N */
+    uint32_t in_dim;     /* I + conv_dim + H: in_proj's rows */
+    bool conv_bias, proj_bias;
+    float dt_min, dt_max, ssm_eps;
+    /* One state slot (or snapshot) holds, for every mixer layer m in layer
+     * order, the conv window [conv_dim, K-1] then the SSM state [H, P, N]:
+     * slot_floats = n_mixers * (conv_dim * (K-1) + H*P*N) binary32. */
+    uint64_t slot_floats;
 } devio_model_shape;
 
 /* What the core tells a backend at create: the sizes of every pool and
@@ -69,8 +86,9 @@ typedef struct devio_backend_config {
     uint32_t logits_slots;     /* logits rows the core may name: out_slot < this */
     uint32_t ssm_slots;        /* recurrent-state slots (0 for attention-only models) */
     uint32_t ssm_snapshots;    /* snapshot slots (0 for attention-only models) */
+    /* The RoPE tables below are [max_seq_len, rotary_dim/2]. */
     const devio_model_shape *shape;
-    /* RoPE of numspec rule 4, built once by the core: [max_seq_len, head_dim/2]. */
+    /* RoPE of numspec rule 4, built once by the core: [max_seq_len, rotary_dim/2]. */
     const float *rope_cos, *rope_sin;
     /* The core's host logits arena, [logits_slots, vocab] f32. A backend
      * without logits_read writes the logits of output i into row
@@ -95,7 +113,11 @@ typedef struct devio_batch_row {
     int32_t adapter;          /* adapter slot (see adapter_add), -1 = base model */
     uint32_t adapter_gen;     /* the generation adapter_add was given for that slot */
     /* Recurrent state (hybrid models; -1 / NONE for attention-only models):
-     * the sequence's state slot, and where snapshots of it go. */
+     * the sequence's state slot, and where snapshots of it go. When pos0 is
+     * 0 the state starts from zeros (the slot's old contents are ignored);
+     * otherwise from what the slot holds. Snapshot slot snap_slots[i] of
+     * EACH receives the state after token i; END's single slot the state
+     * after the last token. No two rows share a state or snapshot slot. */
     int32_t ssm_slot;
     devio_snapshot_mode snapshot;
     const int32_t *snap_slots; /* END: 1 slot; EACH: n_tokens slots, one after each token */
@@ -139,6 +161,13 @@ typedef struct devio_batch {
     uint32_t n_samples;
     devio_batch_sample *samples;
 } devio_batch;
+
+/* A state slot (snapshot false, index < ssm_slots) or a snapshot slot
+ * (snapshot true, index < ssm_snapshots). */
+typedef struct devio_ssm_ref {
+    bool snapshot;
+    uint32_t index;
+} devio_ssm_ref;
 
 /* The vtable. Filled with designated initializers as `static const` data;
  * callers use the wrappers below, never the slots. Every slot is required
@@ -207,6 +236,13 @@ typedef struct devio_backend_ops {
      * tell. Called before create when --kv-blocks is 0: the pool is then
      * what fits, and never more than max_seqs full-length sequences need. */
     uint32_t (*kv_blocks_fit)(const devio_model *model, const devio_backend_config *cfg);
+
+    /* Required when the model has mixer layers (shape.n_mixers > 0), and
+     * unused otherwise: copy one whole state slot (every mixer layer's conv
+     * window and SSM state) from src to dst. Called by effects (fork,
+     * snapshot, truncate) when no batch is in flight; when it returns the
+     * copy is complete. dst != src. */
+    devio_status (*ssm_copy)(void *state, devio_ssm_ref dst, devio_ssm_ref src, devio_error *err);
 } devio_backend_ops;
 
 /* ---- checked wrappers: the only way the core reaches a backend ---------- */
@@ -238,6 +274,11 @@ bool devio_backend_has_device_logits(const devio_backend_ops *ops);
 devio_status devio_backend_logits_read(const devio_backend_ops *ops, void *state, uint32_t slot,
                                        float *dst, devio_error *err);
 bool devio_backend_has_sample(const devio_backend_ops *ops);
+bool devio_backend_has_ssm(const devio_backend_ops *ops);
+/* Checks both refs against cfg before the backend sees them. */
+devio_status devio_backend_ssm_copy(const devio_backend_ops *ops, void *state,
+                                    const devio_backend_config *cfg, devio_ssm_ref dst,
+                                    devio_ssm_ref src, devio_error *err);
 devio_status devio_backend_sample(const devio_backend_ops *ops, void *state,
                                   const devio_batch *batch, devio_error *err);
 

@@ -36,7 +36,8 @@ typedef enum devio_status {
     DEVIO_E_OUT_OF_KV_BLOCKS, /* plan needs more KV blocks than are free (409) */
     DEVIO_E_OUT_OF_LOGITS,    /* no free logits handle or rows (409) */
     DEVIO_E_OUT_OF_SEQS,      /* sequence table full (409) */
-    DEVIO_E_OUT_OF_SSM_SLOTS, /* no free SSM slot or snapshot slot (409) */
+    DEVIO_E_OUT_OF_SSM_SLOTS, /* no free SSM state slot (409) */
+    DEVIO_E_OUT_OF_SNAPSHOTS, /* no free SSM snapshot slot (409) */
     DEVIO_E_NO_SNAPSHOT,      /* truncate to a length with no SSM snapshot (409) */
     DEVIO_E_ADAPTER_CAPACITY, /* max_loras loaded and none evictable (409) */
     DEVIO_E_UNSUPPORTED,      /* feature absent from this model or build (400) */
@@ -82,6 +83,14 @@ typedef struct devio_sample_params {
 
 devio_sample_params devio_sample_params_default(void);
 
+/* Which SSM snapshots a plan row takes. Attention-only models accept both
+ * and hold nothing (their KV cache is the whole state). */
+typedef enum devio_snapshot {
+    DEVIO_SNAP_NONE = 0,
+    DEVIO_SNAP_END,  /* one snapshot at the row's new length */
+    DEVIO_SNAP_EACH, /* one after every token of the row (speculative decoding) */
+} devio_snapshot;
+
 typedef enum devio_logits_mode {
     DEVIO_LOGITS_NONE = 0,
     DEVIO_LOGITS_LAST,
@@ -97,7 +106,7 @@ typedef struct devio_row {
     const char *adapter; /* NULL = base model */
     bool has_sample;     /* sample the last position with `sample` */
     devio_sample_params sample;
-    bool snapshot_end;   /* snapshot SSM state at the new length */
+    devio_snapshot snapshot; /* SSM snapshots this row takes (hybrid models) */
 } devio_row;
 
 typedef struct devio_plan {
@@ -138,9 +147,9 @@ typedef enum devio_effect_kind {
 
 typedef struct devio_effect {
     devio_effect_kind kind;
-    uint64_t seq;        /* fork, truncate, snapshot, free */
+    uint64_t seq;        /* fork, truncate, snapshot, free; release: drop its snapshots */
     uint32_t len;        /* truncate */
-    uint64_t logits;     /* sample, release */
+    uint64_t logits;     /* sample, release (one of logits and seq, not both) */
     bool has_row;        /* sample: one position; otherwise every position */
     uint32_t row;        /* sample: position index inside the handle */
     devio_sample_params params; /* sample */
@@ -153,6 +162,7 @@ typedef struct devio_outcome {
     uint32_t len;          /* snapshot: the length snapshotted */
     uint32_t shared_blocks;/* fork */
     uint32_t freed_blocks; /* truncate, free */
+    uint32_t freed_snapshots; /* truncate, free, release of a sequence's snapshots */
     uint32_t n_tokens;     /* sample */
     int32_t *tokens;       /* sample; owned by the outcome */
     float *logprobs;       /* sample; owned by the outcome */
@@ -172,8 +182,9 @@ typedef struct devio_seq_info {
     uint64_t seq;
     uint32_t len, blocks;
     uint64_t busy_ticket; /* 0 when not busy */
-    uint32_t n_snapshots;
-    uint32_t snapshots[8]; /* lengths, the first n_snapshots (at most 8) */
+    bool ssm_slot;         /* holds an SSM state slot (hybrid models, length > 0) */
+    uint32_t n_snapshots;  /* snapshots held */
+    uint32_t snapshots[8]; /* their lengths, ascending, the first min(n_snapshots, 8) */
 } devio_seq_info;
 
 /* LoRA commands. Applied at quiescence. */
@@ -239,6 +250,8 @@ typedef struct devio_config {
     uint32_t logits_rows;      /* live logits positions over all handles, default 256 */
     uint32_t max_loras;        /* default 4 */
     uint32_t max_lora_rank;    /* default 64 */
+    uint32_t ssm_slots;        /* SSM state slots (hybrid models), 0 = derive from memory */
+    uint32_t ssm_snapshots;    /* SSM snapshot slots (hybrid models), 0 = derive from memory */
     const char *adapters_root; /* PEFT adapter directories live below it; borrowed, may be NULL
                                   (then loading adapters is refused) */
     uint32_t threads;          /* backend compute threads, 0 = all cores */

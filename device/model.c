@@ -87,6 +87,75 @@ float devio_tensor_get(const devio_tensor *t, uint64_t i)
 /* ---- files ---- */
 
 
+/* Hugging Face writes float('inf') as the bare token Infinity (Mamba-2's
+ * time_step_limit), which JSON does not allow: outside strings, the tokens
+ * Infinity, -Infinity and NaN become the strings "Infinity", "-Infinity"
+ * and "NaN", for the config reader to interpret. Returns a new buffer of
+ * *len bytes, or NULL when memory is short. */
+static char *json_quote_nonfinite(const char *src, size_t n, size_t *len)
+{
+    static const char *const toks[] = {"-Infinity", "Infinity", "NaN"};
+    char *out = malloc(n * 2 + 1); /* each token grows by 2 and is >= 3 long */
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = src[i];
+        if (in_str) {
+            out[o++] = ch;
+            if (ch == '\\' && i + 1 < n)
+                out[o++] = src[++i];
+            else if (ch == '"')
+                in_str = false;
+            continue;
+        }
+        size_t t = 0, tl = 0;
+        for (; t < 3; t++) {
+            tl = strlen(toks[t]);
+            if (n - i >= tl && memcmp(src + i, toks[t], tl) == 0)
+                break;
+        }
+        if (t < 3) {
+            out[o++] = '"';
+            memcpy(out + o, toks[t], tl);
+            o += tl;
+            out[o++] = '"';
+            i += tl - 1;
+            continue;
+        }
+        in_str = ch == '"';
+        out[o++] = ch;
+    }
+    *len = o;
+    return out;
+}
+
+/* Reads a whole file into a malloc'd buffer; errno set on failure. */
+static char *read_all(FILE *fp, size_t *n)
+{
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        len += fread(buf + len, 1, cap - len, fp);
+        if (len < cap)
+            break;
+        char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            return NULL;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    if (buf && ferror(fp)) {
+        free(buf);
+        return NULL;
+    }
+    *n = len;
+    return buf;
+}
+
 /* Reads a JSON file; DEVIO_E_MODEL when it is missing or not a JSON object. */
 static devio_status load_json(const char *dir, const char *name, json_t **out, devio_error *err)
 {
@@ -102,9 +171,19 @@ static devio_status load_json(const char *dir, const char *name, json_t **out, d
                    strerror(errno));
         goto out_path;
     }
-    json_error_t jerr;
-    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
+    size_t n = 0, qn = 0;
+    char *raw = read_all(fp, &n);
     fclose(fp);
+    char *text = raw ? json_quote_nonfinite(raw, n, &qn) : NULL;
+    free(raw);
+    if (!text) {
+        st = DEVIO_E_IO;
+        devio_fail(err, st, "%s: cannot read: %s", name, strerror(errno ? errno : ENOMEM));
+        goto out_path;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(text, qn, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!root) {
         st = DEVIO_E_MODEL;
         devio_fail(err, st, "%s: not valid JSON (line %d: %.100s)", name, jerr.line, jerr.text);
@@ -234,7 +313,8 @@ static devio_status priv_own(model_priv *p, void *buf, devio_error *err)
     return DEVIO_OK;
 }
 
-/* Fetches `name` and checks it is [s0] (ndim 1) or [s0, s1] (ndim 2).
+/* Fetches `name` and checks it is [s0] (ndim 1), [s0, s1] (ndim 2) or
+ * [s0, 1, s1] (ndim 3, a depthwise conv1d weight, held as [s0, s1]).
  * Absent and not required: out->data = NULL and DEVIO_OK. */
 static devio_status loader_tensor(loader *L, const char *name, bool required, uint32_t ndim,
                                   uint64_t s0, uint64_t s1, devio_tensor *out, devio_error *err)
@@ -267,7 +347,7 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
                    fname, name, t->dtype_str);
         return DEVIO_E_MODEL;
     }
-    uint64_t want[2] = {s0, s1};
+    uint64_t want[3] = {s0, ndim == 3 ? 1 : s1, s1};
     bool ok = t->ndim == ndim;
     for (uint32_t i = 0; ok && i < ndim; i++)
         ok = t->shape[i] == want[i];
@@ -280,16 +360,16 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
         if (ndim == 1)
             snprintf(exp, sizeof exp, "%llu", (unsigned long long)s0);
         else
-            snprintf(exp, sizeof exp, "%llu, %llu", (unsigned long long)s0,
-                     (unsigned long long)s1);
+            snprintf(exp, sizeof exp, "%llu, %s%llu", (unsigned long long)s0,
+                     ndim == 3 ? "1, " : "", (unsigned long long)s1);
         return devio_fail(err, DEVIO_E_MODEL,
                           "%.100s: tensor '%.80s' has shape [%s], expected [%s]", fname, name, got,
                           exp);
     }
     out->dtype = t->dtype;
-    out->ndim = ndim;
+    out->ndim = ndim == 3 ? 2 : ndim;
     out->shape[0] = s0;
-    out->shape[1] = ndim == 2 ? s1 : 0;
+    out->shape[1] = ndim >= 2 ? s1 : 0;
     out->data = t->data;
     /* safetensors does not promise aligned offsets; readers of the view may
      * load whole elements, so give them an aligned copy when needed. */
@@ -309,44 +389,129 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
     return DEVIO_OK;
 }
 
-static devio_status load_layer(loader *L, const devio_model_config *c, uint32_t li,
-                               devio_layer *ly, devio_error *err)
+/* One tensor of a layer: the name after the layer's prefix, where it goes,
+ * its shape (see loader_tensor) and whether it may be absent. */
+typedef struct part {
+    const char *suffix;
+    devio_tensor *dst;
+    uint32_t ndim;
+    uint64_t s0, s1;
+    bool optional;
+} part;
+
+static devio_status load_parts(loader *L, const char *prefix, uint32_t li, const part *parts,
+                               size_t n, devio_error *err)
 {
-    const uint64_t d = c->hidden_size, q = (uint64_t)c->n_heads * c->head_dim,
-                   kv = (uint64_t)c->n_kv_heads * c->head_dim, f = c->intermediate_size;
-    const struct {
-        const char *suffix;
-        devio_tensor *dst;
-        uint32_t ndim;
-        uint64_t s0, s1;
-        bool bias;
-    } parts[] = {
-        {"input_layernorm.weight", &ly->attn_norm, 1, d, 0, false},
-        {"self_attn.q_proj.weight", &ly->wq, 2, q, d, false},
-        {"self_attn.k_proj.weight", &ly->wk, 2, kv, d, false},
-        {"self_attn.v_proj.weight", &ly->wv, 2, kv, d, false},
-        {"self_attn.o_proj.weight", &ly->wo, 2, d, q, false},
-        {"self_attn.q_proj.bias", &ly->bq, 1, q, 0, true},
-        {"self_attn.k_proj.bias", &ly->bk, 1, kv, 0, true},
-        {"self_attn.v_proj.bias", &ly->bv, 1, kv, 0, true},
-        {"post_attention_layernorm.weight", &ly->ffn_norm, 1, d, 0, false},
-        {"mlp.gate_proj.weight", &ly->w_gate, 2, f, d, false},
-        {"mlp.up_proj.weight", &ly->w_up, 2, f, d, false},
-        {"mlp.down_proj.weight", &ly->w_down, 2, d, f, false},
-    };
-    char name[128];
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        if (parts[i].bias && !c->attention_bias) {
-            memset(parts[i].dst, 0, sizeof *parts[i].dst);
-            continue;
-        }
-        snprintf(name, sizeof name, "model.layers.%u.%s", li, parts[i].suffix);
-        devio_status st = loader_tensor(L, name, true, parts[i].ndim, parts[i].s0, parts[i].s1,
-                                        parts[i].dst, err);
+    char name[160];
+    for (size_t i = 0; i < n; i++) {
+        if (!parts[i].dst)
+            continue; /* a part this model does not have */
+        snprintf(name, sizeof name, "%s%u.%s", prefix, li, parts[i].suffix);
+        devio_status st = loader_tensor(L, name, !parts[i].optional, parts[i].ndim, parts[i].s0,
+                                        parts[i].s1, parts[i].dst, err);
         if (st != DEVIO_OK)
             return st;
     }
     return DEVIO_OK;
+}
+
+/* The attention half of a layer (q, k, v, o and the optional biases). */
+static devio_status load_attention(loader *L, const char *prefix, const devio_model_config *c,
+                                   uint32_t li, devio_layer *ly, devio_error *err)
+{
+    const uint64_t d = c->hidden_size, q = (uint64_t)c->n_heads * c->head_dim,
+                   kv = (uint64_t)c->n_kv_heads * c->head_dim;
+    bool b = c->attention_bias;
+    const part parts[] = {
+        {"self_attn.q_proj.weight", &ly->wq, 2, q, d, false},
+        {"self_attn.k_proj.weight", &ly->wk, 2, kv, d, false},
+        {"self_attn.v_proj.weight", &ly->wv, 2, kv, d, false},
+        {"self_attn.o_proj.weight", &ly->wo, 2, d, q, false},
+        {"self_attn.q_proj.bias", b ? &ly->bq : NULL, 1, q, 0, true},
+        {"self_attn.k_proj.bias", b ? &ly->bk : NULL, 1, kv, 0, true},
+        {"self_attn.v_proj.bias", b ? &ly->bv : NULL, 1, kv, 0, true},
+    };
+    return load_parts(L, prefix, li, parts, sizeof parts / sizeof *parts, err);
+}
+
+/* A Mamba-2 mixer under `mod` ("mamba." for Bamba, "mixer." for Mamba2). */
+static devio_status load_mixer(loader *L, const char *prefix, const char *mod,
+                               const devio_model_config *c, uint32_t li, devio_mixer *mx,
+                               devio_error *err)
+{
+    const devio_ssm_config *s = &c->ssm;
+    const uint64_t d = c->hidden_size, H = s->n_heads, I = H * s->head_dim,
+                   conv = I + 2ull * s->n_groups * s->d_state, in = I + conv + H;
+    const struct {
+        const char *name;
+        devio_tensor *dst;
+        uint32_t ndim;
+        uint64_t s0, s1;
+        bool present;
+    } t[] = {
+        {"in_proj.weight", &mx->in_proj, 2, in, d, true},
+        {"in_proj.bias", &mx->in_bias, 1, in, 0, s->proj_bias},
+        {"conv1d.weight", &mx->conv_w, 3, conv, s->d_conv, true},
+        {"conv1d.bias", &mx->conv_b, 1, conv, 0, s->conv_bias},
+        {"dt_bias", &mx->dt_bias, 1, H, 0, true},
+        {"A_log", &mx->a_log, 1, H, 0, true},
+        {"D", &mx->d_skip, 1, H, 0, true},
+        {"norm.weight", &mx->norm, 1, I, 0, true},
+        {"out_proj.weight", &mx->out_proj, 2, d, I, true},
+        {"out_proj.bias", &mx->out_bias, 1, d, 0, s->proj_bias},
+    };
+    char suffix[10][48];
+    part parts[10];
+    for (size_t i = 0; i < 10; i++) {
+        snprintf(suffix[i], sizeof suffix[i], "%s%s", mod, t[i].name);
+        parts[i] = (part){suffix[i], t[i].present ? t[i].dst : NULL, t[i].ndim, t[i].s0,
+                          t[i].s1, false};
+    }
+    return load_parts(L, prefix, li, parts, 10, err);
+}
+
+/* The MLP half of a layer: its norm and gate, up, down under `mlp`. */
+static devio_status load_mlp(loader *L, const char *prefix, const char *norm, const char *mlp,
+                             const devio_model_config *c, uint32_t li, devio_layer *ly,
+                             devio_error *err)
+{
+    const uint64_t d = c->hidden_size, f = c->intermediate_size;
+    char n[64], g[64], u[64], dn[64];
+    snprintf(n, sizeof n, "%s.weight", norm);
+    snprintf(g, sizeof g, "%s.gate_proj.weight", mlp);
+    snprintf(u, sizeof u, "%s.up_proj.weight", mlp);
+    snprintf(dn, sizeof dn, "%s.down_proj.weight", mlp);
+    const part parts[] = {
+        {n, &ly->ffn_norm, 1, d, 0, false},
+        {g, &ly->w_gate, 2, f, d, false},
+        {u, &ly->w_up, 2, f, d, false},
+        {dn, &ly->w_down, 2, d, f, false},
+    };
+    return load_parts(L, prefix, li, parts, sizeof parts / sizeof *parts, err);
+}
+
+static devio_status load_layer(loader *L, const devio_model_config *c, uint32_t li,
+                               devio_layer *ly, devio_error *err)
+{
+    memset(ly, 0, sizeof *ly);
+    const uint64_t d = c->hidden_size;
+    bool mamba2 = c->arch == DEVIO_ARCH_MAMBA2;
+    const char *prefix = mamba2 ? "backbone.layers." : "model.layers.";
+    const part norm = {mamba2 ? "norm.weight" : "input_layernorm.weight", &ly->attn_norm, 1, d, 0,
+                       false};
+    devio_status st = load_parts(L, prefix, li, &norm, 1, err);
+    if (st != DEVIO_OK)
+        return st;
+    ly->kind = devio_config_layer_is_attn(c, li) ? DEVIO_LAYER_ATTENTION : DEVIO_LAYER_MIXER;
+    if (ly->kind == DEVIO_LAYER_ATTENTION)
+        st = load_attention(L, prefix, c, li, ly, err);
+    else
+        st = load_mixer(L, prefix, mamba2 ? "mixer." : "mamba.", c, li, &ly->mixer, err);
+    if (st != DEVIO_OK || mamba2)
+        return st;
+    if (c->arch == DEVIO_ARCH_BAMBA)
+        return load_mlp(L, prefix, "pre_ff_layernorm", "feed_forward", c, li, ly, err);
+    return load_mlp(L, prefix, "post_attention_layernorm", "mlp", c, li, ly, err);
 }
 
 static bool host_is_little_endian(void)
@@ -427,12 +592,22 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
     }
 
     const uint64_t V = c->vocab_size, d = c->hidden_size;
-    if ((st = loader_tensor(&L, "model.embed_tokens.weight", true, 2, V, d, &m->embed, err)))
+    bool mamba2 = c->arch == DEVIO_ARCH_MAMBA2;
+    /* Mamba2 checkpoints name the embedding backbone.embeddings (older
+     * ones backbone.embedding). */
+    const char *embed = mamba2 ? "backbone.embeddings.weight" : "model.embed_tokens.weight";
+    if ((st = loader_tensor(&L, embed, !mamba2, 2, V, d, &m->embed, err)))
+        goto out_model;
+    if (mamba2 && !m->embed.data &&
+        (st = loader_tensor(&L, "backbone.embedding.weight", true, 2, V, d, &m->embed, err)))
         goto out_model;
     for (uint32_t i = 0; i < c->n_layers; i++)
         if ((st = load_layer(&L, c, i, &m->layers[i], err)) != DEVIO_OK)
             goto out_model;
-    if ((st = loader_tensor(&L, "model.norm.weight", true, 1, d, 0, &m->norm, err)))
+    const char *norm = mamba2                          ? "backbone.norm_f.weight"
+                       : c->arch == DEVIO_ARCH_BAMBA ? "model.final_layernorm.weight"
+                                                     : "model.norm.weight";
+    if ((st = loader_tensor(&L, norm, true, 1, d, 0, &m->norm, err)))
         goto out_model;
     if (c->tie_word_embeddings) {
         /* transformers ties lm_head to the embedding even when the file

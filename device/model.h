@@ -1,4 +1,5 @@
-/* model.h - a Hugging Face Llama-family model: config.json + safetensors.
+/* model.h - a Hugging Face model: config.json + safetensors, of the Llama
+ * family (Llama, Mistral, Qwen2) or the Mamba-2 family (Bamba, Mamba2).
  * Loading validates every tensor's dtype, shape and byte range; it never
  * computes, and a malformed file is an error naming the file and tensor. */
 #ifndef DEVIO_MODEL_H
@@ -24,26 +25,72 @@ typedef struct devio_tensor {
     const void *data; /* NULL when the tensor is absent (optional biases) */
     devio_dtype dtype;
     uint32_t ndim;
-    uint64_t shape[2];
+    uint64_t shape[2]; /* conv1d's [c, 1, K] is held as [c, K] */
 } devio_tensor;
 
+/* What a layer's first half is: attention (Llama, Bamba's attn_layer_indices)
+ * or a Mamba-2 mixer (every other Bamba layer, every Mamba2 layer). */
+typedef enum devio_layer_kind {
+    DEVIO_LAYER_ATTENTION = 0,
+    DEVIO_LAYER_MIXER,
+} devio_layer_kind;
+
+/* A Mamba-2 mixer. I = n_heads * head_dim (inner), G groups of N states,
+ * conv_dim = I + 2*G*N, in_dim = I + conv_dim + H; in_proj's rows are
+ * z [I] | xBC [conv_dim] | dt [H] in that order. */
+typedef struct devio_mixer {
+    devio_tensor in_proj;  /* [in_dim, d]  in_proj.weight */
+    devio_tensor in_bias;  /* [in_dim]     in_proj.bias (optional) */
+    devio_tensor conv_w;   /* [conv_dim, K] conv1d.weight ([conv_dim, 1, K] on disk) */
+    devio_tensor conv_b;   /* [conv_dim]   conv1d.bias (optional) */
+    devio_tensor dt_bias;  /* [H] */
+    devio_tensor a_log;    /* [H]          A = -exp(A_log) */
+    devio_tensor d_skip;   /* [H]          D */
+    devio_tensor norm;     /* [I]          the gated RMSNorm's weight */
+    devio_tensor out_proj; /* [d, I]       out_proj.weight */
+    devio_tensor out_bias; /* [d]          out_proj.bias (optional) */
+} devio_mixer;
+
 /* One decoder layer. Shapes with d = hidden_size, h = n_heads,
- * kv = n_kv_heads, hd = head_dim, f = intermediate_size. */
+ * kv = n_kv_heads, hd = head_dim, f = intermediate_size. A mixer layer
+ * leaves wq..bv empty; a Mamba2 layer has no MLP (ffn_norm..w_down empty). */
 typedef struct devio_layer {
-    devio_tensor attn_norm; /* [d]              input_layernorm.weight */
+    devio_layer_kind kind;
+    devio_mixer mixer;      /* DEVIO_LAYER_MIXER only */
+    devio_tensor attn_norm; /* [d]              input_layernorm.weight (Mamba2: norm.weight) */
     devio_tensor wq;        /* [h*hd, d]        self_attn.q_proj.weight */
     devio_tensor wk;        /* [kv*hd, d]       self_attn.k_proj.weight */
     devio_tensor wv;        /* [kv*hd, d]       self_attn.v_proj.weight */
     devio_tensor wo;        /* [d, h*hd]        self_attn.o_proj.weight */
     devio_tensor bq, bk, bv;/* [h*hd],[kv*hd],[kv*hd] optional biases */
-    devio_tensor ffn_norm;  /* [d]              post_attention_layernorm.weight */
-    devio_tensor w_gate;    /* [f, d]           mlp.gate_proj.weight */
+    devio_tensor ffn_norm;  /* [d]              post_attention_layernorm (Bamba: pre_ff_layernorm) */
+    devio_tensor w_gate;    /* [f, d]           mlp.gate_proj.weight (Bamba: feed_forward.) */
     devio_tensor w_up;      /* [f, d]           mlp.up_proj.weight */
     devio_tensor w_down;    /* [d, f]           mlp.down_proj.weight */
 } devio_layer;
 
+typedef enum devio_arch {
+    DEVIO_ARCH_LLAMA = 0, /* Llama, Mistral, Qwen2 */
+    DEVIO_ARCH_BAMBA,     /* Mamba-2 mixers, attention at attn_layer_indices, an MLP in every layer */
+    DEVIO_ARCH_MAMBA2,    /* Mamba-2 mixers only, no MLP */
+} devio_arch;
+
+/* The Mamba-2 mixer's dimensions (zero for the Llama family). */
+typedef struct devio_ssm_config {
+    uint32_t n_heads;   /* H: mamba_n_heads / num_heads */
+    uint32_t head_dim;  /* P: mamba_d_head / head_dim */
+    uint32_t n_groups;  /* G: mamba_n_groups / n_groups */
+    uint32_t d_state;   /* N: mamba_d_state / state_size */
+    uint32_t d_conv;    /* K: mamba_d_conv / conv_kernel */
+    int conv_bias;      /* mamba_conv_bias / use_conv_bias */
+    int proj_bias;      /* mamba_proj_bias / use_bias */
+    float dt_min, dt_max; /* time_step_limit; [0, inf] by default */
+    float norm_eps;     /* the gated norm's epsilon */
+} devio_ssm_config;
+
 typedef struct devio_model_config {
-    char architecture[64]; /* "LlamaForCausalLM", "Qwen2ForCausalLM", ... */
+    char architecture[64]; /* "LlamaForCausalLM", "BambaForCausalLM", ... */
+    devio_arch arch;
     uint32_t vocab_size;
     uint32_t hidden_size;
     uint32_t intermediate_size;
@@ -56,6 +103,11 @@ typedef struct devio_model_config {
     float rms_norm_eps;
     int tie_word_embeddings;
     int attention_bias;
+    uint32_t rotary_dim;   /* dimensions of a head RoPE turns: head_dim; Bamba head_dim / 2 */
+    devio_ssm_config ssm;
+    /* Bamba: which layers are attention; others are mixers. Bit i of word
+     * i / 64 (MAX layers 1024). Llama: all; Mamba2: none. */
+    uint64_t attn_layers[16];
 } devio_model_config;
 
 /* Release with devio_model_free(). */
@@ -68,6 +120,12 @@ struct devio_model {
     /* Backing storage: private to model.c. */
     void *priv;
 };
+
+/* Whether layer i of a model with this config is an attention layer. */
+static inline int devio_config_layer_is_attn(const devio_model_config *c, uint32_t i)
+{
+    return i < 1024u && (int)((c->attn_layers[i / 64] >> (i % 64)) & 1u);
+}
 
 /* Load `dir` (config.json + model.safetensors or a sharded index).
  * On success *out is owned by the caller (devio_model_free). On failure

@@ -19,7 +19,10 @@
 
 #define CONFIG_NAME DEVIO_MODEL_CONFIG_NAME
 
-typedef enum arch_kind { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2 } arch_kind;
+typedef enum arch_kind { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_BAMBA, ARCH_MAMBA2 } arch_kind;
+
+/* Positions a Mamba2 config (which names none) is served up to. */
+#define MAMBA2_POSITIONS 4096u
 
 /* Absent or null -> def (or an error when required). */
 static devio_status cfg_u32(const json_t *root, const char *key, bool required, uint32_t def,
@@ -94,11 +97,19 @@ static devio_status parse_arch(const json_t *root, devio_model_config *c, arch_k
         *kind = ARCH_MISTRAL;
     else if (strcmp(arch, "Qwen2ForCausalLM") == 0)
         *kind = ARCH_QWEN2;
+    else if (strcmp(arch, "BambaForCausalLM") == 0)
+        *kind = ARCH_BAMBA;
+    else if (strcmp(arch, "Mamba2ForCausalLM") == 0)
+        *kind = ARCH_MAMBA2;
     else
         return devio_fail(err, DEVIO_E_MODEL,
                           CONFIG_NAME ": unknown architecture '%.64s' (supported: "
-                                      "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)",
+                                      "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                                      "BambaForCausalLM, Mamba2ForCausalLM)",
                           arch);
+    c->arch = *kind == ARCH_BAMBA    ? DEVIO_ARCH_BAMBA
+              : *kind == ARCH_MAMBA2 ? DEVIO_ARCH_MAMBA2
+                                     : DEVIO_ARCH_LLAMA;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
     return DEVIO_OK;
 }
@@ -213,14 +224,189 @@ static devio_status parse_options(const json_t *root, arch_kind kind, devio_mode
     return DEVIO_OK;
 }
 
+/* time_step_limit: [lo, hi] with 0 <= lo <= hi, hi possibly +inf. The
+ * loader turns the bare tokens Infinity and NaN that Hugging Face writes
+ * into the strings "Infinity" and "NaN" before parsing (model.c). */
+static devio_status cfg_dt_limit(const json_t *root, devio_ssm_config *m, devio_error *err)
+{
+    m->dt_min = 0.0f;
+    m->dt_max = __builtin_inff();
+    const json_t *v = json_object_get(root, "time_step_limit");
+    if (!v || json_is_null(v))
+        return DEVIO_OK;
+    double lim[2];
+    for (size_t i = 0; i < 2; i++) {
+        const json_t *e = json_is_array(v) && json_array_size(v) == 2 ? json_array_get(v, i) : NULL;
+        const char *str = json_string_value(e);
+        if (json_is_number(e))
+            lim[i] = json_number_value(e);
+        else if (str && strcmp(str, "Infinity") == 0)
+            lim[i] = __builtin_inf();
+        else
+            return devio_fail(err, DEVIO_E_MODEL,
+                              CONFIG_NAME ": 'time_step_limit' must be [min, max] numbers");
+    }
+    if (!(lim[0] >= 0.0) || !(lim[1] >= lim[0]))
+        return devio_fail(err, DEVIO_E_MODEL,
+                          CONFIG_NAME ": 'time_step_limit' [%g, %g] must have 0 <= min <= max",
+                          lim[0], lim[1]);
+    m->dt_min = (float)lim[0];
+    m->dt_max = (float)lim[1];
+    return DEVIO_OK;
+}
+
+/* The mixer's dimensions, under either family's field names. */
+typedef struct ssm_names {
+    const char *heads, *head_dim, *groups, *state, *conv, *expand, *conv_bias, *proj_bias;
+    uint32_t def_heads, def_groups, def_state;
+} ssm_names;
+
+static const ssm_names bamba_names = {"mamba_n_heads", "mamba_d_head", "mamba_n_groups",
+                                      "mamba_d_state", "mamba_d_conv", "mamba_expand",
+                                      "mamba_conv_bias", "mamba_proj_bias", 128, 1, 256};
+static const ssm_names mamba2_names = {"num_heads", "head_dim", "n_groups", "state_size",
+                                       "conv_kernel", "expand", "use_conv_bias", "use_bias",
+                                       128, 8, 128};
+
+static devio_status parse_ssm(const json_t *root, const ssm_names *n, devio_model_config *c,
+                              devio_error *err)
+{
+    devio_ssm_config *m = &c->ssm;
+    uint32_t expand = 0;
+    bool conv_bias = true, proj_bias = false;
+    devio_status st;
+    if ((st = cfg_u32(root, n->heads, false, n->def_heads, 1, MAX_HEADS * 64, &m->n_heads, err)) ||
+        (st = cfg_u32(root, n->groups, false, n->def_groups, 1, MAX_HEADS, &m->n_groups, err)) ||
+        (st = cfg_u32(root, n->state, false, n->def_state, 1, 4096, &m->d_state, err)) ||
+        (st = cfg_u32(root, n->conv, false, 4, 1, 64, &m->d_conv, err)) ||
+        (st = cfg_u32(root, n->expand, false, 2, 1, 64, &expand, err)) ||
+        (st = cfg_bool(root, n->conv_bias, true, &conv_bias, err)) ||
+        (st = cfg_bool(root, n->proj_bias, false, &proj_bias, err)) ||
+        (st = cfg_dt_limit(root, m, err)))
+        return st;
+    m->conv_bias = conv_bias;
+    m->proj_bias = proj_bias;
+    uint64_t inner = (uint64_t)expand * c->hidden_size;
+    const json_t *hd = json_object_get(root, n->head_dim);
+    if (!hd || json_is_null(hd) ||
+        (json_is_string(hd) && strcmp(json_string_value(hd), "auto") == 0)) {
+        if (inner % m->n_heads != 0)
+            return devio_fail(err, DEVIO_E_MODEL,
+                              CONFIG_NAME ": %s %u does not divide %s * hidden_size = %llu",
+                              n->heads, m->n_heads, n->expand, (unsigned long long)inner);
+        m->head_dim = (uint32_t)(inner / m->n_heads);
+    } else if ((st = cfg_u32(root, n->head_dim, true, 0, 1, MAX_HEAD_DIM * 16, &m->head_dim,
+                             err))) {
+        return st;
+    }
+    if ((uint64_t)m->head_dim * m->n_heads != inner)
+        return devio_fail(err, DEVIO_E_MODEL,
+                          CONFIG_NAME ": %s %u * %s %u is not %s * hidden_size = %llu", n->heads,
+                          m->n_heads, n->head_dim, m->head_dim, n->expand,
+                          (unsigned long long)inner);
+    if (m->n_heads % m->n_groups != 0)
+        return devio_fail(err, DEVIO_E_MODEL, CONFIG_NAME ": %s %u is not a multiple of %s %u",
+                          n->heads, m->n_heads, n->groups, m->n_groups);
+    if (inner > (1u << 22) || (uint64_t)m->n_groups * m->d_state > (1u << 20))
+        return devio_fail(err, DEVIO_E_MODEL, CONFIG_NAME ": the mixer is too large");
+    return DEVIO_OK;
+}
+
+/* Bamba: Llama's fields for attention and the MLP, attn_layer_indices, the
+ * mamba_* fields; RoPE turns half of each head (fixed in the model code). */
+static devio_status parse_bamba(const json_t *root, devio_model_config *c, devio_error *err)
+{
+    const json_t *idx = json_object_get(root, "attn_layer_indices");
+    if (idx && !json_is_null(idx)) {
+        if (!json_is_array(idx))
+            return devio_fail(err, DEVIO_E_MODEL,
+                              CONFIG_NAME ": 'attn_layer_indices' must be a list of layers");
+        for (size_t i = 0; i < json_array_size(idx); i++) {
+            const json_t *e = json_array_get(idx, i);
+            json_int_t li = json_is_integer(e) ? json_integer_value(e) : -1;
+            if (li < 0 || li >= (json_int_t)c->n_layers)
+                return devio_fail(err, DEVIO_E_MODEL,
+                                  CONFIG_NAME ": attn_layer_indices[%zu] is not a layer below %u",
+                                  i, c->n_layers);
+            c->attn_layers[li / 64] |= 1ull << (li % 64);
+        }
+    }
+    if (c->head_dim % 4 != 0)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          CONFIG_NAME ": Bamba turns half of head_dim %u with RoPE, which must "
+                                      "then be even: head_dim must be a multiple of 4",
+                          c->head_dim);
+    c->rotary_dim = c->head_dim / 2;
+    c->ssm.norm_eps = c->rms_norm_eps;
+    return parse_ssm(root, &bamba_names, c, err);
+}
+
+/* Mamba2: mixers only, no attention and no MLP. */
+static devio_status parse_mamba2(const json_t *root, devio_model_config *c, devio_error *err)
+{
+    devio_status st;
+    bool rms = true, before = false, tie = false;
+    if ((st = cfg_u32(root, "vocab_size", true, 0, 1, MAX_VOCAB, &c->vocab_size, err)) ||
+        (st = cfg_u32(root, "hidden_size", true, 0, 1, MAX_HIDDEN, &c->hidden_size, err)) ||
+        (st = cfg_u32(root, "num_hidden_layers", true, 0, 1, MAX_LAYERS, &c->n_layers, err)) ||
+        (st = cfg_u32(root, "max_position_embeddings", false, MAMBA2_POSITIONS, 1, MAX_POSITIONS,
+                      &c->max_position_embeddings, err)) ||
+        (st = cfg_pos_float(root, "layer_norm_epsilon", 1e-5, 1.0, &c->rms_norm_eps, err)) ||
+        (st = cfg_bool(root, "rms_norm", true, &rms, err)) ||
+        (st = cfg_bool(root, "norm_before_gate", false, &before, err)) ||
+        (st = cfg_bool(root, "tie_word_embeddings", false, &tie, err)))
+        return st;
+    if (!rms || before)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          CONFIG_NAME ": %s is not supported (Mamba2 with rms_norm true and the "
+                                      "gate before the norm is)",
+                          !rms ? "rms_norm false" : "norm_before_gate true");
+    const json_t *act = json_object_get(root, "hidden_act");
+    if (act && !json_is_null(act) &&
+        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          CONFIG_NAME ": hidden_act '%.32s' is not supported; only silu is",
+                          json_is_string(act) ? json_string_value(act) : "?");
+    c->tie_word_embeddings = tie;
+    c->ssm.norm_eps = c->rms_norm_eps;
+    c->rope_theta = 10000.0f;
+    return parse_ssm(root, &mamba2_names, c, err);
+}
+
+/* rope_parameters (newer Hugging Face configs): {"rope_type": "default",
+ * "rope_theta": x} is plain RoPE; any other type is scaling, refused. */
+static devio_status parse_rope_parameters(const json_t *root, devio_model_config *c,
+                                          devio_error *err)
+{
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    if (!rp || json_is_null(rp))
+        return DEVIO_OK;
+    const char *t = json_string_value(json_object_get(rp, "rope_type"));
+    if (!json_is_object(rp) || (t && strcmp(t, "default") != 0))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          CONFIG_NAME ": rope_parameters of type '%.32s' is not supported; only "
+                                      "plain RoPE is",
+                          t ? t : "?");
+    return cfg_pos_float(rp, "rope_theta", c->rope_theta, 1e12, &c->rope_theta, err);
+}
+
 devio_status devio_model_config_parse(const json_t *root, devio_model_config *c,
                                       devio_error *err)
 {
     memset(c, 0, sizeof *c);
     arch_kind kind = ARCH_LLAMA; /* set by parse_arch; initialised for the compiler */
     devio_status st;
-    if ((st = parse_arch(root, c, &kind, err)) || (st = refuse_features(root, err)) ||
-        (st = parse_shape(root, c, err)) || (st = parse_options(root, kind, c, err)))
+    if ((st = parse_arch(root, c, &kind, err)))
         return st;
+    if (kind == ARCH_MAMBA2)
+        return parse_mamba2(root, c, err);
+    if ((st = refuse_features(root, err)) || (st = parse_shape(root, c, err)) ||
+        (st = parse_options(root, kind, c, err)) || (st = parse_rope_parameters(root, c, err)))
+        return st;
+    c->rotary_dim = c->head_dim;
+    if (kind == ARCH_BAMBA)
+        return parse_bamba(root, c, err);
+    for (uint32_t i = 0; i < c->n_layers; i++)
+        c->attn_layers[i / 64] |= 1ull << (i % 64);
     return DEVIO_OK;
 }

@@ -567,6 +567,17 @@ DEVIO_NUM_FN float devio_siluf(float x)
     return DEVIO_MUL(x, devio_sigmoidf(x));
 }
 
+/* Softplus as PyTorch defines it (beta 1, threshold 20): x itself above 20,
+ * else devio_log1pf(devio_expf(x)). Two functions of at most 1 ulp each;
+ * log1p damps exp's error, so the result stays within 2 ulp (asserted on
+ * the test's sweep). softplus(-inf) = +0, softplus(+inf) = +inf. */
+DEVIO_NUM_FN float devio_softplusf(float x)
+{
+    if (x > 20.0f)
+        return x;
+    return devio_log1pf(devio_expf(x));
+}
+
 /* ---- rsqrt, pow --------------------------------------------------------- */
 
 /* 1 / sqrt(x) as two correctly rounded operations (up to 1.5 ulp, the same

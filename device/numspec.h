@@ -51,8 +51,10 @@
  *    target M (or not in this layer), use z: their bits never depend on the
  *    adapters of other rows.
  *
- * 4. RoPE (rotate_half), head dimension hd, half = hd / 2, for i < half:
- *      inv_freq_i = 1.0f / devio_powf_pos(theta, (float)(2*i) / (float)hd)
+ * 4. RoPE (rotate_half) over the first rd = rotary_dim dimensions of a head
+ *    of hd (rd = hd for the Llama family; Bamba turns half, rd = hd / 2,
+ *    and leaves dimensions [rd, hd) as they are), half = rd / 2, i < half:
+ *      inv_freq_i = 1.0f / devio_powf_pos(theta, (float)(2*i) / (float)rd)
  *      ang        = (float)pos * inv_freq_i
  *      c = devio_cosf(ang), s = devio_sinf(ang)
  *      out_i        = x_i * c - x_{i+half} * s
@@ -81,6 +83,9 @@
  *    LoRA); RoPE; K, V to the cache; o = attention; x = x + o_proj(o);
  *    h2 = rmsnorm(x, ffn_norm); g = gate(h2), u = up(h2);
  *    a = devio_siluf(g) * u  (one rounded multiply); x = x + down(a).
+ *    A mixer layer replaces everything from q, k, v to o_proj with rule 10:
+ *    h = rmsnorm(x, attn_norm); x = x + mixer(h); then the MLP as above
+ *    (Bamba), or nothing more (Mamba2, which has no MLP).
  *
  * 8. Output: for tokens with logits wanted, hn = rmsnorm(x, norm) and
  *    logits = lm_head(hn) (rule 3, no bias).
@@ -89,6 +94,33 @@
  *    numerics): Philox4x32-10 keyed by (seed, sequence position), Gumbel-max
  *    over the filtered logits, ties to the lowest token id; logprob is the
  *    log-softmax of the raw logits at the chosen token.
+ *
+ * 10. Mamba-2 mixer of a token at position pos of its sequence, with H heads
+ *    of P channels, G groups of N states, I = H*P, conv_dim = I + 2*G*N,
+ *    kernel K. The state is the conv window W [conv_dim][K-1] (the raw xBC
+ *    of the K-1 previous tokens, oldest first) and S [H][P][N]; both are
+ *    +0.0f at pos 0. Tokens of a sequence run in position order, so the
+ *    numbers never depend on how a sequence was split into steps.
+ *      zxbcdt = in_proj(h) (rule 3, + in_proj bias, + LoRA rule 3a)
+ *      z = zxbcdt[0, I), xbc = zxbcdt[I, I + conv_dim), dtr = the last H
+ *      conv, for c < conv_dim, window u = (W[c][0..K-2], xbc[c]):
+ *        v_c = lane_dot(conv_w[c], u, K) (+ conv_b[c]);  xa_c = devio_siluf(v_c)
+ *        then W[c] = (u[1..K-1])  (the window moves by one)
+ *      x = xa[0, I), B = xa[I, I + G*N), C = xa[I + G*N, conv_dim)
+ *      for head h, group g = h / (H / G), A_h = -devio_expf(a_log[h]):
+ *        dt = devio_softplusf(dtr[h] + dt_bias[h])
+ *        dt = dt < dt_min ? dt_min : dt;  dt = dt > dt_max ? dt_max : dt
+ *        dA = devio_expf(dt * A_h)
+ *        for p < P, n < N, with xp = x[h*P + p]:
+ *          S[h][p][n] = S[h][p][n] * dA + (dt * B[g*N + n]) * xp
+ *        y[h*P + p] = lane_dot(S[h][p], C[g*N ..], N) + D[h] * xp
+ *      gate: q_i = y_i * devio_siluf(z_i)
+ *      gated norm over each group of gs = I / G channels (the current
+ *      Hugging Face and original Mamba-2 definition):
+ *        ss = lane_dot(q_grp, q_grp, gs); r = devio_rsqrtf(ss / (float)gs + eps)
+ *        o_i = norm_w_i * (q_i * r)
+ *      mixer(h) = out_proj(o) (rule 3, + out_proj bias, + LoRA)
+ *    A snapshot copies W and S of every mixer layer, bit for bit.
  */
 #ifndef DEVIO_NUMSPEC_H
 #define DEVIO_NUMSPEC_H

@@ -23,22 +23,74 @@ static bool bias_ok(const devio_tensor *t, uint64_t n)
     return !t->data || tensor_is(t, n, 0);
 }
 
+static devio_status check_attention(const devio_layer *l, const devio_model_shape *s)
+{
+    uint64_t d = s->d, q = s->q_dim, kv = s->kv_dim;
+    bool ok = tensor_is(&l->wq, q, d) && tensor_is(&l->wk, kv, d) && tensor_is(&l->wv, kv, d) &&
+              tensor_is(&l->wo, d, q) && bias_ok(&l->bq, q) && bias_ok(&l->bk, kv) &&
+              bias_ok(&l->bv, kv);
+    return ok ? DEVIO_OK : DEVIO_E_MODEL;
+}
+
+static devio_status check_mixer(const devio_mixer *x, const devio_model_shape *s)
+{
+    uint64_t d = s->d, H = s->ssm_heads;
+    bool ok = tensor_is(&x->in_proj, s->in_dim, d) && tensor_is(&x->conv_w, s->conv_dim, s->ssm_conv) &&
+              tensor_is(&x->dt_bias, H, 0) && tensor_is(&x->a_log, H, 0) &&
+              tensor_is(&x->d_skip, H, 0) && tensor_is(&x->norm, s->ssm_inner, 0) &&
+              tensor_is(&x->out_proj, d, s->ssm_inner) && bias_ok(&x->in_bias, s->in_dim) &&
+              bias_ok(&x->conv_b, s->conv_dim) && bias_ok(&x->out_bias, d) &&
+              (x->conv_b.data != NULL) == s->conv_bias &&
+              (x->in_bias.data != NULL) == s->proj_bias && (x->out_bias.data != NULL) == s->proj_bias;
+    return ok ? DEVIO_OK : DEVIO_E_MODEL;
+}
+
 static devio_status check_layer(const devio_model *m, const devio_model_shape *s, uint32_t i,
                                 devio_error *err)
 {
     const devio_layer *l = &m->layers[i];
-    uint64_t d = s->d, q = s->q_dim, kv = s->kv_dim, f = s->f;
-    if (!tensor_is(&l->attn_norm, d, 0) || !tensor_is(&l->ffn_norm, d, 0) ||
-        !tensor_is(&l->wq, q, d) || !tensor_is(&l->wk, kv, d) || !tensor_is(&l->wv, kv, d) ||
-        !tensor_is(&l->wo, d, q) || !tensor_is(&l->w_gate, f, d) || !tensor_is(&l->w_up, f, d) ||
-        !tensor_is(&l->w_down, d, f) || !bias_ok(&l->bq, q) || !bias_ok(&l->bk, kv) ||
-        !bias_ok(&l->bv, kv))
+    uint64_t d = s->d, f = s->f;
+    devio_status st = l->kind == DEVIO_LAYER_MIXER ? check_mixer(&l->mixer, s)
+                                                   : check_attention(l, s);
+    bool mlp_ok = !s->has_mlp ||
+                  (tensor_is(&l->ffn_norm, d, 0) && tensor_is(&l->w_gate, f, d) &&
+                   tensor_is(&l->w_up, f, d) && tensor_is(&l->w_down, d, f));
+    if (st != DEVIO_OK || !mlp_ok || !tensor_is(&l->attn_norm, d, 0))
         return devio_fail_at(err, DEVIO_E_MODEL, "layer", i,
                              "layer %u has a tensor of the wrong shape or dtype", i);
     /* Backends sweep gate and up together as one fused projection. */
-    if (l->w_gate.dtype != l->w_up.dtype)
+    if (s->has_mlp && l->w_gate.dtype != l->w_up.dtype)
         return devio_fail_at(err, DEVIO_E_UNSUPPORTED, "layer", i,
                              "layer %u: gate_proj and up_proj differ in dtype", i);
+    return DEVIO_OK;
+}
+
+/* The mixer's dimensions and one state slot's size (backend.h). */
+static devio_status ssm_shape(const devio_model_config *c, devio_model_shape *s, devio_error *err)
+{
+    const devio_ssm_config *m = &c->ssm;
+    if (m->n_heads == 0 || m->head_dim == 0 || m->n_groups == 0 || m->d_state == 0 ||
+        m->d_conv == 0 || m->n_heads % m->n_groups != 0)
+        return devio_fail(err, DEVIO_E_MODEL, "the mixer has an empty or uneven dimension");
+    s->ssm_heads = m->n_heads;
+    s->ssm_head_dim = m->head_dim;
+    s->ssm_groups = m->n_groups;
+    s->ssm_state = m->d_state;
+    s->ssm_conv = m->d_conv;
+    uint64_t inner = (uint64_t)m->n_heads * m->head_dim;
+    uint64_t conv = inner + 2ull * m->n_groups * m->d_state, in = inner + conv + m->n_heads;
+    if (in > UINT32_MAX / 4)
+        return devio_fail(err, DEVIO_E_MODEL, "mixer width overflows");
+    s->ssm_inner = (uint32_t)inner;
+    s->conv_dim = (uint32_t)conv;
+    s->in_dim = (uint32_t)in;
+    s->conv_bias = m->conv_bias;
+    s->proj_bias = m->proj_bias;
+    s->dt_min = m->dt_min;
+    s->dt_max = m->dt_max;
+    s->ssm_eps = m->norm_eps;
+    s->slot_floats = (uint64_t)s->n_mixers *
+                     (conv * (m->d_conv - 1) + inner * (uint64_t)m->d_state);
     return DEVIO_OK;
 }
 
@@ -46,14 +98,17 @@ devio_status devio_model_shape_get(const devio_model *m, devio_model_shape *out,
                                    devio_error *err)
 {
     const devio_model_config *c = &m->cfg;
-    if (c->hidden_size == 0 || c->n_heads == 0 || c->n_kv_heads == 0 || c->head_dim == 0 ||
-        c->vocab_size == 0 || c->intermediate_size == 0 || c->n_layers == 0 || !m->layers)
+    bool mamba2 = c->arch == DEVIO_ARCH_MAMBA2;
+    if (c->hidden_size == 0 || c->vocab_size == 0 || c->n_layers == 0 || !m->layers ||
+        (!mamba2 && (c->n_heads == 0 || c->n_kv_heads == 0 || c->head_dim == 0 ||
+                     c->intermediate_size == 0)))
         return devio_fail(err, DEVIO_E_MODEL, "model has an empty dimension");
-    if (c->n_heads % c->n_kv_heads != 0)
+    if (c->n_kv_heads && c->n_heads % c->n_kv_heads != 0)
         return devio_fail(err, DEVIO_E_MODEL, "n_heads %u is not a multiple of n_kv_heads %u",
                           c->n_heads, c->n_kv_heads);
-    if (c->head_dim % 2 != 0)
-        return devio_fail(err, DEVIO_E_MODEL, "head_dim %u is odd", c->head_dim);
+    if (c->head_dim % 2 != 0 || c->rotary_dim % 2 != 0 || c->rotary_dim > c->head_dim)
+        return devio_fail(err, DEVIO_E_MODEL, "head_dim %u or rotary_dim %u is odd", c->head_dim,
+                          c->rotary_dim);
     uint64_t q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim;
     if (q > UINT32_MAX / 2 || kv > UINT32_MAX / 2)
         return devio_fail(err, DEVIO_E_MODEL, "attention width overflows");
@@ -61,8 +116,23 @@ devio_status devio_model_shape_get(const devio_model *m, devio_model_shape *out,
         .n_layers = c->n_layers, .d = c->hidden_size, .n_heads = c->n_heads,
         .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .q_dim = (uint32_t)q,
         .kv_dim = (uint32_t)kv, .f = c->intermediate_size, .vocab = c->vocab_size,
-        .eps = c->rms_norm_eps, .attn_scale = devio_rsqrtf((float)c->head_dim),
+        .eps = c->rms_norm_eps,
+        .attn_scale = c->head_dim ? devio_rsqrtf((float)c->head_dim) : 0.0f,
+        .rotary_dim = c->rotary_dim, .has_mlp = !mamba2,
     };
+    for (uint32_t i = 0; i < s.n_layers; i++) {
+        if (m->layers[i].kind == DEVIO_LAYER_MIXER)
+            s.n_mixers++;
+        else
+            s.n_attn++;
+    }
+    if (s.n_attn > 0 && (s.n_heads == 0 || s.head_dim == 0))
+        return devio_fail(err, DEVIO_E_MODEL, "attention layers without heads");
+    if (s.n_mixers > 0) {
+        devio_status st = ssm_shape(c, &s, err);
+        if (st != DEVIO_OK)
+            return st;
+    }
     if (!tensor_is(&m->embed, s.vocab, s.d) || !tensor_is(&m->lm_head, s.vocab, s.d) ||
         !tensor_is(&m->norm, s.d, 0))
         return devio_fail(err, DEVIO_E_MODEL, "embedding, norm or lm_head has a wrong shape");

@@ -16,7 +16,7 @@ devio_status devio_model_shape_get(const devio_model *m, devio_model_shape *out,
                                    devio_error *err);
 
 /* RoPE tables of numspec rule 4: cos and sin [max_seq_len, head_dim / 2]
- * for rope_theta. Caller frees both with free(); DEVIO_E_NOMEM on failure
+ * for rope_theta, where head_dim is the rotary dimension (shape.rotary_dim). Caller frees both with free(); DEVIO_E_NOMEM on failure
  * (then both are NULL). */
 devio_status devio_rope_tables(float theta, uint32_t head_dim, uint32_t max_seq_len,
                                float **cos_out, float **sin_out, devio_error *err);

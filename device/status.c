@@ -22,6 +22,7 @@ static const char *const status_names[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_OUT_OF_LOGITS] = "out_of_logits",
     [DEVIO_E_OUT_OF_SEQS] = "out_of_seqs",
     [DEVIO_E_OUT_OF_SSM_SLOTS] = "out_of_ssm_slots",
+    [DEVIO_E_OUT_OF_SNAPSHOTS] = "out_of_snapshots",
     [DEVIO_E_NO_SNAPSHOT] = "no_snapshot",
     [DEVIO_E_ADAPTER_CAPACITY] = "adapter_capacity",
     [DEVIO_E_UNSUPPORTED] = "unsupported",

@@ -20,6 +20,7 @@ static const unsigned short http_codes[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_OUT_OF_LOGITS] = 409,
     [DEVIO_E_OUT_OF_SEQS] = 409,
     [DEVIO_E_OUT_OF_SSM_SLOTS] = 409,
+    [DEVIO_E_OUT_OF_SNAPSHOTS] = 409,
     [DEVIO_E_NO_SNAPSHOT] = 409,
     [DEVIO_E_ADAPTER_CAPACITY] = 409,
     [DEVIO_E_UNSUPPORTED] = 400,

@@ -104,7 +104,7 @@ static void test_plan_decode(void **state)
     assert_true(buf.rows[0].sample.temperature == 0.5f);
     assert_int_equal(buf.rows[0].sample.top_k, 40);
     assert_true(buf.rows[0].sample.top_p == 1.0f);
-    assert_true(buf.rows[0].snapshot_end);
+    assert_int_equal(buf.rows[0].snapshot, DEVIO_SNAP_END);
     assert_int_equal(buf.rows[1].tokens[0], 4);
     assert_int_equal(buf.rows[1].logits, DEVIO_LOGITS_NONE);
     devio_plan_buf_free(&buf);

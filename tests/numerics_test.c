@@ -127,6 +127,8 @@ static float f_cos(float x) { return devio_cosf(x); }
 static float f_tanh(float x) { return devio_tanhf(x); }
 static float f_sigmoid(float x) { return devio_sigmoidf(x); }
 static float f_silu(float x) { return devio_siluf(x); }
+static float f_softplus(float x) { return devio_softplusf(x); }
+static double r_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
 static double r_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static double r_silu(double x) { return x / (1.0 + exp(-x)); }
@@ -423,6 +425,25 @@ static void test_sigmoid_silu(void **state)
     assert_int_equal(bits_of(devio_siluf(INFINITY)), bits_of(INFINITY));
     assert_true(isnan(devio_siluf(-INFINITY))); /* -inf * 0, as documented */
     assert_int_equal(bits_of(devio_siluf(-200.0f)), 0x80000000u);
+}
+
+/* Softplus: PyTorch's threshold, the documented composition, 2 ulp. */
+static void test_softplus(void **state)
+{
+    (void)state;
+    accuracy a = {.name = "softplusf", .floored = 1, .floor = -87.0f};
+    sweep_grid(&a, f_softplus, r_softplus, -87.0, 40.0, 500000);
+    acc_report(&a, 2.0);
+    uint64_t seed = 11;
+    for (int i = 0; i < 100000; i++) {
+        float x = (float)((double)(mix_next(&seed) >> 11) * 0x1p-53 * 60.0 - 30.0);
+        volatile float e = devio_expf(x);
+        float want = x > 20.0f ? x : devio_log1pf(e);
+        assert_int_equal(bits_of(devio_softplusf(x)), bits_of(want));
+    }
+    assert_int_equal(bits_of(devio_softplusf(-INFINITY)), 0u);
+    assert_int_equal(bits_of(devio_softplusf(INFINITY)), bits_of(INFINITY));
+    assert_int_equal(bits_of(devio_softplusf(25.0f)), bits_of(25.0f));
 }
 
 static void test_rsqrtf(void **state)
@@ -801,6 +822,7 @@ int main(void)
         cmocka_unit_test(test_sinf_accuracy),  cmocka_unit_test(test_cosf_accuracy),
         cmocka_unit_test(test_trig_specials),  cmocka_unit_test(test_tanhf_accuracy),
         cmocka_unit_test(test_sigmoid_silu),   cmocka_unit_test(test_rsqrtf),
+        cmocka_unit_test(test_softplus),
         cmocka_unit_test(test_powf_pos),       cmocka_unit_test(test_lane_rule),
         cmocka_unit_test(test_f16),            cmocka_unit_test(test_bf16),
     };
