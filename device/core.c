@@ -142,6 +142,67 @@ uint32_t dv_seq_shrink(devio_device *d, dv_seq *s, uint32_t new_len)
     return freed;
 }
 
+/* ---- SSM state slots and snapshots ------------------------------------ */
+
+void dv_slot_take(devio_device *d, dv_seq *q)
+{
+    q->slot = (int32_t)d->slot_free[--d->n_slot_free];
+    q->state_lost = false;
+}
+
+void dv_snap_put(devio_device *d, uint32_t snap)
+{
+    d->snap_owner[snap] = -1;
+    d->snap_free[d->n_snap_free++] = snap;
+}
+
+uint32_t dv_snap_take(devio_device *d, const dv_seq *q, uint32_t len)
+{
+    uint32_t snap = d->snap_free[--d->n_snap_free];
+    d->snap_owner[snap] = (int32_t)(q - d->seqs);
+    d->snap_len[snap] = len;
+    return snap;
+}
+
+int32_t dv_snap_find(const devio_device *d, const dv_seq *q, uint32_t len)
+{
+    int32_t owner = (int32_t)(q - d->seqs);
+    for (uint32_t i = 0; i < d->bcfg.ssm_snapshots; i++)
+        if (d->snap_owner[i] == owner && d->snap_len[i] == len)
+            return (int32_t)i;
+    return -1;
+}
+
+uint32_t dv_snap_drop_after(devio_device *d, const dv_seq *q, uint32_t len)
+{
+    int32_t owner = (int32_t)(q - d->seqs);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < d->bcfg.ssm_snapshots; i++)
+        if (d->snap_owner[i] == owner && d->snap_len[i] > len) {
+            dv_snap_put(d, i);
+            n++;
+        }
+    return n;
+}
+
+uint32_t dv_ssm_release(devio_device *d, dv_seq *q)
+{
+    if (!d->hybrid)
+        return 0;
+    uint32_t n = 0;
+    int32_t owner = (int32_t)(q - d->seqs);
+    for (uint32_t i = 0; i < d->bcfg.ssm_snapshots; i++)
+        if (d->snap_owner[i] == owner) {
+            dv_snap_put(d, i);
+            n++;
+        }
+    if (q->slot >= 0)
+        d->slot_free[d->n_slot_free++] = (uint32_t)q->slot;
+    q->slot = -1;
+    q->state_lost = false;
+    return n;
+}
+
 /* ---- open and teardown ------------------------------------------------ */
 
 static void ticket_bufs_free(dv_ticket *t)
@@ -156,6 +217,7 @@ static void ticket_bufs_free(dv_ticket *t)
     free(t->copy_src);
     free(t->copy_dst);
     free(t->samples);
+    free(t->snap_slots);
 }
 
 static void device_free(devio_device *d)
@@ -184,6 +246,10 @@ static void device_free(devio_device *d)
     free(d->block_tables);
     free(d->rope_cos);
     free(d->rope_sin);
+    free(d->slot_free);
+    free(d->snap_owner);
+    free(d->snap_len);
+    free(d->snap_free);
     devio_kv_pool_fini(&d->pool);
     devio_sampler_free(d->sampler);
     devio_sampler_free(d->fx_sampler);
@@ -235,7 +301,8 @@ static bool alloc_ticket(dv_ticket *t, const devio_config *c)
            ALLOC_N(t->tokens, c->max_batch_tokens) && ALLOC_N(t->tok_pos, c->max_batch_tokens) &&
            ALLOC_N(t->tok_row, c->max_batch_tokens) && ALLOC_N(t->out_tok, c->max_batch_tokens) &&
            ALLOC_N(t->out_slot, c->max_batch_tokens) && ALLOC_N(t->copy_src, c->max_rows) &&
-           ALLOC_N(t->copy_dst, c->max_rows) && ALLOC_N(t->samples, c->max_rows);
+           ALLOC_N(t->copy_dst, c->max_rows) && ALLOC_N(t->samples, c->max_rows) &&
+           ALLOC_N(t->snap_slots, c->max_batch_tokens);
 }
 
 static devio_status alloc_tables(devio_device *d)
@@ -253,8 +320,10 @@ static devio_status alloc_tables(devio_device *d)
         !ALLOC_N(d->row_free, c->logits_rows) || !ALLOC_N(d->tickets, c->max_depth) ||
         !ALLOC_N(d->queue, c->max_depth))
         return DEVIO_E_NOMEM;
-    for (uint32_t i = 0; i < c->max_seqs; i++)
+    for (uint32_t i = 0; i < c->max_seqs; i++) {
         d->seqs[i].blocks = d->block_tables + (size_t)i * d->max_blocks_per_seq;
+        d->seqs[i].slot = -1;
+    }
     for (uint32_t i = 0; i < c->logits_handles; i++)
         if (!ALLOC_N(d->handles[i].slots, c->logits_rows) ||
             !ALLOC_N(d->handles[i].pos, c->logits_rows))
@@ -270,6 +339,51 @@ static devio_status alloc_tables(devio_device *d)
     return DEVIO_OK;
 }
 
+/* Memory the state slots and the snapshots may each take when their count
+ * is derived (--ssm-slots 0, --ssm-snapshots 0). */
+#define SSM_POOL_BYTES (1ull << 30)
+
+/* Hybrid models: the state slot and snapshot pools and their tables. A
+ * derived count is what SSM_POOL_BYTES holds, at least 1: slots at most
+ * max_seqs, snapshots at most 4 per slot. Attention-only models get none. */
+static devio_status ssm_pools(devio_device *d, devio_error *err)
+{
+    devio_config *c = &d->cfg;
+    d->hybrid = d->shape.n_mixers > 0;
+    if (!d->hybrid) {
+        c->ssm_slots = c->ssm_snapshots = 0;
+        return DEVIO_OK;
+    }
+    if (!devio_backend_has_ssm(d->ops))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "backend '%s' keeps no recurrent state: it cannot run %s",
+                          d->ops->name, d->model->cfg.architecture);
+    uint64_t slot_bytes = d->shape.slot_floats * sizeof(float);
+    uint64_t fit = SSM_POOL_BYTES / (slot_bytes ? slot_bytes : 1);
+    fit = fit > 0 ? fit : 1;
+    if (c->ssm_slots == 0)
+        c->ssm_slots = (uint32_t)(fit < c->max_seqs ? fit : c->max_seqs);
+    if (c->ssm_snapshots == 0) {
+        uint64_t want = 4ull * c->ssm_slots;
+        c->ssm_snapshots = (uint32_t)(fit < want ? fit : want);
+    }
+    if (c->ssm_slots > (1u << 20) || c->ssm_snapshots > (1u << 20))
+        return devio_fail(err, DEVIO_E_INVALID, "ssm_slots and ssm_snapshots are at most %u",
+                          1u << 20);
+    if (!ALLOC_N(d->slot_free, c->ssm_slots) || !ALLOC_N(d->snap_owner, c->ssm_snapshots) ||
+        !ALLOC_N(d->snap_len, c->ssm_snapshots) || !ALLOC_N(d->snap_free, c->ssm_snapshots))
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the SSM slot tables");
+    for (uint32_t i = 0; i < c->ssm_slots; i++)
+        d->slot_free[i] = c->ssm_slots - 1 - i;
+    d->n_slot_free = c->ssm_slots;
+    for (uint32_t i = 0; i < c->ssm_snapshots; i++) {
+        d->snap_owner[i] = -1;
+        d->snap_free[i] = c->ssm_snapshots - 1 - i;
+    }
+    d->n_snap_free = c->ssm_snapshots;
+    return DEVIO_OK;
+}
+
 /* Shape, RoPE tables and the backend, in that order: what every backend
  * needs is checked and computed here, once. */
 static devio_status open_backend(devio_device *d, devio_error *err)
@@ -279,6 +393,9 @@ static devio_status open_backend(devio_device *d, devio_error *err)
     if (s == DEVIO_OK)
         s = devio_rope_tables(d->model->cfg.rope_theta, d->shape.rotary_dim, c->max_seq_len,
                               &d->rope_cos, &d->rope_sin, err);
+    if (s != DEVIO_OK)
+        return s;
+    s = ssm_pools(d, err);
     if (s != DEVIO_OK)
         return s;
     d->bcfg = (devio_backend_config){
@@ -293,8 +410,8 @@ static devio_status open_backend(devio_device *d, devio_error *err)
         .adapter_slots = c->max_loras,
         .max_lora_rank = c->max_lora_rank,
         .logits_slots = c->logits_rows + c->max_depth * c->max_rows,
-        .ssm_slots = 0,
-        .ssm_snapshots = 0,
+        .ssm_slots = c->ssm_slots,
+        .ssm_snapshots = c->ssm_snapshots,
         .shape = &d->shape,
         .rope_cos = d->rope_cos,
         .rope_sin = d->rope_sin,
@@ -446,9 +563,9 @@ devio_facts devio_facts_get(devio_device *d)
         .blocks_shared = d->pool.n_shared,
         /* Attention-only models hold no SSM state: the pools are empty. */
         .ssm_slots_total = d->bcfg.ssm_slots,
-        .ssm_slots_used = 0,
+        .ssm_slots_used = d->bcfg.ssm_slots - d->n_slot_free,
         .ssm_snapshots_total = d->bcfg.ssm_snapshots,
-        .ssm_snapshots_used = 0,
+        .ssm_snapshots_used = d->bcfg.ssm_snapshots - d->n_snap_free,
         .tickets_in_flight = d->in_flight,
         .logits_live = d->n_handles_live,
         .adapters_loaded = d->lora.n_loaded,
@@ -474,6 +591,8 @@ devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
         q->len = 0;
         q->n_blocks = 0;
         q->busy = 0;
+        q->slot = -1;
+        q->state_lost = false;
         *seq = q->id;
         goto out;
     }
@@ -482,6 +601,29 @@ devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
 out:
     dv_unlock(d);
     return s;
+}
+
+/* A sequence's state, its snapshots' lengths ascending. */
+static void seq_info_fill(const devio_device *d, const dv_seq *q, devio_seq_info *out)
+{
+    *out = (devio_seq_info){.seq = q->id, .len = q->len, .blocks = q->n_blocks,
+                            .busy_ticket = q->busy, .ssm_slot = q->slot >= 0};
+    int32_t owner = (int32_t)(q - d->seqs);
+    uint32_t cap = sizeof out->snapshots / sizeof *out->snapshots;
+    for (uint32_t i = 0; i < d->bcfg.ssm_snapshots; i++) {
+        if (d->snap_owner[i] != owner)
+            continue;
+        uint32_t len = d->snap_len[i], k = out->n_snapshots < cap ? out->n_snapshots : cap;
+        /* Insertion into the first cap lengths, kept ascending. */
+        while (k > 0 && out->snapshots[k - 1] > len) {
+            if (k < cap)
+                out->snapshots[k] = out->snapshots[k - 1];
+            k--;
+        }
+        if (k < cap)
+            out->snapshots[k] = len;
+        out->n_snapshots++;
+    }
 }
 
 devio_status devio_seq_info_get(devio_device *d, uint64_t seq, devio_seq_info *out,
@@ -496,8 +638,7 @@ devio_status devio_seq_info_get(devio_device *d, uint64_t seq, devio_seq_info *o
         s = devio_fail_at(err, DEVIO_E_UNKNOWN_SEQ, "seq", (int64_t)seq, "no sequence %llu",
                           (unsigned long long)seq);
     else
-        *out = (devio_seq_info){.seq = q->id, .len = q->len, .blocks = q->n_blocks,
-                                .busy_ticket = q->busy, .n_snapshots = 0};
+        seq_info_fill(d, q, out);
     dv_unlock(d);
     return s;
 }

@@ -23,6 +23,8 @@ typedef struct dv_seq {
     uint32_t n_blocks;
     uint32_t *blocks; /* max_blocks_per_seq entries, owned by the device */
     uint64_t busy;    /* ticket id while inside an unawaited ticket, else 0 */
+    int32_t slot;     /* SSM state slot (hybrid models, length > 0), else -1 */
+    bool state_lost;  /* a failed step left the slot's state undefined */
 } dv_seq;
 
 typedef struct dv_handle {
@@ -44,6 +46,8 @@ typedef struct dv_trow {
     int32_t sample;       /* index into the ticket's samples, -1 = none */
     int32_t lora_slot;    /* adapter table entry, -1 = none */
     uint32_t lora_gen;    /* the entry's generation at launch */
+    bool took_slot;       /* the launch gave the sequence its SSM state slot */
+    uint32_t n_snaps;     /* snapshots the row takes: ticket snap_slots[tok_start ..] */
 } dv_trow;
 
 typedef enum { DV_T_FREE = 0, DV_T_SUBMITTED, DV_T_DONE } dv_tstate;
@@ -60,6 +64,7 @@ typedef struct dv_ticket {
     uint32_t *out_tok, *out_slot; /* max_batch_tokens */
     uint32_t *copy_src, *copy_dst; /* max_rows */
     devio_batch_sample *samples;/* max_rows */
+    int32_t *snap_slots;        /* max_batch_tokens: each row's snapshot slots at its tok_start */
     uint32_t sample_slot0;      /* first of this ticket's max_rows scratch logits slots */
     bool device_sampled;        /* the backend's sample slot took the batch's samples */
     devio_batch batch;
@@ -104,6 +109,17 @@ struct devio_device {
     uint64_t next_ticket_id;
     uint64_t last_end;      /* when the previous step settled (monotonic us) */
 
+    /* SSM state of hybrid models (bcfg.ssm_slots, bcfg.ssm_snapshots; both
+     * 0 otherwise). A snapshot is owned by one sequence (its index in seqs)
+     * and taken at one length. */
+    bool hybrid;
+    uint32_t *slot_free;    /* stack of free state slots */
+    uint32_t n_slot_free;
+    int32_t *snap_owner;    /* [ssm_snapshots] sequence index, -1 = free */
+    uint32_t *snap_len;     /* [ssm_snapshots] */
+    uint32_t *snap_free;    /* stack of free snapshot slots */
+    uint32_t n_snap_free;
+
     devio_sampler *sampler; /* used by the step runner only */
     devio_sampler *fx_sampler; /* used by effects (under the lock) */
     devio_lora_table lora;
@@ -145,8 +161,25 @@ void dv_handle_release(devio_device *d, dv_handle *h);
 uint32_t dv_seq_shrink(devio_device *d, dv_seq *s, uint32_t new_len);
 
 /* Undo every reservation of ticket t (failed submit or failed step): block
- * copies, lengths, new blocks, handles, adapter use; the sequences are as
- * they were before the launch. Does not free the ticket slot. */
-void dv_ticket_undo(devio_device *d, dv_ticket *t);
+ * copies, lengths, new blocks, handles, adapter use, state slots and
+ * snapshots; the sequences are as they were before the launch, except that
+ * when the step ran (`ran`) the recurrent state of a hybrid sequence that
+ * had one is lost (dv_seq.state_lost). Does not free the ticket slot. */
+void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran);
+
+/* ---- SSM state (core.c) ----------------------------------------------- */
+
+/* Give q a free state slot (the caller checked n_slot_free). */
+void dv_slot_take(devio_device *d, dv_seq *q);
+/* Release q's state slot, if any, and every snapshot it owns; returns the
+ * number of snapshots released. */
+uint32_t dv_ssm_release(devio_device *d, dv_seq *q);
+/* Take a free snapshot slot (the caller checked n_snap_free) for q at len. */
+uint32_t dv_snap_take(devio_device *d, const dv_seq *q, uint32_t len);
+void dv_snap_put(devio_device *d, uint32_t snap);
+/* The snapshot q owns at exactly len, or -1. */
+int32_t dv_snap_find(const devio_device *d, const dv_seq *q, uint32_t len);
+/* Release q's snapshots at lengths above len; returns how many. */
+uint32_t dv_snap_drop_after(devio_device *d, const dv_seq *q, uint32_t len);
 
 #endif

@@ -65,12 +65,32 @@ static devio_status apply_sample(devio_device *d, const devio_effect *e, devio_o
     return DEVIO_OK;
 }
 
+/* Copy one state slot or snapshot to another through the backend. */
+static devio_status ssm_copy(devio_device *d, bool dst_snap, uint32_t dst, bool src_snap,
+                             uint32_t src, devio_error *err)
+{
+    return devio_backend_ssm_copy(d->ops, d->backend, &d->bcfg,
+                                  (devio_ssm_ref){.snapshot = dst_snap, .index = dst},
+                                  (devio_ssm_ref){.snapshot = src_snap, .index = src}, err);
+}
+
+/* A hybrid sequence whose state a failed step lost refuses what reads it. */
+static devio_status state_ok(const dv_seq *q, devio_error *err)
+{
+    if (!q->state_lost)
+        return DEVIO_OK;
+    return devio_fail_at(err, DEVIO_E_DEVICE, "seq", (int64_t)q->id,
+                         "sequence %llu lost its state in a failed step; truncate it to a "
+                         "snapshot or to 0, or free it",
+                         (unsigned long long)q->id);
+}
+
 static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_outcome *o,
                                devio_error *err)
 {
     dv_seq *p;
     devio_status s = idle_seq(d, e->seq, &p, err);
-    if (s != DEVIO_OK)
+    if (s != DEVIO_OK || (s = state_ok(p, err)) != DEVIO_OK)
         return s;
     dv_seq *c = NULL;
     for (uint32_t i = 0; i < d->cfg.max_seqs && !c; i++)
@@ -79,6 +99,18 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
     if (!c)
         return devio_fail_at(err, DEVIO_E_OUT_OF_SEQS, "max_seqs", d->cfg.max_seqs,
                              "all %u sequence slots are in use", d->cfg.max_seqs);
+    c->slot = -1;
+    c->state_lost = false;
+    if (p->slot >= 0) {
+        /* The child gets a copy of the parent's state, and no snapshots. */
+        if (d->n_slot_free == 0)
+            return devio_fail_at(err, DEVIO_E_OUT_OF_SSM_SLOTS, "ssm_slots", d->bcfg.ssm_slots,
+                                 "all %u SSM state slots are in use", d->bcfg.ssm_slots);
+        uint32_t slot = d->slot_free[d->n_slot_free - 1];
+        if ((s = ssm_copy(d, false, slot, false, (uint32_t)p->slot, err)) != DEVIO_OK)
+            return s;
+        dv_slot_take(d, c);
+    }
     c->id = d->next_seq_id++;
     c->len = p->len;
     c->busy = 0;
@@ -103,6 +135,20 @@ static devio_status apply_truncate(devio_device *d, const devio_effect *e, devio
         return devio_fail_at(err, DEVIO_E_INVALID, "len", q->len,
                              "cannot truncate sequence %llu of length %u to %u",
                              (unsigned long long)e->seq, q->len, e->len);
+    if (d->hybrid && e->len == 0) {
+        /* The state at length 0 is zeros: nothing to restore. */
+        o->freed_snapshots = dv_ssm_release(d, q);
+    } else if (d->hybrid && e->len < q->len) {
+        int32_t snap = dv_snap_find(d, q, e->len);
+        if (snap < 0)
+            return devio_fail_at(err, DEVIO_E_NO_SNAPSHOT, "len", e->len,
+                                 "sequence %llu has no SSM snapshot at length %u", 
+                                 (unsigned long long)e->seq, e->len);
+        if ((s = ssm_copy(d, false, (uint32_t)q->slot, true, (uint32_t)snap, err)) != DEVIO_OK)
+            return s;
+        q->state_lost = false;
+        o->freed_snapshots = dv_snap_drop_after(d, q, e->len);
+    }
     o->freed_blocks = dv_seq_shrink(d, q, e->len);
     o->len = e->len;
     return DEVIO_OK;
@@ -116,8 +162,22 @@ static devio_status apply_snapshot(devio_device *d, const devio_effect *e, devio
     if (s != DEVIO_OK)
         return s;
     /* Attention-only models: the KV cache is the whole state and truncate
-     * needs no snapshot, so a snapshot holds nothing and uses no slot. */
+     * needs no snapshot, so a snapshot holds nothing and uses no slot. So
+     * does one at length 0 (the state there is zeros), or at a length that
+     * has one already (the state has not moved since). */
     o->len = q->len;
+    if (!d->hybrid || q->len == 0 || dv_snap_find(d, q, q->len) >= 0)
+        return DEVIO_OK;
+    if ((s = state_ok(q, err)) != DEVIO_OK)
+        return s;
+    if (d->n_snap_free == 0)
+        return devio_fail_at(err, DEVIO_E_OUT_OF_SNAPSHOTS, "ssm_snapshots",
+                             d->bcfg.ssm_snapshots, "all %u SSM snapshots are in use",
+                             d->bcfg.ssm_snapshots);
+    uint32_t snap = d->snap_free[d->n_snap_free - 1];
+    if ((s = ssm_copy(d, true, snap, false, (uint32_t)q->slot, err)) != DEVIO_OK)
+        return s;
+    dv_snap_take(d, q, q->len);
     return DEVIO_OK;
 }
 
@@ -129,12 +189,24 @@ static devio_status apply_free(devio_device *d, const devio_effect *e, devio_out
     if (s != DEVIO_OK)
         return s;
     o->freed_blocks = dv_seq_shrink(d, q, 0);
+    o->freed_snapshots = dv_ssm_release(d, q);
     q->id = 0;
     return DEVIO_OK;
 }
 
-static devio_status apply_release(devio_device *d, const devio_effect *e, devio_error *err)
+/* release {logits}: the handle; release {seq}: every snapshot of it. */
+static devio_status apply_release(devio_device *d, const devio_effect *e, devio_outcome *o,
+                                  devio_error *err)
 {
+    if ((e->seq != 0) == (e->logits != 0))
+        return devio_fail(err, DEVIO_E_INVALID, "release names a logits handle or a sequence");
+    if (e->seq != 0) {
+        dv_seq *q;
+        devio_status s = idle_seq(d, e->seq, &q, err);
+        if (s == DEVIO_OK && d->hybrid)
+            o->freed_snapshots = dv_snap_drop_after(d, q, 0); /* none is at length 0 */
+        return s;
+    }
     dv_handle *h = dv_handle_find(d, e->logits);
     if (!h)
         return devio_fail_at(err, DEVIO_E_UNKNOWN_LOGITS, "logits", (int64_t)e->logits,
@@ -162,7 +234,7 @@ devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *
     case DEVIO_EFFECT_TRUNCATE: s = apply_truncate(d, e, out, err); break;
     case DEVIO_EFFECT_SNAPSHOT: s = apply_snapshot(d, e, out, err); break;
     case DEVIO_EFFECT_FREE: s = apply_free(d, e, out, err); break;
-    case DEVIO_EFFECT_RELEASE: s = apply_release(d, e, err); break;
+    case DEVIO_EFFECT_RELEASE: s = apply_release(d, e, out, err); break;
     default: s = devio_fail(err, DEVIO_E_INVALID, "unknown effect kind %d", (int)e->kind); break;
     }
 out:

@@ -8,6 +8,38 @@
 #include "device/status.h"
 
 /* Validate a plan against the device limits and state; changes nothing. */
+/* Hybrid models: a row's sequence must have its state, and the plan's new
+ * state slots (sequences of length 0) and snapshots must be free. */
+static devio_status validate_ssm(devio_device *d, const devio_plan *p, devio_error *err)
+{
+    uint32_t slots = 0, snaps = 0;
+    for (uint32_t r = 0; r < p->n_rows; r++) {
+        const devio_row *row = &p->rows[r];
+        const dv_seq *q = dv_seq_find(d, row->seq);
+        if (row->snapshot > DEVIO_SNAP_EACH)
+            return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u: bad snapshot mode", r);
+        if (!d->hybrid)
+            continue;
+        if (q->state_lost)
+            return devio_fail_at(err, DEVIO_E_DEVICE, "row", r,
+                                 "row %u: sequence %llu lost its state in a failed step; "
+                                 "truncate it to a snapshot or to 0, or free it",
+                                 r, (unsigned long long)row->seq);
+        slots += q->slot < 0;
+        snaps += row->snapshot == DEVIO_SNAP_EACH ? row->n_tokens
+                 : row->snapshot == DEVIO_SNAP_END ? 1
+                                                   : 0;
+    }
+    if (slots > d->n_slot_free)
+        return devio_fail_at(err, DEVIO_E_OUT_OF_SSM_SLOTS, "needed", slots,
+                             "plan needs %u SSM state slots, %u are free", slots,
+                             d->n_slot_free);
+    if (snaps > d->n_snap_free)
+        return devio_fail_at(err, DEVIO_E_OUT_OF_SNAPSHOTS, "needed", snaps,
+                             "plan needs %u SSM snapshots, %u are free", snaps, d->n_snap_free);
+    return DEVIO_OK;
+}
+
 static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t *kv_need,
                                   uint32_t *handles_need, uint32_t *rows_need, devio_error *err)
 {
@@ -85,7 +117,7 @@ static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t
                              "plan needs %u logits handles and %u rows; %u and %u are free",
                              *handles_need, *rows_need, c->logits_handles - d->n_handles_live,
                              d->n_row_free);
-    return DEVIO_OK;
+    return validate_ssm(d, p, err);
 }
 
 /* Copy-on-write of the partial last block of q, when it is shared. */
@@ -140,6 +172,32 @@ static void layout_tokens(dv_ticket *t, uint32_t r, const devio_row *row, const 
     b->n_tokens += row->n_tokens;
 }
 
+/* The row's state slot (taken when the sequence is empty) and its
+ * snapshots, at the lengths they will hold. */
+static void commit_ssm(devio_device *d, dv_ticket *t, const devio_row *row, dv_seq *q,
+                       dv_trow *tr, devio_batch_row *br)
+{
+    if (!d->hybrid)
+        return;
+    if (q->slot < 0) {
+        dv_slot_take(d, q);
+        tr->took_slot = true;
+    }
+    br->ssm_slot = q->slot;
+    br->snapshot = row->snapshot == DEVIO_SNAP_EACH  ? DEVIO_SNAPSHOT_EACH
+                   : row->snapshot == DEVIO_SNAP_END ? DEVIO_SNAPSHOT_END
+                                                     : DEVIO_SNAPSHOT_NONE;
+    tr->n_snaps = row->snapshot == DEVIO_SNAP_EACH ? row->n_tokens
+                  : row->snapshot == DEVIO_SNAP_END ? 1
+                                                    : 0;
+    int32_t *snaps = t->snap_slots + br->tok_start;
+    for (uint32_t i = 0; i < tr->n_snaps; i++) {
+        uint32_t len = row->snapshot == DEVIO_SNAP_END ? q->len + row->n_tokens : q->len + i + 1;
+        snaps[i] = (int32_t)dv_snap_take(d, q, len);
+    }
+    br->snap_slots = tr->n_snaps ? snaps : NULL;
+}
+
 /* Reserve and lay out one validated row in ticket slot t. Cannot fail. */
 static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_row *row)
 {
@@ -168,16 +226,25 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
                                     .tok_start = t->batch.n_tokens, .blocks = q->blocks,
                                     .adapter = tr->lora_slot, .adapter_gen = tr->lora_gen,
                                     .ssm_slot = -1, .snapshot = DEVIO_SNAPSHOT_NONE};
+    commit_ssm(d, t, row, q, tr, &t->brows[r]);
     layout_tokens(t, r, row, q, h);
     q->len += row->n_tokens;
     q->busy = t->id;
 }
 
-void dv_ticket_undo(devio_device *d, dv_ticket *t)
+void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran)
 {
     for (uint32_t r = t->n_rows; r-- > 0;) {
         dv_trow *tr = &t->rows[r];
         dv_seq *q = &d->seqs[tr->seq_index];
+        for (uint32_t i = tr->n_snaps; i-- > 0;)
+            dv_snap_put(d, (uint32_t)t->snap_slots[t->brows[r].tok_start + i]);
+        if (tr->took_slot) {
+            d->slot_free[d->n_slot_free++] = (uint32_t)q->slot;
+            q->slot = -1;
+        } else if (ran && q->slot >= 0) {
+            q->state_lost = true; /* the step may have advanced it */
+        }
         /* Back to the shared block the sequence held before the launch,
          * unless its other holders freed it meanwhile: then the copy stays. */
         if (tr->cow_src >= 0 && d->pool.refcount[tr->cow_src] > 0) {
@@ -255,7 +322,7 @@ devio_status devio_launch(devio_device *d, const devio_plan *plan, uint64_t *tic
     s = submit(d, t, err);
     if (s != DEVIO_OK) {
         /* The backend refused the step: nothing of it happened. */
-        dv_ticket_undo(d, t);
+        dv_ticket_undo(d, t, false);
         goto out;
     }
     d->next_ticket_id++;

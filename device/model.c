@@ -427,9 +427,9 @@ static devio_status load_attention(loader *L, const char *prefix, const devio_mo
         {"self_attn.k_proj.weight", &ly->wk, 2, kv, d, false},
         {"self_attn.v_proj.weight", &ly->wv, 2, kv, d, false},
         {"self_attn.o_proj.weight", &ly->wo, 2, d, q, false},
-        {"self_attn.q_proj.bias", b ? &ly->bq : NULL, 1, q, 0, true},
-        {"self_attn.k_proj.bias", b ? &ly->bk : NULL, 1, kv, 0, true},
-        {"self_attn.v_proj.bias", b ? &ly->bv : NULL, 1, kv, 0, true},
+        {"self_attn.q_proj.bias", b ? &ly->bq : NULL, 1, q, 0, false},
+        {"self_attn.k_proj.bias", b ? &ly->bk : NULL, 1, kv, 0, false},
+        {"self_attn.v_proj.bias", b ? &ly->bv : NULL, 1, kv, 0, false},
     };
     return load_parts(L, prefix, li, parts, sizeof parts / sizeof *parts, err);
 }

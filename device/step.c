@@ -121,7 +121,7 @@ static devio_status settle(devio_device *d, dv_ticket *t, devio_step_result *out
     if (t->status != DEVIO_OK) {
         if (err)
             *err = t->err;
-        dv_ticket_undo(d, t);
+        dv_ticket_undo(d, t, true);
         return t->status;
     }
     devio_row_result *rows = calloc(t->n_rows, sizeof *rows);

@@ -15,6 +15,7 @@
 #include "device/status.h"
 #include "ref/pool.h"
 #include "ref/ref_kernels.h"
+#include "ref/ref_mixer.h"
 
 typedef struct ref_state {
     const devio_model *model; /* borrowed */
@@ -62,6 +63,20 @@ typedef struct ref_state {
     devio_pool *pool;
     ref_scratch *scratch; /* one per pool thread */
     uint32_t n_scratch;
+
+    /* Hybrid models (numspec rule 10): per layer, the mixer's small weights
+     * widened (mixer layers only) and its offset inside a state slot; the
+     * state and snapshot pools; the mixer's activations. */
+    ref_mixer_weights *mix;     /* [n_layers] */
+    float **in_bias, **out_bias;/* [n_layers] in_proj / out_proj biases, or NULL */
+    size_t *mix_off;            /* [n_layers] */
+    float *ssm_slots;           /* [ssm_slots, slot_floats] */
+    float *ssm_snaps;           /* [ssm_snapshots, slot_floats] */
+    uint32_t in_pad, conv_pad, i_pad;
+    float *zx;       /* [T, in_pad] in_proj outputs */
+    float *xa;       /* [T, conv_pad] conv outputs */
+    float *ym;       /* [T, i_pad] the mixer's output before out_proj */
+    float *scan_tmp; /* [threads, ssm_state] */
 } ref_state;
 
 static void ref_destroy(void *sp);
@@ -92,12 +107,81 @@ static bool create_kv(ref_state *st, uint32_t L)
     if (!st->k_cache || !st->v_cache)
         return false;
     for (uint32_t i = 0; i < L; i++) {
+        if (st->model->layers[i].kind != DEVIO_LAYER_ATTENTION)
+            continue; /* a mixer layer keeps no KV */
         st->k_cache[i] = calloc_n(st, st->cfg.kv_blocks, st->block_floats, sizeof(float));
         st->v_cache[i] = calloc_n(st, st->cfg.kv_blocks, st->block_floats, sizeof(float));
         if (!st->k_cache[i] || !st->v_cache[i])
             return false;
     }
     return true;
+}
+
+/* A small tensor of n floats widened into fresh memory; NULL when absent. */
+static float *widen_new(ref_state *st, const devio_tensor *t, size_t n, bool *ok)
+{
+    if (!t->data)
+        return NULL;
+    float *p = calloc_n(st, n, 1, sizeof(float));
+    if (p)
+        widen_tensor(t, p, n);
+    else
+        *ok = false;
+    return p;
+}
+
+/* Hybrid models: the mixers' small weights, the state pools (zeros) and
+ * the mixer's step buffers. */
+static bool create_mixers(ref_state *st, uint32_t L)
+{
+    const devio_model_shape *m = st->cfg.shape;
+    if (m->n_mixers == 0)
+        return true;
+    uint32_t T = st->cfg.max_batch_tokens, H = m->ssm_heads;
+    st->mix = calloc_n(st, L, 1, sizeof *st->mix);
+    st->in_bias = calloc_n(st, L, 1, sizeof *st->in_bias);
+    st->out_bias = calloc_n(st, L, 1, sizeof *st->out_bias);
+    st->mix_off = calloc_n(st, L, 1, sizeof *st->mix_off);
+    if (!st->mix || !st->in_bias || !st->out_bias || !st->mix_off)
+        return false;
+    bool ok = true;
+    size_t off = 0;
+    for (uint32_t i = 0; i < L && ok; i++) {
+        const devio_mixer *x = &st->model->layers[i].mixer;
+        if (st->model->layers[i].kind != DEVIO_LAYER_MIXER)
+            continue;
+        ref_mixer_weights *w = &st->mix[i];
+        st->mix_off[i] = off;
+        off += ref_mixer_layer_floats(m);
+        w->conv_w = widen_new(st, &x->conv_w, (size_t)m->conv_dim * m->ssm_conv, &ok);
+        /* No conv bias adds zeros: a lane sum is never -0, so v + 0 is v. */
+        w->conv_b = x->conv_b.data ? widen_new(st, &x->conv_b, m->conv_dim, &ok)
+                                   : calloc_n(st, m->conv_dim, 1, sizeof(float));
+        w->dt_bias = widen_new(st, &x->dt_bias, H, &ok);
+        w->a = widen_new(st, &x->a_log, H, &ok);
+        w->d_skip = widen_new(st, &x->d_skip, H, &ok);
+        w->norm = widen_new(st, &x->norm, m->ssm_inner, &ok);
+        st->in_bias[i] = widen_new(st, &x->in_bias, m->in_dim, &ok);
+        st->out_bias[i] = widen_new(st, &x->out_bias, m->d, &ok);
+        if (!ok || !w->conv_b)
+            return false;
+        for (uint32_t h = 0; h < H; h++)
+            w->a[h] = -devio_expf(w->a[h]);
+    }
+    st->in_pad = ref_pad32(m->in_dim);
+    st->conv_pad = ref_pad32(m->conv_dim);
+    st->i_pad = ref_pad32(m->ssm_inner);
+    st->ssm_slots = calloc_n(st, st->cfg.ssm_slots, m->slot_floats, sizeof(float));
+    st->ssm_snaps = calloc_n(st, st->cfg.ssm_snapshots, m->slot_floats, sizeof(float));
+    st->zx = calloc_n(st, T, st->in_pad, sizeof(float));
+    st->xa = calloc_n(st, T, st->conv_pad, sizeof(float));
+    st->ym = calloc_n(st, T, st->i_pad, sizeof(float));
+    st->scan_tmp = calloc_n(st, st->cfg.threads, m->ssm_state, sizeof(float));
+    /* Residual projections with a bias store their output first. */
+    if (!st->o_tmp)
+        st->o_tmp = calloc_n(st, T, st->d_pad, sizeof(float));
+    return st->ssm_slots && st->ssm_snaps && st->zx && st->xa && st->ym && st->scan_tmp &&
+           st->o_tmp;
 }
 
 /* Norm weights and biases widened once: they are tiny and read per token. */
@@ -113,7 +197,8 @@ static bool create_small_weights(ref_state *st, uint32_t L)
     for (uint32_t i = 0; i < L; i++) {
         const devio_layer *l = &model->layers[i];
         widen_tensor(&l->attn_norm, st->attn_norm + (size_t)i * st->d, st->d);
-        widen_tensor(&l->ffn_norm, st->ffn_norm + (size_t)i * st->d, st->d);
+        if (l->ffn_norm.data) /* Mamba2 layers have no MLP */
+            widen_tensor(&l->ffn_norm, st->ffn_norm + (size_t)i * st->d, st->d);
     }
     if (!st->cfg.shape->has_bias)
         return true;
@@ -207,7 +292,7 @@ static devio_status ref_create(const devio_model *model, const devio_backend_con
     st->rope_cos = cfg->rope_cos;
     st->rope_sin = cfg->rope_sin;
     if (!create_kv(st, m->n_layers) || !create_small_weights(st, m->n_layers) ||
-        !create_buffers(st))
+        !create_buffers(st) || !create_mixers(st, m->n_layers))
         goto out_nomem;
     st->pool = devio_pool_create(st->cfg.threads);
     if (!st->pool) {
@@ -249,7 +334,16 @@ static void ref_destroy(void *sp)
         if (st->v_cache)
             free(st->v_cache[i]);
     }
+    for (uint32_t i = 0; st->mix && i < st->cfg.shape->n_layers; i++) {
+        ref_mixer_weights *w = &st->mix[i];
+        void *mb[] = {w->conv_w, w->conv_b, w->dt_bias, w->a, w->d_skip, w->norm,
+                      st->in_bias[i], st->out_bias[i]};
+        for (size_t k = 0; k < sizeof mb / sizeof *mb; k++)
+            free(mb[k]);
+    }
     void *bufs[] = {st->k_cache, st->v_cache, st->attn_norm, st->ffn_norm, st->final_norm,
+                    st->mix, st->in_bias, st->out_bias, st->mix_off, st->ssm_slots,
+                    st->ssm_snaps, st->zx, st->xa, st->ym, st->scan_tmp,
                     st->bq, st->bk, st->bv, st->x, st->h, st->q, st->k, st->v, st->att,
                     st->act, st->tok_pos, st->tok_blocks, st->tok_adapter, st->slots,
                     st->slot_gen, st->lora_row, st->lora_a, st->o_tmp, st->g_tmp, st->u_tmp,
@@ -366,7 +460,7 @@ static void rmsnorm_rows(ref_state *st, float *y, const float *x, const float *w
 static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
 {
     const devio_layer *l = &st->model->layers[li];
-    uint32_t half = st->hd / 2;
+    uint32_t rd = st->cfg.shape->rotary_dim, half = rd / 2;
     float *kc = st->k_cache[li], *vc = st->v_cache[li];
     uint32_t bs = st->cfg.block_size;
 
@@ -395,8 +489,8 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
         uint32_t pos = st->tok_pos[t];
         const float *cs = st->rope_cos + (size_t)pos * half;
         const float *sn = st->rope_sin + (size_t)pos * half;
-        ref_rope(st->q + (size_t)t * st->q_dim, st->n_heads, st->hd, cs, sn);
-        ref_rope(st->k + (size_t)t * st->kv_dim, st->n_kv, st->hd, cs, sn);
+        ref_rope(st->q + (size_t)t * st->q_dim, st->n_heads, st->hd, rd, cs, sn);
+        ref_rope(st->k + (size_t)t * st->kv_dim, st->n_kv, st->hd, rd, cs, sn);
         size_t blk = st->tok_blocks[t][pos / bs];
         for (uint32_t g = 0; g < st->n_kv; g++) {
             size_t slot = ((blk * st->n_kv + g) * bs + pos % bs) * st->hd;
@@ -407,20 +501,24 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
     }
 }
 
-/* x += W in (REF_EPI_ADD); when the step's adapters target the module, the
- * projection is stored, adapted, then added: the same x + z as fused. */
+/* x += W in (+ bias) (REF_EPI_ADD); with a bias, or when the step's
+ * adapters target the module, the projection is stored, biased, adapted,
+ * then added: z = dot + b, z' = z + u*s, x + z' (numspec rules 3, 3a). */
 static void residual_proj(ref_state *st, uint32_t li, devio_lora_target target, ref_matmul *mm,
-                          uint32_t n_tok)
+                          const float *bias, uint32_t n_tok)
 {
-    if (!(st->lora_targets & (1u << target))) {
+    bool lora = target < DEVIO_LORA_N_TARGETS && (st->lora_targets & (1u << target));
+    if (!lora && !bias) {
         ref_matmul_run(st->pool, st->scratch, mm, 1);
         return;
     }
     float *x = mm->y;
-    mm->epi = REF_EPI_STORE;
+    mm->epi = bias ? REF_EPI_BIAS : REF_EPI_STORE;
+    mm->bias = bias;
     mm->y = st->o_tmp;
     ref_matmul_run(st->pool, st->scratch, mm, 1);
-    lora_add(st, li, target, mm->x, mm->ldx, st->o_tmp, st->d_pad, n_tok);
+    if (lora)
+        lora_add(st, li, target, mm->x, mm->ldx, st->o_tmp, st->d_pad, n_tok);
     for (uint32_t t = 0; t < n_tok; t++)
         for (uint32_t i = 0; i < st->d; i++) {
             size_t k = (size_t)t * st->d_pad + i;
@@ -428,8 +526,8 @@ static void residual_proj(ref_state *st, uint32_t li, devio_lora_target target, 
         }
 }
 
-/* Second half of layer li: attention, o_proj, the MLP, both residuals. */
-static void layer_rest(ref_state *st, uint32_t li, uint32_t n_tok)
+/* Attention of layer li and o_proj into the residual. */
+static void layer_attn_out(ref_state *st, uint32_t li, uint32_t n_tok)
 {
     const devio_layer *l = &st->model->layers[li];
     float *kc = st->k_cache[li], *vc = st->v_cache[li];
@@ -446,8 +544,13 @@ static void layer_rest(ref_state *st, uint32_t li, uint32_t n_tok)
     ref_matmul o = {.w = l->wo.data, .dtype = l->wo.dtype, .m = st->d, .n = st->q_dim,
                     .epi = REF_EPI_ADD, .x = st->att, .ldx = st->q_pad, .n_tok = n_tok,
                     .y = st->x, .ldy = st->d_pad};
-    residual_proj(st, li, DEVIO_LORA_O, &o, n_tok);
+    residual_proj(st, li, DEVIO_LORA_O, &o, NULL, n_tok);
+}
 
+/* The MLP of layer li with its norm and residual. */
+static void layer_mlp(ref_state *st, uint32_t li, uint32_t n_tok)
+{
+    const devio_layer *l = &st->model->layers[li];
     rmsnorm_rows(st, st->h, st->x, st->ffn_norm + (size_t)li * st->d, n_tok);
 
     ref_matmul gu = {.w = l->w_gate.data, .w2 = l->w_up.data, .dtype = l->w_gate.dtype,
@@ -477,7 +580,50 @@ static void layer_rest(ref_state *st, uint32_t li, uint32_t n_tok)
     ref_matmul down = {.w = l->w_down.data, .dtype = l->w_down.dtype, .m = st->d, .n = st->f,
                        .epi = REF_EPI_ADD, .x = st->act, .ldx = st->f_pad, .n_tok = n_tok,
                        .y = st->x, .ldy = st->d_pad};
-    residual_proj(st, li, DEVIO_LORA_DOWN, &down, n_tok);
+    residual_proj(st, li, DEVIO_LORA_DOWN, &down, NULL, n_tok);
+}
+
+/* A whole mixer layer's first half (numspec rule 10) over every token of
+ * the batch: norm, in_proj, conv, recurrence, gated norm, out_proj into the
+ * residual. Every token runs: each one moves its row's state. */
+static void layer_mixer(ref_state *st, const devio_batch *b, uint32_t li, uint32_t n_tok)
+{
+    const devio_mixer *x = &st->model->layers[li].mixer;
+    const devio_model_shape *m = st->cfg.shape;
+    rmsnorm_rows(st, st->h, st->x, st->attn_norm + (size_t)li * st->d, n_tok);
+    ref_matmul in = {.w = x->in_proj.data, .dtype = x->in_proj.dtype, .m = m->in_dim, .n = st->d,
+                     .epi = st->in_bias[li] ? REF_EPI_BIAS : REF_EPI_STORE,
+                     .bias = st->in_bias[li], .x = st->h, .ldx = st->d_pad, .n_tok = n_tok,
+                     .y = st->zx, .ldy = st->in_pad};
+    ref_matmul_run(st->pool, st->scratch, &in, 1);
+    ref_mixer mx = {.shape = m, .batch = b, .w = &st->mix[li], .zx = st->zx, .ldzx = st->in_pad,
+                    .xa = st->xa, .ldxa = st->conv_pad, .y = st->ym, .ldy = st->i_pad,
+                    .slots = st->ssm_slots, .snaps = st->ssm_snaps, .layer_off = st->mix_off[li],
+                    .tmp = st->scan_tmp};
+    ref_mixer_run(st->pool, &mx);
+    ref_matmul out = {.w = x->out_proj.data, .dtype = x->out_proj.dtype, .m = st->d,
+                      .n = m->ssm_inner, .epi = REF_EPI_ADD, .x = st->ym, .ldx = st->i_pad,
+                      .n_tok = n_tok, .y = st->x, .ldy = st->d_pad};
+    residual_proj(st, li, DEVIO_LORA_N_TARGETS, &out, st->out_bias[li], n_tok);
+}
+
+/* What of layer li writes state, for every token: attention's K and V, or
+ * the whole mixer. */
+static void layer_first(ref_state *st, const devio_batch *b, uint32_t li, uint32_t n_tok)
+{
+    if (st->model->layers[li].kind == DEVIO_LAYER_MIXER)
+        layer_mixer(st, b, li, n_tok);
+    else
+        layer_qkv(st, li, n_tok);
+}
+
+/* The rest of layer li, which only the tokens that go on need. */
+static void layer_second(ref_state *st, uint32_t li, uint32_t n_tok)
+{
+    if (st->model->layers[li].kind == DEVIO_LAYER_ATTENTION)
+        layer_attn_out(st, li, n_tok);
+    if (st->cfg.shape->has_mlp)
+        layer_mlp(st, li, n_tok);
 }
 
 /* The whole step, on the calling thread (the pool's threads help). */
@@ -497,6 +643,8 @@ static devio_status ref_wait(void *sp, const devio_batch *b, devio_error *err)
         if (src == dst)
             continue;
         for (uint32_t li = 0; li < L; li++) {
+            if (!st->k_cache[li])
+                continue;
             memcpy(st->k_cache[li] + dst, st->k_cache[li] + src, st->block_floats * sizeof(float));
             memcpy(st->v_cache[li] + dst, st->v_cache[li] + src, st->block_floats * sizeof(float));
         }
@@ -510,12 +658,19 @@ static devio_status ref_wait(void *sp, const devio_batch *b, devio_error *err)
         ref_widen(m->embed.dtype, row, st->x + (size_t)t * st->d_pad, st->d);
     }
 
+    /* A sequence that starts here starts from the zero state. */
+    size_t slot_floats = st->cfg.shape->slot_floats;
+    for (uint32_t r = 0; r < b->n_rows && slot_floats; r++)
+        if (b->rows[r].pos0 == 0)
+            memset(st->ssm_slots + (size_t)b->rows[r].ssm_slot * slot_floats, 0,
+                   slot_floats * sizeof(float));
+
     uint32_t last = L - 1;
     for (uint32_t li = 0; li < last; li++) {
-        layer_qkv(st, li, n_tok);
-        layer_rest(st, li, n_tok);
+        layer_first(st, b, li, n_tok);
+        layer_second(st, li, n_tok);
     }
-    layer_qkv(st, last, n_tok);
+    layer_first(st, b, last, n_tok);
     /* Past the last layer's K and V only the tokens whose logits are wanted
      * matter: they move to the front, in batch order, and only they go on
      * (a prefill asking for its last logits skips most of a layer). */
@@ -533,13 +688,25 @@ static devio_status ref_wait(void *sp, const devio_batch *b, devio_error *err)
         st->out_ptr[i] = st->cfg.logits_host + (size_t)b->out_slot[i] * st->vocab;
     }
     if (b->n_out > 0) {
-        layer_rest(st, last, b->n_out);
+        layer_second(st, last, b->n_out);
         rmsnorm_rows(st, st->h, st->x, st->final_norm, b->n_out);
         ref_matmul lm = {.w = m->lm_head.data, .dtype = m->lm_head.dtype, .m = st->vocab,
                          .n = st->d, .x = st->h, .ldx = st->d_pad, .n_tok = b->n_out,
                          .y_rows = st->out_ptr};
         ref_matmul_run(st->pool, st->scratch, &lm, 1);
     }
+    return DEVIO_OK;
+}
+
+/* One whole state slot or snapshot onto another (effects, nothing in flight). */
+static devio_status ref_ssm_copy(void *sp, devio_ssm_ref dst, devio_ssm_ref src, devio_error *err)
+{
+    (void)err;
+    ref_state *st = sp;
+    size_t n = st->cfg.shape->slot_floats;
+    float *d = (dst.snapshot ? st->ssm_snaps : st->ssm_slots) + (size_t)dst.index * n;
+    const float *s = (src.snapshot ? st->ssm_snaps : st->ssm_slots) + (size_t)src.index * n;
+    memcpy(d, s, n * sizeof(float));
     return DEVIO_OK;
 }
 
@@ -562,4 +729,5 @@ const devio_backend_ops devio_ref_backend = {
     .wait = ref_wait,
     .adapter_add = ref_adapter_add,
     .adapter_remove = ref_adapter_remove,
+    .ssm_copy = ref_ssm_copy,
 };

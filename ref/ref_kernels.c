@@ -281,10 +281,10 @@ void ref_rmsnorm(float *y, const float *x, const float *w, uint32_t d, float eps
         y[i] = w[i] * (x[i] * r);
 }
 
-void ref_rope(float *x, uint32_t n_heads, uint32_t hd, const float *cos_row,
+void ref_rope(float *x, uint32_t n_heads, uint32_t hd, uint32_t rd, const float *cos_row,
               const float *sin_row)
 {
-    uint32_t half = hd / 2;
+    uint32_t half = rd / 2;
     for (uint32_t h = 0; h < n_heads; h++) {
         float *p = x + (size_t)h * hd;
         for (uint32_t i = 0; i < half; i++) {

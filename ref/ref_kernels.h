@@ -49,9 +49,10 @@ void ref_widen(devio_dtype dt, const void *src, float *dst, size_t n);
 /* rmsnorm of rule 2: y[0..d) from x[0..d) (may not alias), w f32 [d]. */
 void ref_rmsnorm(float *y, const float *x, const float *w, uint32_t d, float eps);
 
-/* RoPE of rule 4 on n_heads heads of hd floats at x (in place), with the
- * table rows cos_row/sin_row [hd/2] of the token's position. */
-void ref_rope(float *x, uint32_t n_heads, uint32_t hd, const float *cos_row,
+/* RoPE of rule 4 on the first rd of each of n_heads heads of hd floats at
+ * x (in place), with the table rows cos_row/sin_row [rd/2] of the token's
+ * position; dimensions [rd, hd) of a head are left as they are. */
+void ref_rope(float *x, uint32_t n_heads, uint32_t hd, uint32_t rd, const float *cos_row,
               const float *sin_row);
 
 /* What a projection does with each dot product (rule 3 and 7). */

@@ -125,6 +125,7 @@ static tmodel *tm_build(const tm_spec *sp)
     c->head_dim = sp->hd;
     c->max_position_embeddings = 4096;
     c->rope_theta = 10000.0f;
+    c->rotary_dim = c->head_dim;
     c->rms_norm_eps = 1e-5f;
     c->attention_bias = sp->bias;
     uint32_t d = sp->d, q = sp->n_heads * sp->hd, kv = sp->n_kv * sp->hd, f = sp->ffn;
