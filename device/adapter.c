@@ -13,18 +13,37 @@
 #include "device/status.h"
 
 /* PEFT's prefix for a causal LM's decoder layers, adapter name removed as
- * get_peft_model_state_dict saves it. */
-#define TENSOR_PREFIX "base_model.model.model.layers."
+ * get_peft_model_state_dict saves it: the model's own module path under
+ * base_model.model. */
+static const char *tensor_prefix(devio_arch arch)
+{
+    return arch == DEVIO_ARCH_MAMBA2 ? "base_model.model.backbone.layers."
+                                     : "base_model.model.model.layers.";
+}
+
+/* kind: where the module lives in a decoder layer (its block per arch). */
+enum { IN_ATTN, IN_MLP, IN_MIXER };
 
 static const struct {
-    const char *name;  /* PEFT module name, as in target_modules */
-    const char *block; /* the submodule holding it in a Llama decoder layer */
+    const char *name; /* PEFT module name, as in target_modules */
+    int kind;
 } target_info[DEVIO_LORA_N_TARGETS] = {
-    [DEVIO_LORA_Q] = {"q_proj", "self_attn"},   [DEVIO_LORA_K] = {"k_proj", "self_attn"},
-    [DEVIO_LORA_V] = {"v_proj", "self_attn"},   [DEVIO_LORA_O] = {"o_proj", "self_attn"},
-    [DEVIO_LORA_GATE] = {"gate_proj", "mlp"},   [DEVIO_LORA_UP] = {"up_proj", "mlp"},
-    [DEVIO_LORA_DOWN] = {"down_proj", "mlp"},
+    [DEVIO_LORA_Q] = {"q_proj", IN_ATTN},      [DEVIO_LORA_K] = {"k_proj", IN_ATTN},
+    [DEVIO_LORA_V] = {"v_proj", IN_ATTN},      [DEVIO_LORA_O] = {"o_proj", IN_ATTN},
+    [DEVIO_LORA_GATE] = {"gate_proj", IN_MLP}, [DEVIO_LORA_UP] = {"up_proj", IN_MLP},
+    [DEVIO_LORA_DOWN] = {"down_proj", IN_MLP}, [DEVIO_LORA_IN_PROJ] = {"in_proj", IN_MIXER},
+    [DEVIO_LORA_OUT_PROJ] = {"out_proj", IN_MIXER},
 };
+
+/* The submodule holding target t in a decoder layer of arch. */
+static const char *target_block(devio_arch arch, devio_lora_target t)
+{
+    switch (target_info[t].kind) {
+    case IN_ATTN: return "self_attn";
+    case IN_MLP: return arch == DEVIO_ARCH_BAMBA ? "feed_forward" : "mlp";
+    default: return arch == DEVIO_ARCH_BAMBA ? "mamba" : "mixer";
+    }
+}
 
 /* Storage behind the tensor views. */
 typedef struct adapter_priv {
@@ -68,8 +87,12 @@ bool devio_lora_target_dims(const devio_model *base, uint32_t layer, devio_lora_
     case DEVIO_LORA_GATE: w = &ly->w_gate; break;
     case DEVIO_LORA_UP: w = &ly->w_up; break;
     case DEVIO_LORA_DOWN: w = &ly->w_down; break;
+    case DEVIO_LORA_IN_PROJ: w = &ly->mixer.in_proj; break;
+    case DEVIO_LORA_OUT_PROJ: w = &ly->mixer.out_proj; break;
     case DEVIO_LORA_N_TARGETS: return false;
     }
+    if (!w->data)
+        return false;
     *out_dim = w->shape[0];
     *in_dim = w->shape[1];
     return true;
@@ -85,13 +108,15 @@ static devio_status priv_own(adapter_priv *p, void *buf, size_t cap)
     return DEVIO_OK;
 }
 
-/* Parses "base_model.model.model.layers.{i}.{block}.{proj}.lora_{A|B}.weight".
+/* Parses "{prefix}{i}.{block}.{proj}.lora_{A|B}.weight" for arch.
  * Layer numbers must be written canonically (no sign, no leading zero), so
  * two names never denote the same module. */
-static bool parse_tensor_name(const char *s, uint32_t *layer, devio_lora_target *t, int *ab)
+static bool parse_tensor_name(devio_arch arch, const char *s, uint32_t *layer,
+                              devio_lora_target *t, int *ab)
 {
-    size_t np = strlen(TENSOR_PREFIX);
-    if (strncmp(s, TENSOR_PREFIX, np) != 0)
+    const char *prefix = tensor_prefix(arch);
+    size_t np = strlen(prefix);
+    if (strncmp(s, prefix, np) != 0)
         return false;
     s += np;
     if (s[0] < '0' || s[0] > '9' || (s[0] == '0' && s[1] >= '0' && s[1] <= '9'))
@@ -107,7 +132,8 @@ static bool parse_tensor_name(const char *s, uint32_t *layer, devio_lora_target 
         return false;
     for (int i = 0; i < DEVIO_LORA_N_TARGETS; i++) {
         char want[64];
-        snprintf(want, sizeof want, "%s.%s.lora_", target_info[i].block, target_info[i].name);
+        snprintf(want, sizeof want, "%s.%s.lora_", target_block(arch, (devio_lora_target)i),
+                 target_info[i].name);
         size_t n = strlen(want);
         if (strncmp(s, want, n) != 0)
             continue;
@@ -122,10 +148,14 @@ static bool parse_tensor_name(const char *s, uint32_t *layer, devio_lora_target 
     return false;
 }
 
-static void tensor_name(char *dst, size_t cap, uint32_t layer, devio_lora_target t, int ab)
+void devio_lora_tensor_name(const devio_model *base, uint32_t layer, devio_lora_target target,
+                            int ab, char *dst, size_t cap)
 {
-    snprintf(dst, cap, TENSOR_PREFIX "%u.%s.%s.lora_%c.weight", layer, target_info[t].block,
-             target_info[t].name, ab ? 'B' : 'A');
+    devio_arch arch = base->cfg.arch;
+    if ((unsigned)target >= DEVIO_LORA_N_TARGETS)
+        target = DEVIO_LORA_Q;
+    snprintf(dst, cap, "%s%u.%s.%s.lora_%c.weight", tensor_prefix(arch), layer,
+             target_block(arch, target), target_info[target].name, ab ? 'B' : 'A');
 }
 
 /* Checks one tensor's dtype and [s0, s1] shape and makes the view, copying
@@ -193,10 +223,11 @@ static devio_status bind_tensors(devio_adapter *a, const devio_lora_config *c,
         uint32_t li;
         devio_lora_target tg;
         int ab;
-        if (!parse_tensor_name(t->name, &li, &tg, &ab)) {
+        uint64_t od, id;
+        if (!parse_tensor_name(base->cfg.arch, t->name, &li, &tg, &ab)) {
             st = devio_fail(err, DEVIO_E_UNSUPPORTED,
                             "%.100s: tensor '%.90s' is not a lora_A or lora_B weight of a "
-                            "q/k/v/o/gate/up/down projection",
+                            "q/k/v/o/gate/up/down/in/out projection of this model",
                             label, t->name);
             goto out;
         }
@@ -221,6 +252,13 @@ static devio_status bind_tensors(devio_adapter *a, const devio_lora_config *c,
                             label, t->name, li);
             goto out;
         }
+        if (!devio_lora_target_dims(base, li, tg, &od, &id)) {
+            st = devio_fail(err, DEVIO_E_INVALID,
+                            "%.100s: tensor '%.90s' adapts %s of layer %u, which that layer "
+                            "does not have",
+                            label, t->name, target_info[tg].name, li);
+            goto out;
+        }
         found[((size_t)li * N + tg) * 2 + (size_t)ab] = t;
     }
     char name[160], why[96];
@@ -231,12 +269,14 @@ static devio_status bind_tensors(devio_adapter *a, const devio_lora_config *c,
             if (!(c->targets & (1u << tg)))
                 continue;
             uint64_t od, id;
-            devio_lora_target_dims(base, li, (devio_lora_target)tg, &od, &id);
+            if (!devio_lora_target_dims(base, li, (devio_lora_target)tg, &od, &id))
+                continue; /* a layer without the module (hybrid models) */
             devio_lora_module *m = &a->mods[(size_t)li * N + tg];
             for (int ab = 0; ab < 2; ab++) {
                 const devio_st_tensor *t = found[((size_t)li * N + tg) * 2 + (size_t)ab];
                 if (!t) {
-                    tensor_name(name, sizeof name, li, (devio_lora_target)tg, ab);
+                    devio_lora_tensor_name(base, li, (devio_lora_target)tg, ab, name,
+                                           sizeof name);
                     st = devio_fail(err, DEVIO_E_INVALID, "%.100s: tensor '%.90s' is missing",
                                     label, name);
                     goto out;
@@ -254,6 +294,18 @@ static devio_status bind_tensors(devio_adapter *a, const devio_lora_config *c,
 out:
     free(found);
     return st;
+}
+
+/* The targets some layer of the model has. */
+static uint32_t model_targets(const devio_model *base)
+{
+    uint32_t have = 0;
+    uint64_t od, id;
+    for (uint32_t li = 0; li < base->cfg.n_layers; li++)
+        for (int t = 0; t < DEVIO_LORA_N_TARGETS; t++)
+            if (devio_lora_target_dims(base, li, (devio_lora_target)t, &od, &id))
+                have |= 1u << t;
+    return have;
 }
 
 /* ---- public ---- */
@@ -322,7 +374,8 @@ devio_status devio_adapter_load(const char *root, const char *rel_path, const ch
     a->alpha = c.alpha;
     a->use_rslora = c.use_rslora;
     a->scale = c.use_rslora ? c.alpha / devio_num_sqrt((float)c.rank) : c.alpha / (float)c.rank;
-    a->targets = c.targets;
+    /* Only modules the model has: "all-linear" names every kind there is. */
+    a->targets = c.targets & model_targets(base);
     a->n_layers = L;
     *out = a;
     a = NULL;

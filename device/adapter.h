@@ -17,14 +17,16 @@ typedef enum devio_lora_target {
     DEVIO_LORA_O,     /* self_attn.o_proj */
     DEVIO_LORA_GATE,  /* mlp.gate_proj */
     DEVIO_LORA_UP,    /* mlp.up_proj */
-    DEVIO_LORA_DOWN,  /* mlp.down_proj */
+    DEVIO_LORA_DOWN,  /* mlp.down_proj (Bamba: feed_forward.down_proj) */
+    DEVIO_LORA_IN_PROJ,  /* the Mamba-2 mixer's in_proj (Bamba: mamba., Mamba2: mixer.) */
+    DEVIO_LORA_OUT_PROJ, /* the mixer's out_proj */
     DEVIO_LORA_N_TARGETS
 } devio_lora_target;
 
 #define DEVIO_LORA_ALL_TARGETS ((1u << DEVIO_LORA_N_TARGETS) - 1u)
 
-/* "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj";
- * "?" for a value outside the enum. Static storage. */
+/* "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+ * "in_proj", "out_proj"; "?" for a value outside the enum. Static storage. */
 const char *devio_lora_target_name(devio_lora_target t);
 
 /* Inverse of devio_lora_target_name. False (and *t untouched) for any other
@@ -32,9 +34,19 @@ const char *devio_lora_target_name(devio_lora_target t);
 bool devio_lora_target_parse(const char *name, devio_lora_target *t);
 
 /* The base projection's [out, in] for `target` in `layer`, read from the
- * loaded model's weight shapes. False when layer or target is out of range. */
+ * loaded model's weight shapes. False when layer or target is out of range
+ * or the layer has no such projection (q_proj of a mixer layer, in_proj of
+ * an attention layer, the MLP of a Mamba2 layer). */
 bool devio_lora_target_dims(const devio_model *base, uint32_t layer, devio_lora_target target,
                             uint64_t *out_dim, uint64_t *in_dim);
+
+/* PEFT's name of the lora_A (ab 0) or lora_B (ab 1) weight of `target` in
+ * `layer` of a model of base's architecture, e.g. "base_model.model.model.
+ * layers.3.self_attn.q_proj.lora_A.weight" ("...backbone.layers.N.mixer.
+ * in_proj..." for Mamba2, "...mamba.in_proj..." and "...feed_forward..."
+ * for Bamba). Truncated to cap bytes. */
+void devio_lora_tensor_name(const devio_model *base, uint32_t layer, devio_lora_target target,
+                            int ab, char *dst, size_t cap);
 
 /* One adapted projection: y += scale * B (A x). Views into the adapter's
  * storage, owned by the adapter. */

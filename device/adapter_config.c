@@ -55,7 +55,7 @@ static devio_status cfg_target(const char *s, const char *label, uint32_t *targe
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "%.120s: target_modules names '%.40s', which this device does not "
                           "adapt (supported: q_proj k_proj v_proj o_proj gate_proj up_proj "
-                          "down_proj)",
+                          "down_proj in_proj out_proj)",
                           label, s);
     *targets |= 1u << t;
     return DEVIO_OK;

@@ -240,6 +240,8 @@ static bool create_buffers(ref_state *st)
     st->slot_gen = calloc_n(st, cfg->adapter_slots, 1, sizeof *st->slot_gen);
     uint32_t widest = st->d_pad > st->f_pad ? st->d_pad : st->f_pad;
     widest = widest > st->q_pad ? widest : st->q_pad;
+    uint32_t inner_pad = ref_pad32(cfg->shape->ssm_inner); /* out_proj's lora_A rows */
+    widest = widest > inner_pad ? widest : inner_pad;
     widest = R > widest ? R : widest;
     st->lora_row = calloc_n(st, widest, 1, sizeof(float));
     st->lora_a = calloc_n(st, R ? R : 1, 1, sizeof(float));
@@ -596,6 +598,7 @@ static void layer_mixer(ref_state *st, const devio_batch *b, uint32_t li, uint32
                      .bias = st->in_bias[li], .x = st->h, .ldx = st->d_pad, .n_tok = n_tok,
                      .y = st->zx, .ldy = st->in_pad};
     ref_matmul_run(st->pool, st->scratch, &in, 1);
+    lora_add(st, li, DEVIO_LORA_IN_PROJ, st->h, st->d_pad, st->zx, st->in_pad, n_tok);
     ref_mixer mx = {.shape = m, .batch = b, .w = &st->mix[li], .zx = st->zx, .ldzx = st->in_pad,
                     .xa = st->xa, .ldxa = st->conv_pad, .y = st->ym, .ldy = st->i_pad,
                     .slots = st->ssm_slots, .snaps = st->ssm_snaps, .layer_off = st->mix_off[li],
@@ -604,7 +607,7 @@ static void layer_mixer(ref_state *st, const devio_batch *b, uint32_t li, uint32
     ref_matmul out = {.w = x->out_proj.data, .dtype = x->out_proj.dtype, .m = st->d,
                       .n = m->ssm_inner, .epi = REF_EPI_ADD, .x = st->ym, .ldx = st->i_pad,
                       .n_tok = n_tok, .y = st->x, .ldy = st->d_pad};
-    residual_proj(st, li, DEVIO_LORA_N_TARGETS, &out, st->out_bias[li], n_tok);
+    residual_proj(st, li, DEVIO_LORA_OUT_PROJ, &out, st->out_bias[li], n_tok);
 }
 
 /* What of layer li writes state, for every token: attention's K and V, or

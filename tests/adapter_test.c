@@ -45,13 +45,13 @@ static void check_values(const fixture *fx, const devio_mkmodel_adapter_opts *o,
     for (uint32_t l = 0; l < L; l++) {
         for (int t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
             const devio_lora_module *m = &a->mods[l * DEVIO_LORA_N_TARGETS + (uint32_t)t];
-            if (!((o->targets >> t) & 1u)) {
+            uint64_t od, id;
+            if (!((o->targets >> t) & 1u) ||
+                !devio_lora_target_dims(fx->model, l, (devio_lora_target)t, &od, &id)) {
                 assert_null(m->a.data);
                 assert_null(m->b.data);
                 continue;
             }
-            uint64_t od, id;
-            assert_true(devio_lora_target_dims(fx->model, l, (devio_lora_target)t, &od, &id));
             assert_int_equal(m->a.shape[0], o->rank);
             assert_int_equal(m->a.shape[1], id);
             assert_int_equal(m->b.shape[0], od);
@@ -102,8 +102,8 @@ static void sha_of_file(const char *path, char hex[65], uint64_t *size)
 static void test_target_names(void **state)
 {
     (void)state;
-    const char *want[] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                          "gate_proj", "up_proj", "down_proj"};
+    const char *want[] = {"q_proj",  "k_proj",    "v_proj",  "o_proj",  "gate_proj",
+                          "up_proj", "down_proj", "in_proj", "out_proj"};
     for (int t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
         assert_string_equal(devio_lora_target_name((devio_lora_target)t), want[t]);
         devio_lora_target back = DEVIO_LORA_N_TARGETS;
@@ -125,13 +125,16 @@ static void test_target_dims(void **state)
     const uint64_t want[DEVIO_LORA_N_TARGETS][2] = {
         {64, 64}, {32, 64}, {32, 64}, {64, 64}, {128, 64}, {128, 64}, {64, 128},
     };
-    for (int t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
+    for (int t = 0; t <= DEVIO_LORA_DOWN; t++) {
         uint64_t o = 0, i = 0;
         assert_true(devio_lora_target_dims(fx->model, 1, (devio_lora_target)t, &o, &i));
         assert_int_equal(o, want[t][0]);
         assert_int_equal(i, want[t][1]);
     }
     uint64_t o, i;
+    /* A Llama layer has no mixer. */
+    assert_false(devio_lora_target_dims(fx->model, 1, DEVIO_LORA_IN_PROJ, &o, &i));
+    assert_false(devio_lora_target_dims(fx->model, 1, DEVIO_LORA_OUT_PROJ, &o, &i));
     assert_false(devio_lora_target_dims(fx->model, 2, DEVIO_LORA_Q, &o, &i));
     assert_false(devio_lora_target_dims(fx->model, 0, DEVIO_LORA_N_TARGETS, &o, &i));
 }
@@ -175,7 +178,9 @@ static void test_load_all_targets_bf16(void **state)
     write_adapter(&o);
     devio_error err;
     devio_adapter *a = load_expect(fx, "all", 64, DEVIO_OK, &err);
-    assert_int_equal(a->targets, DEVIO_LORA_ALL_TARGETS);
+    /* Every module a Llama layer has; in_proj and out_proj are a mixer's. */
+    const uint32_t llama_all = (1u << (DEVIO_LORA_DOWN + 1)) - 1u;
+    assert_int_equal(a->targets, llama_all);
     assert_true(a->scale == 1.5f);
     check_values(fx, &o, a);
     devio_adapter_free(a);
@@ -276,7 +281,7 @@ static void test_target_string(void **state)
     write_adapter(&o);
     config_set(o.out_dir, "target_modules", json_string("all-linear"));
     a = load_expect(fx, "lin", 64, DEVIO_OK, &err);
-    assert_int_equal(a->targets, DEVIO_LORA_ALL_TARGETS);
+    assert_int_equal(a->targets, (1u << (DEVIO_LORA_DOWN + 1)) - 1u);
     devio_adapter_free(a);
     /* all-linear names all seven, so a gate_proj-only file lacks tensors. */
     config_set(path_in(fx->root, "one"), "target_modules", json_string("all-linear"));

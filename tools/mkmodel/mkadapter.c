@@ -49,19 +49,15 @@ static devio_status mk_adapter_check(const devio_mkmodel_adapter_opts *o, devio_
     return DEVIO_OK;
 }
 
-static void mk_adapter_name(char *dst, size_t cap, uint32_t layer, devio_lora_target t, char ab)
-{
-    const char *block = t <= DEVIO_LORA_O ? "self_attn" : "mlp";
-    snprintf(dst, cap, "base_model.model.model.layers.%u.%s.%s.lora_%c.weight", layer, block,
-             devio_lora_target_name(t), ab);
-}
-
 /* Every lora_A and lora_B tensor of the adapter, sorted by name, packed into
- * one file. Shapes come from the loaded base model, the same views the
- * adapter loader checks against. */
+ * one file. Shapes and names come from the loaded base model, the same views
+ * the adapter loader checks against; a targeted module a layer lacks (q_proj
+ * of a Bamba mixer layer) is skipped there. *written: the targets some layer
+ * has, which target_modules lists. */
 static devio_status mk_adapter_list(const devio_mkmodel_adapter_opts *o, mk_list *L,
-                                    devio_error *err)
+                                    uint32_t *written, devio_error *err)
 {
+    *written = 0;
     L->t = NULL;
     L->n = 0;
     devio_status st = mk_adapter_check(o, err);
@@ -87,10 +83,12 @@ static devio_status mk_adapter_list(const devio_mkmodel_adapter_opts *o, mk_list
             if (!((o->targets >> t) & 1u))
                 continue;
             uint64_t out_dim, in_dim;
-            devio_lora_target_dims(m, i, (devio_lora_target)t, &out_dim, &in_dim);
-            mk_adapter_name(name, sizeof name, i, (devio_lora_target)t, 'A');
+            if (!devio_lora_target_dims(m, i, (devio_lora_target)t, &out_dim, &in_dim))
+                continue;
+            *written |= 1u << t;
+            devio_lora_tensor_name(m, i, (devio_lora_target)t, 0, name, sizeof name);
             mk_add(L, name, 2, o->rank, in_dim, MK_INIT_LINEAR, mk_inv_sqrt(in_dim));
-            mk_adapter_name(name, sizeof name, i, (devio_lora_target)t, 'B');
+            devio_lora_tensor_name(m, i, (devio_lora_target)t, 1, name, sizeof name);
             mk_add(L, name, 2, out_dim, o->rank, MK_INIT_LINEAR, b_scale);
         }
     }
@@ -122,12 +120,13 @@ static void mk_json_string(mk_buf *b, const char *s)
 }
 
 /* PEFT's save_pretrained layout: sorted keys, two-space indent. */
-static void mk_adapter_config(const devio_mkmodel_adapter_opts *o, mk_buf *b)
+static void mk_adapter_config(const devio_mkmodel_adapter_opts *o, uint32_t targets,
+                              mk_buf *b)
 {
     /* target_modules sorted by name, as a set printed by PEFT would be. */
     static const devio_lora_target by_name[DEVIO_LORA_N_TARGETS] = {
-        DEVIO_LORA_DOWN, DEVIO_LORA_GATE, DEVIO_LORA_K, DEVIO_LORA_O,
-        DEVIO_LORA_Q,    DEVIO_LORA_UP,   DEVIO_LORA_V,
+        DEVIO_LORA_DOWN, DEVIO_LORA_GATE,     DEVIO_LORA_IN_PROJ, DEVIO_LORA_K,  DEVIO_LORA_O,
+        DEVIO_LORA_OUT_PROJ, DEVIO_LORA_Q,    DEVIO_LORA_UP,      DEVIO_LORA_V,
     };
     mk_buf_printf(b, "{\n  \"base_model_name_or_path\": ");
     mk_json_string(b, o->model_dir);
@@ -147,7 +146,7 @@ static void mk_adapter_config(const devio_mkmodel_adapter_opts *o, mk_buf *b)
     mk_buf_printf(b, "  \"target_modules\": [");
     bool first = true;
     for (int i = 0; i < DEVIO_LORA_N_TARGETS; i++) {
-        if (!((o->targets >> by_name[i]) & 1u))
+        if (!((targets >> by_name[i]) & 1u))
             continue;
         mk_buf_printf(b, "%s\n    \"%s\"", first ? "" : ",", devio_lora_target_name(by_name[i]));
         first = false;
@@ -165,9 +164,14 @@ devio_status devio_mkmodel_write_adapter(const devio_mkmodel_adapter_opts *o, de
     }
     /* Options and the base model are checked before the file system is touched. */
     mk_list L = {0};
-    devio_status st = mk_adapter_list(o, &L, err);
+    uint32_t targets;
+    devio_status st = mk_adapter_list(o, &L, &targets, err);
     if (st != DEVIO_OK)
         return st;
+    if (targets == 0) {
+        free(L.t);
+        return devio_fail(err, DEVIO_E_INVALID, "the base model has none of the targeted modules");
+    }
     mk_buf cb = {0};
     mk_chunk ck = {0};
     if ((st = mk_chunk_alloc(&ck, err)) != DEVIO_OK ||
@@ -177,7 +181,7 @@ devio_status devio_mkmodel_write_adapter(const devio_mkmodel_adapter_opts *o, de
                           err)) != DEVIO_OK)
         goto out;
     /* The config last, as for models: a directory with a config is complete. */
-    mk_adapter_config(o, &cb);
+    mk_adapter_config(o, targets, &cb);
     st = mk_write_json(o->out_dir, "adapter_config.json", &cb, err);
 out:
     free(cb.s);
@@ -191,7 +195,8 @@ devio_status devio_mkmodel_adapter_values(const devio_mkmodel_adapter_opts *o, c
                                           devio_error *err)
 {
     mk_list L;
-    devio_status st = mk_adapter_list(o, &L, err);
+    uint32_t targets;
+    devio_status st = mk_adapter_list(o, &L, &targets, err);
     if (st != DEVIO_OK)
         return st;
     st = mk_list_values(&L, o->seed, name, start, n, dst, "adapter", err);
