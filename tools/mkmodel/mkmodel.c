@@ -1,5 +1,5 @@
-/* mkmodel.c - writes deterministic random Llama models in Hugging Face's on-disk format (config.json, safetensors, shard index).
- * It must never let anything but the options shape its bytes; the adapter writer is mkadapter.c, the shared file writing mkwrite.c. */
+/* mkmodel.c - writes deterministic random Llama, Bamba and Mamba2 models in Hugging Face's on-disk format (config.json, safetensors, shard index).
+ * It must never let anything but the options shape its bytes; mkssm.c holds Bamba's and Mamba2's own parts, mkadapter.c adapters, mkwrite.c the files. */
 #include "tools/mkmodel/mkmodel.h"
 
 #include <errno.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tools/mkmodel/mkssm.h"
 #include "tools/mkmodel/mkwrite.h"
 
 #define MK_MAX_DIM (1u << 20)
@@ -22,48 +23,94 @@ devio_mkmodel_opts devio_mkmodel_opts_default(void)
         .shards = 1,
         .rope_theta = 10000.0,
         .rms_norm_eps = 1e-5,
+        .time_step_min = 0.001, /* Hugging Face's defaults */
+        .time_step_max = 0.1,
         .seed = 0,
     };
     devio_mkmodel_preset("tiny", &o, NULL);
     return o;
 }
 
-/* The presets: what each measures or checks is in devio-mkmodel --help. */
+/* The presets: what each measures or checks is in devio-mkmodel --help.
+ * Bamba's and Mamba2's mixers all have a conv bias and no projection bias;
+ * Bamba's head_dim is hidden / heads by definition (0 here). */
 static const struct preset {
     const char *name;
+    mk_arch arch;
     uint32_t vocab, hidden, layers, heads, kv_heads, head_dim, ffn, positions;
     bool tied;
     devio_dtype dtype;
+    struct {
+        uint32_t heads, head_dim, expand, state, groups, conv;
+    } ssm;
+    uint64_t attn; /* bamba: bit i set = layer i is an attention layer */
 } presets[] = {
-    {"tiny", 256, 64, 2, 4, 2, 16, 128, 512, false, DEVIO_F32},
-    {"small", 32000, 288, 6, 6, 6, 48, 768, 1024, true, DEVIO_F32},
+    {"tiny", MK_ARCH_LLAMA, 256, 64, 2, 4, 2, 16, 128, 512, false, DEVIO_F32, {0}, 0},
+    {"small", MK_ARCH_LLAMA, 32000, 288, 6, 6, 6, 48, 768, 1024, true, DEVIO_F32, {0}, 0},
     /* the stories110M shape */
-    {"bench", 32000, 768, 12, 12, 12, 64, 2048, 1024, false, DEVIO_BF16},
+    {"bench", MK_ARCH_LLAMA, 32000, 768, 12, 12, 12, 64, 2048, 1024, false, DEVIO_BF16, {0}, 0},
     /* TinyLlama-1.1B's shape: what a GPU's decode speed is measured on */
-    {"1b", 32000, 2048, 22, 32, 4, 64, 5632, 2048, false, DEVIO_BF16},
+    {"1b", MK_ARCH_LLAMA, 32000, 2048, 22, 32, 4, 64, 5632, 2048, false, DEVIO_BF16, {0}, 0},
+    {"tiny", MK_ARCH_BAMBA, 256, 64, 4, 4, 2, 0, 128, 512, false, DEVIO_F32,
+     {8, 16, 2, 16, 2, 4}, 1ull << 1},
+    {"small", MK_ARCH_BAMBA, 32000, 288, 6, 6, 6, 0, 768, 1024, true, DEVIO_F32,
+     {9, 64, 2, 64, 1, 4}, 1ull << 2 | 1ull << 5},
+    /* Llama bench's parameter count: ffn 1600 (not 2048) brings the mixers'
+     * extra weight back to within 0.2% of it */
+    {"bench", MK_ARCH_BAMBA, 32000, 768, 12, 12, 12, 0, 1600, 1024, false, DEVIO_BF16,
+     {24, 64, 2, 128, 1, 4}, 1ull << 3 | 1ull << 7 | 1ull << 11},
+    {"tiny", MK_ARCH_MAMBA2, 256, 64, 2, 0, 0, 0, 0, 0, false, DEVIO_F32, {8, 16, 2, 16, 2, 4}, 0},
+    {"small", MK_ARCH_MAMBA2, 32000, 288, 6, 0, 0, 0, 0, 0, true, DEVIO_F32,
+     {9, 64, 2, 64, 1, 4}, 0},
 };
+
+static void mk_preset_apply(const struct preset *p, devio_mkmodel_opts *o)
+{
+    o->vocab_size = p->vocab;
+    o->hidden_size = p->hidden;
+    o->n_layers = p->layers;
+    o->n_heads = p->heads;
+    o->n_kv_heads = p->kv_heads;
+    o->head_dim = p->head_dim;
+    o->intermediate_size = p->ffn;
+    o->max_position_embeddings = p->positions;
+    o->tie_word_embeddings = p->tied;
+    o->dtype = p->dtype;
+    o->attention_bias = false;
+    o->ssm_heads = p->ssm.heads;
+    o->ssm_head_dim = p->ssm.head_dim;
+    o->ssm_expand = p->ssm.expand;
+    o->ssm_state = p->ssm.state;
+    o->ssm_groups = p->ssm.groups;
+    o->ssm_conv = p->ssm.conv;
+    o->ssm_conv_bias = p->arch != MK_ARCH_LLAMA;
+    o->ssm_proj_bias = false;
+    memset(o->attn_layers, 0, sizeof o->attn_layers);
+    o->attn_layers[0] = p->attn;
+}
 
 devio_status devio_mkmodel_preset(const char *name, devio_mkmodel_opts *o, devio_error *err)
 {
+    mk_arch arch;
+    if (!mk_arch_parse(o->arch, &arch))
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "unknown architecture '%.40s' (llama, bamba, mamba2)", o->arch);
+    char names[64] = "";
+    size_t len = 0;
     for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
         const struct preset *p = &presets[i];
-        if (strcmp(name, p->name) != 0)
+        if (p->arch != arch)
             continue;
-        o->vocab_size = p->vocab;
-        o->hidden_size = p->hidden;
-        o->n_layers = p->layers;
-        o->n_heads = p->heads;
-        o->n_kv_heads = p->kv_heads;
-        o->head_dim = p->head_dim;
-        o->intermediate_size = p->ffn;
-        o->max_position_embeddings = p->positions;
-        o->tie_word_embeddings = p->tied;
-        o->dtype = p->dtype;
-        o->attention_bias = false;
-        return DEVIO_OK;
+        if (strcmp(name, p->name) == 0) {
+            mk_preset_apply(p, o);
+            return DEVIO_OK;
+        }
+        if (len < sizeof names)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "",
+                                    p->name);
     }
-    return devio_fail(err, DEVIO_E_INVALID, "unknown preset '%.40s' (tiny, small, bench, 1b)",
-                      name);
+    return devio_fail(err, DEVIO_E_INVALID, "unknown preset '%.40s' for %.40s (%s)", name,
+                      o->arch ? o->arch : "llama", names);
 }
 
 static uint32_t mk_head_dim(const devio_mkmodel_opts *o)
@@ -71,36 +118,37 @@ static uint32_t mk_head_dim(const devio_mkmodel_opts *o)
     return o->head_dim ? o->head_dim : o->hidden_size / o->n_heads;
 }
 
-static devio_status mk_check(const devio_mkmodel_opts *o, devio_error *err)
+/* A dimension and the flag that sets it, for messages. */
+struct mk_dim {
+    const char *what;
+    uint32_t v;
+};
+
+/* Each of dims[0..n) in [1, MK_MAX_DIM]. */
+static devio_status mk_check_dims(const struct mk_dim *dims, size_t n, devio_error *err)
 {
-    const char *arch = o->arch ? o->arch : "llama";
-    if (strcmp(arch, "bamba") == 0 || strcmp(arch, "mamba2") == 0) {
-        devio_fail(err, DEVIO_E_UNSUPPORTED,
-                   "unsupported architecture '%s': this devio-mkmodel writes only llama", arch);
-        return DEVIO_E_UNSUPPORTED;
-    }
-    if (strcmp(arch, "llama") != 0) {
-        devio_fail(err, DEVIO_E_INVALID, "unknown architecture '%.40s' (llama, bamba, mamba2)",
-                   arch);
-        return DEVIO_E_INVALID;
-    }
-    const struct {
-        const char *what;
-        uint32_t v;
-    } dims[] = {
-        {"vocab", o->vocab_size},     {"hidden", o->hidden_size}, {"ffn", o->intermediate_size},
-        {"layers", o->n_layers},      {"heads", o->n_heads},      {"kv-heads", o->n_kv_heads},
-        {"max-pos", o->max_position_embeddings},
-    };
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+    for (size_t i = 0; i < n; i++) {
         if (dims[i].v == 0 || dims[i].v > MK_MAX_DIM) {
             devio_fail(err, DEVIO_E_INVALID, "%s must be in [1, %u], got %u", dims[i].what,
                        MK_MAX_DIM, dims[i].v);
             return DEVIO_E_INVALID;
         }
     }
-    if (o->n_layers > 1024 || o->n_heads > 1024) {
-        devio_fail(err, DEVIO_E_INVALID, "layers and heads must be at most 1024");
+    return DEVIO_OK;
+}
+
+/* The attention and MLP of llama and bamba. */
+static devio_status mk_check_attention(const devio_mkmodel_opts *o, devio_error *err)
+{
+    const struct mk_dim dims[] = {
+        {"ffn", o->intermediate_size}, {"heads", o->n_heads}, {"kv-heads", o->n_kv_heads},
+        {"max-pos", o->max_position_embeddings},
+    };
+    devio_status st = mk_check_dims(dims, sizeof dims / sizeof dims[0], err);
+    if (st != DEVIO_OK)
+        return st;
+    if (o->n_heads > 1024) {
+        devio_fail(err, DEVIO_E_INVALID, "heads must be at most 1024");
         return DEVIO_E_INVALID;
     }
     if (o->n_heads % o->n_kv_heads != 0) {
@@ -119,9 +167,35 @@ static devio_status mk_check(const devio_mkmodel_opts *o, devio_error *err)
         devio_fail(err, DEVIO_E_INVALID, "head-dim %u must be even and at most 1024", hd);
         return DEVIO_E_INVALID;
     }
-    if (!(o->rope_theta > 0.0) || o->rope_theta > 1e12 || !(o->rms_norm_eps > 0.0) ||
-        o->rms_norm_eps > 1.0) {
-        devio_fail(err, DEVIO_E_INVALID, "rope-theta must be in (0, 1e12] and eps in (0, 1]");
+    if (!(o->rope_theta > 0.0) || o->rope_theta > 1e12) {
+        devio_fail(err, DEVIO_E_INVALID, "rope-theta must be in (0, 1e12]");
+        return DEVIO_E_INVALID;
+    }
+    return DEVIO_OK;
+}
+
+/* Every option, for the architecture it names (*arch on success). */
+static devio_status mk_check(const devio_mkmodel_opts *o, mk_arch *arch, devio_error *err)
+{
+    if (!mk_arch_parse(o->arch, arch)) {
+        devio_fail(err, DEVIO_E_INVALID, "unknown architecture '%.40s' (llama, bamba, mamba2)",
+                   o->arch);
+        return DEVIO_E_INVALID;
+    }
+    const struct mk_dim dims[] = {
+        {"vocab", o->vocab_size}, {"hidden", o->hidden_size}, {"layers", o->n_layers},
+    };
+    devio_status st = mk_check_dims(dims, sizeof dims / sizeof dims[0], err);
+    if (st != DEVIO_OK)
+        return st;
+    if (o->n_layers > DEVIO_MKMODEL_MAX_LAYERS) {
+        devio_fail(err, DEVIO_E_INVALID, "layers must be at most %u", DEVIO_MKMODEL_MAX_LAYERS);
+        return DEVIO_E_INVALID;
+    }
+    if (*arch != MK_ARCH_MAMBA2 && (st = mk_check_attention(o, err)) != DEVIO_OK)
+        return st;
+    if (!(o->rms_norm_eps > 0.0) || o->rms_norm_eps > 1.0) {
+        devio_fail(err, DEVIO_E_INVALID, "eps must be in (0, 1]");
         return DEVIO_E_INVALID;
     }
     if (o->dtype != DEVIO_F32 && o->dtype != DEVIO_F16 && o->dtype != DEVIO_BF16) {
@@ -132,24 +206,15 @@ static devio_status mk_check(const devio_mkmodel_opts *o, devio_error *err)
         devio_fail(err, DEVIO_E_INVALID, "shards must be in [1, 99999]");
         return DEVIO_E_INVALID;
     }
-    return DEVIO_OK;
+    return mk_ssm_check(o, *arch, err);
 }
 
-/* Builds every tensor of the model, sorted by name (the order of both the
- * header and the data), with shards and offsets assigned. */
-static devio_status mk_list_build(const devio_mkmodel_opts *o, mk_list *L, devio_error *err)
+/* Appends every tensor of a checked Llama model to L. */
+static void mk_llama_list_add(const devio_mkmodel_opts *o, mk_list *L)
 {
     const uint64_t V = o->vocab_size, d = o->hidden_size, f = o->intermediate_size;
     const uint64_t q = (uint64_t)o->n_heads * mk_head_dim(o);
     const uint64_t kv = (uint64_t)o->n_kv_heads * mk_head_dim(o);
-    size_t per_layer = 9 + (o->attention_bias ? 3 : 0);
-    size_t n = 2 + (o->tie_word_embeddings ? 0 : 1) + per_layer * o->n_layers;
-    L->n = 0;
-    L->t = calloc(n, sizeof *L->t);
-    if (!L->t) {
-        devio_fail(err, DEVIO_E_NOMEM, "out of memory for %zu tensor entries", n);
-        return DEVIO_E_NOMEM;
-    }
     const float norm_spread = 0.1f, bias_spread = 0.05f;
     mk_add(L, "model.embed_tokens.weight", 2, V, d, MK_INIT_LINEAR, mk_inv_sqrt(d));
     mk_add(L, "model.norm.weight", 1, d, 0, MK_INIT_NORM, norm_spread);
@@ -178,6 +243,24 @@ static devio_status mk_list_build(const devio_mkmodel_opts *o, mk_list *L, devio
         MK_LAYER("mlp.down_proj.weight", 2, d, f, MK_INIT_LINEAR, mk_inv_sqrt(f));
     }
 #undef MK_LAYER
+}
+
+/* Builds every tensor of the checked model, sorted by name (the order of
+ * both the header and the data), with shards and offsets assigned. */
+static devio_status mk_list_build(const devio_mkmodel_opts *o, mk_arch arch, mk_list *L,
+                                  devio_error *err)
+{
+    size_t n = MK_MAX_TOP_TENSORS + (size_t)MK_MAX_LAYER_TENSORS * o->n_layers;
+    L->n = 0;
+    L->t = calloc(n, sizeof *L->t);
+    if (!L->t) {
+        devio_fail(err, DEVIO_E_NOMEM, "out of memory for %zu tensor entries", n);
+        return DEVIO_E_NOMEM;
+    }
+    if (arch == MK_ARCH_LLAMA)
+        mk_llama_list_add(o, L);
+    else
+        mk_ssm_list_add(o, arch, L);
     mk_list_sort(L);
 
     if (o->shards > L->n) {
@@ -215,6 +298,9 @@ static devio_status mk_list_build(const devio_mkmodel_opts *o, mk_list *L, devio
 
 uint64_t devio_mkmodel_param_count(const devio_mkmodel_opts *o)
 {
+    mk_arch arch;
+    if (mk_arch_parse(o->arch, &arch) && arch != MK_ARCH_LLAMA)
+        return mk_ssm_param_count(o, arch);
     const uint64_t V = o->vocab_size, d = o->hidden_size, f = o->intermediate_size;
     const uint64_t hd = o->head_dim ? o->head_dim : (o->n_heads ? d / o->n_heads : 0);
     const uint64_t q = o->n_heads * hd, kv = o->n_kv_heads * hd;
@@ -227,13 +313,14 @@ uint64_t devio_mkmodel_param_count(const devio_mkmodel_opts *o)
 devio_status devio_mkmodel_values(const devio_mkmodel_opts *o, const char *name, uint64_t start,
                                   size_t n, float *dst, devio_error *err)
 {
-    devio_status st = mk_check(o, err);
+    mk_arch arch;
+    devio_status st = mk_check(o, &arch, err);
     if (st != DEVIO_OK)
         return st;
     mk_list L;
     devio_mkmodel_opts one = *o;
     one.shards = 1;
-    if ((st = mk_list_build(&one, &L, err)) != DEVIO_OK)
+    if ((st = mk_list_build(&one, arch, &L, err)) != DEVIO_OK)
         return st;
     st = mk_list_values(&L, o->seed, name, start, n, dst, "model", err);
     free(L.t);
@@ -258,20 +345,7 @@ static devio_status mk_write_shard(const devio_mkmodel_opts *o, const mk_list *L
     return mk_write_st(o->out_dir, name, L, shard, o->dtype, o->seed, ck, err);
 }
 
-static const char *mk_torch_dtype(devio_dtype t)
-{
-    switch (t) {
-    case DEVIO_F16:
-        return "float16";
-    case DEVIO_BF16:
-        return "bfloat16";
-    case DEVIO_F32:
-        break;
-    }
-    return "float32";
-}
-
-static void mk_config(const devio_mkmodel_opts *o, mk_buf *b)
+static void mk_llama_config(const devio_mkmodel_opts *o, mk_buf *b)
 {
     const char *tf[2] = {"false", "true"};
     /* q/k/v biases without an o_proj bias is Qwen2's layout; Llama's
@@ -339,7 +413,8 @@ static devio_status mk_unlink_stale(const char *dir, const char *name, devio_err
 
 devio_status devio_mkmodel_write(const devio_mkmodel_opts *o, devio_error *err)
 {
-    devio_status st = mk_check(o, err);
+    mk_arch arch;
+    devio_status st = mk_check(o, &arch, err);
     if (st != DEVIO_OK)
         return st;
     if (!o->out_dir || !o->out_dir[0]) {
@@ -348,7 +423,7 @@ devio_status devio_mkmodel_write(const devio_mkmodel_opts *o, devio_error *err)
     }
     /* Every option is checked before the file system is touched. */
     mk_list L = {0};
-    if ((st = mk_list_build(o, &L, err)) != DEVIO_OK)
+    if ((st = mk_list_build(o, arch, &L, err)) != DEVIO_OK)
         return st;
     mk_buf cb = {0}, ib = {0};
     mk_chunk ck = {0};
@@ -369,7 +444,10 @@ devio_status devio_mkmodel_write(const devio_mkmodel_opts *o, devio_error *err)
             DEVIO_OK)
             goto out;
     }
-    mk_config(o, &cb);
+    if (arch == MK_ARCH_LLAMA)
+        mk_llama_config(o, &cb);
+    else
+        mk_ssm_config(o, arch, &cb);
     st = mk_write_json(o->out_dir, "config.json", &cb, err);
 out:
     free(cb.s);

@@ -1,4 +1,4 @@
-/* mkmodel.h - writes seeded random Hugging Face Llama models (config.json + safetensors) and PEFT LoRA adapters for them.
+/* mkmodel.h - writes seeded random Hugging Face models (Llama, Bamba, Mamba2: config.json + safetensors) and PEFT LoRA adapters for them.
  * Output depends only on the options (and, for adapters, the base model's shapes): no clock, no host state, so equal options give equal bytes. */
 #ifndef DEVIO_MKMODEL_H
 #define DEVIO_MKMODEL_H
@@ -11,30 +11,54 @@
 #include "device/devio.h"
 #include "device/model.h"
 
+#define DEVIO_MKMODEL_MAX_LAYERS 1024u
+
+/* The architectures:
+ *   llama  : LlamaForCausalLM (Qwen2ForCausalLM with attention_bias).
+ *   bamba  : BambaForCausalLM, hybrid: every layer is a Mamba-2 mixer or, for
+ *            the layers in attn_layers, Llama attention (RoPE on the first
+ *            half of each head), each followed by a SiLU-gated MLP.
+ *   mamba2 : Mamba2ForCausalLM: Mamba-2 mixers only, no MLP, no attention.
+ * Fields a model's architecture does not have stay 0 (false, empty); set,
+ * they are refused rather than ignored. The presets fill them right. */
 typedef struct devio_mkmodel_opts {
     const char *out_dir; /* borrowed; created (with parents) when missing */
-    const char *arch;    /* borrowed; "llama" (bamba, mamba2: DEVIO_E_UNSUPPORTED) */
+    const char *arch;    /* borrowed; "llama", "bamba" or "mamba2" */
     uint32_t vocab_size;
     uint32_t hidden_size;
-    uint32_t intermediate_size;
+    uint32_t intermediate_size; /* MLP; llama and bamba */
     uint32_t n_layers;
-    uint32_t n_heads;
-    uint32_t n_kv_heads;
-    uint32_t head_dim; /* 0 = hidden_size / n_heads */
-    uint32_t max_position_embeddings;
+    uint32_t n_heads;    /* attention; llama and bamba */
+    uint32_t n_kv_heads; /* attention; llama and bamba */
+    uint32_t head_dim;   /* llama: 0 = hidden_size / n_heads; bamba: 0 (always hidden / heads) */
+    uint32_t max_position_embeddings; /* llama and bamba; mamba2 has none: 0 */
     uint32_t shards; /* 1 = model.safetensors; N > 1 = N shards + index */
+    /* The Mamba-2 mixer (bamba, mamba2): I = ssm_expand * hidden_size
+     * = ssm_heads * ssm_head_dim is its inner width. */
+    uint32_t ssm_heads;    /* mamba_n_heads / num_heads, a multiple of ssm_groups */
+    uint32_t ssm_head_dim; /* mamba_d_head / head_dim */
+    uint32_t ssm_expand;   /* mamba_expand / expand */
+    uint32_t ssm_state;    /* mamba_d_state / state_size: N */
+    uint32_t ssm_groups;   /* mamba_n_groups / n_groups: heads sharing B and C */
+    uint32_t ssm_conv;     /* mamba_d_conv / conv_kernel: K */
+    double time_step_min, time_step_max; /* dt_bias is drawn from [min, max) */
+    /* bamba: bit i of word i / 64 set = layer i is an attention layer */
+    uint64_t attn_layers[DEVIO_MKMODEL_MAX_LAYERS / 64];
     double rope_theta;
-    double rms_norm_eps;
+    double rms_norm_eps; /* mamba2: layer_norm_epsilon */
     devio_dtype dtype;
     uint64_t seed;
     bool tie_word_embeddings;
-    bool attention_bias; /* q/k/v biases */
+    bool attention_bias; /* q/k/v biases; llama only */
+    bool ssm_conv_bias;  /* conv1d.bias (mamba_conv_bias / use_conv_bias) */
+    bool ssm_proj_bias;  /* in_proj.bias, out_proj.bias (mamba_proj_bias / use_bias) */
 } devio_mkmodel_opts;
 
-/* The tiny preset, f32, seed 0, out_dir NULL. */
+/* The llama tiny preset, f32, seed 0, out_dir NULL. */
 devio_mkmodel_opts devio_mkmodel_opts_default(void);
 
-/* Overwrite the shape fields and dtype of *o with a preset:
+/* Overwrite the shape fields, biases and dtype of *o with the preset `name`
+ * of architecture o->arch (NULL = llama). Llama:
  *   tiny  : vocab 256, hidden 64, 2 layers, 4 heads, 2 kv heads, head_dim 16,
  *           ffn 128, 512 positions, untied, f32            106,816 parameters
  *   small : the stories15M shape: vocab 32000, hidden 288, 6 layers, 6 heads,
@@ -45,8 +69,24 @@ devio_mkmodel_opts devio_mkmodel_opts_default(void);
  *   1b    : the TinyLlama-1.1B shape: vocab 32000, hidden 2048, 22 layers,
  *           32 heads, 4 kv heads, ffn 5632, 2048 positions, untied, bf16
  *                                                     1,100,048,384 parameters
- * out_dir, arch, seed and shards are left as they are.
- * Unknown name: DEVIO_E_INVALID. */
+ * Bamba (every mixer: conv bias, no projection bias, expand 2, conv 4):
+ *   tiny  : vocab 256, hidden 64, 4 layers, attention in [1], 4 heads, 2 kv
+ *           heads, ffn 128, 512 positions, 8 SSM heads of 16, state 16,
+ *           2 groups, untied, f32                          234,824 parameters
+ *   small : vocab 32000, hidden 288, 6 layers, attention in [2, 5], 6 heads,
+ *           6 kv heads, ffn 768, 1024 positions, 9 SSM heads of 64, state 64,
+ *           1 group, tied, f32                          16,029,580 parameters
+ *   bench : Llama bench's size: vocab 32000, hidden 768, 12 layers, attention
+ *           in [3, 7, 11], 12 heads, 12 kv heads, ffn 1600, 1024 positions,
+ *           24 SSM heads of 64, state 128, 1 group, untied, bf16
+ *                                                      134,366,856 parameters
+ * Mamba2 (conv bias, no projection bias, expand 2, conv 4):
+ *   tiny  : vocab 256, hidden 64, 2 layers, 8 SSM heads of 16, state 16,
+ *           2 groups, untied, f32                           93,552 parameters
+ *   small : vocab 32000, hidden 288, 6 layers, 9 SSM heads of 64, state 64,
+ *           1 group, tied, f32                          12,465,474 parameters
+ * out_dir, arch, seed, shards, rope_theta and rms_norm_eps are left as they
+ * are. Unknown name or architecture: DEVIO_E_INVALID. */
 devio_status devio_mkmodel_preset(const char *name, devio_mkmodel_opts *o, devio_error *err);
 
 /* Number of parameters the options describe (lm_head counted once when tied). */
@@ -54,8 +94,10 @@ uint64_t devio_mkmodel_param_count(const devio_mkmodel_opts *o);
 
 /* Write config.json and the weights into o->out_dir, streaming one chunk of
  * one tensor at a time. Each file is written under a temporary name and
- * renamed when complete. Invalid options: DEVIO_E_INVALID; unsupported
- * architecture: DEVIO_E_UNSUPPORTED; file system errors: DEVIO_E_IO. */
+ * renamed when complete. Invalid options (unknown architecture included):
+ * DEVIO_E_INVALID, with nothing written; file system errors: DEVIO_E_IO.
+ * Bamba and Mamba2 configs hold "time_step_limit": [0.0, Infinity], the bare
+ * token as Python's json writes float("inf"), exactly as Hugging Face does. */
 devio_status devio_mkmodel_write(const devio_mkmodel_opts *o, devio_error *err);
 
 /* The binary32 values of elements [start, start + n) of tensor `name` as

@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cli.h"
@@ -11,17 +12,21 @@
 #include "tools/mkmodel/mkmodel.h"
 
 static const char usage[] =
-    "usage: devio-mkmodel [--preset tiny|small|bench|1b] [--arch llama] [--seed N]\n"
-    "                     [--dtype f32|f16|bf16] [--shards N] --out DIR\n"
+    "usage: devio-mkmodel [--preset tiny|small|bench|1b] [--arch llama|bamba|mamba2]\n"
+    "                     [--seed N] [--dtype f32|f16|bf16] [--shards N] --out DIR\n"
     "                     [--vocab N] [--hidden N] [--layers N] [--heads N] [--kv-heads N]\n"
     "                     [--head-dim N] [--ffn N] [--max-pos N] [--rope-theta X] [--eps X]\n"
     "                     [--tied[=true|false]] [--bias[=true|false]]\n"
+    "                     [--ssm-heads N] [--ssm-head-dim N] [--ssm-expand N] [--ssm-state N]\n"
+    "                     [--ssm-groups N] [--ssm-conv N] [--attn-layers LIST|none]\n"
+    "                     [--no-conv-bias] [--proj-bias[=true|false]]\n"
     "\n"
     "Writes config.json and model.safetensors (or N shards and\n"
-    "model.safetensors.index.json) of a Llama model with seeded uniform random\n"
-    "weights, in Hugging Face's format. The same options give the same bytes.\n"
+    "model.safetensors.index.json) of a Llama, Bamba or Mamba2 model with seeded\n"
+    "random weights, in Hugging Face's format. The same options give the same bytes.\n"
     "\n"
-    "presets (default tiny):\n"
+    "presets (default tiny; --arch picks the table, default llama):\n"
+    "llama\n"
     "  tiny   vocab 256, hidden 64, 2 layers, 4 heads, 2 kv heads, head_dim 16,\n"
     "         ffn 128, 512 positions, untied, f32 (106,816 parameters)\n"
     "  small  vocab 32000, hidden 288, 6 layers, 6 heads, ffn 768, 1024 positions,\n"
@@ -30,8 +35,26 @@ static const char usage[] =
     "         untied, bf16 (134,105,856 parameters)\n"
     "  1b     vocab 32000, hidden 2048, 22 layers, 32 heads, 4 kv heads, ffn 5632,\n"
     "         2048 positions, untied, bf16 (1,100,048,384 parameters)\n"
+    "bamba (hybrid: Mamba-2 mixers, attention in --attn-layers, an MLP in every\n"
+    "layer; mixers: expand 2, conv 4, conv bias, no projection bias)\n"
+    "  tiny   vocab 256, hidden 64, 4 layers, attention in 1, 4 heads, 2 kv heads,\n"
+    "         ffn 128, 512 positions, 8 SSM heads of 16, state 16, 2 groups,\n"
+    "         untied, f32 (234,824 parameters)\n"
+    "  small  vocab 32000, hidden 288, 6 layers, attention in 2,5, 6 heads, ffn 768,\n"
+    "         1024 positions, 9 SSM heads of 64, state 64, 1 group, tied, f32\n"
+    "         (16,029,580 parameters)\n"
+    "  bench  vocab 32000, hidden 768, 12 layers, attention in 3,7,11, 12 heads,\n"
+    "         ffn 1600, 1024 positions, 24 SSM heads of 64, state 128, 1 group,\n"
+    "         untied, bf16 (134,366,856 parameters; llama bench's size)\n"
+    "mamba2 (Mamba-2 mixers only; expand 2, conv 4, conv bias, no projection bias)\n"
+    "  tiny   vocab 256, hidden 64, 2 layers, 8 SSM heads of 16, state 16,\n"
+    "         2 groups, untied, f32 (93,552 parameters)\n"
+    "  small  vocab 32000, hidden 288, 6 layers, 9 SSM heads of 64, state 64,\n"
+    "         1 group, tied, f32 (12,465,474 parameters)\n"
     "Flags after the preset override it, whatever their order on the command line.\n"
-    "--arch bamba and --arch mamba2 are not supported by this build.\n"
+    "SSM heads x SSM head dim must equal expand x hidden. Flags an architecture\n"
+    "does not have are refused (mamba2: --ffn, --heads, --kv-heads, --head-dim,\n"
+    "--max-pos; llama: the SSM flags, --attn-layers, --proj-bias).\n"
     "\n"
     "       devio-mkmodel --adapter --model DIR [--rank 8] [--alpha 8]\n"
     "                     [--targets q_proj,v_proj] [--rslora[=true|false]]\n"
@@ -50,6 +73,7 @@ typedef struct flags {
     devio_mkmodel_adapter_opts adapter;
     const char *preset;
     bool adapter_mode;
+    bool no_conv_bias; /* applied over the preset's ssm_conv_bias */
 } flags;
 
 static bool parse_dtype(const char *v, void *field)
@@ -89,15 +113,39 @@ static bool parse_targets(const char *s, void *field)
     return true;
 }
 
+/* "2,5" -> the bits of attn_layers (a uint64_t[DEVIO_MKMODEL_MAX_LAYERS / 64]);
+ * "none" -> no attention layer. False on an empty item or a layer past the cap;
+ * the writer checks the indices against --layers. */
+static bool parse_attn_layers(const char *s, void *field)
+{
+    uint64_t bits[DEVIO_MKMODEL_MAX_LAYERS / 64] = {0};
+    if (strcmp(s, "none") != 0) {
+        while (*s) {
+            char *end;
+            if (*s < '0' || *s > '9')
+                return false;
+            unsigned long v = strtoul(s, &end, 10);
+            if (v >= DEVIO_MKMODEL_MAX_LAYERS || (*end != ',' && *end != '\0'))
+                return false;
+            bits[v / 64] |= 1ull << (v % 64);
+            s = end;
+            if (*s == ',' && *++s == '\0')
+                return false;
+        }
+    }
+    memcpy(field, bits, sizeof bits);
+    return true;
+}
+
 #define M(f) (offsetof(flags, model) + offsetof(devio_mkmodel_opts, f))
 #define A(f) (offsetof(flags, adapter) + offsetof(devio_mkmodel_adapter_opts, f))
 #define U32(name, field, text) \
     {.flag = name, .type = DEVIO_OPT_U32, .offset = M(field), .metavar = "N", .help = text}
 static const devio_opt model_opts[] = {
     {.flag = "preset", .type = DEVIO_OPT_STR, .offset = offsetof(flags, preset),
-     .metavar = "NAME", .help = "tiny|small|bench|1b [tiny]; the other flags override it"},
+     .metavar = "NAME", .help = "tiny|small|bench|1b, per --arch [tiny]; flags override it"},
     {.flag = "arch", .type = DEVIO_OPT_STR, .offset = M(arch), .metavar = "ARCH",
-     .help = "llama [llama]"},
+     .help = "llama|bamba|mamba2 [llama]; picks the preset table"},
     {.flag = "seed", .type = DEVIO_OPT_U64, .offset = M(seed), .metavar = "N", .help = "[0]"},
     {.flag = "dtype", .type = DEVIO_OPT_CUSTOM, .offset = M(dtype), .metavar = "f32|f16|bf16",
      .help = "weight type [the preset's]", .parse = parse_dtype},
@@ -119,7 +167,20 @@ static const devio_opt model_opts[] = {
     {.flag = "tied", .type = DEVIO_OPT_BOOL, .offset = M(tie_word_embeddings),
      .help = "tie lm_head to the embedding (--tied=false unties)"},
     {.flag = "bias", .type = DEVIO_OPT_BOOL, .offset = M(attention_bias),
-     .help = "q/k/v biases, written as a Qwen2 model"},
+     .help = "q/k/v biases, written as a Qwen2 model (llama only)"},
+    U32("ssm-heads", ssm_heads, "Mamba-2 heads (bamba, mamba2)"),
+    U32("ssm-head-dim", ssm_head_dim, "Mamba-2 head dimension"),
+    U32("ssm-expand", ssm_expand, "Mamba-2 inner width / hidden"),
+    U32("ssm-state", ssm_state, "Mamba-2 state size per head"),
+    U32("ssm-groups", ssm_groups, "Mamba-2 B/C groups, dividing ssm-heads"),
+    U32("ssm-conv", ssm_conv, "Mamba-2 convolution width"),
+    {.flag = "attn-layers", .type = DEVIO_OPT_CUSTOM, .offset = M(attn_layers),
+     .metavar = "LIST", .help = "bamba's attention layers, e.g. 1,3, or none",
+     .parse = parse_attn_layers},
+    {.flag = "no-conv-bias", .type = DEVIO_OPT_BOOL, .offset = offsetof(flags, no_conv_bias),
+     .help = "no conv1d.bias in the mixers"},
+    {.flag = "proj-bias", .type = DEVIO_OPT_BOOL, .offset = M(ssm_proj_bias),
+     .help = "in_proj and out_proj biases in the mixers"},
     {.flag = "adapter", .type = DEVIO_OPT_BOOL, .offset = offsetof(flags, adapter_mode),
      .help = "write a PEFT adapter instead (see below)"},
 };
@@ -187,6 +248,15 @@ static int adapter_main(const devio_mkmodel_adapter_opts *o)
     return 0;
 }
 
+static const char *model_kind(const devio_mkmodel_opts *o)
+{
+    if (o->arch && strcmp(o->arch, "bamba") == 0)
+        return "Bamba (hybrid Mamba-2 and attention)";
+    if (o->arch && strcmp(o->arch, "mamba2") == 0)
+        return "Mamba2";
+    return o->attention_bias ? "Qwen2 (q/k/v biases)" : "Llama";
+}
+
 int main(int argc, char **argv)
 {
     flags f = {.model = devio_mkmodel_opts_default(),
@@ -207,11 +277,14 @@ int main(int argc, char **argv)
     if (cr != DEVIO_CLI_OK)
         return cr == DEVIO_CLI_EXIT ? 0 : 2;
     devio_error err = {0};
+    f.model.arch = first.model.arch; /* the preset table is the architecture's */
     if (devio_mkmodel_preset(first.preset, &f.model, &err) != DEVIO_OK) {
         fprintf(stderr, "devio-mkmodel: %s\n", err.message);
         return 2;
     }
     devio_cli_parse(&model_cli, &f, argc, argv, NULL, NULL, stdout, stderr);
+    if (f.no_conv_bias)
+        f.model.ssm_conv_bias = false;
     const devio_mkmodel_opts *o = &f.model;
     if (!o->out_dir) {
         fprintf(stderr, "devio-mkmodel: --out DIR is required (see --help)\n");
@@ -227,7 +300,7 @@ int main(int argc, char **argv)
     uint64_t params = devio_mkmodel_param_count(o);
     printf("devio-mkmodel: wrote %s: %s, %llu parameters, %s, %u shard%s, %.1f MB in "
            "%.2f s\n",
-           o->out_dir, o->attention_bias ? "Qwen2 (q/k/v biases)" : "Llama",
+           o->out_dir, model_kind(o),
            (unsigned long long)params, dtype_names[o->dtype], o->shards,
            o->shards == 1 ? "" : "s", (double)params * (o->dtype == DEVIO_F32 ? 4.0 : 2.0) / 1e6,
            secs);

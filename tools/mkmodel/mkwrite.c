@@ -56,6 +56,11 @@ static const char *mk_dtype_name(devio_dtype t)
     return t == DEVIO_F32 ? "F32" : t == DEVIO_F16 ? "F16" : "BF16";
 }
 
+const char *mk_torch_dtype(devio_dtype t)
+{
+    return t == DEVIO_F32 ? "float32" : t == DEVIO_F16 ? "float16" : "bfloat16";
+}
+
 /* splitmix64's output function; used counter-style so element i of a tensor
  * is a pure function of (seed, name, i) and chunks need no carried state. */
 static uint64_t mk_mix(uint64_t z)
@@ -88,10 +93,33 @@ float mk_inv_sqrt(uint64_t n)
     return 1.0f / devio_num_sqrt((float)n);
 }
 
+/* 1 - exp(-x) for x in (0, 1]: a series below 1/4, where 1 - expf(-x)
+ * would cancel away most of the bits of a small dt. */
+static float mk_one_minus_exp_neg(float x)
+{
+    if (x >= 0.25f)
+        return 1.0f - devio_expf(-x);
+    /* x (1 - x/2 (1 - x/3 (... (1 - x/7)))): the first omitted term is below 4e-10 x. */
+    float s = 1.0f;
+    for (int k = 7; k >= 2; k--)
+        s = 1.0f - x / (float)k * s;
+    return x * s;
+}
+
+/* Mamba-2's dt_bias: dt log-uniform in [lo, hi), then the inverse of
+ * softplus, dt + log(-expm1(-dt)), as Hugging Face initialises it. */
+static float mk_dt_bias(float u01, float lo, float hi)
+{
+    float llo = devio_logf(lo), lhi = devio_logf(hi);
+    float dt = devio_expf(llo + u01 * (lhi - llo));
+    return dt + devio_logf(mk_one_minus_exp_neg(dt));
+}
+
 static void mk_fill(const mk_tensor *t, uint64_t key, uint64_t start, size_t n, float *dst)
 {
     for (size_t j = 0; j < n; j++) {
         float u = mk_unit(key, start + j);
+        float u01 = 0.5f * u + 0.5f; /* exact: u has 24 bits */
         switch (t->init) {
         case MK_INIT_LINEAR:
         case MK_INIT_BIAS:
@@ -100,23 +128,53 @@ static void mk_fill(const mk_tensor *t, uint64_t key, uint64_t start, size_t n, 
         case MK_INIT_NORM:
             dst[j] = 1.0f + u * t->scale;
             break;
+        case MK_INIT_A_LOG:
+            dst[j] = devio_logf(t->lo + u01 * (t->hi - t->lo));
+            break;
+        case MK_INIT_DT_BIAS:
+            dst[j] = mk_dt_bias(u01, t->lo, t->hi);
+            break;
         }
     }
 }
 
 /* ---- the tensor list ---- */
 
+static mk_tensor *mk_push(mk_list *L, const char *name, uint32_t ndim, const uint64_t *shape,
+                          mk_init init)
+{
+    mk_tensor *t = &L->t[L->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = ndim;
+    t->nelem = 1;
+    for (uint32_t i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->nelem *= shape[i];
+    }
+    t->init = init;
+    return t;
+}
+
 void mk_add(mk_list *L, const char *name, uint32_t ndim, uint64_t s0, uint64_t s1, mk_init init,
             float scale)
 {
-    mk_tensor *t = &L->t[L->n++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->ndim = ndim;
-    t->shape[0] = s0;
-    t->shape[1] = ndim == 2 ? s1 : 0;
-    t->nelem = ndim == 2 ? s0 * s1 : s0;
-    t->init = init;
-    t->scale = scale;
+    const uint64_t shape[2] = {s0, s1};
+    mk_push(L, name, ndim, shape, init)->scale = scale;
+}
+
+void mk_add_3d(mk_list *L, const char *name, uint64_t s0, uint64_t s1, uint64_t s2,
+               mk_init init, float scale)
+{
+    const uint64_t shape[3] = {s0, s1, s2};
+    mk_push(L, name, 3, shape, init)->scale = scale;
+}
+
+void mk_add_range(mk_list *L, const char *name, uint64_t n, mk_init init, float lo, float hi)
+{
+    mk_tensor *t = mk_push(L, name, 1, &n, init);
+    t->lo = lo;
+    t->hi = hi;
 }
 
 static int mk_cmp(const void *a, const void *b)
@@ -271,11 +329,8 @@ static void mk_header(const mk_list *L, uint32_t shard, devio_dtype dt, mk_buf *
         if (t->shard != shard)
             continue;
         mk_buf_printf(b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, mk_dtype_name(dt));
-        if (t->ndim == 2)
-            mk_buf_printf(b, "%llu,%llu", (unsigned long long)t->shape[0],
-                          (unsigned long long)t->shape[1]);
-        else
-            mk_buf_printf(b, "%llu", (unsigned long long)t->shape[0]);
+        for (uint32_t d = 0; d < t->ndim; d++)
+            mk_buf_printf(b, "%s%llu", d ? "," : "", (unsigned long long)t->shape[d]);
         mk_buf_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t->offset,
                       (unsigned long long)(t->offset + t->nelem * es));
     }

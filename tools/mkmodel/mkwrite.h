@@ -13,17 +13,26 @@
 
 #define MK_CHUNK ((size_t)65536) /* elements generated and written per step */
 #define MK_NAME_MAX 96u
+#define MK_MAX_NDIM 3u /* conv1d weights are [channels, 1, kernel] */
 
-typedef enum mk_init { MK_INIT_LINEAR, MK_INIT_NORM, MK_INIT_BIAS } mk_init;
+/* How a tensor's elements follow from u, uniform in [-1, 1), and u01 = (u + 1) / 2. */
+typedef enum mk_init {
+    MK_INIT_LINEAR,  /* u * scale */
+    MK_INIT_NORM,    /* 1 + u * scale */
+    MK_INIT_BIAS,    /* u * scale */
+    MK_INIT_A_LOG,   /* log(lo + u01 * (hi - lo)): Mamba-2's A_log, A uniform in [lo, hi) */
+    MK_INIT_DT_BIAS, /* softplus^-1(dt), dt log-uniform in [lo, hi): Mamba-2's dt_bias */
+} mk_init;
 
 /* One tensor to write: its name, shape, initialisation and place on disk. */
 typedef struct mk_tensor {
     char name[MK_NAME_MAX];
     uint32_t ndim;
-    uint64_t shape[2];
+    uint64_t shape[MK_MAX_NDIM];
     uint64_t nelem;
     mk_init init;
     float scale;     /* linear: 1/sqrt(fan_in); norm and bias: spread */
+    float lo, hi;    /* A_LOG and DT_BIAS: the range drawn from */
     uint32_t shard;  /* index of the file it goes to */
     uint64_t offset; /* begin offset inside that file's data section */
 } mk_tensor;
@@ -50,12 +59,23 @@ void mk_buf_printf(mk_buf *b, const char *fmt, ...) DEVIO_PRINTF(2, 3);
 /* Bytes per element: 4 for F32, else 2. */
 uint64_t mk_dtype_size(devio_dtype t);
 
+/* config.json's torch_dtype: "float32", "float16" or "bfloat16". */
+const char *mk_torch_dtype(devio_dtype t);
+
 /* 1/sqrt(n) from correctly rounded binary32 operations. */
 float mk_inv_sqrt(uint64_t n);
 
-/* Appends one tensor to L, which has room for it. */
+/* Appends one tensor of 1 or 2 dimensions (s1 unused for 1) to L, which has room for it. */
 void mk_add(mk_list *L, const char *name, uint32_t ndim, uint64_t s0, uint64_t s1, mk_init init,
             float scale);
+
+/* Appends the 3-D tensor [s0, s1, s2] to L, which has room for it. */
+void mk_add_3d(mk_list *L, const char *name, uint64_t s0, uint64_t s1, uint64_t s2,
+               mk_init init, float scale);
+
+/* Appends the vector [n] drawn from [lo, hi) by `init` (A_LOG or DT_BIAS;
+ * 0 < lo <= hi) to L, which has room for it. */
+void mk_add_range(mk_list *L, const char *name, uint64_t n, mk_init init, float lo, float hi);
 
 /* Sorts L by tensor name: the order of both a file's header and its data. */
 void mk_list_sort(mk_list *L);
