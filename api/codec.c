@@ -256,8 +256,16 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_
     case DEVIO_EFFECT_SNAPSHOT:
     case DEVIO_EFFECT_FREE:
         return devio_json_get_uint(j, "seq", UINT64_MAX, true, &out->seq, err);
-    case DEVIO_EFFECT_RELEASE:
-        return devio_json_get_uint(j, "logits", UINT64_MAX, true, &out->logits, err);
+    case DEVIO_EFFECT_RELEASE: {
+        /* A logits handle, or every snapshot of a sequence: exactly one of the two. */
+        bool by_logits = json_object_get(j, "logits") != NULL;
+        if (by_logits == (json_object_get(j, "seq") != NULL))
+            return devio_fail(err, DEVIO_E_INVALID,
+                              "release takes exactly one of 'logits' (a handle) and 'seq' "
+                              "(a sequence's snapshots)");
+        return by_logits ? devio_json_get_uint(j, "logits", UINT64_MAX, true, &out->logits, err)
+                         : devio_json_get_uint(j, "seq", UINT64_MAX, true, &out->seq, err);
+    }
     }
     return DEVIO_OK;
 }
@@ -293,7 +301,7 @@ json_t *devio_json_step_result(const devio_step_result *r)
                      (json_int_t)r->compute_us, "tokens", (json_int_t)r->n_tokens);
 }
 
-json_t *devio_json_outcome(const devio_outcome *o)
+json_t *devio_json_outcome(const devio_effect *e, const devio_outcome *o)
 {
     json_t *j = json_pack("{s:s}", "kind", devio_effect_kind_str(o->kind));
     if (!j)
@@ -316,14 +324,19 @@ json_t *devio_json_outcome(const devio_outcome *o)
     case DEVIO_EFFECT_TRUNCATE:
         json_object_set_new(j, "len", json_integer(o->len));
         json_object_set_new(j, "freed_blocks", json_integer(o->freed_blocks));
+        json_object_set_new(j, "freed_snapshots", json_integer(o->freed_snapshots));
         break;
     case DEVIO_EFFECT_SNAPSHOT:
         json_object_set_new(j, "len", json_integer(o->len));
         break;
     case DEVIO_EFFECT_FREE:
         json_object_set_new(j, "freed_blocks", json_integer(o->freed_blocks));
+        json_object_set_new(j, "freed_snapshots", json_integer(o->freed_snapshots));
         break;
     case DEVIO_EFFECT_RELEASE:
+        /* Releasing a logits handle answers its kind only; a sequence's snapshots, their count. */
+        if (e->seq)
+            json_object_set_new(j, "freed_snapshots", json_integer(o->freed_snapshots));
         break;
     }
     return j;
@@ -345,10 +358,10 @@ json_t *devio_json_seq_info(const devio_seq_info *s)
     json_t *snaps = json_array();
     for (uint32_t i = 0; snaps && i < s->n_snapshots && i < 8; i++)
         json_array_append_new(snaps, json_integer(s->snapshots[i]));
-    return json_pack("{s:I,s:i,s:i,s:o,s:o}", "seq", (json_int_t)s->seq, "len", s->len, "blocks",
-                     s->blocks, "busy",
+    return json_pack("{s:I,s:i,s:i,s:o,s:b,s:o}", "seq", (json_int_t)s->seq, "len", s->len,
+                     "blocks", s->blocks, "busy",
                      s->busy_ticket ? json_integer((json_int_t)s->busy_ticket) : json_null(),
-                     "snapshots", snaps);
+                     "ssm_slot", s->ssm_slot, "snapshots", snaps);
 }
 
 json_t *devio_json_error(const devio_error *e)

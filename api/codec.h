@@ -39,7 +39,10 @@ devio_status devio_json_await_decode(const json_t *j, uint64_t *ticket, int64_t 
 json_t *devio_json_seq_ref(uint64_t seq);       /* {"seq":N}, a created sequence */
 json_t *devio_json_ticket_ref(uint64_t ticket); /* {"ticket":N}, a launched step */
 json_t *devio_json_step_result(const devio_step_result *r);
-json_t *devio_json_outcome(const devio_outcome *o);
+/* The outcome of effect e (the effect applied, for what only it says: a release
+ * of a sequence's snapshots answers freed_snapshots, a release of a logits handle
+ * its kind only). */
+json_t *devio_json_outcome(const devio_effect *e, const devio_outcome *o);
 json_t *devio_json_facts(const devio_facts *f);
 json_t *devio_json_seq_info(const devio_seq_info *s);
 /* {"error":{"code":..., "message":..., "details":{...}}} */

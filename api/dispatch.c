@@ -95,7 +95,7 @@ static devio_status op_apply(devio_device *d, const json_t *body, json_t **resul
     if (s == DEVIO_OK)
         s = devio_apply(d, &e, &o, err);
     if (s == DEVIO_OK) {
-        *result = devio_json_outcome(&o);
+        *result = devio_json_outcome(&e, &o);
         devio_outcome_free(&o);
     }
     return s;

@@ -57,7 +57,7 @@ static devio_status outcome_of(devio_device *dev, const devio_effect *e, json_t 
     devio_outcome o;
     devio_status st = devio_apply(dev, e, &o, err);
     if (st == DEVIO_OK) {
-        *j = devio_json_outcome(&o);
+        *j = devio_json_outcome(e, &o);
         devio_outcome_free(&o);
     }
     return st;

@@ -107,6 +107,16 @@ static void test_plan_decode(void **state)
     assert_int_equal(buf.rows[0].snapshot, DEVIO_SNAP_END);
     assert_int_equal(buf.rows[1].tokens[0], 4);
     assert_int_equal(buf.rows[1].logits, DEVIO_LOGITS_NONE);
+    assert_int_equal(buf.rows[1].snapshot, DEVIO_SNAP_NONE);
+    devio_plan_buf_free(&buf);
+    json_decref(j);
+
+    /* "each": a snapshot after every token (speculative decoding); null is none. */
+    j = parse("{\"rows\":[{\"seq\":7,\"tokens\":[1,2],\"snapshot\":\"each\"},"
+              "{\"seq\":8,\"tokens\":[4],\"snapshot\":null}]}");
+    assert_int_equal(devio_json_plan_decode(j, 64, 2048, &buf, &err), DEVIO_OK);
+    assert_int_equal(buf.rows[0].snapshot, DEVIO_SNAP_EACH);
+    assert_int_equal(buf.rows[1].snapshot, DEVIO_SNAP_NONE);
     devio_plan_buf_free(&buf);
     json_decref(j);
 
@@ -128,6 +138,9 @@ static void test_plan_decode(void **state)
         {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"sample\":{\"temperature\":\"x\"}}]}",
          DEVIO_E_INVALID},
         {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"snapshot\":\"start\"}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"snapshot\":\"END\"}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"snapshot\":1}]}", DEVIO_E_INVALID},
+        {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"snapshot\":true}]}", DEVIO_E_INVALID},
         {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"logit\":\"all\"}]}", DEVIO_E_INVALID},
         {"{\"rows\":[{\"seq\":1,\"tokens\":[1]}],\"extra\":1}", DEVIO_E_INVALID},
         {"{\"rows\":[{\"seq\":1,\"tokens\":[1],\"sample\":{\"temp\":1}}]}", DEVIO_E_INVALID},
@@ -163,15 +176,112 @@ static void test_effect_decode(void **state)
     assert_int_equal(e.seq, 7);
     assert_int_equal(e.len, 2);
     json_decref(j);
+    /* release: a logits handle, or every snapshot of a sequence. */
+    j = parse("{\"kind\":\"release\",\"logits\":31}");
+    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_OK);
+    assert_int_equal(e.kind, DEVIO_EFFECT_RELEASE);
+    assert_int_equal(e.logits, 31);
+    assert_int_equal(e.seq, 0);
+    json_decref(j);
+    j = parse("{\"kind\":\"release\",\"seq\":7}");
+    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_OK);
+    assert_int_equal(e.kind, DEVIO_EFFECT_RELEASE);
+    assert_int_equal(e.seq, 7);
+    assert_int_equal(e.logits, 0);
+    json_decref(j);
     const char *bad[] = {"{\"kind\":\"explode\"}", "{\"kind\":\"fork\"}",
                          "{\"kind\":\"truncate\",\"seq\":1}", "{\"kind\":\"release\"}",
                          "{\"kind\":\"sample\",\"logits\":1,\"params\":[]}", "3",
-                         "{\"kind\":\"fork\",\"seq\":1,\"sq\":2}"};
+                         "{\"kind\":\"fork\",\"seq\":1,\"sq\":2}",
+                         "{\"kind\":\"release\",\"logits\":31,\"seq\":7}",
+                         "{\"kind\":\"release\",\"seq\":-1}",
+                         "{\"kind\":\"release\",\"seq\":\"7\"}",
+                         "{\"kind\":\"release\",\"seq\":null}",
+                         "{\"kind\":\"release\",\"logits\":null,\"seq\":7}",
+                         "{\"kind\":\"release\",\"snapshots\":7}"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = parse(bad[i]);
+        memset(&err, 0, sizeof err);
         assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_E_INVALID);
+        assert_true(err.message[0] != '\0');
         json_decref(j);
     }
+    /* Both or neither of logits and seq: the message says what release takes. */
+    j = parse("{\"kind\":\"release\",\"logits\":31,\"seq\":7}");
+    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_E_INVALID);
+    assert_non_null(strstr(err.message, "exactly one of 'logits'"));
+    json_decref(j);
+}
+
+/* The outcome of `effect` as compact JSON text (caller frees). */
+static char *outcome_text(const char *effect, const devio_outcome *o)
+{
+    devio_effect e;
+    devio_error err = {0};
+    json_t *je = parse(effect);
+    assert_int_equal(devio_json_effect_decode(je, &e, &err), DEVIO_OK);
+    json_decref(je);
+    json_t *j = devio_json_outcome(&e, o);
+    assert_non_null(j);
+    char *t = json_dumps(j, DEVIO_JSON_FLAGS);
+    json_decref(j);
+    assert_non_null(t);
+    return t;
+}
+
+static void test_outcome_encode(void **state)
+{
+    (void)state;
+    const struct {
+        const char *effect;
+        devio_outcome o;
+        const char *want;
+    } cases[] = {
+        {"{\"kind\":\"truncate\",\"seq\":7,\"len\":2}",
+         {.kind = DEVIO_EFFECT_TRUNCATE, .len = 2, .freed_blocks = 1, .freed_snapshots = 3},
+         "{\"kind\":\"truncate\",\"len\":2,\"freed_blocks\":1,\"freed_snapshots\":3}"},
+        {"{\"kind\":\"free\",\"seq\":7}",
+         {.kind = DEVIO_EFFECT_FREE, .freed_blocks = 2, .freed_snapshots = 0},
+         "{\"kind\":\"free\",\"freed_blocks\":2,\"freed_snapshots\":0}"},
+        {"{\"kind\":\"release\",\"seq\":7}",
+         {.kind = DEVIO_EFFECT_RELEASE, .freed_snapshots = 4},
+         "{\"kind\":\"release\",\"freed_snapshots\":4}"},
+        {"{\"kind\":\"release\",\"seq\":7}", {.kind = DEVIO_EFFECT_RELEASE},
+         "{\"kind\":\"release\",\"freed_snapshots\":0}"},
+        {"{\"kind\":\"release\",\"logits\":31}", {.kind = DEVIO_EFFECT_RELEASE},
+         "{\"kind\":\"release\"}"},
+        {"{\"kind\":\"snapshot\",\"seq\":7}", {.kind = DEVIO_EFFECT_SNAPSHOT, .len = 5},
+         "{\"kind\":\"snapshot\",\"len\":5}"},
+        {"{\"kind\":\"fork\",\"seq\":7}",
+         {.kind = DEVIO_EFFECT_FORK, .seq = 8, .shared_blocks = 1},
+         "{\"kind\":\"fork\",\"seq\":8,\"shared_blocks\":1}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *t = outcome_text(cases[i].effect, &cases[i].o);
+        assert_string_equal(t, cases[i].want);
+        free(t);
+    }
+}
+
+static void test_seq_info_encode(void **state)
+{
+    (void)state;
+    devio_seq_info s = {.seq = 7, .len = 3, .blocks = 1};
+    json_t *j = devio_json_seq_info(&s);
+    char *t = json_dumps(j, DEVIO_JSON_FLAGS);
+    assert_string_equal(
+        t, "{\"seq\":7,\"len\":3,\"blocks\":1,\"busy\":null,\"ssm_slot\":false,\"snapshots\":[]}");
+    free(t);
+    json_decref(j);
+    /* A hybrid sequence: its slot, and its snapshots listed up to 8. */
+    s = (devio_seq_info){.seq = 7, .len = 40, .blocks = 3, .busy_ticket = 12, .ssm_slot = true,
+                         .n_snapshots = 9, .snapshots = {1, 2, 3, 4, 5, 6, 7, 8}};
+    j = devio_json_seq_info(&s);
+    t = json_dumps(j, DEVIO_JSON_FLAGS);
+    assert_string_equal(t, "{\"seq\":7,\"len\":40,\"blocks\":3,\"busy\":12,\"ssm_slot\":true,"
+                           "\"snapshots\":[1,2,3,4,5,6,7,8]}");
+    free(t);
+    json_decref(j);
 }
 
 static devio_adapter_record sample_record(void)
@@ -395,6 +505,8 @@ static void test_script_runner(void **state)
     assert_non_null(strstr(outs[0], "\"shape\":[3,"));
     assert_non_null(strstr(outs[0], "\"sha256\":\""));
     assert_non_null(strstr(outs[0], "\"seq\":\"b\""));
+    /* An attention-only sequence holds no SSM slot and no snapshots. */
+    assert_non_null(strstr(outs[0], "\"ssm_slot\":false"));
     assert_non_null(strstr(outs[0], "{\"op\":\"await\",\"ok\":false,\"error\":{\"code\":\"ticket_consumed\"}}"));
     assert_null(strstr(outs[0], "timing"));
     assert_null(strstr(outs[0], "epoch"));
@@ -431,6 +543,7 @@ int main(void)
         cmocka_unit_test(test_adapter_record_round_trip),
         cmocka_unit_test(test_adapter_ack_and_bodies),
         cmocka_unit_test(test_id_and_await_bodies),
+        cmocka_unit_test(test_outcome_encode),     cmocka_unit_test(test_seq_info_encode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,7 +105,7 @@ def test_suites_reach_what_they_claim(bins, tiny_model):
                  '"code":"unknown_logits"', '"code":"unknown_adapter"', '"code":"unsupported"',
                  '"code":"invalid_input"', '"values":[', '"kind":"fork"', '"kind":"truncate"',
                  '"kind":"free"', '"kind":"release"', '"kind":"sample"', '"kind":"snapshot"',
-                 '"op":"facts"', '"adapters":[]'):
+                 '"op":"facts"', '"adapters":[]', '"ssm_slot":false', '"freed_snapshots":0'):
         assert want in out, want
     assert '"shape":[4,256]' in out or '"shape":[18,256]' in out  # an "all" handle
 

@@ -192,13 +192,16 @@ def test_sequence_create_get_delete(c):
     f0 = c.facts()
     a, b = c.create(), c.create()
     assert b > a > 0
-    assert c.seq(a) == {"seq": a, "len": 0, "blocks": 0, "busy": None, "snapshots": []}
+    assert c.seq(a) == {"seq": a, "len": 0, "blocks": 0, "busy": None, "ssm_slot": False,
+                        "snapshots": []}
     c.step(plan(row(a, prompt(20))))
     info = c.seq(a)
     assert (info["len"], info["blocks"], info["busy"]) == (20, 2, None)
     assert c.facts()["kv"]["blocks_free"] == f0["kv"]["blocks_free"] - 2
-    assert c.call("DELETE", "/v1/sequences/%d" % a).json == {"kind": "free", "freed_blocks": 2}
-    assert c.call("DELETE", "/v1/sequences/%d" % b).json == {"kind": "free", "freed_blocks": 0}
+    assert c.call("DELETE", "/v1/sequences/%d" % a).json == {"kind": "free", "freed_blocks": 2,
+                                                              "freed_snapshots": 0}
+    assert c.call("DELETE", "/v1/sequences/%d" % b).json == {"kind": "free", "freed_blocks": 0,
+                                                              "freed_snapshots": 0}
     for s in (a, b):
         e = c.call("GET", "/v1/sequences/%d" % s, expect=404, code="unknown_seq")
         assert e.details == {"seq": s}
@@ -358,6 +361,7 @@ def test_plan_errors(c):
     assert_refused(c, plan(row(s2, [1]), row(s2, [2])), 400, "invalid_input", {"row": 1})
     assert_refused(c, plan(row(s, [1], logits="first")), 400, "invalid_input", {"row": 0})
     assert_refused(c, plan(row(s, [1], snapshot="start")), 400, "invalid_input", {"row": 0})
+    assert_refused(c, plan(row(s, [1], snapshot=1)), 400, "invalid_input", {"row": 0})
     assert_refused(c, plan(row("x", [1])), 400, "invalid_input", {"row": 0})
     assert_refused(c, plan(row(-1, [1])), 400, "invalid_input", {"row": 0})
     for bad in ({"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"min_p": 2}, {"top_k": -1},
@@ -373,6 +377,12 @@ def test_plan_errors(c):
     c.step(plan(row(s2, [1]), row(s, [VOCAB - 1], logits="none", adapter=None, sample=None,
                                   snapshot=None)))
     assert c.seq(s)["len"] == 3 and c.seq(s2)["len"] == 1
+    # Both snapshot modes are accepted; an attention-only model holds nothing for them.
+    c.step(plan(row(s2, [2], snapshot="end"), row(s, [3, 4], snapshot="each")))
+    assert c.seq(s)["len"] == 5 and c.seq(s2)["len"] == 2
+    assert c.seq(s)["snapshots"] == [] and c.seq(s)["ssm_slot"] is False
+    assert c.facts()["ssm"] == {"slots_total": 0, "slots_used": 0, "snapshots_total": 0,
+                                "snapshots_used": 0}
 
 
 def test_json_nesting_too_deep(srv, c):
@@ -401,7 +411,8 @@ def test_seq_busy(c):
     e = assert_refused(c, plan(row(other, [1]), row(s, [6])), 409, "seq_busy")
     assert e.details in ({"row": 1}, {"ticket": t}), e
     for eff in ({"kind": "fork", "seq": s}, {"kind": "truncate", "seq": s, "len": 1},
-                {"kind": "snapshot", "seq": s}, {"kind": "free", "seq": s}):
+                {"kind": "snapshot", "seq": s}, {"kind": "free", "seq": s},
+                {"kind": "release", "seq": s}):
         e = c.call("POST", "/v1/effects", eff, expect=409, code="seq_busy")
         assert e.details == {"ticket": t}, e
     e = c.call("DELETE", "/v1/sequences/%d" % s, expect=409, code="seq_busy")
@@ -565,8 +576,10 @@ def test_effect_fork_truncate_snapshot_free(c):
     e = c.call("POST", "/v1/effects", {"kind": "truncate", "seq": s, "len": 22}, expect=400,
                code="invalid_input")
     assert e.details == {"len": 21}
-    assert c.effect({"kind": "truncate", "seq": s, "len": 21}) == {"kind": "truncate", "len": 21, "freed_blocks": 0}
-    assert c.effect({"kind": "truncate", "seq": s, "len": 10}) == {"kind": "truncate", "len": 10, "freed_blocks": 1}
+    assert c.effect({"kind": "truncate", "seq": s, "len": 21}) == {"kind": "truncate", "len": 21, "freed_blocks": 0,
+                                                                   "freed_snapshots": 0}
+    assert c.effect({"kind": "truncate", "seq": s, "len": 10}) == {"kind": "truncate", "len": 10, "freed_blocks": 1,
+                                                                   "freed_snapshots": 0}
     assert c.seq(s)["len"] == 10 and c.seq(s)["blocks"] == 1
     # After truncation the sequence computes as if the dropped tokens never were.
     r1 = c.step(plan(row(s, [3, 4], logits="last")))["rows"][0]
@@ -577,23 +590,29 @@ def test_effect_fork_truncate_snapshot_free(c):
         c.effect({"kind": "release", "logits": h})
     # Snapshot (a pure-attention model needs none, but it is answered with the length).
     assert c.effect({"kind": "snapshot", "seq": s}) == {"kind": "snapshot", "len": 12}
+    assert c.seq(s)["snapshots"] == [] and c.facts()["ssm"]["snapshots_used"] == 0
+    # Releasing a sequence's snapshots: there are none to drop, the sequence is unchanged.
+    assert c.effect({"kind": "release", "seq": s}) == {"kind": "release", "freed_snapshots": 0}
+    assert c.seq(s)["len"] == 12
     # Free.
     # s wrote into the full block it shared with the child: it copied it, nothing is shared now.
     assert c.facts()["kv"]["blocks_shared"] == f0["kv"]["blocks_shared"]
     fr = c.effect({"kind": "free", "seq": ch})
-    assert fr == {"kind": "free", "freed_blocks": 2}
-    assert c.effect({"kind": "free", "seq": s}) == {"kind": "free", "freed_blocks": 1}
+    assert fr == {"kind": "free", "freed_blocks": 2, "freed_snapshots": 0}
+    assert c.effect({"kind": "free", "seq": s}) == {"kind": "free", "freed_blocks": 1, "freed_snapshots": 0}
     c.effect({"kind": "free", "seq": other})
     assert c.facts()["kv"] == f0["kv"]
     # Unknown sequences.
     for eff in ({"kind": "fork", "seq": s}, {"kind": "truncate", "seq": s, "len": 0},
-                {"kind": "snapshot", "seq": s}, {"kind": "free", "seq": s}):
+                {"kind": "snapshot", "seq": s}, {"kind": "free", "seq": s},
+                {"kind": "release", "seq": s}):
         e = c.call("POST", "/v1/effects", eff, expect=404, code="unknown_seq")
         assert e.details == {"seq": s}
     # Malformed effects.
     for bad in ({}, {"kind": "merge", "seq": s}, {"kind": 3}, {"kind": "fork"},
                 {"kind": "fork", "seq": "1"}, {"kind": "truncate", "seq": s},
                 {"kind": "truncate", "seq": s, "len": -1}, {"kind": "release"},
+                {"kind": "release", "logits": 1, "seq": s}, {"kind": "release", "seq": "1"},
                 {"kind": "fork", "seq": s, "extra": 1}, [], "fork"):
         c.call("POST", "/v1/effects", bad, expect=400, code="invalid_input")
     c.call("POST", "/v1/effects", raw="{]", expect=400, code="invalid_input")
