@@ -10,6 +10,33 @@
 /* Channels of the conv per job. */
 #define CONV_CHANNELS 64u
 
+/* Eight lanes of the 32 of the lane rule; GCC and clang split it into
+ * whatever vectors the target has. Lane-wise + and * are the scalar
+ * operations, so the numbers do not depend on the width. */
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8_mem __attribute__((vector_size(32), aligned(4), may_alias));
+
+static inline v8 ld8(const float *p) { return *(const v8_mem *)p; }
+static inline void st8(float *p, v8 v) { *(v8_mem *)p = v; }
+
+/* lane_dot(w, u, K) for K <= 32, exactly: lane l < K holds +0 + w[l]*u[l]
+ * and the others +0; a fold step whose partner lane is still +0 leaves a
+ * lane as it is (a lane is never -0), so only steps between lanes that
+ * hold terms are done. */
+static float conv_dot(const float *w, const float *u, uint32_t K)
+{
+    float p[32];
+    for (uint32_t l = 0; l < K; l++)
+        p[l] = 0.0f + w[l] * u[l];
+    uint32_t live = K;
+    for (uint32_t step = 16; step >= 1; step >>= 1) {
+        for (uint32_t l = 0; l < step && l + step < live; l++)
+            p[l] = p[l] + p[l + step];
+        live = live < step ? live : step;
+    }
+    return p[0];
+}
+
 /* The state of row r's slot for this layer, and where snapshot i of the
  * row goes (END: its only one), both at this layer's offset. */
 static float *slot_of(const ref_mixer *m, const devio_batch_row *row)
@@ -53,7 +80,9 @@ static void conv_job(void *ctx, uint32_t job, uint32_t thread)
             float *wc = win + (size_t)c * W;
             memcpy(u, wc, W * sizeof(float));
             u[W] = xbc[c];
-            float v = ref_lane_dot(m->w->conv_w + (size_t)c * K, u, K) + m->w->conv_b[c];
+            const float *wc_ = m->w->conv_w + (size_t)c * K;
+            float dot = K <= 32 ? conv_dot(wc_, u, K) : ref_lane_dot(wc_, u, K);
+            float v = dot + m->w->conv_b[c];
             out[c] = devio_siluf(v);
             memcpy(wc, u + 1, W * sizeof(float));
         }
@@ -62,6 +91,31 @@ static void conv_job(void *ctx, uint32_t job, uint32_t thread)
             memcpy(snap_of(m, row, (uint32_t)si) + (size_t)c0 * W, win + (size_t)c0 * W,
                    (size_t)(c1 - c0) * W * sizeof(float));
     }
+}
+
+/* One row of S: S[n] = S[n] * da + db[n] * xp, then lane_dot(S, C, N),
+ * accumulated in the 32 lanes as S is written (lane n mod 32, increasing
+ * n, from +0), folded by the rule. */
+static float state_row(float *S, const float *db, const float *C, float da, float xp, uint32_t N)
+{
+    v8 acc[4] = {{0}, {0}, {0}, {0}};
+    v8 vda = {da, da, da, da, da, da, da, da}, vxp = {xp, xp, xp, xp, xp, xp, xp, xp};
+    uint32_t n = 0;
+    for (; n + 32 <= N; n += 32)
+        for (int v = 0; v < 4; v++) {
+            size_t k = n + (uint32_t)v * 8;
+            v8 s = ld8(S + k) * vda + ld8(db + k) * vxp;
+            st8(S + k, s);
+            acc[v] = acc[v] + s * ld8(C + k);
+        }
+    float p[32];
+    for (int v = 0; v < 4; v++)
+        st8(p + v * 8, acc[v]);
+    for (; n < N; n++) {
+        S[n] = S[n] * da + db[n] * xp;
+        p[n % 32] = p[n % 32] + S[n] * C[n];
+    }
+    return devio_lane_fold(p);
 }
 
 /* Job (row, head): the selective-state recurrence, token by token. */
@@ -91,10 +145,7 @@ static void scan_job(void *ctx, uint32_t job, uint32_t thread)
         float *y = m->y + t * m->ldy + (size_t)h * P;
         for (uint32_t p = 0; p < P; p++) {
             float xp = xa[(size_t)h * P + p];
-            float *Sp = S + (size_t)p * N;
-            for (uint32_t n = 0; n < N; n++)
-                Sp[n] = Sp[n] * da + db[n] * xp;
-            y[p] = ref_lane_dot(Sp, C, N) + dskip * xp;
+            y[p] = state_row(S + (size_t)p * N, db, C, da, xp, N) + dskip * xp;
         }
         int si = snap_index(row, i);
         if (si >= 0)

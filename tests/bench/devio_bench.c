@@ -85,16 +85,41 @@ static uint64_t weight_bytes(const devio_model *m)
                  devio_dtype_size(all[i]->dtype);
     }
     for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
-        const devio_tensor *t = (const devio_tensor *)&m->layers[l];
-        for (size_t k = 0; k < sizeof(devio_layer) / sizeof(devio_tensor); k++)
-            if (t[k].data)
-                total += t[k].shape[0] * (t[k].ndim > 1 ? t[k].shape[1] : 1) *
-                         devio_dtype_size(t[k].dtype);
+        const devio_layer *y = &m->layers[l];
+        const devio_mixer *x = &y->mixer;
+        const devio_tensor *t[] = {&y->attn_norm, &y->wq, &y->wk, &y->wv, &y->wo, &y->bq,
+                                   &y->bk, &y->bv, &y->ffn_norm, &y->w_gate, &y->w_up,
+                                   &y->w_down, &x->in_proj, &x->in_bias, &x->conv_w,
+                                   &x->conv_b, &x->dt_bias, &x->a_log, &x->d_skip, &x->norm,
+                                   &x->out_proj, &x->out_bias};
+        for (size_t k = 0; k < sizeof t / sizeof *t; k++)
+            if (t[k]->data)
+                total += t[k]->shape[0] * (t[k]->ndim > 1 ? t[k]->shape[1] : 1) *
+                         devio_dtype_size(t[k]->dtype);
     }
     /* The embedding table is gathered, not streamed: count one row per token, i.e. none. */
     if (m->lm_head.data != m->embed.data)
         total -= m->embed.shape[0] * m->embed.shape[1] * devio_dtype_size(m->embed.dtype);
     return total;
+}
+
+/* The model's shape, so that a figure says what it was measured on. */
+static void print_shape(const devio_model *m)
+{
+    const devio_model_config *c = &m->cfg;
+    uint32_t attn = 0;
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        attn += m->layers[l].kind == DEVIO_LAYER_ATTENTION;
+    printf("shape: %s, vocab %u, hidden %u, %u layers (%u attention, %u Mamba-2 mixers)",
+           c->architecture, c->vocab_size, c->hidden_size, c->n_layers, attn, c->n_layers - attn);
+    if (attn)
+        printf(", %u heads of %u, %u kv heads", c->n_heads, c->head_dim, c->n_kv_heads);
+    if (c->intermediate_size)
+        printf(", ffn %u", c->intermediate_size);
+    if (attn < c->n_layers)
+        printf(", %u SSM heads of %u, state %u, %u groups, conv %u", c->ssm.n_heads,
+               c->ssm.head_dim, c->ssm.d_state, c->ssm.n_groups, c->ssm.d_conv);
+    printf("\n");
 }
 
 static int check(devio_status s, const devio_error *e, const char *what)
@@ -244,7 +269,7 @@ static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t
 }
 
 typedef struct flags {
-    const char *model, *preset, *backend, *backend_path;
+    const char *model, *preset, *arch, *backend, *backend_path;
     int dtype; /* index into dtypes */
     uint32_t threads, steps, prefill, overlap;
     double device_bw; /* GB/s measured elsewhere (the GPU check's probe), or 0 */
@@ -275,6 +300,8 @@ static const devio_opt opts[] = {
      .help = "model directory [the preset, written to a temp dir]"},
     {.flag = "preset", .type = DEVIO_OPT_STR, .offset = F(preset), .metavar = "NAME",
      .help = "bench|small|tiny|1b [bench]"},
+    {.flag = "arch", .type = DEVIO_OPT_STR, .offset = F(arch), .metavar = "ARCH",
+     .help = "llama|bamba|mamba2: the preset's architecture [llama]"},
     {.flag = "dtype", .type = DEVIO_OPT_CHOICE, .offset = F(dtype), .metavar = "bf16|f16|f32",
      .help = "weight type of the preset [bf16]", .choices = dtypes},
     {.flag = "backend", .type = DEVIO_OPT_STR, .offset = F(backend), .metavar = "NAME",
@@ -298,7 +325,8 @@ static const devio_opt opts[] = {
 
 static const devio_cli cli = {
     .prog = "devio-bench",
-    .usage = "usage: devio-bench [--model DIR | --preset bench|small|tiny|1b] [options]\n"
+    .usage = "usage: devio-bench [--model DIR | --preset bench|small|tiny|1b [--arch A]] "
+             "[options]\n"
              "Writes the preset to a temp dir unless --model is given, measures the read\n"
              "bandwidth, then decode at each batch size and one prefill. Prints figures;\n"
              "asserts nothing.",
@@ -308,7 +336,7 @@ static const devio_cli cli = {
 
 int main(int argc, char **argv)
 {
-    flags f = {.preset = "bench", .backend = "ref", .threads = 2, .steps = 32, .prefill = 512,
+    flags f = {.preset = "bench", .arch = "llama", .backend = "ref", .threads = 2, .steps = 32, .prefill = 512,
                .batches = {3, 1, 8, 32}};
     devio_cli_result cr = devio_cli_parse(&cli, &f, argc, argv, NULL, NULL, stdout, stderr);
     if (cr != DEVIO_CLI_OK)
@@ -324,6 +352,7 @@ int main(int argc, char **argv)
     char tmp[256] = "";
     if (!model_dir) {
         devio_mkmodel_opts o = devio_mkmodel_opts_default();
+        o.arch = f.arch;
         if (check(devio_mkmodel_preset(preset, &o, &err), &err, "preset") < 0)
             return 2;
         static const devio_dtype types[] = {DEVIO_BF16, DEVIO_F16, DEVIO_F32};
@@ -360,8 +389,9 @@ int main(int argc, char **argv)
     printf("devio-bench: backend %s (%s numerics) on %s\n", info.backend,
            devio_numerics_str(info.numerics), info.device);
     printf("devio-bench: model %s (%s), %.1f MB of weights streamed per step, %u threads\n",
-           model_dir == tmp ? preset : model_dir, devio_dtype_str(m->layers[0].wq.dtype), wb / 1e6,
+           model_dir == tmp ? preset : model_dir, devio_dtype_str(m->embed.dtype), wb / 1e6,
            threads);
+    print_shape(m);
     if (f.device_bw > 0)
         printf("read bandwidth: %.2f GB/s (the device's, as given by --device-bw)\n", bw);
     else
