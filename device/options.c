@@ -39,6 +39,10 @@ const devio_opt devio_config_options[] = {
      .help = "adapters loaded at once [4]"},
     {.flag = "max-lora-rank", .type = DEVIO_OPT_U32, .offset = D(max_lora_rank), .metavar = "N",
      .help = "largest adapter rank [64]"},
+    {.flag = "ssm-slots", .type = DEVIO_OPT_U32, .offset = D(ssm_slots), .metavar = "N",
+     .help = "SSM state slots (hybrid models), 0 = derived from memory [0]"},
+    {.flag = "ssm-snapshots", .type = DEVIO_OPT_U32, .offset = D(ssm_snapshots), .metavar = "N",
+     .help = "SSM snapshots (hybrid models), 0 = derived from memory [0]"},
     {.flag = NULL},
 };
 #undef D

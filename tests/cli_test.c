@@ -143,6 +143,19 @@ static void test_group_at_offset(void **state)
     devio_config d = devio_config_default();
     assert_int_equal(R->f.dev.block_size, d.block_size);
     assert_int_equal(R->f.dev.max_rows, d.max_rows);
+    assert_int_equal(R->f.dev.ssm_slots, 0); /* 0: the core derives them from memory */
+    assert_int_equal(R->f.dev.ssm_snapshots, 0);
+
+    /* The SSM pools of hybrid models, by flag and by twin. */
+    setenv("DEVIO_SSM_SNAPSHOTS", "48", 1);
+    R = PARSE("--ssm-slots", "12");
+    unsetenv("DEVIO_SSM_SNAPSHOTS");
+    assert_int_equal(R->r, DEVIO_CLI_OK);
+    assert_int_equal(R->f.dev.ssm_slots, 12);
+    assert_int_equal(R->f.dev.ssm_snapshots, 48);
+    R = PARSE("--ssm-snapshots=0", "--ssm-slots", "x");
+    assert_int_equal(R->r, DEVIO_CLI_ERROR);
+    assert_string_equal(R->errs, "cli_test: --ssm-slots takes an unsigned integer, not 'x'\n");
 
     /* Every option in the shared table lands in its own field of devio_config. */
     for (const devio_opt *o = devio_config_options; o->flag; o++) {
@@ -218,6 +231,10 @@ static void test_help_and_version(void **state)
     assert_non_null(strstr(R->out, "usage: cli_test [options] [ARG]\noptions:\n"));
     assert_non_null(strstr(R->out, "  --odd ODD                  an odd number\n"));
     assert_non_null(strstr(R->out, "  --on                       a switch\n"));
+    assert_non_null(strstr(R->out, "  --ssm-slots N              SSM state slots (hybrid models), "
+                                   "0 = derived from memory [0]\n"));
+    assert_non_null(strstr(R->out, "  --ssm-snapshots N          SSM snapshots (hybrid models), "
+                                   "0 = derived from memory [0]\n"));
     /* The group's options follow the cli's own, then --help, --version, the epilog. */
     const char *own = strstr(R->out, "--odd"), *grp = strstr(R->out, "--max-lora-rank N"),
                *help = strstr(R->out, "--help"), *end = strstr(R->out, "the end\n");
