@@ -138,7 +138,9 @@ static devio_status apply_truncate(devio_device *d, const devio_effect *e, devio
     if (d->hybrid && e->len == 0) {
         /* The state at length 0 is zeros: nothing to restore. */
         o->freed_snapshots = dv_ssm_release(d, q);
-    } else if (d->hybrid && e->len < q->len) {
+    } else if (d->hybrid && (e->len < q->len || q->state_lost)) {
+        /* Back to a snapshot; at the current length too when a failed step
+         * lost the state. */
         int32_t snap = dv_snap_find(d, q, e->len);
         if (snap < 0)
             return devio_fail_at(err, DEVIO_E_NO_SNAPSHOT, "len", e->len,
