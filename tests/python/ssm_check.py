@@ -29,7 +29,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_check import load  # noqa: E402  (config.json and safetensors into float64)
+from hf_check import load, read_safetensors  # noqa: E402  (config.json and safetensors into float64)
 
 LIMIT = 1e-4
 DEFAULT_TOKENS = {"tiny": 300, "small": 96}  # small's vocab makes "all" logits large
@@ -225,21 +225,31 @@ def prompt(vocab, n):
     return [(i * 7919 + 13) % vocab for i in range(n)]
 
 
-def devio_logits(bin_dir, mdir, chunks, tmp):
+def devio_logits(bin_dir, mdir, chunks, tmp, adapter=None):
     """Logits of devio-ref for the token chunks, each one step with logits "all",
-    concatenated; (None, message) when devio-ref refuses."""
+    concatenated; (None, message) when devio-ref refuses. adapter: (root, path)
+    of a PEFT adapter the rows run with."""
     script = os.path.join(tmp, "ssm_check.jsonl")
+    row = {"seq": "$s", "logits": "all"}
+    extra = []
+    skip = 1
     with open(script, "w") as f:
+        if adapter:
+            f.write(json.dumps({"op": "lora", "cmd": {"kind": "load", "name": "x",
+                                                      "path": adapter[1]}}) + "\n")
+            row["adapter"] = "x"
+            extra = ["--adapters", adapter[0]]
+            skip = 2
         f.write('{"op":"create","as":"s"}\n')
         for c in chunks:
             f.write(json.dumps({"op": "step", "full": True, "plan": {"rows": [
-                {"seq": "$s", "tokens": c, "logits": "all"}]}}) + "\n")
+                dict(row, tokens=c)]}}) + "\n")
     n = sum(len(c) for c in chunks)
     r = subprocess.run([os.path.join(bin_dir, "ref", "devio-ref"), "--model", mdir,
-                        "--logits-rows", str(max(256, n)), script],
+                        "--logits-rows", str(max(256, n))] + extra + [script],
                        capture_output=True, text=True)
     lines = r.stdout.splitlines()
-    res = [json.loads(line) for line in lines[1:1 + len(chunks)]]
+    res = [json.loads(line) for line in lines[skip:skip + len(chunks)]]
     if r.returncode != 0 or len(res) < len(chunks) or not all(x.get("ok") for x in res):
         why = (r.stderr.strip() or (lines[-1] if lines else "no output"))[:300]
         return None, why
@@ -274,6 +284,51 @@ def run(bin_dir, arch, preset, extra, n_tokens, cuts, tmp):
         e1 = np.max(np.abs(got - alt)) / np.max(np.abs(alt))
         hint = f"against the norm over all I channels: {e1:.3e}"
     return err, None, hint
+
+
+def merge_adapter(w, adir):
+    """W + s * B A for every adapted projection (PEFT's merge), in float64; PEFT's
+    tensor names are the model's own under base_model.model."""
+    acfg = json.load(open(os.path.join(adir, "adapter_config.json")))
+    a = read_safetensors(os.path.join(adir, "adapter_model.safetensors"))
+    r = acfg["r"]
+    alpha = float(acfg.get("lora_alpha", 8))
+    scale = alpha / np.sqrt(r) if acfg.get("use_rslora") else alpha / r
+    w = dict(w)
+    for name in a:
+        if ".lora_A." in name:
+            base = name.replace("base_model.model.", "", 1).replace(".lora_A.weight", ".weight")
+            w[base] = w[base] + scale * (a[name.replace(".lora_A.", ".lora_B.")] @ a[name])
+    return w
+
+
+def run_adapter(bin_dir, arch, preset, targets, n_tokens, tmp):
+    """Relative error of a LoRA row against the merged weights, or (None, why)."""
+    mdir = os.path.join(tmp, f"{arch}-{preset}-lora-base")
+    root = os.path.join(tmp, f"{arch}-{preset}-adapters")
+    mk = os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel")
+    if not os.path.exists(mdir):
+        subprocess.run([mk, "--arch", arch, "--preset", preset, "--seed", "6", "--out", mdir],
+                       check=True, stdout=subprocess.DEVNULL)
+    name = targets.replace(",", "-")
+    subprocess.run([mk, "--adapter", "--model", mdir, "--seed", "9", "--rank", "8", "--alpha",
+                    "16", "--targets", targets, "--out", os.path.join(root, name)],
+                   check=True, stdout=subprocess.DEVNULL)
+    cfg, w = load(mdir)
+    tokens = prompt(cfg["vocab_size"], n_tokens)
+    got, why = devio_logits(bin_dir, mdir, [tokens], tmp, adapter=(root, name))
+    if got is None:
+        return None, why
+    want, _ = forward(cfg, merge_adapter(w, os.path.join(root, name)), tokens)
+    base, _ = forward(cfg, w, tokens)
+    if np.max(np.abs(want - base)) <= 1e-3 * np.max(np.abs(base)):
+        return None, "the adapter changes nothing"
+    return np.max(np.abs(got - want)) / np.max(np.abs(want)), None
+
+
+# Adapters per architecture: the mixer's projections, and (Bamba) attention and MLP too.
+LORA_TARGETS = {"bamba": ["in_proj,out_proj", "q_proj,v_proj,o_proj,gate_proj,down_proj,in_proj"],
+                "mamba2": ["in_proj,out_proj", "out_proj"]}
 
 
 def variants(preset, n_tokens):
@@ -442,6 +497,13 @@ def main():
                     print(f"ssm_check {arch} {preset} {label}: relative error {err:.3e} "
                           f"({'ok' if ok else 'FAIL'}, limit {LIMIT:g})"
                           + (f"; {hint}" if hint else ""))
+                for targets in LORA_TARGETS[arch] if preset == "tiny" else []:
+                    err, why = run_adapter(a.bin, arch, preset, targets, 64, tmp)
+                    ok = err is not None and err < LIMIT
+                    failed += not ok
+                    print(f"ssm_check {arch} {preset} LoRA {targets}: "
+                          + (f"relative error {err:.3e}" if err is not None else why)
+                          + f" ({'ok' if ok else 'FAIL'}, limit {LIMIT:g})")
     sys.exit(1 if failed else 0)
 
 

@@ -64,8 +64,9 @@ static const char usage[] =
     "adapter for the model in DIR (its shapes decide the adapter's), with seeded\n"
     "uniform random lora_A and lora_B (PEFT starts lora_B at zero; these are\n"
     "random so that the adapter changes the outputs). Targets, comma-separated:\n"
-    "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj. Defaults are PEFT's:\n"
-    "rank 8, alpha 8, q_proj,v_proj.\n";
+    "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj in_proj out_proj (the\n"
+    "last two are a Mamba-2 mixer's); each goes into the layers that have it.\n"
+    "Defaults are PEFT's: rank 8, alpha 8, q_proj,v_proj.\n";
 
 /* What both tables write into; the mode decides which table parses. */
 typedef struct flags {
