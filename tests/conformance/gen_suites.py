@@ -2,7 +2,7 @@
 """gen_suites.py - writes devio's conformance scripts (docs/conformance.md) into tests/conformance/.
 
 The scripts are data: deterministic, reviewed, and committed. Their expected
-outputs are made by `tests/conformance/regen.sh` from the native reference and
+outputs are made by `tests/conformance/run.py --regen` from the native reference and
 reviewed too; the test run never regenerates them.
 
 Invariance suites check themselves with the runner's `compare` op: every
@@ -483,6 +483,512 @@ def suite_lora_evict():
     return s
 
 
+# ---- hybrid models (Bamba: mixers and attention; Mamba2: mixers only) --------------------
+#
+# Every sequence of a hybrid model holds an SSM state slot from its first
+# tokens until it is truncated to 0 or freed; snapshots of that state are
+# taken by a plan row ("snapshot": "end" or "each") or by the snapshot
+# effect, and truncate restores the one at exactly the new length.
+
+
+def snap_row(seq, tokens, logits="none", snapshot=None, **kw):
+    r = row(seq, tokens, logits, **kw)
+    if snapshot:
+        r["snapshot"] = snapshot
+    return r
+
+
+def effect(s, kind, name=None, **kw):
+    e = {"kind": kind}
+    for k, v in kw.items():
+        e[k] = "$" + v if k == "seq" else v
+    line = {"op": "apply", "effect": e}
+    if name:
+        line["as"] = name
+    s.op(**line)
+
+
+def seq_op(s, q):
+    s.op(op="seq", seq="$" + q)
+
+
+def compare_rows(s, a, b, n, a0=0, b0=0):
+    """Positions a0..a0+n-1 of handle a against b0..b0+n-1 of handle b."""
+    for k in range(n):
+        s.compare(a, b, a0 + k, b0 + k)
+
+
+def suite_ssm_chunks():
+    s = Script("hybrid chunk invariance: one prefill of 40 tokens vs chunks of 1, 3 (under the "
+               "conv width), 7 and 16, and chunks of uneven sizes; the state carries across "
+               "every chunk boundary")
+    t = toks(40, 200)
+    s.create("one")
+    s.step([row("one", t, "all")], "whole")
+    plans = [("c1", [1] * 40), ("c3", [3] * 13 + [1]), ("c7", [7] * 5 + [5]),
+             ("c16", [16, 16, 8]), ("cu", [2, 5, 1, 13, 4, 1, 1, 9, 4])]
+    for seq, sizes in plans:
+        assert sum(sizes) == len(t)
+        s.create(seq)
+        start = 0
+        for c in sizes:
+            name = "%s_%d" % (seq, start)
+            s.step([row(seq, t[start:start + c], "all")], name)
+            compare_rows(s, "$whole.rows[0].logits", "$%s.rows[0].logits" % name, c, start, 0)
+            s.release("$%s.rows[0].logits" % name)
+            start += c
+    s.note("every chunked sequence holds one state slot and no snapshot")
+    seq_op(s, "c16")
+    s.op(op="facts")
+    s.note("decode after a chunked prefill equals decode after the whole one")
+    nxt = toks(3, 201)
+    for i, tok in enumerate(nxt):
+        s.step([row("one", [tok], "last"), row("c7", [tok], "last")], "d%d" % i)
+        s.compare("$d%d.rows[0].logits" % i, "$d%d.rows[1].logits" % i)
+    return s
+
+
+def suite_ssm_batch():
+    s = Script("hybrid batch invariance: one row alone vs the same row in batches of 2, 8 and "
+               "64 rows with other hybrid sequences of different lengths (prefill, decode, "
+               "snapshots), for a prefill and then for a decode step")
+    target = toks(9, 210)
+    nxt = toks(1, 211)
+    s.create("x")
+    s.step([row("x", target, "all")], "alone")
+    s.step([row("x", nxt, "last")], "alone_d")
+    for b in (2, 8, 64):
+        s.note("batch of %d" % b)
+        others = []
+        for i in range(b - 1):
+            o = "b%d_%d" % (b, i)
+            others.append(o)
+            s.create(o)
+            if i % 3 == 0:  # a history of its own first: these rows decode or extend
+                s.step([row(o, toks(1 + i % 11, 220 + i))])
+        t = "t%d" % b
+        s.create(t)
+        rows = []
+        for i, o in enumerate(others):
+            n = 1 if i % 2 else 1 + i % 12
+            snap = [None, "end", None, "each"][i % 4] if i < 16 else None
+            rows.append(snap_row(o, toks(n, 300 + i), "last" if i % 4 == 1 else "none", snap))
+        pos = len(rows) // 2
+        rows.insert(pos, row(t, target, "all"))
+        s.step(rows, "r%d" % b)
+        s.compare("$alone.rows[0].logits", "$r%d.rows[%d].logits" % (b, pos))
+        for i in range(len(rows)):
+            if rows[i]["logits"] != "none":
+                s.release("$r%d.rows[%d].logits" % (b, i))
+        s.note("the decode step, batched the other way round")
+        rows = [row(o, toks(1 + i % 3, 400 + i), "none") for i, o in enumerate(others)]
+        rows.insert(len(rows) - pos, row(t, nxt, "last"))
+        s.step(rows, "d%d" % b)
+        s.compare("$alone_d.rows[0].logits", "$d%d.rows[%d].logits" % (b, len(rows) - 1 - pos))
+        s.release("$d%d.rows[%d].logits" % (b, len(rows) - 1 - pos))
+        s.op(op="facts")
+        for o in others + [t]:
+            s.free(o)
+    s.op(op="facts")
+    return s
+
+
+def suite_ssm_fork():
+    s = Script("hybrid fork: the child gets a copy of the parent's state in a new slot and no "
+               "snapshots; parent and child continue differently and each equals a fresh "
+               "sequence fed the same tokens")
+    p = toks(20, 230)
+    xa, xb = toks(5, 231), toks(3, 232)
+    s.create("a")
+    s.step([snap_row("a", p, "none", "end")])
+    effect(s, "fork", "b", seq="a")
+    s.op(op="facts")
+    seq_op(s, "a")
+    seq_op(s, "b")
+    s.step([row("a", xa, "all")], "ca")
+    s.step([row("b", xb, "all")], "cb")
+    s.create("fa")
+    s.create("fb")
+    s.step([row("fa", p + xa, "all"), row("fb", p + xb, "all")], "fresh")
+    compare_rows(s, "$ca.rows[0].logits", "$fresh.rows[0].logits", len(xa), 0, len(p))
+    compare_rows(s, "$cb.rows[0].logits", "$fresh.rows[1].logits", len(xb), 0, len(p))
+    s.note("the child has no snapshot of its own; the parent goes back to its own at 20 and "
+           "takes the child's path")
+    effect(s, "truncate", seq="b", len=len(p))
+    seq_op(s, "b")
+    effect(s, "truncate", seq="a", len=len(p))
+    s.step([row("a", xb, "all")], "ab")
+    s.compare("$ab.rows[0].logits", "$cb.rows[0].logits")
+    s.note("a fork of a fork; freeing the parent leaves the child's state alone")
+    effect(s, "fork", "c", seq="b")
+    s.free("b")
+    s.op(op="facts")
+    s.step([row("c", xa, "last")], "cc")
+    s.create("fc")
+    s.step([row("fc", p + xb + xa, "last")], "fcr")
+    s.compare("$cc.rows[0].logits", "$fcr.rows[0].logits")
+    s.note("a fork mid-decode, both sides batched together in one step")
+    effect(s, "fork", "d", seq="c")
+    y = toks(2, 233)
+    s.step([row("c", y, "all"), row("d", y[::-1], "all")], "cd")
+    s.create("fd")
+    s.step([row("fd", p + xb + xa + y[::-1], "all")], "fdr")
+    compare_rows(s, "$cd.rows[1].logits", "$fdr.rows[0].logits", 2, 0, len(p + xb + xa))
+    s.note("a fork of an empty sequence takes no slot; a parent truncated to 0 and refilled "
+           "leaves its child alone")
+    s.create("e")
+    effect(s, "fork", "ef", seq="e")
+    seq_op(s, "ef")
+    s.op(op="facts")
+    effect(s, "truncate", seq="c", len=0)
+    s.step([row("c", toks(4, 234))])
+    s.step([row("d", toks(1, 235), "last")], "dl")
+    s.create("fd2")
+    s.step([row("fd2", p + xb + xa + y[::-1] + toks(1, 235), "last")], "fd2r")
+    s.compare("$dl.rows[0].logits", "$fd2r.rows[0].logits")
+    s.op(op="facts")
+    return s
+
+
+def suite_ssm_snapshot():
+    s = Script("hybrid snapshots: the snapshot effect and rows with snapshot end|each, "
+               "truncate back to them, continue = a fresh sequence; truncate needs a snapshot "
+               "at exactly the new length; release drops a sequence's snapshots")
+    t = toks(26, 240)
+    s.create("a")
+    s.step([row("a", t[:12])])
+    seq_op(s, "a")
+    effect(s, "snapshot", seq="a")
+    effect(s, "snapshot", seq="a")
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.step([snap_row("a", t[12:20], "none", "end")])
+    s.step([row("a", t[20:26])])
+    seq_op(s, "a")
+    s.note("truncate to the current length needs no snapshot; to 23 there is none: "
+           "no_snapshot, and nothing changed")
+    effect(s, "truncate", seq="a", len=26)
+    s.op(op="facts")
+    effect(s, "truncate", seq="a", len=23)
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.note("back to 20 (a row's end snapshot), continue; a fresh sequence agrees")
+    y = toks(5, 241)
+    effect(s, "truncate", seq="a", len=20)
+    seq_op(s, "a")
+    s.step([row("a", y, "all")], "ra")
+    s.create("f")
+    s.step([row("f", t[:20] + y, "all")], "rf")
+    compare_rows(s, "$ra.rows[0].logits", "$rf.rows[0].logits", len(y), 0, 20)
+    s.note("back to 12 (the effect's snapshot) drops the one at 20; a restored snapshot stays "
+           "and serves again")
+    z = toks(6, 242)
+    effect(s, "truncate", seq="a", len=12)
+    seq_op(s, "a")
+    s.step([row("a", z, "all")], "rb")
+    s.create("g")
+    s.step([row("g", t[:12] + z, "all")], "rg")
+    compare_rows(s, "$rb.rows[0].logits", "$rg.rows[0].logits", len(z), 0, 12)
+    w = toks(3, 243)
+    effect(s, "truncate", seq="a", len=12)
+    s.step([row("a", w, "last")], "rc")
+    s.create("h")
+    s.step([row("h", t[:12] + w, "last")], "rh")
+    s.compare("$rc.rows[0].logits", "$rh.rows[0].logits")
+    s.note("snapshot each: one after every token of the row; back to 3, then to 1")
+    u = toks(10, 244)
+    s.create("b")
+    s.step([snap_row("b", u[:6], "none", "each")])
+    seq_op(s, "b")
+    s.op(op="facts")
+    effect(s, "truncate", seq="b", len=3)
+    seq_op(s, "b")
+    s.step([row("b", u[3:10], "all")], "rb3")
+    s.create("k")
+    s.step([row("k", u, "all")], "rk")
+    compare_rows(s, "$rb3.rows[0].logits", "$rk.rows[0].logits", 7, 0, 3)
+    effect(s, "truncate", seq="b", len=1)
+    seq_op(s, "b")
+    s.step([row("b", u[1:10], "all")], "rb1")
+    compare_rows(s, "$rb1.rows[0].logits", "$rk.rows[0].logits", 9, 0, 1)
+    s.note("a snapshot at length 0 takes nothing; truncate to 0 releases the slot and every "
+           "snapshot, and the refilled sequence is fresh")
+    s.create("e")
+    effect(s, "snapshot", seq="e")
+    seq_op(s, "e")
+    s.op(op="facts")
+    effect(s, "truncate", seq="a", len=0)
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.step([row("a", u[:5], "last")], "r0")
+    s.create("m")
+    s.step([row("m", u[:5], "last")], "rm")
+    s.compare("$r0.rows[0].logits", "$rm.rows[0].logits")
+    s.note("release {seq}: every snapshot of b goes, its state stays; truncate back then has "
+           "none; release takes exactly one of logits and seq")
+    effect(s, "snapshot", seq="b")
+    seq_op(s, "b")
+    effect(s, "release", seq="b")
+    seq_op(s, "b")
+    s.op(op="facts")
+    effect(s, "truncate", seq="b", len=1)
+    effect(s, "release", seq="b")
+    v = toks(2, 245)
+    s.step([row("b", v, "all")], "rv")
+    s.step([row("k", v, "all")], "rkv")
+    s.compare("$rv.rows[0].logits", "$rkv.rows[0].logits")
+    s.op(op="apply", effect={"kind": "release", "seq": "$b", "logits": "$rv.rows[0].logits"})
+    s.op(op="apply", effect={"kind": "release"})
+    s.op(op="apply", effect={"kind": "release", "seq": 999999})
+    s.op(op="facts")
+    return s
+
+
+def suite_ssm_spec():
+    s = Script("speculative decoding: k = 4 draft tokens in one row with snapshot each, accept "
+               "j of them, truncate to L + j, continue; bit for bit what decoding only the "
+               "accepted tokens one at a time gives")
+    prompt = toks(10, 250)
+    s.create("a")  # the speculating sequence
+    s.create("r")  # decodes only the accepted tokens
+    s.step([row("a", prompt, "last")], "pa")
+    s.step([row("r", prompt, "last")], "pr")
+    s.compare("$pa.rows[0].logits", "$pr.rows[0].logits")
+    length = len(prompt)
+    last = "$pa.rows[0].logits"  # the logits the next token is chosen from
+    for cycle, accept in enumerate((2, 0, 4, 1, 3)):
+        i = cycle + 1
+        s.note("cycle %d: draft 4 at length %d, accept %d" % (i, length, accept))
+        drafts = toks(4, 260 + i)
+        s.step([snap_row("a", drafts, "all", "each")], "draft%d" % i)
+        s.op(op="facts")
+        effect(s, "truncate", seq="a", len=length + accept)
+        if accept < 4 and i <= 2:
+            seq_op(s, "a")
+        s.op(op="facts")
+        for j in range(accept):
+            s.step([row("r", [drafts[j]], "last")], "acc%d_%d" % (i, j))
+            s.compare("$draft%d.rows[0].logits" % i, "$acc%d_%d.rows[0].logits" % (i, j), j, 0)
+        # The next token: greedy from the logits after the last accepted one.
+        src = ("$draft%d.rows[0].logits" % i, accept - 1) if accept else (last, None)
+        sample = {"kind": "sample", "logits": src[0], "params": {"temperature": 0}}
+        if src[1] is not None:
+            sample["row"] = src[1]
+        s.op(op="apply", effect=sample, **{"as": "next%d" % i})
+        tok = "$next%d.tokens[0]" % i
+        # The continuation keeps a snapshot at its end, so that the next cycle
+        # can accept nothing.
+        s.step([snap_row("a", [tok], "last", "end")], "cont%d" % i)
+        s.step([row("r", [tok], "last")], "ref%d" % i)
+        s.compare("$cont%d.rows[0].logits" % i, "$ref%d.rows[0].logits" % i)
+        length += accept + 1
+        last = "$cont%d.rows[0].logits" % i
+    s.note("two sequences speculating in one batch, accepting 3 and 1; fresh sequences fed "
+           "the accepted tokens agree")
+    p2 = toks(7, 270)
+    s.create("s1")
+    s.create("s2")
+    s.step([row("s1", p2), row("s2", p2[::-1])])
+    d1, d2 = toks(4, 271), toks(4, 272)
+    s.step([snap_row("s1", d1, "all", "each"), snap_row("s2", d2, "all", "each")], "bd")
+    effect(s, "truncate", seq="s1", len=7 + 3)
+    effect(s, "truncate", seq="s2", len=7 + 1)
+    seq_op(s, "s1")
+    seq_op(s, "s2")
+    e1, e2 = toks(2, 273), toks(2, 274)
+    s.step([row("s1", e1, "all"), row("s2", e2, "all")], "bc")
+    s.create("f1")
+    s.create("f2")
+    s.step([row("f1", p2 + d1[:3] + e1, "all"), row("f2", p2[::-1] + d2[:1] + e2, "all")],
+           "bf")
+    compare_rows(s, "$bd.rows[0].logits", "$bf.rows[0].logits", 3, 0, 7)
+    compare_rows(s, "$bd.rows[1].logits", "$bf.rows[1].logits", 1, 0, 7)
+    compare_rows(s, "$bc.rows[0].logits", "$bf.rows[0].logits", 2, 0, 10)
+    compare_rows(s, "$bc.rows[1].logits", "$bf.rows[1].logits", 2, 0, 8)
+    s.op(op="facts")
+    return s
+
+
+def suite_ssm_free_reuse():
+    s = Script("hybrid free and reuse (run with --ssm-slots 2 --ssm-snapshots 4): free and "
+               "truncate to 0 return a slot and its snapshots; a reused slot or snapshot "
+               "computes what a fresh one does")
+    t = toks(24, 280)
+    s.create("a")
+    s.step([snap_row("a", t, "last", "end")], "ra")
+    s.op(op="facts")
+    s.create("b")
+    s.step([snap_row("b", t[:8], "last", "end")], "rb")
+    s.op(op="facts")
+    effect(s, "free", seq="a")
+    s.op(op="facts")
+    s.note("c takes a's slot and snapshot")
+    s.create("c")
+    s.step([snap_row("c", t, "last", "end")], "rc")
+    s.compare("$ra.rows[0].logits", "$rc.rows[0].logits")
+    s.op(op="facts")
+    s.step([row("c", t[:3])])
+    effect(s, "truncate", seq="c", len=24)
+    s.step([row("c", t[:3], "last")], "rc2")
+    s.op(op="facts")
+    s.note("truncate to 0 returns b's slot and snapshot; d takes them")
+    effect(s, "truncate", seq="b", len=0)
+    seq_op(s, "b")
+    s.op(op="facts")
+    s.create("d")
+    s.step([row("d", t[:5])])
+    s.step([snap_row("d", t[5:8], "last", "each")], "rd")
+    s.compare("$rb.rows[0].logits", "$rd.rows[0].logits")
+    s.op(op="facts")
+    effect(s, "truncate", seq="d", len=6)
+    s.step([row("d", t[6:8], "last")], "rd6")
+    s.compare("$rb.rows[0].logits", "$rd6.rows[0].logits")
+    s.op(op="facts")
+    s.note("free d; b refills in its slot; c's snapshot at 24 still restores c")
+    effect(s, "free", seq="d")
+    s.op(op="facts")
+    s.step([row("b", t[:8], "last")], "rb2")
+    s.compare("$rb.rows[0].logits", "$rb2.rows[0].logits")
+    s.op(op="facts")
+    effect(s, "truncate", seq="c", len=24)
+    s.step([row("c", t[:3], "last")], "rc3")
+    s.compare("$rc2.rows[0].logits", "$rc3.rows[0].logits")
+    s.note("a freed sequence is gone")
+    effect(s, "free", seq="a")
+    seq_op(s, "a")
+    s.op(op="facts")
+    return s
+
+
+def suite_ssm_slots():
+    s = Script("SSM slot exhaustion (run with --ssm-slots 3 --ssm-snapshots 8): a plan or a "
+               "fork that needs more state slots than are free is refused whole and changes "
+               "nothing")
+    for q in ("a", "b", "c", "d"):
+        s.create(q)
+    for i, q in enumerate(("a", "b", "c")):
+        s.step([row(q, toks(5 + i, 290 + i))])
+    s.op(op="facts")
+    s.note("d has no slot and none is free")
+    s.op(op="launch", plan={"rows": [row("d", toks(3, 293))]})
+    s.op(op="facts")
+    seq_op(s, "d")
+    s.op(op="launch", plan={"rows": [row("a", toks(1, 294), "last"), row("d", toks(3, 293))]})
+    s.op(op="facts")
+    seq_op(s, "a")
+    seq_op(s, "d")
+    effect(s, "fork", seq="a")
+    s.op(op="facts")
+    s.note("a fork of the empty d needs no slot; sequences hold none until their first tokens")
+    effect(s, "fork", "e", seq="d")
+    s.create("f")
+    s.op(op="facts")
+    s.step([row("a", toks(1, 294), "last")], "ra")
+    s.note("truncate c to 0: one slot for two new sequences is not enough")
+    effect(s, "truncate", seq="c", len=0)
+    s.op(op="facts")
+    s.op(op="launch", plan={"rows": [row("d", toks(3, 293)), row("e", toks(2, 295))]})
+    s.op(op="facts")
+    seq_op(s, "d")
+    seq_op(s, "e")
+    s.step([row("d", toks(3, 293), "last")], "rd")
+    s.op(op="facts")
+    s.note("free b: the fork refused above now succeeds, and its child continues as a would")
+    effect(s, "free", seq="b")
+    effect(s, "fork", "g", seq="a")
+    s.op(op="facts")
+    x = toks(2, 296)
+    s.step([row("a", x, "all"), row("g", x, "all")], "ag")
+    s.compare("$ag.rows[0].logits", "$ag.rows[1].logits")
+    s.op(op="facts")
+    s.op(op="launch", plan={"rows": [row("f", toks(1, 297))]})
+    s.op(op="facts")
+    seq_op(s, "f")
+    return s
+
+
+def suite_ssm_snapshots():
+    s = Script("SSM snapshot exhaustion (run with --ssm-slots 4 --ssm-snapshots 6): a plan "
+               "or a snapshot effect that needs more snapshots than are free is refused "
+               "whole and changes nothing")
+    for q in ("a", "b", "c"):
+        s.create(q)
+    t = toks(12, 300)
+    s.step([snap_row("a", t[:4], "none", "each")])
+    s.step([row("b", t[:2])])
+    s.op(op="facts")
+    s.note("3 snapshots asked, 2 free")
+    s.op(op="launch", plan={"rows": [snap_row("a", t[4:7], "last", "each")]})
+    s.op(op="facts")
+    seq_op(s, "a")
+    s.op(op="launch", plan={"rows": [snap_row("a", t[4:5], "none", "end"),
+                                     snap_row("b", t[2:4], "none", "each")]})
+    s.op(op="facts")
+    seq_op(s, "a")
+    seq_op(s, "b")
+    s.note("2 asked, 2 free: every snapshot in use")
+    s.step([snap_row("b", t[2:4], "last", "each")], "rb")
+    s.op(op="facts")
+    seq_op(s, "b")
+    s.note("full: a snapshot where one exists, or at length 0, needs none; any other is "
+           "refused")
+    effect(s, "snapshot", seq="b")
+    effect(s, "snapshot", seq="c")
+    s.op(op="launch", plan={"rows": [snap_row("c", t[:2], "none", "end")]})
+    s.op(op="facts")
+    seq_op(s, "c")
+    s.step([row("b", t[4:5])])
+    s.op(op="facts")
+    effect(s, "snapshot", seq="b")
+    seq_op(s, "b")
+    s.op(op="facts")
+    s.note("rows without snapshots still run")
+    s.step([row("a", t[4:6]), row("c", t[:2])])
+    s.op(op="facts")
+    s.note("truncate a back to 2 returns two snapshots; a row with snapshot each fits again")
+    effect(s, "truncate", seq="a", len=2)
+    s.op(op="facts")
+    s.step([snap_row("b", t[5:7], "last", "each")], "rb7")
+    seq_op(s, "b")
+    s.op(op="facts")
+    s.note("and the states behind them are right: back to 6, continue = what came before")
+    effect(s, "truncate", seq="b", len=6)
+    s.step([row("b", t[6:7], "last")], "rb6")
+    s.compare("$rb7.rows[0].logits", "$rb6.rows[0].logits")
+    s.op(op="facts")
+    return s
+
+
+def suite_ssm_errors():
+    s = Script("the hybrid error codes (run with --ssm-slots 2 --ssm-snapshots 2): "
+               "no_snapshot, out_of_ssm_slots, out_of_snapshots, a bad snapshot mode")
+    for q in ("a", "b", "c"):
+        s.create(q)
+    s.note("invalid_input: a snapshot mode other than end and each")
+    for mode in ("all", "none", 1, True):
+        s.op(op="launch", plan={"rows": [dict(row("a", [1]), snapshot=mode)]})
+    s.step([snap_row("a", toks(6, 310), "none", "end")])
+    s.note("no_snapshot: truncate to a length without a snapshot")
+    effect(s, "truncate", seq="a", len=3)
+    effect(s, "truncate", seq="a", len=5)
+    seq_op(s, "a")
+    s.note("out_of_snapshots: a row and an effect")
+    s.op(op="launch", plan={"rows": [snap_row("a", toks(2, 311), "none", "each")]})
+    s.step([row("a", toks(1, 312))])
+    effect(s, "snapshot", seq="a")
+    effect(s, "snapshot", seq="a")
+    s.step([row("a", toks(1, 313))])
+    effect(s, "snapshot", seq="a")
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.note("out_of_ssm_slots: a plan and a fork")
+    s.step([row("b", toks(2, 314))])
+    s.op(op="launch", plan={"rows": [row("c", toks(2, 315))]})
+    effect(s, "fork", seq="a")
+    s.op(op="facts")
+    return s
+
+
 # name -> (builder, model, device flags)
 SUITES = {
     "batch": (suite_batch, "tiny", ""),
@@ -506,6 +1012,34 @@ SUITES = {
     "lora_batch": (suite_lora_batch, "tiny", ""),
     "lora_lifecycle": (suite_lora_lifecycle, "tiny", ""),
     "lora_evict": (suite_lora_evict, "tiny", "--max-loras 2"),
+    "ssm_chunks": (suite_ssm_chunks, "bamba", ""),
+    "ssm_chunks_g1": (suite_ssm_chunks, "bamba_g1", ""),
+    "ssm_chunks_mamba2": (suite_ssm_chunks, "mamba2", ""),
+    "ssm_chunks_nb": (suite_ssm_chunks, "mamba2_nb", ""),
+    "ssm_batch": (suite_ssm_batch, "bamba", ""),
+    "ssm_batch_g1": (suite_ssm_batch, "bamba_g1", ""),
+    "ssm_batch_mamba2": (suite_ssm_batch, "mamba2", ""),
+    "ssm_batch_nb": (suite_ssm_batch, "mamba2_nb", ""),
+    "ssm_depth": (suite_depth, "bamba", ""),
+    "ssm_depth_mamba2": (suite_depth, "mamba2", ""),
+    "ssm_long": (suite_long, "bamba", ""),
+    "ssm_long_mamba2": (suite_long, "mamba2", ""),
+    "ssm_fork": (suite_ssm_fork, "bamba", ""),
+    "ssm_fork_mamba2": (suite_ssm_fork, "mamba2", ""),
+    "ssm_snapshot": (suite_ssm_snapshot, "bamba", ""),
+    "ssm_snapshot_mamba2": (suite_ssm_snapshot, "mamba2", ""),
+    "ssm_spec": (suite_ssm_spec, "bamba", ""),
+    "ssm_spec_g1": (suite_ssm_spec, "bamba_g1", ""),
+    "ssm_spec_mamba2": (suite_ssm_spec, "mamba2", ""),
+    "ssm_spec_nb": (suite_ssm_spec, "mamba2_nb", ""),
+    "ssm_free_reuse": (suite_ssm_free_reuse, "bamba", "--ssm-slots 2 --ssm-snapshots 4"),
+    "ssm_free_reuse_mamba2": (suite_ssm_free_reuse, "mamba2", "--ssm-slots 2 --ssm-snapshots 4"),
+    "ssm_slots": (suite_ssm_slots, "bamba", "--ssm-slots 3 --ssm-snapshots 8"),
+    "ssm_slots_mamba2": (suite_ssm_slots, "mamba2", "--ssm-slots 3 --ssm-snapshots 8"),
+    "ssm_snapshots": (suite_ssm_snapshots, "bamba", "--ssm-slots 4 --ssm-snapshots 6"),
+    "ssm_snapshots_mamba2": (suite_ssm_snapshots, "mamba2", "--ssm-slots 4 --ssm-snapshots 6"),
+    "ssm_errors": (suite_ssm_errors, "bamba", "--ssm-slots 2 --ssm-snapshots 2"),
+    "ssm_errors_mamba2": (suite_ssm_errors, "mamba2", "--ssm-slots 2 --ssm-snapshots 2"),
 }
 
 # adapter name -> (base model, devio-mkmodel --adapter arguments); each is
@@ -525,6 +1059,11 @@ MODELS = {
     "gqa": "--preset tiny --seed 12 --heads 8 --kv-heads 2 --head-dim 8 --layers 3 --tied "
            "--dtype bf16",
     "bias": "--preset tiny --seed 13 --bias --head-dim 24 --dtype f16 --rope-theta 500000",
+    # hybrid: Mamba-2 mixers with attention in layer 1 (Bamba), mixers only (Mamba2)
+    "bamba": "--preset tiny --arch bamba --seed 21",
+    "bamba_g1": "--preset tiny --arch bamba --seed 23 --ssm-groups 1 --dtype bf16 --tied",
+    "mamba2": "--preset tiny --arch mamba2 --seed 22",
+    "mamba2_nb": "--preset tiny --arch mamba2 --seed 24 --no-conv-bias --dtype f16",
 }
 
 
