@@ -356,12 +356,13 @@ json_t *devio_json_facts(const devio_facts *f)
 json_t *devio_json_seq_info(const devio_seq_info *s)
 {
     json_t *snaps = json_array();
-    for (uint32_t i = 0; snaps && i < s->n_snapshots && i < 8; i++)
+    for (uint32_t i = 0; snaps && i < s->n_snapshots && i < DEVIO_SEQ_SNAPSHOTS_LISTED; i++)
         json_array_append_new(snaps, json_integer(s->snapshots[i]));
-    return json_pack("{s:I,s:i,s:i,s:o,s:b,s:o}", "seq", (json_int_t)s->seq, "len", s->len,
+    return json_pack("{s:I,s:i,s:i,s:o,s:b,s:i,s:o}", "seq", (json_int_t)s->seq, "len", s->len,
                      "blocks", s->blocks, "busy",
                      s->busy_ticket ? json_integer((json_int_t)s->busy_ticket) : json_null(),
-                     "ssm_slot", s->ssm_slot, "snapshots", snaps);
+                     "ssm_slot", s->ssm_slot, "snapshots_held", s->n_snapshots, "snapshots",
+                     snaps);
 }
 
 json_t *devio_json_error(const devio_error *e)

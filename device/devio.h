@@ -177,6 +177,9 @@ typedef struct devio_facts {
     uint64_t epoch;
 } devio_facts;
 
+/* Snapshot lengths a sequence's info lists (its count is always exact). */
+#define DEVIO_SEQ_SNAPSHOTS_LISTED 64u
+
 /* State of one sequence, for GET /v1/sequences/{id}. */
 typedef struct devio_seq_info {
     uint64_t seq;
@@ -184,7 +187,8 @@ typedef struct devio_seq_info {
     uint64_t busy_ticket; /* 0 when not busy */
     bool ssm_slot;         /* holds an SSM state slot (hybrid models, length > 0) */
     uint32_t n_snapshots;  /* snapshots held */
-    uint32_t snapshots[8]; /* their lengths, ascending, the first min(n_snapshots, 8) */
+    /* their lengths, ascending, the first min(n_snapshots, DEVIO_SEQ_SNAPSHOTS_LISTED) */
+    uint32_t snapshots[DEVIO_SEQ_SNAPSHOTS_LISTED];
 } devio_seq_info;
 
 /* LoRA commands. Applied at quiescence. */

@@ -270,16 +270,26 @@ static void test_seq_info_encode(void **state)
     json_t *j = devio_json_seq_info(&s);
     char *t = json_dumps(j, DEVIO_JSON_FLAGS);
     assert_string_equal(
-        t, "{\"seq\":7,\"len\":3,\"blocks\":1,\"busy\":null,\"ssm_slot\":false,\"snapshots\":[]}");
+        t, "{\"seq\":7,\"len\":3,\"blocks\":1,\"busy\":null,\"ssm_slot\":false,"
+           "\"snapshots_held\":0,\"snapshots\":[]}");
     free(t);
     json_decref(j);
-    /* A hybrid sequence: its slot, and its snapshots listed up to 8. */
-    s = (devio_seq_info){.seq = 7, .len = 40, .blocks = 3, .busy_ticket = 12, .ssm_slot = true,
-                         .n_snapshots = 9, .snapshots = {1, 2, 3, 4, 5, 6, 7, 8}};
+    /* A hybrid sequence: its slot, its snapshots counted exactly and listed
+     * up to DEVIO_SEQ_SNAPSHOTS_LISTED. */
+    s = (devio_seq_info){.seq = 7, .len = 90, .blocks = 6, .busy_ticket = 12, .ssm_slot = true,
+                         .n_snapshots = 70};
+    for (uint32_t i = 0; i < DEVIO_SEQ_SNAPSHOTS_LISTED; i++)
+        s.snapshots[i] = i + 1;
+    j = devio_json_seq_info(&s);
+    assert_int_equal(json_integer_value(json_object_get(j, "snapshots_held")), 70);
+    assert_int_equal(json_array_size(json_object_get(j, "snapshots")), 64);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(j, "snapshots"), 63)), 64);
+    s.n_snapshots = 2;
+    json_decref(j);
     j = devio_json_seq_info(&s);
     t = json_dumps(j, DEVIO_JSON_FLAGS);
-    assert_string_equal(t, "{\"seq\":7,\"len\":40,\"blocks\":3,\"busy\":12,\"ssm_slot\":true,"
-                           "\"snapshots\":[1,2,3,4,5,6,7,8]}");
+    assert_string_equal(t, "{\"seq\":7,\"len\":90,\"blocks\":6,\"busy\":12,\"ssm_slot\":true,"
+                           "\"snapshots_held\":2,\"snapshots\":[1,2]}");
     free(t);
     json_decref(j);
 }

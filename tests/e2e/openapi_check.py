@@ -530,9 +530,11 @@ def _self_test(api):
     PASS = [
         ("POST", "/v1/sequences", 201, J, '{"seq":7}'),
         ("GET", "/v1/sequences/7", 200, J,
-         '{"seq":7,"len":3,"blocks":1,"busy":null,"ssm_slot":false,"snapshots":[]}'),
+         '{"seq":7,"len":3,"blocks":1,"busy":null,"ssm_slot":false,"snapshots_held":0,'
+         '"snapshots":[]}'),
         ("GET", "/v1/sequences/7", 200, J,
-         '{"seq":7,"len":3,"blocks":1,"busy":12,"ssm_slot":true,"snapshots":[3]}'),
+         '{"seq":7,"len":3,"blocks":1,"busy":12,"ssm_slot":true,"snapshots_held":1,'
+         '"snapshots":[3]}'),
         ("GET", "/v1/sequences/99", 404, J, err("unknown_seq", {"seq": 99})),
         ("DELETE", "/v1/sequences/7", 200, J, '{"kind":"free","freed_blocks":1,"freed_snapshots":0}'),
         ("DELETE", "/v1/sequences/7", 409, J, err("seq_busy", {"ticket": 12})),
@@ -593,9 +595,12 @@ def _self_test(api):
         ("free without freed_snapshots", "DELETE", "/v1/sequences/7", 200, J,
          '{"kind":"free","freed_blocks":1}'),
         ("sequence without ssm_slot", "GET", "/v1/sequences/7", 200, J,
-         '{"seq":7,"len":3,"blocks":1,"busy":null,"snapshots":[]}'),
-        ("snapshots past 8", "GET", "/v1/sequences/7", 200, J,
-         '{"seq":7,"len":9,"blocks":1,"busy":null,"ssm_slot":true,"snapshots":[1,2,3,4,5,6,7,8,9]}'),
+         '{"seq":7,"len":3,"blocks":1,"busy":null,"snapshots_held":0,"snapshots":[]}'),
+        ("sequence without snapshots_held", "GET", "/v1/sequences/7", 200, J,
+         '{"seq":7,"len":3,"blocks":1,"busy":null,"ssm_slot":false,"snapshots":[]}'),
+        ("snapshots past 64", "GET", "/v1/sequences/7", 200, J,
+         '{"seq":7,"len":70,"blocks":5,"busy":null,"ssm_slot":true,"snapshots_held":65,'
+         '"snapshots":[' + ",".join(str(i) for i in range(1, 66)) + ']}'),
         ("out_of_snapshots as 400", "POST", "/v1/launch", 400, J, err("out_of_snapshots")),
         ("unknown effect kind", "POST", "/v1/effects", 200, J, '{"kind":"merge"}'),
         ("tokens without logprobs", "POST", "/v1/step", 200, J,
