@@ -114,6 +114,18 @@ static devio_status parse_arch(const json_t *root, devio_model_config *c, arch_k
     return DEVIO_OK;
 }
 
+/* hidden_act: silu (the gate of the MLP and of the mixer) or absent. */
+static devio_status refuse_act(const json_t *root, devio_error *err)
+{
+    const json_t *act = json_object_get(root, "hidden_act");
+    if (act && !json_is_null(act) &&
+        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          CONFIG_NAME ": hidden_act '%.32s' is not supported; only silu is",
+                          json_is_string(act) ? json_string_value(act) : "?");
+    return DEVIO_OK;
+}
+
 /* Features these architectures may switch on that the backends do not
  * compute: refuse them rather than produce different numbers. */
 static devio_status refuse_features(const json_t *root, devio_error *err)
@@ -128,15 +140,11 @@ static devio_status refuse_features(const json_t *root, devio_error *err)
                                       "plain RoPE (rope_scaling null) is",
                           t ? t : "?");
     }
-    const json_t *act = json_object_get(root, "hidden_act");
-    if (act && !json_is_null(act) &&
-        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          CONFIG_NAME ": hidden_act '%.32s' is not supported; only silu is",
-                          json_is_string(act) ? json_string_value(act) : "?");
-    bool mlp_bias = false;
-    devio_status st = cfg_bool(root, "mlp_bias", false, &mlp_bias, err);
+    devio_status st = refuse_act(root, err);
     if (st != DEVIO_OK)
+        return st;
+    bool mlp_bias = false;
+    if ((st = cfg_bool(root, "mlp_bias", false, &mlp_bias, err)) != DEVIO_OK)
         return st;
     if (mlp_bias)
         return devio_fail(err, DEVIO_E_UNSUPPORTED, CONFIG_NAME ": mlp_bias true is not supported");
@@ -361,12 +369,8 @@ static devio_status parse_mamba2(const json_t *root, devio_model_config *c, devi
                           CONFIG_NAME ": %s is not supported (Mamba2 with rms_norm true and the "
                                       "gate before the norm is)",
                           !rms ? "rms_norm false" : "norm_before_gate true");
-    const json_t *act = json_object_get(root, "hidden_act");
-    if (act && !json_is_null(act) &&
-        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          CONFIG_NAME ": hidden_act '%.32s' is not supported; only silu is",
-                          json_is_string(act) ? json_string_value(act) : "?");
+    if ((st = refuse_act(root, err)) != DEVIO_OK)
+        return st;
     c->tie_word_embeddings = tie;
     c->ssm.norm_eps = c->rms_norm_eps;
     c->rope_theta = 10000.0f;

@@ -29,7 +29,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_check import load, read_safetensors  # noqa: E402  (config.json and safetensors into float64)
+from hf_check import load, merge_adapter  # noqa: E402  (safetensors into float64; PEFT's merge)
 
 LIMIT = 1e-4
 DEFAULT_TOKENS = {"tiny": 300, "small": 300}
@@ -294,22 +294,6 @@ def run(bin_dir, arch, preset, extra, n_tokens, cuts, tmp, tail=None):
     return err, None, hint
 
 
-def merge_adapter(w, adir):
-    """W + s * B A for every adapted projection (PEFT's merge), in float64; PEFT's
-    tensor names are the model's own under base_model.model."""
-    acfg = json.load(open(os.path.join(adir, "adapter_config.json")))
-    a = read_safetensors(os.path.join(adir, "adapter_model.safetensors"))
-    r = acfg["r"]
-    alpha = float(acfg.get("lora_alpha", 8))
-    scale = alpha / np.sqrt(r) if acfg.get("use_rslora") else alpha / r
-    w = dict(w)
-    for name in a:
-        if ".lora_A." in name:
-            base = name.replace("base_model.model.", "", 1).replace(".lora_A.weight", ".weight")
-            w[base] = w[base] + scale * (a[name.replace(".lora_A.", ".lora_B.")] @ a[name])
-    return w
-
-
 def run_adapter(bin_dir, arch, preset, targets, n_tokens, tmp):
     """Relative error of a LoRA row against the merged weights, or (None, why)."""
     mdir = os.path.join(tmp, f"{arch}-{preset}-lora-base")
@@ -327,7 +311,7 @@ def run_adapter(bin_dir, arch, preset, targets, n_tokens, tmp):
     got, why = devio_logits(bin_dir, mdir, [tokens], tmp, adapter=(root, name))
     if got is None:
         return None, why
-    want, _ = forward(cfg, merge_adapter(w, os.path.join(root, name)), tokens)
+    want, _ = forward(cfg, merge_adapter(cfg, w, os.path.join(root, name)), tokens)
     base, _ = forward(cfg, w, tokens)
     if np.max(np.abs(want - base)) <= 1e-3 * np.max(np.abs(base)):
         return None, "the adapter changes nothing"
