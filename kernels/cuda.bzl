@@ -1,10 +1,10 @@
 """cuda_backend_targets: //kernels' targets, made only where @cuda found nvcc.
 
 cuda_plan (plain C) always builds, so its tests run on any machine. With the
-toolkit: cuda_kernels.pic.o from nvcc (sm_90 machine code for Hopper and
-compute_90 PTX for later GPUs), the host glue as a cc_library on the static
-CUDA runtime, and the plugin libdevio-backend-cuda.so. Without it, nothing
-else here exists and @cuda's one line says why.
+toolkit: cuda_kernels.pic.o and cuda_ssm.pic.o from nvcc (sm_90 machine code
+for Hopper and compute_90 PTX for later GPUs), the host glue as a cc_library
+on the static CUDA runtime, and the plugin libdevio-backend-cuda.so. Without
+it, nothing else here exists and @cuda's one line says why.
 """
 
 load("@cuda//:defs.bzl", "HAS_NVCC", "NVCC")
@@ -28,30 +28,38 @@ def cuda_backend_targets():
     native.cc_library(
         name = "cuda_plan",
         srcs = ["cuda_plan.c"],
-        hdrs = ["cuda_plan.h"],
+        hdrs = [
+            "cuda_plan.h",
+            "cuda_ssm.h",
+        ],
         deps = ["//device"],
     )
     if not HAS_NVCC:
         return
-    native.genrule(
-        name = "cuda_kernels_obj",
-        srcs = [
-            "cuda_kernels.cu",
-            "cuda_kernels.h",
-            "//device:numerics.h",
-        ],
-        outs = ["cuda_kernels.pic.o"],
-        cmd = "%s %s -I. -c $(location cuda_kernels.cu) -o $@" % (NVCC, NVCC_FLAGS),
-        # nvcc keeps its intermediate files under TMPDIR.
-        tags = ["no-sandbox"],
-    )
+    for unit, hdr in (("cuda_kernels", "cuda_kernels.h"), ("cuda_ssm", "cuda_ssm.h")):
+        native.genrule(
+            name = unit + "_obj",
+            srcs = [
+                unit + ".cu",
+                hdr,
+                "cuda_warp.cuh",
+                "//device:numerics.h",
+            ],
+            outs = [unit + ".pic.o"],
+            cmd = "%s %s -I. -c $(location %s.cu) -o $@" % (NVCC, NVCC_FLAGS, unit),
+            # nvcc keeps its intermediate files under TMPDIR.
+            tags = ["no-sandbox"],
+        )
     native.cc_library(
         name = "cuda_backend",
         srcs = [
             "cuda_backend.c",
+            "cuda_mixer.c",
             "cuda_state.h",
             "cuda_step.c",
+            "cuda_step.h",
             ":cuda_kernels_obj",
+            ":cuda_ssm_obj",
         ],
         hdrs = [
             "cuda_backend.h",

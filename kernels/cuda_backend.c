@@ -66,8 +66,7 @@ static devio_status cuda_probe(devio_error *err)
 
 /* ---- create ---------------------------------------------------------------- */
 
-/* cudaMalloc of `bytes`, zeroed, remembered for destroy. */
-static devio_status dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err)
+devio_status cuda_dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err)
 {
     *p = NULL;
     if (st->n_allocs == st->cap_allocs) {
@@ -87,11 +86,10 @@ static devio_status dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error
     return s;
 }
 
-#define DALLOC(st, ptr, bytes, err) dalloc((st), (void **)&(ptr), (bytes), (err))
+#define DALLOC(st, ptr, bytes, err) cuda_dalloc((st), (void **)&(ptr), (bytes), (err))
 
-/* A tensor uploaded as loaded; *dev is NULL for an absent tensor. */
-static devio_status upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
-                           devio_error *err)
+devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
+                         devio_error *err)
 {
     *dev = NULL;
     *dt = (int)t->dtype;
@@ -99,7 +97,7 @@ static devio_status upload(cuda_state *st, const devio_tensor *t, const void **d
         return DEVIO_OK;
     uint64_t bytes = cuda_plan_tensor_bytes(t);
     void *p;
-    devio_status s = dalloc(st, &p, bytes, err);
+    devio_status s = cuda_dalloc(st, &p, bytes, err);
     if (s == DEVIO_OK)
         s = cuda_check(st, cudaMemcpy(p, t->data, bytes, cudaMemcpyHostToDevice),
                        "uploading a weight", err);
@@ -139,28 +137,33 @@ static devio_status upload_widened(cuda_state *st, float **dst, const devio_tens
     return s;
 }
 
+/* The embedding, lm_head and every attention and MLP projection as loaded;
+ * each layer's kind and, for attention, its KV pool. */
 static devio_status create_weights(cuda_state *st, devio_error *err)
 {
     const devio_model *m = st->model;
     uint32_t L = st->sh.n_layers;
-    devio_status s = upload(st, &m->embed, &st->embed, &st->dt_embed, err);
+    devio_status s = cuda_upload(st, &m->embed, &st->embed, &st->dt_embed, err);
     if (s == DEVIO_OK && m->lm_head.data == m->embed.data) {
         st->lm_head = st->embed;
         st->dt_lm = st->dt_embed;
     } else if (s == DEVIO_OK) {
-        s = upload(st, &m->lm_head, &st->lm_head, &st->dt_lm, err);
+        s = cuda_upload(st, &m->lm_head, &st->lm_head, &st->dt_lm, err);
     }
     for (uint32_t i = 0; i < L && s == DEVIO_OK; i++) {
         const devio_layer *l = &m->layers[i];
         cuda_layer *c = &st->layers[i];
+        c->mixer = l->kind == DEVIO_LAYER_MIXER;
+        if (!c->mixer)
+            c->kv = st->n_attn++;
         int dt_up; /* the shape check made it dt_mlp */
-        if ((s = upload(st, &l->wq, &c->wq, &c->dt_q, err)) ||
-            (s = upload(st, &l->wk, &c->wk, &c->dt_k, err)) ||
-            (s = upload(st, &l->wv, &c->wv, &c->dt_v, err)) ||
-            (s = upload(st, &l->wo, &c->wo, &c->dt_o, err)) ||
-            (s = upload(st, &l->w_gate, &c->w_gate, &c->dt_mlp, err)) ||
-            (s = upload(st, &l->w_up, &c->w_up, &dt_up, err)) ||
-            (s = upload(st, &l->w_down, &c->w_down, &c->dt_down, err)))
+        if ((s = cuda_upload(st, &l->wq, &c->wq, &c->dt_q, err)) ||
+            (s = cuda_upload(st, &l->wk, &c->wk, &c->dt_k, err)) ||
+            (s = cuda_upload(st, &l->wv, &c->wv, &c->dt_v, err)) ||
+            (s = cuda_upload(st, &l->wo, &c->wo, &c->dt_o, err)) ||
+            (s = cuda_upload(st, &l->w_gate, &c->w_gate, &c->dt_mlp, err)) ||
+            (s = cuda_upload(st, &l->w_up, &c->w_up, &dt_up, err)) ||
+            (s = cuda_upload(st, &l->w_down, &c->w_down, &c->dt_down, err)))
             break;
     }
     return s;
@@ -171,20 +174,22 @@ static devio_status create_weights(cuda_state *st, devio_error *err)
 static devio_status create_small(cuda_state *st, devio_error *err)
 {
     const devio_model_shape *sh = &st->sh;
-    size_t rope = (size_t)st->cfg.max_seq_len * (sh->head_dim / 2) * sizeof(float);
+    size_t rope = (size_t)st->cfg.max_seq_len * (sh->rotary_dim / 2) * sizeof(float);
     devio_status s;
     if ((s = upload_widened(st, &st->final_norm, &st->model->norm, 0, sh->d, err)) ||
         (s = upload_widened(st, &st->attn_norm, NULL, offsetof(devio_layer, attn_norm), sh->d,
                             err)) ||
         (s = upload_widened(st, &st->ffn_norm, NULL, offsetof(devio_layer, ffn_norm), sh->d,
                             err)) ||
-        (s = DALLOC(st, st->rope_cos, rope, err)) || (s = DALLOC(st, st->rope_sin, rope, err)) ||
-        (s = cuda_check(st, cudaMemcpy(st->rope_cos, st->cfg.rope_cos, rope,
-                                       cudaMemcpyHostToDevice),
-                        "uploading RoPE tables", err)) ||
-        (s = cuda_check(st, cudaMemcpy(st->rope_sin, st->cfg.rope_sin, rope,
-                                       cudaMemcpyHostToDevice),
-                        "uploading RoPE tables", err)))
+        (s = DALLOC(st, st->rope_cos, rope, err)) || (s = DALLOC(st, st->rope_sin, rope, err)))
+        return s;
+    if (rope > 0 &&
+        ((s = cuda_check(st, cudaMemcpy(st->rope_cos, st->cfg.rope_cos, rope,
+                                        cudaMemcpyHostToDevice),
+                         "uploading RoPE tables", err)) ||
+         (s = cuda_check(st, cudaMemcpy(st->rope_sin, st->cfg.rope_sin, rope,
+                                        cudaMemcpyHostToDevice),
+                         "uploading RoPE tables", err))))
         return s;
     /* A layer without one of the biases gets zeros: x + 0 is x, as in the reference. */
     if (!sh->has_bias)
@@ -261,7 +266,11 @@ static devio_status create_device(cuda_state *st, devio_error *err)
                           (unsigned long long)(st->plan.kv >> 20),
                           (unsigned long long)(budget >> 20), st->name,
                           cuda_plan_kv_fit(&st->plan, budget));
+    /* Attention's shared memory; a model without attention layers needs none. */
     st->smem = cuda_attention_smem(st->cfg.max_seq_len, st->sh.head_dim);
+    if (st->sh.n_mixers == st->sh.n_layers)
+        return cuda_check(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking),
+                          "cudaStreamCreate", err);
     if (st->smem > p.sharedMemPerBlockOptin)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "--max-seq-len %u needs %u KiB of shared memory per attention block, "
@@ -283,9 +292,9 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
     if (cfg->numerics != DEVIO_NUMERICS_STRICT)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "the CUDA backend computes strict numerics only in this version");
-    if (cfg->ssm_slots || cfg->ssm_snapshots)
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "the CUDA backend does not run recurrent (SSM) layers yet");
+    devio_status s = cuda_mixer_supported(cfg->shape, err);
+    if (s != DEVIO_OK)
+        return s;
     /* Kernels put a step's tokens, a layer's heads or the layers on a grid's y axis. */
     if (cfg->max_batch_tokens > 65535 || cfg->shape->n_heads > 65535 ||
         cfg->shape->n_layers > 65535)
@@ -301,14 +310,13 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
     st->sh = *cfg->shape;
     st->cfg.shape = &st->sh;
     st->layers = calloc(st->sh.n_layers ? st->sh.n_layers : 1, sizeof *st->layers);
-    devio_status s = DEVIO_OK;
     if (!st->layers)
         s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
     else if (!cuda_plan_make(&st->cfg, cuda_plan_weight_bytes(model), &st->plan))
         s = devio_fail(err, DEVIO_E_INVALID, "the CUDA backend's memory plan overflows");
     if (s == DEVIO_OK && !(s = create_device(st, err)) && !(s = create_weights(st, err)) &&
-        !(s = create_small(st, err)))
-        s = create_buffers(st, err);
+        !(s = create_small(st, err)) && !(s = create_buffers(st, err)))
+        s = cuda_mixer_create(st, err);
     /* Every upload and memset of create went through the default stream,
      * which the (non-blocking) step stream does not wait for. */
     if (s == DEVIO_OK)
@@ -392,13 +400,19 @@ static void cuda_info(void *sp, devio_device_info *out)
 
 /* ---- adapter slots -------------------------------------------------------- */
 
-/* In- and output widths of target t. */
-static void target_dims(const devio_model_shape *s, uint32_t t, uint32_t *in, uint32_t *out)
+/* An adapter naming a target this backend does not apply (one that
+ * device/adapter.h gains before cuda_plan_lora_dims knows it) is refused
+ * rather than run without it. */
+static devio_status targets_known(const cuda_state *st, const devio_adapter *a, devio_error *err)
 {
-    static const uint8_t in_q[] = {0, 0, 0, 1, 0, 0, 2}, out_q[] = {1, 3, 3, 0, 2, 2, 0};
-    const uint32_t w[] = {s->d, s->q_dim, s->f, s->kv_dim};
-    *in = w[in_q[t]];
-    *out = w[out_q[t]];
+    for (uint32_t t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
+        uint32_t in, out;
+        if ((a->targets & (1u << t)) && !cuda_plan_lora_dims(&st->sh, t, &in, &out))
+            return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                              "adapter '%s': the CUDA backend does not apply LoRA to %s", a->name,
+                              devio_lora_target_name((devio_lora_target)t));
+    }
+    return DEVIO_OK;
 }
 
 /* Host: the slot's modules widened into one host image, then one upload. */
@@ -414,6 +428,8 @@ static devio_status cuda_adapter_add(void *sp, uint32_t slot, uint32_t generatio
         return devio_fail(err, DEVIO_E_INVALID, "adapter '%s' of rank %u does not fit this backend",
                           a->name, a->rank);
     devio_status s = cuda_refuse_if_failed(st, err);
+    if (s == DEVIO_OK)
+        s = targets_known(st, a, err);
     if (s != DEVIO_OK)
         return s;
     float *img = calloc(st->plan.lora_slot / sizeof(float) + 1, sizeof(float));
@@ -425,7 +441,7 @@ static devio_status cuda_adapter_add(void *sp, uint32_t slot, uint32_t generatio
     for (uint32_t l = 0; l < L; l++)
         for (uint32_t t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
             uint32_t in, out;
-            target_dims(&st->sh, t, &in, &out);
+            cuda_plan_lora_dims(&st->sh, t, &in, &out);
             const devio_lora_module *m = &a->mods[(size_t)l * DEVIO_LORA_N_TARGETS + t];
             cuda_lora_mod *cm = &mods[l * DEVIO_LORA_N_TARGETS + t];
             *cm = (cuda_lora_mod){0};
@@ -491,6 +507,7 @@ const devio_backend_ops devio_cuda_backend = {
     .adapter_add = cuda_adapter_add,
     .adapter_remove = cuda_adapter_remove,
     .kv_blocks_fit = cuda_kv_blocks_fit,
+    .ssm_copy = cuda_ssm_copy,
 };
 
 const devio_backend_ops *devio_backend_plugin(void);

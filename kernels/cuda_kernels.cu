@@ -1,37 +1,21 @@
 /* cuda_kernels.cu - the kernels of cuda_kernels.h: device/numspec.h on a GPU.
  * The definition's 32 lanes are a warp's 32 threads: lane l accumulates the
- * terms l, l+32, ... in order, and fold() is its xor-shuffle tree, so every
- * reduction gives the reference's bits. Every float operation is one of
- * numerics.h's DEVIO_ADD/SUB/MUL/DIV (the _rn intrinsics, never contracted
- * into FMA); the build adds -fmad=false as well. It must never use a CUDA
- * math function (expf, rsqrtf, ...): numerics.h has the only ones allowed. */
+ * terms l, l+32, ... in order, and fold() (kernels/cuda_warp.cuh) is its
+ * xor-shuffle tree, so every reduction gives the reference's bits. Every
+ * float operation is one of numerics.h's DEVIO_ADD/SUB/MUL/DIV (the _rn
+ * intrinsics, never contracted into FMA); the build adds -fmad=false as
+ * well. It must never use a CUDA math function (expf, rsqrtf, ...):
+ * numerics.h has the only ones allowed. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "device/numerics.h"
 #include "kernels/cuda_kernels.h"
+#include "kernels/cuda_warp.cuh"
 
-#define FULL 0xffffffffu
 #define WARPS 8 /* warps per block in the one-warp-per-output kernels */
 #define TILE 8  /* token rows a warp's lanes hold partial sums for at once */
 #define KEYS 4  /* keys whose scores attention computes at once */
-
-/* The fold of numspec's lane rule: for w = 16 .. 1, p[l] = p[l] + p[l + w]
- * for l < w. Lane l adds lane l ^ w, which is l + w for l < w; lane 0 ends
- * holding the definition's p[0]. Every lane of the warp must call it. */
-__device__ __forceinline__ float fold(float v)
-{
-#pragma unroll
-    for (int w = 16; w >= 1; w >>= 1)
-        v = DEVIO_ADD(v, __shfl_xor_sync(FULL, v, w));
-    return v;
-}
-
-/* fold() and lane 0's result in every lane. */
-__device__ __forceinline__ float fold_all(float v)
-{
-    return __shfl_sync(FULL, fold(v), 0);
-}
 
 /* Element i of a weight of dtype DT, widened exactly to f32. */
 template <int DT>
@@ -41,16 +25,6 @@ __device__ __forceinline__ float ld(const void *p, size_t i)
         return static_cast<const float *>(p)[i];
     uint16_t h = static_cast<const uint16_t *>(p)[i];
     return DT == CUDA_F16 ? devio_f16_to_f32(h) : devio_bf16_to_f32(h);
-}
-
-static int launched(void)
-{
-    return (int)cudaGetLastError();
-}
-
-static uint32_t blocks_for(uint64_t n, uint32_t per)
-{
-    return (uint32_t)((n + per - 1) / per);
 }
 
 /* ---- rule 1: embedding -------------------------------------------------- */
@@ -68,14 +42,14 @@ int cuda_embed(const void *embed, int dtype, uint32_t d, const int32_t *tokens, 
                float *x, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    dim3 grid(blocks_for(d, 256), n_tok);
+    dim3 grid(cuda_blocks_for(d, 256), n_tok);
     if (dtype == CUDA_F32)
         k_embed<CUDA_F32><<<grid, 256, 0, s>>>(embed, d, tokens, x);
     else if (dtype == CUDA_F16)
         k_embed<CUDA_F16><<<grid, 256, 0, s>>>(embed, d, tokens, x);
     else
         k_embed<CUDA_BF16><<<grid, 256, 0, s>>>(embed, d, tokens, x);
-    return launched();
+    return cuda_launched();
 }
 
 /* ---- rule 2: rmsnorm, one warp per token --------------------------------- */
@@ -99,9 +73,9 @@ __global__ void k_rmsnorm(const float *x, const float *w, float *y, uint32_t d, 
 int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps, uint32_t n_tok,
                  void *stream)
 {
-    k_rmsnorm<<<blocks_for(n_tok, WARPS), 32 * WARPS, 0, (cudaStream_t)stream>>>(x, w, y, d, eps,
-                                                                                 n_tok);
-    return launched();
+    uint32_t grid = cuda_blocks_for(n_tok, WARPS);
+    k_rmsnorm<<<grid, 32 * WARPS, 0, (cudaStream_t)stream>>>(x, w, y, d, eps, n_tok);
+    return cuda_launched();
 }
 
 /* ---- rule 3: projections, one warp per output row ------------------------ */
@@ -190,7 +164,7 @@ __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
 template <int DT>
 static void project_dt(const cuda_matvec *mv, cudaStream_t s)
 {
-    uint32_t grid = blocks_for(mv->m, WARPS);
+    uint32_t grid = cuda_blocks_for(mv->m, WARPS);
     switch (mv->epi) {
     case CUDA_EPI_STORE: k_project<DT, CUDA_EPI_STORE><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
     case CUDA_EPI_BIAS: k_project<DT, CUDA_EPI_BIAS><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
@@ -212,7 +186,7 @@ int cuda_project(const cuda_matvec *mv, void *stream)
         project_dt<CUDA_F16>(mv, s);
     else
         project_dt<CUDA_BF16>(mv, s);
-    return launched();
+    return cuda_launched();
 }
 
 /* ---- rules 4 and 5: RoPE, then K and V into their slots ------------------ */
@@ -224,10 +198,13 @@ __device__ __forceinline__ size_t kv_slot(const cuda_kv &kv, const uint32_t *bt,
     return ((blk * kv.n_kv + g) * kv.block_size + pos % kv.block_size) * kv.hd;
 }
 
-__device__ __forceinline__ void rope_heads(float *x, uint32_t n_heads, uint32_t hd,
+/* Rule 4 on n_heads heads of hd floats at x, turning dimensions [0, rd) of
+ * each head; [rd, hd) stay as they are. c and sn are the position's table
+ * rows, rd / 2 each. */
+__device__ __forceinline__ void rope_heads(float *x, uint32_t n_heads, uint32_t hd, uint32_t rd,
                                            const float *c, const float *sn)
 {
-    uint32_t half = hd / 2;
+    uint32_t half = rd / 2;
     for (uint32_t idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
         float *p = x + (size_t)(idx / half) * hd;
         uint32_t i = idx % half;
@@ -240,10 +217,12 @@ __device__ __forceinline__ void rope_heads(float *x, uint32_t n_heads, uint32_t 
 __global__ void k_rope_store(cuda_kv kv, float *q, float *k, const float *v, const float *cos_t,
                              const float *sin_t)
 {
-    uint32_t t = blockIdx.x, pos = kv.pos[t], hd = kv.hd, kv_dim = kv.n_kv * hd;
-    const float *c = cos_t + (size_t)pos * (hd / 2), *sn = sin_t + (size_t)pos * (hd / 2);
-    rope_heads(q + (size_t)t * kv.n_heads * hd, kv.n_heads, hd, c, sn);
-    rope_heads(k + (size_t)t * kv_dim, kv.n_kv, hd, c, sn);
+    uint32_t t = blockIdx.x, pos = kv.pos[t], hd = kv.hd, rd = kv.rd, kv_dim = kv.n_kv * hd;
+    const float *c = cos_t + (size_t)pos * (rd / 2), *sn = sin_t + (size_t)pos * (rd / 2);
+    if (rd >= 2) {
+        rope_heads(q + (size_t)t * kv.n_heads * hd, kv.n_heads, hd, rd, c, sn);
+        rope_heads(k + (size_t)t * kv_dim, kv.n_kv, hd, rd, c, sn);
+    }
     __syncthreads();
     const uint32_t *bt = kv.bt + kv.bt_off[t];
     for (uint32_t idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
@@ -259,7 +238,7 @@ int cuda_rope_store(const cuda_kv *kv, float *q, float *k, const float *v, const
     if (n_tok == 0)
         return 0;
     k_rope_store<<<n_tok, 128, 0, (cudaStream_t)stream>>>(*kv, q, k, v, cos_t, sin_t);
-    return launched();
+    return cuda_launched();
 }
 
 /* ---- rule 6: attention, one warp per (token, head) ----------------------- */
@@ -395,7 +374,7 @@ int cuda_attention(const cuda_kv *kv, const float *q, float scale, float *out, u
         return 0;
     dim3 grid(n_tok, kv->n_heads);
     k_attention<<<grid, 32, smem_bytes, (cudaStream_t)stream>>>(*kv, q, scale, out);
-    return launched();
+    return cuda_launched();
 }
 
 /* ---- rule 3a: LoRA ------------------------------------------------------- */
@@ -451,12 +430,12 @@ int cuda_lora(const cuda_lora_mod *mods, uint32_t mods_per_slot, uint32_t mod_in
     if (n_tok == 0 || max_rank == 0)
         return 0;
     cudaStream_t s = (cudaStream_t)stream;
-    dim3 ga(n_tok, blocks_for(max_rank, WARPS)), gb(n_tok, blocks_for(max_out, WARPS));
+    dim3 ga(n_tok, cuda_blocks_for(max_rank, WARPS)), gb(n_tok, cuda_blocks_for(max_out, WARPS));
     k_lora_a<<<ga, 32 * WARPS, 0, s>>>(mods, mods_per_slot, mod_index, tok_slot, x, ldx, max_rank,
                                        a_buf);
     k_lora_b<<<gb, 32 * WARPS, 0, s>>>(mods, mods_per_slot, mod_index, tok_slot, max_rank, a_buf,
                                        y, ldy);
-    return launched();
+    return cuda_launched();
 }
 
 /* ---- element-wise -------------------------------------------------------- */
@@ -473,9 +452,9 @@ int cuda_add(float *x, const float *y, uint32_t n, uint32_t n_tok, void *stream)
     uint64_t total = (uint64_t)n * n_tok;
     if (total == 0)
         return 0;
-    uint32_t grid = blocks_for(total, 256) < 65535 ? blocks_for(total, 256) : 65535;
+    uint32_t grid = cuda_blocks_for(total, 256) < 65535 ? cuda_blocks_for(total, 256) : 65535;
     k_add<<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, total);
-    return launched();
+    return cuda_launched();
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *act, uint64_t n)
@@ -491,9 +470,9 @@ int cuda_silu_mul(const float *g, const float *u, float *act, uint32_t n, uint32
     uint64_t total = (uint64_t)n * n_tok;
     if (total == 0)
         return 0;
-    uint32_t grid = blocks_for(total, 256) < 65535 ? blocks_for(total, 256) : 65535;
+    uint32_t grid = cuda_blocks_for(total, 256) < 65535 ? cuda_blocks_for(total, 256) : 65535;
     k_silu_mul<<<grid, 256, 0, (cudaStream_t)stream>>>(g, u, act, total);
-    return launched();
+    return cuda_launched();
 }
 
 __global__ void k_gather(float *dst, const float *src, const uint32_t *idx, uint32_t width)
@@ -509,9 +488,9 @@ int cuda_gather(float *dst, const float *src, const uint32_t *idx, uint32_t widt
 {
     if (n == 0)
         return 0;
-    dim3 grid(blocks_for(width, 256), n);
+    dim3 grid(cuda_blocks_for(width, 256), n);
     k_gather<<<grid, 256, 0, (cudaStream_t)stream>>>(dst, src, idx, width);
-    return launched();
+    return cuda_launched();
 }
 
 __global__ void k_copy_block(float *k, float *v, uint64_t layer_floats, uint32_t block_floats,
@@ -530,8 +509,8 @@ int cuda_copy_block(float *k, float *v, uint32_t n_layers, uint64_t layer_floats
 {
     if (src == dst || n_layers == 0)
         return 0;
-    dim3 grid(blocks_for(block_floats, 256), n_layers);
+    dim3 grid(cuda_blocks_for(block_floats, 256), n_layers);
     k_copy_block<<<grid, 256, 0, (cudaStream_t)stream>>>(k, v, layer_floats, block_floats, src,
                                                          dst);
-    return launched();
+    return cuda_launched();
 }

@@ -57,11 +57,13 @@ int cuda_project(const cuda_matvec *mv, void *stream);
 typedef struct cuda_kv {
     float *k, *v;
     uint32_t block_size, n_heads, n_kv, hd;
+    uint32_t rd; /* rotary_dim: RoPE turns dimensions [0, rd) of a head */
     const uint32_t *pos, *bt_off, *bt;
 } cuda_kv;
 
-/* Rules 4 and 5: RoPE on every q and k head of n_tok tokens (in place, with
- * the tables cos/sin [max_seq_len, hd/2]), then K and V into the cache. */
+/* Rules 4 and 5: RoPE on the first rd dimensions of every q and k head of
+ * n_tok tokens (in place, with the tables cos/sin [max_seq_len, rd/2];
+ * dimensions [rd, hd) are left as they are), then K and V into the cache. */
 int cuda_rope_store(const cuda_kv *kv, float *q, float *k, const float *v, const float *cos_t,
                     const float *sin_t, uint32_t n_tok, void *stream);
 

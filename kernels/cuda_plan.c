@@ -3,6 +3,7 @@
 #include "kernels/cuda_plan.h"
 
 #include "device/adapter.h"
+#include "kernels/cuda_ssm.h"
 
 /* a * b, or false when it overflows. */
 static bool mul(uint64_t a, uint64_t b, uint64_t *out)
@@ -28,14 +29,51 @@ static bool mul3(uint64_t a, uint64_t b, uint64_t c, uint64_t *out)
     return mul(a, b, &ab) && mul(ab, c, out);
 }
 
+bool cuda_plan_lora_dims(const devio_model_shape *s, uint32_t t, uint32_t *in, uint32_t *out)
+{
+    /* A model without attention layers (Mamba2), without an MLP or without
+     * mixers (Llama) has no such module: its targets take no room. */
+    uint32_t da = s->n_layers > s->n_mixers ? s->d : 0, dm = s->f > 0 ? s->d : 0;
+    uint32_t dx = s->n_mixers > 0 ? s->d : 0;
+    uint32_t q = s->q_dim, kv = s->kv_dim, f = s->f;
+    switch (t) {
+    case DEVIO_LORA_Q: *in = da, *out = q; return true;
+    case DEVIO_LORA_K: *in = da, *out = kv; return true;
+    case DEVIO_LORA_V: *in = da, *out = kv; return true;
+    case DEVIO_LORA_O: *in = q, *out = da; return true;
+    case DEVIO_LORA_GATE: *in = dm, *out = f; return true;
+    case DEVIO_LORA_UP: *in = dm, *out = f; return true;
+    case DEVIO_LORA_DOWN: *in = f, *out = dm; return true;
+    case DEVIO_LORA_IN_PROJ: *in = dx, *out = s->in_dim; return true;
+    case DEVIO_LORA_OUT_PROJ: *in = s->ssm_inner, *out = dx; return true;
+    default: *in = *out = 0; return false;
+    }
+}
+
 /* Floats of one adapter slot: A [rank, in] and B [out, rank] of every module
  * of every layer, at the largest rank. Widths are 32-bit, so their sum is
  * exact in 64 bits. */
 static bool lora_slot_floats(const devio_model_shape *s, uint32_t rank, uint64_t *out)
 {
-    uint64_t d = s->d, q = s->q_dim, kv = s->kv_dim, f = s->f;
-    uint64_t io = (d + q) + (d + kv) + (d + kv) + (q + d) + (d + f) + (d + f) + (f + d);
+    uint64_t io = 0;
+    for (uint32_t t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
+        uint32_t in, o;
+        cuda_plan_lora_dims(s, t, &in, &o);
+        io += (uint64_t)in + o;
+    }
     return mul3(io, rank, s->n_layers, out);
+}
+
+/* Floats a mixer layer's small tensors take widened: in_proj's bias, the
+ * conv's weight and bias, dt_bias, A_log, D, the gated norm, out_proj's
+ * bias. Sums of 32-bit widths; the one product is checked. */
+static bool mixer_small_floats(const devio_model_shape *s, uint64_t *out)
+{
+    uint64_t conv;
+    if (!mul(s->conv_dim, s->ssm_conv, &conv))
+        return false;
+    *out = conv + s->in_dim + s->conv_dim + 3ull * s->ssm_heads + s->ssm_inner + s->d;
+    return true;
 }
 
 bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda_plan *p)
@@ -43,28 +81,37 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
     const devio_model_shape *s = cfg->shape;
     *p = (cuda_plan){.weights = weight_bytes};
     uint64_t L = s->n_layers, T = cfg->max_batch_tokens, F = sizeof(float);
-    uint64_t half = s->head_dim / 2;
+    uint64_t attn = s->n_layers - s->n_mixers, half = s->rotary_dim / 2;
     p->max_blocks_per_seq = (uint32_t)(((uint64_t)cfg->max_seq_len + cfg->block_size - 1) /
                                        cfg->block_size);
 
-    /* Norms, q/k/v biases, the final norm, RoPE cos and sin. Sums of a few
-     * 32-bit widths are exact in 64 bits; products are checked. */
+    /* Norms, q/k/v biases, the final norm, RoPE cos and sin, the mixers'
+     * small tensors. Sums of a few 32-bit widths are exact in 64 bits;
+     * products are checked. */
     uint64_t per_layer = 2 * (uint64_t)s->d + s->q_dim + 2 * (uint64_t)s->kv_dim, small, rope;
+    uint64_t per_mixer, mixers;
     if (!mul(L, per_layer, &small) || !add(&small, s->d) ||
         !mul3(cfg->max_seq_len, half, 2, &rope) || !add(&small, rope) ||
-        !mul(small, F, &p->small))
+        !mixer_small_floats(s, &per_mixer) || !mul(per_mixer, s->n_mixers, &mixers) ||
+        !add(&small, mixers) || !mul(small, F, &p->small))
         return false;
 
     uint64_t block_floats;
     if (!mul(cfg->block_size, s->kv_dim, &block_floats) ||
-        !mul3(block_floats, F * 2, L, &p->kv_block) ||
+        !mul3(block_floats, F * 2, attn, &p->kv_block) ||
         !mul(p->kv_block, cfg->kv_blocks, &p->kv))
         return false;
 
+    if (!mul(s->slot_floats, F, &p->ssm_slot) ||
+        !mul(p->ssm_slot, (uint64_t)cfg->ssm_slots + cfg->ssm_snapshots, &p->ssm))
+        return false;
+
     /* x, h, x2, o_tmp [T, d]; q, q2, att [T, q_dim]; k, v [T, kv_dim];
-     * act, g_tmp, u_tmp [T, f]; lora_a [T, rank]. */
+     * act, g_tmp, u_tmp [T, f]; lora_a [T, rank]; the mixer's zx [T, in_dim],
+     * xa [T, conv_dim], y and y2 [T, I] (all 0 wide without mixers). */
     uint64_t per_tok = 4 * (uint64_t)s->d + 3 * (uint64_t)s->q_dim + 2 * (uint64_t)s->kv_dim +
-                       3 * (uint64_t)s->f + cfg->max_lora_rank;
+                       3 * (uint64_t)s->f + cfg->max_lora_rank + s->in_dim + s->conv_dim +
+                       2 * (uint64_t)s->ssm_inner;
     if (!mul3(per_tok, F, T, &p->activations))
         return false;
 
@@ -80,8 +127,11 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
         return false;
 
     /* tokens, pos, bt_off, slot, out_tok, out_pos, out_bt_off, out_slot per
-     * token, and every row's block table. */
+     * token, and every row's block table; with mixers, every row's
+     * cuda_ssm_row and its snapshot slots (EACH: one per token, END: one). */
     uint64_t words = 8 * T + (uint64_t)cfg->max_rows * p->max_blocks_per_seq;
+    if (s->n_mixers > 0)
+        words += (uint64_t)cfg->max_rows * (CUDA_SSM_ROW_WORDS + 1) + T;
     if (words > UINT32_MAX / 4)
         return false;
     p->meta_words = (uint32_t)words;
@@ -89,8 +139,8 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
 
     uint64_t total = 0;
     if (!add(&total, p->weights) || !add(&total, p->small) || !add(&total, p->kv) ||
-        !add(&total, p->activations) || !add(&total, p->logits) || !add(&total, p->lora) ||
-        !add(&total, p->meta))
+        !add(&total, p->ssm) || !add(&total, p->activations) || !add(&total, p->logits) ||
+        !add(&total, p->lora) || !add(&total, p->meta))
         return false;
     p->total = total;
     return true;
@@ -105,8 +155,10 @@ uint64_t cuda_plan_budget(uint64_t free_bytes, uint64_t total_bytes)
 uint32_t cuda_plan_kv_fit(const cuda_plan *p, uint64_t budget)
 {
     uint64_t rest = p->total - p->kv;
-    if (budget <= rest || p->kv_block == 0)
+    if (budget < rest)
         return 0;
+    if (p->kv_block == 0)
+        return UINT32_MAX;
     uint64_t n = (budget - rest) / p->kv_block;
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
@@ -129,7 +181,7 @@ uint64_t cuda_plan_weight_bytes(const devio_model *m)
     for (uint32_t i = 0; i < m->cfg.n_layers; i++) {
         const devio_layer *l = &m->layers[i];
         const devio_tensor *big[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
-                                     &l->w_down};
+                                     &l->w_down, &l->mixer.in_proj, &l->mixer.out_proj};
         for (size_t k = 0; k < sizeof big / sizeof *big; k++)
             total += cuda_plan_tensor_bytes(big[k]);
     }

@@ -18,14 +18,19 @@
 
 typedef struct cuda_plan {
     uint64_t weights;     /* embedding, lm_head and projections, as loaded (bf16/f16/f32) */
-    uint64_t small;       /* norms and biases widened to f32, RoPE tables */
-    uint64_t kv;          /* K and V pools: 2 * layers * kv_blocks * block bytes */
-    uint64_t kv_block;    /* bytes one KV block takes over all layers, K and V */
+    uint64_t small;       /* norms, biases and the mixers' small tensors widened to f32,
+                             RoPE tables */
+    uint64_t kv;          /* K and V pools: 2 * attention layers * kv_blocks * block bytes */
+    uint64_t kv_block;    /* bytes one KV block takes over the attention layers, K and V;
+                             0 when the model has none (Mamba2) */
+    uint64_t ssm;         /* recurrent state: (ssm_slots + ssm_snapshots) slots */
+    uint64_t ssm_slot;    /* one slot: slot_floats binary32 */
     uint64_t activations; /* the step's f32 buffers */
     uint64_t logits;      /* the logits staging rows */
     uint64_t lora;        /* adapter slots, f32 A and B for every module */
     uint64_t lora_slot;   /* one adapter slot */
-    uint64_t meta;        /* one step's uploaded tables (tokens, positions, block tables) */
+    uint64_t meta;        /* one step's uploaded tables (tokens, positions, block tables,
+                             hybrid models' rows and snapshots) */
     uint64_t total;
     uint32_t meta_words;  /* meta / 4 */
     uint32_t logits_rows; /* rows of the staging buffer */
@@ -40,14 +45,21 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
 uint64_t cuda_plan_budget(uint64_t free_bytes, uint64_t total_bytes);
 
 /* The most KV blocks that fit in `budget` beside everything else of the plan
- * (whose kv part is ignored); 0 when not even the rest fits. */
+ * (whose kv part is ignored); 0 when not even the rest fits, UINT32_MAX
+ * when it does and a block takes no memory (no attention layers). */
 uint32_t cuda_plan_kv_fit(const cuda_plan *p, uint64_t budget);
+
+/* In- and output widths of LoRA target t (a devio_lora_target) in any layer
+ * of the shape (0 and 0 when the shape has no such module); false for a
+ * target this backend does not apply. */
+bool cuda_plan_lora_dims(const devio_model_shape *s, uint32_t t, uint32_t *in, uint32_t *out);
 
 /* Bytes of one tensor's data as loaded; 0 for an absent one. */
 uint64_t cuda_plan_tensor_bytes(const devio_tensor *t);
 
 /* Bytes of the tensors the backend uploads as they are: the embedding, lm_head
- * (when not tied) and every layer's seven projections. */
+ * (when not tied), every layer's projections (attention, MLP, in_proj and
+ * out_proj of a mixer). */
 uint64_t cuda_plan_weight_bytes(const devio_model *m);
 
 #endif

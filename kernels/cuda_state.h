@@ -17,10 +17,25 @@
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_plan.h"
 
-/* A layer's projections as loaded (dtype as device/model.h numbers it). */
+/* A mixer layer's weights: in_proj and out_proj as loaded, the rest
+ * widened to f32 in one device buffer (cuda_mixer.c); a bias the model
+ * lacks is NULL. */
+typedef struct cuda_mixer_w {
+    const void *in_proj, *out_proj;
+    int dt_in, dt_out;
+    const float *in_bias, *out_bias, *conv_w, *conv_b, *dt_bias, *a_log, *d_skip, *norm;
+    uint64_t state_off; /* its floats' offset inside a state slot */
+} cuda_mixer_w;
+
+/* A layer's projections as loaded (dtype as device/model.h numbers it). An
+ * attention layer has wq..wo and KV pool `kv` (its attention ordinal); a
+ * mixer layer has mx. Both have the MLP unless the shape says none. */
 typedef struct cuda_layer {
+    bool mixer;
+    uint32_t kv;
     const void *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
     int dt_q, dt_k, dt_v, dt_o, dt_mlp, dt_down;
+    cuda_mixer_w mx;
 } cuda_layer;
 
 /* What an adapter slot holds, host side. */
@@ -57,12 +72,20 @@ typedef struct cuda_state {
     /* Widened once: norms, biases (zeros where a layer has none), RoPE. */
     float *attn_norm, *ffn_norm, *final_norm; /* [L, d], [L, d], [d] */
     float *bq, *bk, *bv;                      /* [L, q_dim / kv_dim] or NULL */
-    float *rope_cos, *rope_sin;               /* [max_seq_len, hd / 2] */
+    float *rope_cos, *rope_sin;               /* [max_seq_len, rotary_dim / 2] */
 
-    /* KV pools: [L][kv_blocks][n_kv][block_size][hd] f32. */
+    /* KV pools of the attention layers: [n_attn][kv_blocks][n_kv][block_size][hd] f32. */
     float *k_cache, *v_cache;
     uint64_t layer_floats;
-    uint32_t block_floats;
+    uint32_t block_floats, n_attn;
+
+    /* Recurrent state (hybrid models): state slots then snapshots,
+     * [ssm_slots + ssm_snapshots, slot_floats] f32, zeroed at create. */
+    float *ssm;
+    /* The mixer's activations: in_proj's outputs [T, in_dim], the conv's
+     * [T, conv_dim], the scan's and gated norm's [T, I], and the last
+     * layer's gathered rows of those [T, I]. */
+    float *zx, *xa, *my, *my2;
 
     /* Activations for max_batch_tokens tokens, tightly packed rows. */
     float *x, *x2, *h, *q, *q2, *k, *v, *att, *act, *o_tmp, *g_tmp, *u_tmp, *lora_a;
@@ -97,5 +120,19 @@ devio_status cuda_refuse_if_failed(cuda_state *st, devio_error *err);
 /* The backend's submit and wait (cuda_step.c). */
 devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err);
 devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err);
+
+/* cudaMalloc of `bytes`, zeroed, remembered for destroy (cuda_backend.c). */
+devio_status cuda_dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err);
+/* A tensor uploaded as loaded; *dev is NULL for an absent tensor. */
+devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
+                         devio_error *err);
+
+/* Hybrid models (cuda_mixer.c). What the mixer kernels cannot compute,
+ * refused before anything is allocated: DEVIO_E_UNSUPPORTED naming it. */
+devio_status cuda_mixer_supported(const devio_model_shape *sh, devio_error *err);
+/* The mixer layers' weights, the state array and the mixer's activations. */
+devio_status cuda_mixer_create(cuda_state *st, devio_error *err);
+/* The backend's ssm_copy: one whole slot or snapshot onto another. */
+devio_status cuda_ssm_copy(void *state, devio_ssm_ref dst, devio_ssm_ref src, devio_error *err);
 
 #endif

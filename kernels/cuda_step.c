@@ -2,37 +2,17 @@
  * pinned buffer, uploads them with one copy and enqueues every kernel of the
  * forward pass on the backend's stream, then records an event; wait syncs on
  * that event. With max_depth 2 the host packs and enqueues step n+1 while the
- * GPU computes step n. The order of work is the reference's (ref_backend.c),
- * so every number is the same. It must never allocate and never block in
- * submit beyond what the CUDA runtime does to enqueue. */
+ * GPU computes step n. Each layer is attention (here) or a Mamba-2 mixer
+ * (cuda_mixer.c), then the MLP unless the model has none. The order of work
+ * is the reference's (ref_backend.c), so every number is the same. It must
+ * never allocate and never block in submit beyond what the CUDA runtime does
+ * to enqueue. */
 #include <string.h>
 
 #include <cuda_runtime_api.h>
 
 #include "device/status.h"
-#include "kernels/cuda_state.h"
-
-/* Where a step's per-token tables sit in the uploaded words (offsets into
- * st->meta), for all tokens or for the tokens whose logits are wanted. */
-typedef struct step_tables {
-    const int32_t *tokens;
-    const uint32_t *pos, *bt_off, *bt, *out_tok;
-    const int32_t *slot;
-} step_tables;
-
-typedef struct step {
-    cuda_state *st;
-    const devio_batch *b;
-    step_tables all, out;
-    devio_error *err;
-} step;
-
-#define CHECK(s, call, what)                                                                       \
-    do {                                                                                           \
-        devio_status s_ = cuda_check((s)->st, (call), (what), (s)->err);                           \
-        if (s_ != DEVIO_OK)                                                                        \
-            return s_;                                                                             \
-    } while (0)
+#include "kernels/cuda_step.h"
 
 /* Rows naming an adapter slot must name the generation it holds. */
 static devio_status check_adapters(const cuda_state *st, const devio_batch *b, devio_error *err)
@@ -52,8 +32,9 @@ static devio_status check_adapters(const cuda_state *st, const devio_batch *b, d
 
 /* The batch's tables into host words w, laid out as
  *   tokens[n] pos[n] bt_off[n] slot[n] out_tok[o] out_pos[o] out_bt[o] out_slot[o] bt[...]
- * and the device views of them. Returns the words used. */
-static uint32_t pack(step *sp, uint32_t *w)
+ * then, for hybrid models, the mixer's row tables (cuda_mixer_pack), and
+ * the device views of them. Returns the words used. */
+static uint32_t pack(cuda_step *sp, uint32_t *w)
 {
     cuda_state *st = sp->st;
     const devio_batch *b = sp->b;
@@ -88,42 +69,50 @@ static uint32_t pack(step *sp, uint32_t *w)
     sp->out = (step_tables){.pos = d + 4 * n + o, .bt_off = d + 4 * n + 2 * o,
                             .slot = (const int32_t *)(d + 4 * n + 3 * o), .bt = d + used,
                             .out_tok = d + 4 * n};
-    return used + nb;
+    used += nb;
+    if (st->sh.n_mixers > 0)
+        used += cuda_mixer_pack(sp, w + used, d + used);
+    return used;
 }
 
+/* The KV pool of attention layer li. */
 static cuda_kv layer_kv(const cuda_state *st, uint32_t li, const step_tables *t)
 {
-    return (cuda_kv){.k = st->k_cache + li * st->layer_floats,
-                     .v = st->v_cache + li * st->layer_floats,
+    uint64_t off = (uint64_t)st->layers[li].kv * st->layer_floats;
+    return (cuda_kv){.k = st->k_cache + off, .v = st->v_cache + off,
                      .block_size = st->cfg.block_size, .n_heads = st->sh.n_heads,
                      .n_kv = st->sh.n_kv_heads, .hd = st->sh.head_dim,
-                     .pos = t->pos, .bt_off = t->bt_off, .bt = t->bt};
+                     .rd = st->sh.rotary_dim, .pos = t->pos, .bt_off = t->bt_off, .bt = t->bt};
 }
 
-/* Rule 3a on y for the tokens whose adapter adapts `target` of layer li,
- * when some adapter of the step does. */
-static devio_status lora(step *sp, uint32_t li, devio_lora_target target, const step_tables *t,
-                         const float *x, uint32_t ldx, float *y, uint32_t ldy, uint32_t max_out,
-                         uint32_t n)
+static bool lora_on(const cuda_step *sp, int target)
+{
+    return target >= 0 && target < DEVIO_LORA_N_TARGETS &&
+           (sp->b->lora_targets & (1u << (unsigned)target));
+}
+
+devio_status step_lora(cuda_step *sp, uint32_t li, int target, const step_tables *t,
+                       const float *x, uint32_t ldx, float *y, uint32_t ldy, uint32_t max_out,
+                       uint32_t n)
 {
     cuda_state *st = sp->st;
-    if (!(sp->b->lora_targets & (1u << target)))
+    if (!lora_on(sp, target))
         return DEVIO_OK;
     CHECK(sp, cuda_lora(st->mods, st->sh.n_layers * DEVIO_LORA_N_TARGETS,
-                        li * DEVIO_LORA_N_TARGETS + target, t->slot, x, ldx, y, ldy, n,
+                        li * DEVIO_LORA_N_TARGETS + (uint32_t)target, t->slot, x, ldx, y, ldy, n,
                         st->cfg.max_lora_rank, max_out, st->lora_a, st->stream),
           "LoRA");
     return DEVIO_OK;
 }
 
-static devio_status project(step *sp, cuda_matvec mv, const char *what)
+devio_status step_project(cuda_step *sp, cuda_matvec mv, const char *what)
 {
     CHECK(sp, cuda_project(&mv, sp->st->stream), what);
     return DEVIO_OK;
 }
 
 /* First half of layer li: norm, q/k/v (+ bias, + LoRA), RoPE, K and V stored. */
-static devio_status layer_qkv(step *sp, uint32_t li, uint32_t n)
+static devio_status layer_qkv(cuda_step *sp, uint32_t li, uint32_t n)
 {
     cuda_state *st = sp->st;
     const cuda_layer *l = &st->layers[li];
@@ -143,11 +132,14 @@ static devio_status layer_qkv(step *sp, uint32_t li, uint32_t n)
         v.bias = st->bv + (size_t)li * sh->kv_dim;
     }
     devio_status s;
-    if ((s = project(sp, q, "q_proj")) || (s = project(sp, k, "k_proj")) ||
-        (s = project(sp, v, "v_proj")) ||
-        (s = lora(sp, li, DEVIO_LORA_Q, &sp->all, st->h, d, st->q, sh->q_dim, sh->q_dim, n)) ||
-        (s = lora(sp, li, DEVIO_LORA_K, &sp->all, st->h, d, st->k, sh->kv_dim, sh->kv_dim, n)) ||
-        (s = lora(sp, li, DEVIO_LORA_V, &sp->all, st->h, d, st->v, sh->kv_dim, sh->kv_dim, n)))
+    if ((s = step_project(sp, q, "q_proj")) || (s = step_project(sp, k, "k_proj")) ||
+        (s = step_project(sp, v, "v_proj")) ||
+        (s = step_lora(sp, li, DEVIO_LORA_Q, &sp->all, st->h, d, st->q, sh->q_dim, sh->q_dim,
+                       n)) ||
+        (s = step_lora(sp, li, DEVIO_LORA_K, &sp->all, st->h, d, st->k, sh->kv_dim, sh->kv_dim,
+                       n)) ||
+        (s = step_lora(sp, li, DEVIO_LORA_V, &sp->all, st->h, d, st->v, sh->kv_dim, sh->kv_dim,
+                       n)))
         return s;
     cuda_kv kv = layer_kv(st, li, &sp->all);
     CHECK(sp, cuda_rope_store(&kv, st->q, st->k, st->v, st->rope_cos, st->rope_sin, n, st->stream),
@@ -155,44 +147,49 @@ static devio_status layer_qkv(step *sp, uint32_t li, uint32_t n)
     return DEVIO_OK;
 }
 
-/* x += W in; when the step's adapters target the module, the projection is
- * stored, adapted, then added: the same x + z as the fused epilogue. */
-static devio_status residual(step *sp, uint32_t li, devio_lora_target target, cuda_matvec mv,
-                             const step_tables *t, const char *what)
+devio_status step_residual(cuda_step *sp, uint32_t li, int target, cuda_matvec mv,
+                           const step_tables *t, const char *what)
 {
     cuda_state *st = sp->st;
-    if (!(sp->b->lora_targets & (1u << target))) {
+    if (!lora_on(sp, target) && !mv.bias) {
         mv.epi = CUDA_EPI_ADD;
-        return project(sp, mv, what);
+        return step_project(sp, mv, what);
     }
     float *x = mv.y;
-    mv.epi = CUDA_EPI_STORE;
+    mv.epi = mv.bias ? CUDA_EPI_BIAS : CUDA_EPI_STORE;
     mv.y = st->o_tmp;
-    devio_status s = project(sp, mv, what);
+    devio_status s = step_project(sp, mv, what);
     if (s == DEVIO_OK)
-        s = lora(sp, li, target, t, mv.x, mv.ldx, st->o_tmp, mv.ldy, mv.m, mv.n_tok);
+        s = step_lora(sp, li, target, t, mv.x, mv.ldx, st->o_tmp, mv.ldy, mv.m, mv.n_tok);
     if (s == DEVIO_OK)
         CHECK(sp, cuda_add(x, st->o_tmp, mv.m, mv.n_tok, st->stream), "residual add");
     return s;
 }
 
-/* Second half of layer li on n tokens whose residual rows are x and query
- * rows q: attention, o_proj, the MLP, both residual adds. */
-static devio_status layer_rest(step *sp, uint32_t li, uint32_t n, float *x, const float *q,
-                               const step_tables *t)
+/* Attention of layer li and o_proj into the residual rows x of n tokens
+ * whose query rows are q. */
+static devio_status attn_out(cuda_step *sp, uint32_t li, uint32_t n, float *x, const float *q,
+                             const step_tables *t)
+{
+    cuda_state *st = sp->st;
+    const cuda_layer *l = &st->layers[li];
+    const devio_model_shape *sh = &st->sh;
+    cuda_kv kv = layer_kv(st, li, t);
+    CHECK(sp, cuda_attention(&kv, q, sh->attn_scale, st->att, n, st->smem, st->stream),
+          "attention");
+    cuda_matvec o = {.w = l->wo, .dtype = l->dt_o, .m = sh->d, .n = sh->q_dim, .x = st->att,
+                     .ldx = sh->q_dim, .n_tok = n, .y = x, .ldy = sh->d};
+    return step_residual(sp, li, DEVIO_LORA_O, o, t, "o_proj");
+}
+
+/* The MLP of layer li with its norm and residual, on the rows x of n tokens. */
+static devio_status mlp(cuda_step *sp, uint32_t li, uint32_t n, float *x, const step_tables *t)
 {
     cuda_state *st = sp->st;
     const cuda_layer *l = &st->layers[li];
     const devio_model_shape *sh = &st->sh;
     uint32_t d = sh->d, f = sh->f;
-    cuda_kv kv = layer_kv(st, li, t);
-    CHECK(sp, cuda_attention(&kv, q, sh->attn_scale, st->att, n, st->smem, st->stream),
-          "attention");
-    cuda_matvec o = {.w = l->wo, .dtype = l->dt_o, .m = d, .n = sh->q_dim, .x = st->att,
-                     .ldx = sh->q_dim, .n_tok = n, .y = x, .ldy = d};
-    devio_status s = residual(sp, li, DEVIO_LORA_O, o, t, "o_proj");
-    if (s != DEVIO_OK)
-        return s;
+    devio_status s;
     CHECK(sp, cuda_rmsnorm(x, st->ffn_norm + (size_t)li * d, st->h, d, sh->eps, n, st->stream),
           "rmsnorm");
     cuda_matvec gu = {.w = l->w_gate, .w2 = l->w_up, .dtype = l->dt_mlp, .m = f, .n = d,
@@ -207,31 +204,59 @@ static devio_status layer_rest(step *sp, uint32_t li, uint32_t n, float *x, cons
         u.w = l->w_up;
         g.y = st->g_tmp;
         u.y = st->u_tmp;
-        if ((s = project(sp, g, "gate_proj")) || (s = project(sp, u, "up_proj")) ||
-            (s = lora(sp, li, DEVIO_LORA_GATE, t, st->h, d, st->g_tmp, f, f, n)) ||
-            (s = lora(sp, li, DEVIO_LORA_UP, t, st->h, d, st->u_tmp, f, f, n)))
+        if ((s = step_project(sp, g, "gate_proj")) || (s = step_project(sp, u, "up_proj")) ||
+            (s = step_lora(sp, li, DEVIO_LORA_GATE, t, st->h, d, st->g_tmp, f, f, n)) ||
+            (s = step_lora(sp, li, DEVIO_LORA_UP, t, st->h, d, st->u_tmp, f, f, n)))
             return s;
         CHECK(sp, cuda_silu_mul(st->g_tmp, st->u_tmp, st->act, f, n, st->stream), "silu");
-    } else if ((s = project(sp, gu, "gate_proj and up_proj"))) {
+    } else if ((s = step_project(sp, gu, "gate_proj and up_proj"))) {
         return s;
     }
     cuda_matvec down = {.w = l->w_down, .dtype = l->dt_down, .m = d, .n = f, .x = st->act,
                         .ldx = f, .n_tok = n, .y = x, .ldy = d};
-    return residual(sp, li, DEVIO_LORA_DOWN, down, t, "down_proj");
+    return step_residual(sp, li, DEVIO_LORA_DOWN, down, t, "down_proj");
 }
 
-/* Past the last layer's K and V only the tokens whose logits are wanted go
- * on, gathered in batch order; then the final norm, lm_head, and each
- * output's logits copied into its slot of the host arena. */
-static devio_status outputs(step *sp)
+/* What of layer li moves state, for every token: attention's q, K and V
+ * (K and V stored), or the mixer up to its gated norm. */
+static devio_status layer_first(cuda_step *sp, uint32_t li, uint32_t n)
+{
+    if (sp->st->layers[li].mixer)
+        return cuda_mixer_first(sp, li, n);
+    return layer_qkv(sp, li, n);
+}
+
+/* The rest of layer li on n tokens whose residual rows are x and whose
+ * rows of what layer_first left (q, or the mixer's gated norm) are carry:
+ * attention and o_proj or the mixer's out_proj, then the MLP. */
+static devio_status layer_second(cuda_step *sp, uint32_t li, uint32_t n, float *x,
+                                 const float *carry, const step_tables *t)
+{
+    devio_status s = sp->st->layers[li].mixer ? cuda_mixer_out(sp, li, n, x, carry, t)
+                                              : attn_out(sp, li, n, x, carry, t);
+    if (s == DEVIO_OK && sp->st->sh.has_mlp)
+        s = mlp(sp, li, n, x, t);
+    return s;
+}
+
+/* Past the last layer's state (K and V, or the mixer's state) only the
+ * tokens whose logits are wanted go on, gathered in batch order; then the
+ * final norm, lm_head, and each output's logits copied into its slot of the
+ * host arena. */
+static devio_status outputs(cuda_step *sp)
 {
     cuda_state *st = sp->st;
     const devio_batch *b = sp->b;
     const devio_model_shape *sh = &st->sh;
     uint32_t o = b->n_out, L = sh->n_layers;
+    bool mixer = st->layers[L - 1].mixer;
+    float *carry = mixer ? st->my2 : st->q2;
     CHECK(sp, cuda_gather(st->x2, st->x, sp->out.out_tok, sh->d, o, st->stream), "gather");
-    CHECK(sp, cuda_gather(st->q2, st->q, sp->out.out_tok, sh->q_dim, o, st->stream), "gather");
-    devio_status s = layer_rest(sp, L - 1, o, st->x2, st->q2, &sp->out);
+    CHECK(sp,
+          cuda_gather(carry, mixer ? st->my : st->q, sp->out.out_tok,
+                      mixer ? sh->ssm_inner : sh->q_dim, o, st->stream),
+          "gather");
+    devio_status s = layer_second(sp, L - 1, o, st->x2, carry, &sp->out);
     if (s != DEVIO_OK)
         return s;
     CHECK(sp, cuda_rmsnorm(st->x2, st->final_norm, st->h, sh->d, sh->eps, o, st->stream),
@@ -242,7 +267,7 @@ static devio_status outputs(step *sp)
         cuda_matvec lm = {.w = st->lm_head, .dtype = st->dt_lm, .m = sh->vocab, .n = sh->d,
                           .x = st->h + (size_t)i0 * sh->d, .ldx = sh->d, .n_tok = k,
                           .y = st->logits, .ldy = sh->vocab};
-        if ((s = project(sp, lm, "lm_head")))
+        if ((s = step_project(sp, lm, "lm_head")))
             return s;
         for (uint32_t i = 0; i < k; i++)
             CHECK(sp,
@@ -254,7 +279,7 @@ static devio_status outputs(step *sp)
     return DEVIO_OK;
 }
 
-static devio_status enqueue(step *sp, uint32_t ring)
+static devio_status enqueue(cuda_step *sp, uint32_t ring)
 {
     cuda_state *st = sp->st;
     const devio_batch *b = sp->b;
@@ -264,8 +289,8 @@ static devio_status enqueue(step *sp, uint32_t ring)
                               cudaMemcpyHostToDevice, st->stream),
           "uploading the step");
     for (uint32_t c = 0; c < b->n_copies; c++)
-        CHECK(sp, cuda_copy_block(st->k_cache, st->v_cache, L, st->layer_floats, st->block_floats,
-                                  b->copy_src[c], b->copy_dst[c], st->stream),
+        CHECK(sp, cuda_copy_block(st->k_cache, st->v_cache, st->n_attn, st->layer_floats,
+                                  st->block_floats, b->copy_src[c], b->copy_dst[c], st->stream),
               "copying a KV block");
     if (n == 0)
         return DEVIO_OK;
@@ -273,10 +298,10 @@ static devio_status enqueue(step *sp, uint32_t ring)
           "embedding");
     devio_status s = DEVIO_OK;
     for (uint32_t li = 0; li + 1 < L && s == DEVIO_OK; li++)
-        if (!(s = layer_qkv(sp, li, n)))
-            s = layer_rest(sp, li, n, st->x, st->q, &sp->all);
+        if (!(s = layer_first(sp, li, n)))
+            s = layer_second(sp, li, n, st->x, st->layers[li].mixer ? st->my : st->q, &sp->all);
     if (s == DEVIO_OK)
-        s = layer_qkv(sp, L - 1, n);
+        s = layer_first(sp, L - 1, n);
     if (s == DEVIO_OK && b->n_out > 0)
         s = outputs(sp);
     return s;
@@ -294,7 +319,7 @@ devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err)
     if ((s = check_adapters(st, b, err)) != DEVIO_OK)
         return s;
     uint32_t ring = (uint32_t)(n % st->cfg.max_depth);
-    step sp = {.st = st, .b = b, .err = err};
+    cuda_step sp = {.st = st, .b = b, .err = err};
     if ((s = enqueue(&sp, ring)) == DEVIO_OK)
         s = cuda_check(st, cudaEventRecord(st->done[ring], st->stream), "cudaEventRecord", err);
     if (s != DEVIO_OK)

@@ -1,6 +1,7 @@
 /* cuda_plan_test.c - the CUDA backend's memory plan (kernels/cuda_plan.h): every region's
- * size worked out by hand for a small shape, how many KV blocks fit a budget, the reserve
- * kept free, and sizes that overflow. Plain arithmetic: runs on any machine. */
+ * size worked out by hand for a small shape and for hybrid ones (Bamba's attention and mixer
+ * layers, Mamba2's mixers only), how many KV blocks fit a budget, the reserve kept free, the
+ * LoRA targets it sizes, and sizes that overflow. Plain arithmetic: runs on any machine. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,11 +9,23 @@
 
 #include <cmocka.h>
 
+#include "device/adapter.h"
 #include "kernels/cuda_plan.h"
 
 static const devio_model_shape shape = {
     .n_layers = 2, .d = 64, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16,
-    .q_dim = 64, .kv_dim = 32, .f = 128, .vocab = 256,
+    .q_dim = 64, .kv_dim = 32, .f = 128, .vocab = 256, .rotary_dim = 16,
+};
+
+/* Bamba-like: layers 0 and 2 mixers, layer 1 attention (RoPE on half a head);
+ * H 4 heads of P 16, G 2 groups of N 16, K 4: I 64, conv_dim 64 + 2*2*16 = 128,
+ * in_dim 64 + 128 + 4 = 196, a slot 2 * (128 * 3 + 64 * 16) = 2816 floats. */
+static const devio_model_shape hybrid = {
+    .n_layers = 3, .d = 64, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16,
+    .q_dim = 64, .kv_dim = 32, .f = 128, .vocab = 256, .rotary_dim = 8,
+    .n_attn = 1, .n_mixers = 2, .has_mlp = true,
+    .ssm_heads = 4, .ssm_head_dim = 16, .ssm_groups = 2, .ssm_state = 16, .ssm_conv = 4,
+    .ssm_inner = 64, .conv_dim = 128, .in_dim = 196, .slot_floats = 2816,
 };
 
 static devio_backend_config small_cfg(void)
@@ -131,10 +144,100 @@ static void test_overflow(void **state)
     assert_false(cuda_plan_make(&cfg, UINT64_MAX - 10, &p));
 }
 
+static void test_hybrid_regions(void **state)
+{
+    (void)state;
+    devio_backend_config cfg = small_cfg();
+    cfg.shape = &hybrid;
+    cfg.ssm_slots = 3;
+    cfg.ssm_snapshots = 5;
+    cuda_plan p;
+    assert_true(cuda_plan_make(&cfg, 1000, &p));
+    /* norms and biases 3 * 256 + final 64, RoPE 2 * 32 * 4, and per mixer the conv
+     * 128 * 4 + its bias 128 + in_bias 196 + dt_bias, A_log, D 3 * 4 + norm 64 + out_bias 64 */
+    assert_int_equal(p.small, (832 + 256 + 2 * 976) * 4);
+    /* KV only for the one attention layer: 4 tokens * 32 floats * 4 bytes * K and V */
+    assert_int_equal(p.kv_block, 1024);
+    assert_int_equal(p.kv, 10 * 1024);
+    /* 3 slots + 5 snapshots of 2816 floats */
+    assert_int_equal(p.ssm_slot, 2816 * 4);
+    assert_int_equal(p.ssm, 8 * 2816 * 4);
+    /* per token: the Llama 904 + in_dim 196 + conv_dim 128 + 2 * I 128 floats */
+    assert_int_equal(p.activations, (904 + 452) * 4 * 16);
+    /* LoRA per layer: q 64+64, k and v 64+32, o 64+64, gate and up 64+128, down 128+64,
+     * in_proj 64+196, out_proj 64+64 */
+    assert_int_equal(p.lora_slot, 1412 * 8 * 3 * 4);
+    /* 8 words per token, block tables, and per row a cuda_ssm_row and one snapshot
+     * beyond one per token */
+    assert_int_equal(p.meta_words, 8 * 16 + 4 * 8 + 4 * (6 + 1) + 16);
+    assert_int_equal(p.total, 1000 + p.small + p.kv + p.ssm + p.activations + p.logits + p.lora +
+                                  p.meta);
+    /* The state counts against the KV blocks that fit. */
+    assert_int_equal(cuda_plan_kv_fit(&p, p.total), 10);
+    assert_int_equal(cuda_plan_kv_fit(&p, p.total - p.kv + 1023), 0);
+    cfg.ssm_snapshots = 0;
+    cuda_plan q;
+    assert_true(cuda_plan_make(&cfg, 1000, &q));
+    assert_int_equal(q.ssm, 3 * 2816 * 4);
+    assert_int_equal(cuda_plan_kv_fit(&q, p.total), 10 + 5 * 11);
+}
+
+/* Mamba2: no attention layer, so a KV block takes nothing and any number fits
+ * once the rest does; no RoPE table. */
+static void test_mamba2(void **state)
+{
+    (void)state;
+    devio_model_shape m2 = hybrid;
+    m2.n_layers = 2;
+    m2.n_heads = m2.n_kv_heads = m2.head_dim = m2.q_dim = m2.kv_dim = m2.f = 0;
+    m2.rotary_dim = 0;
+    m2.n_attn = 0;
+    m2.has_mlp = false;
+    devio_backend_config cfg = small_cfg();
+    cfg.shape = &m2;
+    cfg.ssm_slots = 2;
+    cfg.ssm_snapshots = 2;
+    cuda_plan p;
+    assert_true(cuda_plan_make(&cfg, 1000, &p));
+    assert_int_equal(p.kv_block, 0);
+    assert_int_equal(p.kv, 0);
+    assert_int_equal(p.small, (2 * 128 + 64 + 2 * 976) * 4);
+    assert_int_equal(p.ssm, 4 * 2816 * 4);
+    assert_int_equal(cuda_plan_kv_fit(&p, p.total), UINT32_MAX);
+    assert_int_equal(cuda_plan_kv_fit(&p, p.total - 1), 0);
+    /* LoRA: no attention and no MLP; in_proj [196, 64] and out_proj [64, 64] per layer */
+    assert_int_equal(p.lora_slot, (64 + 196 + 64 + 64) * 8 * 2 * 4);
+}
+
+/* The targets the plan sizes and the backend applies; any other is refused. */
+static void test_lora_dims(void **state)
+{
+    (void)state;
+    uint32_t in, out;
+    assert_true(cuda_plan_lora_dims(&shape, DEVIO_LORA_Q, &in, &out));
+    assert_true(in == 64 && out == 64);
+    assert_true(cuda_plan_lora_dims(&shape, DEVIO_LORA_V, &in, &out));
+    assert_true(in == 64 && out == 32);
+    assert_true(cuda_plan_lora_dims(&shape, DEVIO_LORA_DOWN, &in, &out));
+    assert_true(in == 128 && out == 64);
+    /* A Llama shape has no mixer: in_proj and out_proj take no room. */
+    assert_true(cuda_plan_lora_dims(&shape, DEVIO_LORA_IN_PROJ, &in, &out));
+    assert_true(in == 0 && out == 0);
+    assert_true(cuda_plan_lora_dims(&hybrid, DEVIO_LORA_IN_PROJ, &in, &out));
+    assert_true(in == 64 && out == 196);
+    assert_true(cuda_plan_lora_dims(&hybrid, DEVIO_LORA_OUT_PROJ, &in, &out));
+    assert_true(in == 64 && out == 64);
+    assert_false(cuda_plan_lora_dims(&shape, DEVIO_LORA_N_TARGETS, &in, &out));
+    assert_true(in == 0 && out == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regions),
+        cmocka_unit_test(test_hybrid_regions),
+        cmocka_unit_test(test_mamba2),
+        cmocka_unit_test(test_lora_dims),
         cmocka_unit_test(test_kv_fit),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_overflow),

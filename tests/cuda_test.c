@@ -1,8 +1,12 @@
 /* cuda_test.c - the CUDA backend (kernels/). Without a GPU: the plugin loads through the
  * registry and passes its checks, its probe and create refuse with the CUDA runtime's reason,
- * `auto` falls back to the reference and says why, CUDA errors read as devio errors. With a
- * GPU: strict numerics give the reference's bits for every logit and sample (prompts, chunks,
- * decode, batches, LoRA, copy-on-write forks, f32 and bf16 weights), at depth 1 and 2.
+ * `auto` falls back to the reference and says why, CUDA errors read as devio errors, a hybrid
+ * model the mixer kernels cannot take is refused by name, and the workloads give the same bits
+ * on the reference at depth 1 and 2. With a GPU: strict numerics give the reference's bits for
+ * every logit and sample (prompts, chunks, decode, batches, LoRA, copy-on-write forks, f32,
+ * f16 and bf16 weights), at depth 1 and 2, for Llama and for the hybrid Bamba and Mamba2
+ * (state carried across prefill chunks, snapshots END and EACH, forks, snapshot effects and
+ * truncation to a snapshot, which go through ssm_copy, LoRA on in_proj and out_proj).
  * Cases that need a GPU are skipped, visibly, where none answers. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -141,6 +145,8 @@ static devio_device *open_dev(const devio_fixture *fx, const devio_backend_ops *
     cfg.threads = 1;
     cfg.max_loras = 2;
     cfg.adapters_root = adapters;
+    cfg.ssm_slots = 8; /* hybrid models only; the core ignores them otherwise */
+    cfg.ssm_snapshots = 32;
     devio_device *d = NULL;
     devio_error err = {0};
     devio_status s = devio_open(fx->model, ops, &cfg, &d, &err);
@@ -160,6 +166,7 @@ typedef struct prompt_row {
     uint32_t seq;   /* index into the workload's sequences */
     uint32_t first, n;
     bool lora, all; /* the adapter (when there is one); all logits, else the last */
+    devio_snapshot snap; /* hybrid models: the SSM snapshots the row takes */
 } prompt_row;
 
 /* Settles ticket t: every logits row it produced, its sampled tokens and
@@ -187,32 +194,28 @@ static void collect(devio_device *d, uint64_t t, const uint32_t *n_logits, uint3
     devio_step_result_free(&res);
 }
 
-/* A fixed workload: three sequences (one with an adapter when given); a
- * 37-token prompt split 20 + 17, a 5-token and a 2-token prompt; a fork of
- * the first; then 6 decode steps of all four in one plan each. Rows ask for
- * all logits or the last, and a sampled token. The first two plans touch
- * different sequences: at depth 2 both are in flight before either is
- * awaited. */
-static run_out workload(const devio_fixture *fx, const devio_backend_ops *ops, uint32_t depth,
-                        const char *adapters)
+static run_out run_alloc(uint32_t V)
 {
-    devio_device *d = open_dev(fx, ops, depth, adapters);
-    uint32_t V = fx->model->cfg.vocab_size;
     run_out out = {.logits = calloc(64 * (size_t)V, sizeof(float)),
                    .tokens = calloc(64, sizeof(int32_t)), .logprobs = calloc(64, sizeof(float))};
     assert_non_null(out.logits);
-    uint64_t s[4];
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(devio_seq_create(d, &s[i], NULL), DEVIO_OK);
+    assert_non_null(out.tokens);
+    assert_non_null(out.logprobs);
+    return out;
+}
+
+static const devio_sample_params sample_params = {.temperature = 0.7f, .top_k = 40,
+                                                  .top_p = 0.95f, .seed = 11};
+
+/* The prompt phase of a workload: three plans of up to two rows over the
+ * sequences s of a 37-token prompt. The first two plans touch different
+ * sequences: at depth 2 both are in flight before either is awaited. */
+static void prompts(devio_device *d, const uint64_t *s, const prompt_row plans[3][2],
+                    uint32_t depth, const char *adapters, uint32_t V, run_out *out)
+{
     int32_t prompt[37];
     for (uint32_t i = 0; i < 37; i++)
         prompt[i] = (int32_t)((i * 131u + 7u) % V);
-    devio_sample_params sp = {.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .seed = 11};
-    static const prompt_row plans[3][2] = {
-        {{0, 0, 20, false, true}, {1, 3, 5, true, false}},
-        {{2, 9, 2, false, true}, {0, 0, 0, false, false}},
-        {{0, 20, 17, false, false}, {0, 0, 0, false, false}},
-    };
     uint64_t t[3];
     uint32_t n_logits[3][2] = {{0}};
     for (uint32_t k = 0; k < 3; k++) {
@@ -223,7 +226,8 @@ static run_out workload(const devio_fixture *fx, const devio_backend_ops *ops, u
             rows[r] = (devio_row){.seq = s[p->seq], .tokens = prompt + p->first, .n_tokens = p->n,
                                   .logits = p->all ? DEVIO_LOGITS_ALL : DEVIO_LOGITS_LAST,
                                   .adapter = adapters && p->lora ? "a" : NULL,
-                                  .has_sample = true, .sample = sp};
+                                  .has_sample = true, .sample = sample_params,
+                                  .snapshot = p->snap};
             n_logits[k][r] = p->all ? p->n : 1;
         }
         devio_plan plan = {.rows = rows, .n_rows = nr};
@@ -234,16 +238,18 @@ static run_out workload(const devio_fixture *fx, const devio_backend_ops *ops, u
         if (k == 0 && depth >= 2)
             continue;
         if (k == 1 && depth >= 2)
-            collect(d, t[0], n_logits[0], V, &out);
-        collect(d, t[k], n_logits[k], V, &out);
+            collect(d, t[0], n_logits[0], V, out);
+        collect(d, t[k], n_logits[k], V, out);
     }
-    /* A fork shares s0's blocks; its first decode copies the partial block. */
-    devio_effect fork = {.kind = DEVIO_EFFECT_FORK, .seq = s[0]};
-    devio_outcome fo;
-    assert_int_equal(devio_apply(d, &fork, &fo, NULL), DEVIO_OK);
-    s[3] = fo.seq;
-    devio_outcome_free(&fo);
-    for (uint32_t step = 0; step < 6; step++) {
+}
+
+/* `steps` decode steps of the four sequences s in one plan each, step
+ * numbers from step0 on choosing the tokens; row 1 has the adapter (when
+ * there is one), row 3 takes snapshots `snap3` (hybrid models). */
+static void decode(devio_device *d, const uint64_t *s, uint32_t step0, uint32_t steps,
+                   const char *adapters, devio_snapshot snap3, uint32_t V, run_out *out)
+{
+    for (uint32_t step = step0; step < step0 + steps; step++) {
         devio_row rows[4];
         int32_t tok[4];
         for (uint32_t r = 0; r < 4; r++) {
@@ -251,24 +257,106 @@ static run_out workload(const devio_fixture *fx, const devio_backend_ops *ops, u
             rows[r] = (devio_row){.seq = s[r], .tokens = &tok[r], .n_tokens = 1,
                                   .logits = DEVIO_LOGITS_LAST,
                                   .adapter = adapters && r == 1 ? "a" : NULL,
-                                  .has_sample = true, .sample = sp};
+                                  .has_sample = true, .sample = sample_params,
+                                  .snapshot = r == 3 ? snap3 : DEVIO_SNAP_NONE};
         }
         devio_plan plan = {.rows = rows, .n_rows = 4};
         static const uint32_t ones[4] = {1, 1, 1, 1};
         uint64_t tk;
-        assert_int_equal(devio_launch(d, &plan, &tk, NULL), DEVIO_OK);
-        collect(d, tk, ones, V, &out);
+        devio_error err = {0};
+        if (devio_launch(d, &plan, &tk, &err) != DEVIO_OK)
+            fail_msg("launch: %s", err.message);
+        collect(d, tk, ones, V, out);
     }
+}
+
+/* An effect on sequence seq that must succeed; returns the outcome's seq. */
+static uint64_t effect(devio_device *d, devio_effect_kind kind, uint64_t seq, uint32_t len)
+{
+    devio_effect e = {.kind = kind, .seq = seq, .len = len};
+    devio_outcome o;
+    devio_error err = {0};
+    if (devio_apply(d, &e, &o, &err) != DEVIO_OK)
+        fail_msg("effect %d on sequence %llu: %s", (int)kind, (unsigned long long)seq,
+                 err.message);
+    uint64_t out = o.seq;
+    devio_outcome_free(&o);
+    return out;
+}
+
+/* A fixed workload: three sequences (one with an adapter when given); a
+ * 37-token prompt split 20 + 17, a 5-token and a 2-token prompt; a fork of
+ * the first; then 6 decode steps of all four in one plan each. Rows ask for
+ * all logits or the last, and a sampled token. */
+static run_out workload(const devio_fixture *fx, const devio_backend_ops *ops, uint32_t depth,
+                        const char *adapters)
+{
+    devio_device *d = open_dev(fx, ops, depth, adapters);
+    uint32_t V = fx->model->cfg.vocab_size;
+    run_out out = run_alloc(V);
+    uint64_t s[4];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(devio_seq_create(d, &s[i], NULL), DEVIO_OK);
+    static const prompt_row plans[3][2] = {
+        {{0, 0, 20, false, true, DEVIO_SNAP_NONE}, {1, 3, 5, true, false, DEVIO_SNAP_NONE}},
+        {{2, 9, 2, false, true, DEVIO_SNAP_NONE}, {0}},
+        {{0, 20, 17, false, false, DEVIO_SNAP_NONE}, {0}},
+    };
+    prompts(d, s, plans, depth, adapters, V, &out);
+    /* A fork shares s0's blocks; its first decode copies the partial block. */
+    s[3] = effect(d, DEVIO_EFFECT_FORK, s[0], 0);
+    decode(d, s, 0, 6, adapters, DEVIO_SNAP_NONE, V, &out);
     devio_teardown(d, NULL);
     return out;
 }
 
-static void compare_runs(const devio_fixture *fx, const char *adapters)
+/* The hybrid workload (Bamba, Mamba2): the prompt phase of workload() with
+ * s0's first chunk snapshotted at its end (its second chunk starts from the
+ * state the first left) and s1's prompt after each token; a fork of s0 (a
+ * slot copy) and a snapshot effect on s2 (slot to snapshot); 3 decode steps;
+ * then s0, s1 and s2 truncated to snapshots (snapshot to slot: lengths 20,
+ * 3 and 2), 3 decode steps with s3 snapshotted after each, s3 truncated to
+ * the first of those, s2 to 0 (its next token starts from zeros in a slot
+ * that held state), and 2 more steps. 56 logits rows. */
+static run_out hybrid_workload(const devio_fixture *fx, const devio_backend_ops *ops,
+                               uint32_t depth, const char *adapters)
+{
+    devio_device *d = open_dev(fx, ops, depth, adapters);
+    uint32_t V = fx->model->cfg.vocab_size;
+    run_out out = run_alloc(V);
+    uint64_t s[4];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(devio_seq_create(d, &s[i], NULL), DEVIO_OK);
+    static const prompt_row plans[3][2] = {
+        {{0, 0, 20, false, true, DEVIO_SNAP_END}, {1, 3, 5, true, false, DEVIO_SNAP_EACH}},
+        {{2, 9, 2, false, true, DEVIO_SNAP_NONE}, {0}},
+        {{0, 20, 17, false, false, DEVIO_SNAP_NONE}, {0}},
+    };
+    prompts(d, s, plans, depth, adapters, V, &out);
+    s[3] = effect(d, DEVIO_EFFECT_FORK, s[0], 0);
+    effect(d, DEVIO_EFFECT_SNAPSHOT, s[2], 0);
+    decode(d, s, 0, 3, adapters, DEVIO_SNAP_NONE, V, &out);
+    effect(d, DEVIO_EFFECT_TRUNCATE, s[0], 20);
+    effect(d, DEVIO_EFFECT_TRUNCATE, s[1], 3);
+    effect(d, DEVIO_EFFECT_TRUNCATE, s[2], 2);
+    decode(d, s, 3, 3, adapters, DEVIO_SNAP_EACH, V, &out);
+    effect(d, DEVIO_EFFECT_TRUNCATE, s[3], 37 + 3 + 1);
+    /* s2 to 0 gives its slot back; it takes the slot again, stale, at pos0 0. */
+    effect(d, DEVIO_EFFECT_TRUNCATE, s[2], 0);
+    decode(d, s, 6, 2, adapters, DEVIO_SNAP_NONE, V, &out);
+    devio_teardown(d, NULL);
+    return out;
+}
+
+typedef run_out (*workload_fn)(const devio_fixture *fx, const devio_backend_ops *ops,
+                               uint32_t depth, const char *adapters);
+
+static void compare_runs(const devio_fixture *fx, const char *adapters, workload_fn run)
 {
     uint32_t V = fx->model->cfg.vocab_size;
-    run_out want = workload(fx, &devio_ref_backend, 1, adapters);
+    run_out want = run(fx, &devio_ref_backend, 1, adapters);
     for (uint32_t depth = 1; depth <= 2; depth++) {
-        run_out got = workload(fx, &devio_cuda_backend, depth, adapters);
+        run_out got = run(fx, &devio_cuda_backend, depth, adapters);
         assert_int_equal(got.n, want.n);
         for (uint32_t i = 0; i < want.n; i++)
             for (uint32_t v = 0; v < V; v++) {
@@ -338,13 +426,125 @@ static void strict_case(devio_dtype dtype, bool lora)
     devio_fixture fx;
     char adapters[300];
     fixture_with(&fx, dtype, lora, adapters, sizeof adapters);
-    compare_runs(&fx, lora ? adapters : NULL);
+    compare_runs(&fx, lora ? adapters : NULL, workload);
     devio_fixture_free(&fx);
 }
 
 static void test_strict_f32(void **state) { (void)state; strict_case(DEVIO_F32, false); }
 static void test_strict_bf16(void **state) { (void)state; strict_case(DEVIO_BF16, false); }
 static void test_strict_f16_lora(void **state) { (void)state; strict_case(DEVIO_F16, true); }
+
+/* ---- hybrid models ----------------------------------------------------------- */
+
+/* The tiny preset of `arch` ("bamba": 4 layers, attention in layer 1, RoPE
+ * on half of each head; "mamba2": 2 mixer layers, no MLP) in dtype, seed
+ * 7; with `lora` an adapter "a0" of rank 4 under fx->dir/adapters on
+ * in_proj and out_proj (Bamba: also q_proj, gate_proj and down_proj). */
+static void hybrid_fixture(devio_fixture *fx, const char *arch, devio_dtype dtype, bool lora,
+                           char *adapters, size_t n)
+{
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
+    devio_error err = {0};
+    o.arch = arch;
+    if (devio_mkmodel_preset("tiny", &o, &err) != DEVIO_OK)
+        fail_msg("mkmodel --preset tiny --arch %s: %s", arch, err.message);
+    o.dtype = dtype;
+    o.seed = 7;
+    assert_int_equal(devio_fixture_make(fx, o), 0);
+    snprintf(adapters, n, "%s/adapters", fx->dir);
+    if (!lora)
+        return;
+    devio_mkmodel_adapter_opts a = devio_mkmodel_adapter_opts_default();
+    char out[400];
+    snprintf(out, sizeof out, "%s/a0", adapters);
+    a.model_dir = fx->dir;
+    a.out_dir = out;
+    a.rank = 4;
+    a.seed = 3;
+    a.targets = (1u << DEVIO_LORA_IN_PROJ) | (1u << DEVIO_LORA_OUT_PROJ);
+    if (strcmp(arch, "bamba") == 0)
+        a.targets |= (1u << DEVIO_LORA_Q) | (1u << DEVIO_LORA_GATE) | (1u << DEVIO_LORA_DOWN);
+    if (devio_mkmodel_write_adapter(&a, &err) != DEVIO_OK)
+        fail_msg("mkmodel --adapter on %s: %s", arch, err.message);
+}
+
+/* The hybrid workload on the reference at depth 1 and 2 gives the same bits
+ * (so that the GPU cases check the backend, not the harness), and its
+ * adapter changes the logits. */
+static void test_hybrid_workload_on_reference(void **state)
+{
+    (void)state;
+    static const char *const archs[] = {"bamba", "mamba2"};
+    for (int k = 0; k < 4; k++) {
+        bool lora = k >= 2;
+        devio_fixture fx;
+        char adapters[300];
+        hybrid_fixture(&fx, archs[k % 2], lora ? DEVIO_BF16 : DEVIO_F32, lora, adapters,
+                       sizeof adapters);
+        uint32_t V = fx.model->cfg.vocab_size;
+        run_out a = hybrid_workload(&fx, &devio_ref_backend, 1, lora ? adapters : NULL);
+        run_out b = hybrid_workload(&fx, &devio_ref_backend, 2, lora ? adapters : NULL);
+        assert_int_equal(a.n, 20 + 1 + 2 + 1 + 3 * 4 + 3 * 4 + 2 * 4);
+        assert_int_equal(b.n, a.n);
+        assert_memory_equal(a.logits, b.logits, (size_t)a.n * V * sizeof(float));
+        assert_memory_equal(a.tokens, b.tokens, a.n * sizeof(int32_t));
+        if (lora) {
+            run_out c = hybrid_workload(&fx, &devio_ref_backend, 1, NULL);
+            assert_true(memcmp(a.logits, c.logits, (size_t)a.n * V * sizeof(float)) != 0);
+            free_run(&c);
+        }
+        free_run(&a);
+        free_run(&b);
+        devio_fixture_free(&fx);
+    }
+}
+
+/* What the mixer kernels cannot take is refused at create, by name, before
+ * any device memory is touched (so this runs without a GPU too). */
+static void test_hybrid_refused(void **state)
+{
+    (void)state;
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
+    devio_error err = {0};
+    o.arch = "mamba2";
+    assert_int_equal(devio_mkmodel_preset("tiny", &o, &err), DEVIO_OK);
+    o.ssm_state = 288;
+    devio_fixture fx;
+    assert_int_equal(devio_fixture_make(&fx, o), 0);
+    devio_config cfg = devio_config_default();
+    cfg.threads = 1;
+    cfg.kv_blocks = 64;
+    devio_device *d = NULL;
+    assert_int_equal(devio_open(fx.model, &devio_cuda_backend, &cfg, &d, &err),
+                     DEVIO_E_UNSUPPORTED);
+    assert_null(d);
+    assert_non_null(strstr(err.message, "at most 256 states"));
+    assert_non_null(strstr(err.message, "288 (d_state)"));
+    devio_fixture_free(&fx);
+}
+
+static void hybrid_case(const char *arch, devio_dtype dtype, bool lora)
+{
+    NEED_GPU();
+    devio_fixture fx;
+    char adapters[300];
+    hybrid_fixture(&fx, arch, dtype, lora, adapters, sizeof adapters);
+    compare_runs(&fx, lora ? adapters : NULL, hybrid_workload);
+    devio_fixture_free(&fx);
+}
+
+static void test_bamba_f32(void **state) { (void)state; hybrid_case("bamba", DEVIO_F32, false); }
+static void test_bamba_bf16_lora(void **state)
+{
+    (void)state;
+    hybrid_case("bamba", DEVIO_BF16, true);
+}
+static void test_mamba2_f32(void **state) { (void)state; hybrid_case("mamba2", DEVIO_F32, false); }
+static void test_mamba2_f16_lora(void **state)
+{
+    (void)state;
+    hybrid_case("mamba2", DEVIO_F16, true);
+}
 
 static void test_device_info(void **state)
 {
@@ -384,6 +584,12 @@ int main(void)
         cmocka_unit_test(test_strict_f32),
         cmocka_unit_test(test_strict_bf16),
         cmocka_unit_test(test_strict_f16_lora),
+        cmocka_unit_test(test_hybrid_workload_on_reference),
+        cmocka_unit_test(test_hybrid_refused),
+        cmocka_unit_test(test_bamba_f32),
+        cmocka_unit_test(test_bamba_bf16_lora),
+        cmocka_unit_test(test_mamba2_f32),
+        cmocka_unit_test(test_mamba2_f16_lora),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
