@@ -5,10 +5,11 @@
 #            here by kernels/gpu-bundle.sh when the GPU machine cannot build)
 # It runs the CUDA unit tests, every conformance suite on --backend cuda
 # (strict numerics, depth 2 and depth 1) against the reference's expected
-# outputs, logits against Hugging Face transformers + PyTorch (tiny, small and
-# the 1b preset) and reference vs CUDA bit for bit on 1b, the GPU's read
-# bandwidth, then decode at batch 1/8/64, two groups at depth 1 vs 2, and a
-# prefill on 1b. It writes OUT_DIR/gpu-check.json and OUT_DIR/gpu-check.md
+# outputs (the hybrid ssm_* suites on Bamba and Mamba2 included, none may be
+# skipped), logits against Hugging Face transformers + PyTorch (tiny, small
+# and the 1b preset) and reference vs CUDA bit for bit on 1b and on the tiny
+# and small Bamba and Mamba2, the GPU's read bandwidth, then decode at batch
+# 1/8/64, two groups at depth 1 vs 2, and a prefill on 1b. It writes OUT_DIR/gpu-check.json and OUT_DIR/gpu-check.md
 # and ends with the Markdown table; exit status 0 when every check passed.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
