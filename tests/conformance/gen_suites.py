@@ -77,6 +77,36 @@ def row(seq, tokens, logits="none", **kw):
     return r
 
 
+def batch_around(s, b, target, history_salt, snapshots=False):
+    """Row `target` of a fresh sequence t in the middle of a batch of b rows of
+    other sequences of mixed lengths (every third with a history of its own
+    first, so that it decodes or extends; with snapshots, the first 16 take
+    end or each ones), compared with $alone. Returns (others, t, pos)."""
+    s.note("batch of %d" % b)
+    others = []
+    for i in range(b - 1):
+        o = "b%d_%d" % (b, i)
+        others.append(o)
+        s.create(o)
+        if i % 3 == 0:
+            s.step([row(o, toks(1 + i % 11, history_salt + i))])
+    t = "t%d" % b
+    s.create(t)
+    rows = []
+    for i, o in enumerate(others):
+        n = 1 if i % 2 else 1 + i % 12
+        snap = [None, "end", None, "each"][i % 4] if snapshots and i < 16 else None
+        rows.append(snap_row(o, toks(n, 300 + i), "last" if i % 4 == 1 else "none", snap))
+    pos = len(rows) // 2
+    rows.insert(pos, row(t, target, "all"))
+    s.step(rows, "r%d" % b)
+    s.compare("$alone.rows[0].logits", "$r%d.rows[%d].logits" % (b, pos))
+    for i in range(len(rows)):
+        if rows[i]["logits"] != "none":
+            s.release("$r%d.rows[%d].logits" % (b, i))
+    return others, t, pos
+
+
 def suite_batch():
     s = Script("batch invariance: one row alone vs the same row in batches of 2, 8 and 64 "
                "rows of mixed lengths, mixed prefill and decode")
@@ -84,27 +114,7 @@ def suite_batch():
     s.create("x")
     s.step([row("x", target, "all")], "alone")
     for b in (2, 8, 64):
-        s.note("batch of %d" % b)
-        others = []
-        for i in range(b - 1):
-            o = "b%d_%d" % (b, i)
-            others.append(o)
-            s.create(o)
-            if i % 3 == 0:  # a history of its own first: these rows decode or extend
-                s.step([row(o, toks(1 + i % 11, 100 + i))])
-        t = "t%d" % b
-        s.create(t)
-        rows = []
-        for i, o in enumerate(others):
-            n = 1 if i % 2 else 1 + i % 12
-            rows.append(row(o, toks(n, 300 + i), "last" if i % 4 == 1 else "none"))
-        pos = len(rows) // 2
-        rows.insert(pos, row(t, target, "all"))
-        s.step(rows, "r%d" % b)
-        s.compare("$alone.rows[0].logits", "$r%d.rows[%d].logits" % (b, pos))
-        for i in range(len(rows)):
-            if rows[i]["logits"] != "none":
-                s.release("$r%d.rows[%d].logits" % (b, i))
+        others, t, _ = batch_around(s, b, target, 100)
         for o in others + [t]:
             s.free(o)
     s.op(op="facts")
@@ -558,28 +568,7 @@ def suite_ssm_batch():
     s.step([row("x", target, "all")], "alone")
     s.step([row("x", nxt, "last")], "alone_d")
     for b in (2, 8, 64):
-        s.note("batch of %d" % b)
-        others = []
-        for i in range(b - 1):
-            o = "b%d_%d" % (b, i)
-            others.append(o)
-            s.create(o)
-            if i % 3 == 0:  # a history of its own first: these rows decode or extend
-                s.step([row(o, toks(1 + i % 11, 220 + i))])
-        t = "t%d" % b
-        s.create(t)
-        rows = []
-        for i, o in enumerate(others):
-            n = 1 if i % 2 else 1 + i % 12
-            snap = [None, "end", None, "each"][i % 4] if i < 16 else None
-            rows.append(snap_row(o, toks(n, 300 + i), "last" if i % 4 == 1 else "none", snap))
-        pos = len(rows) // 2
-        rows.insert(pos, row(t, target, "all"))
-        s.step(rows, "r%d" % b)
-        s.compare("$alone.rows[0].logits", "$r%d.rows[%d].logits" % (b, pos))
-        for i in range(len(rows)):
-            if rows[i]["logits"] != "none":
-                s.release("$r%d.rows[%d].logits" % (b, i))
+        others, t, pos = batch_around(s, b, target, 220, snapshots=True)
         s.note("the decode step, batched the other way round")
         rows = [row(o, toks(1 + i % 3, 400 + i), "none") for i, o in enumerate(others)]
         rows.insert(len(rows) - pos, row(t, nxt, "last"))
