@@ -49,9 +49,12 @@ typedef struct devio_model_shape {
     uint32_t f;          /* intermediate_size */
     uint32_t vocab;
     float eps;           /* rms_norm_eps */
-    float attn_scale;    /* devio_rsqrtf((float)head_dim), numspec rule 6 */
+    float attn_scale;    /* devio_rsqrtf((float)head_dim), or Granite's attention_multiplier (rule 6) */
     bool has_bias;       /* some layer has a q, k or v bias */
     uint32_t rotary_dim; /* RoPE turns dimensions [0, rotary_dim) of a head (rule 4) */
+    bool qk_norm;        /* Qwen3: q and k heads RMSNormed before RoPE (rule 4a) */
+    uint32_t window;     /* attention keys within window positions (rule 6), 0 = all */
+    float emb_mult, res_mult, logit_scale; /* rules 1, 7, 8; 1.0 but for Granite */
     /* Hybrid models (numspec rule 10); every field 0 when n_mixers is 0.
      * Layer li is a mixer when model->layers[li].kind says so. */
     uint32_t n_attn;     /* attention layers */

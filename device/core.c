@@ -391,7 +391,7 @@ static devio_status open_backend(devio_device *d, devio_error *err)
     const devio_config *c = &d->cfg;
     devio_status s = devio_model_shape_get(d->model, &d->shape, err);
     if (s == DEVIO_OK)
-        s = devio_rope_tables(d->model->cfg.rope_theta, d->shape.rotary_dim, c->max_seq_len,
+        s = devio_rope_tables(&d->model->cfg, d->shape.rotary_dim, c->max_seq_len,
                               &d->rope_cos, &d->rope_sin, err);
     if (s != DEVIO_OK)
         return s;

@@ -430,6 +430,8 @@ static devio_status load_attention(loader *L, const char *prefix, const devio_mo
         {"self_attn.q_proj.bias", b ? &ly->bq : NULL, 1, q, 0, false},
         {"self_attn.k_proj.bias", b ? &ly->bk : NULL, 1, kv, 0, false},
         {"self_attn.v_proj.bias", b ? &ly->bv : NULL, 1, kv, 0, false},
+        {"self_attn.q_norm.weight", c->qk_norm ? &ly->q_norm : NULL, 1, c->head_dim, 0, false},
+        {"self_attn.k_norm.weight", c->qk_norm ? &ly->k_norm : NULL, 1, c->head_dim, 0, false},
     };
     return load_parts(L, prefix, li, parts, sizeof parts / sizeof *parts, err);
 }

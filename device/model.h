@@ -63,6 +63,8 @@ typedef struct devio_layer {
     devio_tensor wv;        /* [kv*hd, d]       self_attn.v_proj.weight */
     devio_tensor wo;        /* [d, h*hd]        self_attn.o_proj.weight */
     devio_tensor bq, bk, bv;/* [h*hd],[kv*hd],[kv*hd] optional biases */
+    devio_tensor q_norm;    /* [hd]             self_attn.q_norm.weight (Qwen3), else absent */
+    devio_tensor k_norm;    /* [hd]             self_attn.k_norm.weight (Qwen3), else absent */
     devio_tensor ffn_norm;  /* [d]              post_attention_layernorm (Bamba: pre_ff_layernorm) */
     devio_tensor w_gate;    /* [f, d]           mlp.gate_proj.weight (Bamba: feed_forward.) */
     devio_tensor w_up;      /* [f, d]           mlp.up_proj.weight */
@@ -88,6 +90,25 @@ typedef struct devio_ssm_config {
     float norm_eps;     /* the gated norm's epsilon */
 } devio_ssm_config;
 
+/* RoPE scaling (transformers' rope_scaling / rope_parameters). The core
+ * turns it into the inverse frequencies and the cos/sin tables (shape.h). */
+typedef enum devio_rope_type {
+    DEVIO_ROPE_DEFAULT = 0,
+    DEVIO_ROPE_LINEAR, /* inv_freq / factor */
+    DEVIO_ROPE_LLAMA3, /* smooth interpolation between two wavelength bounds */
+    DEVIO_ROPE_YARN,   /* ramped interpolation, cos and sin times attention_factor */
+} devio_rope_type;
+
+typedef struct devio_rope_scaling {
+    devio_rope_type type;
+    float factor;
+    float low_freq_factor, high_freq_factor; /* llama3 */
+    float original_max_positions;            /* llama3, yarn */
+    float attention_factor;                  /* yarn: resolved at parse (mscale rules) */
+    float beta_fast, beta_slow;              /* yarn */
+    int truncate;                            /* yarn: round the correction range */
+} devio_rope_scaling;
+
 typedef struct devio_model_config {
     char architecture[64]; /* "LlamaForCausalLM", "BambaForCausalLM", ... */
     devio_arch arch;
@@ -104,6 +125,12 @@ typedef struct devio_model_config {
     int tie_word_embeddings;
     int attention_bias;
     uint32_t rotary_dim;   /* dimensions of a head RoPE turns: head_dim; Bamba head_dim / 2 */
+    devio_rope_scaling rope_scaling;
+    int qk_norm;           /* Qwen3: RMSNorm of each q and k head before RoPE */
+    uint32_t sliding_window; /* Mistral (and Qwen2/3 when on): keys within it, 0 = none */
+    /* Granite's multipliers; 1 (and attention_multiplier 0 = 1/sqrt(head_dim))
+     * for every other model. */
+    float embedding_multiplier, attention_multiplier, residual_multiplier, logits_scaling;
     devio_ssm_config ssm;
     /* Bamba: which layers are attention; others are mixers. Bit i of word
      * i / 64 (MAX layers 1024). Llama: all; Mamba2: none. */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "device/numerics.h"
 #include "device/status.h"
 
 /* Bounds past which a config is treated as corrupt rather than large. */
@@ -19,7 +20,15 @@
 
 #define CONFIG_NAME DEVIO_MODEL_CONFIG_NAME
 
-typedef enum arch_kind { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_BAMBA, ARCH_MAMBA2 } arch_kind;
+typedef enum arch_kind {
+    ARCH_LLAMA,
+    ARCH_MISTRAL,
+    ARCH_QWEN2,
+    ARCH_QWEN3,
+    ARCH_GRANITE,
+    ARCH_BAMBA,
+    ARCH_MAMBA2
+} arch_kind;
 
 /* Positions a Mamba2 config (which names none) is served up to. */
 #define MAMBA2_POSITIONS 4096u
@@ -97,6 +106,10 @@ static devio_status parse_arch(const json_t *root, devio_model_config *c, arch_k
         *kind = ARCH_MISTRAL;
     else if (strcmp(arch, "Qwen2ForCausalLM") == 0)
         *kind = ARCH_QWEN2;
+    else if (strcmp(arch, "Qwen3ForCausalLM") == 0)
+        *kind = ARCH_QWEN3;
+    else if (strcmp(arch, "GraniteForCausalLM") == 0)
+        *kind = ARCH_GRANITE;
     else if (strcmp(arch, "BambaForCausalLM") == 0)
         *kind = ARCH_BAMBA;
     else if (strcmp(arch, "Mamba2ForCausalLM") == 0)
@@ -105,7 +118,8 @@ static devio_status parse_arch(const json_t *root, devio_model_config *c, arch_k
         return devio_fail(err, DEVIO_E_MODEL,
                           CONFIG_NAME ": unknown architecture '%.64s' (supported: "
                                       "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                      "BambaForCausalLM, Mamba2ForCausalLM)",
+                                      "Qwen3ForCausalLM, GraniteForCausalLM, BambaForCausalLM, "
+                                      "Mamba2ForCausalLM)",
                           arch);
     c->arch = *kind == ARCH_BAMBA    ? DEVIO_ARCH_BAMBA
               : *kind == ARCH_MAMBA2 ? DEVIO_ARCH_MAMBA2
@@ -130,16 +144,6 @@ static devio_status refuse_act(const json_t *root, devio_error *err)
  * compute: refuse them rather than produce different numbers. */
 static devio_status refuse_features(const json_t *root, devio_error *err)
 {
-    const json_t *rs = json_object_get(root, "rope_scaling");
-    if (rs && !json_is_null(rs)) {
-        const char *t = json_string_value(json_object_get(rs, "rope_type"));
-        if (!t)
-            t = json_string_value(json_object_get(rs, "type"));
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          CONFIG_NAME ": rope_scaling (type '%.32s') is not supported; only "
-                                      "plain RoPE (rope_scaling null) is",
-                          t ? t : "?");
-    }
     devio_status st = refuse_act(root, err);
     if (st != DEVIO_OK)
         return st;
@@ -216,17 +220,22 @@ static devio_status parse_options(const json_t *root, arch_kind kind, devio_mode
                           c->architecture);
     c->attention_bias = bias;
 
-    /* Sliding-window attention equals full attention for every position
-     * below the window, so serving at most `window` positions is exact. */
+    /* Mistral's sliding window applies to every layer: attention keeps the
+     * keys within it (numspec rule 6). Qwen2's and Qwen3's apply to the
+     * layers from max_window_layers on only; sliding-window attention is
+     * full attention below the window, so those serve at most `window`
+     * positions, which is exact. */
+    bool qwen = kind == ARCH_QWEN2 || kind == ARCH_QWEN3;
     bool window_on = kind == ARCH_MISTRAL;
-    if (kind == ARCH_QWEN2 &&
-        (st = cfg_bool(root, "use_sliding_window", false, &window_on, err)) != DEVIO_OK)
+    if (qwen && (st = cfg_bool(root, "use_sliding_window", false, &window_on, err)) != DEVIO_OK)
         return st;
-    if (window_on && kind != ARCH_LLAMA) {
+    if (window_on) {
         uint32_t window;
         if ((st = cfg_u32(root, "sliding_window", false, 0, 0, UINT32_MAX, &window, err)))
             return st;
-        if (window > 0 && window < c->max_position_embeddings)
+        if (!qwen)
+            c->sliding_window = window < c->max_position_embeddings ? window : 0;
+        else if (window > 0 && window < c->max_position_embeddings)
             c->max_position_embeddings = window;
     }
     return DEVIO_OK;
@@ -377,21 +386,121 @@ static devio_status parse_mamba2(const json_t *root, devio_model_config *c, devi
     return parse_ssm(root, &mamba2_names, c, err);
 }
 
-/* rope_parameters (newer Hugging Face configs): {"rope_type": "default",
- * "rope_theta": x} is plain RoPE; any other type is scaling, refused. */
-static devio_status parse_rope_parameters(const json_t *root, devio_model_config *c,
-                                          devio_error *err)
+/* A positive finite float field of a rope_scaling object, or def. */
+static devio_status rope_float(const json_t *rs, const char *key, double def, float *out,
+                              devio_error *err)
 {
-    const json_t *rp = json_object_get(root, "rope_parameters");
-    if (!rp || json_is_null(rp))
+    return cfg_pos_float(rs, key, def, 1e12, out, err);
+}
+
+/* yarn's attention factor when the config gives none: transformers'
+ * get_mscale, 0.1 * m * ln(s) + 1 for s > 1, else 1. */
+static float yarn_mscale(float s, float m)
+{
+    return s <= 1.0f ? 1.0f : 0.1f * m * devio_logf(s) + 1.0f;
+}
+
+static devio_status parse_yarn(const json_t *rs, devio_model_config *c, devio_error *err)
+{
+    devio_rope_scaling *r = &c->rope_scaling;
+    float mscale = 0.0f, mscale_all = 0.0f;
+    bool truncate = true;
+    devio_status st;
+    if ((st = rope_float(rs, "original_max_position_embeddings", c->max_position_embeddings,
+                         &r->original_max_positions, err)) ||
+        (st = rope_float(rs, "beta_fast", 32.0, &r->beta_fast, err)) ||
+        (st = rope_float(rs, "beta_slow", 1.0, &r->beta_slow, err)) ||
+        (st = cfg_bool(rs, "truncate", true, &truncate, err)))
+        return st;
+    r->truncate = truncate;
+    const json_t *af = json_object_get(rs, "attention_factor");
+    if (af && !json_is_null(af))
+        return rope_float(rs, "attention_factor", 1.0, &r->attention_factor, err);
+    if (json_object_get(rs, "mscale") && json_object_get(rs, "mscale_all_dim")) {
+        if ((st = rope_float(rs, "mscale", 1.0, &mscale, err)) ||
+            (st = rope_float(rs, "mscale_all_dim", 1.0, &mscale_all, err)))
+            return st;
+        r->attention_factor = yarn_mscale(r->factor, mscale) / yarn_mscale(r->factor, mscale_all);
+    } else {
+        r->attention_factor = yarn_mscale(r->factor, 1.0f);
+    }
+    return DEVIO_OK;
+}
+
+/* RoPE: rope_theta, and the scaling transformers applies, from
+ * rope_scaling (older configs) or rope_parameters (newer ones, which also
+ * carry rope_theta). default, linear, llama3 and yarn are computed;
+ * dynamic is refused because its frequencies depend on the length a
+ * sequence has reached, not on the position alone; others are refused. */
+static devio_status parse_rope(const json_t *root, devio_model_config *c, devio_error *err)
+{
+    devio_rope_scaling *r = &c->rope_scaling;
+    *r = (devio_rope_scaling){.type = DEVIO_ROPE_DEFAULT, .factor = 1.0f,
+                              .attention_factor = 1.0f};
+    const char *field = "rope_parameters";
+    const json_t *rs = json_object_get(root, field);
+    if (!rs || json_is_null(rs)) {
+        field = "rope_scaling";
+        rs = json_object_get(root, field);
+    }
+    if (!rs || json_is_null(rs))
         return DEVIO_OK;
-    const char *t = json_string_value(json_object_get(rp, "rope_type"));
-    if (!json_is_object(rp) || (t && strcmp(t, "default") != 0))
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          CONFIG_NAME ": rope_parameters of type '%.32s' is not supported; only "
-                                      "plain RoPE is",
-                          t ? t : "?");
-    return cfg_pos_float(rp, "rope_theta", c->rope_theta, 1e12, &c->rope_theta, err);
+    if (!json_is_object(rs))
+        return devio_fail(err, DEVIO_E_MODEL, CONFIG_NAME ": '%s' is not an object", field);
+    const char *t = json_string_value(json_object_get(rs, "rope_type"));
+    if (!t)
+        t = json_string_value(json_object_get(rs, "type"));
+    devio_status st = cfg_pos_float(rs, "rope_theta", c->rope_theta, 1e12, &c->rope_theta, err);
+    if (st != DEVIO_OK || !t || strcmp(t, "default") == 0)
+        return st;
+    if ((st = rope_float(rs, "factor", 1.0, &r->factor, err)))
+        return st;
+    if (strcmp(t, "linear") == 0) {
+        r->type = DEVIO_ROPE_LINEAR;
+        return DEVIO_OK;
+    }
+    if (strcmp(t, "llama3") == 0) {
+        r->type = DEVIO_ROPE_LLAMA3;
+        if ((st = rope_float(rs, "low_freq_factor", 1.0, &r->low_freq_factor, err)) ||
+            (st = rope_float(rs, "high_freq_factor", 4.0, &r->high_freq_factor, err)) ||
+            (st = rope_float(rs, "original_max_position_embeddings", 8192.0,
+                             &r->original_max_positions, err)))
+            return st;
+        if (!(r->high_freq_factor > r->low_freq_factor))
+            return devio_fail(err, DEVIO_E_MODEL,
+                              CONFIG_NAME ": %s: high_freq_factor must exceed low_freq_factor",
+                              field);
+        return DEVIO_OK;
+    }
+    if (strcmp(t, "yarn") == 0) {
+        r->type = DEVIO_ROPE_YARN;
+        return parse_yarn(rs, c, err);
+    }
+    return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                      CONFIG_NAME ": %s of type '%.32s' is not supported (default, linear, "
+                                  "llama3 and yarn are; dynamic depends on a sequence's length, "
+                                  "not on the position alone)",
+                      field, t);
+}
+
+/* Granite's four multipliers, and the defaults every other family has. */
+static devio_status parse_multipliers(const json_t *root, arch_kind kind, devio_model_config *c,
+                                      devio_error *err)
+{
+    c->embedding_multiplier = c->residual_multiplier = c->logits_scaling = 1.0f;
+    c->attention_multiplier = 0.0f; /* 1 / sqrt(head_dim) */
+    if (kind != ARCH_GRANITE)
+        return DEVIO_OK;
+    devio_status st;
+    if ((st = cfg_pos_float(root, "embedding_multiplier", 1.0, 1e6, &c->embedding_multiplier,
+                            err)) ||
+        (st = cfg_pos_float(root, "attention_multiplier", 1.0, 1e6, &c->attention_multiplier,
+                            err)) ||
+        (st = cfg_pos_float(root, "residual_multiplier", 1.0, 1e6, &c->residual_multiplier,
+                            err)) ||
+        (st = cfg_pos_float(root, "logits_scaling", 1.0, 1e6, &c->logits_scaling, err)))
+        return st;
+    return DEVIO_OK;
 }
 
 devio_status devio_model_config_parse(const json_t *root, devio_model_config *c,
@@ -405,9 +514,11 @@ devio_status devio_model_config_parse(const json_t *root, devio_model_config *c,
     if (kind == ARCH_MAMBA2)
         return parse_mamba2(root, c, err);
     if ((st = refuse_features(root, err)) || (st = parse_shape(root, c, err)) ||
-        (st = parse_options(root, kind, c, err)) || (st = parse_rope_parameters(root, c, err)))
+        (st = parse_options(root, kind, c, err)) || (st = parse_rope(root, c, err)) ||
+        (st = parse_multipliers(root, kind, c, err)))
         return st;
     c->rotary_dim = c->head_dim;
+    c->qk_norm = kind == ARCH_QWEN3;
     if (kind == ARCH_BAMBA)
         return parse_bamba(root, c, err);
     for (uint32_t i = 0; i < c->n_layers; i++)

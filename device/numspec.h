@@ -25,7 +25,8 @@
  *   reducing with xor shuffles, and 8- or 16-wide SIMD on a CPU. A lane sum
  *   is never -0, so zero terms padded up to a multiple of 32 change nothing.
  *
- * 1. Embedding: x[i] = widen(embed[token][i]).
+ * 1. Embedding: x[i] = widen(embed[token][i]), times Granite's
+ *    embedding_multiplier (one rounded multiply; no multiply otherwise).
  *
  * 2. rmsnorm(x, w) over d elements:
  *      ss = lane_dot(x, x, d)
@@ -54,25 +55,34 @@
  * 4. RoPE (rotate_half) over the first rd = rotary_dim dimensions of a head
  *    of hd (rd = hd for the Llama family; Bamba turns half, rd = hd / 2,
  *    and leaves dimensions [rd, hd) as they are), half = rd / 2, i < half:
- *      inv_freq_i = 1.0f / devio_powf_pos(theta, (float)(2*i) / (float)rd)
+ *      inv_freq_i = devio_rope_inv_freq (device/shape.c): for plain RoPE
+ *                   1.0f / devio_powf_pos(theta, (float)(2*i) / (float)rd);
+ *                   linear divides it by factor; llama3 and yarn rework it
+ *                   by transformers' formulas, in binary32 with numerics.h
  *      ang        = (float)pos * inv_freq_i
- *      c = devio_cosf(ang), s = devio_sinf(ang)
+ *      c = devio_cosf(ang) * af, s = devio_sinf(ang) * af
+ *                   (af = yarn's attention factor; 1 for others, exact)
  *      out_i        = x_i * c - x_{i+half} * s
  *      out_{i+half} = x_{i+half} * c + x_i * s
  *    applied to every q head and every k head, at the token's absolute
  *    position pos. The table [max_seq_len, half] of c and s is built once on
  *    the host by the core (device/shape.h) and handed to every backend.
  *
+ * 4a. Qwen3: before RoPE, every q head and every k head of hd is replaced
+ *    by rmsnorm(head, q_norm or k_norm) (rule 2 over hd, eps rms_norm_eps),
+ *    after the projection's bias and LoRA.
+ *
  * 5. K and V (after RoPE for K) go to the cache slot of position pos:
  *    block row.blocks[pos / block_size], offset pos % block_size. The pool's
  *    layout inside a block is the backend's and no part of the numbers.
  *
  * 6. Attention, head h reads kv head h / (n_heads / n_kv_heads); keys are
- *    the absolute positions j = 0 .. pos of the token's own sequence, read
- *    through its block table:
- *      scale = devio_rsqrtf((float)hd)
+ *    the absolute positions j = j0 .. pos of the token's own sequence, read
+ *    through its block table, j0 = 0, or with a sliding window W (Mistral)
+ *    j0 = max(0, pos - W + 1) (transformers' mask keeps j > pos - W):
+ *      scale = devio_rsqrtf((float)hd), or Granite's attention_multiplier
  *      s_j   = lane_dot(q, k_j, hd) * scale
- *      m     = s_0, then for j = 1 .. pos: m = (s_j > m) ? s_j : m
+ *      m     = s_j0, then for j = j0+1 .. pos: m = (s_j > m) ? s_j : m
  *      e_j   = devio_expf(s_j - m)
  *      Z     = lane_sum over j of e_j                  (lane = j mod 32)
  *      o[c]  = (lane_sum over j of e_j * v_j[c]) / Z   (lane = j mod 32)
@@ -83,12 +93,15 @@
  *    LoRA); RoPE; K, V to the cache; o = attention; x = x + o_proj(o);
  *    h2 = rmsnorm(x, ffn_norm); g = gate(h2), u = up(h2);
  *    a = devio_siluf(g) * u  (one rounded multiply); x = x + down(a).
- *    A mixer layer replaces everything from q, k, v to o_proj with rule 10:
+ *    Granite adds each residual times residual_multiplier r: x = x + y * r
+ *    (the product rounded, then added; y the projection with its bias and
+ *    LoRA). A mixer layer replaces everything from q, k, v to o_proj with rule 10:
  *    h = rmsnorm(x, attn_norm); x = x + mixer(h); then the MLP as above
  *    (Bamba), or nothing more (Mamba2, which has no MLP).
  *
  * 8. Output: for tokens with logits wanted, hn = rmsnorm(x, norm) and
- *    logits = lm_head(hn) (rule 3, no bias).
+ *    logits = lm_head(hn) (rule 3, no bias), divided by Granite's
+ *    logits_scaling (one division; none otherwise).
  *
  * 9. Sampling (the sampler of device/sampler.h, on the host under strict
  *    numerics): Philox4x32-10 keyed by (seed, sequence position), Gumbel-max

@@ -25,10 +25,11 @@ static bool bias_ok(const devio_tensor *t, uint64_t n)
 
 static devio_status check_attention(const devio_layer *l, const devio_model_shape *s)
 {
-    uint64_t d = s->d, q = s->q_dim, kv = s->kv_dim;
+    uint64_t d = s->d, q = s->q_dim, kv = s->kv_dim, hd = s->head_dim;
     bool ok = tensor_is(&l->wq, q, d) && tensor_is(&l->wk, kv, d) && tensor_is(&l->wv, kv, d) &&
               tensor_is(&l->wo, d, q) && bias_ok(&l->bq, q) && bias_ok(&l->bk, kv) &&
-              bias_ok(&l->bv, kv);
+              bias_ok(&l->bv, kv) &&
+              (!s->qk_norm || (tensor_is(&l->q_norm, hd, 0) && tensor_is(&l->k_norm, hd, 0)));
     return ok ? DEVIO_OK : DEVIO_E_MODEL;
 }
 
@@ -117,8 +118,15 @@ devio_status devio_model_shape_get(const devio_model *m, devio_model_shape *out,
         .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .q_dim = (uint32_t)q,
         .kv_dim = (uint32_t)kv, .f = c->intermediate_size, .vocab = c->vocab_size,
         .eps = c->rms_norm_eps,
-        .attn_scale = c->head_dim ? devio_rsqrtf((float)c->head_dim) : 0.0f,
-        .rotary_dim = c->rotary_dim, .has_mlp = !mamba2,
+        .attn_scale = c->attention_multiplier > 0.0f ? c->attention_multiplier
+                      : c->head_dim                  ? devio_rsqrtf((float)c->head_dim)
+                                                     : 0.0f,
+        .rotary_dim = c->rotary_dim, .has_mlp = !mamba2, .qk_norm = c->qk_norm,
+        .window = c->sliding_window,
+        /* 1 (an exact identity) unless the config says otherwise. */
+        .emb_mult = c->embedding_multiplier > 0.0f ? c->embedding_multiplier : 1.0f,
+        .res_mult = c->residual_multiplier > 0.0f ? c->residual_multiplier : 1.0f,
+        .logit_scale = c->logits_scaling > 0.0f ? c->logits_scaling : 1.0f,
     };
     for (uint32_t i = 0; i < s.n_layers; i++) {
         if (m->layers[i].kind == DEVIO_LAYER_MIXER)
@@ -147,10 +155,72 @@ devio_status devio_model_shape_get(const devio_model *m, devio_model_shape *out,
     return DEVIO_OK;
 }
 
-devio_status devio_rope_tables(float theta, uint32_t head_dim, uint32_t max_seq_len,
+/* llama3: frequencies whose wavelength exceeds original / low_freq_factor
+ * are divided by factor, those below original / high_freq_factor kept, and
+ * those between interpolated smoothly (transformers' definition). */
+static float llama3_inv_freq(const devio_rope_scaling *r, float inv)
+{
+    float wavelen = 6.28318530718f / inv;
+    float low_wavelen = r->original_max_positions / r->low_freq_factor;
+    float high_wavelen = r->original_max_positions / r->high_freq_factor;
+    if (wavelen > low_wavelen)
+        return inv / r->factor;
+    if (wavelen < high_wavelen)
+        return inv;
+    float smooth = (r->original_max_positions / wavelen - r->low_freq_factor) /
+                   (r->high_freq_factor - r->low_freq_factor);
+    return (1.0f - smooth) * (inv / r->factor) + smooth * inv;
+}
+
+/* yarn's correction dimension of `rotations` turns over the original
+ * context, for rd dimensions and base theta. */
+static float yarn_dim(float rotations, uint32_t rd, float theta, float orig)
+{
+    return ((float)rd * devio_logf(orig / (rotations * 6.28318530718f))) /
+           (2.0f * devio_logf(theta));
+}
+
+/* yarn: interpolated (inv / factor) and extrapolated (inv) frequencies
+ * blended by a linear ramp over the correction range [low, high]. */
+static float yarn_inv_freq(const devio_rope_scaling *r, float theta, uint32_t rd, uint32_t i,
+                           float pos_freq)
+{
+    float low = yarn_dim(r->beta_fast, rd, theta, r->original_max_positions);
+    float high = yarn_dim(r->beta_slow, rd, theta, r->original_max_positions);
+    if (r->truncate) {
+        float fl = (float)(int64_t)low, ce = (float)(int64_t)high;
+        low = fl > low ? fl - 1.0f : fl;   /* floor */
+        high = ce < high ? ce + 1.0f : ce; /* ceil */
+    }
+    low = low > 0.0f ? low : 0.0f;
+    high = high < (float)(rd - 1) ? high : (float)(rd - 1);
+    if (low == high)
+        high = high + 0.001f;
+    float ramp = ((float)i - low) / (high - low);
+    ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+    float extrapolation = 1.0f - ramp;
+    float interp = 1.0f / (r->factor * pos_freq), extrap = 1.0f / pos_freq;
+    return interp * (1.0f - extrapolation) + extrap * extrapolation;
+}
+
+float devio_rope_inv_freq(const devio_model_config *c, uint32_t rd, uint32_t i)
+{
+    float pos_freq = devio_powf_pos(c->rope_theta, (float)(2 * i) / (float)rd);
+    float inv = 1.0f / pos_freq;
+    const devio_rope_scaling *r = &c->rope_scaling;
+    switch (r->type) {
+    case DEVIO_ROPE_LINEAR: return inv / r->factor;
+    case DEVIO_ROPE_LLAMA3: return llama3_inv_freq(r, inv);
+    case DEVIO_ROPE_YARN: return yarn_inv_freq(r, c->rope_theta, rd, i, pos_freq);
+    case DEVIO_ROPE_DEFAULT: break;
+    }
+    return inv;
+}
+
+devio_status devio_rope_tables(const devio_model_config *cfg, uint32_t rd, uint32_t max_seq_len,
                                float **cos_out, float **sin_out, devio_error *err)
 {
-    uint32_t half = head_dim / 2;
+    uint32_t half = rd / 2;
     size_t n = (size_t)max_seq_len * half;
     float *c = calloc(n ? n : 1, sizeof *c), *s = calloc(n ? n : 1, sizeof *s);
     *cos_out = *sin_out = NULL;
@@ -159,12 +229,15 @@ devio_status devio_rope_tables(float theta, uint32_t head_dim, uint32_t max_seq_
         free(s);
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the RoPE tables");
     }
+    /* yarn scales cos and sin; x * 1 is x for every other model. */
+    float af = cfg->rope_scaling.type == DEVIO_ROPE_YARN ? cfg->rope_scaling.attention_factor
+                                                          : 1.0f;
     for (uint32_t i = 0; i < half; i++) {
-        float inv_freq = 1.0f / devio_powf_pos(theta, (float)(2 * i) / (float)head_dim);
+        float inv_freq = devio_rope_inv_freq(cfg, rd, i);
         for (uint32_t p = 0; p < max_seq_len; p++) {
             float ang = (float)p * inv_freq;
-            c[(size_t)p * half + i] = devio_cosf(ang);
-            s[(size_t)p * half + i] = devio_sinf(ang);
+            c[(size_t)p * half + i] = devio_cosf(ang) * af;
+            s[(size_t)p * half + i] = devio_sinf(ang) * af;
         }
     }
     *cos_out = c;

@@ -15,10 +15,14 @@
 devio_status devio_model_shape_get(const devio_model *m, devio_model_shape *out,
                                    devio_error *err);
 
-/* RoPE tables of numspec rule 4: cos and sin [max_seq_len, head_dim / 2]
- * for rope_theta, where head_dim is the rotary dimension (shape.rotary_dim). Caller frees both with free(); DEVIO_E_NOMEM on failure
- * (then both are NULL). */
-devio_status devio_rope_tables(float theta, uint32_t head_dim, uint32_t max_seq_len,
+/* RoPE tables of numspec rule 4 for model config c (rope_theta and its
+ * rope_scaling): cos and sin [max_seq_len, rd / 2], rd the rotary
+ * dimension (shape.rotary_dim), yarn's attention factor folded in. Caller
+ * frees both with free(); DEVIO_E_NOMEM on failure (then both are NULL). */
+devio_status devio_rope_tables(const devio_model_config *c, uint32_t rd, uint32_t max_seq_len,
                                float **cos_out, float **sin_out, devio_error *err);
+
+/* Inverse frequency i < rd / 2 of numspec rule 4 for c's RoPE and scaling. */
+float devio_rope_inv_freq(const devio_model_config *c, uint32_t rd, uint32_t i);
 
 #endif

@@ -135,6 +135,19 @@ static bool create_small_weights(ref_state *st, uint32_t L)
         if (l->ffn_norm.data) /* Mamba2 layers have no MLP */
             widen_tensor(&l->ffn_norm, st->ffn_norm + (size_t)i * st->d, st->d);
     }
+    if (st->cfg.shape->qk_norm) {
+        st->q_norm = calloc_n(st, L, st->hd, sizeof(float));
+        st->k_norm = calloc_n(st, L, st->hd, sizeof(float));
+        if (!st->q_norm || !st->k_norm)
+            return false;
+        for (uint32_t i = 0; i < L; i++) {
+            const devio_layer *l = &model->layers[i];
+            if (l->q_norm.data) { /* attention layers */
+                widen_tensor(&l->q_norm, st->q_norm + (size_t)i * st->hd, st->hd);
+                widen_tensor(&l->k_norm, st->k_norm + (size_t)i * st->hd, st->hd);
+            }
+        }
+    }
     if (!st->cfg.shape->has_bias)
         return true;
     /* A layer without one of the biases gets zeros: x + 0 is x (the
@@ -279,7 +292,7 @@ static void ref_destroy(void *sp)
             free(mb[k]);
     }
     void *bufs[] = {st->k_cache, st->v_cache, st->attn_norm, st->ffn_norm, st->final_norm,
-                    st->mix, st->in_bias, st->out_bias, st->mix_off, st->ssm_slots,
+                    st->q_norm, st->k_norm, st->mix, st->in_bias, st->out_bias, st->mix_off, st->ssm_slots,
                     st->ssm_snaps, st->zx, st->xa, st->ym, st->scan_tmp,
                     st->bq, st->bk, st->bv, st->x, st->h, st->q, st->k, st->v, st->att,
                     st->act, st->tok_pos, st->tok_blocks, st->tok_adapter, st->slots,

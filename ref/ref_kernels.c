@@ -439,6 +439,9 @@ static void epilogue(const ref_matmul *mm, uint32_t o0, uint32_t rn, uint32_t t0
             case REF_EPI_ADD:
                 y[o] = y[o] + d;
                 break;
+            case REF_EPI_ADD_SCALED:
+                y[o] = y[o] + d * mm->scale;
+                break;
             case REF_EPI_SILU_MUL:
                 y[o] = devio_siluf(d) * d2[r * tn + t];
                 break;
@@ -603,7 +606,10 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
     uint32_t hd = a->head_dim;
     uint32_t bs = a->block_size;
     uint32_t pos = a->tok_pos[t];
-    uint32_t n_keys = pos + 1;
+    /* Keys j0 .. pos: all of them, or the last `window` (rule 6). Scores sit
+     * at sc[j - j0]; every sum still runs in lane j mod 32. */
+    uint32_t j0 = a->window && pos + 1 > a->window ? pos + 1 - a->window : 0;
+    uint32_t n_keys = pos + 1 - j0;
     const uint32_t *blocks = a->tok_blocks[t];
     uint32_t n_kv = a->n_kv_heads;
     uint32_t kvh = h / (a->n_heads / n_kv);
@@ -612,30 +618,42 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
     /* qbuf and kbuf keep zeros past hd from their allocation. */
     memcpy(s->qbuf, a->q + (size_t)t * a->ldq + (size_t)h * hd, hd * sizeof(float));
 
-    for (uint32_t j = 0; j < n_keys; j++) {
-        const float *k = kv_row(a->k_cache, blocks, j, bs, n_kv, kvh, hd);
-        if (j + KV_PREFETCH < n_keys)
+    for (uint32_t k = 0; k < n_keys; k++) {
+        uint32_t j = j0 + k;
+        const float *key = kv_row(a->k_cache, blocks, j, bs, n_kv, kvh, hd);
+        if (k + KV_PREFETCH < n_keys)
             prefetch_row(kv_row(a->k_cache, blocks, j + KV_PREFETCH, bs, n_kv, kvh, hd), hd);
-        sc[j] = dot_qk(s->qbuf, k, hd, s->kbuf) * a->scale;
+        sc[k] = dot_qk(s->qbuf, key, hd, s->kbuf) * a->scale;
     }
     float m = sc[0];
-    for (uint32_t j = 1; j < n_keys; j++)
-        m = sc[j] > m ? sc[j] : m;
-    for (uint32_t j = 0; j < n_keys; j++)
-        sc[j] = devio_expf(sc[j] - m);
-    float z = ref_lane_sum(sc, n_keys);
+    for (uint32_t k = 1; k < n_keys; k++)
+        m = sc[k] > m ? sc[k] : m;
+    for (uint32_t k = 0; k < n_keys; k++)
+        sc[k] = devio_expf(sc[k] - m);
+    float z;
+    if (j0 == 0) {
+        z = ref_lane_sum(sc, n_keys);
+    } else {
+        /* Lane j mod 32 of the absolute index: lanes start at +0 and add
+         * their terms in increasing j. */
+        float p[32] = {0};
+        for (uint32_t k = 0; k < n_keys; k++)
+            p[(j0 + k) & 31u] = p[(j0 + k) & 31u] + sc[k];
+        z = devio_lane_fold(p);
+    }
 
     /* acc[l] (hd floats) is lane l of the sum over keys j = l mod 32. */
     float *acc = s->acc;
-    uint32_t lanes = n_keys < 32 ? n_keys : 32;
+    uint32_t lanes = j0 == 0 && n_keys < 32 ? n_keys : 32;
     memset(acc, 0, (size_t)lanes * hd * sizeof(float));
     uint32_t hv = hd - hd % VL;
-    for (uint32_t j = 0; j < n_keys; j++) {
+    for (uint32_t k = 0; k < n_keys; k++) {
+        uint32_t j = j0 + k;
         const float *v = kv_row(a->v_cache, blocks, j, bs, n_kv, kvh, hd);
-        if (j + KV_PREFETCH < n_keys)
+        if (k + KV_PREFETCH < n_keys)
             prefetch_row(kv_row(a->v_cache, blocks, j + KV_PREFETCH, bs, n_kv, kvh, hd), hd);
         float *al = acc + (size_t)(j & 31u) * hd;
-        float e = sc[j];
+        float e = sc[k];
         vf ev = (vf){0} + e;
         uint32_t c = 0;
         for (; c < hv; c += VL)

@@ -60,6 +60,7 @@ typedef enum ref_epilogue {
     REF_EPI_STORE = 0, /* y = dot */
     REF_EPI_BIAS,      /* y = dot + bias[o] */
     REF_EPI_ADD,       /* y = y + dot (residual) */
+    REF_EPI_ADD_SCALED,/* y = y + dot * scale (Granite's residual_multiplier) */
     REF_EPI_SILU_MUL,  /* y = devio_siluf(dot(w)) * dot(w2) */
 } ref_epilogue;
 
@@ -70,6 +71,7 @@ typedef struct ref_matmul {
     devio_dtype dtype;
     uint32_t m, n;
     const float *bias;   /* REF_EPI_BIAS: [m] f32 */
+    float scale;         /* REF_EPI_ADD_SCALED */
     ref_epilogue epi;
     const float *x;      /* n_tok rows of stride ldx >= ref_pad32(n), zero past n */
     size_t ldx;
@@ -95,7 +97,8 @@ typedef struct ref_attention {
     uint32_t n_tok;
     const uint32_t *tok_pos;           /* [n_tok] absolute position */
     const uint32_t *const *tok_blocks; /* [n_tok] the token's block table */
-    float scale;                       /* devio_rsqrtf((float)head_dim) */
+    float scale;                       /* the shape's attn_scale */
+    uint32_t window;                   /* keys within this many positions, 0 = all */
     float *out;              /* [n_tok, n_heads * hd], stride ldo */
     size_t ldo;
 } ref_attention;

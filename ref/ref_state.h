@@ -34,6 +34,7 @@ typedef struct ref_state {
     float *attn_norm, *ffn_norm; /* [n_layers, d] */
     float *final_norm;           /* [d] */
     float *bq, *bk, *bv;         /* [n_layers, q_dim / kv_dim] or NULL */
+    float *q_norm, *k_norm;      /* [n_layers, head_dim] (Qwen3) or NULL */
 
     /* Activations, max_batch_tokens rows each; padded rows keep zeros past
      * their width because nothing writes there. */

@@ -70,6 +70,22 @@ static void rmsnorm_rows(ref_state *st, float *y, const float *x, const float *w
         ref_rmsnorm(y + (size_t)t * st->d_pad, x + (size_t)t * st->d_pad, w, st->d, st->eps);
 }
 
+/* Qwen3 (rule 4a): every q and k head RMSNormed over head_dim, in place. */
+static void qk_norm_rows(ref_state *st, uint32_t li, uint32_t n_tok)
+{
+    const float *qw = st->q_norm + (size_t)li * st->hd, *kw = st->k_norm + (size_t)li * st->hd;
+    float *tmp = st->lora_row;
+    for (uint32_t t = 0; t < n_tok; t++) {
+        for (uint32_t h = 0; h < st->n_heads + st->n_kv; h++) {
+            bool is_q = h < st->n_heads;
+            float *x = is_q ? st->q + (size_t)t * st->q_dim + (size_t)h * st->hd
+                            : st->k + (size_t)t * st->kv_dim + (size_t)(h - st->n_heads) * st->hd;
+            memcpy(tmp, x, st->hd * sizeof(float));
+            ref_rmsnorm(x, tmp, is_q ? qw : kw, st->hd, st->eps);
+        }
+    }
+}
+
 /* First half of layer li: norm, q/k/v, RoPE, and K and V into the cache. */
 static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
 {
@@ -98,6 +114,8 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
     lora_add(st, li, DEVIO_LORA_Q, st->h, st->d_pad, st->q, st->q_dim, n_tok);
     lora_add(st, li, DEVIO_LORA_K, st->h, st->d_pad, st->k, st->kv_dim, n_tok);
     lora_add(st, li, DEVIO_LORA_V, st->h, st->d_pad, st->v, st->kv_dim, n_tok);
+    if (st->q_norm)
+        qk_norm_rows(st, li, n_tok);
 
     for (uint32_t t = 0; t < n_tok; t++) {
         uint32_t pos = st->tok_pos[t];
@@ -115,14 +133,20 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
     }
 }
 
-/* x += W in (+ bias) (REF_EPI_ADD); with a bias, or when the step's
- * adapters target the module, the projection is stored, biased, adapted,
- * then added: z = dot + b, z' = z + u*s, x + z' (numspec rules 3, 3a). */
+/* x += W in (+ bias) (REF_EPI_ADD; x + (W in) * r with Granite's residual
+ * multiplier r, rule 7); with a bias, or when the step's adapters target
+ * the module, the projection is stored, biased, adapted, then added:
+ * z = dot + b, z' = z + u*s, x + z' * r (numspec rules 3, 3a, 7). */
 static void residual_proj(ref_state *st, uint32_t li, devio_lora_target target, ref_matmul *mm,
                           const float *bias, uint32_t n_tok)
 {
     bool lora = target < DEVIO_LORA_N_TARGETS && (st->lora_targets & (1u << target));
+    float r = st->cfg.shape->res_mult;
     if (!lora && !bias) {
+        if (r != 1.0f) {
+            mm->epi = REF_EPI_ADD_SCALED;
+            mm->scale = r;
+        }
         ref_matmul_run(st->pool, st->scratch, mm, 1);
         return;
     }
@@ -136,7 +160,7 @@ static void residual_proj(ref_state *st, uint32_t li, devio_lora_target target, 
     for (uint32_t t = 0; t < n_tok; t++)
         for (uint32_t i = 0; i < st->d; i++) {
             size_t k = (size_t)t * st->d_pad + i;
-            x[k] = x[k] + st->o_tmp[k];
+            x[k] = x[k] + (r != 1.0f ? st->o_tmp[k] * r : st->o_tmp[k]);
         }
 }
 
@@ -151,7 +175,8 @@ static void layer_attn_out(ref_state *st, uint32_t li, uint32_t n_tok)
         .q = st->q, .ldq = st->q_dim, .k_cache = kc, .v_cache = vc,
         .block_size = bs, .n_heads = st->n_heads, .n_kv_heads = st->n_kv, .head_dim = st->hd,
         .n_tok = n_tok, .tok_pos = st->tok_pos, .tok_blocks = st->tok_blocks,
-        .scale = st->attn_scale, .out = st->att, .ldo = st->q_pad,
+        .scale = st->attn_scale, .window = st->cfg.shape->window, .out = st->att,
+        .ldo = st->q_pad,
     };
     ref_attention_run(st->pool, st->scratch, &at);
 
@@ -269,7 +294,11 @@ devio_status ref_step_run(void *sp, const devio_batch *b, devio_error *err)
     size_t esz = m->embed.dtype == DEVIO_F32 ? 4u : 2u;
     for (uint32_t t = 0; t < n_tok; t++) {
         const char *row = (const char *)m->embed.data + (size_t)b->tokens[t] * st->d * esz;
-        ref_widen(m->embed.dtype, row, st->x + (size_t)t * st->d_pad, st->d);
+        float *x = st->x + (size_t)t * st->d_pad;
+        ref_widen(m->embed.dtype, row, x, st->d);
+        if (st->cfg.shape->emb_mult != 1.0f) /* Granite, rule 1 */
+            for (uint32_t i = 0; i < st->d; i++)
+                x[i] = x[i] * st->cfg.shape->emb_mult;
     }
 
     /* A sequence that starts here starts from the zero state. */
@@ -308,6 +337,10 @@ devio_status ref_step_run(void *sp, const devio_batch *b, devio_error *err)
                          .n = st->d, .x = st->h, .ldx = st->d_pad, .n_tok = b->n_out,
                          .y_rows = st->out_ptr};
         ref_matmul_run(st->pool, st->scratch, &lm, 1);
+        float ls = st->cfg.shape->logit_scale;
+        for (uint32_t i = 0; i < b->n_out && ls != 1.0f; i++) /* Granite, rule 8 */
+            for (uint32_t v = 0; v < st->vocab; v++)
+                st->out_ptr[i][v] = st->out_ptr[i][v] / ls;
     }
     return DEVIO_OK;
 }

@@ -321,10 +321,10 @@ static void test_bad_config_unsupported(void **state)
     write_model(&o);
     const char *cfg = path_in(fx->dir, "config.json");
     file_sub(cfg, "\"rope_scaling\": null",
-             "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}");
-    expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json: rope_scaling (type 'llama3')",
+             "\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 8.0}");
+    expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json: rope_scaling of type 'dynamic'",
                 "not supported");
-    file_sub(cfg, "{\"rope_type\": \"llama3\", \"factor\": 8.0}", "null");
+    file_sub(cfg, "{\"rope_type\": \"dynamic\", \"factor\": 8.0}", "null");
     file_sub(cfg, "\"silu\"", "\"gelu\"");
     expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "config.json: hidden_act 'gelu'", NULL);
     file_sub(cfg, "\"gelu\"", "\"silu\"");

@@ -494,7 +494,10 @@ static void test_mistral_window_and_defaults(void **state)
     devio_model *m = load_ok(fx->dir);
     assert_int_equal(m->cfg.n_kv_heads, 4);
     assert_int_equal(m->cfg.head_dim, 16);
-    assert_int_equal(m->cfg.max_position_embeddings, 128);
+    /* The window is kept (attention reads the last 128 keys, rule 6); the
+     * positions served are the model's. */
+    assert_int_equal(m->cfg.sliding_window, 128);
+    assert_int_equal(m->cfg.max_position_embeddings, 512);
     assert_true(m->cfg.rms_norm_eps == 1e-6f);
     assert_true(m->cfg.rope_theta == 10000.0f);
     devio_model_free(m);

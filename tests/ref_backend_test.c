@@ -321,7 +321,7 @@ static tbe *be_open(const devio_model *m, uint32_t threads)
     devio_error err = {0};
     assert_non_null(be);
     assert_int_equal(devio_model_shape_get(m, &be->shape, &err), DEVIO_OK);
-    assert_int_equal(devio_rope_tables(m->cfg.rope_theta, be->shape.rotary_dim, T_MAX_SEQ,
+    assert_int_equal(devio_rope_tables(&m->cfg, be->shape.rotary_dim, T_MAX_SEQ,
                                        &be->rope_cos, &be->rope_sin, &err),
                      DEVIO_OK);
     be->logits = calloc((size_t)T_MAX_TOK * m->cfg.vocab_size, sizeof(float));

@@ -123,7 +123,7 @@ static const bad_cfg bad_cfgs[] = {
     {"bamba", "\"mamba_n_heads\": 8", "\"mamba_n_heads\": 6", DEVIO_E_MODEL, "mamba_n_heads"},
     {"bamba", "\"mamba_d_conv\": 4", "\"mamba_d_conv\": 65", DEVIO_E_MODEL, "mamba_d_conv"},
     {"bamba", "\"rope_theta\": 10000.0",
-     "\"rope_theta\": 10000.0, \"rope_parameters\": {\"rope_type\": \"yarn\"}",
+     "\"rope_theta\": 10000.0, \"rope_parameters\": {\"rope_type\": \"dynamic\"}",
      DEVIO_E_UNSUPPORTED, "rope_parameters"},
     {"bamba", "\"num_attention_heads\": 4", "\"num_attention_heads\": 32", DEVIO_E_UNSUPPORTED,
      "multiple of 4"},
