@@ -1,5 +1,5 @@
-/* mkmodel.c - writes deterministic random Llama, Bamba and Mamba2 models in Hugging Face's on-disk format (config.json, safetensors, shard index).
- * It must never let anything but the options shape its bytes; mkssm.c holds Bamba's and Mamba2's own parts, mkadapter.c adapters, mkwrite.c the files. */
+/* mkmodel.c - writes deterministic random Llama-family, Bamba and Mamba2 models in Hugging Face's on-disk format (config.json, safetensors, shard index).
+ * It must never let anything but the options shape its bytes; mkfamily.c holds the Llama family's own parts, mkssm.c Bamba's and Mamba2's, mkadapter.c adapters, mkwrite.c the files. */
 #include "tools/mkmodel/mkmodel.h"
 
 #include <errno.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tools/mkmodel/mkfamily.h"
 #include "tools/mkmodel/mkssm.h"
 #include "tools/mkmodel/mkwrite.h"
 
@@ -44,24 +45,46 @@ static const struct preset {
         uint32_t heads, head_dim, expand, state, groups, conv;
     } ssm;
     uint64_t attn; /* bamba: bit i set = layer i is an attention layer */
+    uint32_t window; /* mistral: sliding_window */
+    double mult[4];  /* granite: embedding, attention, residual, logits */
 } presets[] = {
-    {"tiny", MK_ARCH_LLAMA, 256, 64, 2, 4, 2, 16, 128, 512, false, DEVIO_F32, {0}, 0},
-    {"small", MK_ARCH_LLAMA, 32000, 288, 6, 6, 6, 48, 768, 1024, true, DEVIO_F32, {0}, 0},
+    {"tiny", MK_ARCH_LLAMA, 256, 64, 2, 4, 2, 16, 128, 512, false, DEVIO_F32, {0}, 0, 0, {0}},
+    {"small", MK_ARCH_LLAMA, 32000, 288, 6, 6, 6, 48, 768, 1024, true, DEVIO_F32, {0}, 0, 0, {0}},
     /* the stories110M shape */
-    {"bench", MK_ARCH_LLAMA, 32000, 768, 12, 12, 12, 64, 2048, 1024, false, DEVIO_BF16, {0}, 0},
+    {"bench", MK_ARCH_LLAMA, 32000, 768, 12, 12, 12, 64, 2048, 1024, false, DEVIO_BF16, {0}, 0, 0,
+     {0}},
     /* TinyLlama-1.1B's shape: what a GPU's decode speed is measured on */
-    {"1b", MK_ARCH_LLAMA, 32000, 2048, 22, 32, 4, 64, 5632, 2048, false, DEVIO_BF16, {0}, 0},
+    {"1b", MK_ARCH_LLAMA, 32000, 2048, 22, 32, 4, 64, 5632, 2048, false, DEVIO_BF16, {0}, 0, 0,
+     {0}},
     {"tiny", MK_ARCH_BAMBA, 256, 64, 4, 4, 2, 0, 128, 512, false, DEVIO_F32,
-     {8, 16, 2, 16, 2, 4}, 1ull << 1},
+     {8, 16, 2, 16, 2, 4}, 1ull << 1, 0, {0}},
     {"small", MK_ARCH_BAMBA, 32000, 288, 6, 6, 6, 0, 768, 1024, true, DEVIO_F32,
-     {9, 64, 2, 64, 1, 4}, 1ull << 2 | 1ull << 5},
+     {9, 64, 2, 64, 1, 4}, 1ull << 2 | 1ull << 5, 0, {0}},
     /* Llama bench's parameter count: ffn 1600 (not 2048) brings the mixers'
      * extra weight back to within 0.2% of it */
     {"bench", MK_ARCH_BAMBA, 32000, 768, 12, 12, 12, 0, 1600, 1024, false, DEVIO_BF16,
-     {24, 64, 2, 128, 1, 4}, 1ull << 3 | 1ull << 7 | 1ull << 11},
-    {"tiny", MK_ARCH_MAMBA2, 256, 64, 2, 0, 0, 0, 0, 0, false, DEVIO_F32, {8, 16, 2, 16, 2, 4}, 0},
+     {24, 64, 2, 128, 1, 4}, 1ull << 3 | 1ull << 7 | 1ull << 11, 0, {0}},
+    {"tiny", MK_ARCH_MAMBA2, 256, 64, 2, 0, 0, 0, 0, 0, false, DEVIO_F32, {8, 16, 2, 16, 2, 4}, 0,
+     0, {0}},
     {"small", MK_ARCH_MAMBA2, 32000, 288, 6, 0, 0, 0, 0, 0, true, DEVIO_F32,
-     {9, 64, 2, 64, 1, 4}, 0},
+     {9, 64, 2, 64, 1, 4}, 0, 0, {0}},
+    /* The Llama family's other members: tiny keeps llama tiny's widths, small
+     * has grouped kv heads (as these families' checkpoints do). */
+    {"tiny", MK_ARCH_QWEN2, 256, 64, 2, 4, 2, 0, 128, 512, false, DEVIO_F32, {0}, 0, 0, {0}},
+    {"small", MK_ARCH_QWEN2, 32000, 288, 6, 6, 2, 0, 768, 1024, true, DEVIO_F32, {0}, 0, 0, {0}},
+    /* head_dim != hidden / heads, as in Qwen3's own checkpoints */
+    {"tiny", MK_ARCH_QWEN3, 256, 64, 2, 4, 2, 32, 128, 512, false, DEVIO_F32, {0}, 0, 0, {0}},
+    {"small", MK_ARCH_QWEN3, 32000, 288, 6, 6, 2, 64, 768, 1024, true, DEVIO_F32, {0}, 0, 0,
+     {0}},
+    /* windows shorter than the 300-token prompts of tests/python/hf_check.py */
+    {"tiny", MK_ARCH_MISTRAL, 256, 64, 2, 4, 2, 16, 128, 512, false, DEVIO_F32, {0}, 0, 24, {0}},
+    {"small", MK_ARCH_MISTRAL, 32000, 288, 6, 6, 2, 48, 768, 1024, false, DEVIO_F32, {0}, 0, 128,
+     {0}},
+    /* Granite 3's kind of multipliers */
+    {"tiny", MK_ARCH_GRANITE, 256, 64, 2, 4, 2, 0, 128, 512, false, DEVIO_F32, {0}, 0, 0,
+     {12.0, 0.0078125, 0.22, 8.0}},
+    {"small", MK_ARCH_GRANITE, 32000, 288, 6, 6, 2, 0, 768, 1024, true, DEVIO_F32, {0}, 0, 0,
+     {12.0, 0.0078125, 0.22, 8.0}},
 };
 
 static void mk_preset_apply(const struct preset *p, devio_mkmodel_opts *o)
@@ -76,17 +99,22 @@ static void mk_preset_apply(const struct preset *p, devio_mkmodel_opts *o)
     o->max_position_embeddings = p->positions;
     o->tie_word_embeddings = p->tied;
     o->dtype = p->dtype;
-    o->attention_bias = false;
+    o->attention_bias = p->arch == MK_ARCH_QWEN2;
     o->ssm_heads = p->ssm.heads;
     o->ssm_head_dim = p->ssm.head_dim;
     o->ssm_expand = p->ssm.expand;
     o->ssm_state = p->ssm.state;
     o->ssm_groups = p->ssm.groups;
     o->ssm_conv = p->ssm.conv;
-    o->ssm_conv_bias = p->arch != MK_ARCH_LLAMA;
+    o->ssm_conv_bias = !mk_arch_is_family(p->arch);
     o->ssm_proj_bias = false;
     memset(o->attn_layers, 0, sizeof o->attn_layers);
     o->attn_layers[0] = p->attn;
+    o->sliding_window = p->window;
+    o->embedding_multiplier = p->mult[0];
+    o->attention_multiplier = p->mult[1];
+    o->residual_multiplier = p->mult[2];
+    o->logits_scaling = p->mult[3];
 }
 
 devio_status devio_mkmodel_preset(const char *name, devio_mkmodel_opts *o, devio_error *err)
@@ -94,7 +122,7 @@ devio_status devio_mkmodel_preset(const char *name, devio_mkmodel_opts *o, devio
     mk_arch arch;
     if (!mk_arch_parse(o->arch, &arch))
         return devio_fail(err, DEVIO_E_INVALID,
-                          "unknown architecture '%.40s' (llama, bamba, mamba2)", o->arch);
+                          "unknown architecture '%.40s' (" MK_ARCH_NAMES ")", o->arch);
     char names[64] = "";
     size_t len = 0;
     for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
@@ -178,7 +206,7 @@ static devio_status mk_check_attention(const devio_mkmodel_opts *o, devio_error 
 static devio_status mk_check(const devio_mkmodel_opts *o, mk_arch *arch, devio_error *err)
 {
     if (!mk_arch_parse(o->arch, arch)) {
-        devio_fail(err, DEVIO_E_INVALID, "unknown architecture '%.40s' (llama, bamba, mamba2)",
+        devio_fail(err, DEVIO_E_INVALID, "unknown architecture '%.40s' (" MK_ARCH_NAMES ")",
                    o->arch);
         return DEVIO_E_INVALID;
     }
@@ -206,43 +234,9 @@ static devio_status mk_check(const devio_mkmodel_opts *o, mk_arch *arch, devio_e
         devio_fail(err, DEVIO_E_INVALID, "shards must be in [1, 99999]");
         return DEVIO_E_INVALID;
     }
-    return mk_ssm_check(o, *arch, err);
-}
-
-/* Appends every tensor of a checked Llama model to L. */
-static void mk_llama_list_add(const devio_mkmodel_opts *o, mk_list *L)
-{
-    const uint64_t V = o->vocab_size, d = o->hidden_size, f = o->intermediate_size;
-    const uint64_t q = (uint64_t)o->n_heads * mk_head_dim(o);
-    const uint64_t kv = (uint64_t)o->n_kv_heads * mk_head_dim(o);
-    const float norm_spread = 0.1f, bias_spread = 0.05f;
-    mk_add(L, "model.embed_tokens.weight", 2, V, d, MK_INIT_LINEAR, mk_inv_sqrt(d));
-    mk_add(L, "model.norm.weight", 1, d, 0, MK_INIT_NORM, norm_spread);
-    if (!o->tie_word_embeddings)
-        mk_add(L, "lm_head.weight", 2, V, d, MK_INIT_LINEAR, mk_inv_sqrt(d));
-    char name[MK_NAME_MAX];
-#define MK_LAYER(suffix, nd, a, b, init, scale)                                   \
-    do {                                                                          \
-        snprintf(name, sizeof name, "model.layers.%u." suffix, i);                \
-        mk_add(L, name, nd, a, b, init, scale);                                   \
-    } while (0)
-    for (uint32_t i = 0; i < o->n_layers; i++) {
-        MK_LAYER("input_layernorm.weight", 1, d, 0, MK_INIT_NORM, norm_spread);
-        MK_LAYER("self_attn.q_proj.weight", 2, q, d, MK_INIT_LINEAR, mk_inv_sqrt(d));
-        MK_LAYER("self_attn.k_proj.weight", 2, kv, d, MK_INIT_LINEAR, mk_inv_sqrt(d));
-        MK_LAYER("self_attn.v_proj.weight", 2, kv, d, MK_INIT_LINEAR, mk_inv_sqrt(d));
-        MK_LAYER("self_attn.o_proj.weight", 2, d, q, MK_INIT_LINEAR, mk_inv_sqrt(q));
-        if (o->attention_bias) {
-            MK_LAYER("self_attn.q_proj.bias", 1, q, 0, MK_INIT_BIAS, bias_spread);
-            MK_LAYER("self_attn.k_proj.bias", 1, kv, 0, MK_INIT_BIAS, bias_spread);
-            MK_LAYER("self_attn.v_proj.bias", 1, kv, 0, MK_INIT_BIAS, bias_spread);
-        }
-        MK_LAYER("post_attention_layernorm.weight", 1, d, 0, MK_INIT_NORM, norm_spread);
-        MK_LAYER("mlp.gate_proj.weight", 2, f, d, MK_INIT_LINEAR, mk_inv_sqrt(d));
-        MK_LAYER("mlp.up_proj.weight", 2, f, d, MK_INIT_LINEAR, mk_inv_sqrt(d));
-        MK_LAYER("mlp.down_proj.weight", 2, d, f, MK_INIT_LINEAR, mk_inv_sqrt(f));
-    }
-#undef MK_LAYER
+    if ((st = mk_ssm_check(o, *arch, err)) != DEVIO_OK)
+        return st;
+    return mk_family_check(o, *arch, err);
 }
 
 /* Builds every tensor of the checked model, sorted by name (the order of
@@ -257,8 +251,8 @@ static devio_status mk_list_build(const devio_mkmodel_opts *o, mk_arch arch, mk_
         devio_fail(err, DEVIO_E_NOMEM, "out of memory for %zu tensor entries", n);
         return DEVIO_E_NOMEM;
     }
-    if (arch == MK_ARCH_LLAMA)
-        mk_llama_list_add(o, L);
+    if (mk_arch_is_family(arch))
+        mk_family_list_add(o, arch, L);
     else
         mk_ssm_list_add(o, arch, L);
     mk_list_sort(L);
@@ -299,15 +293,9 @@ static devio_status mk_list_build(const devio_mkmodel_opts *o, mk_arch arch, mk_
 uint64_t devio_mkmodel_param_count(const devio_mkmodel_opts *o)
 {
     mk_arch arch;
-    if (mk_arch_parse(o->arch, &arch) && arch != MK_ARCH_LLAMA)
-        return mk_ssm_param_count(o, arch);
-    const uint64_t V = o->vocab_size, d = o->hidden_size, f = o->intermediate_size;
-    const uint64_t hd = o->head_dim ? o->head_dim : (o->n_heads ? d / o->n_heads : 0);
-    const uint64_t q = o->n_heads * hd, kv = o->n_kv_heads * hd;
-    uint64_t layer = 2 * d + q * d + 2 * kv * d + d * q + 3 * f * d;
-    if (o->attention_bias)
-        layer += q + 2 * kv;
-    return V * d * (o->tie_word_embeddings ? 1 : 2) + d + layer * o->n_layers;
+    if (!mk_arch_parse(o->arch, &arch) || mk_arch_is_family(arch))
+        return mk_family_param_count(o, mk_arch_parse(o->arch, &arch) ? arch : MK_ARCH_LLAMA);
+    return mk_ssm_param_count(o, arch);
 }
 
 devio_status devio_mkmodel_values(const devio_mkmodel_opts *o, const char *name, uint64_t start,
@@ -343,38 +331,6 @@ static devio_status mk_write_shard(const devio_mkmodel_opts *o, const mk_list *L
     char name[64];
     mk_shard_name(name, sizeof name, shard, o->shards);
     return mk_write_st(o->out_dir, name, L, shard, o->dtype, o->seed, ck, err);
-}
-
-static void mk_llama_config(const devio_mkmodel_opts *o, mk_buf *b)
-{
-    const char *tf[2] = {"false", "true"};
-    /* q/k/v biases without an o_proj bias is Qwen2's layout; Llama's
-     * attention_bias would bias o_proj too, which devio does not model. */
-    mk_buf_printf(b, "{\n  \"architectures\": [\"%s\"],\n",
-                  o->attention_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
-    mk_buf_printf(b, "  \"attention_bias\": %s,\n", tf[o->attention_bias]);
-    mk_buf_printf(b, "  \"attention_dropout\": 0.0,\n");
-    mk_buf_printf(b, "  \"bos_token_id\": %u,\n", o->vocab_size > 1 ? 1u : 0u);
-    mk_buf_printf(b, "  \"eos_token_id\": %u,\n", o->vocab_size > 2 ? 2u : 0u);
-    mk_buf_printf(b, "  \"head_dim\": %u,\n", mk_head_dim(o));
-    mk_buf_printf(b, "  \"hidden_act\": \"silu\",\n");
-    mk_buf_printf(b, "  \"hidden_size\": %u,\n", o->hidden_size);
-    mk_buf_printf(b, "  \"initializer_range\": 0.02,\n");
-    mk_buf_printf(b, "  \"intermediate_size\": %u,\n", o->intermediate_size);
-    mk_buf_printf(b, "  \"max_position_embeddings\": %u,\n", o->max_position_embeddings);
-    mk_buf_printf(b, "  \"mlp_bias\": false,\n");
-    mk_buf_printf(b, "  \"model_type\": \"%s\",\n", o->attention_bias ? "qwen2" : "llama");
-    mk_buf_printf(b, "  \"num_attention_heads\": %u,\n", o->n_heads);
-    mk_buf_printf(b, "  \"num_hidden_layers\": %u,\n", o->n_layers);
-    mk_buf_printf(b, "  \"num_key_value_heads\": %u,\n", o->n_kv_heads);
-    mk_buf_printf(b, "  \"rms_norm_eps\": ");
-    mk_json_double(b, o->rms_norm_eps);
-    mk_buf_printf(b, ",\n  \"rope_scaling\": null,\n  \"rope_theta\": ");
-    mk_json_double(b, o->rope_theta);
-    mk_buf_printf(b, ",\n  \"tie_word_embeddings\": %s,\n", tf[o->tie_word_embeddings]);
-    mk_buf_printf(b, "  \"torch_dtype\": \"%s\",\n", mk_torch_dtype(o->dtype));
-    mk_buf_printf(b, "  \"use_cache\": true,\n");
-    mk_buf_printf(b, "  \"vocab_size\": %u\n}\n", o->vocab_size);
 }
 
 static void mk_index(const devio_mkmodel_opts *o, const mk_list *L, mk_buf *b)
@@ -444,8 +400,8 @@ devio_status devio_mkmodel_write(const devio_mkmodel_opts *o, devio_error *err)
             DEVIO_OK)
             goto out;
     }
-    if (arch == MK_ARCH_LLAMA)
-        mk_llama_config(o, &cb);
+    if (mk_arch_is_family(arch))
+        mk_family_config(o, arch, &cb);
     else
         mk_ssm_config(o, arch, &cb);
     st = mk_write_json(o->out_dir, "config.json", &cb, err);

@@ -12,18 +12,30 @@
 #include "tools/mkmodel/mkmodel.h"
 
 static const char usage[] =
-    "usage: devio-mkmodel [--preset tiny|small|bench|1b] [--arch llama|bamba|mamba2]\n"
+    "usage: devio-mkmodel [--preset tiny|small|bench|1b] [--arch ARCH]\n"
     "                     [--seed N] [--dtype f32|f16|bf16] [--shards N] --out DIR\n"
     "                     [--vocab N] [--hidden N] [--layers N] [--heads N] [--kv-heads N]\n"
     "                     [--head-dim N] [--ffn N] [--max-pos N] [--rope-theta X] [--eps X]\n"
     "                     [--tied[=true|false]] [--bias[=true|false]]\n"
+    "                     [--rope-scaling none|linear|llama3|yarn] [--rope-factor X]\n"
+    "                     [--rope-original-max N] [--window N]\n"
+    "                     [--embedding-multiplier X] [--attention-multiplier X]\n"
+    "                     [--residual-multiplier X] [--logits-scaling X]\n"
     "                     [--ssm-heads N] [--ssm-head-dim N] [--ssm-expand N] [--ssm-state N]\n"
     "                     [--ssm-groups N] [--ssm-conv N] [--attn-layers LIST|none]\n"
     "                     [--no-conv-bias] [--proj-bias[=true|false]]\n"
     "\n"
     "Writes config.json and model.safetensors (or N shards and\n"
-    "model.safetensors.index.json) of a Llama, Bamba or Mamba2 model with seeded\n"
-    "random weights, in Hugging Face's format. The same options give the same bytes.\n"
+    "model.safetensors.index.json) of a model with seeded random weights, in\n"
+    "Hugging Face's format. The same options give the same bytes. ARCH:\n"
+    "  llama    LlamaForCausalLM (with --bias: q/k/v biases, written as Qwen2)\n"
+    "  qwen2    Qwen2ForCausalLM: q/k/v biases, always\n"
+    "  qwen3    Qwen3ForCausalLM: q_norm and k_norm on every head, explicit head_dim\n"
+    "  mistral  MistralForCausalLM: sliding-window attention (--window N, 0 = null)\n"
+    "  granite  GraniteForCausalLM: the embedding, attention, residual and logits\n"
+    "           multipliers\n"
+    "  bamba    BambaForCausalLM: hybrid Mamba-2 and attention\n"
+    "  mamba2   Mamba2ForCausalLM: Mamba-2 mixers only\n"
     "\n"
     "presets (default tiny; --arch picks the table, default llama):\n"
     "llama\n"
@@ -35,6 +47,22 @@ static const char usage[] =
     "         untied, bf16 (134,105,856 parameters)\n"
     "  1b     vocab 32000, hidden 2048, 22 layers, 32 heads, 4 kv heads, ffn 5632,\n"
     "         2048 positions, untied, bf16 (1,100,048,384 parameters)\n"
+    "qwen2 (q/k/v biases)\n"
+    "  tiny   llama tiny with q/k/v biases (107,072 parameters)\n"
+    "  small  vocab 32000, hidden 288, 6 layers, 6 heads, 2 kv heads, ffn 768,\n"
+    "         1024 positions, tied, f32 (14,531,040 parameters)\n"
+    "qwen3 (head_dim != hidden / heads)\n"
+    "  tiny   vocab 256, hidden 64, 2 layers, 4 heads, 2 kv heads, head_dim 32,\n"
+    "         ffn 128, 512 positions, untied, f32 (131,520 parameters)\n"
+    "  small  vocab 32000, hidden 288, 6 layers, 6 heads, 2 kv heads, head_dim 64,\n"
+    "         ffn 768, 1024 positions, tied, f32 (14,971,296 parameters)\n"
+    "mistral\n"
+    "  tiny   llama tiny with window 24 (106,816 parameters)\n"
+    "  small  vocab 32000, hidden 288, 6 layers, 6 heads, 2 kv heads, ffn 768,\n"
+    "         1024 positions, window 128, untied, f32 (23,744,160 parameters)\n"
+    "granite (embedding 12, attention 0.0078125, residual 0.22, logits 8)\n"
+    "  tiny   llama tiny's shape (106,816 parameters)\n"
+    "  small  qwen2 small's shape without biases (14,528,160 parameters)\n"
     "bamba (hybrid: Mamba-2 mixers, attention in --attn-layers, an MLP in every\n"
     "layer; mixers: expand 2, conv 4, conv bias, no projection bias)\n"
     "  tiny   vocab 256, hidden 64, 4 layers, attention in 1, 4 heads, 2 kv heads,\n"
@@ -54,7 +82,17 @@ static const char usage[] =
     "Flags after the preset override it, whatever their order on the command line.\n"
     "SSM heads x SSM head dim must equal expand x hidden. Flags an architecture\n"
     "does not have are refused (mamba2: --ffn, --heads, --kv-heads, --head-dim,\n"
-    "--max-pos; llama: the SSM flags, --attn-layers, --proj-bias).\n"
+    "--max-pos; llama, qwen2, qwen3, mistral, granite: the SSM flags,\n"
+    "--attn-layers, --proj-bias; --window: mistral only; the multipliers: granite\n"
+    "only; --rope-*: the first five only; --head-dim other than hidden / heads:\n"
+    "not qwen2, granite or bamba, whose configs have no head_dim).\n"
+    "\n"
+    "RoPE scaling writes \"rope_scaling\" as transformers does: linear {factor};\n"
+    "llama3 {factor, low_freq_factor 1.0, high_freq_factor 4.0,\n"
+    "original_max_position_embeddings}; yarn {factor, original_max_position_\n"
+    "embeddings, beta_fast 32.0, beta_slow 1.0}. --rope-factor defaults to 8,\n"
+    "--rope-original-max to max-pos / factor (tiny: 64); yarn needs max-pos =\n"
+    "factor x original max (transformers 4.x uses that ratio as yarn's factor).\n"
     "\n"
     "       devio-mkmodel --adapter --model DIR [--rank 8] [--alpha 8]\n"
     "                     [--targets q_proj,v_proj] [--rslora[=true|false]]\n"
@@ -84,6 +122,20 @@ static bool parse_dtype(const char *v, void *field)
     for (size_t i = 0; i < 3; i++)
         if (strcmp(v, names[i]) == 0) {
             *(devio_dtype *)field = types[i];
+            return true;
+        }
+    return false;
+}
+
+/* "none", "linear", "llama3", "yarn" -> a devio_mkmodel_rope. */
+static bool parse_rope(const char *v, void *field)
+{
+    static const char *const names[] = {"none", "linear", "llama3", "yarn"};
+    static const devio_mkmodel_rope types[] = {DEVIO_MKMODEL_ROPE_NONE, DEVIO_MKMODEL_ROPE_LINEAR,
+                                               DEVIO_MKMODEL_ROPE_LLAMA3, DEVIO_MKMODEL_ROPE_YARN};
+    for (size_t i = 0; i < 4; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *(devio_mkmodel_rope *)field = types[i];
             return true;
         }
     return false;
@@ -142,11 +194,14 @@ static bool parse_attn_layers(const char *s, void *field)
 #define A(f) (offsetof(flags, adapter) + offsetof(devio_mkmodel_adapter_opts, f))
 #define U32(name, field, text) \
     {.flag = name, .type = DEVIO_OPT_U32, .offset = M(field), .metavar = "N", .help = text}
+#define F64(name, field, text) \
+    {.flag = name, .type = DEVIO_OPT_F64, .offset = M(field), .metavar = "X", .help = text}
 static const devio_opt model_opts[] = {
     {.flag = "preset", .type = DEVIO_OPT_STR, .offset = offsetof(flags, preset),
      .metavar = "NAME", .help = "tiny|small|bench|1b, per --arch [tiny]; flags override it"},
     {.flag = "arch", .type = DEVIO_OPT_STR, .offset = M(arch), .metavar = "ARCH",
-     .help = "llama|bamba|mamba2 [llama]; picks the preset table"},
+     .help = "llama|qwen2|qwen3|mistral|granite|bamba|mamba2 [llama]; picks the preset "
+             "table"},
     {.flag = "seed", .type = DEVIO_OPT_U64, .offset = M(seed), .metavar = "N", .help = "[0]"},
     {.flag = "dtype", .type = DEVIO_OPT_CUSTOM, .offset = M(dtype), .metavar = "f32|f16|bf16",
      .help = "weight type [the preset's]", .parse = parse_dtype},
@@ -168,7 +223,19 @@ static const devio_opt model_opts[] = {
     {.flag = "tied", .type = DEVIO_OPT_BOOL, .offset = M(tie_word_embeddings),
      .help = "tie lm_head to the embedding (--tied=false unties)"},
     {.flag = "bias", .type = DEVIO_OPT_BOOL, .offset = M(attention_bias),
-     .help = "q/k/v biases, written as a Qwen2 model (llama only)"},
+     .help = "q/k/v biases, written as a Qwen2 model (llama; qwen2 always has them)"},
+    {.flag = "rope-scaling", .type = DEVIO_OPT_CUSTOM, .offset = M(rope_scaling),
+     .metavar = "TYPE", .help = "none|linear|llama3|yarn: rope_scaling [none]",
+     .parse = parse_rope},
+    F64("rope-factor", rope_factor, "rope_scaling's factor [8]"),
+    U32("rope-original-max", rope_original_max,
+        "llama3's and yarn's original_max_position_embeddings [max-pos / factor]"),
+    U32("window", sliding_window, "mistral's sliding_window, 0 = null [the preset's]"),
+    F64("embedding-multiplier", embedding_multiplier, "granite's [12]"),
+    F64("attention-multiplier", attention_multiplier,
+        "granite's, in place of 1/sqrt(head_dim) [0.0078125]"),
+    F64("residual-multiplier", residual_multiplier, "granite's [0.22]"),
+    F64("logits-scaling", logits_scaling, "granite's: logits are divided by it [8]"),
     U32("ssm-heads", ssm_heads, "Mamba-2 heads (bamba, mamba2)"),
     U32("ssm-head-dim", ssm_head_dim, "Mamba-2 head dimension"),
     U32("ssm-expand", ssm_expand, "Mamba-2 inner width / hidden"),
@@ -204,6 +271,7 @@ static const devio_opt adapter_opts[] = {
     {.flag = "seed", .type = DEVIO_OPT_U64, .offset = A(seed), .metavar = "N", .help = "[0]"},
 };
 #undef U32
+#undef F64
 #undef M
 #undef A
 
@@ -251,10 +319,19 @@ static int adapter_main(const devio_mkmodel_adapter_opts *o)
 
 static const char *model_kind(const devio_mkmodel_opts *o)
 {
-    if (o->arch && strcmp(o->arch, "bamba") == 0)
-        return "Bamba (hybrid Mamba-2 and attention)";
-    if (o->arch && strcmp(o->arch, "mamba2") == 0)
-        return "Mamba2";
+    static const struct {
+        const char *arch, *kind;
+    } kinds[] = {
+        {"bamba", "Bamba (hybrid Mamba-2 and attention)"},
+        {"mamba2", "Mamba2"},
+        {"qwen2", "Qwen2 (q/k/v biases)"},
+        {"qwen3", "Qwen3 (q/k norms)"},
+        {"mistral", "Mistral"},
+        {"granite", "Granite"},
+    };
+    for (size_t i = 0; o->arch && i < sizeof kinds / sizeof *kinds; i++)
+        if (strcmp(o->arch, kinds[i].arch) == 0)
+            return kinds[i].kind;
     return o->attention_bias ? "Qwen2 (q/k/v biases)" : "Llama";
 }
 

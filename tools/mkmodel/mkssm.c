@@ -14,17 +14,6 @@
 #define MK_D_SPREAD 0.5f  /* D uniform in [0.5, 1.5) */
 #define MK_CHUNK_SIZE 256u
 
-bool mk_arch_parse(const char *name, mk_arch *a)
-{
-    static const char *const names[] = {"llama", "bamba", "mamba2"};
-    for (int i = 0; i < 3; i++)
-        if (strcmp(name ? name : "llama", names[i]) == 0) {
-            *a = (mk_arch)i;
-            return true;
-        }
-    return false;
-}
-
 bool mk_attn_layer(const devio_mkmodel_opts *o, uint32_t i)
 {
     return i < DEVIO_MKMODEL_MAX_LAYERS && ((o->attn_layers[i / 64] >> (i % 64)) & 1u);
@@ -58,15 +47,18 @@ static mk_ssm_dims mk_dims(const devio_mkmodel_opts *o)
 
 /* ---- checks ---- */
 
-static devio_status mk_check_llama(const devio_mkmodel_opts *o, devio_error *err)
+/* The Llama family has no mixer: every field of one stays unset. */
+static devio_status mk_check_family(const devio_mkmodel_opts *o, const char *arch,
+                                    devio_error *err)
 {
     if (o->ssm_heads || o->ssm_head_dim || o->ssm_expand || o->ssm_state || o->ssm_groups ||
         o->ssm_conv || o->ssm_conv_bias || o->ssm_proj_bias)
         return devio_fail(err, DEVIO_E_INVALID,
                           "the --ssm-* flags and the mixer biases belong to bamba and mamba2, "
-                          "not llama");
+                          "not %s",
+                          arch);
     if (mk_any_attn_layer(o))
-        return devio_fail(err, DEVIO_E_INVALID, "--attn-layers belongs to bamba, not llama");
+        return devio_fail(err, DEVIO_E_INVALID, "--attn-layers belongs to bamba, not %s", arch);
     return DEVIO_OK;
 }
 
@@ -107,7 +99,8 @@ static devio_status mk_check_mixer(const devio_mkmodel_opts *o, const char *arch
                           "time steps must satisfy 1e-4 <= time_step_min <= time_step_max <= 1");
     if (o->attention_bias)
         return devio_fail(err, DEVIO_E_INVALID,
-                          "--bias (q/k/v biases) is llama only; the mixer's is --proj-bias");
+                          "--bias (q/k/v biases) is llama only (qwen2 always has them); the "
+                          "mixer's is --proj-bias");
     return DEVIO_OK;
 }
 
@@ -153,9 +146,9 @@ static devio_status mk_check_mamba2(const devio_mkmodel_opts *o, devio_error *er
 devio_status mk_ssm_check(const devio_mkmodel_opts *o, mk_arch a, devio_error *err)
 {
     devio_status st;
+    if (mk_arch_is_family(a))
+        return mk_check_family(o, mk_arch_name(a), err);
     switch (a) {
-    case MK_ARCH_LLAMA:
-        return mk_check_llama(o, err);
     case MK_ARCH_BAMBA:
         if ((st = mk_check_mixer(o, "bamba", err)) != DEVIO_OK)
             return st;
@@ -164,6 +157,8 @@ devio_status mk_ssm_check(const devio_mkmodel_opts *o, mk_arch a, devio_error *e
         if ((st = mk_check_mixer(o, "mamba2", err)) != DEVIO_OK)
             return st;
         return mk_check_mamba2(o, err);
+    default:
+        break;
     }
     return devio_fail(err, DEVIO_E_INVALID, "unknown architecture");
 }
@@ -288,23 +283,6 @@ uint64_t mk_ssm_param_count(const devio_mkmodel_opts *o, mk_arch a)
 }
 
 /* ---- config.json ---- */
-
-static void mk_kv_u(mk_buf *b, const char *key, uint64_t v)
-{
-    mk_buf_printf(b, "  \"%s\": %llu,\n", key, (unsigned long long)v);
-}
-
-static void mk_kv_b(mk_buf *b, const char *key, bool v)
-{
-    mk_buf_printf(b, "  \"%s\": %s,\n", key, v ? "true" : "false");
-}
-
-static void mk_kv_f(mk_buf *b, const char *key, double v)
-{
-    mk_buf_printf(b, "  \"%s\": ", key);
-    mk_json_double(b, v);
-    mk_buf_printf(b, ",\n");
-}
 
 /* Hugging Face's default clamp of dt, written as Python's json writes
  * (0.0, float("inf")): the bare token Infinity, which strict JSON lacks. */

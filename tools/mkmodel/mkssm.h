@@ -6,25 +6,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "tools/mkmodel/mkfamily.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "tools/mkmodel/mkwrite.h"
-
-typedef enum mk_arch { MK_ARCH_LLAMA, MK_ARCH_BAMBA, MK_ARCH_MAMBA2 } mk_arch;
-
-/* Most tensors one layer of any architecture has (a Bamba mixer layer with
- * every bias: 5 + 10), and outside the layers (embedding, norm, lm_head). */
-#define MK_MAX_LAYER_TENSORS 16u
-#define MK_MAX_TOP_TENSORS 3u
-
-/* "llama" (and NULL), "bamba", "mamba2" -> *a; false for any other name. */
-bool mk_arch_parse(const char *name, mk_arch *a);
 
 /* Whether layer i is in o->attn_layers (bamba's attention layers). */
 bool mk_attn_layer(const devio_mkmodel_opts *o, uint32_t i);
 
 /* The fields of o that belong to the Mamba-2 mixer or differ by
  * architecture: complete and consistent for bamba and mamba2, unset for
- * llama; mamba2 also leaves the attention and MLP fields unset. Run after
+ * the Llama family; mamba2 also leaves the attention and MLP fields unset. Run after
  * the checks every architecture shares (vocab, hidden, layers, dtype).
  * DEVIO_E_INVALID with a message naming the flag. */
 devio_status mk_ssm_check(const devio_mkmodel_opts *o, mk_arch a, devio_error *err);

@@ -425,3 +425,25 @@ void mk_json_double(mk_buf *b, double v)
         strcat(s, ".0");
     mk_buf_printf(b, "%s", s);
 }
+
+void mk_kv_u(mk_buf *b, const char *key, uint64_t v)
+{
+    mk_buf_printf(b, "  \"%s\": %llu,\n", key, (unsigned long long)v);
+}
+
+void mk_kv_b(mk_buf *b, const char *key, bool v)
+{
+    mk_buf_printf(b, "  \"%s\": %s,\n", key, v ? "true" : "false");
+}
+
+void mk_kv_f(mk_buf *b, const char *key, double v)
+{
+    mk_buf_printf(b, "  \"%s\": ", key);
+    mk_json_double(b, v);
+    mk_buf_printf(b, ",\n");
+}
+
+void mk_kv_s(mk_buf *b, const char *key, const char *v)
+{
+    mk_buf_printf(b, "  \"%s\": \"%s\",\n", key, v);
+}

@@ -115,6 +115,14 @@ void mk_chunk_free(mk_chunk *c);
 devio_status mk_write_st(const char *dir, const char *name, const mk_list *L, uint32_t shard,
                          devio_dtype dtype, uint64_t seed, const mk_chunk *ck, devio_error *err);
 
+/* One `  "key": value,` line of a config.json, indented as transformers'
+ * save_pretrained indents top-level keys: an integer, true or false, a
+ * float (mk_json_double), a string (written as given: no escaping). */
+void mk_kv_u(mk_buf *b, const char *key, uint64_t v);
+void mk_kv_b(mk_buf *b, const char *key, bool v);
+void mk_kv_f(mk_buf *b, const char *key, double v);
+void mk_kv_s(mk_buf *b, const char *key, const char *v);
+
 /* Shortest decimal that reads back as the same double, written as a JSON
  * float (a trailing ".0" when it would otherwise look like an integer). */
 void mk_json_double(mk_buf *b, double v);
