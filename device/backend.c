@@ -4,6 +4,7 @@
 
 #include "device/adapter.h"
 #include "device/backend.h"
+#include "device/kv_pool.h"
 #include "device/status.h"
 
 static const char *name_of(const devio_backend_ops *ops)
@@ -160,10 +161,23 @@ static devio_status check_row(const devio_backend_config *cfg, const devio_batch
         row->pos0 > cfg->max_seq_len || row->n_tokens > cfg->max_seq_len - row->pos0)
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u lies outside the batch", r);
     uint32_t end = row->pos0 + row->n_tokens;
-    for (uint32_t i = 0; i < (end + cfg->block_size - 1) / cfg->block_size; i++)
+    /* With a sliding window W, an entry may be released (the core gave its
+     * block back) when every position of it lies below the first key of
+     * the row's first token, pos0 + 1 - W: no token of the row reads it. */
+    uint64_t w = cfg->shape->window, bs = cfg->block_size;
+    uint64_t first_key = w > 0 && (uint64_t)row->pos0 + 1 > w ? (uint64_t)row->pos0 + 1 - w : 0;
+    for (uint32_t i = 0; i < (end + cfg->block_size - 1) / cfg->block_size; i++) {
+        if (row->blocks[i] == DEVIO_KV_BLOCK_RELEASED && (uint64_t)(i + 1) * bs <= first_key)
+            continue;
+        if (row->blocks[i] == DEVIO_KV_BLOCK_RELEASED)
+            return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
+                                 "row %u: block table entry %u was released, but the row reads "
+                                 "positions from %llu",
+                                 r, i, (unsigned long long)first_key);
         if (row->blocks[i] >= cfg->kv_blocks)
             return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u names KV block %u", r,
                                  row->blocks[i]);
+    }
     if (row->adapter < -1 || (row->adapter >= 0 && (uint32_t)row->adapter >= cfg->adapter_slots))
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u names adapter slot %d", r,
                              row->adapter);

@@ -136,9 +136,37 @@ uint32_t dv_seq_shrink(devio_device *d, dv_seq *s, uint32_t new_len)
 {
     uint32_t keep = (new_len + d->cfg.block_size - 1) / d->cfg.block_size;
     uint32_t freed = 0;
-    while (s->n_blocks > keep)
-        freed += devio_kv_pool_unref(&d->pool, s->blocks[--s->n_blocks]);
+    while (s->n_blocks > keep) {
+        uint32_t i = --s->n_blocks;
+        if (dv_seq_block_live(s, i))
+            freed += devio_kv_pool_unref(&d->pool, s->blocks[i]);
+    }
+    if (s->n_released > s->n_blocks)
+        s->n_released = s->n_blocks;
     s->len = new_len;
+    return freed;
+}
+
+uint32_t dv_window_first_key(const devio_device *d, uint32_t len)
+{
+    uint32_t w = d->shape.window;
+    return w > 0 && len + 1 > w ? len + 1 - w : 0;
+}
+
+uint32_t dv_seq_release_window(devio_device *d, dv_seq *s)
+{
+    if (d->shape.window == 0)
+        return 0;
+    /* Block b is unneeded when its last position (b+1)*bs - 1 lies below
+     * the first key of the next token. */
+    uint32_t upto = dv_window_first_key(d, s->len) / d->cfg.block_size;
+    if (upto > s->n_blocks)
+        upto = s->n_blocks;
+    uint32_t freed = 0;
+    for (; s->n_released < upto; s->n_released++) {
+        freed += devio_kv_pool_unref(&d->pool, s->blocks[s->n_released]);
+        s->blocks[s->n_released] = DEVIO_KV_BLOCK_RELEASED;
+    }
     return freed;
 }
 
@@ -274,6 +302,9 @@ static devio_status check_config(devio_config *c, const devio_model *m, devio_er
     if (c->max_seq_len > model_max)
         return devio_fail(err, DEVIO_E_INVALID, "max_seq_len %u exceeds the model's %u positions",
                           c->max_seq_len, model_max);
+    if (c->kv_blocks >= DEVIO_KV_BLOCK_RELEASED)
+        return devio_fail(err, DEVIO_E_INVALID, "kv_blocks must be below %u",
+                          DEVIO_KV_BLOCK_RELEASED);
     if (c->max_rows > c->max_batch_tokens)
         c->max_rows = c->max_batch_tokens;
     uint32_t per_seq = (c->max_seq_len + c->block_size - 1) / c->block_size;
@@ -590,6 +621,7 @@ devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
         q->id = d->next_seq_id++;
         q->len = 0;
         q->n_blocks = 0;
+        q->n_released = 0;
         q->busy = 0;
         q->slot = -1;
         q->state_lost = false;
@@ -606,7 +638,8 @@ out:
 /* A sequence's state, its snapshots' lengths ascending. */
 static void seq_info_fill(const devio_device *d, const dv_seq *q, devio_seq_info *out)
 {
-    *out = (devio_seq_info){.seq = q->id, .len = q->len, .blocks = q->n_blocks,
+    /* blocks: those the sequence holds, not the entries its window released. */
+    *out = (devio_seq_info){.seq = q->id, .len = q->len, .blocks = dv_seq_blocks_held(q),
                             .busy_ticket = q->busy, .ssm_slot = q->slot >= 0};
     int32_t owner = (int32_t)(q - d->seqs);
     uint32_t cap = sizeof out->snapshots / sizeof *out->snapshots;

@@ -20,8 +20,14 @@
 typedef struct dv_seq {
     uint64_t id;      /* 0 = free slot */
     uint32_t len;     /* tokens cached, including those of a launched step */
-    uint32_t n_blocks;
+    uint32_t n_blocks; /* entries of blocks in use: positions [0, n_blocks * block_size) */
     uint32_t *blocks; /* max_blocks_per_seq entries, owned by the device */
+    /* Sliding window: entries [0, n_released) are DEVIO_KV_BLOCK_RELEASED,
+     * their blocks given back because the next token reads none of their
+     * positions. Always n_released * block_size <= max(0, len + 1 - window)
+     * (truncate refuses to break it), so the partial last block and every
+     * key a token of the next step reads stay held. */
+    uint32_t n_released;
     uint64_t busy;    /* ticket id while inside an unawaited ticket, else 0 */
     int32_t slot;     /* SSM state slot (hybrid models, length > 0), else -1 */
     bool state_lost;  /* a failed step left the slot's state undefined */
@@ -42,6 +48,7 @@ typedef struct dv_trow {
     uint32_t n_tokens;
     uint32_t old_blocks;  /* block count before the launch */
     int64_t cow_src;      /* the shared block a copy-on-write replaced, -1 = none */
+    uint32_t cow_taken;   /* pool.taken[cow_src] then: was it freed and taken again since? */
     uint64_t handle;      /* logits handle id, 0 = none */
     int32_t sample;       /* index into the ticket's samples, -1 = none */
     int32_t lora_slot;    /* adapter table entry, -1 = none */
@@ -157,8 +164,24 @@ devio_status dv_logits_row(devio_device *d, uint32_t slot, float *buf, const flo
 dv_handle *dv_handle_alloc(devio_device *d, uint32_t n);
 void dv_handle_release(devio_device *d, dv_handle *h);
 
-/* Drop blocks of s beyond those needed for new_len; returns blocks returned to the pool. */
+/* Drop blocks of s beyond those needed for new_len; returns blocks returned to the pool.
+ * Released entries among the dropped ones return nothing (they hold no block). */
 uint32_t dv_seq_shrink(devio_device *d, dv_seq *s, uint32_t new_len);
+
+/* ---- sliding window (models with shape.window > 0) -------------------- */
+
+/* The first position the token at position len reads (rule 6): keys
+ * j > len - window; 0 without a window. */
+uint32_t dv_window_first_key(const devio_device *d, uint32_t len);
+/* Blocks s still holds: its entries less the released ones. */
+static inline uint32_t dv_seq_blocks_held(const dv_seq *s) { return s->n_blocks - s->n_released; }
+/* Whether entry i of s holds a block (not released). */
+static inline bool dv_seq_block_live(const dv_seq *s, uint32_t i) { return i >= s->n_released; }
+/* Give back every block of s that lies wholly below the window of its next
+ * token (position s->len) and mark its entry released; returns the blocks
+ * that went back to the free stack (a block other sequences still hold
+ * only loses one holder). Called after a step settles successfully. */
+uint32_t dv_seq_release_window(devio_device *d, dv_seq *s);
 
 /* Undo every reservation of ticket t (failed submit or failed step): block
  * copies, lengths, new blocks, handles, adapter use, state slots and

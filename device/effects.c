@@ -115,13 +115,38 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
     c->len = p->len;
     c->busy = 0;
     c->n_blocks = p->n_blocks;
+    /* The child shares the blocks the parent holds and inherits its
+     * released entries (below the window: neither will read them). */
+    c->n_released = p->n_released;
     for (uint32_t i = 0; i < p->n_blocks; i++) {
         c->blocks[i] = p->blocks[i];
-        devio_kv_pool_ref(&d->pool, p->blocks[i]);
+        if (dv_seq_block_live(p, i))
+            devio_kv_pool_ref(&d->pool, p->blocks[i]);
     }
     o->seq = c->id;
-    o->shared_blocks = p->n_blocks;
+    o->shared_blocks = dv_seq_blocks_held(p);
     return DEVIO_OK;
+}
+
+/* Sliding window: truncating to len is refused when the token at position
+ * len would read a key whose block q released (positions [0, R), R =
+ * n_released * block_size): every len > 0 with len + 1 - window < R. Length 0
+ * reads no key and keeps no entry, so it is always allowed; the earliest
+ * other length is R + window - 1. */
+static devio_status window_ok(const devio_device *d, const dv_seq *q, uint32_t len,
+                              devio_error *err)
+{
+    uint64_t released = (uint64_t)q->n_released * d->cfg.block_size;
+    if (len == 0 || released == 0 || dv_window_first_key(d, len) >= released)
+        return DEVIO_OK;
+    uint64_t earliest = released + d->shape.window - 1;
+    return devio_fail_at(err, DEVIO_E_INVALID, "len", (int64_t)earliest,
+                         "cannot truncate sequence %llu to %u: its KV positions 0..%llu were "
+                         "released below the sliding window of %u, and the token at %u reads "
+                         "keys from %u; truncate to 0 or to at least %llu",
+                         (unsigned long long)q->id, len, (unsigned long long)(released - 1),
+                         d->shape.window, len, dv_window_first_key(d, len),
+                         (unsigned long long)earliest);
 }
 
 static devio_status apply_truncate(devio_device *d, const devio_effect *e, devio_outcome *o,
@@ -135,6 +160,8 @@ static devio_status apply_truncate(devio_device *d, const devio_effect *e, devio
         return devio_fail_at(err, DEVIO_E_INVALID, "len", q->len,
                              "cannot truncate sequence %llu of length %u to %u",
                              (unsigned long long)e->seq, q->len, e->len);
+    if ((s = window_ok(d, q, e->len, err)) != DEVIO_OK)
+        return s;
     if (d->hybrid && e->len == 0) {
         /* The state at length 0 is zeros: nothing to restore. */
         o->freed_snapshots = dv_ssm_release(d, q);

@@ -12,7 +12,8 @@ devio_status devio_kv_pool_init(devio_kv_pool *p, uint32_t n)
     p->n_shared = 0;
     p->refcount = calloc(n ? n : 1, sizeof *p->refcount);
     p->free_list = malloc((n ? n : 1) * sizeof *p->free_list);
-    if (!p->refcount || !p->free_list) {
+    p->taken = calloc(n ? n : 1, sizeof *p->taken);
+    if (!p->refcount || !p->free_list || !p->taken) {
         devio_kv_pool_fini(p);
         return DEVIO_E_NOMEM;
     }
@@ -27,8 +28,10 @@ void devio_kv_pool_fini(devio_kv_pool *p)
 {
     free(p->refcount);
     free(p->free_list);
+    free(p->taken);
     p->refcount = NULL;
     p->free_list = NULL;
+    p->taken = NULL;
     p->n_blocks = p->n_free = p->n_shared = 0;
 }
 
@@ -38,6 +41,7 @@ uint32_t devio_kv_pool_take(devio_kv_pool *p)
     uint32_t b = p->free_list[--p->n_free];
     assert(p->refcount[b] == 0);
     p->refcount[b] = 1;
+    p->taken[b]++;
     return b;
 }
 

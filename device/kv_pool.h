@@ -8,12 +8,20 @@
 
 #include "device/devio.h"
 
+/* A block-table entry whose block the sequence gave back because every
+ * position in it fell below the sliding window (docs/objects.md, KV pool):
+ * attention never reads it, and a batch may carry it only there
+ * (devio_batch_check). Never a block index: pools are smaller. */
+#define DEVIO_KV_BLOCK_RELEASED UINT32_MAX
+
 typedef struct devio_kv_pool {
     uint32_t n_blocks;
     uint32_t n_free;
     uint32_t n_shared;   /* blocks with refcount > 1 */
     uint32_t *refcount;  /* n_blocks entries */
     uint32_t *free_list; /* stack: free_list[n_free-1] is handed out next */
+    uint32_t *taken;     /* n_blocks entries: times each block was taken (wraps), so a
+                            holder can tell the block it let go from the same block taken again */
 } devio_kv_pool;
 
 /* Initialise a pool of n blocks, all free; block 0 is handed out first.

@@ -94,11 +94,16 @@ static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t
         }
         total += row->n_tokens;
         uint32_t bs = c->block_size;
+        /* Entries, held or released: a released entry lies below the
+         * window and is never taken again, so only positions past the last
+         * entry need new blocks. */
         uint32_t have = q->n_blocks;
         uint32_t want = (q->len + row->n_tokens + bs - 1) / bs;
         *kv_need += want - have;
-        /* Writing into a shared partial block copies it first. */
-        if (q->len % bs != 0 && devio_kv_pool_is_shared(&d->pool, q->blocks[have - 1]))
+        /* Writing into a shared partial block copies it first (a partial
+         * last block is never released). */
+        if (q->len % bs != 0 && dv_seq_block_live(q, have - 1) &&
+            devio_kv_pool_is_shared(&d->pool, q->blocks[have - 1]))
             *kv_need += 1;
         if (row->logits != DEVIO_LOGITS_NONE) {
             *handles_need += 1;
@@ -124,13 +129,15 @@ static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t
 static void cow_last_block(devio_device *d, dv_ticket *t, dv_seq *q, dv_trow *tr)
 {
     uint32_t bs = d->cfg.block_size;
-    if (q->len % bs == 0 || !devio_kv_pool_is_shared(&d->pool, q->blocks[q->n_blocks - 1]))
+    if (q->len % bs == 0 || !dv_seq_block_live(q, q->n_blocks - 1) ||
+        !devio_kv_pool_is_shared(&d->pool, q->blocks[q->n_blocks - 1]))
         return;
     uint32_t src = q->blocks[q->n_blocks - 1];
     uint32_t dst = devio_kv_pool_take(&d->pool);
     devio_kv_pool_unref(&d->pool, src);
     q->blocks[q->n_blocks - 1] = dst;
     tr->cow_src = src;
+    tr->cow_taken = d->pool.taken[src];
     t->copy_src[t->batch.n_copies] = src;
     t->copy_dst[t->batch.n_copies] = dst;
     t->batch.n_copies++;
@@ -246,8 +253,11 @@ void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran)
             q->state_lost = true; /* the step may have advanced it */
         }
         /* Back to the shared block the sequence held before the launch,
-         * unless its other holders freed it meanwhile: then the copy stays. */
-        if (tr->cow_src >= 0 && d->pool.refcount[tr->cow_src] > 0) {
+         * unless its other holders let it go meanwhile (freed, truncated or,
+         * with a sliding window, released it), whether or not another
+         * launch took it again since: then the copy stays. */
+        if (tr->cow_src >= 0 && d->pool.refcount[tr->cow_src] > 0 &&
+            d->pool.taken[tr->cow_src] == tr->cow_taken) {
             uint32_t copy = q->blocks[tr->old_blocks - 1];
             devio_kv_pool_ref(&d->pool, (uint32_t)tr->cow_src);
             q->blocks[tr->old_blocks - 1] = (uint32_t)tr->cow_src;

@@ -1,5 +1,6 @@
 /* step.c - the step runner (backend wait, then host sampling), await, logits reads and LoRA commands.
- * It never changes a sequence while a step runs, and a failed step is undone before its ticket ends. */
+ * It never changes a sequence while a step runs, and a failed step is undone before its ticket ends;
+ * a step that succeeded gives back, when awaited, the KV blocks its rows left below the sliding window. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -137,6 +138,10 @@ static devio_status settle(devio_device *d, dv_ticket *t, devio_step_result *out
                                      .logprob = sm ? sm->logprob : 0.0f};
         q->busy = 0;
         devio_lora_table_release(&d->lora, tr->lora_slot, tr->lora_gen);
+        /* The step has run and can no longer be undone: the blocks that
+         * its row left below the sliding window go back to the pool. Only
+         * now, so that the step itself had every key of its own tokens. */
+        dv_seq_release_window(d, q);
     }
     *out = (devio_step_result){.ticket = t->id, .n_rows = t->n_rows, .rows = rows,
                                .queued_us = t->t_start - t->t_launch,
