@@ -112,7 +112,10 @@ typedef struct devio_batch_row {
     uint32_t pos0;            /* sequence length before the step = position of its first token */
     uint32_t n_tokens;
     uint32_t tok_start;
-    const uint32_t *blocks;   /* block table: position p lives in blocks[p / block_size] */
+    const uint32_t *blocks;   /* block table: position p lives in blocks[p / block_size];
+                                 with a sliding window, entries wholly below the first key
+                                 the row's first token reads may be DEVIO_KV_BLOCK_RELEASED
+                                 (device/kv_pool.h) and must never be read */
     int32_t adapter;          /* adapter slot (see adapter_add), -1 = base model */
     uint32_t adapter_gen;     /* the generation adapter_add was given for that slot */
     /* Recurrent state (hybrid models; -1 / NONE for attention-only models):
