@@ -170,7 +170,8 @@ static devio_status create_weights(cuda_state *st, devio_error *err)
 }
 
 /* Norms and biases widened once (they are tiny and read by every token),
- * and the core's RoPE tables. */
+ * Qwen3's q_norm and k_norm, and the core's RoPE tables (any RoPE scaling
+ * is in them: nothing here computes a frequency). */
 static devio_status create_small(cuda_state *st, devio_error *err)
 {
     const devio_model_shape *sh = &st->sh;
@@ -190,6 +191,14 @@ static devio_status create_small(cuda_state *st, devio_error *err)
          (s = cuda_check(st, cudaMemcpy(st->rope_sin, st->cfg.rope_sin, rope,
                                         cudaMemcpyHostToDevice),
                          "uploading RoPE tables", err))))
+        return s;
+    /* Every attention layer has both (the core's shape check); a mixer
+     * layer's rows stay zero and are never read. */
+    if (sh->qk_norm &&
+        ((s = upload_widened(st, &st->q_norm, NULL, offsetof(devio_layer, q_norm), sh->head_dim,
+                             err)) ||
+         (s = upload_widened(st, &st->k_norm, NULL, offsetof(devio_layer, k_norm), sh->head_dim,
+                             err))))
         return s;
     /* A layer without one of the biases gets zeros: x + 0 is x, as in the reference. */
     if (!sh->has_bias)
@@ -266,16 +275,22 @@ static devio_status create_device(cuda_state *st, devio_error *err)
                           (unsigned long long)(st->plan.kv >> 20),
                           (unsigned long long)(budget >> 20), st->name,
                           cuda_plan_kv_fit(&st->plan, budget));
-    /* Attention's shared memory; a model without attention layers needs none. */
-    st->smem = cuda_attention_smem(st->cfg.max_seq_len, st->sh.head_dim);
+    /* Attention's shared memory, a score per key a token reads: at most
+     * max_seq_len, or the sliding window; a model without attention layers
+     * needs none. */
+    uint32_t keys = st->cfg.max_seq_len;
+    if (st->sh.window > 0 && st->sh.window < keys)
+        keys = st->sh.window;
+    st->smem = cuda_attention_smem(keys, st->sh.head_dim);
     if (st->sh.n_mixers == st->sh.n_layers)
         return cuda_check(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking),
                           "cudaStreamCreate", err);
     if (st->smem > p.sharedMemPerBlockOptin)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "--max-seq-len %u needs %u KiB of shared memory per attention block, "
+                          "%s %u needs %u KiB of shared memory per attention block, "
                           "%s has %zu KiB",
-                          st->cfg.max_seq_len, st->smem >> 10, st->name,
+                          keys < st->cfg.max_seq_len ? "the sliding window of" : "--max-seq-len",
+                          keys, st->smem >> 10, st->name,
                           (size_t)p.sharedMemPerBlockOptin >> 10);
     if ((s = cuda_check(st, cuda_attention_prepare(st->smem), "preparing attention", err)))
         return s;

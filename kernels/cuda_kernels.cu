@@ -29,30 +29,39 @@ __device__ __forceinline__ float ld(const void *p, size_t i)
 
 /* ---- rule 1: embedding -------------------------------------------------- */
 
+/* Granite's embedding_multiplier: one rounded multiply, and none at all
+ * when it is 1 (the reference's branch; x * 1 is x anyway). */
 template <int DT>
-__global__ void k_embed(const void *embed, uint32_t d, const int32_t *tokens, float *x)
+__global__ void k_embed(const void *embed, uint32_t d, const int32_t *tokens, float mult,
+                        float *x)
 {
     uint32_t t = blockIdx.y;
     size_t row = (size_t)(uint32_t)tokens[t] * d;
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < d; i += gridDim.x * blockDim.x)
-        x[(size_t)t * d + i] = ld<DT>(embed, row + i);
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < d; i += gridDim.x * blockDim.x) {
+        float e = ld<DT>(embed, row + i);
+        x[(size_t)t * d + i] = mult != 1.0f ? DEVIO_MUL(e, mult) : e;
+    }
 }
 
 int cuda_embed(const void *embed, int dtype, uint32_t d, const int32_t *tokens, uint32_t n_tok,
-               float *x, void *stream)
+               float mult, float *x, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid(cuda_blocks_for(d, 256), n_tok);
     if (dtype == CUDA_F32)
-        k_embed<CUDA_F32><<<grid, 256, 0, s>>>(embed, d, tokens, x);
+        k_embed<CUDA_F32><<<grid, 256, 0, s>>>(embed, d, tokens, mult, x);
     else if (dtype == CUDA_F16)
-        k_embed<CUDA_F16><<<grid, 256, 0, s>>>(embed, d, tokens, x);
+        k_embed<CUDA_F16><<<grid, 256, 0, s>>>(embed, d, tokens, mult, x);
     else
-        k_embed<CUDA_BF16><<<grid, 256, 0, s>>>(embed, d, tokens, x);
+        k_embed<CUDA_BF16><<<grid, 256, 0, s>>>(embed, d, tokens, mult, x);
     return cuda_launched();
 }
 
 /* ---- rule 2: rmsnorm, one warp per token --------------------------------- */
+
+/* In place (y == x) as well: lane l reads xr[i] and writes y[i] for the same
+ * i = l, l + 32, ... only, so no lane reads what another wrote. Rule 4a
+ * (Qwen3's q_norm and k_norm) is this kernel over head rows of hd floats. */
 
 __global__ void k_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps,
                           uint32_t n_tok)
@@ -155,6 +164,10 @@ __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
                 *y = DEVIO_ADD(dot, mv.bias[o]);
             else if (EPI == CUDA_EPI_ADD)
                 *y = DEVIO_ADD(*y, dot);
+            else if (EPI == CUDA_EPI_ADD_SCALED)
+                *y = DEVIO_ADD(*y, DEVIO_MUL(dot, mv.scale));
+            else if (EPI == CUDA_EPI_DIV)
+                *y = DEVIO_DIV(dot, mv.scale);
             else
                 *y = DEVIO_MUL(devio_siluf(dot), up);
         }
@@ -172,6 +185,10 @@ static void project_dt(const cuda_matvec *mv, cudaStream_t s)
     case CUDA_EPI_SILU_MUL:
         k_project<DT, CUDA_EPI_SILU_MUL><<<grid, 32 * WARPS, 0, s>>>(*mv);
         break;
+    case CUDA_EPI_ADD_SCALED:
+        k_project<DT, CUDA_EPI_ADD_SCALED><<<grid, 32 * WARPS, 0, s>>>(*mv);
+        break;
+    case CUDA_EPI_DIV: k_project<DT, CUDA_EPI_DIV><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
     }
 }
 
@@ -244,17 +261,23 @@ int cuda_rope_store(const cuda_kv *kv, float *q, float *k, const float *v, const
 /* ---- rule 6: attention, one warp per (token, head) ----------------------- */
 
 /* Shared memory: the query head (hd rounded up to 32) then one score per key. */
-uint32_t cuda_attention_smem(uint32_t max_seq_len, uint32_t hd)
+uint32_t cuda_attention_smem(uint32_t max_keys, uint32_t hd)
 {
-    return (((hd + 31u) & ~31u) + max_seq_len) * (uint32_t)sizeof(float);
+    return (((hd + 31u) & ~31u) + max_keys) * (uint32_t)sizeof(float);
 }
 
+/* Keys are the absolute positions j = j0 .. pos (j0 > 0 only with a
+ * sliding window); key j's score sits at sc[j - j0]. The sums of e_j and
+ * e_j * v_j run in lane j mod 32 of the ABSOLUTE index, as the definition
+ * says: lane l takes k = (l - j0) mod 32, then every 32nd. */
 __global__ void __launch_bounds__(32) k_attention(cuda_kv kv, const float *q, float scale,
                                                   float *out)
 {
     extern __shared__ float sm[];
     uint32_t t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = kv.hd;
-    uint32_t g = h / (kv.n_heads / kv.n_kv), n_keys = kv.pos[t] + 1;
+    uint32_t pos = kv.pos[t], g = h / (kv.n_heads / kv.n_kv);
+    uint32_t j0 = kv.window && pos + 1 > kv.window ? pos + 1 - kv.window : 0;
+    uint32_t n_keys = pos + 1 - j0, k1 = (lane - j0) & 31u;
     const uint32_t *bt = kv.bt + kv.bt_off[t];
     float *qs = sm, *sc = sm + ((hd + 31u) & ~31u);
     const float *qt = q + ((size_t)t * kv.n_heads + h) * hd;
@@ -265,13 +288,13 @@ __global__ void __launch_bounds__(32) k_attention(cuda_kv kv, const float *q, fl
     /* s_j = lane_dot(q, k_j, hd) * scale: the warp's lanes are the lanes of
      * each key's dot product. KEYS keys at a time, their rows loaded before
      * any is reduced, so that the loads overlap. */
-    uint32_t j = 0;
-    for (; j + KEYS <= n_keys; j += KEYS) {
+    uint32_t k = 0;
+    for (; k + KEYS <= n_keys; k += KEYS) {
         const float *kr[KEYS];
         float p[KEYS];
 #pragma unroll
         for (int u = 0; u < KEYS; u++) {
-            kr[u] = kv.k + kv_slot(kv, bt, j + u, g);
+            kr[u] = kv.k + kv_slot(kv, bt, j0 + k + u, g);
             p[u] = 0.0f;
         }
         for (uint32_t i = lane; i < hd; i += 32) {
@@ -287,47 +310,48 @@ __global__ void __launch_bounds__(32) k_attention(cuda_kv kv, const float *q, fl
         for (int u = 0; u < KEYS; u++) {
             float d = fold(p[u]);
             if (lane == 0)
-                sc[j + u] = DEVIO_MUL(d, scale);
+                sc[k + u] = DEVIO_MUL(d, scale);
         }
     }
-    for (; j < n_keys; j++) {
-        const float *kr = kv.k + kv_slot(kv, bt, j, g);
+    for (; k < n_keys; k++) {
+        const float *kr = kv.k + kv_slot(kv, bt, j0 + k, g);
         float p = 0.0f;
         for (uint32_t i = lane; i < hd; i += 32)
             p = DEVIO_ADD(p, DEVIO_MUL(qs[i], kr[i]));
         p = fold(p);
         if (lane == 0)
-            sc[j] = DEVIO_MUL(p, scale);
+            sc[k] = DEVIO_MUL(p, scale);
     }
     __syncwarp();
 
-    /* m: the first largest score (what the definition's running max keeps);
-     * each lane scans its keys j = lane mod 32, then the lanes' candidates
+    /* m: the first largest score (what the definition's running max from
+     * s_j0 keeps); each lane scans some keys, then the lanes' candidates
      * meet, the larger value winning and the lower key breaking ties. */
     float m = 0.0f;
-    int32_t jm = -1;
-    for (uint32_t j = lane; j < n_keys; j += 32)
-        if (jm < 0 || sc[j] > m) {
-            m = sc[j];
-            jm = (int32_t)j;
+    int32_t km = -1;
+    for (uint32_t k = lane; k < n_keys; k += 32)
+        if (km < 0 || sc[k] > m) {
+            m = sc[k];
+            km = (int32_t)k;
         }
 #pragma unroll
     for (int w = 16; w >= 1; w >>= 1) {
         float m2 = __shfl_xor_sync(FULL, m, w);
-        int32_t j2 = __shfl_xor_sync(FULL, jm, w);
-        bool take = j2 >= 0 && (jm < 0 || m2 > m || (!(m > m2) && j2 < jm));
+        int32_t k2 = __shfl_xor_sync(FULL, km, w);
+        bool take = k2 >= 0 && (km < 0 || m2 > m || (!(m > m2) && k2 < km));
         if (take) {
             m = m2;
-            jm = j2;
+            km = k2;
         }
     }
     m = __shfl_sync(FULL, m, 0);
+    __syncwarp();
 
     /* e_j = expf(s_j - m) and Z = lane_sum of e_j, lane = j mod 32. */
     float z = 0.0f;
-    for (uint32_t j = lane; j < n_keys; j += 32) {
-        float e = devio_expf(DEVIO_SUB(sc[j], m));
-        sc[j] = e;
+    for (uint32_t k = k1; k < n_keys; k += 32) {
+        float e = devio_expf(DEVIO_SUB(sc[k], m));
+        sc[k] = e;
         z = DEVIO_ADD(z, e);
     }
     z = fold_all(z);
@@ -341,9 +365,9 @@ __global__ void __launch_bounds__(32) k_attention(cuda_kv kv, const float *q, fl
 #pragma unroll
         for (int cc = 0; cc < 32; cc++)
             acc[cc] = 0.0f;
-        for (uint32_t j = lane; j < n_keys; j += 32) {
-            const float *vr = kv.v + kv_slot(kv, bt, j, g) + c0;
-            float e = sc[j];
+        for (uint32_t k = k1; k < n_keys; k += 32) {
+            const float *vr = kv.v + kv_slot(kv, bt, j0 + k, g) + c0;
+            float e = sc[k];
 #pragma unroll
             for (int cc = 0; cc < 32; cc++)
                 if (c0 + cc < hd)
@@ -440,20 +464,22 @@ int cuda_lora(const cuda_lora_mod *mods, uint32_t mods_per_slot, uint32_t mod_in
 
 /* ---- element-wise -------------------------------------------------------- */
 
-__global__ void k_add(float *x, const float *y, uint64_t n)
+/* The residual add; Granite's x + y * r (product rounded, then added) only
+ * when r != 1, as the reference branches (y * 1 is y anyway). */
+__global__ void k_add(float *x, const float *y, float r, uint64_t n)
 {
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (uint64_t)gridDim.x * blockDim.x)
-        x[i] = DEVIO_ADD(x[i], y[i]);
+        x[i] = DEVIO_ADD(x[i], r != 1.0f ? DEVIO_MUL(y[i], r) : y[i]);
 }
 
-int cuda_add(float *x, const float *y, uint32_t n, uint32_t n_tok, void *stream)
+int cuda_add(float *x, const float *y, float r, uint32_t n, uint32_t n_tok, void *stream)
 {
     uint64_t total = (uint64_t)n * n_tok;
     if (total == 0)
         return 0;
     uint32_t grid = cuda_blocks_for(total, 256) < 65535 ? cuda_blocks_for(total, 256) : 65535;
-    k_add<<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, total);
+    k_add<<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, r, total);
     return cuda_launched();
 }
 

@@ -19,11 +19,14 @@ extern "C" {
 /* Weight dtypes, as device/model.h numbers them. */
 enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 };
 
-/* Rule 1: x[t, 0..d) = widen(embed[tokens[t], 0..d)). */
+/* Rule 1: x[t, 0..d) = widen(embed[tokens[t], 0..d)), times mult (Granite's
+ * embedding_multiplier, one rounded multiply) when mult != 1. */
 int cuda_embed(const void *embed, int dtype, uint32_t d, const int32_t *tokens, uint32_t n_tok,
-               float *x, void *stream);
+               float mult, float *x, void *stream);
 
-/* Rule 2: y[t] = rmsnorm(x[t], w) for n_tok rows of d floats; w is f32. */
+/* Rule 2: y[t] = rmsnorm(x[t], w) for n_tok rows of d floats; w is f32. y
+ * may be x (in place: each lane rereads only the elements it writes). Rule
+ * 4a is this over the n_tok * n_heads rows of hd floats of q (and of k). */
 int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps, uint32_t n_tok,
                  void *stream);
 
@@ -33,6 +36,8 @@ typedef enum cuda_epi {
     CUDA_EPI_BIAS,      /* y = dot + bias[o] */
     CUDA_EPI_ADD,       /* y = y + dot (residual) */
     CUDA_EPI_SILU_MUL,  /* y = devio_siluf(dot(w)) * dot(w2) */
+    CUDA_EPI_ADD_SCALED,/* y = y + dot * scale (Granite's residual_multiplier, rule 7) */
+    CUDA_EPI_DIV,       /* y = dot / scale (Granite's logits_scaling, rule 8) */
 } cuda_epi;
 
 /* Rule 3 over n_tok token rows: y[t, o] = epi(lane_dot(W[o, :], x[t, :], n)).
@@ -42,6 +47,7 @@ typedef struct cuda_matvec {
     int dtype;
     uint32_t m, n;
     const float *bias;  /* [m] for BIAS */
+    float scale;        /* ADD_SCALED, DIV */
     cuda_epi epi;
     const float *x;     /* [n_tok, ldx] */
     uint32_t ldx, n_tok;
@@ -58,6 +64,7 @@ typedef struct cuda_kv {
     float *k, *v;
     uint32_t block_size, n_heads, n_kv, hd;
     uint32_t rd; /* rotary_dim: RoPE turns dimensions [0, rd) of a head */
+    uint32_t window; /* attention reads keys pos - window < j <= pos; 0 = all */
     const uint32_t *pos, *bt_off, *bt;
 } cuda_kv;
 
@@ -67,11 +74,14 @@ typedef struct cuda_kv {
 int cuda_rope_store(const cuda_kv *kv, float *q, float *k, const float *v, const float *cos_t,
                     const float *sin_t, uint32_t n_tok, void *stream);
 
-/* Rule 6 for every (token, head): out [n_tok, n_heads * hd]. smem_bytes is
- * what cuda_attention_smem gives for the longest sequence. */
+/* Rule 6 for every (token, head): out [n_tok, n_heads * hd]. A token at pos
+ * reads keys j0 .. pos, j0 = pos + 1 - window when kv->window is set and
+ * pos + 1 > window, else 0; block table entries below j0 are never read
+ * (the core may have released those blocks). smem_bytes is what
+ * cuda_attention_smem gives for the most keys a token reads. */
 int cuda_attention(const cuda_kv *kv, const float *q, float scale, float *out, uint32_t n_tok,
                    uint32_t smem_bytes, void *stream);
-uint32_t cuda_attention_smem(uint32_t max_seq_len, uint32_t hd);
+uint32_t cuda_attention_smem(uint32_t max_keys, uint32_t hd);
 /* Lets the attention kernel use smem_bytes of shared memory (once, at create). */
 int cuda_attention_prepare(uint32_t smem_bytes);
 
@@ -91,8 +101,10 @@ int cuda_lora(const cuda_lora_mod *mods, uint32_t mods_per_slot, uint32_t mod_in
               const int32_t *tok_slot, const float *x, uint32_t ldx, float *y, uint32_t ldy,
               uint32_t n_tok, uint32_t max_rank, uint32_t max_out, float *a_buf, void *stream);
 
-/* x[t, i] = x[t, i] + y[t, i] for n_tok rows of n floats (the residual add). */
-int cuda_add(float *x, const float *y, uint32_t n, uint32_t n_tok, void *stream);
+/* x[t, i] = x[t, i] + y[t, i] for n_tok rows of n floats (the residual
+ * add); with r != 1 (Granite's residual_multiplier, rule 7) x + y * r, the
+ * product rounded, then added. */
+int cuda_add(float *x, const float *y, float r, uint32_t n, uint32_t n_tok, void *stream);
 /* act = devio_siluf(g) * u, n_tok rows of n floats. */
 int cuda_silu_mul(const float *g, const float *u, float *act, uint32_t n, uint32_t n_tok,
                   void *stream);

@@ -85,10 +85,12 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
     p->max_blocks_per_seq = (uint32_t)(((uint64_t)cfg->max_seq_len + cfg->block_size - 1) /
                                        cfg->block_size);
 
-    /* Norms, q/k/v biases, the final norm, RoPE cos and sin, the mixers'
-     * small tensors. Sums of a few 32-bit widths are exact in 64 bits;
-     * products are checked. */
+    /* Norms, q/k/v biases, Qwen3's q_norm and k_norm, the final norm, RoPE
+     * cos and sin, the mixers' small tensors. Sums of a few 32-bit widths
+     * are exact in 64 bits; products are checked. */
     uint64_t per_layer = 2 * (uint64_t)s->d + s->q_dim + 2 * (uint64_t)s->kv_dim, small, rope;
+    if (s->qk_norm)
+        per_layer += 2 * (uint64_t)s->head_dim;
     uint64_t per_mixer, mixers;
     if (!mul(L, per_layer, &small) || !add(&small, s->d) ||
         !mul3(cfg->max_seq_len, half, 2, &rope) || !add(&small, rope) ||

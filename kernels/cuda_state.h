@@ -69,9 +69,11 @@ typedef struct cuda_state {
     void **allocs;             /* host: every cudaMalloc, for destroy */
     uint32_t n_allocs, cap_allocs;
 
-    /* Widened once: norms, biases (zeros where a layer has none), RoPE. */
+    /* Widened once: norms, biases (zeros where a layer has none), RoPE as
+     * the core built it (scaling and yarn's attention factor included). */
     float *attn_norm, *ffn_norm, *final_norm; /* [L, d], [L, d], [d] */
     float *bq, *bk, *bv;                      /* [L, q_dim / kv_dim] or NULL */
+    float *q_norm, *k_norm;                   /* [L, head_dim] (Qwen3) or NULL */
     float *rope_cos, *rope_sin;               /* [max_seq_len, rotary_dim / 2] */
 
     /* KV pools of the attention layers: [n_attn][kv_blocks][n_kv][block_size][hd] f32. */

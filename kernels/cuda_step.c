@@ -82,7 +82,8 @@ static cuda_kv layer_kv(const cuda_state *st, uint32_t li, const step_tables *t)
     return (cuda_kv){.k = st->k_cache + off, .v = st->v_cache + off,
                      .block_size = st->cfg.block_size, .n_heads = st->sh.n_heads,
                      .n_kv = st->sh.n_kv_heads, .hd = st->sh.head_dim,
-                     .rd = st->sh.rotary_dim, .pos = t->pos, .bt_off = t->bt_off, .bt = t->bt};
+                     .rd = st->sh.rotary_dim, .window = st->sh.window, .pos = t->pos,
+                     .bt_off = t->bt_off, .bt = t->bt};
 }
 
 static bool lora_on(const cuda_step *sp, int target)
@@ -111,7 +112,9 @@ devio_status step_project(cuda_step *sp, cuda_matvec mv, const char *what)
     return DEVIO_OK;
 }
 
-/* First half of layer li: norm, q/k/v (+ bias, + LoRA), RoPE, K and V stored. */
+/* First half of layer li: norm, q/k/v (+ bias, + LoRA), Qwen3's q_norm and
+ * k_norm (rule 4a: every head of q and of k is a row of hd floats, normed in
+ * place), RoPE, K and V stored. */
 static devio_status layer_qkv(cuda_step *sp, uint32_t li, uint32_t n)
 {
     cuda_state *st = sp->st;
@@ -141,6 +144,17 @@ static devio_status layer_qkv(cuda_step *sp, uint32_t li, uint32_t n)
         (s = step_lora(sp, li, DEVIO_LORA_V, &sp->all, st->h, d, st->v, sh->kv_dim, sh->kv_dim,
                        n)))
         return s;
+    if (st->q_norm) {
+        uint32_t hd = sh->head_dim;
+        CHECK(sp,
+              cuda_rmsnorm(st->q, st->q_norm + (size_t)li * hd, st->q, hd, sh->eps,
+                           n * sh->n_heads, st->stream),
+              "q_norm");
+        CHECK(sp,
+              cuda_rmsnorm(st->k, st->k_norm + (size_t)li * hd, st->k, hd, sh->eps,
+                           n * sh->n_kv_heads, st->stream),
+              "k_norm");
+    }
     cuda_kv kv = layer_kv(st, li, &sp->all);
     CHECK(sp, cuda_rope_store(&kv, st->q, st->k, st->v, st->rope_cos, st->rope_sin, n, st->stream),
           "RoPE");
@@ -151,8 +165,10 @@ devio_status step_residual(cuda_step *sp, uint32_t li, int target, cuda_matvec m
                            const step_tables *t, const char *what)
 {
     cuda_state *st = sp->st;
+    float r = st->sh.res_mult; /* Granite's residual_multiplier (rule 7), else 1 */
     if (!lora_on(sp, target) && !mv.bias) {
-        mv.epi = CUDA_EPI_ADD;
+        mv.epi = r != 1.0f ? CUDA_EPI_ADD_SCALED : CUDA_EPI_ADD;
+        mv.scale = r;
         return step_project(sp, mv, what);
     }
     float *x = mv.y;
@@ -162,7 +178,7 @@ devio_status step_residual(cuda_step *sp, uint32_t li, int target, cuda_matvec m
     if (s == DEVIO_OK)
         s = step_lora(sp, li, target, t, mv.x, mv.ldx, st->o_tmp, mv.ldy, mv.m, mv.n_tok);
     if (s == DEVIO_OK)
-        CHECK(sp, cuda_add(x, st->o_tmp, mv.m, mv.n_tok, st->stream), "residual add");
+        CHECK(sp, cuda_add(x, st->o_tmp, r, mv.m, mv.n_tok, st->stream), "residual add");
     return s;
 }
 
@@ -241,8 +257,8 @@ static devio_status layer_second(cuda_step *sp, uint32_t li, uint32_t n, float *
 
 /* Past the last layer's state (K and V, or the mixer's state) only the
  * tokens whose logits are wanted go on, gathered in batch order; then the
- * final norm, lm_head, and each output's logits copied into its slot of the
- * host arena. */
+ * final norm, lm_head (divided by Granite's logits_scaling, rule 8), and
+ * each output's logits copied into its slot of the host arena. */
 static devio_status outputs(cuda_step *sp)
 {
     cuda_state *st = sp->st;
@@ -266,7 +282,9 @@ static devio_status outputs(cuda_step *sp)
         uint32_t k = o - i0 < st->plan.logits_rows ? o - i0 : st->plan.logits_rows;
         cuda_matvec lm = {.w = st->lm_head, .dtype = st->dt_lm, .m = sh->vocab, .n = sh->d,
                           .x = st->h + (size_t)i0 * sh->d, .ldx = sh->d, .n_tok = k,
-                          .y = st->logits, .ldy = sh->vocab};
+                          .y = st->logits, .ldy = sh->vocab,
+                          .epi = sh->logit_scale != 1.0f ? CUDA_EPI_DIV : CUDA_EPI_STORE,
+                          .scale = sh->logit_scale};
         if ((s = step_project(sp, lm, "lm_head")))
             return s;
         for (uint32_t i = 0; i < k; i++)
@@ -294,7 +312,9 @@ static devio_status enqueue(cuda_step *sp, uint32_t ring)
               "copying a KV block");
     if (n == 0)
         return DEVIO_OK;
-    CHECK(sp, cuda_embed(st->embed, st->dt_embed, st->sh.d, sp->all.tokens, n, st->x, st->stream),
+    CHECK(sp,
+          cuda_embed(st->embed, st->dt_embed, st->sh.d, sp->all.tokens, n, st->sh.emb_mult, st->x,
+                     st->stream),
           "embedding");
     devio_status s = DEVIO_OK;
     for (uint32_t li = 0; li + 1 < L && s == DEVIO_OK; li++)

@@ -1,7 +1,8 @@
 /* cuda_plan_test.c - the CUDA backend's memory plan (kernels/cuda_plan.h): every region's
  * size worked out by hand for a small shape and for hybrid ones (Bamba's attention and mixer
  * layers, Mamba2's mixers only), how many KV blocks fit a budget, the reserve kept free, the
- * LoRA targets it sizes, and sizes that overflow. Plain arithmetic: runs on any machine. */
+ * LoRA targets it sizes, Qwen3's q_norm and k_norm (and no room for the sliding window or
+ * Granite's multipliers), and sizes that overflow. Plain arithmetic: runs on any machine. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -66,6 +67,38 @@ static void test_regions(void **state)
     cfg.logits_slots = 5;
     assert_true(cuda_plan_make(&cfg, 1000, &p));
     assert_int_equal(p.logits_rows, 5);
+}
+
+/* Qwen3's q_norm and k_norm take head_dim floats each per layer, widened;
+ * the sliding window and Granite's multipliers take no memory (the window
+ * changes the attention kernel's shared memory, which is no plan region). */
+static void test_model_features(void **state)
+{
+    (void)state;
+    devio_model_shape s = shape;
+    s.qk_norm = true;
+    devio_backend_config cfg = small_cfg();
+    cfg.shape = &s;
+    cuda_plan p, base;
+    assert_true(cuda_plan_make(&cfg, 1000, &p));
+    cfg.shape = &shape;
+    assert_true(cuda_plan_make(&cfg, 1000, &base));
+    /* 2 layers * (16 + 16) floats */
+    assert_int_equal(p.small, base.small + 2 * 32 * 4);
+    assert_int_equal(p.total, base.total + 2 * 32 * 4);
+
+    s = shape;
+    s.window = 8;
+    s.emb_mult = 12.0f;
+    s.res_mult = 0.22f;
+    s.logit_scale = 8.0f;
+    s.attn_scale = 0.0078125f;
+    cfg.shape = &s;
+    assert_true(cuda_plan_make(&cfg, 1000, &p));
+    assert_int_equal(p.small, base.small);
+    assert_int_equal(p.kv, base.kv);
+    assert_int_equal(p.activations, base.activations);
+    assert_int_equal(p.total, base.total);
 }
 
 static void test_kv_fit(void **state)
@@ -238,6 +271,7 @@ int main(void)
         cmocka_unit_test(test_hybrid_regions),
         cmocka_unit_test(test_mamba2),
         cmocka_unit_test(test_lora_dims),
+        cmocka_unit_test(test_model_features),
         cmocka_unit_test(test_kv_fit),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_overflow),

@@ -6,8 +6,13 @@
  * every logit and sample (prompts, chunks, decode, batches, LoRA, copy-on-write forks, f32,
  * f16 and bf16 weights), at depth 1 and 2, for Llama and for the hybrid Bamba and Mamba2
  * (state carried across prefill chunks, snapshots END and EACH, forks, snapshot effects and
- * truncation to a snapshot, which go through ssm_copy, LoRA on in_proj and out_proj).
- * Cases that need a GPU are skipped, visibly, where none answers. */
+ * truncation to a snapshot, which go through ssm_copy, LoRA on in_proj and out_proj), and for
+ * the model features of numspec rules 1, 4, 4a, 6, 7 and 8: Mistral's sliding window, Granite's
+ * four multipliers, Qwen3's q_norm and k_norm, and the yarn and llama3 RoPE tables (with LoRA
+ * where the feature meets it: Granite's scaled residual on adapted o_proj and down_proj, Qwen3's
+ * norm after adapted q_proj and k_proj). Without a GPU those models are checked to load with the
+ * feature in their shape, to change the reference's logits and to give the same bits at depth 1
+ * and 2. Cases that need a GPU are skipped, visibly, where none answers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,8 +22,10 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "device/registry.h"
+#include "device/shape.h"
 #include "kernels/cuda_backend.h"
 #include "ref/builtin.h"
 #include "ref/ref_backend.h"
@@ -546,6 +553,314 @@ static void test_mamba2_f16_lora(void **state)
     hybrid_case("mamba2", DEVIO_F16, true);
 }
 
+/* ---- model features: numspec rules 1, 4, 4a, 6, 7, 8 ------------------------ */
+
+typedef enum feature {
+    FEAT_WINDOW,  /* Mistral: sliding_window 11 (rule 6) */
+    FEAT_GRANITE, /* Granite: embedding, attention, residual and logits multipliers (1, 6, 7, 8) */
+    FEAT_QWEN3,   /* Qwen3: q_norm and k_norm (rule 4a) */
+    FEAT_YARN,    /* RoPE scaling yarn, its attention factor in the tables (rule 4) */
+    FEAT_LLAMA3,  /* RoPE scaling llama3 (rule 4) */
+    FEAT_N,
+} feature;
+
+static const char *const feature_name[FEAT_N] = {"mistral", "granite", "qwen3", "yarn", "llama3"};
+
+/* A window shorter than the workload's prompts, and a multiple of neither
+ * the block size (4) nor 32: j0 moves through blocks and lanes. */
+#define TEST_WINDOW 11u
+
+/* config.json of the model in dir, edited by `edit` (jansson). */
+static void config_edit(const char *dir, void (*edit)(json_t *root))
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root)
+        fail_msg("%s: %s", path, jerr.text);
+    edit(root);
+    assert_int_equal(json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS), 0);
+    json_decref(root);
+}
+
+static void set_arch(json_t *root, const char *arch, const char *model_type)
+{
+    json_t *a = json_array();
+    json_array_append_new(a, json_string(arch));
+    json_object_set_new(root, "architectures", a);
+    json_object_set_new(root, "model_type", json_string(model_type));
+}
+
+static void edit_window(json_t *root)
+{
+    set_arch(root, "MistralForCausalLM", "mistral");
+    json_object_set_new(root, "sliding_window", json_integer(TEST_WINDOW));
+}
+
+/* Granite 3's kind of values; none a power of two but the embedding's, so
+ * that a multiply in place of the division, or a product fused into the
+ * residual add, would show. */
+static void edit_granite(json_t *root)
+{
+    set_arch(root, "GraniteForCausalLM", "granite");
+    json_object_set_new(root, "embedding_multiplier", json_real(12.0));
+    json_object_set_new(root, "attention_multiplier", json_real(0.3));
+    json_object_set_new(root, "residual_multiplier", json_real(0.22));
+    json_object_set_new(root, "logits_scaling", json_real(6.5));
+}
+
+static void edit_qwen3(json_t *root) { set_arch(root, "Qwen3ForCausalLM", "qwen3"); }
+
+static void edit_yarn(json_t *root)
+{
+    json_t *r = json_object();
+    json_object_set_new(r, "rope_type", json_string("yarn"));
+    json_object_set_new(r, "factor", json_real(4.0));
+    json_object_set_new(r, "original_max_position_embeddings", json_integer(128));
+    json_object_set_new(root, "rope_scaling", r);
+}
+
+static void edit_llama3(json_t *root)
+{
+    json_t *r = json_object();
+    json_object_set_new(r, "rope_type", json_string("llama3"));
+    json_object_set_new(r, "factor", json_real(8.0));
+    json_object_set_new(r, "low_freq_factor", json_real(1.0));
+    json_object_set_new(r, "high_freq_factor", json_real(4.0));
+    json_object_set_new(r, "original_max_position_embeddings", json_integer(64));
+    json_object_set_new(root, "rope_scaling", r);
+}
+
+/* Appends Qwen3's self_attn.q_norm.weight and k_norm.weight [hd] (f32, values
+ * in [0.5, 1.5), different per layer and per tensor) for n_layers layers to
+ * the one safetensors file of the model in dir: the old data stays where it
+ * is, the new tensors go after it (8-byte aligned), the header is rewritten. */
+static void add_qk_norms(const char *dir, uint32_t n_layers, uint32_t hd)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    size_t size = 0;
+    uint8_t *b = devio_read_file(path, &size);
+    assert_non_null(b);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | b[i];
+    assert_true(8 + hlen <= size);
+    json_error_t jerr;
+    json_t *h = json_loadb((const char *)b + 8, (size_t)hlen, 0, &jerr);
+    if (!h)
+        fail_msg("%s: %s", path, jerr.text);
+    size_t old = size - 8 - (size_t)hlen, start = (old + 7) & ~(size_t)7;
+    size_t add = (size_t)n_layers * 2 * hd * sizeof(float);
+    uint8_t *data = calloc(start + add, 1);
+    assert_non_null(data);
+    memcpy(data, b + 8 + hlen, old);
+    for (uint32_t l = 0; l < n_layers; l++)
+        for (uint32_t k = 0; k < 2; k++) {
+            size_t off = start + ((size_t)l * 2 + k) * hd * sizeof(float);
+            for (uint32_t i = 0; i < hd; i++) {
+                float v = 0.5f + (float)((i * 37u + l * 11u + k * 5u) % 64u) / 64.0f;
+                memcpy(data + off + i * sizeof v, &v, sizeof v);
+            }
+            char name[96];
+            snprintf(name, sizeof name, "model.layers.%u.self_attn.%s_norm.weight", l,
+                     k ? "k" : "q");
+            json_t *e = json_object(), *shp = json_array(), *offs = json_array();
+            json_array_append_new(shp, json_integer(hd));
+            json_array_append_new(offs, json_integer((json_int_t)off));
+            json_array_append_new(offs, json_integer((json_int_t)(off + hd * sizeof(float))));
+            json_object_set_new(e, "dtype", json_string("F32"));
+            json_object_set_new(e, "shape", shp);
+            json_object_set_new(e, "data_offsets", offs);
+            json_object_set_new(h, name, e);
+        }
+    char *text = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_non_null(text);
+    size_t tl = strlen(text), padded = (tl + 7) & ~(size_t)7;
+    uint8_t *outb = malloc(8 + padded + start + add);
+    assert_non_null(outb);
+    for (int i = 0; i < 8; i++)
+        outb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    memcpy(outb + 8, text, tl);
+    memset(outb + 8 + tl, ' ', padded - tl);
+    memcpy(outb + 8 + padded, data, start + add);
+    assert_int_equal(devio_write_file(path, outb, 8 + padded + start + add), 0);
+    free(outb);
+    free(text);
+    free(data);
+    json_decref(h);
+    free(b);
+}
+
+/* The tiny model with feature f in dtype, seed 5: Qwen3 as devio-mkmodel
+ * writes it when it knows --arch qwen3, else the Llama tiny model with
+ * config.json edited (and, for Qwen3, q_norm and k_norm added). With `lora`
+ * an adapter "a0" of rank 8 under fx->dir/adapters on the modules the
+ * feature meets: Granite's q_proj, o_proj, gate_proj and down_proj (the
+ * scaled residual after LoRA), Qwen3's q_proj, k_proj and v_proj (the norm
+ * after LoRA), Mistral's q_proj and v_proj. */
+static void feature_fixture(devio_fixture *fx, feature f, devio_dtype dtype, bool lora,
+                            char *adapters, size_t n)
+{
+    devio_error err = {0};
+    bool written = false;
+    if (f == FEAT_QWEN3) {
+        devio_mkmodel_opts o = devio_mkmodel_opts_default();
+        o.arch = "qwen3";
+        if (devio_mkmodel_preset("tiny", &o, &err) == DEVIO_OK) {
+            o.dtype = dtype;
+            o.seed = 5;
+            assert_int_equal(devio_fixture_make(fx, o), 0);
+            written = true;
+        }
+    }
+    if (!written) {
+        static void (*const edits[FEAT_N])(json_t *) = {edit_window, edit_granite, edit_qwen3,
+                                                        edit_yarn, edit_llama3};
+        assert_int_equal(devio_fixture_preset(fx, "tiny", dtype, 5), 0);
+        uint32_t L = fx->model->cfg.n_layers, hd = fx->model->cfg.head_dim;
+        devio_model_free(fx->model);
+        fx->model = NULL;
+        config_edit(fx->dir, edits[f]);
+        if (f == FEAT_QWEN3)
+            add_qk_norms(fx->dir, L, hd);
+        if (devio_model_load(fx->dir, &fx->model, &err) != DEVIO_OK)
+            fail_msg("loading the %s model: %s", feature_name[f], err.message);
+    }
+    snprintf(adapters, n, "%s/adapters", fx->dir);
+    if (!lora)
+        return;
+    devio_mkmodel_adapter_opts a = devio_mkmodel_adapter_opts_default();
+    char out[400];
+    snprintf(out, sizeof out, "%s/a0", adapters);
+    a.model_dir = fx->dir;
+    a.out_dir = out;
+    a.rank = 8;
+    a.seed = 2;
+    if (f == FEAT_GRANITE)
+        a.targets = (1u << DEVIO_LORA_Q) | (1u << DEVIO_LORA_O) | (1u << DEVIO_LORA_GATE) |
+                    (1u << DEVIO_LORA_DOWN);
+    else if (f == FEAT_QWEN3)
+        a.targets = (1u << DEVIO_LORA_Q) | (1u << DEVIO_LORA_K) | (1u << DEVIO_LORA_V);
+    if (devio_mkmodel_write_adapter(&a, &err) != DEVIO_OK)
+        fail_msg("mkmodel --adapter on the %s model: %s", feature_name[f], err.message);
+}
+
+/* The shape the core hands every backend carries the feature. */
+static void check_feature_shape(const devio_fixture *fx, feature f)
+{
+    devio_model_shape sh;
+    devio_error err = {0};
+    assert_int_equal(devio_model_shape_get(fx->model, &sh, &err), DEVIO_OK);
+    const devio_rope_scaling *r = &fx->model->cfg.rope_scaling;
+    switch (f) {
+    case FEAT_WINDOW: assert_int_equal(sh.window, TEST_WINDOW); break;
+    case FEAT_GRANITE:
+        assert_true(sh.emb_mult == 12.0f && sh.attn_scale == 0.3f && sh.res_mult == 0.22f &&
+                    sh.logit_scale == 6.5f);
+        break;
+    case FEAT_QWEN3: assert_true(sh.qk_norm); break;
+    case FEAT_YARN: assert_true(r->type == DEVIO_ROPE_YARN && r->attention_factor != 1.0f); break;
+    case FEAT_LLAMA3: assert_int_equal(r->type, DEVIO_ROPE_LLAMA3); break;
+    case FEAT_N: break;
+    }
+    if (f != FEAT_WINDOW)
+        assert_int_equal(sh.window, 0);
+    if (f != FEAT_GRANITE)
+        assert_true(sh.emb_mult == 1.0f && sh.res_mult == 1.0f && sh.logit_scale == 1.0f);
+    if (f != FEAT_QWEN3)
+        assert_false(sh.qk_norm);
+}
+
+/* Without a GPU: each feature's model loads with the feature in its shape,
+ * the workload on the reference gives the same bits at depth 1 and 2 (with
+ * the adapter too, where the GPU case has one), and the feature changes the
+ * logits of the plain Llama model it was made from: the GPU cases compare
+ * something. */
+static void test_features_on_reference(void **state)
+{
+    (void)state;
+    devio_fixture plain;
+    assert_int_equal(devio_fixture_preset(&plain, "tiny", DEVIO_F32, 5), 0);
+    uint32_t V = plain.model->cfg.vocab_size;
+    run_out base = workload(&plain, &devio_ref_backend, 1, NULL);
+    for (int f = 0; f < FEAT_N; f++) {
+        for (int lora = 0; lora < 2; lora++) {
+            devio_fixture fx;
+            char adapters[300];
+            feature_fixture(&fx, (feature)f, DEVIO_F32, lora, adapters, sizeof adapters);
+            check_feature_shape(&fx, (feature)f);
+            assert_int_equal(fx.model->cfg.vocab_size, V);
+            const char *ad = lora ? adapters : NULL;
+            run_out a = workload(&fx, &devio_ref_backend, 1, ad);
+            run_out b = workload(&fx, &devio_ref_backend, 2, ad);
+            assert_int_equal(a.n, base.n);
+            assert_int_equal(b.n, a.n);
+            assert_memory_equal(a.logits, b.logits, (size_t)a.n * V * sizeof(float));
+            assert_memory_equal(a.tokens, b.tokens, a.n * sizeof(int32_t));
+            if (!lora && memcmp(a.logits, base.logits, (size_t)a.n * V * sizeof(float)) == 0)
+                fail_msg("the %s model gives the plain model's logits", feature_name[f]);
+            free_run(&a);
+            free_run(&b);
+            devio_fixture_free(&fx);
+        }
+    }
+    free_run(&base);
+    devio_fixture_free(&plain);
+}
+
+static void feature_case(feature f, devio_dtype dtype, bool lora)
+{
+    NEED_GPU();
+    devio_fixture fx;
+    char adapters[300];
+    feature_fixture(&fx, f, dtype, lora, adapters, sizeof adapters);
+    compare_runs(&fx, lora ? adapters : NULL, workload);
+    devio_fixture_free(&fx);
+}
+
+static void test_mistral_window_f32(void **state)
+{
+    (void)state;
+    feature_case(FEAT_WINDOW, DEVIO_F32, false);
+}
+static void test_mistral_window_bf16_lora(void **state)
+{
+    (void)state;
+    feature_case(FEAT_WINDOW, DEVIO_BF16, true);
+}
+static void test_granite_f32(void **state)
+{
+    (void)state;
+    feature_case(FEAT_GRANITE, DEVIO_F32, false);
+}
+static void test_granite_f16_lora(void **state)
+{
+    (void)state;
+    feature_case(FEAT_GRANITE, DEVIO_F16, true);
+}
+static void test_qwen3_f32(void **state)
+{
+    (void)state;
+    feature_case(FEAT_QWEN3, DEVIO_F32, false);
+}
+static void test_qwen3_bf16_lora(void **state)
+{
+    (void)state;
+    feature_case(FEAT_QWEN3, DEVIO_BF16, true);
+}
+static void test_rope_yarn_bf16(void **state)
+{
+    (void)state;
+    feature_case(FEAT_YARN, DEVIO_BF16, false);
+}
+static void test_rope_llama3_f32(void **state)
+{
+    (void)state;
+    feature_case(FEAT_LLAMA3, DEVIO_F32, false);
+}
+
 static void test_device_info(void **state)
 {
     (void)state;
@@ -590,6 +905,15 @@ int main(void)
         cmocka_unit_test(test_bamba_bf16_lora),
         cmocka_unit_test(test_mamba2_f32),
         cmocka_unit_test(test_mamba2_f16_lora),
+        cmocka_unit_test(test_features_on_reference),
+        cmocka_unit_test(test_mistral_window_f32),
+        cmocka_unit_test(test_mistral_window_bf16_lora),
+        cmocka_unit_test(test_granite_f32),
+        cmocka_unit_test(test_granite_f16_lora),
+        cmocka_unit_test(test_qwen3_f32),
+        cmocka_unit_test(test_qwen3_bf16_lora),
+        cmocka_unit_test(test_rope_yarn_bf16),
+        cmocka_unit_test(test_rope_llama3_f32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
