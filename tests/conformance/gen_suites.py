@@ -978,6 +978,394 @@ def suite_ssm_errors():
     return s
 
 
+# ---- sliding window (Mistral: the token at position pos reads the keys j > pos - W) -------
+#
+# Each window script is written for one window W and block size: the notes
+# say which positions lie wholly below the window of a sequence's next token
+# (its blocks are given back to the pool once the step that left them behind
+# is awaited, docs/objects.md), and truncate lengths are picked either side
+# of the earliest one a sequence still has every key for.
+
+
+def below(n, w, bs):
+    """Whole blocks that the next token of a sequence of length n (at position
+    n, reading keys from n - w + 1) reads nothing of."""
+    return max(0, (n - w + 1) // bs)
+
+
+def earliest(n, w, bs):
+    """The shortest length > 0 a sequence of length n can be truncated to while
+    it still holds every key the token at that length reads."""
+    r = below(n, w, bs) * bs
+    return r + w - 1 if r else 1
+
+
+def at(s, q, n, w, bs):
+    r = below(n, w, bs)
+    if r:
+        s.note("%s at %d: its next token reads keys from %d; blocks 0..%d (positions 0..%d) lie "
+               "below the window" % (q, n, n - w + 1, r - 1, r * bs - 1))
+    else:
+        s.note("%s at %d: its next token reads keys from %d; no block lies wholly below the "
+               "window" % (q, n, max(0, n - w + 1)))
+
+
+def window_chunks(w, bs, n, uneven, salt):
+    s = Script("sliding-window chunk invariance (window %d, blocks of %d): one prefill of %d "
+               "tokens (%d windows and more) vs chunks of 1, 7 and 16 and uneven chunks %s, "
+               "every chunk boundary either side of the window's; decode afterwards agrees too"
+               % (w, bs, n, n // w, uneven))
+    t = toks(n, salt)
+    s.create("one")
+    s.step([row("one", t, "all")], "whole")
+    plans = [("c1", [1] * n), ("c7", [7] * (n // 7) + [n % 7]),
+             ("c16", [16] * (n // 16) + [n % 16]), ("cu", uneven)]
+    for seq, sizes in plans:
+        sizes = [c for c in sizes if c]
+        assert sum(sizes) == n
+        s.create(seq)
+        start = 0
+        for c in sizes:
+            name = "%s_%d" % (seq, start)
+            s.step([row(seq, t[start:start + c], "all")], name)
+            compare_rows(s, "$whole.rows[0].logits", "$%s.rows[0].logits" % name, c, start, 0)
+            s.release("$%s.rows[0].logits" % name)
+            start += c
+    at(s, "every sequence", n, w, bs)
+    seq_op(s, "one")
+    seq_op(s, "c16")
+    s.op(op="facts")
+    s.note("decode after a chunked prefill equals decode after the whole one, past more "
+           "block boundaries")
+    nxt = toks(bs + 2, salt + 1)
+    for i, tok in enumerate(nxt):
+        s.step([row("one", [tok], "last"), row("c7", [tok], "last"), row("cu", [tok], "last")],
+               "d%d" % i)
+        s.compare("$d%d.rows[0].logits" % i, "$d%d.rows[1].logits" % i)
+        s.compare("$d%d.rows[0].logits" % i, "$d%d.rows[2].logits" % i)
+        s.release("$d%d.rows[0].logits" % i)
+        s.release("$d%d.rows[1].logits" % i)
+        s.release("$d%d.rows[2].logits" % i)
+    at(s, "one, c7 and cu", n + len(nxt), w, bs)
+    seq_op(s, "c7")
+    s.op(op="facts")
+    return s
+
+
+def window_batch(w, bs, salt):
+    s = Script("sliding-window batch invariance (window %d, blocks of %d): rows alone vs the "
+               "same rows inside batches of 2, 8 and 64 rows of sequences at other offsets "
+               "from their windows (histories of 0, 1, W-1, W, W+1, 2W, 2W+3, a block, a "
+               "block and one, 3W+1 tokens), prefill and decode mixed" % (w, bs))
+    hx, hy = toks(2 * w + 5, salt), toks(w - 3, salt + 1)
+    target, nxt = toks(9, salt + 2), toks(1, salt + 3)
+    s.note("x: 9 tokens after %d, well past its window; y: 9 tokens after %d, across the "
+           "window's first boundary" % (len(hx), len(hy)))
+    s.create("x")
+    s.create("y")
+    s.step([row("x", hx)])
+    s.step([row("y", hy)])
+    s.step([row("x", target, "all")], "ax")
+    s.step([row("y", target, "all")], "ay")
+    s.step([row("x", nxt, "last")], "dx")
+    s.step([row("y", nxt, "last")], "dy")
+    hist = [0, 1, w - 1, w, w + 1, 2 * w, 2 * w + 3, bs, bs + 1, 3 * w + 1]
+    for b in (2, 8, 64):
+        s.note("batch of %d" % b)
+        others = ["b%d_%d" % (b, i) for i in range(b - 2)]
+        for o in others:
+            s.create(o)
+        tx, ty = "tx%d" % b, "ty%d" % b
+        s.create(tx)
+        s.create(ty)
+        hrows = [row(o, toks(hist[i % 10], salt + 100 + i)) for i, o in enumerate(others)
+                 if hist[i % 10]]
+        s.step(hrows + [row(tx, hx), row(ty, hy)])
+        rows = []
+        for i, o in enumerate(others):
+            n = 1 if i % 2 else 1 + i % 12
+            rows.append(row(o, toks(n, salt + 200 + i), "last" if i % 4 == 1 else "none"))
+        px, py = len(rows) // 3, 2 * len(rows) // 3 + 1
+        rows.insert(px, row(tx, target, "all"))
+        rows.insert(py, row(ty, target, "all"))
+        s.step(rows, "r%d" % b)
+        s.compare("$ax.rows[0].logits", "$r%d.rows[%d].logits" % (b, px))
+        s.compare("$ay.rows[0].logits", "$r%d.rows[%d].logits" % (b, py))
+        for i in range(len(rows)):
+            if rows[i]["logits"] != "none":
+                s.release("$r%d.rows[%d].logits" % (b, i))
+        s.note("a decode step of every row")
+        drows = [row(o, toks(1, salt + 300 + i)) for i, o in enumerate(others)]
+        drows.insert(px, row(tx, nxt, "last"))
+        drows.insert(py, row(ty, nxt, "last"))
+        s.step(drows, "e%d" % b)
+        s.compare("$dx.rows[0].logits", "$e%d.rows[%d].logits" % (b, px))
+        s.compare("$dy.rows[0].logits", "$e%d.rows[%d].logits" % (b, py))
+        s.release("$e%d.rows[%d].logits" % (b, px))
+        s.release("$e%d.rows[%d].logits" % (b, py))
+        for o in others + [tx, ty]:
+            s.free(o)
+    s.op(op="facts")
+    return s
+
+
+def window_fork(w, bs, salt):
+    s = Script("fork with a sliding window (window %d, blocks of %d): the child shares the "
+               "blocks the parent holds, copy-on-write of the shared partial block, parent and "
+               "child leave shared blocks below their windows one after the other, and every "
+               "continuation equals a fresh sequence" % (w, bs))
+    p = toks(2 * w - 3, salt)
+    xa, xb = toks(5, salt + 1), toks(3, salt + 2)
+    ya, yb = toks(2 * bs, salt + 3), toks(2 * bs + 1, salt + 4)
+    s.create("a")
+    s.step([row("a", p)])
+    at(s, "a", len(p), w, bs)
+    effect(s, "fork", "b", seq="a")
+    s.op(op="facts")
+    seq_op(s, "a")
+    seq_op(s, "b")
+    s.step([row("a", xa, "all")], "ca")
+    at(s, "a", len(p + xa), w, bs)
+    s.op(op="facts")
+    s.step([row("b", xb, "all")], "cb")
+    at(s, "b", len(p + xb), w, bs)
+    s.op(op="facts")
+    s.create("fa")
+    s.create("fb")
+    s.step([row("fa", p + xa, "all"), row("fb", p + xb, "all")], "fresh")
+    compare_rows(s, "$ca.rows[0].logits", "$fresh.rows[0].logits", len(xa), 0, len(p))
+    compare_rows(s, "$cb.rows[0].logits", "$fresh.rows[1].logits", len(xb), 0, len(p))
+    s.free("fa")
+    s.free("fb")
+    s.note("a runs on: blocks it shares with b fall below a's window first")
+    s.step([row("a", ya, "last")], "ca2")
+    at(s, "a", len(p + xa + ya), w, bs)
+    seq_op(s, "a")
+    seq_op(s, "b")
+    s.op(op="facts")
+    s.step([row("b", yb, "last")], "cb2")
+    at(s, "b", len(p + xb + yb), w, bs)
+    seq_op(s, "b")
+    s.op(op="facts")
+    s.create("ga")
+    s.step([row("ga", p + xa + ya, "last")], "fa2")
+    s.compare("$ca2.rows[0].logits", "$fa2.rows[0].logits")
+    s.create("gb")
+    s.step([row("gb", p + xb + yb, "last")], "fb2")
+    s.compare("$cb2.rows[0].logits", "$fb2.rows[0].logits")
+    s.free("ga")
+    s.free("gb")
+    s.note("a fork of b after its release; freeing b keeps c's blocks; c continues")
+    effect(s, "fork", "c", seq="b")
+    seq_op(s, "c")
+    s.free("b")
+    s.op(op="facts")
+    s.step([row("c", xa, "last")], "cc")
+    s.create("fc")
+    s.step([row("fc", p + xb + yb + xa, "last")], "fcr")
+    s.compare("$cc.rows[0].logits", "$fcr.rows[0].logits")
+    s.free("a")
+    s.free("c")
+    s.free("fc")
+    s.op(op="facts")
+    return s
+
+
+def window_truncate(w, bs, salt):
+    s = Script("truncate with a sliding window (window %d, blocks of %d): to a length whose "
+               "next token still has every key it reads, then continue, equals a fresh "
+               "sequence (parent and fork); to a length whose next token would read a "
+               "released key it is refused and changes nothing (facts and sequence before and "
+               "after); to 0 always works" % (w, bs))
+    l0 = w + 3 * bs - 2
+    t = toks(l0, salt)
+    m1, m2, m3 = toks(5, salt + 1), toks(5, salt + 2), toks(4, salt + 3)
+    s.create("a")
+    s.step([row("a", t)])
+    at(s, "a", l0, w, bs)
+    seq_op(s, "a")
+    s.op(op="facts")
+    e1 = earliest(l0, w, bs)
+    s.note("within the window: truncate to %d (the earliest length is %d), continue" % (e1 + 2, e1))
+    effect(s, "truncate", seq="a", len=e1 + 2)
+    seq_op(s, "a")
+    s.step([row("a", m1, "all")], "ta")
+    h1 = t[:e1 + 2] + m1
+    s.create("f1")
+    s.step([row("f1", h1, "all")], "tf1")
+    compare_rows(s, "$ta.rows[0].logits", "$tf1.rows[0].logits", len(m1), 0, e1 + 2)
+    s.free("f1")
+    at(s, "a", len(h1), w, bs)
+    e2 = earliest(len(h1), w, bs)
+    s.note("at the boundary: truncate to %d, the earliest length, continue" % e2)
+    effect(s, "truncate", seq="a", len=e2)
+    s.step([row("a", m2, "all")], "tb")
+    h2 = h1[:e2] + m2
+    s.create("f2")
+    s.step([row("f2", h2, "all")], "tf2")
+    compare_rows(s, "$tb.rows[0].logits", "$tf2.rows[0].logits", len(m2), 0, e2)
+    s.free("f2")
+    at(s, "a", len(h2), w, bs)
+    e3 = earliest(len(h2), w, bs)
+    r3 = below(len(h2), w, bs) * bs
+    s.note("a fork inherits what a released: the same lengths are refused and accepted")
+    effect(s, "fork", "c", seq="a")
+    seq_op(s, "c")
+    s.op(op="facts")
+    s.note("into the released positions 0..%d: truncate to %d, %d and 1 is refused, nothing "
+           "changes" % (r3 - 1, e3 - 1, r3 - 1))
+    for n in (e3 - 1, r3 - 1, 1):
+        effect(s, "truncate", seq="a", len=n)
+    seq_op(s, "a")
+    s.op(op="facts")
+    effect(s, "truncate", seq="c", len=e3 - 1)
+    seq_op(s, "c")
+    s.op(op="facts")
+    s.note("c truncated to %d and continued equals a fresh sequence" % e3)
+    effect(s, "truncate", seq="c", len=e3)
+    s.step([row("c", m3, "all")], "tc")
+    s.create("f3")
+    s.step([row("f3", h2[:e3] + m3, "all")], "tf3")
+    compare_rows(s, "$tc.rows[0].logits", "$tf3.rows[0].logits", len(m3), 0, e3)
+    s.free("f3")
+    s.note("truncate to 0 reads no key: accepted, and the sequence starts over")
+    effect(s, "truncate", seq="a", len=0)
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.step([row("a", t[:4], "last")], "t0")
+    s.create("g")
+    s.step([row("g", t[:4], "last")], "tg")
+    s.compare("$t0.rows[0].logits", "$tg.rows[0].logits")
+    s.op(op="facts")
+    return s
+
+
+def suite_window_chunks():
+    return window_chunks(24, 16, 100, [23, 1, 24, 25, 2, 16, 9], 400)
+
+
+def suite_window_chunks_w8():
+    return window_chunks(8, 4, 40, [7, 1, 8, 9, 2, 4, 9], 410)
+
+
+def suite_window_batch():
+    return window_batch(24, 16, 420)
+
+
+def suite_window_batch_w8():
+    return window_batch(8, 4, 430)
+
+
+def suite_window_fork():
+    return window_fork(24, 16, 440)
+
+
+def suite_window_fork_w8():
+    return window_fork(8, 4, 450)
+
+
+def suite_window_truncate():
+    return window_truncate(24, 16, 460)
+
+
+def suite_window_truncate_w8():
+    return window_truncate(8, 4, 470)
+
+
+def suite_window_facts():
+    w, bs = 8, 4
+    s = Script("facts as a sequence leaves blocks below its sliding window (window %d, blocks of "
+               "%d; run with --block-size 4 --kv-blocks 32): decode token by token, facts after "
+               "every step that takes a block or leaves one below the window; the blocks go "
+               "back when the step is awaited, not at launch; a prefill over several windows "
+               "gives back several at once" % (w, bs))
+    n = 3 * w + 2 * bs
+    t = toks(n, 480)
+    s.create("a")
+    s.op(op="facts")
+    for i in range(n):
+        last = i == n - 1
+        s.step([row("a", [t[i]], "last" if last else "none")], "da" if last else None)
+        seq_op(s, "a")
+        took = i % bs == 0
+        left = below(i + 1, w, bs) > below(i, w, bs)
+        if took or left:
+            s.note("a at %d: %s" % (i + 1, " and ".join(
+                ([("took block %d" % (i // bs))] if took else []) +
+                ([("block %d is below the window" % (below(i + 1, w, bs) - 1))] if left else []))))
+            s.op(op="facts")
+    more = toks(3, 481)
+    assert below(n + len(more), w, bs) > below(n, w, bs) and n % bs == 0
+    s.note("launched, not yet awaited: block %d is taken for positions %d..%d, and block %d, "
+           "below the window of the token at %d, goes back only when the step is awaited"
+           % (n // bs, n, n + len(more) - 1, below(n + len(more), w, bs) - 1, n + len(more)))
+    s.op(op="launch", plan={"rows": [row("a", more, "last")]}, **{"as": "la"})
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.op(op="await", ticket="$la", **{"as": "ra"})
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.note("one prefill of %d tokens takes every block it writes and leaves %d below the "
+           "window when awaited" % (2 * w + 3, below(2 * w + 3, w, bs)))
+    s.create("b")
+    s.step([row("b", toks(2 * w + 3, 482))])
+    seq_op(s, "b")
+    s.op(op="facts")
+    s.note("a's numbers equal one prefill of the same tokens")
+    s.create("c")
+    s.step([row("c", t + more, "last")], "rc")
+    s.compare("$ra.rows[0].logits", "$rc.rows[0].logits")
+    s.create("d")
+    s.step([row("d", t, "last")], "rd")
+    s.compare("$da.rows[0].logits", "$rd.rows[0].logits")
+    s.op(op="facts")
+    for q in ("a", "b", "c", "d"):
+        s.free(q)
+    s.op(op="facts")
+    return s
+
+
+def suite_window_free_reuse():
+    w, bs = 8, 4
+    s = Script("free and reuse with a sliding window (window %d, blocks of %d; run with "
+               "--kv-blocks 12 --block-size 4): blocks a sequence leaves below its window and "
+               "blocks it frees are taken by other sequences, which compute what fresh blocks "
+               "do; free returns only the blocks still held" % (w, bs))
+    t, t2, t3 = toks(24, 490), toks(8, 491), toks(4, 492)
+    s.note("z computes b's tokens on blocks never used before")
+    s.create("z")
+    s.step([row("z", t2, "last")], "rz")
+    s.free("z")
+    s.create("a")
+    s.step([row("a", t, "last")], "ra")
+    at(s, "a", len(t), w, bs)
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.note("b takes blocks a gave back, which still hold a's keys")
+    s.create("b")
+    s.step([row("b", t2, "last")], "rb")
+    s.compare("$rz.rows[0].logits", "$rb.rows[0].logits")
+    s.op(op="facts")
+    s.step([row("a", t3, "all")], "ra2")
+    at(s, "a", len(t + t3), w, bs)
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.free("a")
+    s.op(op="facts")
+    s.create("c")
+    s.step([row("c", t + t3, "all")], "rc")
+    s.compare("$ra.rows[0].logits", "$rc.rows[0].logits", 0, len(t) - 1)
+    compare_rows(s, "$ra2.rows[0].logits", "$rc.rows[0].logits", len(t3), 0, len(t))
+    seq_op(s, "c")
+    s.op(op="facts")
+    s.free("c")
+    s.free("b")
+    s.op(op="facts")
+    s.op(op="apply", effect={"kind": "free", "seq": "$a"})
+    s.op(op="seq", seq="$a")
+    return s
+
+
 # name -> (builder, model, device flags)
 SUITES = {
     "batch": (suite_batch, "tiny", ""),
@@ -1029,6 +1417,40 @@ SUITES = {
     "ssm_snapshots_mamba2": (suite_ssm_snapshots, "mamba2", "--ssm-slots 4 --ssm-snapshots 6"),
     "ssm_errors": (suite_ssm_errors, "bamba", "--ssm-slots 2 --ssm-snapshots 2"),
     "ssm_errors_mamba2": (suite_ssm_errors, "mamba2", "--ssm-slots 2 --ssm-snapshots 2"),
+    # the Llama family: Qwen3's q/k norms, Granite's multipliers, RoPE scaling, Mistral
+    "chunks_qwen3": (suite_chunks, "qwen3", ""),
+    "batch_qwen3": (suite_batch, "qwen3", ""),
+    "fork_qwen3": (suite_fork, "qwen3", ""),
+    "long_qwen3": (suite_long, "qwen3", ""),
+    "chunks_granite": (suite_chunks, "granite", ""),
+    "batch_granite": (suite_batch, "granite", ""),
+    "long_granite": (suite_long, "granite", ""),
+    "sampling_granite": (suite_sampling, "granite", ""),
+    "chunks_llama3rope": (suite_chunks, "llama3rope", ""),
+    "batch_llama3rope": (suite_batch, "llama3rope", ""),
+    "long_llama3rope": (suite_long, "llama3rope", ""),
+    "chunks_yarn": (suite_chunks, "yarn", ""),
+    "batch_yarn": (suite_batch, "yarn", ""),
+    "long_yarn": (suite_long, "yarn", ""),
+    "sampling_yarn": (suite_sampling, "yarn", ""),
+    "chunks_mistral": (suite_chunks, "mistral", ""),
+    "fork_mistral": (suite_fork, "mistral", ""),
+    "long_mistral": (suite_long, "mistral", ""),
+    "chunks_mistral_w8": (suite_chunks, "mistral_w8", ""),
+    "fork_mistral_w8": (suite_fork, "mistral_w8", ""),
+    "long_mistral_w8": (suite_long, "mistral_w8", ""),
+    # sliding window: mistral (window 24, blocks of 16), mistral_w8 (window 8, blocks of 4)
+    "window_chunks": (suite_window_chunks, "mistral", ""),
+    "window_chunks_w8": (suite_window_chunks_w8, "mistral_w8", "--block-size 4"),
+    "window_batch": (suite_window_batch, "mistral", ""),
+    "window_batch_w8": (suite_window_batch_w8, "mistral_w8", "--block-size 4"),
+    "window_fork": (suite_window_fork, "mistral", ""),
+    "window_fork_w8": (suite_window_fork_w8, "mistral_w8", "--block-size 4 --kv-blocks 64"),
+    "window_truncate": (suite_window_truncate, "mistral", ""),
+    "window_truncate_w8": (suite_window_truncate_w8, "mistral_w8",
+                           "--block-size 4 --kv-blocks 64"),
+    "window_facts": (suite_window_facts, "mistral_w8", "--block-size 4 --kv-blocks 32"),
+    "window_free_reuse": (suite_window_free_reuse, "mistral_w8", "--kv-blocks 12 --block-size 4"),
 }
 
 # adapter name -> (base model, devio-mkmodel --adapter arguments); each is
@@ -1053,6 +1475,15 @@ MODELS = {
     "bamba_g1": "--preset tiny --arch bamba --seed 23 --ssm-groups 1 --dtype bf16 --tied",
     "mamba2": "--preset tiny --arch mamba2 --seed 22",
     "mamba2_nb": "--preset tiny --arch mamba2 --seed 24 --no-conv-bias --dtype f16",
+    # the Llama family: Qwen3 (q_norm/k_norm, head_dim 32 on hidden 64), Granite (its four
+    # multipliers), Mistral (sliding window 24, and 8), RoPE scaling (llama3: factor 8 from
+    # 64 original positions, every regime of its smoothing; yarn: factor 8, attention factor)
+    "qwen3": "--preset tiny --arch qwen3 --seed 31",
+    "mistral": "--preset tiny --arch mistral --seed 32",
+    "mistral_w8": "--preset tiny --arch mistral --seed 36 --window 8 --dtype bf16",
+    "granite": "--preset tiny --arch granite --seed 33 --dtype f16",
+    "llama3rope": "--preset tiny --rope-scaling llama3 --seed 34",
+    "yarn": "--preset tiny --rope-scaling yarn --seed 35 --tied",
 }
 
 
