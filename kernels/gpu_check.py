@@ -9,9 +9,11 @@ the CUDA unit tests pass with none skipped, every conformance suite is
 byte-identical on --backend cuda (the hybrid ssm_* suites on the Bamba and
 Mamba2 models of tests/conformance/models.txt included: each must run on
 both cuda targets, none skipped), logits agree with Hugging Face
-transformers + PyTorch within 1e-4 relative, the 1b model's and the hybrid
-models' logits are the reference's bit for bit; decode speed is measured and
-compared with the GPU's read bandwidth.
+transformers + PyTorch within 1e-4 relative, the 1b model's, the hybrid
+models' and the model features' (Mistral's sliding window, Granite's
+multipliers, Qwen3's q_norm and k_norm, yarn and llama3 RoPE scaling: numspec
+rules 1, 4, 4a, 6, 7, 8) logits are the reference's bit for bit; decode speed
+is measured and compared with the GPU's read bandwidth.
 """
 import argparse
 import json
@@ -179,6 +181,50 @@ def hybrid_reference_bits(bin_dir, tmp):
     return ("ok" if ok else "FAIL"), fig
 
 
+# Each model feature as devio-mkmodel flags. The window is shorter than the
+# prompts below, so that keys leave it; Granite's values are not powers of two
+# (but the embedding's), so that a multiply in place of a division or a fused
+# residual would show.
+FEATURES = (
+    ("mistral", ["--arch", "mistral", "--window", "11"]),
+    ("granite", ["--arch", "granite", "--embedding-multiplier", "12", "--attention-multiplier",
+                 "0.3", "--residual-multiplier", "0.22", "--logits-scaling", "6.5"]),
+    ("qwen3", ["--arch", "qwen3"]),
+    ("yarn", ["--rope-scaling", "yarn", "--rope-factor", "4"]),
+    ("llama3", ["--rope-scaling", "llama3", "--rope-factor", "8", "--rope-original-max", "64"]),
+)
+
+
+def feature_model(bin_dir, tmp, preset, name, flags):
+    d = os.path.join(tmp, "%s-feature-%s" % (name, preset))
+    if not os.path.exists(os.path.join(d, "config.json")):
+        sh([os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel"), "--preset", preset,
+            "--seed", "5", "--out", d] + flags, 240, check=True)
+    return d
+
+
+def feature_reference_bits(bin_dir, tmp):
+    """Every position's logits of a prompt on each model feature's tiny and
+    small model, cuda against the reference, bit for bit. (tests/cuda_test
+    runs the same features through chunked prefill, decode, batches, forks
+    and LoRA.)"""
+    import numpy as np
+
+    fig, ok = {}, True
+    for name, flags in FEATURES:
+        for preset, n in (("tiny", 64), ("small", 24)):
+            model_dir = feature_model(bin_dir, tmp, preset, name, flags)
+            cfg = json.load(open(os.path.join(model_dir, "config.json")))
+            tokens = [(i * 7919 + 13) % cfg["vocab_size"] for i in range(n)]
+            got, shape = devio_logits(bin_dir, model_dir, tokens, "cuda", tmp)
+            want, _ = devio_logits(bin_dir, model_dir, tokens, "ref", tmp)
+            a, b = np.array(want, dtype=np.float32), np.array(got, dtype=np.float32)
+            same = a.shape == b.shape and bool(np.all(a.view(np.uint32) == b.view(np.uint32)))
+            fig["%s_%s" % (name, preset)] = "identical" if same else "DIFFER"
+            ok = ok and same
+    return ("ok" if ok else "FAIL"), fig
+
+
 def bandwidth(bin_dir):
     p = sh([os.path.join(bin_dir, "kernels", "devio-gpu-bw")], 120, check=True)
     return "ok", json.loads(p.stdout.strip().splitlines()[-1])
@@ -244,6 +290,8 @@ def main():
                  lambda: hf_agreement(bin_dir, tmp, preset, n, with_ref))
         step(report, "hybrid logits (Bamba, Mamba2) vs the reference, bit for bit",
              lambda: hybrid_reference_bits(bin_dir, tmp))
+        step(report, "model features (window, Granite, Qwen3, yarn, llama3) vs the reference, "
+             "bit for bit", lambda: feature_reference_bits(bin_dir, tmp))
         bw = step(report, "GPU read bandwidth (devio-gpu-bw)", lambda: bandwidth(bin_dir))
         step(report, "decode and prefill on 1b (devio-bench)",
              lambda: bench(bin_dir, tmp, bw.get("read_gbs")))

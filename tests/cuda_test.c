@@ -10,9 +10,10 @@
  * the model features of numspec rules 1, 4, 4a, 6, 7 and 8: Mistral's sliding window, Granite's
  * four multipliers, Qwen3's q_norm and k_norm, and the yarn and llama3 RoPE tables (with LoRA
  * where the feature meets it: Granite's scaled residual on adapted o_proj and down_proj, Qwen3's
- * norm after adapted q_proj and k_proj). Without a GPU those models are checked to load with the
- * feature in their shape, to change the reference's logits and to give the same bits at depth 1
- * and 2. Cases that need a GPU are skipped, visibly, where none answers. */
+ * norm after adapted q_proj and k_proj), each model as devio-mkmodel writes it; without a GPU
+ * those models are checked to load with the feature in their shape, to change the reference's
+ * logits and to give the same bits at depth 1 and 2. Cases that need a GPU are skipped, visibly,
+ * where none answers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,7 +23,6 @@
 #include <string.h>
 
 #include <cmocka.h>
-#include <jansson.h>
 
 #include "device/registry.h"
 #include "device/shape.h"
@@ -567,167 +567,52 @@ typedef enum feature {
 static const char *const feature_name[FEAT_N] = {"mistral", "granite", "qwen3", "yarn", "llama3"};
 
 /* A window shorter than the workload's prompts, and a multiple of neither
- * the block size (4) nor 32: j0 moves through blocks and lanes. */
+ * the block size (4) nor 32: j0 moves through blocks and lanes, and the core
+ * releases the blocks left below it. */
 #define TEST_WINDOW 11u
 
-/* config.json of the model in dir, edited by `edit` (jansson). */
-static void config_edit(const char *dir, void (*edit)(json_t *root))
-{
-    char path[400];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root)
-        fail_msg("%s: %s", path, jerr.text);
-    edit(root);
-    assert_int_equal(json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS), 0);
-    json_decref(root);
-}
-
-static void set_arch(json_t *root, const char *arch, const char *model_type)
-{
-    json_t *a = json_array();
-    json_array_append_new(a, json_string(arch));
-    json_object_set_new(root, "architectures", a);
-    json_object_set_new(root, "model_type", json_string(model_type));
-}
-
-static void edit_window(json_t *root)
-{
-    set_arch(root, "MistralForCausalLM", "mistral");
-    json_object_set_new(root, "sliding_window", json_integer(TEST_WINDOW));
-}
-
-/* Granite 3's kind of values; none a power of two but the embedding's, so
- * that a multiply in place of the division, or a product fused into the
- * residual add, would show. */
-static void edit_granite(json_t *root)
-{
-    set_arch(root, "GraniteForCausalLM", "granite");
-    json_object_set_new(root, "embedding_multiplier", json_real(12.0));
-    json_object_set_new(root, "attention_multiplier", json_real(0.3));
-    json_object_set_new(root, "residual_multiplier", json_real(0.22));
-    json_object_set_new(root, "logits_scaling", json_real(6.5));
-}
-
-static void edit_qwen3(json_t *root) { set_arch(root, "Qwen3ForCausalLM", "qwen3"); }
-
-static void edit_yarn(json_t *root)
-{
-    json_t *r = json_object();
-    json_object_set_new(r, "rope_type", json_string("yarn"));
-    json_object_set_new(r, "factor", json_real(4.0));
-    json_object_set_new(r, "original_max_position_embeddings", json_integer(128));
-    json_object_set_new(root, "rope_scaling", r);
-}
-
-static void edit_llama3(json_t *root)
-{
-    json_t *r = json_object();
-    json_object_set_new(r, "rope_type", json_string("llama3"));
-    json_object_set_new(r, "factor", json_real(8.0));
-    json_object_set_new(r, "low_freq_factor", json_real(1.0));
-    json_object_set_new(r, "high_freq_factor", json_real(4.0));
-    json_object_set_new(r, "original_max_position_embeddings", json_integer(64));
-    json_object_set_new(root, "rope_scaling", r);
-}
-
-/* Appends Qwen3's self_attn.q_norm.weight and k_norm.weight [hd] (f32, values
- * in [0.5, 1.5), different per layer and per tensor) for n_layers layers to
- * the one safetensors file of the model in dir: the old data stays where it
- * is, the new tensors go after it (8-byte aligned), the header is rewritten. */
-static void add_qk_norms(const char *dir, uint32_t n_layers, uint32_t hd)
-{
-    char path[400];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    size_t size = 0;
-    uint8_t *b = devio_read_file(path, &size);
-    assert_non_null(b);
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = hlen << 8 | b[i];
-    assert_true(8 + hlen <= size);
-    json_error_t jerr;
-    json_t *h = json_loadb((const char *)b + 8, (size_t)hlen, 0, &jerr);
-    if (!h)
-        fail_msg("%s: %s", path, jerr.text);
-    size_t old = size - 8 - (size_t)hlen, start = (old + 7) & ~(size_t)7;
-    size_t add = (size_t)n_layers * 2 * hd * sizeof(float);
-    uint8_t *data = calloc(start + add, 1);
-    assert_non_null(data);
-    memcpy(data, b + 8 + hlen, old);
-    for (uint32_t l = 0; l < n_layers; l++)
-        for (uint32_t k = 0; k < 2; k++) {
-            size_t off = start + ((size_t)l * 2 + k) * hd * sizeof(float);
-            for (uint32_t i = 0; i < hd; i++) {
-                float v = 0.5f + (float)((i * 37u + l * 11u + k * 5u) % 64u) / 64.0f;
-                memcpy(data + off + i * sizeof v, &v, sizeof v);
-            }
-            char name[96];
-            snprintf(name, sizeof name, "model.layers.%u.self_attn.%s_norm.weight", l,
-                     k ? "k" : "q");
-            json_t *e = json_object(), *shp = json_array(), *offs = json_array();
-            json_array_append_new(shp, json_integer(hd));
-            json_array_append_new(offs, json_integer((json_int_t)off));
-            json_array_append_new(offs, json_integer((json_int_t)(off + hd * sizeof(float))));
-            json_object_set_new(e, "dtype", json_string("F32"));
-            json_object_set_new(e, "shape", shp);
-            json_object_set_new(e, "data_offsets", offs);
-            json_object_set_new(h, name, e);
-        }
-    char *text = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
-    assert_non_null(text);
-    size_t tl = strlen(text), padded = (tl + 7) & ~(size_t)7;
-    uint8_t *outb = malloc(8 + padded + start + add);
-    assert_non_null(outb);
-    for (int i = 0; i < 8; i++)
-        outb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    memcpy(outb + 8, text, tl);
-    memset(outb + 8 + tl, ' ', padded - tl);
-    memcpy(outb + 8 + padded, data, start + add);
-    assert_int_equal(devio_write_file(path, outb, 8 + padded + start + add), 0);
-    free(outb);
-    free(text);
-    free(data);
-    json_decref(h);
-    free(b);
-}
-
-/* The tiny model with feature f in dtype, seed 5: Qwen3 as devio-mkmodel
- * writes it when it knows --arch qwen3, else the Llama tiny model with
- * config.json edited (and, for Qwen3, q_norm and k_norm added). With `lora`
- * an adapter "a0" of rank 8 under fx->dir/adapters on the modules the
- * feature meets: Granite's q_proj, o_proj, gate_proj and down_proj (the
- * scaled residual after LoRA), Qwen3's q_proj, k_proj and v_proj (the norm
- * after LoRA), Mistral's q_proj and v_proj. */
+/* The tiny model with feature f in dtype, seed 5, as devio-mkmodel writes
+ * it: the mistral, granite or qwen3 tiny preset, or the llama one with RoPE
+ * scaling. Granite's multipliers are none a power of two but the
+ * embedding's, so that a multiply in place of the division, or a product
+ * fused into the residual add, would show. With `lora` an adapter "a0" of
+ * rank 8 under fx->dir/adapters on the modules the feature meets: Granite's
+ * q_proj, o_proj, gate_proj and down_proj (the scaled residual after LoRA),
+ * Qwen3's q_proj, k_proj and v_proj (the norm after LoRA), Mistral's q_proj
+ * and v_proj. */
 static void feature_fixture(devio_fixture *fx, feature f, devio_dtype dtype, bool lora,
                             char *adapters, size_t n)
 {
+    static const char *const arch[FEAT_N] = {"mistral", "granite", "qwen3", "llama", "llama"};
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
     devio_error err = {0};
-    bool written = false;
-    if (f == FEAT_QWEN3) {
-        devio_mkmodel_opts o = devio_mkmodel_opts_default();
-        o.arch = "qwen3";
-        if (devio_mkmodel_preset("tiny", &o, &err) == DEVIO_OK) {
-            o.dtype = dtype;
-            o.seed = 5;
-            assert_int_equal(devio_fixture_make(fx, o), 0);
-            written = true;
-        }
+    o.arch = arch[f];
+    if (devio_mkmodel_preset("tiny", &o, &err) != DEVIO_OK)
+        fail_msg("mkmodel --preset tiny --arch %s: %s", arch[f], err.message);
+    o.dtype = dtype;
+    o.seed = 5;
+    switch (f) {
+    case FEAT_WINDOW: o.sliding_window = TEST_WINDOW; break;
+    case FEAT_GRANITE:
+        o.embedding_multiplier = 12.0;
+        o.attention_multiplier = 0.3;
+        o.residual_multiplier = 0.22;
+        o.logits_scaling = 6.5;
+        break;
+    case FEAT_YARN: /* original_max_position_embeddings 512 / 4 */
+        o.rope_scaling = DEVIO_MKMODEL_ROPE_YARN;
+        o.rope_factor = 4.0;
+        break;
+    case FEAT_LLAMA3: /* wavelengths of head_dim 16 on both sides of 64 / 4 and 64 / 1 */
+        o.rope_scaling = DEVIO_MKMODEL_ROPE_LLAMA3;
+        o.rope_factor = 8.0;
+        o.rope_original_max = 64;
+        break;
+    case FEAT_QWEN3:
+    case FEAT_N: break;
     }
-    if (!written) {
-        static void (*const edits[FEAT_N])(json_t *) = {edit_window, edit_granite, edit_qwen3,
-                                                        edit_yarn, edit_llama3};
-        assert_int_equal(devio_fixture_preset(fx, "tiny", dtype, 5), 0);
-        uint32_t L = fx->model->cfg.n_layers, hd = fx->model->cfg.head_dim;
-        devio_model_free(fx->model);
-        fx->model = NULL;
-        config_edit(fx->dir, edits[f]);
-        if (f == FEAT_QWEN3)
-            add_qk_norms(fx->dir, L, hd);
-        if (devio_model_load(fx->dir, &fx->model, &err) != DEVIO_OK)
-            fail_msg("loading the %s model: %s", feature_name[f], err.message);
-    }
+    if (devio_fixture_make(fx, o) != 0)
+        fail_msg("writing or loading the %s model", feature_name[f]);
     snprintf(adapters, n, "%s/adapters", fx->dir);
     if (!lora)
         return;
@@ -760,7 +645,7 @@ static void check_feature_shape(const devio_fixture *fx, feature f)
         assert_true(sh.emb_mult == 12.0f && sh.attn_scale == 0.3f && sh.res_mult == 0.22f &&
                     sh.logit_scale == 6.5f);
         break;
-    case FEAT_QWEN3: assert_true(sh.qk_norm); break;
+    case FEAT_QWEN3: assert_true(sh.qk_norm && sh.head_dim * sh.n_heads != sh.d); break;
     case FEAT_YARN: assert_true(r->type == DEVIO_ROPE_YARN && r->attention_factor != 1.0f); break;
     case FEAT_LLAMA3: assert_int_equal(r->type, DEVIO_ROPE_LLAMA3); break;
     case FEAT_N: break;
