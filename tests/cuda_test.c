@@ -1,4 +1,6 @@
 /* cuda_test.c - the CUDA backend (kernels/). Without a GPU: the plugin loads through the
+ * long because every case, with or without a GPU, runs the same workloads through one set of
+ * helpers at the top (model writing, the side-by-side runner, the bit comparison).
  * registry and passes its checks, its probe and create refuse with the CUDA runtime's reason,
  * `auto` falls back to the reference and says why, CUDA errors read as devio errors, a hybrid
  * model the mixer kernels cannot take is refused by name, and the workloads give the same bits

@@ -1,4 +1,6 @@
 /* window_core_test.c - the device core with a sliding window: KV blocks wholly below the window go back to the pool after the step that leaves them behind.
+ * long because every case drives the same windowed device through the fixture and the step,
+ * fact and truncate helpers at the top, at two block sizes.
  * Drives the real core over the reference backend with the tiny Llama model and the same weights as a Mistral model (sliding_window 8),
  * at block sizes 4 and 16: facts and sequence state, numbers bit for bit against one prefill, fork, truncate, free, a failed step, the batch check. */
 #include <setjmp.h>
