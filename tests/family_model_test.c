@@ -17,17 +17,6 @@
 #include "tests/model_fixture.h"
 #include "tools/mkmodel/mkmodel.h"
 
-static const char *write_arch(const fixture *fx, const char *arch)
-{
-    devio_mkmodel_opts o = devio_mkmodel_opts_default();
-    o.arch = arch;
-    assert_int_equal(devio_mkmodel_preset("tiny", &o, NULL), DEVIO_OK);
-    o.out_dir = fx->dir;
-    o.seed = 4;
-    write_model(&o);
-    return path_in(fx->dir, "config.json");
-}
-
 /* transformers' llama3 frequency i of d, in double. */
 static double llama3_ref(double theta, uint32_t d, uint32_t i, double factor, double lo,
                          double hi, double orig)
@@ -45,7 +34,7 @@ static double llama3_ref(double theta, uint32_t d, uint32_t i, double factor, do
 static void test_llama3_frequencies(void **state)
 {
     fixture *fx = *state;
-    const char *cfg = write_arch(fx, "llama");
+    const char *cfg = write_arch(fx, 4, "llama");
     file_sub(cfg, "\"rope_scaling\": null",
              "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
              "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
@@ -69,7 +58,7 @@ static void test_llama3_frequencies(void **state)
 static void test_linear_and_yarn(void **state)
 {
     fixture *fx = *state;
-    const char *cfg = write_arch(fx, "llama");
+    const char *cfg = write_arch(fx, 4, "llama");
     file_sub(cfg, "\"rope_scaling\": null",
              "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}");
     devio_model *m = load_ok(fx->dir);
@@ -102,7 +91,7 @@ static void test_linear_and_yarn(void **state)
 static void test_rope_refusals(void **state)
 {
     fixture *fx = *state;
-    const char *cfg = write_arch(fx, "llama");
+    const char *cfg = write_arch(fx, 4, "llama");
     file_sub(cfg, "\"rope_scaling\": null",
              "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4.0}");
     expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "rope_scaling of type 'longrope'", NULL);
@@ -115,7 +104,7 @@ static void test_rope_refusals(void **state)
 static void test_qwen3(void **state)
 {
     fixture *fx = *state;
-    const char *cfg = write_arch(fx, "qwen3");
+    const char *cfg = write_arch(fx, 4, "qwen3");
     devio_model *m = load_ok(fx->dir);
     assert_true(m->cfg.qk_norm);
     assert_int_equal(m->cfg.head_dim, 32);
@@ -135,7 +124,7 @@ static void test_qwen3(void **state)
 static void test_granite_and_mistral(void **state)
 {
     fixture *fx = *state;
-    write_arch(fx, "granite");
+    write_arch(fx, 4, "granite");
     devio_model *m = load_ok(fx->dir);
     assert_true(m->cfg.embedding_multiplier == 12.0f);
     assert_true(m->cfg.attention_multiplier == 0.0078125f);
@@ -145,11 +134,11 @@ static void test_granite_and_mistral(void **state)
     assert_int_equal(devio_model_shape_get(m, &s, NULL), DEVIO_OK);
     assert_true(s.attn_scale == 0.0078125f && s.emb_mult == 12.0f && s.res_mult == 0.22f);
     devio_model_free(m);
-    const char *cfg = write_arch(fx, "granite");
+    const char *cfg = write_arch(fx, 4, "granite");
     file_sub(cfg, "\"logits_scaling\": 8.0", "\"logits_scaling\": -1.0");
     expect_fail(fx->dir, DEVIO_E_MODEL, "logits_scaling", NULL);
 
-    write_arch(fx, "mistral");
+    write_arch(fx, 4, "mistral");
     m = load_ok(fx->dir);
     assert_int_equal(m->cfg.sliding_window, 24);
     assert_int_equal(devio_model_shape_get(m, &s, NULL), DEVIO_OK);

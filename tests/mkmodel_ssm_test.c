@@ -50,34 +50,11 @@ static json_t *config_load(const char *dir)
     return c;
 }
 
-static int64_t cfg_int(json_t *c, const char *key)
-{
-    json_t *v = json_object_get(c, key);
-    if (!json_is_integer(v))
-        print_error("config key %s is not an integer\n", key);
-    assert_true(json_is_integer(v));
-    return (int64_t)json_integer_value(v);
-}
-
-static bool cfg_bool(json_t *c, const char *key)
-{
-    json_t *v = json_object_get(c, key);
-    assert_true(json_is_boolean(v));
-    return json_is_true(v);
-}
-
 static double cfg_real(json_t *c, const char *key)
 {
     json_t *v = json_object_get(c, key);
     assert_true(json_is_real(v));
     return json_real_value(v);
-}
-
-static void cfg_str(json_t *c, const char *key, const char *want)
-{
-    json_t *v = json_object_get(c, key);
-    assert_true(json_is_string(v));
-    assert_string_equal(json_string_value(v), want);
 }
 
 static void cfg_time_steps(json_t *c)
@@ -90,76 +67,6 @@ static void cfg_time_steps(json_t *c)
     assert_true(cfg_real(c, "time_step_min") == 0.001);
     assert_true(cfg_real(c, "time_step_max") == 0.1);
     cfg_str(c, "hidden_act", "silu");
-}
-
-/* Tensors of a file's header: name -> shape; asserts dtype `dt` for all. */
-typedef struct shape_want {
-    const char *name;
-    uint32_t ndim;
-    int64_t s[3];
-} shape_want;
-
-static void header_shape_is(json_t *h, const shape_want *w, const char *dt)
-{
-    json_t *t = json_object_get(h, w->name);
-    if (!t)
-        print_error("tensor %s is missing\n", w->name);
-    assert_non_null(t);
-    cfg_str(t, "dtype", dt);
-    json_t *shape = json_object_get(t, "shape");
-    assert_int_equal(json_array_size(shape), w->ndim);
-    for (uint32_t i = 0; i < w->ndim; i++)
-        assert_int_equal(json_integer_value(json_array_get(shape, i)), w->s[i]);
-}
-
-/* Sum of the element counts of every tensor in the header. */
-static uint64_t header_params(json_t *h)
-{
-    uint64_t total = 0;
-    const char *k;
-    json_t *t;
-    json_object_foreach(h, k, t) {
-        if (strcmp(k, "__metadata__") == 0)
-            continue;
-        uint64_t n = 1;
-        json_t *d;
-        size_t i;
-        json_array_foreach(json_object_get(t, "shape"), i, d)
-            n *= (uint64_t)json_integer_value(d);
-        total += n;
-    }
-    return total;
-}
-
-/* The f32 elements of tensor `name` in a single-file model; caller frees. */
-static float *tensor_f32(const char *dir, const char *name, size_t *n)
-{
-    size_t size;
-    uint8_t *b = read_all(path_in(dir, "model.safetensors"), &size);
-    json_t *h = header_load(path_in(dir, "model.safetensors"));
-    json_t *off = json_object_get(json_object_get(h, name), "data_offsets");
-    assert_non_null(off);
-    size_t a = (size_t)json_integer_value(json_array_get(off, 0));
-    size_t e = (size_t)json_integer_value(json_array_get(off, 1));
-    size_t base = 8 + (size_t)header_len(b);
-    assert_true(base + e <= size);
-    *n = (e - a) / 4;
-    float *v = malloc(e - a + 4);
-    assert_non_null(v);
-    memcpy(v, b + base + a, e - a); /* little-endian host: what the writer assumes of us */
-    json_decref(h);
-    free(b);
-    return v;
-}
-
-static bool files_equal(const char *a, const char *b)
-{
-    size_t na, nb;
-    uint8_t *x = read_all(a, &na), *y = read_all(b, &nb);
-    bool eq = na == nb && memcmp(x, y, na) == 0;
-    free(x);
-    free(y);
-    return eq;
 }
 
 /* ---- config.json ---- */

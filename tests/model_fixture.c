@@ -167,3 +167,110 @@ devio_model *load_ok(const char *dir)
     assert_non_null(m);
     return m;
 }
+
+/* ---- reading back what devio-mkmodel wrote ---- */
+
+json_t *cfg_get(json_t *c, const char *key)
+{
+    json_t *v = json_object_get(c, key);
+    if (!v)
+        print_error("config key %s is missing\n", key);
+    assert_non_null(v);
+    return v;
+}
+
+int64_t cfg_int(json_t *c, const char *key)
+{
+    json_t *v = cfg_get(c, key);
+    if (!json_is_integer(v))
+        print_error("config key %s is not an integer\n", key);
+    assert_true(json_is_integer(v));
+    return (int64_t)json_integer_value(v);
+}
+
+bool cfg_bool(json_t *c, const char *key)
+{
+    json_t *v = cfg_get(c, key);
+    assert_true(json_is_boolean(v));
+    return json_is_true(v);
+}
+
+void cfg_str(json_t *c, const char *key, const char *want)
+{
+    json_t *v = cfg_get(c, key);
+    assert_true(json_is_string(v));
+    assert_string_equal(json_string_value(v), want);
+}
+
+void header_shape_is(json_t *h, const shape_want *w, const char *dt)
+{
+    json_t *t = json_object_get(h, w->name);
+    if (!t)
+        print_error("tensor %s is missing\n", w->name);
+    assert_non_null(t);
+    if (dt)
+        cfg_str(t, "dtype", dt);
+    json_t *shape = json_object_get(t, "shape");
+    assert_int_equal(json_array_size(shape), w->ndim);
+    for (uint32_t i = 0; i < w->ndim; i++)
+        assert_int_equal(json_integer_value(json_array_get(shape, i)), w->s[i]);
+}
+
+uint64_t header_params(json_t *h)
+{
+    uint64_t total = 0;
+    const char *k;
+    json_t *t;
+    json_object_foreach(h, k, t) {
+        if (strcmp(k, "__metadata__") == 0)
+            continue;
+        uint64_t n = 1;
+        json_t *d;
+        size_t i;
+        json_array_foreach(json_object_get(t, "shape"), i, d)
+            n *= (uint64_t)json_integer_value(d);
+        total += n;
+    }
+    return total;
+}
+
+float *tensor_f32(const char *dir, const char *name, size_t *n)
+{
+    size_t size;
+    uint8_t *b = read_all(path_in(dir, "model.safetensors"), &size);
+    json_t *h = header_load(path_in(dir, "model.safetensors"));
+    json_t *off = json_object_get(json_object_get(h, name), "data_offsets");
+    assert_non_null(off);
+    size_t a = (size_t)json_integer_value(json_array_get(off, 0));
+    size_t e = (size_t)json_integer_value(json_array_get(off, 1));
+    size_t base = 8 + (size_t)header_len(b);
+    assert_true(base + e <= size);
+    *n = (e - a) / 4;
+    float *v = malloc(e - a + 4);
+    assert_non_null(v);
+    memcpy(v, b + base + a, e - a); /* little-endian host: what the writer assumes of us */
+    json_decref(h);
+    free(b);
+    return v;
+}
+
+bool files_equal(const char *a, const char *b)
+{
+    size_t na, nb;
+    uint8_t *x = read_all(a, &na), *y = read_all(b, &nb);
+    bool eq = na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return eq;
+}
+
+const char *write_arch(const fixture *fx, uint64_t seed, const char *arch)
+{
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
+    o.arch = arch;
+    assert_int_equal(devio_mkmodel_preset("tiny", &o, NULL), DEVIO_OK);
+    o.out_dir = fx->dir;
+    o.seed = seed;
+    write_model(&o);
+    return path_in(fx->dir, "config.json");
+}

@@ -3,6 +3,7 @@
 #ifndef DEVIO_MODEL_FIXTURE_H
 #define DEVIO_MODEL_FIXTURE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,6 +27,9 @@ char *path_in(const char *dir, const char *name);
 
 /* The tiny preset, seed 7, written to `dir`. */
 devio_mkmodel_opts tiny_opts(const char *dir);
+/* The tiny preset of architecture `arch` with `seed`, written to fx->dir;
+ * returns the path of its config.json (path_in's buffer). */
+const char *write_arch(const fixture *fx, uint64_t seed, const char *arch);
 /* devio_mkmodel_write, asserted to succeed. */
 void write_model(const devio_mkmodel_opts *o);
 
@@ -43,6 +47,29 @@ void header_set_raw(const char *path, const char *header, size_t hlen);
 json_t *header_load(const char *path);
 /* Stores `h` (consumed) as the header of `path`, keeping the data. */
 void header_store(const char *path, json_t *h);
+
+/* ---- reading back what devio-mkmodel wrote (asserting as they go) ---- */
+
+/* A config key that must be there / an integer / a boolean / a string equal to want. */
+json_t *cfg_get(json_t *c, const char *key);
+int64_t cfg_int(json_t *c, const char *key);
+bool cfg_bool(json_t *c, const char *key);
+void cfg_str(json_t *c, const char *key, const char *want);
+
+/* One tensor of a safetensors header: its name and shape. */
+typedef struct shape_want {
+    const char *name;
+    uint32_t ndim;
+    int64_t s[3];
+} shape_want;
+
+/* The header holds w->name with w's shape (and dtype dt unless NULL). */
+void header_shape_is(json_t *h, const shape_want *w, const char *dt);
+/* Sum of the element counts of every tensor in a header. */
+uint64_t header_params(json_t *h);
+/* The f32 elements of tensor `name` of a single-file model in dir; caller frees. */
+float *tensor_f32(const char *dir, const char *name, size_t *n);
+bool files_equal(const char *a, const char *b);
 
 /* Loading must fail with `want`, leave *out NULL and name both strings (either may be NULL). */
 void expect_fail(const char *dir, devio_status want, const char *s1, const char *s2);

@@ -292,16 +292,6 @@ static void test_writer_rejects(void **state)
     assert_int_equal(access(path_in(fx->dir, "config.json"), F_OK), -1);
 }
 
-static bool files_equal(const char *a, const char *b)
-{
-    size_t na, nb;
-    uint8_t *x = read_all(a, &na), *y = read_all(b, &nb);
-    bool eq = na == nb && memcmp(x, y, na) == 0;
-    free(x);
-    free(y);
-    return eq;
-}
-
 static void test_determinism(void **state)
 {
     fixture *fx = *state;

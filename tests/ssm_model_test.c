@@ -16,21 +16,10 @@
 #include "tests/model_fixture.h"
 #include "tools/mkmodel/mkmodel.h"
 
-static const char *write_arch(const fixture *fx, const char *arch)
-{
-    devio_mkmodel_opts o = devio_mkmodel_opts_default();
-    o.arch = arch;
-    assert_int_equal(devio_mkmodel_preset("tiny", &o, NULL), DEVIO_OK);
-    o.out_dir = fx->dir;
-    o.seed = 3;
-    write_model(&o);
-    return path_in(fx->dir, "config.json");
-}
-
 static void test_bamba_loads(void **state)
 {
     fixture *fx = *state;
-    write_arch(fx, "bamba");
+    write_arch(fx, 3, "bamba");
     devio_model *m = load_ok(fx->dir);
     const devio_model_config *c = &m->cfg;
     assert_int_equal(c->arch, DEVIO_ARCH_BAMBA);
@@ -62,7 +51,7 @@ static void test_bamba_loads(void **state)
 static void test_mamba2_loads(void **state)
 {
     fixture *fx = *state;
-    const char *cfg = write_arch(fx, "mamba2");
+    const char *cfg = write_arch(fx, 3, "mamba2");
     devio_model *m = load_ok(fx->dir);
     assert_int_equal(m->cfg.arch, DEVIO_ARCH_MAMBA2);
     assert_int_equal(m->cfg.max_position_embeddings, 4096); /* Mamba2 names none */
@@ -85,7 +74,7 @@ static void test_mamba2_loads(void **state)
 static void test_mamba2_old_embedding_name(void **state)
 {
     fixture *fx = *state;
-    write_arch(fx, "mamba2");
+    write_arch(fx, 3, "mamba2");
     const char *st = path_in(fx->dir, "model.safetensors");
     json_t *h = header_load(st);
     json_t *e = json_object_get(h, "backbone.embeddings.weight");
@@ -134,7 +123,7 @@ static void test_config_refusals(void **state)
     fixture *fx = *state;
     for (size_t i = 0; i < sizeof bad_cfgs / sizeof *bad_cfgs; i++) {
         const bad_cfg *b = &bad_cfgs[i];
-        const char *cfg = write_arch(fx, b->arch);
+        const char *cfg = write_arch(fx, 3, b->arch);
         file_sub(cfg, b->old, b->new);
         expect_fail(fx->dir, b->want, "config.json", b->says);
     }
@@ -144,7 +133,7 @@ static void test_config_refusals(void **state)
 static void test_config_variants(void **state)
 {
     fixture *fx = *state;
-    const char *cfg = write_arch(fx, "bamba");
+    const char *cfg = write_arch(fx, 3, "bamba");
     file_sub(cfg, "\"mamba_d_head\": 16", "\"mamba_d_head\": \"auto\"");
     file_sub(cfg, "\"rope_theta\": 10000.0",
              "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0}");
@@ -157,7 +146,7 @@ static void test_config_variants(void **state)
 static void test_tensor_refusals(void **state)
 {
     fixture *fx = *state;
-    write_arch(fx, "bamba");
+    write_arch(fx, 3, "bamba");
     const char *st = path_in(fx->dir, "model.safetensors");
     json_t *h = header_load(st);
     json_t *t = json_object_get(h, "model.layers.0.mamba.conv1d.weight");
@@ -166,7 +155,7 @@ static void test_tensor_refusals(void **state)
     header_store(st, h);
     expect_fail(fx->dir, DEVIO_E_MODEL, "model.layers.0.mamba.conv1d.weight", "expected [");
 
-    write_arch(fx, "bamba");
+    write_arch(fx, 3, "bamba");
     h = header_load(st);
     json_object_del(h, "model.layers.2.mamba.A_log");
     header_store(st, h);
@@ -174,7 +163,7 @@ static void test_tensor_refusals(void **state)
 
     /* A conv bias the config says is absent is never read; one it says is
      * there must be. */
-    write_arch(fx, "mamba2");
+    write_arch(fx, 3, "mamba2");
     h = header_load(st);
     json_object_del(h, "backbone.layers.1.mixer.conv1d.bias");
     header_store(st, h);
