@@ -233,10 +233,11 @@ static json_t *device_json(const devio_model *model, const devio_config *c,
                            "runtime", d->runtime, "failure", d->failure);
     return json_pack(
         "{s:s,s:s,s:s,s:o,s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b},s:i,s:{s:i,s:i,s:i,"
-        "s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:i,s:I}",
+        "s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:i,s:I}",
         "version", DEVIO_VERSION, "backend", d->backend, "numerics",
         devio_numerics_str(d->numerics), "device", hw, "model", "architecture", m->architecture,
-        "dtype", devio_dtype_str(model->layers[0].wq.dtype), "vocab_size", m->vocab_size,
+        /* The embedding's: every architecture has one (layer 0 may be a mixer). */
+        "dtype", devio_dtype_str(model->embed.dtype), "vocab_size", m->vocab_size,
         "hidden_size", m->hidden_size, "intermediate_size", m->intermediate_size, "layers",
         m->n_layers, "heads", m->n_heads, "kv_heads", m->n_kv_heads, "head_dim", m->head_dim,
         "max_position_embeddings", m->max_position_embeddings, "tied_embeddings",
@@ -244,7 +245,8 @@ static json_t *device_json(const devio_model *model, const devio_config *c,
         "kv_blocks", c->kv_blocks, "max_seqs", c->max_seqs, "max_seq_len", c->max_seq_len,
         "max_rows", c->max_rows, "max_batch_tokens", c->max_batch_tokens, "logits_handles",
         c->logits_handles, "logits_rows", c->logits_rows, "max_loras", c->max_loras,
-        "max_lora_rank", c->max_lora_rank, "threads", c->threads, "epoch",
+        "max_lora_rank", c->max_lora_rank, "ssm_slots", c->ssm_slots, "ssm_snapshots",
+        c->ssm_snapshots, "threads", c->threads, "epoch",
         (json_int_t)c->epoch);
 }
 

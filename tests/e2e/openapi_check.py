@@ -500,6 +500,7 @@ def _self_test(api):
             "block_size": 16, "kv_blocks": 64, "max_seqs": 256, "max_seq_len": 512,
             "max_rows": 64, "max_batch_tokens": 2048, "logits_handles": 64,
             "logits_rows": 256, "max_loras": 4, "max_lora_rank": 64,
+            "ssm_slots": 0, "ssm_snapshots": 0,
         },
         "threads": 0,
         "epoch": 1,

@@ -717,6 +717,7 @@ def test_facts_and_device(c):
     assert m["dtype"] == "F32" and m["tied_embeddings"] is False
     assert d["max_depth"] == 2 and d["limits"]["block_size"] == f["kv"]["block_size"] == 16
     assert d["limits"]["kv_blocks"] == f["kv"]["blocks_total"]
+    assert d["limits"]["ssm_slots"] == d["limits"]["ssm_snapshots"] == 0  # attention only
     assert d["epoch"] == f["epoch"] >= 1
     assert f["ssm"] == {"slots_total": 0, "slots_used": 0, "snapshots_total": 0, "snapshots_used": 0}
 
