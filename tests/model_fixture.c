@@ -274,3 +274,23 @@ const char *write_arch(const fixture *fx, uint64_t seed, const char *arch)
     write_model(&o);
     return path_in(fx->dir, "config.json");
 }
+
+void expect_deterministic(devio_mkmodel_opts o, const char *dir, const char *name)
+{
+    char a[192], b[192], c[192];
+    snprintf(a, sizeof a, "%s/%s-a", dir, name);
+    snprintf(b, sizeof b, "%s/%s-b", dir, name);
+    snprintf(c, sizeof c, "%s/%s-c", dir, name);
+    o.out_dir = a;
+    write_model(&o);
+    o.out_dir = b;
+    write_model(&o);
+    o.out_dir = c;
+    o.seed = 8;
+    write_model(&o);
+    assert_true(files_equal(path_in(a, "model.safetensors"), path_in(b, "model.safetensors")));
+    assert_true(files_equal(path_in(a, "config.json"), path_in(b, "config.json")));
+    assert_false(files_equal(path_in(a, "model.safetensors"), path_in(c, "model.safetensors")));
+    /* The seed changes the weights, never the config. */
+    assert_true(files_equal(path_in(a, "config.json"), path_in(c, "config.json")));
+}

@@ -70,6 +70,9 @@ uint64_t header_params(json_t *h);
 /* The f32 elements of tensor `name` of a single-file model in dir; caller frees. */
 float *tensor_f32(const char *dir, const char *name, size_t *n);
 bool files_equal(const char *a, const char *b);
+/* Writes o under dir/NAME-a, -b (the same options) and -c (seed 8): a and b
+ * are the same bytes, c has other weights and the same config. */
+void expect_deterministic(devio_mkmodel_opts o, const char *dir, const char *name);
 
 /* Loading must fail with `want`, leave *out NULL and name both strings (either may be NULL). */
 void expect_fail(const char *dir, devio_status want, const char *s1, const char *s2);
