@@ -71,27 +71,6 @@ static void tokens_for(int32_t *t, uint32_t n, uint32_t salt, uint32_t vocab)
         t[i] = (int32_t)((i * 37u + salt * 11u + 3u) % vocab);
 }
 
-/* One step of one row; returns the last position's logits (caller frees). */
-static float *step_one(devio_device *d, uint64_t seq, const int32_t *tok, uint32_t n,
-                       uint32_t vocab)
-{
-    devio_row row = {.seq = seq, .tokens = tok, .n_tokens = n, .logits = DEVIO_LOGITS_LAST};
-    devio_plan plan = {.rows = &row, .n_rows = 1};
-    uint64_t t;
-    devio_error err = {0};
-    assert_int_equal(devio_launch(d, &plan, &t, &err), DEVIO_OK);
-    devio_step_result r;
-    assert_int_equal(devio_await(d, t, -1, &r, &err), DEVIO_OK);
-    float *out = malloc(vocab * sizeof *out);
-    assert_non_null(out);
-    assert_int_equal(devio_logits_read(d, r.rows[0].logits, 0, 1, out, NULL, &err), DEVIO_OK);
-    devio_effect rel = {.kind = DEVIO_EFFECT_RELEASE, .logits = r.rows[0].logits};
-    devio_outcome o;
-    assert_int_equal(devio_apply(d, &rel, &o, &err), DEVIO_OK);
-    devio_step_result_free(&r);
-    return out;
-}
-
 static void assert_facts_equal(const devio_facts *a, const devio_facts *b)
 {
     assert_int_equal(a->block_size, b->block_size);
@@ -232,7 +211,7 @@ static void test_max_seq_len(void **state)
     uint64_t s = new_seq(d);
     int32_t tok[9];
     tokens_for(tok, 9, 3, c->vocab);
-    free(step_one(d, s, tok, 8, c->vocab));
+    free(devio_test_step(d, s, tok, 8, DEVIO_SNAP_NONE, DEVIO_OK));
     devio_row row = {.seq = s, .tokens = tok, .n_tokens = 1};
     devio_plan plan = {.rows = &row, .n_rows = 1};
     uint64_t t;
@@ -250,7 +229,7 @@ static void test_out_of_kv_blocks_changes_nothing(void **state)
     uint64_t a = new_seq(d), b = new_seq(d);
     int32_t tok[24];
     tokens_for(tok, 24, 4, c->vocab);
-    free(step_one(d, a, tok, 10, c->vocab)); /* 3 blocks */
+    free(devio_test_step(d, a, tok, 10, DEVIO_SNAP_NONE, DEVIO_OK)); /* 3 blocks */
     devio_facts before = devio_facts_get(d);
     assert_int_equal(before.blocks_free, 2);
     /* a needs 1 more (10 -> 13), b needs 3: 4 > 2, refused whole. */
@@ -373,7 +352,7 @@ static void test_fork_cow_truncate_free(void **state)
     int32_t tok[16];
     tokens_for(tok, 16, 8, c->vocab);
     uint64_t a = new_seq(d);
-    free(step_one(d, a, tok, 6, c->vocab)); /* blocks: 4 + 2 (partial) */
+    free(devio_test_step(d, a, tok, 6, DEVIO_SNAP_NONE, DEVIO_OK)); /* blocks: 4 + 2 (partial) */
     devio_outcome o;
     devio_error err = {0};
     devio_effect fork = {.kind = DEVIO_EFFECT_FORK, .seq = a};
@@ -384,11 +363,11 @@ static void test_fork_cow_truncate_free(void **state)
     assert_int_equal(f.blocks_shared, 2);
     assert_int_equal(f.blocks_free, 62);
     /* Both continue with different tokens: b's write copies the partial block. */
-    float *la = step_one(d, a, tok + 6, 1, c->vocab);
+    float *la = devio_test_step(d, a, tok + 6, 1, DEVIO_SNAP_NONE, DEVIO_OK);
     f = devio_facts_get(d);
     assert_int_equal(f.blocks_free, 61);
     assert_int_equal(f.blocks_shared, 1);
-    float *lb = step_one(d, b, tok + 7, 1, c->vocab);
+    float *lb = devio_test_step(d, b, tok + 7, 1, DEVIO_SNAP_NONE, DEVIO_OK);
     /* The same continuations computed on fresh sequences. */
     uint64_t a2 = new_seq(d), b2 = new_seq(d);
     int32_t pa[7], pb[7];
@@ -396,8 +375,8 @@ static void test_fork_cow_truncate_free(void **state)
     memcpy(pb, tok, 6 * sizeof *tok);
     pa[6] = tok[6];
     pb[6] = tok[7];
-    float *ra = step_one(d, a2, pa, 7, c->vocab);
-    float *rb = step_one(d, b2, pb, 7, c->vocab);
+    float *ra = devio_test_step(d, a2, pa, 7, DEVIO_SNAP_NONE, DEVIO_OK);
+    float *rb = devio_test_step(d, b2, pb, 7, DEVIO_SNAP_NONE, DEVIO_OK);
     assert_memory_equal(la, ra, c->vocab * sizeof(float));
     assert_memory_equal(lb, rb, c->vocab * sizeof(float));
     assert_memory_not_equal(la, lb, c->vocab * sizeof(float));
@@ -414,9 +393,9 @@ static void test_fork_cow_truncate_free(void **state)
     assert_int_equal(info.len, 3);
     assert_int_equal(info.blocks, 1);
     /* truncate then continue equals the fresh computation */
-    float *lt = step_one(d, a, tok + 3, 4, c->vocab);
+    float *lt = devio_test_step(d, a, tok + 3, 4, DEVIO_SNAP_NONE, DEVIO_OK);
     uint64_t a3 = new_seq(d);
-    float *rt = step_one(d, a3, tok, 7, c->vocab);
+    float *rt = devio_test_step(d, a3, tok, 7, DEVIO_SNAP_NONE, DEVIO_OK);
     assert_memory_equal(lt, rt, c->vocab * sizeof(float));
     free(lt), free(rt);
 
@@ -565,7 +544,7 @@ static void test_batch_invariance(void **state)
         seqs[i] = new_seq(d);
         tokens_for(other[i], 24, 100 + (uint32_t)i, c->vocab);
         if (i % 3 == 0)
-            free(step_one(d, seqs[i], other[i], 1 + (uint32_t)i % 11, c->vocab));
+            free(devio_test_step(d, seqs[i], other[i], 1 + (uint32_t)i % 11, DEVIO_SNAP_NONE, DEVIO_OK));
     }
     devio_row rows[32];
     for (int i = 0; i < 32; i++)

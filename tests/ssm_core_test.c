@@ -79,36 +79,10 @@ static void tokens_for(int32_t *t, uint32_t n, uint32_t salt)
         t[i] = (int32_t)((i * 37u + salt * 11u + 3u) % 256u);
 }
 
-/* One row of n tokens with a snapshot mode; returns the last position's
- * logits (256 floats, caller frees), or NULL when want is not DEVIO_OK
- * (then the launch's status is asserted). */
-static float *step(devio_device *d, uint64_t seq, const int32_t *tok, uint32_t n,
-                   devio_snapshot snap, devio_status want)
-{
-    devio_row row = {.seq = seq, .tokens = tok, .n_tokens = n, .logits = DEVIO_LOGITS_LAST,
-                     .snapshot = snap};
-    devio_plan plan = {.rows = &row, .n_rows = 1};
-    uint64_t t;
-    devio_error err = {0};
-    assert_int_equal(devio_launch(d, &plan, &t, &err), want);
-    if (want != DEVIO_OK)
-        return NULL;
-    devio_step_result r;
-    assert_int_equal(devio_await(d, t, -1, &r, &err), DEVIO_OK);
-    float *out = malloc(256 * sizeof *out);
-    assert_non_null(out);
-    assert_int_equal(devio_logits_read(d, r.rows[0].logits, 0, 1, out, NULL, &err), DEVIO_OK);
-    devio_effect rel = {.kind = DEVIO_EFFECT_RELEASE, .logits = r.rows[0].logits};
-    devio_outcome o;
-    assert_int_equal(devio_apply(d, &rel, &o, &err), DEVIO_OK);
-    devio_step_result_free(&r);
-    return out;
-}
-
 static void step_free(devio_device *d, uint64_t seq, const int32_t *tok, uint32_t n,
                       devio_snapshot snap)
 {
-    free(step(d, seq, tok, n, snap, DEVIO_OK));
+    free(devio_test_step(d, seq, tok, n, snap, DEVIO_OK));
 }
 
 static devio_status apply(devio_device *d, devio_effect e, devio_outcome *o)
@@ -252,13 +226,13 @@ static void test_refusals_change_nothing(void **state)
     expect_same_facts(&before, &f);
 
     /* 3 snapshots are free; "each" over 4 tokens needs 4. */
-    step(d, b, t, 4, DEVIO_SNAP_EACH, DEVIO_E_OUT_OF_SNAPSHOTS);
+    devio_test_step(d, b, t, 4, DEVIO_SNAP_EACH, DEVIO_E_OUT_OF_SNAPSHOTS);
     f = devio_facts_get(d);
     expect_same_facts(&before, &f);
     step_free(d, b, t, 3, DEVIO_SNAP_EACH);
     expect_used(d, 2, 4);
     before = devio_facts_get(d);
-    step(d, a, t, 1, DEVIO_SNAP_END, DEVIO_E_OUT_OF_SNAPSHOTS);
+    devio_test_step(d, a, t, 1, DEVIO_SNAP_END, DEVIO_E_OUT_OF_SNAPSHOTS);
     assert_int_equal(apply(d, (devio_effect){.kind = DEVIO_EFFECT_SNAPSHOT, .seq = a}, &o),
                      DEVIO_OK); /* length 6 has one already */
     step_free(d, a, t, 1, DEVIO_SNAP_NONE);
@@ -322,21 +296,21 @@ static void check_restore_and_fork(const devio_fixture *fx)
     assert_int_equal(
         apply(d, (devio_effect){.kind = DEVIO_EFFECT_TRUNCATE, .seq = a, .len = 9}, &o),
         DEVIO_OK);
-    float *got = step(d, a, u, 4, DEVIO_SNAP_NONE, DEVIO_OK);
+    float *got = devio_test_step(d, a, u, 4, DEVIO_SNAP_NONE, DEVIO_OK);
     uint64_t fresh = new_seq(d);
     step_free(d, fresh, t, 9, DEVIO_SNAP_NONE);
-    expect_same_logits(got, step(d, fresh, u, 4, DEVIO_SNAP_NONE, DEVIO_OK));
+    expect_same_logits(got, devio_test_step(d, fresh, u, 4, DEVIO_SNAP_NONE, DEVIO_OK));
 
     /* Fork at 13, then parent and child continue differently. */
     assert_int_equal(apply(d, (devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = a}, &o), DEVIO_OK);
     uint64_t child = o.seq;
-    float *pc = step(d, a, t + 3, 3, DEVIO_SNAP_NONE, DEVIO_OK);
-    float *cc = step(d, child, u + 7, 2, DEVIO_SNAP_NONE, DEVIO_OK);
-    expect_same_logits(pc, step(d, fresh, t + 3, 3, DEVIO_SNAP_NONE, DEVIO_OK));
+    float *pc = devio_test_step(d, a, t + 3, 3, DEVIO_SNAP_NONE, DEVIO_OK);
+    float *cc = devio_test_step(d, child, u + 7, 2, DEVIO_SNAP_NONE, DEVIO_OK);
+    expect_same_logits(pc, devio_test_step(d, fresh, t + 3, 3, DEVIO_SNAP_NONE, DEVIO_OK));
     uint64_t f2 = new_seq(d);
     step_free(d, f2, t, 9, DEVIO_SNAP_NONE);
     step_free(d, f2, u, 4, DEVIO_SNAP_NONE);
-    expect_same_logits(cc, step(d, f2, u + 7, 2, DEVIO_SNAP_NONE, DEVIO_OK));
+    expect_same_logits(cc, devio_test_step(d, f2, u + 7, 2, DEVIO_SNAP_NONE, DEVIO_OK));
     assert_int_equal(devio_teardown(d, NULL), DEVIO_OK);
 }
 
@@ -357,10 +331,10 @@ static void check_speculative_cycle(const devio_fixture *fx)
         apply(d, (devio_effect){.kind = DEVIO_EFFECT_TRUNCATE, .seq = s, .len = 13}, &o),
         DEVIO_OK);
     assert_int_equal(o.freed_snapshots, 2);
-    float *got = step(d, s, t + 13, 1, DEVIO_SNAP_NONE, DEVIO_OK);
+    float *got = devio_test_step(d, s, t + 13, 1, DEVIO_SNAP_NONE, DEVIO_OK);
     step_free(d, ref, t + 11, 1, DEVIO_SNAP_NONE);
     step_free(d, ref, t + 12, 1, DEVIO_SNAP_NONE);
-    expect_same_logits(got, step(d, ref, t + 13, 1, DEVIO_SNAP_NONE, DEVIO_OK));
+    expect_same_logits(got, devio_test_step(d, ref, t + 13, 1, DEVIO_SNAP_NONE, DEVIO_OK));
     assert_int_equal(devio_teardown(d, NULL), DEVIO_OK);
 }
 

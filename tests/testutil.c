@@ -9,6 +9,10 @@
 
 #include "tests/testutil.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <cmocka.h>
+
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
     (void)sb;
@@ -90,4 +94,28 @@ void devio_fixture_free(devio_fixture *f)
     if (f->dir[0])
         devio_rmtree(f->dir);
     f->dir[0] = '\0';
+}
+
+float *devio_test_step(devio_device *d, uint64_t seq, const int32_t *tok, uint32_t n,
+                       devio_snapshot snap, devio_status want)
+{
+    devio_row row = {.seq = seq, .tokens = tok, .n_tokens = n, .logits = DEVIO_LOGITS_LAST,
+                     .snapshot = snap};
+    devio_plan plan = {.rows = &row, .n_rows = 1};
+    uint64_t t;
+    devio_error err = {0};
+    assert_int_equal(devio_launch(d, &plan, &t, &err), want);
+    if (want != DEVIO_OK)
+        return NULL;
+    devio_step_result r;
+    assert_int_equal(devio_await(d, t, -1, &r, &err), DEVIO_OK);
+    uint32_t vocab = devio_model_of(d)->cfg.vocab_size;
+    float *out = malloc(vocab * sizeof *out);
+    assert_non_null(out);
+    assert_int_equal(devio_logits_read(d, r.rows[0].logits, 0, 1, out, NULL, &err), DEVIO_OK);
+    devio_effect rel = {.kind = DEVIO_EFFECT_RELEASE, .logits = r.rows[0].logits};
+    devio_outcome o;
+    assert_int_equal(devio_apply(d, &rel, &o, &err), DEVIO_OK);
+    devio_step_result_free(&r);
+    return out;
 }

@@ -22,6 +22,13 @@ int devio_fixture_make(devio_fixture *f, devio_mkmodel_opts o);
 int devio_fixture_preset(devio_fixture *f, const char *preset, devio_dtype dtype, uint64_t seed);
 void devio_fixture_free(devio_fixture *f);
 
+/* One step of one row of n tokens (snapshot mode snap) asking for its last
+ * logits. The launch must answer `want` (asserted); when it is DEVIO_OK the
+ * step is awaited and the logits (the model's vocab floats, caller frees)
+ * are read and their handle released; otherwise NULL. */
+float *devio_test_step(devio_device *d, uint64_t seq, const int32_t *tok, uint32_t n,
+                       devio_snapshot snap, devio_status want);
+
 /* The whole file, NUL-terminated (not counted in *size); NULL on failure.
  * Caller frees. */
 uint8_t *devio_read_file(const char *path, size_t *size);
