@@ -544,7 +544,8 @@ static void test_batch_invariance(void **state)
         seqs[i] = new_seq(d);
         tokens_for(other[i], 24, 100 + (uint32_t)i, c->vocab);
         if (i % 3 == 0)
-            free(devio_test_step(d, seqs[i], other[i], 1 + (uint32_t)i % 11, DEVIO_SNAP_NONE, DEVIO_OK));
+            free(devio_test_step(d, seqs[i], other[i], 1 + (uint32_t)i % 11, DEVIO_SNAP_NONE,
+                                 DEVIO_OK));
     }
     devio_row rows[32];
     for (int i = 0; i < 32; i++)
