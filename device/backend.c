@@ -185,10 +185,8 @@ static devio_status check_row(const devio_backend_config *cfg, const devio_batch
         (cfg->shape->n_mixers > 0 && row->ssm_slot < 0))
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u names state slot %d", r,
                              row->ssm_slot);
-    uint32_t n_snap = row->snapshot == DEVIO_SNAPSHOT_NONE ? 0
-                      : row->snapshot == DEVIO_SNAPSHOT_END ? 1
-                                                            : row->n_tokens;
-    if (row->snapshot > DEVIO_SNAPSHOT_EACH || (n_snap && (row->ssm_slot < 0 || !row->snap_slots)))
+    uint32_t n_snap = devio_snapshots_of(row->snapshot, row->n_tokens);
+    if (row->snapshot > DEVIO_SNAP_EACH || (n_snap && (row->ssm_slot < 0 || !row->snap_slots)))
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u asks a bad snapshot", r);
     for (uint32_t i = 0; i < n_snap; i++)
         if (row->snap_slots[i] < 0 || (uint32_t)row->snap_slots[i] >= cfg->ssm_snapshots)

@@ -99,12 +99,6 @@ typedef struct devio_backend_config {
     float *logits_host;
 } devio_backend_config;
 
-typedef enum devio_snapshot_mode {
-    DEVIO_SNAPSHOT_NONE = 0,
-    DEVIO_SNAPSHOT_END,  /* copy the recurrent state after the row's last token */
-    DEVIO_SNAPSHOT_EACH, /* copy it after every token of the row */
-} devio_snapshot_mode;
-
 /* One row of a step. Rows are laid out in plan order and their tokens are
  * contiguous: row r holds batch tokens [tok_start, tok_start + n_tokens),
  * and tok_start of row r+1 is tok_start + n_tokens of row r. */
@@ -125,7 +119,7 @@ typedef struct devio_batch_row {
      * EACH receives the state after token i; END's single slot the state
      * after the last token. No two rows share a state or snapshot slot. */
     int32_t ssm_slot;
-    devio_snapshot_mode snapshot;
+    devio_snapshot snapshot;   /* devio.h; NONE for attention-only models */
     const int32_t *snap_slots; /* END: 1 slot; EACH: n_tokens slots, one after each token */
 } devio_batch_row;
 

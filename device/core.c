@@ -178,6 +178,12 @@ void dv_slot_take(devio_device *d, dv_seq *q)
     q->state_lost = false;
 }
 
+void dv_slot_put(devio_device *d, dv_seq *q)
+{
+    d->slot_free[d->n_slot_free++] = (uint32_t)q->slot;
+    q->slot = -1;
+}
+
 void dv_snap_put(devio_device *d, uint32_t snap)
 {
     d->snap_owner[snap] = -1;
@@ -225,8 +231,7 @@ uint32_t dv_ssm_release(devio_device *d, dv_seq *q)
             n++;
         }
     if (q->slot >= 0)
-        d->slot_free[d->n_slot_free++] = (uint32_t)q->slot;
-    q->slot = -1;
+        dv_slot_put(d, q);
     q->state_lost = false;
     return n;
 }

@@ -192,12 +192,16 @@ void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran);
 
 /* ---- SSM state (core.c) ----------------------------------------------- */
 
-/* Give q a free state slot (the caller checked n_slot_free). */
+/* Give q a free state slot (the caller checked n_slot_free); the slot taken
+ * is the top of the free stack, d->slot_free[d->n_slot_free - 1]. */
 void dv_slot_take(devio_device *d, dv_seq *q);
+/* Give q's state slot back (q holds one). */
+void dv_slot_put(devio_device *d, dv_seq *q);
 /* Release q's state slot, if any, and every snapshot it owns; returns the
  * number of snapshots released. */
 uint32_t dv_ssm_release(devio_device *d, dv_seq *q);
-/* Take a free snapshot slot (the caller checked n_snap_free) for q at len. */
+/* Take a free snapshot slot (the caller checked n_snap_free) for q at len:
+ * the top of the free stack, d->snap_free[d->n_snap_free - 1]. */
 uint32_t dv_snap_take(devio_device *d, const dv_seq *q, uint32_t len);
 void dv_snap_put(devio_device *d, uint32_t snap);
 /* The snapshot q owns at exactly len, or -1. */

@@ -91,6 +91,12 @@ typedef enum devio_snapshot {
     DEVIO_SNAP_EACH, /* one after every token of the row (speculative decoding) */
 } devio_snapshot;
 
+/* Snapshots a row of n_tokens takes in mode s. */
+static inline uint32_t devio_snapshots_of(devio_snapshot s, uint32_t n_tokens)
+{
+    return s == DEVIO_SNAP_EACH ? n_tokens : s == DEVIO_SNAP_END ? 1u : 0u;
+}
+
 typedef enum devio_logits_mode {
     DEVIO_LOGITS_NONE = 0,
     DEVIO_LOGITS_LAST,

@@ -171,7 +171,7 @@ static devio_status apply_truncate(devio_device *d, const devio_effect *e, devio
         int32_t snap = dv_snap_find(d, q, e->len);
         if (snap < 0)
             return devio_fail_at(err, DEVIO_E_NO_SNAPSHOT, "len", e->len,
-                                 "sequence %llu has no SSM snapshot at length %u", 
+                                 "sequence %llu has no SSM snapshot at length %u",
                                  (unsigned long long)e->seq, e->len);
         if ((s = ssm_copy(d, false, (uint32_t)q->slot, true, (uint32_t)snap, err)) != DEVIO_OK)
             return s;

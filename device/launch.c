@@ -26,9 +26,7 @@ static devio_status validate_ssm(devio_device *d, const devio_plan *p, devio_err
                                  "truncate it to a snapshot or to 0, or free it",
                                  r, (unsigned long long)row->seq);
         slots += q->slot < 0;
-        snaps += row->snapshot == DEVIO_SNAP_EACH ? row->n_tokens
-                 : row->snapshot == DEVIO_SNAP_END ? 1
-                                                   : 0;
+        snaps += devio_snapshots_of(row->snapshot, row->n_tokens);
     }
     if (slots > d->n_slot_free)
         return devio_fail_at(err, DEVIO_E_OUT_OF_SSM_SLOTS, "needed", slots,
@@ -191,12 +189,8 @@ static void commit_ssm(devio_device *d, dv_ticket *t, const devio_row *row, dv_s
         tr->took_slot = true;
     }
     br->ssm_slot = q->slot;
-    br->snapshot = row->snapshot == DEVIO_SNAP_EACH  ? DEVIO_SNAPSHOT_EACH
-                   : row->snapshot == DEVIO_SNAP_END ? DEVIO_SNAPSHOT_END
-                                                     : DEVIO_SNAPSHOT_NONE;
-    tr->n_snaps = row->snapshot == DEVIO_SNAP_EACH ? row->n_tokens
-                  : row->snapshot == DEVIO_SNAP_END ? 1
-                                                    : 0;
+    br->snapshot = row->snapshot;
+    tr->n_snaps = devio_snapshots_of(row->snapshot, row->n_tokens);
     int32_t *snaps = t->snap_slots + br->tok_start;
     for (uint32_t i = 0; i < tr->n_snaps; i++) {
         uint32_t len = row->snapshot == DEVIO_SNAP_END ? q->len + row->n_tokens : q->len + i + 1;
@@ -232,7 +226,7 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
     t->brows[r] = (devio_batch_row){.pos0 = q->len, .n_tokens = row->n_tokens,
                                     .tok_start = t->batch.n_tokens, .blocks = q->blocks,
                                     .adapter = tr->lora_slot, .adapter_gen = tr->lora_gen,
-                                    .ssm_slot = -1, .snapshot = DEVIO_SNAPSHOT_NONE};
+                                    .ssm_slot = -1, .snapshot = DEVIO_SNAP_NONE};
     commit_ssm(d, t, row, q, tr, &t->brows[r]);
     layout_tokens(t, r, row, q, h);
     q->len += row->n_tokens;
@@ -247,8 +241,7 @@ void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran)
         for (uint32_t i = tr->n_snaps; i-- > 0;)
             dv_snap_put(d, (uint32_t)t->snap_slots[t->brows[r].tok_start + i]);
         if (tr->took_slot) {
-            d->slot_free[d->n_slot_free++] = (uint32_t)q->slot;
-            q->slot = -1;
+            dv_slot_put(d, q);
         } else if (ran && q->slot >= 0) {
             q->state_lost = true; /* the step may have advanced it */
         }

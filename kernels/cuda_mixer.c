@@ -16,8 +16,8 @@
 
 _Static_assert(sizeof(cuda_ssm_row) == CUDA_SSM_ROW_WORDS * sizeof(uint32_t),
                "cuda_ssm_row is packed as words");
-_Static_assert((int)DEVIO_SNAPSHOT_END == CUDA_SNAP_END &&
-                   (int)DEVIO_SNAPSHOT_EACH == CUDA_SNAP_EACH,
+_Static_assert((int)DEVIO_SNAP_END == CUDA_SNAP_END &&
+                   (int)DEVIO_SNAP_EACH == CUDA_SNAP_EACH,
                "snapshot modes");
 
 devio_status cuda_mixer_supported(const devio_model_shape *sh, devio_error *err)
@@ -147,9 +147,7 @@ uint32_t cuda_mixer_pack(cuda_step *sp, uint32_t *w, const uint32_t *dev)
     uint32_t nr = b->n_rows, ns = 0, *snaps = w + (size_t)nr * CUDA_SSM_ROW_WORDS;
     for (uint32_t r = 0; r < nr; r++) {
         const devio_batch_row *row = &b->rows[r];
-        uint32_t n_snap = row->snapshot == DEVIO_SNAPSHOT_EACH  ? row->n_tokens
-                          : row->snapshot == DEVIO_SNAPSHOT_END ? 1
-                                                                : 0;
+        uint32_t n_snap = devio_snapshots_of(row->snapshot, row->n_tokens);
         cuda_ssm_row x = {.tok_start = row->tok_start, .n_tokens = row->n_tokens,
                           .slot = (uint32_t)row->ssm_slot, .fresh = row->pos0 == 0,
                           .snap_mode = n_snap ? (uint32_t)row->snapshot : CUDA_SNAP_NONE,

@@ -23,7 +23,7 @@ extern "C" {
 #define CUDA_SSM_MAX_STATE 256u
 #define CUDA_SSM_MAX_CONV 32u
 
-/* Snapshot modes of a row, as backend.h's devio_snapshot_mode numbers them. */
+/* Snapshot modes of a row, as backend.h's devio.h's devio_snapshot numbers them. */
 enum { CUDA_SNAP_NONE = 0, CUDA_SNAP_END = 1, CUDA_SNAP_EACH = 2 };
 
 /* One row of a step as the mixer kernels read it: uploaded with the step's

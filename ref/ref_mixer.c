@@ -52,9 +52,9 @@ static float *snap_of(const ref_mixer *m, const devio_batch_row *row, uint32_t i
 /* Whether the state after token i of the row is snapshotted, and where. */
 static int snap_index(const devio_batch_row *row, uint32_t i)
 {
-    if (row->snapshot == DEVIO_SNAPSHOT_EACH)
+    if (row->snapshot == DEVIO_SNAP_EACH)
         return (int)i;
-    if (row->snapshot == DEVIO_SNAPSHOT_END && i + 1 == row->n_tokens)
+    if (row->snapshot == DEVIO_SNAP_END && i + 1 == row->n_tokens)
         return 0;
     return -1;
 }
