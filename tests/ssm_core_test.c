@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "device/backend.h"
+#include "device/status.h"
 #include "ref/ref_backend.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "tests/testutil.h"
@@ -352,6 +353,61 @@ static void test_numbers_mamba2(void **state)
     check_speculative_cycle(&c->mamba2);
 }
 
+/* The reference, whose wait fails (after computing) when fail_next is set:
+ * a step that ran and then failed, as a broken device's would. */
+static bool fail_next;
+static devio_backend_ops flaky;
+
+static devio_status flaky_wait(void *state, const devio_batch *b, devio_error *err)
+{
+    devio_status s = devio_ref_backend.wait(state, b, err);
+    if (s == DEVIO_OK && fail_next) {
+        fail_next = false;
+        s = devio_fail(err, DEVIO_E_DEVICE, "injected failure after the step ran");
+    }
+    return s;
+}
+
+/* A failed step leaves the state lost: launches and snapshots are refused
+ * until a truncate restores a snapshot (at the current length too) or goes
+ * to 0; then the numbers are a fresh sequence's. */
+static void test_state_lost_after_failed_step(void **state)
+{
+    ctx *c = *state;
+    flaky = devio_ref_backend;
+    flaky.wait = flaky_wait;
+    devio_config cfg = devio_config_default();
+    cfg.threads = 1;
+    devio_device *d = NULL;
+    assert_int_equal(devio_open(c->bamba.model, &flaky, &cfg, &d, NULL), DEVIO_OK);
+    int32_t t[16];
+    tokens_for(t, 16, 7);
+    devio_outcome o;
+    uint64_t a = new_seq(d), fresh = new_seq(d);
+    step_free(d, a, t, 6, DEVIO_SNAP_END);
+    fail_next = true;
+    devio_row row = {.seq = a, .tokens = t + 6, .n_tokens = 2};
+    devio_plan plan = {.rows = &row, .n_rows = 1};
+    uint64_t tk;
+    devio_step_result r;
+    assert_int_equal(devio_launch(d, &plan, &tk, NULL), DEVIO_OK);
+    assert_int_equal(devio_await(d, tk, -1, &r, NULL), DEVIO_E_DEVICE);
+    devio_seq_info in;
+    assert_int_equal(devio_seq_info_get(d, a, &in, NULL), DEVIO_OK);
+    assert_int_equal(in.len, 6); /* undone */
+    devio_test_step(d, a, t + 6, 1, DEVIO_SNAP_NONE, DEVIO_E_DEVICE);
+    assert_int_equal(apply(d, (devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = a}, &o),
+                     DEVIO_E_DEVICE);
+    /* The snapshot at the current length brings the state back. */
+    assert_int_equal(
+        apply(d, (devio_effect){.kind = DEVIO_EFFECT_TRUNCATE, .seq = a, .len = 6}, &o),
+        DEVIO_OK);
+    float *got = devio_test_step(d, a, t + 6, 2, DEVIO_SNAP_NONE, DEVIO_OK);
+    step_free(d, fresh, t, 6, DEVIO_SNAP_NONE);
+    expect_same_logits(got, devio_test_step(d, fresh, t + 6, 2, DEVIO_SNAP_NONE, DEVIO_OK));
+    assert_int_equal(devio_teardown(d, NULL), DEVIO_OK);
+}
+
 /* Derived pool sizes: at most max_seqs slots, 4 snapshots per slot. */
 static void test_derived_pools(void **state)
 {
@@ -395,6 +451,7 @@ int main(void)
         cmocka_unit_test(test_refusals_change_nothing),
         cmocka_unit_test(test_numbers_bamba),
         cmocka_unit_test(test_numbers_mamba2),
+        cmocka_unit_test(test_state_lost_after_failed_step),
         cmocka_unit_test(test_derived_pools),
         cmocka_unit_test(test_attention_only_holds_nothing),
     };
