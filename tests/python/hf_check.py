@@ -463,10 +463,10 @@ def check_all(a):
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         a.tmp = tmp
-        todo = list(tasks(a))
+        variants_to_run = list(tasks(a))
         with multiprocessing.get_context("fork").Pool(a.jobs) as pool:
             preset = None
-            for t, (label, err, effects, why) in zip(todo, pool.imap(run_task, todo)):
+            for t, (label, err, effects, why) in zip(variants_to_run, pool.imap(run_task, variants_to_run)):
                 if t.preset != preset:
                     preset, tail = t.preset, t.tail
                     print(f"hf_check {preset}: {a.tokens} tokens per prompt, logits of "
