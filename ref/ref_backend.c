@@ -206,6 +206,42 @@ static bool create_buffers(ref_state *st)
            st->lora_row && st->lora_a;
 }
 
+/* One projection weight packed into panels, counted in st->bytes. An
+ * absent tensor leaves p empty. */
+static bool pack_one(ref_state *st, ref_panels *p, const devio_tensor *t)
+{
+    if (!t->data)
+        return true;
+    if (ref_panels_pack(p, st->pool, t->data, t->dtype, (uint32_t)t->shape[0],
+                        (uint32_t)t->shape[1]) != 0)
+        return false;
+    st->bytes += p->bytes;
+    return true;
+}
+
+/* Every projection of every layer, and the logits head (the embedding's
+ * rows when tied: packed all the same, the lookup keeps reading the file). */
+static bool pack_weights(ref_state *st, uint32_t L)
+{
+    st->panels = calloc_n(st, L, REF_W_N, sizeof *st->panels);
+    if (!st->panels)
+        return false;
+    for (uint32_t li = 0; li < L; li++) {
+        const devio_layer *l = &st->model->layers[li];
+        ref_panels *p = st->panels + (size_t)li * REF_W_N;
+        const devio_tensor *t[REF_W_N] = {
+            [REF_WQ] = &l->wq,        [REF_WK] = &l->wk,   [REF_WV] = &l->wv,
+            [REF_WO] = &l->wo,        [REF_WGATE] = &l->w_gate, [REF_WUP] = &l->w_up,
+            [REF_WDOWN] = &l->w_down, [REF_WIN] = &l->mixer.in_proj,
+            [REF_WOUT] = &l->mixer.out_proj,
+        };
+        for (uint32_t k = 0; k < REF_W_N; k++)
+            if (!pack_one(st, &p[k], t[k]))
+                return false;
+    }
+    return pack_one(st, &st->lm_panels, &st->model->lm_head);
+}
+
 static devio_status ref_create(const devio_model *model, const devio_backend_config *cfg,
                                void **state, devio_error *err)
 {
@@ -253,12 +289,18 @@ static devio_status ref_create(const devio_model *model, const devio_backend_con
     st->scratch = calloc_n(st, st->n_scratch, 1, sizeof *st->scratch);
     if (!st->scratch)
         goto out_nomem;
-    uint32_t max_in = st->d > st->q_dim ? st->d : st->q_dim;
-    max_in = max_in > st->f ? max_in : st->f;
     for (uint32_t i = 0; i < st->n_scratch; i++) {
-        if (ref_scratch_init(&st->scratch[i], max_in, cfg->max_seq_len, st->hd) != 0)
+        if (ref_scratch_init(&st->scratch[i], cfg->max_seq_len, st->hd) != 0)
             goto out_nomem;
     }
+    uint32_t max_in = st->d > st->q_dim ? st->d : st->q_dim;
+    max_in = max_in > st->f ? max_in : st->f;
+    max_in = max_in > m->ssm_inner ? max_in : m->ssm_inner;
+    st->xpack = calloc_n(st, ref_gemm_xpack_floats(cfg->max_batch_tokens, max_in), 1,
+                         sizeof(float));
+    if (!st->xpack || !pack_weights(st, m->n_layers))
+        goto out_nomem;
+    st->work = (ref_gemm_work){.pool = st->pool, .scratch = st->scratch, .xpack = st->xpack};
     *state = st;
     return DEVIO_OK;
 
@@ -273,6 +315,9 @@ static void ref_destroy(void *sp)
     if (!st)
         return;
     devio_pool_free(st->pool);
+    for (size_t i = 0; st->panels && i < (size_t)st->cfg.shape->n_layers * REF_W_N; i++)
+        ref_panels_free(&st->panels[i]);
+    ref_panels_free(&st->lm_panels);
     if (st->scratch) {
         for (uint32_t i = 0; i < st->n_scratch; i++)
             ref_scratch_fini(&st->scratch[i]);
@@ -297,7 +342,7 @@ static void ref_destroy(void *sp)
                     st->bq, st->bk, st->bv, st->x, st->h, st->q, st->k, st->v, st->att,
                     st->act, st->tok_pos, st->tok_blocks, st->tok_adapter, st->slots,
                     st->slot_gen, st->lora_row, st->lora_a, st->o_tmp, st->g_tmp, st->u_tmp,
-                    st->out_ptr};
+                    st->out_ptr, st->panels, st->xpack};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(st);

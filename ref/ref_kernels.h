@@ -11,6 +11,10 @@
 #include "device/model.h"
 #include "ref/pool.h"
 
+/* Floats of a thread's projection partials (ref_gemm.c): two operands x
+ * 32 lanes x up to 12 tokens x 16 outputs. */
+#define REF_GEMM_PART_FLOATS (2u * 32u * 12u * 16u)
+
 /* Activations handed to the kernels are stored with a row stride of
  * ref_pad32(n) floats and zeros past n, so that full 32-lane chunks can be
  * read without a tail case. */
@@ -19,24 +23,18 @@ static inline uint32_t ref_pad32(uint32_t n)
     return (n + 31u) & ~31u;
 }
 
-/* Weight tile floats per thread below which tiles are not made smaller: it
- * keeps one tile plus a few token rows inside a 48 KiB L1. */
-#define REF_TILE_FLOATS 6144u
-
 /* Per-thread scratch, owned by the backend state (ref_scratch_init/fini). */
 typedef struct ref_scratch {
-    float *tile;     /* 2 * tile_floats: widened weight rows (two for gate/up) */
-    uint32_t tile_floats;
+    float *part;     /* REF_GEMM_PART_FLOATS: a projection tile's lane partials */
     float *scores;   /* max_seq_len: attention scores, then exp weights */
     float *acc;      /* 32 * ref_pad32(head_dim): per-lane attention sums */
     float *qbuf;     /* ref_pad32(head_dim): a query head, zero padded */
     float *kbuf;     /* ref_pad32(head_dim): a key tail, zero padded */
 } ref_scratch;
 
-/* Allocate scratch for inputs up to max_in floats, sequences up to
- * max_seq_len and head dimension head_dim. Returns 0 on success, -1 when
+/* Allocate scratch for sequences up to max_seq_len and head dimension head_dim. Returns 0 on success, -1 when
  * memory is short (then nothing is held). Free with ref_scratch_fini. */
-int ref_scratch_init(ref_scratch *s, uint32_t max_in, uint32_t max_seq_len, uint32_t head_dim);
+int ref_scratch_init(ref_scratch *s, uint32_t max_seq_len, uint32_t head_dim);
 void ref_scratch_fini(ref_scratch *s);
 
 /* lane_dot and lane_sum of the definition, for any n (no padding needed). */
@@ -54,38 +52,6 @@ void ref_rmsnorm(float *y, const float *x, const float *w, uint32_t d, float eps
  * position; dimensions [rd, hd) of a head are left as they are. */
 void ref_rope(float *x, uint32_t n_heads, uint32_t hd, uint32_t rd, const float *cos_row,
               const float *sin_row);
-
-/* What a projection does with each dot product (rule 3 and 7). */
-typedef enum ref_epilogue {
-    REF_EPI_STORE = 0, /* y = dot */
-    REF_EPI_BIAS,      /* y = dot + bias[o] */
-    REF_EPI_ADD,       /* y = y + dot (residual) */
-    REF_EPI_ADD_SCALED,/* y = y + dot * scale (Granite's residual_multiplier) */
-    REF_EPI_SILU_MUL,  /* y = devio_siluf(dot(w)) * dot(w2) */
-} ref_epilogue;
-
-/* One projection over n_tok token rows. Everything is borrowed. */
-typedef struct ref_matmul {
-    const void *w;       /* [m, n] of dtype */
-    const void *w2;      /* REF_EPI_SILU_MUL: the up weight, same dtype and shape */
-    devio_dtype dtype;
-    uint32_t m, n;
-    const float *bias;   /* REF_EPI_BIAS: [m] f32 */
-    float scale;         /* REF_EPI_ADD_SCALED */
-    ref_epilogue epi;
-    const float *x;      /* n_tok rows of stride ldx >= ref_pad32(n), zero past n */
-    size_t ldx;
-    uint32_t n_tok;
-    float *y;            /* output rows of stride ldy, or ... */
-    size_t ldy;
-    float *const *y_rows;/* ... when not NULL, output row pointers [n_tok] */
-    uint32_t rows_per_job; /* set by ref_matmul_run */
-} ref_matmul;
-
-/* Run up to 4 independent projections as one parallel region: jobs are
- * ranges of output rows, each output element computed whole by one job.
- * scratch[thread] is the scratch of each pool thread. */
-void ref_matmul_run(devio_pool *pool, ref_scratch *scratch, ref_matmul *mm, uint32_t count);
 
 /* Attention (rule 6) for every (token, head) of a step, one job each. */
 typedef struct ref_attention {

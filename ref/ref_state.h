@@ -13,8 +13,16 @@
 #include "device/adapter.h"
 #include "device/backend.h"
 #include "ref/pool.h"
+#include "ref/ref_gemm.h"
 #include "ref/ref_kernels.h"
 #include "ref/ref_mixer.h"
+
+/* The projection weights of a layer, packed (ref_gemm.h); the ones a layer
+ * lacks stay empty. */
+typedef enum ref_weight {
+    REF_WQ = 0, REF_WK, REF_WV, REF_WO, REF_WGATE, REF_WUP, REF_WDOWN, REF_WIN, REF_WOUT,
+    REF_W_N
+} ref_weight;
 
 typedef struct ref_state {
     const devio_model *model; /* borrowed */
@@ -29,6 +37,11 @@ typedef struct ref_state {
     size_t block_floats;        /* block_size * kv_dim */
     const float *rope_cos, *rope_sin; /* [max_seq_len, hd / 2], the core's */
     size_t bytes;               /* everything create allocated, for info */
+
+    /* Every projection packed once at create: [n_layers * REF_W_N], and
+     * the logits head. The model's own copies are not read by a step. */
+    ref_panels *panels;
+    ref_panels lm_panels;
 
     /* Norm weights and biases widened once: they are tiny and read per token. */
     float *attn_norm, *ffn_norm; /* [n_layers, d] */
@@ -63,6 +76,8 @@ typedef struct ref_state {
     devio_pool *pool;
     ref_scratch *scratch; /* one per pool thread */
     uint32_t n_scratch;
+    float *xpack;         /* packed activations of a projection (ref_gemm_xpack_floats) */
+    ref_gemm_work work;   /* pool, scratch and xpack, for ref_matmul_run */
 
     /* Hybrid models (numspec rule 10): per layer, the mixer's small weights
      * widened (mixer layers only) and its offset inside a state slot; the

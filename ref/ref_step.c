@@ -89,7 +89,7 @@ static void qk_norm_rows(ref_state *st, uint32_t li, uint32_t n_tok)
 /* First half of layer li: norm, q/k/v, RoPE, and K and V into the cache. */
 static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
 {
-    const devio_layer *l = &st->model->layers[li];
+    const ref_panels *P = st->panels + (size_t)li * REF_W_N;
     uint32_t rd = st->cfg.shape->rotary_dim, half = rd / 2;
     float *kc = st->k_cache[li], *vc = st->v_cache[li];
     uint32_t bs = st->cfg.block_size;
@@ -97,12 +97,9 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
     rmsnorm_rows(st, st->h, st->x, st->attn_norm + (size_t)li * st->d, n_tok);
 
     ref_matmul qkv[3] = {
-        {.w = l->wq.data, .dtype = l->wq.dtype, .m = st->q_dim, .n = st->d,
-         .x = st->h, .ldx = st->d_pad, .n_tok = n_tok, .y = st->q, .ldy = st->q_dim},
-        {.w = l->wk.data, .dtype = l->wk.dtype, .m = st->kv_dim, .n = st->d,
-         .x = st->h, .ldx = st->d_pad, .n_tok = n_tok, .y = st->k, .ldy = st->kv_dim},
-        {.w = l->wv.data, .dtype = l->wv.dtype, .m = st->kv_dim, .n = st->d,
-         .x = st->h, .ldx = st->d_pad, .n_tok = n_tok, .y = st->v, .ldy = st->kv_dim},
+        {.w = &P[REF_WQ], .x = st->h, .ldx = st->d_pad, .n_tok = n_tok, .y = st->q, .ldy = st->q_dim},
+        {.w = &P[REF_WK], .x = st->h, .ldx = st->d_pad, .n_tok = n_tok, .y = st->k, .ldy = st->kv_dim},
+        {.w = &P[REF_WV], .x = st->h, .ldx = st->d_pad, .n_tok = n_tok, .y = st->v, .ldy = st->kv_dim},
     };
     if (st->bq) {
         qkv[0].epi = qkv[1].epi = qkv[2].epi = REF_EPI_BIAS;
@@ -110,7 +107,7 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
         qkv[1].bias = st->bk + (size_t)li * st->kv_dim;
         qkv[2].bias = st->bv + (size_t)li * st->kv_dim;
     }
-    ref_matmul_run(st->pool, st->scratch, qkv, 3);
+    ref_matmul_run(&st->work, qkv, 3);
     lora_add(st, li, DEVIO_LORA_Q, st->h, st->d_pad, st->q, st->q_dim, n_tok);
     lora_add(st, li, DEVIO_LORA_K, st->h, st->d_pad, st->k, st->kv_dim, n_tok);
     lora_add(st, li, DEVIO_LORA_V, st->h, st->d_pad, st->v, st->kv_dim, n_tok);
@@ -147,14 +144,14 @@ static void residual_proj(ref_state *st, uint32_t li, devio_lora_target target, 
             mm->epi = REF_EPI_ADD_SCALED;
             mm->scale = r;
         }
-        ref_matmul_run(st->pool, st->scratch, mm, 1);
+        ref_matmul_run(&st->work, mm, 1);
         return;
     }
     float *x = mm->y;
     mm->epi = bias ? REF_EPI_BIAS : REF_EPI_STORE;
     mm->bias = bias;
     mm->y = st->o_tmp;
-    ref_matmul_run(st->pool, st->scratch, mm, 1);
+    ref_matmul_run(&st->work, mm, 1);
     if (lora)
         lora_add(st, li, target, mm->x, mm->ldx, st->o_tmp, st->d_pad, n_tok);
     for (uint32_t t = 0; t < n_tok; t++)
@@ -167,7 +164,7 @@ static void residual_proj(ref_state *st, uint32_t li, devio_lora_target target, 
 /* Attention of layer li and o_proj into the residual. */
 static void layer_attn_out(ref_state *st, uint32_t li, uint32_t n_tok)
 {
-    const devio_layer *l = &st->model->layers[li];
+    const ref_panels *P = st->panels + (size_t)li * REF_W_N;
     float *kc = st->k_cache[li], *vc = st->v_cache[li];
     uint32_t bs = st->cfg.block_size;
 
@@ -180,8 +177,7 @@ static void layer_attn_out(ref_state *st, uint32_t li, uint32_t n_tok)
     };
     ref_attention_run(st->pool, st->scratch, &at);
 
-    ref_matmul o = {.w = l->wo.data, .dtype = l->wo.dtype, .m = st->d, .n = st->q_dim,
-                    .epi = REF_EPI_ADD, .x = st->att, .ldx = st->q_pad, .n_tok = n_tok,
+    ref_matmul o = {.w = &P[REF_WO], .epi = REF_EPI_ADD, .x = st->att, .ldx = st->q_pad, .n_tok = n_tok,
                     .y = st->x, .ldy = st->d_pad};
     residual_proj(st, li, DEVIO_LORA_O, &o, NULL, n_tok);
 }
@@ -189,11 +185,10 @@ static void layer_attn_out(ref_state *st, uint32_t li, uint32_t n_tok)
 /* The MLP of layer li with its norm and residual. */
 static void layer_mlp(ref_state *st, uint32_t li, uint32_t n_tok)
 {
-    const devio_layer *l = &st->model->layers[li];
+    const ref_panels *P = st->panels + (size_t)li * REF_W_N;
     rmsnorm_rows(st, st->h, st->x, st->ffn_norm + (size_t)li * st->d, n_tok);
 
-    ref_matmul gu = {.w = l->w_gate.data, .w2 = l->w_up.data, .dtype = l->w_gate.dtype,
-                     .m = st->f, .n = st->d, .epi = REF_EPI_SILU_MUL, .x = st->h,
+    ref_matmul gu = {.w = &P[REF_WGATE], .w2 = &P[REF_WUP], .epi = REF_EPI_SILU_MUL, .x = st->h,
                      .ldx = st->d_pad, .n_tok = n_tok, .y = st->act, .ldy = st->f_pad};
     if (st->lora_targets & ((1u << DEVIO_LORA_GATE) | (1u << DEVIO_LORA_UP))) {
         /* Unfused: gate and up stored, adapted, then silu(gate) * up as the
@@ -201,10 +196,10 @@ static void layer_mlp(ref_state *st, uint32_t li, uint32_t n_tok)
         ref_matmul pair[2] = {gu, gu};
         pair[0].epi = pair[1].epi = REF_EPI_STORE;
         pair[0].w2 = pair[1].w2 = NULL;
-        pair[1].w = l->w_up.data;
+        pair[1].w = &P[REF_WUP];
         pair[0].y = st->g_tmp;
         pair[1].y = st->u_tmp;
-        ref_matmul_run(st->pool, st->scratch, pair, 2);
+        ref_matmul_run(&st->work, pair, 2);
         lora_add(st, li, DEVIO_LORA_GATE, st->h, st->d_pad, st->g_tmp, st->f_pad, n_tok);
         lora_add(st, li, DEVIO_LORA_UP, st->h, st->d_pad, st->u_tmp, st->f_pad, n_tok);
         for (uint32_t t = 0; t < n_tok; t++)
@@ -213,11 +208,10 @@ static void layer_mlp(ref_state *st, uint32_t li, uint32_t n_tok)
                 st->act[k] = devio_siluf(st->g_tmp[k]) * st->u_tmp[k];
             }
     } else {
-        ref_matmul_run(st->pool, st->scratch, &gu, 1);
+        ref_matmul_run(&st->work, &gu, 1);
     }
 
-    ref_matmul down = {.w = l->w_down.data, .dtype = l->w_down.dtype, .m = st->d, .n = st->f,
-                       .epi = REF_EPI_ADD, .x = st->act, .ldx = st->f_pad, .n_tok = n_tok,
+    ref_matmul down = {.w = &P[REF_WDOWN], .epi = REF_EPI_ADD, .x = st->act, .ldx = st->f_pad, .n_tok = n_tok,
                        .y = st->x, .ldy = st->d_pad};
     residual_proj(st, li, DEVIO_LORA_DOWN, &down, NULL, n_tok);
 }
@@ -227,22 +221,20 @@ static void layer_mlp(ref_state *st, uint32_t li, uint32_t n_tok)
  * residual. Every token runs: each one moves its row's state. */
 static void layer_mixer(ref_state *st, const devio_batch *b, uint32_t li, uint32_t n_tok)
 {
-    const devio_mixer *x = &st->model->layers[li].mixer;
+    const ref_panels *P = st->panels + (size_t)li * REF_W_N;
     const devio_model_shape *m = st->cfg.shape;
     rmsnorm_rows(st, st->h, st->x, st->attn_norm + (size_t)li * st->d, n_tok);
-    ref_matmul in = {.w = x->in_proj.data, .dtype = x->in_proj.dtype, .m = m->in_dim, .n = st->d,
-                     .epi = st->in_bias[li] ? REF_EPI_BIAS : REF_EPI_STORE,
+    ref_matmul in = {.w = &P[REF_WIN], .epi = st->in_bias[li] ? REF_EPI_BIAS : REF_EPI_STORE,
                      .bias = st->in_bias[li], .x = st->h, .ldx = st->d_pad, .n_tok = n_tok,
                      .y = st->zx, .ldy = st->in_pad};
-    ref_matmul_run(st->pool, st->scratch, &in, 1);
+    ref_matmul_run(&st->work, &in, 1);
     lora_add(st, li, DEVIO_LORA_IN_PROJ, st->h, st->d_pad, st->zx, st->in_pad, n_tok);
     ref_mixer mx = {.shape = m, .batch = b, .w = &st->mix[li], .zx = st->zx, .ldzx = st->in_pad,
                     .xa = st->xa, .ldxa = st->conv_pad, .y = st->ym, .ldy = st->i_pad,
                     .slots = st->ssm_slots, .snaps = st->ssm_snaps, .layer_off = st->mix_off[li],
                     .tmp = st->scan_tmp};
     ref_mixer_run(st->pool, &mx);
-    ref_matmul out = {.w = x->out_proj.data, .dtype = x->out_proj.dtype, .m = st->d,
-                      .n = m->ssm_inner, .epi = REF_EPI_ADD, .x = st->ym, .ldx = st->i_pad,
+    ref_matmul out = {.w = &P[REF_WOUT], .epi = REF_EPI_ADD, .x = st->ym, .ldx = st->i_pad,
                       .n_tok = n_tok, .y = st->x, .ldy = st->d_pad};
     residual_proj(st, li, DEVIO_LORA_OUT_PROJ, &out, st->out_bias[li], n_tok);
 }
@@ -333,10 +325,9 @@ devio_status ref_step_run(void *sp, const devio_batch *b, devio_error *err)
     if (b->n_out > 0) {
         layer_second(st, last, b->n_out);
         rmsnorm_rows(st, st->h, st->x, st->final_norm, b->n_out);
-        ref_matmul lm = {.w = m->lm_head.data, .dtype = m->lm_head.dtype, .m = st->vocab,
-                         .n = st->d, .x = st->h, .ldx = st->d_pad, .n_tok = b->n_out,
+        ref_matmul lm = {.w = &st->lm_panels, .x = st->h, .ldx = st->d_pad, .n_tok = b->n_out,
                          .y_rows = st->out_ptr};
-        ref_matmul_run(st->pool, st->scratch, &lm, 1);
+        ref_matmul_run(&st->work, &lm, 1);
         float ls = st->cfg.shape->logit_scale;
         for (uint32_t i = 0; i < b->n_out && ls != 1.0f; i++) /* Granite, rule 8 */
             for (uint32_t v = 0; v < st->vocab; v++)

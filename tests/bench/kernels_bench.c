@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "device/model.h"
 #include "ref/pool.h"
+#include "ref/ref_gemm.h"
 #include "ref/ref_kernels.h"
 
 
@@ -104,25 +105,33 @@ static double bench_bandwidth(devio_pool *pool)
 static void bench_matvec(devio_pool *pool, ref_scratch *scratch, uint32_t m, uint32_t n,
                          devio_dtype dt, uint32_t n_tok)
 {
+    static const char *const names[] = {[DEVIO_F32] = "f32", [DEVIO_BF16] = "bf16",
+                                        [DEVIO_F16] = "f16"};
     size_t esz = dt == DEVIO_F32 ? 4 : 2;
     /* Several copies of the weight, cycled, so none of it sits in cache. */
     uint32_t copies = (uint32_t)(((size_t)512 << 20) / ((size_t)m * n * esz) + 1);
     if (copies > 8)
         copies = 8;
-    void *w[8];
-    for (uint32_t i = 0; i < copies; i++)
-        w[i] = dt == DEVIO_F32 ? (void *)rand_f32((size_t)m * n, 0.05f, i)
-                               : (void *)rand_bf16((size_t)m * n, 0.05f, i);
+    ref_panels w[8];
+    for (uint32_t i = 0; i < copies; i++) {
+        /* bf16 bits read as f16 are finite halves of the same spread. */
+        void *raw = dt == DEVIO_F32 ? (void *)rand_f32((size_t)m * n, 0.05f, i)
+                                    : (void *)rand_bf16((size_t)m * n, 0.05f, i);
+        if (!raw || ref_panels_pack(&w[i], pool, raw, dt, m, n) != 0)
+            return;
+        free(raw);
+    }
     uint32_t ldx = ref_pad32(n);
     float *x = calloc((size_t)n_tok * ldx, sizeof(float));
     float *y = calloc((size_t)n_tok * m, sizeof(float));
-    if (!x || !y)
+    float *xpack = calloc(ref_gemm_xpack_floats(n_tok, n), sizeof(float));
+    if (!x || !y || !xpack)
         return;
+    ref_gemm_work wk = {.pool = pool, .scratch = scratch, .xpack = xpack};
     for (uint32_t t = 0; t < n_tok; t++)
         for (uint32_t i = 0; i < n; i++)
             x[(size_t)t * ldx + i] = (float)((i * 7 + t) % 13) * 0.01f;
-    ref_matmul mm = {.dtype = dt, .m = m, .n = n, .x = x, .ldx = ldx, .n_tok = n_tok, .y = y,
-                     .ldy = m};
+    ref_matmul mm = {.x = x, .ldx = ldx, .n_tok = n_tok, .y = y, .ldy = m};
     int reps = 20;
     double dt_s = 1e30;
     for (int round = 0; round < 3; round++) {
@@ -130,18 +139,19 @@ static void bench_matvec(devio_pool *pool, ref_scratch *scratch, uint32_t m, uin
         for (int r = -2; r < reps; r++) {
             if (r == 0)
                 t0 = devio_clock_s();
-            mm.w = w[(uint32_t)(r + 2) % copies];
-            ref_matmul_run(pool, scratch, &mm, 1);
+            mm.w = &w[(uint32_t)(r + 2) % copies];
+            ref_matmul_run(&wk, &mm, 1);
         }
         double t = (devio_clock_s() - t0) / reps;
         dt_s = t < dt_s ? t : dt_s;
     }
     double bytes = (double)m * n * esz;
     printf("  %-5s %5u x %-5u tokens %3u: %8.1f us  %6.2f GB/s  %7.2f GFLOP/s\n",
-           dt == DEVIO_F32 ? "f32" : "bf16", m, n, n_tok, dt_s * 1e6, bytes / dt_s / 1e9,
+           names[dt], m, n, n_tok, dt_s * 1e6, bytes / dt_s / 1e9,
            2.0 * m * n * n_tok / dt_s / 1e9);
     for (uint32_t i = 0; i < copies; i++)
-        free(w[i]);
+        ref_panels_free(&w[i]);
+    free(xpack);
     free(x);
     free(y);
 }
@@ -227,7 +237,7 @@ int main(int argc, char **argv)
         if (!pool || !scratch)
             return 1;
         for (uint32_t i = 0; i < nt; i++)
-            if (ref_scratch_init(&scratch[i], 2048, 1024, 64) != 0)
+            if (ref_scratch_init(&scratch[i], 1024, 64) != 0)
                 return 1;
         printf("threads %u\n", nt);
         printf("  read bandwidth (vector sum of 256 MiB): %.2f GB/s\n", bench_bandwidth(pool));
@@ -238,7 +248,12 @@ int main(int argc, char **argv)
         bench_matvec(pool, scratch, 768, 768, DEVIO_BF16, 1);
         bench_matvec(pool, scratch, 2048, 768, DEVIO_F32, 1);
         bench_matvec(pool, scratch, 2048, 768, DEVIO_BF16, 8);
+        bench_matvec(pool, scratch, 2048, 768, DEVIO_F16, 1);
         bench_matvec(pool, scratch, 2048, 768, DEVIO_BF16, 128);
+        bench_matvec(pool, scratch, 2048, 768, DEVIO_F32, 512);
+        bench_matvec(pool, scratch, 2048, 768, DEVIO_BF16, 512);
+        bench_matvec(pool, scratch, 2048, 768, DEVIO_F16, 512);
+        bench_matvec(pool, scratch, 768, 2048, DEVIO_BF16, 512);
         for (uint32_t i = 0; i < nt; i++)
             ref_scratch_fini(&scratch[i]);
         free(scratch);

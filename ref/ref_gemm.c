@@ -1,0 +1,374 @@
+/* ref_gemm.c - projections of the reference backend (ref_gemm.h): weight
+ * panels packed at load, activations packed per run, and a micro-kernel
+ * that keeps a tile of 16 outputs x TN tokens of one lane in registers.
+ *
+ * Why lane-major: the lane rule sums lane l's terms (k = l, l + 32, ...) in
+ * increasing k and only then folds the 32 lanes. A register then holds one
+ * lane of VL different outputs rather than VL lanes of one output, so one
+ * weight load serves TN tokens and one broadcast of x serves 16 outputs:
+ * the tile is 16 x TN outputs in 16 / VL x TN registers instead of the
+ * 32 / VL registers every single output needs when its lanes share a
+ * register. Each product is rounded before it is added (-ffp-contract=off),
+ * so the numbers are ref_lane_dot's, for every VL and every TN. */
+#include "ref/ref_gemm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/numerics.h"
+#include "ref/ref_vec.h"
+
+/* Vectors per panel row of 16 outputs, the token group G (tokens whose x is
+ * packed together, the largest tile) and the accumulator registers a tile
+ * may take: AVX-512 32 registers, AVX 16, 4-float vectors 16 (SSE2, NEON
+ * and simd128 are held to 16). */
+#define PV ((int)REF_PANEL_ROWS / VL)
+#if VL == 16
+#define G 12
+#define MAX_ACC 24
+#elif VL == 8
+#define G 6
+#define MAX_ACC 12
+#else
+#define G 2
+#define MAX_ACC 8
+#endif
+_Static_assert(G <= 12, "REF_GEMM_PART_FLOATS holds tiles of up to 12 tokens");
+
+/* Packed activations per token block (192 KiB): they stay in L2 while every
+ * panel of a job is swept over them. */
+#define XBLOCK_FLOATS 49152u
+/* Jobs per thread in a projection region: enough to even out the threads
+ * at the end of a region, few enough that claiming stays negligible. */
+#define JOBS_PER_THREAD 8u
+#ifndef KK_UNROLL
+#define KK_UNROLL 1
+#endif
+/* How far ahead of each lane's read the panel is prefetched. */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 4096u
+#endif
+#define ESZ(dt) ((dt) == DEVIO_F32 ? 4u : 2u)
+/* Token groups from which packing x is itself spread over the pool. */
+#define XPACK_PARALLEL_GROUPS 4u
+
+static ALWAYS_INLINE vf splat(float x)
+{
+    vf v;
+    for (int i = 0; i < VL; i++)
+        v[i] = x;
+    return v;
+}
+
+static size_t esize(devio_dtype dt)
+{
+    return dt == DEVIO_F32 ? 4u : 2u;
+}
+
+/* ---- packing ----------------------------------------------------------- */
+
+typedef struct pack_job {
+    ref_panels *p;
+    const void *w;
+} pack_job;
+
+static void pack_panel(void *ctx, uint32_t panel, uint32_t thread)
+{
+    (void)thread;
+    const pack_job *j = ctx;
+    const ref_panels *p = j->p;
+    size_t esz = esize(p->dtype);
+    size_t per = (size_t)REF_PANEL_ROWS * p->k32 * 32u;
+    char *dst = (char *)p->data + (size_t)panel * per * esz;
+    const char *src = j->w;
+    size_t i = 0;
+    for (uint32_t l = 0; l < 32; l++)
+        for (uint32_t kk = 0; kk < p->k32; kk++) {
+            uint32_t k = kk * 32u + l;
+            for (uint32_t r = 0; r < REF_PANEL_ROWS; r++, i++) {
+                uint32_t o = panel * REF_PANEL_ROWS + r;
+                if (o < p->m && k < p->n)
+                    memcpy(dst + i * esz, src + ((size_t)o * p->n + k) * esz, esz);
+                else
+                    memset(dst + i * esz, 0, esz);
+            }
+        }
+}
+
+int ref_panels_pack(ref_panels *p, devio_pool *pool, const void *w, devio_dtype dt, uint32_t m,
+                    uint32_t n)
+{
+    memset(p, 0, sizeof *p);
+    uint32_t panels = (m + REF_PANEL_ROWS - 1) / REF_PANEL_ROWS;
+    uint32_t k32 = (n + 31u) / 32u;
+    size_t bytes = (size_t)panels * REF_PANEL_ROWS * k32 * 32u * esize(dt);
+    void *data = NULL;
+    if (posix_memalign(&data, 64, bytes ? bytes : 64) != 0)
+        return -1;
+    *p = (ref_panels){.data = data, .dtype = dt, .m = m, .n = n, .k32 = k32, .bytes = bytes};
+    pack_job j = {.p = p, .w = w};
+    devio_pool_run(pool, panels, pack_panel, &j);
+    return 0;
+}
+
+void ref_panels_free(ref_panels *p)
+{
+    free(p->data);
+    memset(p, 0, sizeof *p);
+}
+
+size_t ref_gemm_xpack_floats(uint32_t max_tokens, uint32_t max_n)
+{
+    size_t groups = (max_tokens + G - 1) / G;
+    return (groups ? groups : 1) * G * ref_pad32(max_n);
+}
+
+/* Group g of x in lane-major order: [32 lanes][k32 steps][tn tokens], tn
+ * the group's tokens (G but in the last group), zeros past n. */
+static void pack_x_group(const ref_matmul *mm, uint32_t k32, uint32_t g, float *xpack)
+{
+    float *out = xpack + (size_t)g * G * k32 * 32u;
+    uint32_t n = mm->w->n, t0 = g * G;
+    uint32_t tn = mm->n_tok - t0 < G ? mm->n_tok - t0 : G;
+    const float *x = mm->x + (size_t)t0 * mm->ldx;
+    for (uint32_t l = 0; l < 32; l++)
+        for (uint32_t kk = 0; kk < k32; kk++, out += tn) {
+            uint32_t k = kk * 32u + l;
+            for (uint32_t t = 0; t < tn; t++)
+                out[t] = k < n ? x[(size_t)t * mm->ldx + k] : 0.0f;
+        }
+}
+
+typedef struct xpack_job {
+    const ref_matmul *mm;
+    uint32_t k32;
+    float *xpack;
+} xpack_job;
+
+static void xpack_run(void *ctx, uint32_t g, uint32_t thread)
+{
+    (void)thread;
+    const xpack_job *j = ctx;
+    pack_x_group(j->mm, j->k32, g, j->xpack);
+}
+
+/* ---- the micro-kernel -------------------------------------------------- */
+
+/* One panel (16 outputs) against the TN tokens of a packed group xp, over all
+ * k32 steps: part[l][t][r] (stride G * 16 per lane) is lane l of output r
+ * for token t, and after the fold part[0][t][r] is the dot product. Two
+ * lanes run side by side when their tiles fit the registers together, so
+ * that short tiles still keep several additions in flight. */
+static ALWAYS_INLINE void panel_dots(int dt, int TN, const void *pan, uint32_t k32,
+                                     const float *xp, float *part)
+{
+    const int LB = 4 * TN * PV <= MAX_ACC ? 4 : 2 * TN * PV <= MAX_ACC ? 2 : 1;
+    for (uint32_t l = 0; l < 32; l += (uint32_t)LB) {
+        vf acc[4][G][PV];
+#pragma GCC unroll 4
+        for (int b = 0; b < LB; b++)
+#pragma GCC unroll 12
+            for (int t = 0; t < TN; t++)
+#pragma GCC unroll 4
+                for (int v = 0; v < PV; v++)
+                    acc[b][t][v] = (vf){0};
+#pragma GCC unroll 1
+        for (uint32_t kk = 0; kk < k32; kk++) {
+#pragma GCC unroll 4
+            for (int b = 0; b < LB; b++) {
+                size_t step = (size_t)(l + b) * k32 + kk;
+                /* Each lane's run of a panel is short (k32 steps), too
+                 * short for the hardware to find the stream in time. */
+                if (PREFETCH_BYTES)
+                    __builtin_prefetch((const char *)pan + step * REF_PANEL_ROWS * ESZ(dt) +
+                                       PREFETCH_BYTES);
+                const float *xs = xp + step * TN;
+                vf w[PV];
+#pragma GCC unroll 4
+                for (int v = 0; v < PV; v++)
+                    w[v] = ldw(dt, pan, step * REF_PANEL_ROWS + v * VL);
+#pragma GCC unroll 12
+                for (int t = 0; t < TN; t++) {
+                    vf xb = splat(xs[t]);
+#pragma GCC unroll 4
+                    for (int v = 0; v < PV; v++)
+                        acc[b][t][v] = acc[b][t][v] + w[v] * xb;
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int b = 0; b < LB; b++)
+#pragma GCC unroll 12
+            for (int t = 0; t < TN; t++)
+#pragma GCC unroll 4
+                for (int v = 0; v < PV; v++)
+                    stv(part + ((size_t)(l + b) * G + t) * REF_PANEL_ROWS + v * VL,
+                        acc[b][t][v]);
+    }
+    /* The fold of the lane rule: lane l += lane l + w for w = 16 .. 1. */
+    for (uint32_t w = 16; w >= 1; w /= 2)
+        for (uint32_t l = 0; l < w; l++) {
+            float *dst = part + (size_t)l * G * REF_PANEL_ROWS;
+            const float *src = part + (size_t)(l + w) * G * REF_PANEL_ROWS;
+            for (uint32_t c = 0; c < (uint32_t)TN * REF_PANEL_ROWS; c += VL)
+                stv(dst + c, ldv(dst + c) + ldv(src + c));
+        }
+}
+
+typedef void (*mk_fn)(const void *pan, uint32_t k32, const float *xp, float *part);
+
+#define MK_DEF(DT, NAME, TN)                                                                 \
+    static void mk_##NAME##_##TN(const void *pan, uint32_t k32, const float *xp, float *part) \
+    {                                                                                        \
+        panel_dots(DT, TN, pan, k32, xp, part);                                              \
+    }
+#if G == 12
+#define MK_EACH(M, DT, NAME)                                                                 \
+    M(DT, NAME, 1) M(DT, NAME, 2) M(DT, NAME, 3) M(DT, NAME, 4) M(DT, NAME, 5)               \
+    M(DT, NAME, 6) M(DT, NAME, 7) M(DT, NAME, 8) M(DT, NAME, 9) M(DT, NAME, 10)              \
+    M(DT, NAME, 11) M(DT, NAME, 12)
+#define MK_ROW(NAME)                                                                         \
+    {mk_##NAME##_1, mk_##NAME##_2, mk_##NAME##_3, mk_##NAME##_4, mk_##NAME##_5,              \
+     mk_##NAME##_6, mk_##NAME##_7, mk_##NAME##_8, mk_##NAME##_9, mk_##NAME##_10,             \
+     mk_##NAME##_11, mk_##NAME##_12}
+#elif G == 6
+#define MK_EACH(M, DT, NAME)                                                                 \
+    M(DT, NAME, 1) M(DT, NAME, 2) M(DT, NAME, 3) M(DT, NAME, 4) M(DT, NAME, 5) M(DT, NAME, 6)
+#define MK_ROW(NAME)                                                                         \
+    {mk_##NAME##_1, mk_##NAME##_2, mk_##NAME##_3, mk_##NAME##_4, mk_##NAME##_5, mk_##NAME##_6}
+#else
+#define MK_EACH(M, DT, NAME) M(DT, NAME, 1) M(DT, NAME, 2)
+#define MK_ROW(NAME) {mk_##NAME##_1, mk_##NAME##_2}
+#endif
+MK_EACH(MK_DEF, DEVIO_F32, f32)
+MK_EACH(MK_DEF, DEVIO_BF16, bf16)
+MK_EACH(MK_DEF, DEVIO_F16, f16)
+
+/* [dtype][tokens - 1] */
+static const mk_fn mk_table[3][G] = {
+    [DEVIO_F32] = MK_ROW(f32),
+    [DEVIO_BF16] = MK_ROW(bf16),
+    [DEVIO_F16] = MK_ROW(f16),
+};
+
+/* ---- projections ------------------------------------------------------- */
+
+/* Outputs o0 .. o0 + rn of tokens t0 .. t0 + tn from the folded tiles. */
+static void epilogue(const ref_matmul *mm, uint32_t o0, uint32_t rn, uint32_t t0, uint32_t tn,
+                     const float *d1, const float *d2)
+{
+    for (uint32_t t = 0; t < tn; t++) {
+        float *y = mm->y_rows ? mm->y_rows[t0 + t] : mm->y + (size_t)(t0 + t) * mm->ldy;
+        const float *a = d1 + (size_t)t * REF_PANEL_ROWS, *b = d2 + (size_t)t * REF_PANEL_ROWS;
+        for (uint32_t r = 0; r < rn; r++) {
+            uint32_t o = o0 + r;
+            switch (mm->epi) {
+            case REF_EPI_STORE:
+                y[o] = a[r];
+                break;
+            case REF_EPI_BIAS:
+                y[o] = a[r] + mm->bias[o];
+                break;
+            case REF_EPI_ADD:
+                y[o] = y[o] + a[r];
+                break;
+            case REF_EPI_ADD_SCALED:
+                y[o] = y[o] + a[r] * mm->scale;
+                break;
+            case REF_EPI_SILU_MUL:
+                y[o] = devio_siluf(a[r]) * b[r];
+                break;
+            }
+        }
+    }
+}
+
+/* Panels [p0, p1) of one projection for every token: token blocks of
+ * packed x that fit L2, each swept by every panel of the job in turn. */
+static void matmul_panels(const ref_matmul *mm, uint32_t p0, uint32_t p1, ref_scratch *s,
+                          const float *xpack)
+{
+    const ref_panels *w = mm->w;
+    uint32_t k32 = w->k32;
+    size_t group_floats = (size_t)G * k32 * 32u;
+    size_t panel_bytes = (size_t)REF_PANEL_ROWS * k32 * 32u * esize(w->dtype);
+    uint32_t n_groups = (mm->n_tok + G - 1) / G;
+    uint32_t gb = (uint32_t)(XBLOCK_FLOATS / group_floats);
+    if (gb == 0)
+        gb = 1;
+    const mk_fn *mk = mk_table[w->dtype];
+    float *d1 = s->part, *d2 = s->part + REF_GEMM_PART_FLOATS / 2;
+    for (uint32_t g0 = 0; g0 < n_groups; g0 += gb) {
+        uint32_t g1 = g0 + gb < n_groups ? g0 + gb : n_groups;
+        for (uint32_t p = p0; p < p1; p++) {
+            const char *wa = (const char *)w->data + (size_t)p * panel_bytes;
+            const char *wb = mm->w2 ? (const char *)mm->w2->data + (size_t)p * panel_bytes : NULL;
+            uint32_t o0 = p * REF_PANEL_ROWS;
+            uint32_t rn = w->m - o0 < REF_PANEL_ROWS ? w->m - o0 : REF_PANEL_ROWS;
+            for (uint32_t g = g0; g < g1; g++) {
+                uint32_t tn = mm->n_tok - g * G < G ? mm->n_tok - g * G : G;
+                const float *xp = xpack + (size_t)g * group_floats;
+                mk[tn - 1](wa, k32, xp, d1);
+                if (wb)
+                    mk[tn - 1](wb, k32, xp, d2);
+                epilogue(mm, o0, rn, g * G, tn, d1, d2);
+            }
+        }
+    }
+}
+
+typedef struct mm_region {
+    ref_matmul *mm;
+    uint32_t job_start[5]; /* job_start[k] = first job of mm[k]; [count] = total */
+    ref_scratch *scratch;
+    const float *xpack;
+} mm_region;
+
+static void mm_job(void *ctx, uint32_t job, uint32_t thread)
+{
+    mm_region *g = ctx;
+    uint32_t k = 0;
+    while (job >= g->job_start[k + 1])
+        k++;
+    const ref_matmul *mm = &g->mm[k];
+    uint32_t panels = (mm->w->m + REF_PANEL_ROWS - 1) / REF_PANEL_ROWS;
+    uint32_t ppj = mm->rows_per_job / REF_PANEL_ROWS;
+    uint32_t p0 = (job - g->job_start[k]) * ppj;
+    uint32_t p1 = p0 + ppj < panels ? p0 + ppj : panels;
+    matmul_panels(mm, p0, p1, &g->scratch[thread], g->xpack);
+}
+
+void ref_matmul_run(const ref_gemm_work *wk, ref_matmul *mm, uint32_t count)
+{
+    if (count == 0 || mm[0].n_tok == 0)
+        return;
+    if (count > 4)
+        count = 4;
+    /* x once for all: every projection of a run reads the same rows. */
+    uint32_t k32 = mm[0].w->k32;
+    uint32_t n_groups = (mm[0].n_tok + G - 1) / G;
+    if (n_groups >= XPACK_PARALLEL_GROUPS) {
+        xpack_job xj = {.mm = &mm[0], .k32 = k32, .xpack = wk->xpack};
+        devio_pool_run(wk->pool, n_groups, xpack_run, &xj);
+    } else {
+        for (uint32_t g = 0; g < n_groups; g++)
+            pack_x_group(&mm[0], k32, g, wk->xpack);
+    }
+
+    mm_region g = {.mm = mm, .scratch = wk->scratch, .xpack = wk->xpack};
+    uint32_t threads = devio_pool_threads(wk->pool);
+    uint32_t total = 0;
+    for (uint32_t k = 0; k < count; k++) {
+        /* Whole panels per job, about JOBS_PER_THREAD jobs per thread. */
+        uint32_t panels = (mm[k].w->m + REF_PANEL_ROWS - 1) / REF_PANEL_ROWS;
+        uint32_t want = threads * JOBS_PER_THREAD;
+        uint32_t ppj = (panels + want - 1) / want;
+        if (ppj == 0)
+            ppj = 1;
+        mm[k].rows_per_job = ppj * REF_PANEL_ROWS;
+        g.job_start[k] = total;
+        total += (panels + ppj - 1) / ppj;
+    }
+    g.job_start[count] = total;
+    devio_pool_run(wk->pool, total, mm_job, &g);
+}
