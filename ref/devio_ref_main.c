@@ -13,6 +13,9 @@
 #include "device/options.h"
 #include "ref/builtin.h"
 #include "ref/inproc.h"
+#if !defined(__wasm__)
+#include "ref/ref_isa.h"
+#endif
 
 typedef struct flags {
     const char *model, *adapters, *backend, *backend_path;
@@ -55,11 +58,19 @@ int main(int argc, char **argv)
     flags f = {.dev = devio_config_default(), .backend = "ref"};
     const char *script = NULL;
     uint32_t n_args = 0;
-    devio_cli_result cr = devio_cli_parse(&cli, &f, argc, argv, &script, &n_args, stdout, stderr);
+    /* --help ends with the reference's instruction-set paths (ref/ref_isa.h).
+     * The WASI build has one path and no ref_isa.c (ref/wasm/BUILD.bazel). */
+    devio_cli c = cli;
+#if !defined(__wasm__)
+    char paths[256];
+    devio_ref_isa_describe(paths, sizeof paths);
+    c.epilog = paths;
+#endif
+    devio_cli_result cr = devio_cli_parse(&c, &f, argc, argv, &script, &n_args, stdout, stderr);
     if (cr != DEVIO_CLI_OK)
         return cr == DEVIO_CLI_EXIT ? 0 : 2;
     if (!f.model || !script) {
-        devio_cli_help(&cli, stderr);
+        devio_cli_help(&c, stderr);
         return 2;
     }
     const char *model_dir = f.model;

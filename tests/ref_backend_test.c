@@ -18,6 +18,7 @@
 #include "device/shape.h"
 #include "ref/pool.h"
 #include "ref/ref_backend.h"
+#include "ref/ref_isa.h"
 #include "ref/ref_kernels.h"
 
 /* ---- random numbers and models in memory ------------------------------ */
@@ -908,8 +909,28 @@ static void test_pool_runs_every_job_once(void **unused)
     }
 }
 
+/* Built for one instruction-set path (tests/BUILD.bazel): on a CPU that
+ * lacks it, one case that says so and is skipped. */
+#ifdef REF_ISA_TEST_PATH
+static void test_path_runs_here(void **state)
+{
+    (void)state;
+    char why[160];
+    if (!devio_ref_isa_runs(REF_ISA_TEST_PATH, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+}
+#endif
+
 int main(void)
 {
+#ifdef REF_ISA_TEST_PATH
+    if (!devio_ref_isa_runs(REF_ISA_TEST_PATH, NULL, 0)) {
+        const struct CMUnitTest lacking[] = {cmocka_unit_test(test_path_runs_here)};
+        return cmocka_run_group_tests(lacking, NULL, NULL);
+    }
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lane_reductions),
         cmocka_unit_test(test_widen_all_halves),

@@ -12,12 +12,19 @@ tests/conformance/expected/SUITE.out, and every `compare` line must say
     python3 tests/conformance/run.py --bin bazel-bin             # the test
     python3 tests/conformance/run.py --bin bazel-bin --regen     # rewrite expected/ (review the diff!)
     python3 tests/conformance/run.py --bin bazel-bin --only native --suite chunks
+    python3 tests/conformance/run.py --bin bazel-bin --isa --only isa-   # each ISA path
 
 Ends with "N passed, M failed, K skipped in Xs" and a non-zero status on any
 failure. A backend loaded as a plugin (the stream test backend, CUDA) may keep
 no recurrent state: the suites of a hybrid model (Bamba, Mamba2) are skipped on
 it, each with a "skip" line that says why, when loading the model there is
 refused for exactly that reason; every other target must run them.
+
+With --isa, devio-ref also runs every suite once on each instruction-set path
+of the reference backend (DEVIO_REF_ISA=baseline|avx2|avx512, or native off
+x86-64): targets isa-PATH. A path this binary or this CPU lacks is skipped
+with devio-ref's reason; every other must print the expected file, so all
+paths print the same bytes (checked once more against each other).
 """
 import argparse
 import json
@@ -36,6 +43,8 @@ TIMEOUT_S = 600
 # Targets that load a backend plugin, which may keep no recurrent state.
 PLUGIN_TARGETS = ("plugin-stream", "plugin-stream-fast", "cuda", "cuda-depth1")
 NO_SSM = "keeps no recurrent state"
+# The reference backend's instruction-set paths (ref/isa.bzl, DEVIO_REF_ISA).
+ISA_PATHS = ("baseline", "avx2", "avx512", "native")
 
 
 def table(name):
@@ -122,6 +131,11 @@ def targets(args, bin_dir):
             sv.stop()
 
     out["http"] = http
+    if args.isa:
+        for path in ISA_PATHS:
+            env = dict(os.environ, DEVIO_REF_ISA=path)
+            out["isa-" + path] = (lambda e: lambda m, f, s, t: run(
+                [ref, "--model", m] + f + [s], env=e))(env)
     # A second backend through the registry: the stream test backend, loaded
     # with dlopen, computing behind submit/wait with its own logits memory;
     # under fast numerics it also samples on its side.
@@ -213,6 +227,21 @@ def no_ssm(fn, model, flags, tmp, cache, key):
     return cache[key]
 
 
+def isa_absent(fn, model, tmp):
+    """Why devio-ref cannot run an ISA target here (the path is not in this
+    binary, or this CPU lacks it), or None; one empty script."""
+    empty = os.path.join(tmp, "empty.jsonl")
+    open(empty, "w").close()
+    try:
+        fn(model, [], empty, tmp)
+        return None
+    except RuntimeError as e:
+        err = str(e).split(" exited ", 1)[-1].split(": ", 1)[-1].strip()
+        if "DEVIO_REF_ISA=" in err:
+            return err.splitlines()[-1]
+        raise
+
+
 def first_difference(a, b):
     la, lb = a.decode().splitlines(), b.decode().splitlines()
     for i in range(max(len(la), len(lb))):
@@ -233,6 +262,8 @@ def main():
     ap.add_argument("--no-wasmtime", action="store_true")
     ap.add_argument("--require-plugin", action="store_true",
                     help="fail when the stream test backend plugin was not built")
+    ap.add_argument("--isa", action="store_true",
+                    help="also run devio-ref on each instruction-set path (targets isa-PATH)")
     ap.add_argument("--gpu", action="store_true",
                     help="run the suites on the CUDA backend only; exit 77 (skipped) when no "
                          "CUDA device answers")
@@ -253,6 +284,12 @@ def main():
                 sys.exit(77)
         adapters = make_adapters(bin_dir, models, tmp)
         tg = targets(args, bin_dir)
+        for tname in [k for k in tg if k.startswith("isa-")]:
+            why = isa_absent(tg[tname], next(iter(models.values())), tmp)
+            if why:
+                del tg[tname]
+                skipped += 1
+                print("skip every suite on %s: %s" % (tname, why))
         timings = {k: 0.0 for k in tg}
         for name, script, model, flags in table("suites.txt"):
             if args.suite and name != args.suite:
@@ -267,6 +304,7 @@ def main():
                 continue
             expected = open(exp_path, "rb").read()
             unequal = expected.count(b'"equal":false')
+            isa_first = None  # (target, output) of the first ISA path run
             for tname, fn in tg.items():
                 why = None
                 if tname in PLUGIN_TARGETS:
@@ -285,6 +323,11 @@ def main():
                         why = first_difference(expected, got)
                     elif unequal:
                         why = "%d compare lines say equal:false" % unequal
+                    elif tname.startswith("isa-"):
+                        if isa_first and isa_first[1] != got:
+                            why = "differs from %s: %s" % (isa_first[0],
+                                                           first_difference(isa_first[1], got))
+                        isa_first = isa_first or (tname, got)
                 except Exception as e:  # a crash or a non-zero exit is a failure
                     why = str(e)
                 timings[tname] += time.time() - start
