@@ -41,14 +41,6 @@ _Static_assert(G <= 12, "REF_GEMM_PART_FLOATS holds tiles of up to 12 tokens");
 /* Jobs per thread in a projection region: enough to even out the threads
  * at the end of a region, few enough that claiming stays negligible. */
 #define JOBS_PER_THREAD 8u
-#ifndef KK_UNROLL
-#define KK_UNROLL 1
-#endif
-/* How far ahead of each lane's read the panel is prefetched. */
-#ifndef PREFETCH_BYTES
-#define PREFETCH_BYTES 4096u
-#endif
-#define ESZ(dt) ((dt) == DEVIO_F32 ? 4u : 2u)
 /* Token groups from which packing x is itself spread over the pool. */
 #define XPACK_PARALLEL_GROUPS 4u
 
@@ -82,17 +74,16 @@ static void pack_panel(void *ctx, uint32_t panel, uint32_t thread)
     char *dst = (char *)p->data + (size_t)panel * per * esz;
     const char *src = j->w;
     size_t i = 0;
-    for (uint32_t l = 0; l < 32; l++)
-        for (uint32_t kk = 0; kk < p->k32; kk++) {
-            uint32_t k = kk * 32u + l;
-            for (uint32_t r = 0; r < REF_PANEL_ROWS; r++, i++) {
-                uint32_t o = panel * REF_PANEL_ROWS + r;
-                if (o < p->m && k < p->n)
-                    memcpy(dst + i * esz, src + ((size_t)o * p->n + k) * esz, esz);
-                else
-                    memset(dst + i * esz, 0, esz);
-            }
-        }
+    for (uint32_t q = 0; q < 32; q += REF_LANE_QUAD)
+        for (uint32_t kk = 0; kk < p->k32; kk++)
+            for (uint32_t k = kk * 32u + q; k < kk * 32u + q + REF_LANE_QUAD; k++)
+                for (uint32_t r = 0; r < REF_PANEL_ROWS; r++, i++) {
+                    uint32_t o = panel * REF_PANEL_ROWS + r;
+                    if (o < p->m && k < p->n)
+                        memcpy(dst + i * esz, src + ((size_t)o * p->n + k) * esz, esz);
+                    else
+                        memset(dst + i * esz, 0, esz);
+                }
 }
 
 int ref_panels_pack(ref_panels *p, devio_pool *pool, const void *w, devio_dtype dt, uint32_t m,
@@ -172,21 +163,18 @@ static ALWAYS_INLINE void panel_dots(int dt, int TN, const void *pan, uint32_t k
 #pragma GCC unroll 4
                 for (int v = 0; v < PV; v++)
                     acc[b][t][v] = (vf){0};
-#pragma GCC unroll 1
         for (uint32_t kk = 0; kk < k32; kk++) {
 #pragma GCC unroll 4
             for (int b = 0; b < LB; b++) {
-                size_t step = (size_t)(l + b) * k32 + kk;
-                /* Each lane's run of a panel is short (k32 steps), too
-                 * short for the hardware to find the stream in time. */
-                if (PREFETCH_BYTES)
-                    __builtin_prefetch((const char *)pan + step * REF_PANEL_ROWS * ESZ(dt) +
-                                       PREFETCH_BYTES);
+                uint32_t lane = l + (uint32_t)b;
+                size_t step = (size_t)lane * k32 + kk;
+                size_t at = (((size_t)(lane / REF_LANE_QUAD) * k32 + kk) * REF_LANE_QUAD +
+                             lane % REF_LANE_QUAD) * REF_PANEL_ROWS;
                 const float *xs = xp + step * TN;
                 vf w[PV];
 #pragma GCC unroll 4
                 for (int v = 0; v < PV; v++)
-                    w[v] = ldw(dt, pan, step * REF_PANEL_ROWS + v * VL);
+                    w[v] = ldw(dt, pan, at + v * VL);
 #pragma GCC unroll 12
                 for (int t = 0; t < TN; t++) {
                     vf xb = splat(xs[t]);

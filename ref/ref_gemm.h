@@ -5,11 +5,12 @@
  *
  * Layout (docs/numerics.md, "Projections"): a weight [m, n] becomes
  * ceil(m / 16) panels of 16 output rows; inside a panel the elements are in
- * lane-major order, [32 lanes][k32 steps][16 rows] with k32 = ceil(n / 32),
- * so element (row o, column k) sits at lane k % 32, step k / 32. The lane
- * rule adds the terms of lane l in increasing k, which is exactly the order
- * the kernel streams a panel in; the 32 lane sums are then folded as the rule
- * folds them. Rows past m and columns past n are zeros. The dtype is kept
+ * lane-major order, [8 quads of lanes][k32 steps][4 lanes][16 rows] with
+ * k32 = ceil(n / 32), so element (row o, column k) sits at lane k % 32,
+ * step k / 32. The lane rule adds the terms of lane l in increasing k, which
+ * is the order the kernel reads a lane in; the 32 lane sums are then folded
+ * as the rule folds them. Four lanes side by side let a decode step (one
+ * token, four lanes at a time) read each panel as one stream. Rows past m and columns past n are zeros. The dtype is kept
  * (bf16 and f16 are widened in registers), so a packed weight takes as many
  * bytes as the file's.
  *
@@ -25,8 +26,9 @@
 #include "ref/pool.h"
 #include "ref/ref_kernels.h"
 
-/* Output rows per panel. */
+/* Output rows per panel, and lanes stored side by side. */
 #define REF_PANEL_ROWS 16u
+#define REF_LANE_QUAD 4u
 
 typedef struct ref_panels {
     void *data;        /* owned: ceil(m / 16) * 16 * k32 * 32 elements of dtype */
