@@ -193,14 +193,22 @@ static ALWAYS_INLINE void panel_dots(int dt, int TN, const void *pan, uint32_t k
                     stv(part + ((size_t)(l + b) * G + t) * REF_PANEL_ROWS + v * VL,
                         acc[b][t][v]);
     }
-    /* The fold of the lane rule: lane l += lane l + w for w = 16 .. 1. */
-    for (uint32_t w = 16; w >= 1; w /= 2)
-        for (uint32_t l = 0; l < w; l++) {
-            float *dst = part + (size_t)l * G * REF_PANEL_ROWS;
-            const float *src = part + (size_t)(l + w) * G * REF_PANEL_ROWS;
-            for (uint32_t c = 0; c < (uint32_t)TN * REF_PANEL_ROWS; c += VL)
-                stv(dst + c, ldv(dst + c) + ldv(src + c));
-        }
+    /* The fold of the lane rule (lane l += lane l + w for w = 16 .. 1),
+     * one column of VL values at a time: the first step from memory, the
+     * rest in registers. */
+    for (uint32_t c = 0; c < (uint32_t)TN * REF_PANEL_ROWS; c += VL) {
+        vf r[16];
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++)
+            r[l] = ldv(part + (size_t)l * G * REF_PANEL_ROWS + c) +
+                   ldv(part + (size_t)(l + 16) * G * REF_PANEL_ROWS + c);
+#pragma GCC unroll 8
+        for (int w = 8; w >= 1; w /= 2)
+#pragma GCC unroll 8
+            for (int l = 0; l < w; l++)
+                r[l] = r[l] + r[l + w];
+        stv(part + c, r[0]);
+    }
 }
 
 typedef void (*mk_fn)(const void *pan, uint32_t k32, const float *xp, float *part);

@@ -122,14 +122,6 @@ static ALWAYS_INLINE float dot_qk(const float *q, const float *k, uint32_t hd, f
     return fold_lanes(acc);
 }
 
-/* The keys of one head are contiguous inside a block but blocks lie
- * anywhere, so the row KV_PREFETCH keys ahead is asked for explicitly. */
-static ALWAYS_INLINE const float *kv_row(const float *cache, const uint32_t *blocks, uint32_t j,
-                                         uint32_t bs, uint32_t n_kv, uint32_t kvh, uint32_t hd)
-{
-    return cache + (((size_t)blocks[j / bs] * n_kv + kvh) * bs + j % bs) * hd;
-}
-
 static ALWAYS_INLINE void prefetch_row(const float *p, uint32_t n)
 {
     for (uint32_t c = 0; c < n; c += 16) /* 16 floats = one 64-byte line */
@@ -153,12 +145,23 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
     /* qbuf and kbuf keep zeros past hd from their allocation. */
     memcpy(s->qbuf, a->q + (size_t)t * a->ldq + (size_t)h * hd, hd * sizeof(float));
 
+    /* Where each key's row of this head is, in the K pool and the V pool
+     * alike (the keys of a head are contiguous inside a block, blocks lie
+     * anywhere): walked once, so no key costs a division. */
+    size_t *rows = s->rows;
+    for (uint32_t k = 0, blk = j0 / bs, off = j0 % bs; k < n_keys; k++) {
+        rows[k] = (((size_t)blocks[blk] * n_kv + kvh) * bs + off) * hd;
+        if (++off == bs) {
+            off = 0;
+            blk++;
+        }
+    }
+    /* Rows KV_PREFETCH keys ahead are asked for explicitly: the hardware
+     * cannot guess the next block. */
     for (uint32_t k = 0; k < n_keys; k++) {
-        uint32_t j = j0 + k;
-        const float *key = kv_row(a->k_cache, blocks, j, bs, n_kv, kvh, hd);
         if (k + KV_PREFETCH < n_keys)
-            prefetch_row(kv_row(a->k_cache, blocks, j + KV_PREFETCH, bs, n_kv, kvh, hd), hd);
-        sc[k] = dot_qk(s->qbuf, key, hd, s->kbuf) * a->scale;
+            prefetch_row(a->k_cache + rows[k + KV_PREFETCH], hd);
+        sc[k] = dot_qk(s->qbuf, a->k_cache + rows[k], hd, s->kbuf) * a->scale;
     }
     float m = sc[0];
     for (uint32_t k = 1; k < n_keys; k++)
@@ -184,9 +187,9 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
     uint32_t hv = hd - hd % VL;
     for (uint32_t k = 0; k < n_keys; k++) {
         uint32_t j = j0 + k;
-        const float *v = kv_row(a->v_cache, blocks, j, bs, n_kv, kvh, hd);
+        const float *v = a->v_cache + rows[k];
         if (k + KV_PREFETCH < n_keys)
-            prefetch_row(kv_row(a->v_cache, blocks, j + KV_PREFETCH, bs, n_kv, kvh, hd), hd);
+            prefetch_row(a->v_cache + rows[k + KV_PREFETCH], hd);
         float *al = acc + (size_t)(j & 31u) * hd;
         float e = sc[k];
         vf ev = (vf){0} + e;
@@ -225,8 +228,10 @@ typedef struct attn_region {
 static void attn_job(void *ctx, uint32_t job, uint32_t thread)
 {
     attn_region *g = ctx;
-    uint32_t t = job / g->a->n_heads;
-    uint32_t h = job % g->a->n_heads;
+    /* Head-major: the jobs that follow each other read the same head's keys
+     * and values, which then stay in cache for all the batch's tokens. */
+    uint32_t h = job / g->a->n_tok;
+    uint32_t t = job % g->a->n_tok;
     ref_attention_one(g->a, t, h, &g->scratch[thread]);
 }
 
@@ -243,10 +248,11 @@ int ref_scratch_init(ref_scratch *s, uint32_t max_seq_len, uint32_t head_dim)
     memset(s, 0, sizeof *s);
     s->part = malloc((size_t)REF_GEMM_PART_FLOATS * sizeof(float));
     s->scores = malloc((size_t)(max_seq_len ? max_seq_len : 1) * sizeof(float));
+    s->rows = malloc((size_t)(max_seq_len ? max_seq_len : 1) * sizeof(size_t));
     s->acc = malloc((size_t)32 * head_dim * sizeof(float));
     s->qbuf = calloc(ref_pad32(head_dim) + 32, sizeof(float));
     s->kbuf = calloc(32, sizeof(float));
-    if (!s->part || !s->scores || !s->acc || !s->qbuf || !s->kbuf) {
+    if (!s->part || !s->scores || !s->rows || !s->acc || !s->qbuf || !s->kbuf) {
         ref_scratch_fini(s);
         return -1;
     }
@@ -257,6 +263,7 @@ void ref_scratch_fini(ref_scratch *s)
 {
     free(s->part);
     free(s->scores);
+    free(s->rows);
     free(s->acc);
     free(s->qbuf);
     free(s->kbuf);

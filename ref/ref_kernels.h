@@ -27,6 +27,7 @@ static inline uint32_t ref_pad32(uint32_t n)
 typedef struct ref_scratch {
     float *part;     /* REF_GEMM_PART_FLOATS: a projection tile's lane partials */
     float *scores;   /* max_seq_len: attention scores, then exp weights */
+    size_t *rows;    /* max_seq_len: each key's row offset in the KV pools */
     float *acc;      /* 32 * ref_pad32(head_dim): per-lane attention sums */
     float *qbuf;     /* ref_pad32(head_dim): a query head, zero padded */
     float *kbuf;     /* ref_pad32(head_dim): a key tail, zero padded */
