@@ -271,27 +271,40 @@ static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t
 typedef struct flags {
     const char *model, *preset, *arch, *backend, *backend_path;
     int dtype; /* index into dtypes */
-    uint32_t threads, steps, prefill, overlap;
+    uint32_t threads, steps, overlap;
     double device_bw; /* GB/s measured elsewhere (the GPU check's probe), or 0 */
     uint32_t batches[4]; /* [0] = how many */
+    uint32_t prefill[4]; /* [0] = how many */
+    bool json;
 } flags;
 
 static const char *const dtypes[] = {"bf16", "f16", "f32", NULL};
 
-/* "1,8,32": up to three batch sizes in 1..64. */
-static bool parse_batches(const char *v, void *field)
+/* "1,8,32": up to three numbers in lo..hi into b[1..], their count into b[0]. */
+static bool parse_list(const char *v, uint32_t *b, unsigned long lo, unsigned long hi)
 {
-    uint32_t *b = field, n = 0;
+    uint32_t n = 0;
     while (*v) {
         char *end;
         unsigned long x = strtoul(v, &end, 10);
-        if (end == v || x < 1 || x > 64 || n >= 3 || (*end && *end != ','))
+        if (end == v || x < lo || x > hi || n >= 3 || (*end && *end != ','))
             return false;
         b[++n] = (uint32_t)x;
         v = *end ? end + 1 : end;
     }
     b[0] = n;
     return n > 0;
+}
+
+static bool parse_batches(const char *v, void *field)
+{
+    return parse_list(v, field, 1, 64);
+}
+
+/* The device is opened with at most 1024 positions. */
+static bool parse_prefill(const char *v, void *field)
+{
+    return parse_list(v, field, 1, 1024);
 }
 
 #define F(f) offsetof(flags, f)
@@ -312,14 +325,17 @@ static const devio_opt opts[] = {
      .help = "compute threads, 1..64 [2]"},
     {.flag = "steps", .type = DEVIO_OPT_U32, .offset = F(steps), .metavar = "N",
      .help = "decode steps per batch size [32]"},
-    {.flag = "prefill", .type = DEVIO_OPT_U32, .offset = F(prefill), .metavar = "N",
-     .help = "prompt tokens of the prefill run [512]"},
+    {.flag = "prefill", .type = DEVIO_OPT_CUSTOM, .offset = F(prefill), .metavar = "LIST",
+     .help = "prompt tokens of each prefill run, up to three in 1..1024 [512]",
+     .parse = parse_prefill},
     {.flag = "batches", .type = DEVIO_OPT_CUSTOM, .offset = F(batches), .metavar = "LIST",
      .help = "decode batch sizes, up to three in 1..64 [1,8,32]", .parse = parse_batches},
     {.flag = "overlap", .type = DEVIO_OPT_U32, .offset = F(overlap), .metavar = "N",
      .help = "also decode two groups of N/2 at depth 1 and depth 2, 0 = not [0]"},
     {.flag = "device-bw", .type = DEVIO_OPT_F64, .offset = F(device_bw), .metavar = "GBS",
      .help = "the device's read bandwidth, measured apart (a GPU): decode is compared with it"},
+    {.flag = "json", .type = DEVIO_OPT_BOOL, .offset = F(json),
+     .help = "print the figures as one JSON object instead of lines of text"},
 };
 #undef F
 
@@ -328,26 +344,82 @@ static const devio_cli cli = {
     .usage = "usage: devio-bench [--model DIR | --preset bench|small|tiny|1b [--arch A]] "
              "[options]\n"
              "Writes the preset to a temp dir unless --model is given, measures the read\n"
-             "bandwidth, then decode at each batch size and one prefill. Prints figures;\n"
-             "asserts nothing.",
+             "bandwidth, then decode at each batch size and a prefill of each length. Prints\n"
+             "figures; asserts nothing.",
     .opts = opts,
     .n_opts = sizeof opts / sizeof *opts,
 };
 
+/* What one run measured, printed as text or as JSON at the end. */
+typedef struct results {
+    double bw;
+    uint64_t weight_bytes;
+    double decode[3];  /* tokens/s at f->batches[1 + k] */
+    double prefill[3]; /* tokens/s at f->prefill[1 + k] */
+    double overlap[2]; /* depth 1, depth 2; when f->overlap >= 2 */
+} results;
+
+/* A JSON string: quotes, backslashes and control characters escaped. */
+static void print_json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+static void print_json(const flags *f, const devio_device_info *info, const devio_model *m,
+                       const char *model, const results *r)
+{
+    printf("{\"backend\": ");
+    print_json_str(info->backend);
+    printf(", \"device\": ");
+    print_json_str(info->device);
+    printf(", \"model\": ");
+    print_json_str(model);
+    printf(", \"dtype\": \"%s\", \"threads\": %u, \"steps\": %u, \"weight_bytes\": %llu, "
+           "\"read_bw_gbs\": %.3f, \"read_bw_given\": %s, \"decode\": [",
+           devio_dtype_str(m->embed.dtype), f->threads, f->steps,
+           (unsigned long long)r->weight_bytes, r->bw, f->device_bw > 0 ? "true" : "false");
+    for (uint32_t k = 0; k < f->batches[0]; k++)
+        printf("%s{\"batch\": %u, \"tok_s\": %.3f}", k ? ", " : "", f->batches[1 + k],
+               r->decode[k]);
+    printf("], \"prefill\": [");
+    for (uint32_t k = 0; k < f->prefill[0]; k++)
+        printf("%s{\"tokens\": %u, \"tok_s\": %.3f}", k ? ", " : "", f->prefill[1 + k],
+               r->prefill[k]);
+    printf("]");
+    if (f->overlap >= 2)
+        printf(", \"overlap\": {\"groups_of\": %u, \"depth1_tok_s\": %.3f, "
+               "\"depth2_tok_s\": %.3f}",
+               f->overlap / 2 > 32 ? 32 : f->overlap / 2, r->overlap[0], r->overlap[1]);
+    printf("}\n");
+}
+
 int main(int argc, char **argv)
 {
-    flags f = {.preset = "bench", .arch = "llama", .backend = "ref", .threads = 2, .steps = 32, .prefill = 512,
-               .batches = {3, 1, 8, 32}};
+    flags f = {.preset = "bench", .arch = "llama", .backend = "ref", .threads = 2, .steps = 32,
+               .prefill = {1, 512}, .batches = {3, 1, 8, 32}};
     devio_cli_result cr = devio_cli_parse(&cli, &f, argc, argv, NULL, NULL, stdout, stderr);
     if (cr != DEVIO_CLI_OK)
         return cr == DEVIO_CLI_EXIT ? 0 : 2;
-    if (f.threads == 0 || f.threads > 64 || f.steps == 0 || f.prefill == 0) {
-        fprintf(stderr, "devio-bench: --threads must be in 1..64, --steps and --prefill > 0\n");
+    if (f.threads == 0 || f.threads > 64 || f.steps == 0) {
+        fprintf(stderr, "devio-bench: --threads must be in 1..64, --steps > 0\n");
         return 2;
     }
     const char *model_dir = f.model, *preset = f.preset;
-    uint32_t threads = f.threads, steps = f.steps, prefill = f.prefill;
+    uint32_t threads = f.threads, steps = f.steps;
     uint32_t n_batches = f.batches[0], *batches = f.batches + 1;
+    uint32_t n_prefill = f.prefill[0], *prefill = f.prefill + 1, longest = 0;
+    for (uint32_t k = 0; k < n_prefill; k++)
+        longest = prefill[k] > longest ? prefill[k] : longest;
     devio_error err = {0};
     char tmp[256] = "";
     if (!model_dir) {
@@ -371,9 +443,9 @@ int main(int argc, char **argv)
     devio_config cfg = devio_config_default();
     cfg.threads = threads;
     cfg.max_seqs = 64;
-    cfg.max_seq_len = prefill + 64 > 1024 ? 1024 : prefill + 64;
+    cfg.max_seq_len = longest + 64 > 1024 ? 1024 : longest + 64;
     cfg.kv_blocks = 64 * ((cfg.max_seq_len + 15) / 16);
-    cfg.max_batch_tokens = prefill > 64 ? prefill : 64;
+    cfg.max_batch_tokens = longest > 64 ? longest : 64;
     devio_device *d = NULL;
     devio_registry reg;
     const devio_backend_ops *ops = NULL;
@@ -382,38 +454,50 @@ int main(int argc, char **argv)
         check(devio_open(m, ops, &cfg, &d, &err), &err, "open") < 0)
         return 1;
 
-    double bw = f.device_bw > 0 ? f.device_bw : read_bandwidth(threads, (size_t)1 << 30);
-    uint64_t wb = weight_bytes(m);
+    results r = {0};
+    r.bw = f.device_bw > 0 ? f.device_bw : read_bandwidth(threads, (size_t)1 << 30);
+    double bw = r.bw;
+    uint64_t wb = r.weight_bytes = weight_bytes(m);
     devio_device_info info;
     devio_device_info_get(d, &info);
-    printf("devio-bench: backend %s (%s numerics) on %s\n", info.backend,
-           devio_numerics_str(info.numerics), info.device);
-    printf("devio-bench: model %s (%s), %.1f MB of weights streamed per step, %u threads\n",
-           model_dir == tmp ? preset : model_dir, devio_dtype_str(m->embed.dtype), wb / 1e6,
-           threads);
-    print_shape(m);
-    if (f.device_bw > 0)
-        printf("read bandwidth: %.2f GB/s (the device's, as given by --device-bw)\n", bw);
-    else
-        printf("read bandwidth: %.2f GB/s (best of 5 passes over 1 GiB, %u threads)\n", bw,
-               threads);
+    const char *model_name = model_dir == tmp ? preset : model_dir;
+    if (!f.json) {
+        printf("devio-bench: backend %s (%s numerics) on %s\n", info.backend,
+               devio_numerics_str(info.numerics), info.device);
+        printf("devio-bench: model %s (%s), %.1f MB of weights streamed per step, %u threads\n",
+               model_name, devio_dtype_str(m->embed.dtype), wb / 1e6, threads);
+        print_shape(m);
+        if (f.device_bw > 0)
+            printf("read bandwidth: %.2f GB/s (the device's, as given by --device-bw)\n", bw);
+        else
+            printf("read bandwidth: %.2f GB/s (best of 5 passes over 1 GiB, %u threads)\n", bw,
+                   threads);
+    }
     for (uint32_t k = 0; k < n_batches; k++) {
-        double tps = bench_decode(d, batches[k], steps, m->cfg.vocab_size);
+        double tps = r.decode[k] = bench_decode(d, batches[k], steps, m->cfg.vocab_size);
         double steps_s = tps / batches[k];
         double gbs = steps_s * (double)wb / 1e9;
-        printf("decode batch %2u: %8.1f tokens/s  %6.2f steps/s  weights %.2f GB/s = %.0f%% of "
-               "read bandwidth\n",
-               batches[k], tps, steps_s, gbs, 100.0 * gbs / bw);
+        if (!f.json)
+            printf("decode batch %2u: %8.1f tokens/s  %6.2f steps/s  weights %.2f GB/s = %.0f%% "
+                   "of read bandwidth\n",
+                   batches[k], tps, steps_s, gbs, 100.0 * gbs / bw);
     }
     if (f.overlap >= 2) {
         uint32_t half = f.overlap / 2 > 32 ? 32 : f.overlap / 2;
-        double d1 = bench_overlap(d, half, steps, m->cfg.vocab_size, 1);
-        double d2 = bench_overlap(d, half, steps, m->cfg.vocab_size, 2);
-        printf("decode 2 groups of %u: depth 1 %.1f tokens/s, depth 2 %.1f tokens/s = %.2fx\n",
-               half, d1, d2, d1 > 0 ? d2 / d1 : 0.0);
+        double d1 = r.overlap[0] = bench_overlap(d, half, steps, m->cfg.vocab_size, 1);
+        double d2 = r.overlap[1] = bench_overlap(d, half, steps, m->cfg.vocab_size, 2);
+        if (!f.json)
+            printf("decode 2 groups of %u: depth 1 %.1f tokens/s, depth 2 %.1f tokens/s = "
+                   "%.2fx\n",
+                   half, d1, d2, d1 > 0 ? d2 / d1 : 0.0);
     }
-    printf("prefill %u tokens: %.1f tokens/s\n", prefill,
-           bench_prefill(d, prefill, 3, m->cfg.vocab_size));
+    for (uint32_t k = 0; k < n_prefill; k++) {
+        r.prefill[k] = bench_prefill(d, prefill[k], 3, m->cfg.vocab_size);
+        if (!f.json)
+            printf("prefill %u tokens: %.1f tokens/s\n", prefill[k], r.prefill[k]);
+    }
+    if (f.json)
+        print_json(&f, &info, m, model_name, &r);
     devio_teardown(d, NULL);
     devio_registry_close(&reg);
     devio_model_free(m);
