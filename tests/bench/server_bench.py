@@ -312,10 +312,10 @@ def main(argv):
     rows = [("HTTP 1 client", one), ("HTTP %d clients" % a.clients, many), ("in-process", inproc),
             ("HTTP floor", floor)]
     for name, r in rows:
-        ratio = inproc["steps_per_s"] / r["steps_per_s"]
+        ratio = "-" if r is floor else "%.2fx" % (inproc["steps_per_s"] / r["steps_per_s"])
         dev = "%.0f" % r["device_p50_us"] if r.get("device_p50_us") else "-"
-        print("%-16s %12.1f %10.0f %10.0f %14s %11.2fx" % (name, r["steps_per_s"], r["p50_us"], r["p99_us"],
-                                                           dev, ratio))
+        print("%-16s %12.1f %10.0f %10.0f %14s %12s" % (name, r["steps_per_s"], r["p50_us"], r["p99_us"],
+                                                        dev, ratio))
     print("HTTP floor: the same client loop with both round trips GET /healthz (no device, no SQLite):\n"
           "what the client and HTTP cost a step by themselves.")
     if many["retries"]:
