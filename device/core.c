@@ -482,7 +482,15 @@ static void *worker_main(void *arg)
             pthread_cond_wait(&d->cv_work, &d->mu);
         if (d->q_len == 0 && d->stop)
             break;
+        uint64_t id = d->tickets[d->queue[d->q_head]].id;
         dv_run_queue_head(d);
+        if (d->cfg.on_settled) {
+            /* Unlocked: the callee may take its own locks, which device
+             * callers may hold while they call in. */
+            dv_unlock(d);
+            d->cfg.on_settled(d->cfg.on_settled_ctx, id);
+            dv_lock(d);
+        }
     }
     dv_unlock(d);
     return NULL;

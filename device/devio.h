@@ -269,6 +269,12 @@ typedef struct devio_config {
     uint64_t epoch;            /* reported in facts; the server bumps it per start */
     uint64_t first_ticket_id;  /* ticket ids start here (unique across restarts) */
     bool use_worker_thread;    /* false: steps run inside devio_await/devio_apply */
+    /* Called on the worker thread, without the device lock, after each step
+     * settles: an await of `ticket` would now answer at once. It must not
+     * call the device and must return quickly (it delays the next step).
+     * NULL: none. Called only with use_worker_thread. */
+    void (*on_settled)(void *ctx, uint64_t ticket);
+    void *on_settled_ctx;      /* borrowed; outlives the device */
 } devio_config;
 
 devio_config devio_config_default(void);

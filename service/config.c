@@ -33,6 +33,8 @@ static const devio_opt opts[] = {
      .help = "concurrent connections [256]"},
     {.flag = "connection-timeout", .type = DEVIO_OPT_U32, .offset = S(connection_timeout_s), .metavar = "N",
      .help = "idle connection timeout, s [30]"},
+    {.flag = "http-threads", .type = DEVIO_OPT_U32, .offset = S(http_threads), .metavar = "N",
+     .help = "threads serving HTTP, each an epoll loop over its connections, 1..64 [2]"},
     {.flag = "retention", .type = DEVIO_OPT_U32, .offset = S(retention), .metavar = "N",
      .help = "ticket rows kept in history, 0 = all [100000]"},
     {.flag = "drain-ms", .type = DEVIO_OPT_U32, .offset = S(drain_ms), .metavar = "N",
@@ -70,6 +72,7 @@ void devio_server_config_default(devio_server_config *c)
     c->max_json_depth = 32;
     c->max_connections = 256;
     c->connection_timeout_s = 30;
+    c->http_threads = 2;
     c->retention = 100000;
     c->drain_ms = 10000;
     c->device = devio_config_default();
@@ -84,6 +87,10 @@ int devio_server_config_parse(devio_server_config *c, int argc, char **argv, FIL
     const char *tok = getenv("DEVIO_TOKEN");
     if (tok && *tok)
         c->token = tok;
+    if (c->http_threads < 1 || c->http_threads > 64) {
+        fprintf(errf, "devio-server: --http-threads must be 1 to 64\n");
+        return -1;
+    }
     if (!c->model) {
         fprintf(errf, "devio-server: --model DIR is required (see --help)\n");
         return -1;

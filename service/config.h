@@ -22,6 +22,7 @@ typedef struct devio_server_config {
     uint32_t max_json_depth;/* --max-json-depth, default 32 */
     uint32_t max_connections; /* --max-connections, default 256 */
     uint32_t connection_timeout_s; /* --connection-timeout seconds, default 30 */
+    uint32_t http_threads;  /* --http-threads: libmicrohttpd's polling threads, default 2 */
     uint32_t retention;     /* --retention ticket rows kept, default 100000 */
     uint32_t drain_ms;      /* --drain-ms on SIGTERM, default 10000 */
     bool auth_health;       /* --auth-health: token needed for /healthz /readyz /metrics too */

@@ -12,6 +12,7 @@
 #include "device/devio.h"
 
 typedef struct devio_server devio_server; /* service/server.h */
+typedef struct devio_wait devio_wait;     /* service/await_waits.h */
 
 /* Who may call a route. */
 typedef enum devio_route_auth {
@@ -40,6 +41,9 @@ typedef struct devio_request {
     devio_route_params params;
     const json_t *body; /* the parsed body of a DEVIO_ROUTE_JSON_BODY route, else NULL */
     void *conn;         /* libmicrohttpd's connection: read it with service/request.h */
+    devio_wait *wait;   /* the request's place among parked awaits, kept across the calls of
+                           its handler (zeroed before the first); owned by the server.
+                           NULL: the handler may not suspend */
 } devio_request;
 
 /* What a handler answers on success. */
@@ -49,6 +53,8 @@ typedef struct devio_reply {
     size_t len;
     const char *ctype; /* static */
     bool close;        /* ask the client to close the connection */
+    bool suspended;    /* no answer yet: the handler parked the connection (rq->wait) and
+                          runs again, with the same rq->wait, once it is resumed */
 } devio_reply;
 
 /* A route handler (a function type, so that handlers are declared with it):

@@ -4,11 +4,15 @@
 #include <string.h>
 
 #include "api/codec.h"
+#include "common/clock.h"
 #include "common/version.h"
 #include "device/status.h"
 #include "service/request.h"
 #include "service/routes.h"
 #include "service/server.h"
+
+/* How often a teardown parked behind awaits under way looks again. */
+#define TEARDOWN_POLL_US 5000
 
 /* Makes an answer's JSON from the device, which the caller holds. */
 typedef devio_status device_answer(devio_server *s, const devio_request *rq, devio_device *dev,
@@ -270,7 +274,17 @@ devio_status devio_route_device(devio_server *s, const devio_request *rq, devio_
 devio_status devio_route_teardown(devio_server *s, const devio_request *rq, devio_reply *out,
                                   devio_error *err)
 {
-    (void)rq;
+    /* Awaits under way get their answers first, as when each held a thread
+     * the teardown waited for: park and look again every TEARDOWN_POLL_US.
+     * Ticket 0 is never settled, so only the deadline resumes this wait. */
+    if (rq->wait && atomic_load(&s->awaiting) > 0) {
+        devio_waits_enter(&s->waits, rq->wait, rq->conn, 0,
+                          (int64_t)devio_clock_us() + TEARDOWN_POLL_US);
+        if (devio_waits_park(&s->waits, rq->wait) == DEVIO_WAIT_PARKED) {
+            out->suspended = true;
+            return DEVIO_OK;
+        }
+    }
     uint32_t aborted = 0;
     if (!devio_server_teardown(s, "device torn down", &aborted))
         return devio_fail(err, DEVIO_E_TORN_DOWN, "device already torn down");

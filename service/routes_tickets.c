@@ -1,8 +1,10 @@
 /* routes_tickets.c - the step routes (launch, step, await) over service/tickets.c, and the history of GET /v1/tickets.
- * Decode with api/, run the typed step, encode; the history's JSON is spelled here, never in the store. */
+ * Decode with api/, run the typed step, encode; the history's JSON is spelled here, never in the store.
+ * An await never blocks its thread on a step: it parks the connection (service/await_waits.h). */
 #include <string.h>
 
 #include "api/codec.h"
+#include "common/clock.h"
 #include "device/status.h"
 #include "service/request.h"
 #include "service/routes.h"
@@ -47,31 +49,114 @@ devio_status devio_route_launch(devio_server *s, const devio_request *rq, devio_
     return st == DEVIO_OK ? devio_reply_json(out, 202, devio_json_ticket_ref(ticket), err) : st;
 }
 
-devio_status devio_route_step(devio_server *s, const devio_request *rq, devio_reply *out,
-                              devio_error *err)
+/* The handler runs again after its connection was parked and resumed: the
+ * wait then holds the ticket and the deadline of the first call. */
+static bool resumed(const devio_request *rq)
 {
-    devio_step_result res;
-    devio_status st = run_plan(s, rq->body, true, NULL, &res, err);
-    return st == DEVIO_OK ? reply_result(out, &res, err) : st;
+    return rq->wait && rq->wait->conn;
+}
+
+/* One look at the ticket, without waiting. */
+static devio_status await_now(devio_server *s, uint64_t ticket, int64_t timeout_ms,
+                              devio_step_result *res, devio_error *err)
+{
+    devio_device *dev;
+    devio_status st = devio_server_hold(s, &dev, err);
+    if (st != DEVIO_OK)
+        return st;
+    st = devio_tickets_await(&s->tickets, dev, ticket, timeout_ms, res, err);
+    devio_server_release(s);
+    return st;
+}
+
+/* Look at the ticket until it answers, the deadline passes or the connection parks. */
+static devio_status await_look(devio_server *s, const devio_request *rq, uint64_t ticket,
+                               int64_t deadline_us, devio_step_result *res, devio_reply *out,
+                               devio_error *err)
+{
+    devio_wait *w = rq->wait;
+    for (;;) {
+        /* Listed before the look, so that a settle after it is not missed. */
+        devio_waits_enter(&s->waits, w, rq->conn, ticket, deadline_us);
+        devio_status st = await_now(s, ticket, 0, res, err);
+        if (st != DEVIO_E_TICKET_PENDING ||
+            (deadline_us >= 0 && (int64_t)devio_clock_us() >= deadline_us)) {
+            devio_waits_leave(&s->waits, w);
+            return st;
+        }
+        switch (devio_waits_park(&s->waits, w)) {
+        case DEVIO_WAIT_PARKED:
+            out->suspended = true;
+            return DEVIO_OK;
+        case DEVIO_WAIT_RECHECK:
+            continue;
+        case DEVIO_WAIT_CLOSED:
+            return devio_fail(err, DEVIO_E_TORN_DOWN, "server stopped");
+        }
+    }
+}
+
+/* The await's wait, without holding a thread: look at the ticket; while it
+ * is pending and the deadline is ahead, park the connection until the step
+ * settles or the deadline passes, then look again (the handler runs anew).
+ * s->awaiting counts the request from its first look to its answer. */
+static devio_status await_parked(devio_server *s, const devio_request *rq, uint64_t ticket,
+                                 int64_t deadline_us, devio_step_result *res, devio_reply *out,
+                                 devio_error *err)
+{
+    devio_wait *w = rq->wait;
+    if (!w->conn)
+        atomic_fetch_add(&s->awaiting, 1);
+    devio_status st = await_look(s, rq, ticket, deadline_us, res, out, err);
+    if (!out->suspended)
+        atomic_fetch_sub(&s->awaiting, 1);
+    return st;
 }
 
 devio_status devio_route_await(devio_server *s, const devio_request *rq, devio_reply *out,
                                devio_error *err)
 {
-    uint64_t t = 0;
-    bool present = false;
-    devio_status st = devio_request_query_u64(rq, "timeout_ms", &t, &present, err);
-    if (st != DEVIO_OK)
-        return st;
-    int64_t timeout = present ? (int64_t)(t > AWAIT_CAP_MS ? AWAIT_CAP_MS : t) : -1;
-    devio_device *dev;
     devio_step_result res;
-    st = devio_server_hold(s, &dev, err);
-    if (st != DEVIO_OK)
+    devio_status st;
+    if (resumed(rq)) {
+        st = await_parked(s, rq, rq->wait->ticket, rq->wait->deadline_us, &res, out, err);
+    } else {
+        uint64_t t = 0;
+        bool present = false;
+        st = devio_request_query_u64(rq, "timeout_ms", &t, &present, err);
+        if (st != DEVIO_OK)
+            return st;
+        int64_t timeout = present ? (int64_t)(t > AWAIT_CAP_MS ? AWAIT_CAP_MS : t) : -1;
+        if (rq->wait)
+            st = await_parked(s, rq, rq->params.id,
+                              timeout < 0 ? -1 : (int64_t)devio_clock_us() + timeout * 1000,
+                              &res, out, err);
+        else
+            st = await_now(s, rq->params.id, timeout, &res, err);
+    }
+    if (st != DEVIO_OK || out->suspended)
         return st;
-    st = devio_tickets_await(&s->tickets, dev, rq->params.id, timeout, &res, err);
-    devio_server_release(s);
-    return st == DEVIO_OK ? reply_result(out, &res, err) : st;
+    return reply_result(out, &res, err);
+}
+
+devio_status devio_route_step(devio_server *s, const devio_request *rq, devio_reply *out,
+                              devio_error *err)
+{
+    devio_step_result res;
+    devio_status st;
+    uint64_t ticket = 0;
+    if (resumed(rq)) {
+        st = await_parked(s, rq, rq->wait->ticket, -1, &res, out, err);
+    } else if (rq->wait) {
+        st = run_plan(s, rq->body, false, &ticket, NULL, err);
+        if (st == DEVIO_OK)
+            st = await_parked(s, rq, ticket, -1, &res, out, err);
+    } else {
+        st = run_plan(s, rq->body, true, NULL, &res, err);
+    }
+    if (st != DEVIO_OK || out->suspended)
+        return st;
+    return reply_result(out, &res, err);
 }
 
 /* ---- history ------------------------------------------------------------------ */

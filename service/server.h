@@ -1,5 +1,6 @@
 /* server.h - devio-server: HTTP routes over one device, one store, one model.
- * HTTP threads never compute: they decode, call the device (whose worker computes) and encode. */
+ * HTTP threads never compute and never wait for a step: they decode, call the device (whose worker
+ * computes) and encode; an await whose step has not settled parks its connection (await_waits.h). */
 #ifndef DEVIO_SERVER_H
 #define DEVIO_SERVER_H
 
@@ -11,6 +12,7 @@
 #include "device/model.h"
 #include "device/registry.h"
 #include "service/adapters.h"
+#include "service/await_waits.h"
 #include "service/config.h"
 #include "service/metrics.h"
 #include "service/route.h"
@@ -27,12 +29,16 @@ typedef struct devio_server {
     devio_adapters adapters;   /* adapter commands: device table + store rows */
     devio_tickets tickets;     /* steps: device + history rows + metrics */
     devio_metrics metrics;
+    devio_waits waits;         /* awaits parked until their ticket settles; the device's
+                                  on_settled hook resumes them */
     struct MHD_Daemon *mhd;
     char *token;               /* owned copy; NULL = no auth */
     size_t token_len;
     atomic_bool ready;
     atomic_bool draining;      /* SIGTERM seen: launches refused, awaits served */
-    atomic_int active;         /* requests being handled */
+    atomic_int active;         /* requests being handled, parked awaits included */
+    atomic_int awaiting;       /* awaits and steps between their first look at the ticket
+                                  and their answer, parked or not */
     uint16_t port;             /* bound port (useful with port 0) */
 } devio_server;
 

@@ -1,6 +1,7 @@
 /* core_test.c - the device core: KV pool, launch/await, effects, limits, invariances.
  * Drives the real core over the reference backend and a written tiny model.
  * long because every case drives the same opened device, through the fixture and helpers at the top. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -146,6 +148,64 @@ static void test_launch_await_facts(void **state)
     assert_int_equal(f.epoch, 1);
     devio_step_result_free(&r);
     devio_teardown(d, NULL);
+}
+
+/* What the on_settled hook saw: ticket ids in call order. */
+typedef struct settled_log {
+    pthread_mutex_t mu;
+    uint64_t ids[8];
+    uint32_t n;
+} settled_log;
+
+static void on_settled(void *ctx, uint64_t ticket)
+{
+    settled_log *l = ctx;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < 8)
+        l->ids[l->n] = ticket;
+    l->n++;
+    pthread_mutex_unlock(&l->mu);
+}
+
+static uint32_t settled_count(settled_log *l)
+{
+    pthread_mutex_lock(&l->mu);
+    uint32_t n = l->n;
+    pthread_mutex_unlock(&l->mu);
+    return n;
+}
+
+/* The worker calls on_settled once per step, in launch order, and only once
+ * the step has settled: an await of the ticket then answers without waiting. */
+static void test_on_settled_hook(void **state)
+{
+    ctx *c = *state;
+    settled_log log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    devio_config cfg = small_cfg();
+    cfg.use_worker_thread = true;
+    cfg.on_settled = on_settled;
+    cfg.on_settled_ctx = &log;
+    devio_device *d = open_dev(c, cfg);
+    uint64_t s[2] = {new_seq(d), new_seq(d)}, t[2];
+    int32_t tok[4];
+    tokens_for(tok, 4, 3, c->vocab);
+    for (int i = 0; i < 2; i++) {
+        devio_row row = {.seq = s[i], .tokens = tok, .n_tokens = 4};
+        devio_plan plan = {.rows = &row, .n_rows = 1};
+        assert_int_equal(devio_launch(d, &plan, &t[i], NULL), DEVIO_OK);
+    }
+    for (int spins = 0; settled_count(&log) < 2 && spins < 10000; spins++)
+        nanosleep(&(struct timespec){.tv_nsec = 1000000L}, NULL);
+    assert_int_equal(settled_count(&log), 2);
+    assert_int_equal(log.ids[0], t[0]);
+    assert_int_equal(log.ids[1], t[1]);
+    for (int i = 0; i < 2; i++) {
+        devio_step_result r;
+        assert_int_equal(devio_await(d, t[i], 0, &r, NULL), DEVIO_OK);
+        devio_step_result_free(&r);
+    }
+    devio_teardown(d, NULL);
+    assert_int_equal(settled_count(&log), 2);
 }
 
 static void test_plan_errors_change_nothing(void **state)
@@ -761,6 +821,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_pool),
         cmocka_unit_test(test_launch_await_facts),
+        cmocka_unit_test(test_on_settled_hook),
         cmocka_unit_test(test_plan_errors_change_nothing),
         cmocka_unit_test(test_max_seq_len),
         cmocka_unit_test(test_out_of_kv_blocks_changes_nothing),

@@ -45,6 +45,7 @@ typedef struct stream {
     uint32_t hold;            /* one-shot: the next step waits for this many queued */
     uint32_t fail_submit, fail_wait; /* countdowns, 0 = off */
     bool sticky;                      /* an injected wait fault breaks the device for good */
+    uint32_t step_ms;                 /* each step takes at least this long (slow device) */
     char failure[200];                /* what broke it: info reports it, submits are refused */
     devio_stream_stats stats;
 } stream;
@@ -53,6 +54,10 @@ static void run_item(stream *s, const item *it)
 {
     uint32_t k = (uint32_t)(it->seq % s->cfg.max_depth);
     if (it->kind == ITEM_STEP) {
+        if (s->step_ms)
+            nanosleep(&(struct timespec){.tv_sec = s->step_ms / 1000,
+                                         .tv_nsec = (long)(s->step_ms % 1000) * 1000000L},
+                      NULL);
         devio_error err = {0};
         devio_status st = devio_ref_backend.wait(s->ref, it->batch, &err);
         pthread_mutex_lock(&s->mu);
@@ -185,6 +190,10 @@ static devio_status stream_create(const devio_model *model, const devio_backend_
         s->fail_wait = (uint32_t)atoi(brk);
         s->sticky = true;
     }
+    /* A slow device for end-to-end tests of long waits (steps of a known length). */
+    const char *slow = getenv("STREAM_BACKEND_STEP_MS");
+    if (slow && atoi(slow) > 0)
+        s->step_ms = (uint32_t)atoi(slow);
     *state = s;
     return DEVIO_OK;
 }

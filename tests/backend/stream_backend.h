@@ -38,7 +38,9 @@ void devio_stream_hold(void *state, uint32_t n);
  * sticky: the wait fault breaks the device for good, as a CUDA error does:
  * info reports it in `failure` and every later submit is refused.
  * STREAM_BACKEND_BREAK_AT_WAIT=k in the environment at create does the same
- * (wait_k = k, sticky) for tests that reach the backend only as a plugin. */
+ * (wait_k = k, sticky) for tests that reach the backend only as a plugin.
+ * STREAM_BACKEND_STEP_MS=ms at create makes every step take at least ms
+ * (a slow device, for tests of long waits). */
 void devio_stream_fail(void *state, uint32_t submit_k, uint32_t wait_k, bool sticky);
 
 #endif

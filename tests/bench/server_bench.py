@@ -3,23 +3,27 @@
 A benchmark, not a test: it prints figures and asserts nothing about speed; it must never leave a server running.
 
     python3 tests/bench/server_bench.py --bin bazel-bin [--n 2000] [--threads 1] [--clients 4]
+                                        [--server-args '--http-threads 4']
 
 Writes the tiny model to a temp dir, starts devio-server on it (loopback, a
 temp SQLite file), and times one-token greedy decode steps (POST /v1/launch
 then POST /v1/tickets/{id}/await, keep-alive) from one client, then from
---clients concurrent clients (separate processes, one sequence each). Then it
-runs rtt_inproc (tests/bench/rtt_inproc.c) on the same model and prints a table.
+--clients concurrent clients (separate processes, one sequence each). Clients
+are raw sockets sending prebuilt request bytes, so that their own cost stays
+small; the "HTTP floor" row is that same loop with both requests GET /healthz.
+Then it runs rtt_inproc (tests/bench/rtt_inproc.c) on the same model and
+prints a table.
 rtt_inproc comes from --bin (tests/bench/rtt_inproc); when that is missing it is
 compiled with gcc from the repository's sources into the temp dir.
 """
 import argparse
-import http.client
 import json
 import multiprocessing as mp
 import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,13 +45,13 @@ def percentile(sorted_values, p):
 # ---- the server ---------------------------------------------------------------------------
 
 
-def start_server(server_bin, model, workdir, threads, depth):
+def start_server(server_bin, model, workdir, threads, depth, extra=()):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEVIO_")}
     log = open(workdir / "server.log", "wb")
     proc = subprocess.Popen(
         [str(server_bin), "--model", str(model), "--listen", "127.0.0.1:0",
          "--db", str(workdir / "bench.db"), "--adapters", str(workdir),
-         "--threads", str(threads), "--max-depth", str(depth)],
+         "--threads", str(threads), "--max-depth", str(depth), *extra],
         stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env)
     log.close()
     sel = selectors.DefaultSelector()
@@ -89,23 +93,53 @@ def stop_server(proc):
 # ---- one client -----------------------------------------------------------------------------
 
 
-class Http:
+class Raw:
+    """One keep-alive HTTP/1.1 connection over a plain socket, requests prebuilt as bytes: the
+    client's own cost per round trip stays a few microseconds (http.client costs ~60 us more)."""
+
     def __init__(self, port):
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def send(self, head, body=b""):
+        """Send one request (head: request line and headers, without Content-Length)."""
+        self.sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    def receive(self):
+        """(status, body bytes) of the next answer."""
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end >= 0:
+                head = self.buf[:end]
+                k = head.lower().find(b"content-length:")
+                n = int(head[k + 15:].split(b"\r\n", 1)[0]) if k >= 0 else 0
+                if len(self.buf) >= end + 4 + n:
+                    body = self.buf[end + 4:end + 4 + n]
+                    self.buf = self.buf[end + 4 + n:]
+                    return int(head[9:12]), body
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            self.buf += chunk
 
     def post(self, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        hdrs = {"Content-Type": "application/json"} if data is not None else {}
-        self.conn.request("POST", path, body=data, headers=hdrs)
-        r = self.conn.getresponse()
-        raw = r.read()
-        return r.status, json.loads(raw) if raw else None
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send(b"POST %s HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n" % path.encode(), data)
+        st, raw = self.receive()
+        return st, json.loads(raw) if raw else None
 
 
-def client_run(port, n, warmup, salt, barrier, out):
-    """Decode n timed steps on a fresh sequence; put (latencies_us, device_us, retries, span, error) on out."""
+LAUNCH = b"POST /v1/launch HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
+AWAIT = b"POST /v1/tickets/%d/await HTTP/1.1\r\nHost: b\r\n"
+HEALTH = b"GET /healthz HTTP/1.1\r\nHost: b\r\n"
+
+
+def client_run(port, n, warmup, salt, barrier, out, floor=False):
+    """Decode n timed steps on a fresh sequence; put (latencies_us, device_us, retries, span, error) on out.
+    floor: the same loop of two round trips per step, both GET /healthz (the client's and HTTP's own cost)."""
     try:
-        h = Http(port)
+        h = Raw(port)
         st, j = h.post("/v1/sequences")
         assert st == 201, (st, j)
         seq = j["seq"]
@@ -118,24 +152,40 @@ def client_run(port, n, warmup, salt, barrier, out):
         if barrier is not None:
             barrier.wait(timeout=120)
         start = None
+        body_fmt = b'{"rows":[{"seq":%d,"tokens":[%%d],"sample":{"temperature":0}}]}' % seq
         for i in range(-warmup, n):
             if i == 0:
                 start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
+            if floor:
+                t0 = time.perf_counter()
+                h.send(HEALTH)
+                st, _ = h.receive()
+                h.send(HEALTH)
+                st2, _ = h.receive()
+                t1 = time.perf_counter()
+                assert st == st2 == 200, (st, st2)
+                if i >= 0:
+                    lat.append((t1 - t0) * 1e6)
+                continue
             if length >= WRAP_AT:
                 st, j = h.post("/v1/effects", {"kind": "truncate", "seq": seq, "len": PROMPT})
                 assert st == 200, (st, j)
                 length = PROMPT
-            body = {"rows": [{"seq": seq, "tokens": [tok], "sample": {"temperature": 0}}]}
+            body = body_fmt % tok
             t0 = time.perf_counter()
             for _ in range(100000):
-                st, j = h.post("/v1/launch", body)
-                if st != 409 or j["error"]["code"] != "depth_exceeded":
+                h.send(LAUNCH, body)
+                st, raw = h.receive()
+                if st == 202:
                     break
+                j = json.loads(raw)
+                assert st == 409 and j["error"]["code"] == "depth_exceeded", (st, j)
                 retries += 1
-            assert st == 202, (st, j)
-            st, r = h.post("/v1/tickets/%d/await" % j["ticket"])
+            h.send(AWAIT % int(raw[10:-1]))  # {"ticket":N}
+            st, raw = h.receive()
             t1 = time.perf_counter()
-            assert st == 200, (st, r)
+            assert st == 200, (st, raw)
+            r = json.loads(raw)
             tok = r["rows"][0]["tokens"][0]
             length += 1
             if i >= 0:
@@ -148,11 +198,12 @@ def client_run(port, n, warmup, salt, barrier, out):
         out.put(([], [], 0, None, repr(e)))
 
 
-def run_http(port, n, warmup, clients):
+def run_http(port, n, warmup, clients, floor=False):
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     barrier = ctx.Barrier(clients) if clients > 1 else None
-    procs = [ctx.Process(target=client_run, args=(port, n, warmup, k, barrier, out)) for k in range(clients)]
+    procs = [ctx.Process(target=client_run, args=(port, n, warmup, k, barrier, out, floor))
+             for k in range(clients)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -165,7 +216,7 @@ def run_http(port, n, warmup, clients):
     if errors:
         raise RuntimeError("client failed: %s" % errors[0])
     lat = sorted(x for r in results for x in r[0])
-    compute = sorted(x for r in results for x in r[1])
+    compute = sorted(x for r in results for x in r[1]) or [0]
     # Concurrent clients: every timed step over the span from the first start to the last end.
     wall = time.perf_counter() - t0
     span = max(r[3][1] for r in results) - min(r[3][0] for r in results)
@@ -217,6 +268,8 @@ def main(argv):
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients in the second run [4]")
     ap.add_argument("--threads", type=int, default=1,
                     help="device compute threads, same for the server and in-process [1]")
+    ap.add_argument("--server-args", default="",
+                    help="more devio-server flags, one string, e.g. '--http-threads 4'")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     a = ap.parse_args(argv)
     if a.n < 1 or a.clients < 1 or a.warmup < 0 or a.threads < 0:
@@ -238,7 +291,9 @@ def main(argv):
         subprocess.run([str(mkmodel), "--preset", "tiny", "--out", str(model)], check=True,
                        capture_output=True, timeout=120)
         rtt, how = find_rtt(bin_dir.resolve(), tmp)
-        proc, port = start_server(server_bin, model, tmp, a.threads, max(2, a.clients + 1))
+        proc, port = start_server(server_bin, model, tmp, a.threads, max(2, a.clients + 1),
+                                  a.server_args.split())
+        floor = run_http(port, a.n, a.warmup, 1, floor=True)
         one = run_http(port, a.n, a.warmup, 1)
         many = run_http(port, a.n, a.warmup, a.clients)
         rc = stop_server(proc)
@@ -254,17 +309,20 @@ def main(argv):
           % (a.n, a.threads, os.cpu_count(), how))
     print("%-16s %12s %10s %10s %14s %12s" % ("mode", "steps/s", "p50 us", "p99 us", "device p50 us",
                                                "in-proc/this"))
-    rows = [("HTTP 1 client", one), ("HTTP %d clients" % a.clients, many), ("in-process", inproc)]
+    rows = [("HTTP 1 client", one), ("HTTP %d clients" % a.clients, many), ("in-process", inproc),
+            ("HTTP floor", floor)]
     for name, r in rows:
-        ratio = inproc["steps_per_s"] / r["steps_per_s"]
-        dev = "%.0f" % r["device_p50_us"] if "device_p50_us" in r else "-"
-        print("%-16s %12.1f %10.0f %10.0f %14s %11.2fx" % (name, r["steps_per_s"], r["p50_us"], r["p99_us"],
-                                                           dev, ratio))
+        ratio = "-" if r is floor else "%.2fx" % (inproc["steps_per_s"] / r["steps_per_s"])
+        dev = "%.0f" % r["device_p50_us"] if r.get("device_p50_us") else "-"
+        print("%-16s %12.1f %10.0f %10.0f %14s %12s" % (name, r["steps_per_s"], r["p50_us"], r["p99_us"],
+                                                        dev, ratio))
+    print("HTTP floor: the same client loop with both round trips GET /healthz (no device, no SQLite):\n"
+          "what the client and HTTP cost a step by themselves.")
     if many["retries"]:
         print("(%d launches answered depth_exceeded and were retried)" % many["retries"])
     print("server exit status on SIGTERM: %s" % rc)
     if a.json:
-        print(json.dumps({"http_1": one, "http_%d" % a.clients: many, "inproc": inproc}))
+        print(json.dumps({"http_1": one, "http_%d" % a.clients: many, "inproc": inproc, "http_floor": floor}))
     return 0
 
 

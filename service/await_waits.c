@@ -1,0 +1,172 @@
+/* await_waits.c - the table of parked awaits and the one timer thread that resumes those whose deadline passed.
+ * Every change to a wait happens under the table's lock; it must never block on anything but that lock. */
+#include <stdint.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "device/status.h"
+#include "service/await_waits.h"
+
+static void unlist(devio_waits *ws, devio_wait *w)
+{
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        ws->head = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    w->prev = w->next = NULL;
+    w->listed = false;
+}
+
+/* Unlist a suspended wait and hand its connection back. Lock held. */
+static void wake(devio_waits *ws, devio_wait *w)
+{
+    unlist(ws, w);
+    w->suspended = false;
+    ws->n_suspended--;
+    ws->ops->resume(w->conn);
+}
+
+static struct timespec abs_time(int64_t us)
+{
+    return (struct timespec){.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
+}
+
+/* Resume every suspended wait whose deadline passed; sleep until the next. */
+static void *timer_main(void *arg)
+{
+    devio_waits *ws = arg;
+    pthread_mutex_lock(&ws->mu);
+    while (!ws->closed) {
+        int64_t now = (int64_t)devio_clock_us(), due = INT64_MAX;
+        for (devio_wait *w = ws->head, *next; w; w = next) {
+            next = w->next;
+            if (!w->suspended || w->deadline_us < 0)
+                continue;
+            if (w->deadline_us <= now)
+                wake(ws, w);
+            else if (w->deadline_us < due)
+                due = w->deadline_us;
+        }
+        ws->timer_due = due;
+        if (due == INT64_MAX) {
+            pthread_cond_wait(&ws->cv, &ws->mu);
+        } else {
+            struct timespec at = abs_time(due);
+            pthread_cond_timedwait(&ws->cv, &ws->mu, &at);
+        }
+    }
+    pthread_mutex_unlock(&ws->mu);
+    return NULL;
+}
+
+devio_status devio_waits_start(devio_waits *ws, const devio_waits_ops *ops, devio_error *err)
+{
+    *ws = (devio_waits){.ops = ops, .timer_due = INT64_MAX};
+    pthread_mutex_init(&ws->mu, NULL);
+    /* Deadlines are devio_clock_us() times, which is CLOCK_MONOTONIC. */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&ws->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&ws->timer, NULL, timer_main, ws) != 0) {
+        pthread_cond_destroy(&ws->cv);
+        pthread_mutex_destroy(&ws->mu);
+        return devio_fail(err, DEVIO_E_IO, "cannot start the await timer thread");
+    }
+    ws->timer_started = true;
+    return DEVIO_OK;
+}
+
+void devio_waits_close(devio_waits *ws)
+{
+    pthread_mutex_lock(&ws->mu);
+    ws->closed = true;
+    for (devio_wait *w = ws->head, *next; w; w = next) {
+        next = w->next;
+        if (w->suspended)
+            wake(ws, w);
+    }
+    pthread_cond_signal(&ws->cv);
+    pthread_mutex_unlock(&ws->mu);
+}
+
+void devio_waits_stop(devio_waits *ws)
+{
+    if (!ws->timer_started)
+        return;
+    devio_waits_close(ws);
+    pthread_join(ws->timer, NULL);
+    ws->timer_started = false;
+    pthread_cond_destroy(&ws->cv);
+    pthread_mutex_destroy(&ws->mu);
+}
+
+void devio_waits_enter(devio_waits *ws, devio_wait *w, void *conn, uint64_t ticket,
+                       int64_t deadline_us)
+{
+    *w = (devio_wait){.conn = conn, .ticket = ticket, .deadline_us = deadline_us,
+                      .listed = true};
+    pthread_mutex_lock(&ws->mu);
+    w->next = ws->head;
+    if (ws->head)
+        ws->head->prev = w;
+    ws->head = w;
+    pthread_mutex_unlock(&ws->mu);
+}
+
+devio_wait_park devio_waits_park(devio_waits *ws, devio_wait *w)
+{
+    devio_wait_park p = DEVIO_WAIT_PARKED;
+    pthread_mutex_lock(&ws->mu);
+    if (ws->closed || w->woken) {
+        p = ws->closed ? DEVIO_WAIT_CLOSED : DEVIO_WAIT_RECHECK;
+        if (w->listed)
+            unlist(ws, w);
+    } else {
+        /* Suspended under the lock: a settle cannot resume it before it is. */
+        w->suspended = true;
+        ws->n_suspended++;
+        ws->ops->suspend(w->conn);
+        if (w->deadline_us >= 0 && w->deadline_us < ws->timer_due) {
+            ws->timer_due = w->deadline_us;
+            pthread_cond_signal(&ws->cv);
+        }
+    }
+    pthread_mutex_unlock(&ws->mu);
+    return p;
+}
+
+void devio_waits_leave(devio_waits *ws, devio_wait *w)
+{
+    pthread_mutex_lock(&ws->mu);
+    if (w->listed)
+        unlist(ws, w);
+    pthread_mutex_unlock(&ws->mu);
+}
+
+void devio_waits_settled(void *arg, uint64_t ticket)
+{
+    devio_waits *ws = arg;
+    pthread_mutex_lock(&ws->mu);
+    for (devio_wait *w = ws->head, *next; w; w = next) {
+        next = w->next;
+        if (w->ticket != ticket)
+            continue;
+        if (w->suspended)
+            wake(ws, w);
+        else
+            w->woken = true;
+    }
+    pthread_mutex_unlock(&ws->mu);
+}
+
+uint32_t devio_waits_suspended(devio_waits *ws)
+{
+    pthread_mutex_lock(&ws->mu);
+    uint32_t n = ws->n_suspended;
+    pthread_mutex_unlock(&ws->mu);
+    return n;
+}
