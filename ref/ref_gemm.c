@@ -41,6 +41,8 @@ _Static_assert(G <= 12, "REF_GEMM_PART_FLOATS holds tiles of up to 12 tokens");
 /* Jobs per thread in a projection region: enough to even out the threads
  * at the end of a region, few enough that claiming stays negligible. */
 #define JOBS_PER_THREAD 8u
+/* How far ahead of a one-token read a 16-bit panel is prefetched. */
+#define PREFETCH_BYTES 2048u
 /* Token groups from which packing x is itself spread over the pool. */
 #define XPACK_PARALLEL_GROUPS 4u
 
@@ -170,6 +172,11 @@ static ALWAYS_INLINE void panel_dots(int dt, int TN, const void *pan, uint32_t k
                 size_t step = (size_t)lane * k32 + kk;
                 size_t at = (((size_t)(lane / REF_LANE_QUAD) * k32 + kk) * REF_LANE_QUAD +
                              lane % REF_LANE_QUAD) * REF_PANEL_ROWS;
+                /* One token, 16-bit weights: the kernel outruns the
+                 * hardware's prefetch of the panel stream; ask ahead. */
+                if (TN == 1 && dt != DEVIO_F32 && b == 0)
+                    for (uint32_t c = 0; c < (uint32_t)LB * REF_PANEL_ROWS * 2u; c += 64)
+                        __builtin_prefetch((const char *)pan + at * 2u + PREFETCH_BYTES + c);
                 const float *xs = xp + step * TN;
                 vf w[PV];
 #pragma GCC unroll 4
