@@ -57,3 +57,23 @@ REF_ISA_COPTS = ["-Wno-psabi"]
 def ref_isa_renames(path):
     """The -D flags that give the path's copy of every symbol its own name."""
     return ["-D%s=%s_%s" % (s, s, path) for s in REF_ISA_SYMBOLS]
+
+def ref_isa_library(path, march, **kwargs):
+    """The path's copy of the backend: REF_ISA_SRCS with that path's flags and names."""
+    native.cc_library(
+        name = "ref_" + path,
+        srcs = REF_ISA_SRCS + ["ref_state.h", "ref_vec.h"],
+        hdrs = [
+            "ref_backend.h",
+            "ref_gemm.h",
+            "ref_kernels.h",
+            "ref_mixer.h",
+        ],
+        copts = march + REF_ISA_COPTS + ref_isa_renames(path),
+        deps = [
+            ":pool",
+            "//device",
+            "//device:numerics",
+        ],
+        **kwargs
+    )
