@@ -18,6 +18,7 @@
 #include "device/shape.h"
 #include "ref/pool.h"
 #include "ref/ref_backend.h"
+#include "ref/ref_gemm.h"
 #include "ref/ref_isa.h"
 #include "ref/ref_kernels.h"
 
@@ -909,6 +910,133 @@ static void test_pool_runs_every_job_once(void **unused)
     }
 }
 
+/* ---- projections against the scalar rule ------------------------------ */
+
+/* A random weight [m, n] of dtype dt with wide exponents (so that the order
+ * of every sum shows), as raw elements; the widened copy into wf. */
+static void *rand_weight(uint64_t *s, devio_dtype dt, uint32_t m, uint32_t n, float *wf)
+{
+    size_t cnt = (size_t)m * n;
+    void *w = malloc(cnt * devio_dtype_size(dt));
+    assert_non_null(w);
+    for (size_t i = 0; i < cnt; i++) {
+        float f = rng_unit(s) * (float)(1u << (rng_next(s) % 12));
+        if (dt == DEVIO_F32) {
+            ((float *)w)[i] = f;
+        } else if (dt == DEVIO_BF16) {
+            uint32_t b;
+            memcpy(&b, &f, sizeof b);
+            ((uint16_t *)w)[i] = (uint16_t)(b >> 16);
+        } else {
+            /* finite halves, subnormals included: exponent field 0..30 */
+            ((uint16_t *)w)[i] = (uint16_t)(rng_next(s) % 0x7c00u) | (i % 3 ? 0x8000u : 0);
+        }
+    }
+    ref_widen(dt, w, wf, cnt);
+    return w;
+}
+
+/* One run of up to 3 projections sharing x, every epilogue, against
+ * devio_lane_dot on the widened rows, bit for bit. */
+static void check_gemm(uint64_t *s, devio_pool *pool, ref_scratch *scratch, devio_dtype dt,
+                       uint32_t m, uint32_t n, uint32_t n_tok, ref_epilogue epi)
+{
+    uint32_t ldx = n + 3; /* a stride that is not the padded width */
+    float *x = calloc((size_t)n_tok * ldx, sizeof(float));
+    float *wf = malloc((size_t)m * n * sizeof(float)), *w2f = malloc((size_t)m * n * sizeof(float));
+    float *bias = malloc((size_t)m * sizeof(float));
+    float *y = malloc((size_t)n_tok * m * sizeof(float)), *want = malloc((size_t)n_tok * m * sizeof(float));
+    float *xpack = malloc(ref_gemm_xpack_floats(n_tok, n) * sizeof(float));
+    float **rows = malloc((size_t)n_tok * sizeof *rows);
+    assert_true(x && wf && w2f && bias && y && want && xpack && rows);
+    for (uint32_t t = 0; t < n_tok; t++)
+        for (uint32_t i = 0; i < n; i++)
+            x[(size_t)t * ldx + i] = i % 11 == 3 ? -0.0f : rng_unit(s);
+    void *w = rand_weight(s, dt, m, n, wf), *w2 = rand_weight(s, dt, m, n, w2f);
+    for (uint32_t o = 0; o < m; o++)
+        bias[o] = rng_unit(s);
+    for (size_t i = 0; i < (size_t)n_tok * m; i++)
+        y[i] = want[i] = rng_unit(s);
+    for (uint32_t t = 0; t < n_tok; t++) {
+        rows[t] = y + (size_t)(n_tok - 1 - t) * m; /* rows in reverse, through y_rows */
+        for (uint32_t o = 0; o < m; o++) {
+            float d = devio_lane_dot(wf + (size_t)o * n, x + (size_t)t * ldx, n);
+            float *out = &want[(size_t)(n_tok - 1 - t) * m + o];
+            switch (epi) {
+            case REF_EPI_STORE:
+                *out = d;
+                break;
+            case REF_EPI_BIAS:
+                *out = d + bias[o];
+                break;
+            case REF_EPI_ADD:
+                *out = *out + d;
+                break;
+            case REF_EPI_ADD_SCALED:
+                *out = *out + d * 0.375f;
+                break;
+            case REF_EPI_SILU_MUL:
+                *out = devio_siluf(d) *
+                       devio_lane_dot(w2f + (size_t)o * n, x + (size_t)t * ldx, n);
+                break;
+            }
+        }
+    }
+    ref_panels p1, p2;
+    assert_int_equal(ref_panels_pack(&p1, pool, w, dt, m, n), 0);
+    assert_int_equal(ref_panels_pack(&p2, pool, w2, dt, m, n), 0);
+    ref_gemm_work wk = {.pool = pool, .scratch = scratch, .xpack = xpack};
+    ref_matmul mm = {.w = &p1, .w2 = epi == REF_EPI_SILU_MUL ? &p2 : NULL, .bias = bias,
+                     .scale = 0.375f, .epi = epi, .x = x, .ldx = ldx, .n_tok = n_tok,
+                     .y_rows = rows};
+    ref_matmul_run(&wk, &mm, 1);
+    assert_memory_equal(y, want, (size_t)n_tok * m * sizeof(float));
+    ref_panels_free(&p1);
+    ref_panels_free(&p2);
+    free(w);
+    free(w2);
+    free(x);
+    free(wf);
+    free(w2f);
+    free(bias);
+    free(y);
+    free(want);
+    free(xpack);
+    free(rows);
+}
+
+/* Shapes around every edge of the packing: rows past a panel of 16, inputs
+ * past a chunk of 32, token counts past a group and past a token block. */
+static void test_gemm_shapes(void **unused)
+{
+    (void)unused;
+    static const uint32_t ms[] = {1, 15, 16, 17, 48, 100};
+    static const uint32_t ns[] = {1, 31, 32, 33, 100, 300};
+    static const uint32_t toks[] = {1, 2, 3, 5, 6, 7, 12, 13, 40, 200};
+    static const devio_dtype dts[] = {DEVIO_F32, DEVIO_BF16, DEVIO_F16};
+    uint64_t s = 7;
+    for (uint32_t threads = 1; threads <= 2; threads++) {
+        devio_pool *pool = devio_pool_create(threads);
+        assert_non_null(pool);
+        uint32_t nt = devio_pool_threads(pool);
+        ref_scratch scratch[2];
+        for (uint32_t i = 0; i < nt; i++)
+            assert_int_equal(ref_scratch_init(&scratch[i], 16, 64), 0);
+        uint32_t k = 0;
+        for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+                for (size_t c = 0; c < sizeof toks / sizeof *toks; c++, k++) {
+                    uint32_t m = ms[a], n = ns[b], t = toks[c];
+                    if (t == 200 && (m > 17 || n < 300))
+                        continue; /* the second token block needs a wide input only */
+                    check_gemm(&s, pool, scratch, dts[k % 3], m, n, t, (ref_epilogue)(k % 5));
+                }
+        for (uint32_t i = 0; i < nt; i++)
+            ref_scratch_fini(&scratch[i]);
+        devio_pool_free(pool);
+    }
+}
+
 /* Built for one instruction-set path (tests/BUILD.bazel): on a CPU that
  * lacks it, one case that says so and is skipped. */
 #ifdef REF_ISA_TEST_PATH
@@ -934,6 +1062,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lane_reductions),
         cmocka_unit_test(test_widen_all_halves),
+        cmocka_unit_test(test_gemm_shapes),
         cmocka_unit_test(test_pool_runs_every_job_once),
         cmocka_unit_test(test_naive_f32),
         cmocka_unit_test(test_naive_bf16),

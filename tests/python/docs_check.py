@@ -58,6 +58,7 @@ SCRIPTS = [
     ["python3", "tests/conformance/run.py"],
     ["python3", "tests/python/hf_check.py"],
     ["python3", "tests/bench/server_bench.py"],
+    ["python3", "tools/bench/side_by_side.py"],
     ["python3", "tests/python/status_table_check.py"],
     ["python3", "tests/python/docs_check.py"],
     ["bash", "deploy/devio.sh"],
@@ -70,7 +71,10 @@ OUTSIDE_FLAGS = {
 }
 
 # Environment variables that are not the twin of a flag.
-OTHER_ENV = {"DEVIO_TOKEN": "the bearer token of devio-server"}
+OTHER_ENV = {
+    "DEVIO_TOKEN": "the bearer token of devio-server",
+    "DEVIO_REF_ISA": "the reference's instruction-set path, any binary (docs/backends.md)",
+}
 
 # Files the docs cite that other changes are writing now; reported, not failed.
 PENDING = {}
