@@ -107,15 +107,20 @@ void ref_rope(float *x, uint32_t n_heads, uint32_t hd, uint32_t rd, const float 
  * inside [0, hd): the tail of k is copied into kbuf (zero padded). */
 static ALWAYS_INLINE float dot_qk(const float *q, const float *k, uint32_t hd, float *kbuf)
 {
+    /* Unrolled over the vectors so the accumulators stay in registers (a
+     * rolled loop keeps them on the stack, one store-to-load per chunk). */
     vf acc[NV];
+#pragma GCC unroll 8
     for (int v = 0; v < NV; v++)
         acc[v] = (vf){0};
     uint32_t i = 0;
     for (; i + 32 <= hd; i += 32)
+#pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
             acc[v] = acc[v] + ldv(q + i + v * VL) * ldv(k + i + v * VL);
     if (i < hd) {
         memcpy(kbuf, k + i, (hd - i) * sizeof(float));
+#pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
             acc[v] = acc[v] + ldv(q + i + v * VL) * ldv(kbuf + v * VL);
     }
@@ -126,6 +131,30 @@ static ALWAYS_INLINE void prefetch_row(const float *p, uint32_t n)
 {
     for (uint32_t c = 0; c < n; c += 16) /* 16 floats = one 64-byte line */
         __builtin_prefetch(p + c);
+}
+
+/* Floats [c, c + NC * VL) of lane sum out = sum of e_k * v_k over the keys
+ * k0, k0 + 32, ... below n_keys, added in that order from +0. */
+static ALWAYS_INLINE void pv_lane(int NC, const float *v_cache, const size_t *rows,
+                                  const float *sc, uint32_t k0, uint32_t n_keys, uint32_t c,
+                                  float *out)
+{
+    vf acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < NC; i++)
+        acc[i] = (vf){0};
+    for (uint32_t k = k0; k < n_keys; k += 32) {
+        const float *v = v_cache + rows[k] + c;
+        if (k + 32u * 2u < n_keys)
+            __builtin_prefetch(v_cache + rows[k + 64] + c);
+        vf e = (vf){0} + sc[k];
+#pragma GCC unroll 8
+        for (int i = 0; i < NC; i++)
+            acc[i] = acc[i] + e * ldv(v + i * VL);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NC; i++)
+        stv(out + c + i * VL, acc[i]);
 }
 
 void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scratch *s)
@@ -180,24 +209,28 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
         z = devio_lane_fold(p);
     }
 
-    /* acc[l] (hd floats) is lane l of the sum over keys j = l mod 32. */
+    /* acc[l] (hd floats) is lane l of the sum over keys j = l mod 32, each
+     * lane summed whole before the next: its keys j, j + 32, ... in
+     * increasing j, NC vectors of the head at a time in registers. */
     float *acc = s->acc;
     uint32_t lanes = j0 == 0 && n_keys < 32 ? n_keys : 32;
-    memset(acc, 0, (size_t)lanes * hd * sizeof(float));
     uint32_t hv = hd - hd % VL;
-    for (uint32_t k = 0; k < n_keys; k++) {
-        uint32_t j = j0 + k;
-        const float *v = a->v_cache + rows[k];
-        if (k + KV_PREFETCH < n_keys)
-            prefetch_row(a->v_cache + rows[k + KV_PREFETCH], hd);
-        float *al = acc + (size_t)(j & 31u) * hd;
-        float e = sc[k];
-        vf ev = (vf){0} + e;
+    for (uint32_t l = 0; l < lanes; l++) {
+        uint32_t k0 = (l - j0) & 31u; /* the first key of lane l */
+        float *al = acc + (size_t)l * hd;
         uint32_t c = 0;
+        for (; c + 8 * VL <= hv; c += 8 * VL)
+            pv_lane(8, a->v_cache, rows, sc, k0, n_keys, c, al);
+        for (; c + 2 * VL <= hv; c += 2 * VL)
+            pv_lane(2, a->v_cache, rows, sc, k0, n_keys, c, al);
         for (; c < hv; c += VL)
-            stv(al + c, ldv(al + c) + ev * ldv(v + c));
-        for (; c < hd; c++)
-            al[c] = al[c] + e * v[c];
+            pv_lane(1, a->v_cache, rows, sc, k0, n_keys, c, al);
+        for (; c < hd; c++) {
+            float x = 0.0f;
+            for (uint32_t k = k0; k < n_keys; k += 32)
+                x = x + sc[k] * a->v_cache[rows[k] + c];
+            al[c] = x;
+        }
     }
     /* Lanes at or past n_keys would hold +0, which changes no sum (a lane
      * sum is never -0): they are neither cleared nor added, which keeps
