@@ -2,13 +2,18 @@
  * over a paged KV cache and SSM state slots, in the operation order of
  * device/numspec.h. All memory is taken here, in create; a step
  * (ref_step.c) never allocates. It computes synchronously: submit only
- * checks, wait runs the whole step. Weight matrices are used in place,
- * never copied or widened ahead, and read once per step (once per block of
- * about 256 KiB of token activations in long prefills). */
+ * checks, wait runs the whole step. Projection weights are packed once,
+ * here, into panels in their own dtype (ref_gemm.h), and the model's pages
+ * of them are handed back to the kernel: a step reads only the panels. */
+#define _DEFAULT_SOURCE /* madvise */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if !defined(__wasi__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #include "device/numerics.h"
 #include "device/status.h"
@@ -206,8 +211,28 @@ static bool create_buffers(ref_state *st)
            st->lora_row && st->lora_a;
 }
 
+/* Ask the kernel to drop the resident pages of [p, p + n): a file mapping's
+ * pages come back from the file if anything reads them again, and
+ * MADV_PAGEOUT never discards memory that has no file behind it, so this is
+ * only ever a hint. Without it a model's projections would be resident twice
+ * (the file's pages and the panels). */
+static void release_pages(const void *p, size_t n)
+{
+#if !defined(__wasi__) && defined(MADV_PAGEOUT)
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1);
+    uintptr_t b = ((uintptr_t)p + n) & ~(page - 1);
+    if (b > a)
+        (void)madvise((void *)a, b - a, MADV_PAGEOUT);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
 /* One projection weight packed into panels, counted in st->bytes. An
- * absent tensor leaves p empty. */
+ * absent tensor leaves p empty. The model's copy is released unless the
+ * embedding lookup reads it (a tied head). */
 static bool pack_one(ref_state *st, ref_panels *p, const devio_tensor *t)
 {
     if (!t->data)
@@ -216,6 +241,8 @@ static bool pack_one(ref_state *st, ref_panels *p, const devio_tensor *t)
                         (uint32_t)t->shape[1]) != 0)
         return false;
     st->bytes += p->bytes;
+    if (t->data != st->model->embed.data)
+        release_pages(t->data, (size_t)t->shape[0] * t->shape[1] * devio_dtype_size(t->dtype));
     return true;
 }
 
