@@ -155,22 +155,32 @@ DEVIO_NUM_FN float devio_num_scale(float y, int32_t k)
  * below 2^-28.2). 1 + r is split exactly, so hi is rounded once, and lo is
  * what that rounding dropped (for callers that need more than a float).
  */
+#define DEVIO_NUM_EXP_Q4 0.00138404011f
+#define DEVIO_NUM_EXP_Q3 0.00836934894f
+#define DEVIO_NUM_EXP_Q2 0.0416680835f
+#define DEVIO_NUM_EXP_Q1 0.166665152f
+#define DEVIO_NUM_EXP_Q0 0.49999994f
+/* x / ln2 to the nearest integer by the 1.5 * 2^23 trick (below). */
+#define DEVIO_NUM_INV_LN2 1.44269502f
+#define DEVIO_NUM_ROUNDER 12582912.0f
+
 DEVIO_NUM_FN int32_t devio_num_exp_core(float x, float *hi, float *lo)
 {
     /* Nearest integer to x/ln2: adding and removing 1.5*2^23 rounds to an
      * integer under round-to-nearest-even; |x/ln2| < 151 keeps it exact. */
-    float kf = DEVIO_SUB(DEVIO_ADD(DEVIO_MUL(x, 1.44269502f), 12582912.0f), 12582912.0f);
+    float kf = DEVIO_SUB(DEVIO_ADD(DEVIO_MUL(x, DEVIO_NUM_INV_LN2), DEVIO_NUM_ROUNDER),
+                         DEVIO_NUM_ROUNDER);
     /* x - k*LN2_HI is exact (the two are close and k*LN2_HI has few bits);
      * the second step rounds, and rl keeps what it rounded away (Fast2Sum). */
     float t = DEVIO_SUB(x, DEVIO_MUL(kf, DEVIO_NUM_LN2_HI));
     float kl = DEVIO_MUL(kf, DEVIO_NUM_LN2_LO);
     float r = DEVIO_SUB(t, kl);
     float rl = DEVIO_SUB(DEVIO_SUB(t, r), kl);
-    float q = 0.00138404011f;
-    q = devio_num_mad(q, r, 0.00836934894f);
-    q = devio_num_mad(q, r, 0.0416680835f);
-    q = devio_num_mad(q, r, 0.166665152f);
-    q = devio_num_mad(q, r, 0.49999994f);
+    float q = DEVIO_NUM_EXP_Q4;
+    q = devio_num_mad(q, r, DEVIO_NUM_EXP_Q3);
+    q = devio_num_mad(q, r, DEVIO_NUM_EXP_Q2);
+    q = devio_num_mad(q, r, DEVIO_NUM_EXP_Q1);
+    q = devio_num_mad(q, r, DEVIO_NUM_EXP_Q0);
     float s = DEVIO_ADD(1.0f, r);
     float c = DEVIO_ADD(DEVIO_SUB(1.0f, s), r); /* 1 + r == s + c exactly */
     float tail = DEVIO_ADD(c, DEVIO_ADD(rl, DEVIO_MUL(DEVIO_MUL(r, r), q)));

@@ -9,6 +9,7 @@
 
 #include "device/devio.h"
 #include "device/numerics.h"
+#include "device/numerics_vec.h"
 #include "device/sampler.h"
 #include "device/status.h"
 
@@ -407,14 +408,15 @@ devio_status devio_sampler_run(devio_sampler *s, const float *logits,
     const float t = p->temperature;
     if (t == 0.0f) {
         for (uint32_t i = 0; i < V; i++)
-            s->e[i] = devio_expf(clean_logit(logits[i]) - m);
+            s->e[i] = clean_logit(logits[i]);
     } else {
         for (uint32_t i = 0; i < V; i++) {
             float x = clean_logit(logits[i]);
-            s->e[i] = devio_expf(x - m);
+            s->e[i] = x;
             s->z[i] = temper(x, t);
         }
     }
+    devio_expf_sub_n(s->e, s->e, m, V); /* devio_expf(x - m), eight at a time */
     const float log_z = devio_logf(devio_lane_sum(s->e, V));
 
     uint32_t tok;

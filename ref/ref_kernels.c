@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "device/numerics.h"
+#include "device/numerics_vec.h"
 #include "ref/ref_vec.h"
 
 /* Keys ahead whose K or V row is prefetched in attention. */
@@ -195,8 +196,7 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
     float m = sc[0];
     for (uint32_t k = 1; k < n_keys; k++)
         m = sc[k] > m ? sc[k] : m;
-    for (uint32_t k = 0; k < n_keys; k++)
-        sc[k] = devio_expf(sc[k] - m);
+    devio_expf_sub_n(sc, sc, m, n_keys);
     float z;
     if (j0 == 0) {
         z = ref_lane_sum(sc, n_keys);

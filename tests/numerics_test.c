@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "device/numerics.h"
+#include "device/numerics_vec.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -184,6 +185,59 @@ static void test_expf_accuracy(void **state)
     sweep_around(&a, f_exp, exp, -103.972076f, 4096);  /* last nonzero */
     sweep_around(&a, f_exp, exp, 0.0f, 20000);
     acc_report(&a, 1.0);
+}
+
+/* devio_expf_sub_n against devio_expf, bit for bit: a sweep of every
+ * 61st float from -120 to 100 (each value once as the vector's first lane
+ * and once elsewhere), the branch edges, and the special values, with a
+ * nonzero m so that the subtraction is the function's own. */
+static void test_expf_vector(void **state)
+{
+    (void)state;
+    enum { N = 4099 }; /* not a multiple of 8: the tail runs too */
+    static float src[N], dst[N];
+    const float m = 0.75f;
+    uint64_t checked = 0;
+    uint32_t lo = devio_num_bits(-120.0f), hi = devio_num_bits(100.0f);
+    /* negative floats run from bits 0x80000000 (-0) up to lo; positive
+     * from 0 up to hi. */
+    for (int sign = 0; sign < 2; sign++) {
+        uint32_t b = sign ? 0x80000000u : 0u, end = sign ? lo : hi;
+        while (b <= end) {
+            uint32_t n = 0;
+            for (; n < N && b <= end; n++, b += 61)
+                src[n] = devio_num_float(b);
+            devio_expf_sub_n(dst, src, m, n);
+            for (uint32_t i = 0; i < n; i++) {
+                float want = devio_expf(src[i] - m);
+                if (devio_num_bits(dst[i]) != devio_num_bits(want))
+                    fail_msg("exp(%a - m): %a, devio_expf %a", (double)src[i], (double)dst[i],
+                             (double)want);
+            }
+            checked += n;
+            if (n < 8)
+                break;
+        }
+    }
+    static const float edges[] = {-87.0f, -86.999f, -87.001f, 88.0f, 87.999f, 88.001f,
+                                  -104.0f, -103.25f, 89.0f, 88.75f, 0.0f, -0.0f,
+                                  1e-30f, -1e-30f, 0x1p-149f, -0x1p-149f};
+    float sp[24];
+    for (size_t i = 0; i < 24; i++)
+        sp[i] = edges[i % (sizeof edges / sizeof *edges)] + m;
+    sp[3] = devio_num_float(DEVIO_NUM_INF);
+    sp[5] = -devio_num_float(DEVIO_NUM_INF);
+    sp[9] = devio_num_float(DEVIO_NUM_QNAN);
+    sp[17] = devio_num_float(0x7fa00001u); /* a signalling NaN's payload comes back */
+    float out[24];
+    devio_expf_sub_n(out, sp, m, 24);
+    for (size_t i = 0; i < 24; i++) {
+        float want = devio_expf(sp[i] - m);
+        assert_int_equal(devio_num_bits(out[i]) == devio_num_bits(want) ||
+                             (out[i] != out[i] && want != want),
+                         1);
+    }
+    assert_true(checked > 1000000);
 }
 
 static void test_logf_accuracy(void **state)
@@ -817,7 +871,8 @@ static void test_bf16(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_expf_accuracy),  cmocka_unit_test(test_logf_accuracy),
+        cmocka_unit_test(test_expf_accuracy),  cmocka_unit_test(test_expf_vector),
+        cmocka_unit_test(test_logf_accuracy),
         cmocka_unit_test(test_log1pf_accuracy), cmocka_unit_test(test_exp_log_specials),
         cmocka_unit_test(test_sinf_accuracy),  cmocka_unit_test(test_cosf_accuracy),
         cmocka_unit_test(test_trig_specials),  cmocka_unit_test(test_tanhf_accuracy),
