@@ -406,15 +406,11 @@ devio_status devio_sampler_run(devio_sampler *s, const float *logits,
 
     /* Step 1, and step 3 in the same pass when sampling. */
     const float t = p->temperature;
-    if (t == 0.0f) {
-        for (uint32_t i = 0; i < V; i++)
-            s->e[i] = clean_logit(logits[i]);
-    } else {
-        for (uint32_t i = 0; i < V; i++) {
-            float x = clean_logit(logits[i]);
-            s->e[i] = x;
+    for (uint32_t i = 0; i < V; i++) {
+        float x = clean_logit(logits[i]);
+        s->e[i] = x;
+        if (t != 0.0f)
             s->z[i] = temper(x, t);
-        }
     }
     devio_expf_sub_n(s->e, s->e, m, V); /* devio_expf(x - m), eight at a time */
     const float log_z = devio_logf(devio_lane_sum(s->e, V));
