@@ -97,19 +97,6 @@ static devio_device *open_with(ctx *c, const devio_backend_ops *ops, devio_confi
     return d;
 }
 
-static uint64_t new_seq(devio_device *d)
-{
-    uint64_t s = 0;
-    assert_int_equal(devio_seq_create(d, &s, NULL), DEVIO_OK);
-    return s;
-}
-
-static void tokens_for(int32_t *t, uint32_t n, uint32_t salt, uint32_t vocab)
-{
-    for (uint32_t i = 0; i < n; i++)
-        t[i] = (int32_t)((i * 53u + salt * 7u + 1u) % vocab);
-}
-
 static devio_status launch_one(devio_device *d, uint64_t seq, const int32_t *tok, uint32_t n,
                                const char *adapter, uint64_t *ticket)
 {
@@ -163,10 +150,10 @@ static void reference_run(ctx *c, const char *adapter, outcome out[4])
         assert_int_equal(devio_lora(d, &cmd, &ack, NULL), DEVIO_OK);
         devio_lora_ack_free(&ack);
     }
-    uint64_t s[2] = {new_seq(d), new_seq(d)};
+    uint64_t s[2] = {devio_test_seq(d), devio_test_seq(d)};
     int32_t tok[2][9];
     for (uint32_t k = 0; k < 2; k++)
-        tokens_for(tok[k], 9, k, c->vocab);
+        devio_test_tokens(tok[k], 9, k, c->vocab);
     for (uint32_t phase = 0; phase < 2; phase++)
         for (uint32_t k = 0; k < 2; k++) {
             uint64_t t;
@@ -239,9 +226,9 @@ static void test_plugin_device(void **state)
     assert_true(info.memory_used > 0);
     outcome want[4];
     reference_run(c, NULL, want);
-    uint64_t s = new_seq(d), t;
+    uint64_t s = devio_test_seq(d), t;
     int32_t tok[9];
-    tokens_for(tok, 9, 0, c->vocab);
+    devio_test_tokens(tok, 9, 0, c->vocab);
     assert_int_equal(launch_one(d, s, tok, 8, NULL, &t), DEVIO_OK);
     outcome got = await_one(d, t, c->vocab);
     assert_same(&got, &want[0], c->vocab);
@@ -268,10 +255,10 @@ static void overlap_run(ctx *c, devio_numerics numerics, bool worker, const char
     }
     outcome want[4], got[4];
     reference_run(c, adapter, want);
-    uint64_t s[2] = {new_seq(d), new_seq(d)};
+    uint64_t s[2] = {devio_test_seq(d), devio_test_seq(d)};
     int32_t tok[2][9];
     for (uint32_t k = 0; k < 2; k++)
-        tokens_for(tok[k], 9, k, c->vocab);
+        devio_test_tokens(tok[k], 9, k, c->vocab);
     for (uint32_t phase = 0; phase < 2; phase++) {
         /* The stream starts the first step only once the second is
          * submitted: launch must return before its step ran. */
@@ -338,8 +325,8 @@ static void test_faults(void **state)
     outcome want[4];
     reference_run(c, NULL, want);
     int32_t tok[9];
-    tokens_for(tok, 9, 0, c->vocab);
-    uint64_t parent = new_seq(d), t;
+    devio_test_tokens(tok, 9, 0, c->vocab);
+    uint64_t parent = devio_test_seq(d), t;
     assert_int_equal(launch_one(d, parent, tok, 8, NULL, &t), DEVIO_OK);
     free(await_one(d, t, c->vocab).logits);
     /* Back to 6 tokens and fork: the child shares a partial block, so its
@@ -396,8 +383,8 @@ static void test_broken_device(void **state)
     devio_device_info_get(d, &info);
     assert_string_equal(info.failure, "");
     int32_t tok[8];
-    tokens_for(tok, 8, 3, c->vocab);
-    uint64_t s = new_seq(d), t;
+    devio_test_tokens(tok, 8, 3, c->vocab);
+    uint64_t s = devio_test_seq(d), t;
     devio_facts before = devio_facts_get(d);
     devio_stream_fail(st, 0, 1, true);
     devio_error err = {0};

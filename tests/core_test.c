@@ -60,19 +60,6 @@ static devio_config small_cfg(void)
     return cfg;
 }
 
-static uint64_t new_seq(devio_device *d)
-{
-    uint64_t s = 0;
-    assert_int_equal(devio_seq_create(d, &s, NULL), DEVIO_OK);
-    return s;
-}
-
-static void tokens_for(int32_t *t, uint32_t n, uint32_t salt, uint32_t vocab)
-{
-    for (uint32_t i = 0; i < n; i++)
-        t[i] = (int32_t)((i * 37u + salt * 11u + 3u) % vocab);
-}
-
 static void assert_facts_equal(const devio_facts *a, const devio_facts *b)
 {
     assert_int_equal(a->block_size, b->block_size);
@@ -115,9 +102,9 @@ static void test_launch_await_facts(void **state)
 {
     ctx *c = *state;
     devio_device *d = open_dev(c, small_cfg());
-    uint64_t s = new_seq(d);
+    uint64_t s = devio_test_seq(d);
     int32_t tok[6];
-    tokens_for(tok, 6, 1, c->vocab);
+    devio_test_tokens(tok, 6, 1, c->vocab);
     devio_row row = {.seq = s, .tokens = tok, .n_tokens = 6, .logits = DEVIO_LOGITS_ALL};
     devio_plan plan = {.rows = &row, .n_rows = 1};
     uint64_t t;
@@ -186,9 +173,9 @@ static void test_on_settled_hook(void **state)
     cfg.on_settled = on_settled;
     cfg.on_settled_ctx = &log;
     devio_device *d = open_dev(c, cfg);
-    uint64_t s[2] = {new_seq(d), new_seq(d)}, t[2];
+    uint64_t s[2] = {devio_test_seq(d), devio_test_seq(d)}, t[2];
     int32_t tok[4];
-    tokens_for(tok, 4, 3, c->vocab);
+    devio_test_tokens(tok, 4, 3, c->vocab);
     for (int i = 0; i < 2; i++) {
         devio_row row = {.seq = s[i], .tokens = tok, .n_tokens = 4};
         devio_plan plan = {.rows = &row, .n_rows = 1};
@@ -215,9 +202,9 @@ static void test_plan_errors_change_nothing(void **state)
     cfg.max_rows = 4;
     cfg.max_batch_tokens = 16;
     devio_device *d = open_dev(c, cfg);
-    uint64_t s = new_seq(d), s2 = new_seq(d);
+    uint64_t s = devio_test_seq(d), s2 = devio_test_seq(d);
     int32_t tok[20];
-    tokens_for(tok, 20, 2, c->vocab);
+    devio_test_tokens(tok, 20, 2, c->vocab);
     devio_facts before = devio_facts_get(d);
     devio_error err;
     uint64_t t;
@@ -268,9 +255,9 @@ static void test_max_seq_len(void **state)
     devio_config cfg = small_cfg();
     cfg.max_seq_len = 8;
     devio_device *d = open_dev(c, cfg);
-    uint64_t s = new_seq(d);
+    uint64_t s = devio_test_seq(d);
     int32_t tok[9];
-    tokens_for(tok, 9, 3, c->vocab);
+    devio_test_tokens(tok, 9, 3, c->vocab);
     free(devio_test_step(d, s, tok, 8, DEVIO_SNAP_NONE, DEVIO_OK));
     devio_row row = {.seq = s, .tokens = tok, .n_tokens = 1};
     devio_plan plan = {.rows = &row, .n_rows = 1};
@@ -286,9 +273,9 @@ static void test_out_of_kv_blocks_changes_nothing(void **state)
     devio_config cfg = small_cfg();
     cfg.kv_blocks = 5; /* 20 tokens at block_size 4 */
     devio_device *d = open_dev(c, cfg);
-    uint64_t a = new_seq(d), b = new_seq(d);
+    uint64_t a = devio_test_seq(d), b = devio_test_seq(d);
     int32_t tok[24];
-    tokens_for(tok, 24, 4, c->vocab);
+    devio_test_tokens(tok, 24, 4, c->vocab);
     free(devio_test_step(d, a, tok, 10, DEVIO_SNAP_NONE, DEVIO_OK)); /* 3 blocks */
     devio_facts before = devio_facts_get(d);
     assert_int_equal(before.blocks_free, 2);
@@ -323,9 +310,9 @@ static void test_depth_and_busy(void **state)
     ctx *c = *state;
     devio_device *d = open_dev(c, small_cfg());
     assert_int_equal(devio_max_depth(d), 2);
-    uint64_t s[3] = {new_seq(d), new_seq(d), new_seq(d)};
+    uint64_t s[3] = {devio_test_seq(d), devio_test_seq(d), devio_test_seq(d)};
     int32_t tok[4];
-    tokens_for(tok, 4, 5, c->vocab);
+    devio_test_tokens(tok, 4, 5, c->vocab);
     uint64_t t[3];
     devio_error err = {0};
     for (int i = 0; i < 2; i++) {
@@ -371,9 +358,9 @@ static void test_logits_capacity(void **state)
     cfg.logits_handles = 2;
     cfg.logits_rows = 4;
     devio_device *d = open_dev(c, cfg);
-    uint64_t s[3] = {new_seq(d), new_seq(d), new_seq(d)};
+    uint64_t s[3] = {devio_test_seq(d), devio_test_seq(d), devio_test_seq(d)};
     int32_t tok[5];
-    tokens_for(tok, 5, 6, c->vocab);
+    devio_test_tokens(tok, 5, 6, c->vocab);
     devio_error err = {0};
     uint64_t t;
     devio_step_result r;
@@ -410,8 +397,8 @@ static void test_fork_cow_truncate_free(void **state)
     ctx *c = *state;
     devio_device *d = open_dev(c, small_cfg());
     int32_t tok[16];
-    tokens_for(tok, 16, 8, c->vocab);
-    uint64_t a = new_seq(d);
+    devio_test_tokens(tok, 16, 8, c->vocab);
+    uint64_t a = devio_test_seq(d);
     free(devio_test_step(d, a, tok, 6, DEVIO_SNAP_NONE, DEVIO_OK)); /* blocks: 4 + 2 (partial) */
     devio_outcome o;
     devio_error err = {0};
@@ -429,7 +416,7 @@ static void test_fork_cow_truncate_free(void **state)
     assert_int_equal(f.blocks_shared, 1);
     float *lb = devio_test_step(d, b, tok + 7, 1, DEVIO_SNAP_NONE, DEVIO_OK);
     /* The same continuations computed on fresh sequences. */
-    uint64_t a2 = new_seq(d), b2 = new_seq(d);
+    uint64_t a2 = devio_test_seq(d), b2 = devio_test_seq(d);
     int32_t pa[7], pb[7];
     memcpy(pa, tok, 6 * sizeof *tok);
     memcpy(pb, tok, 6 * sizeof *tok);
@@ -454,7 +441,7 @@ static void test_fork_cow_truncate_free(void **state)
     assert_int_equal(info.blocks, 1);
     /* truncate then continue equals the fresh computation */
     float *lt = devio_test_step(d, a, tok + 3, 4, DEVIO_SNAP_NONE, DEVIO_OK);
-    uint64_t a3 = new_seq(d);
+    uint64_t a3 = devio_test_seq(d);
     float *rt = devio_test_step(d, a3, tok, 7, DEVIO_SNAP_NONE, DEVIO_OK);
     assert_memory_equal(lt, rt, c->vocab * sizeof(float));
     free(lt), free(rt);
@@ -478,9 +465,9 @@ static void test_sample_effect_and_fused(void **state)
 {
     ctx *c = *state;
     devio_device *d = open_dev(c, small_cfg());
-    uint64_t s = new_seq(d), s2 = new_seq(d);
+    uint64_t s = devio_test_seq(d), s2 = devio_test_seq(d);
     int32_t tok[5];
-    tokens_for(tok, 5, 9, c->vocab);
+    devio_test_tokens(tok, 5, 9, c->vocab);
     devio_sample_params greedy = {.temperature = 0, .top_p = 1};
     devio_sample_params hot = {.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 42};
     /* Fused sampling in the step... */
@@ -533,7 +520,7 @@ static float *prefill_all(ctx *c, devio_config cfg, const int32_t *tok, uint32_t
                           const uint32_t *chunks, uint32_t n_chunks)
 {
     devio_device *d = open_dev(c, cfg);
-    uint64_t s = new_seq(d);
+    uint64_t s = devio_test_seq(d);
     float *out = malloc((size_t)n * c->vocab * sizeof *out);
     uint32_t done = 0;
     for (uint32_t k = 0; done < n; k++) {
@@ -565,7 +552,7 @@ static void test_chunk_and_thread_invariance(void **state)
     ctx *c = *state;
     enum { N = 40 };
     int32_t tok[N];
-    tokens_for(tok, N, 10, c->vocab);
+    devio_test_tokens(tok, N, 10, c->vocab);
     devio_config cfg = small_cfg();
     float *ref = prefill_all(c, cfg, tok, N, NULL, 0);
     const uint32_t sizes[] = {1, 7, 16};
@@ -592,7 +579,7 @@ static void test_batch_invariance(void **state)
     cfg.kv_blocks = 512;
     enum { N = 9 };
     int32_t tok[N];
-    tokens_for(tok, N, 11, c->vocab);
+    devio_test_tokens(tok, N, 11, c->vocab);
     float *alone = prefill_all(c, cfg, tok, N, NULL, 0);
 
     /* The same row inside a batch of 32 mixed rows: 31 other sequences with
@@ -601,8 +588,8 @@ static void test_batch_invariance(void **state)
     uint64_t seqs[32];
     int32_t other[32][24];
     for (int i = 0; i < 32; i++) {
-        seqs[i] = new_seq(d);
-        tokens_for(other[i], 24, 100 + (uint32_t)i, c->vocab);
+        seqs[i] = devio_test_seq(d);
+        devio_test_tokens(other[i], 24, 100 + (uint32_t)i, c->vocab);
         if (i % 3 == 0)
             free(devio_test_step(d, seqs[i], other[i], 1 + (uint32_t)i % 11, DEVIO_SNAP_NONE,
                                  DEVIO_OK));
@@ -636,15 +623,15 @@ static void test_depth_invariance(void **state)
 {
     ctx *c = *state;
     int32_t ta[12], tb[12];
-    tokens_for(ta, 12, 12, c->vocab);
-    tokens_for(tb, 12, 13, c->vocab);
+    devio_test_tokens(ta, 12, 12, c->vocab);
+    devio_test_tokens(tb, 12, 13, c->vocab);
     float *res[2][2];
     for (uint32_t depth = 1; depth <= 2; depth++) {
         devio_config cfg = small_cfg();
         cfg.max_depth = depth;
         cfg.threads = 2;
         devio_device *d = open_dev(c, cfg);
-        uint64_t a = new_seq(d), b = new_seq(d);
+        uint64_t a = devio_test_seq(d), b = devio_test_seq(d);
         devio_row ra = {.seq = a, .tokens = ta, .n_tokens = 12, .logits = DEVIO_LOGITS_LAST};
         devio_row rb = {.seq = b, .tokens = tb, .n_tokens = 12, .logits = DEVIO_LOGITS_LAST};
         devio_plan pa = {.rows = &ra, .n_rows = 1}, pb = {.rows = &rb, .n_rows = 1};
@@ -775,7 +762,7 @@ static void test_lora_commands(void **state)
     /* A row of A in an unawaited ticket keeps A from eviction. */
     assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "B", "b", true, &ack), DEVIO_OK);
     devio_lora_ack_free(&ack);
-    uint64_t s = new_seq(d);
+    uint64_t s = devio_test_seq(d);
     int32_t tok[3] = {1, 2, 3};
     devio_row row = {.seq = s, .tokens = tok, .n_tokens = 3, .adapter = "A"};
     devio_plan plan = {.rows = &row, .n_rows = 1};

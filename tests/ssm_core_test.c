@@ -67,19 +67,6 @@ static devio_device *open_dev(const devio_fixture *f, uint32_t slots, uint32_t s
     return d;
 }
 
-static uint64_t new_seq(devio_device *d)
-{
-    uint64_t s = 0;
-    assert_int_equal(devio_seq_create(d, &s, NULL), DEVIO_OK);
-    return s;
-}
-
-static void tokens_for(int32_t *t, uint32_t n, uint32_t salt)
-{
-    for (uint32_t i = 0; i < n; i++)
-        t[i] = (int32_t)((i * 37u + salt * 11u + 3u) % 256u);
-}
-
 static void step_free(devio_device *d, uint64_t seq, const int32_t *tok, uint32_t n,
                       devio_snapshot snap)
 {
@@ -131,10 +118,10 @@ static void test_counters_after_every_effect(void **state)
     assert_int_equal(f.ssm_slots_total, 3);
     assert_int_equal(f.ssm_snapshots_total, 6);
     int32_t t[16];
-    tokens_for(t, 16, 1);
+    devio_test_tokens(t, 16, 1, 256);
     devio_outcome o;
 
-    uint64_t a = new_seq(d);
+    uint64_t a = devio_test_seq(d);
     expect_used(d, 0, 0); /* an empty sequence holds no state */
     /* A snapshot at length 0 takes nothing: the state there is zeros. */
     assert_int_equal(apply(d, (devio_effect){.kind = DEVIO_EFFECT_SNAPSHOT, .seq = a}, &o),
@@ -203,9 +190,9 @@ static void test_refusals_change_nothing(void **state)
     ctx *c = *state;
     devio_device *d = open_dev(&c->bamba, 2, 4);
     int32_t t[16];
-    tokens_for(t, 16, 2);
+    devio_test_tokens(t, 16, 2, 256);
     devio_outcome o;
-    uint64_t a = new_seq(d), b = new_seq(d), x = new_seq(d);
+    uint64_t a = devio_test_seq(d), b = devio_test_seq(d), x = devio_test_seq(d);
     step_free(d, a, t, 6, DEVIO_SNAP_END);
     step_free(d, b, t, 3, DEVIO_SNAP_NONE);
     devio_facts before = devio_facts_get(d);
@@ -288,17 +275,17 @@ static void check_restore_and_fork(const devio_fixture *fx)
 {
     devio_device *d = open_dev(fx, 0, 0);
     int32_t t[24], u[24];
-    tokens_for(t, 24, 3);
-    tokens_for(u, 24, 4);
+    devio_test_tokens(t, 24, 3, 256);
+    devio_test_tokens(u, 24, 4, 256);
     devio_outcome o;
-    uint64_t a = new_seq(d);
+    uint64_t a = devio_test_seq(d);
     step_free(d, a, t, 9, DEVIO_SNAP_END);
     step_free(d, a, t + 9, 5, DEVIO_SNAP_NONE);
     assert_int_equal(
         apply(d, (devio_effect){.kind = DEVIO_EFFECT_TRUNCATE, .seq = a, .len = 9}, &o),
         DEVIO_OK);
     float *got = devio_test_step(d, a, u, 4, DEVIO_SNAP_NONE, DEVIO_OK);
-    uint64_t fresh = new_seq(d);
+    uint64_t fresh = devio_test_seq(d);
     step_free(d, fresh, t, 9, DEVIO_SNAP_NONE);
     expect_same_logits(got, devio_test_step(d, fresh, u, 4, DEVIO_SNAP_NONE, DEVIO_OK));
 
@@ -308,7 +295,7 @@ static void check_restore_and_fork(const devio_fixture *fx)
     float *pc = devio_test_step(d, a, t + 3, 3, DEVIO_SNAP_NONE, DEVIO_OK);
     float *cc = devio_test_step(d, child, u + 7, 2, DEVIO_SNAP_NONE, DEVIO_OK);
     expect_same_logits(pc, devio_test_step(d, fresh, t + 3, 3, DEVIO_SNAP_NONE, DEVIO_OK));
-    uint64_t f2 = new_seq(d);
+    uint64_t f2 = devio_test_seq(d);
     step_free(d, f2, t, 9, DEVIO_SNAP_NONE);
     step_free(d, f2, u, 4, DEVIO_SNAP_NONE);
     expect_same_logits(cc, devio_test_step(d, f2, u + 7, 2, DEVIO_SNAP_NONE, DEVIO_OK));
@@ -321,9 +308,9 @@ static void check_speculative_cycle(const devio_fixture *fx)
 {
     devio_device *d = open_dev(fx, 0, 0);
     int32_t t[32];
-    tokens_for(t, 32, 5);
+    devio_test_tokens(t, 32, 5, 256);
     devio_outcome o;
-    uint64_t s = new_seq(d), ref = new_seq(d);
+    uint64_t s = devio_test_seq(d), ref = devio_test_seq(d);
     step_free(d, s, t, 11, DEVIO_SNAP_NONE);
     step_free(d, ref, t, 11, DEVIO_SNAP_NONE);
     int32_t drafts[4] = {t[11], t[12], 77, 78};
@@ -381,9 +368,9 @@ static void test_state_lost_after_failed_step(void **state)
     devio_device *d = NULL;
     assert_int_equal(devio_open(c->bamba.model, &flaky, &cfg, &d, NULL), DEVIO_OK);
     int32_t t[16];
-    tokens_for(t, 16, 7);
+    devio_test_tokens(t, 16, 7, 256);
     devio_outcome o;
-    uint64_t a = new_seq(d), fresh = new_seq(d);
+    uint64_t a = devio_test_seq(d), fresh = devio_test_seq(d);
     step_free(d, a, t, 6, DEVIO_SNAP_END);
     fail_next = true;
     devio_row row = {.seq = a, .tokens = t + 6, .n_tokens = 2};
@@ -425,9 +412,9 @@ static void test_attention_only_holds_nothing(void **state)
     ctx *c = *state;
     devio_device *d = open_dev(&c->llama, 0, 0);
     int32_t t[8];
-    tokens_for(t, 8, 6);
+    devio_test_tokens(t, 8, 6, 256);
     devio_outcome o;
-    uint64_t a = new_seq(d);
+    uint64_t a = devio_test_seq(d);
     step_free(d, a, t, 6, DEVIO_SNAP_EACH);
     assert_int_equal(apply(d, (devio_effect){.kind = DEVIO_EFFECT_SNAPSHOT, .seq = a}, &o),
                      DEVIO_OK);

@@ -96,6 +96,19 @@ void devio_fixture_free(devio_fixture *f)
     f->dir[0] = '\0';
 }
 
+uint64_t devio_test_seq(devio_device *d)
+{
+    uint64_t s = 0;
+    assert_int_equal(devio_seq_create(d, &s, NULL), DEVIO_OK);
+    return s;
+}
+
+void devio_test_tokens(int32_t *t, uint32_t n, uint32_t salt, uint32_t vocab)
+{
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = (int32_t)((i * 37u + salt * 11u + 3u) % vocab);
+}
+
 float *devio_test_step(devio_device *d, uint64_t seq, const int32_t *tok, uint32_t n,
                        devio_snapshot snap, devio_status want)
 {

@@ -22,6 +22,12 @@ int devio_fixture_make(devio_fixture *f, devio_mkmodel_opts o);
 int devio_fixture_preset(devio_fixture *f, const char *preset, devio_dtype dtype, uint64_t seed);
 void devio_fixture_free(devio_fixture *f);
 
+/* A new sequence on d (asserted to succeed); its id. */
+uint64_t devio_test_seq(devio_device *d);
+
+/* n deterministic token ids below vocab, varied by salt. */
+void devio_test_tokens(int32_t *t, uint32_t n, uint32_t salt, uint32_t vocab);
+
 /* One step of one row of n tokens (snapshot mode snap) asking for its last
  * logits. The launch must answer `want` (asserted); when it is DEVIO_OK the
  * step is awaited and the logits (the model's vocab floats, caller frees)

@@ -107,19 +107,6 @@ static devio_device *open_dev(const devio_model *m, uint32_t bs, uint32_t kv_blo
     return open_ops(m, &devio_ref_backend, cfg_of(bs, kv_blocks));
 }
 
-static uint64_t new_seq(devio_device *d)
-{
-    uint64_t s = 0;
-    assert_int_equal(devio_seq_create(d, &s, NULL), DEVIO_OK);
-    return s;
-}
-
-static void tokens_for(int32_t *t, uint32_t n, uint32_t salt, uint32_t vocab)
-{
-    for (uint32_t i = 0; i < n; i++)
-        t[i] = (int32_t)((i * 37u + salt * 11u + 3u) % vocab);
-}
-
 static uint32_t entries(uint32_t len, uint32_t bs) { return (len + bs - 1) / bs; }
 
 /* The first key the token at position len reads. */
@@ -177,7 +164,7 @@ static float *one_prefill(const devio_model *m, uint32_t bs, const int32_t *tok,
     devio_device *d = open_dev(m, bs, 256);
     float *out = malloc((size_t)n * vocab * sizeof *out);
     assert_non_null(out);
-    step1(d, new_seq(d), tok, n, out);
+    step1(d, devio_test_seq(d), tok, n, out);
     devio_teardown(d, NULL);
     return out;
 }
@@ -208,13 +195,13 @@ static void test_release_after_steps(void **state)
     ctx *c = *state;
     static const uint32_t chunks[] = {5, 1, 1, 1, 9, 1, 2, 1, 13, 1, 1, 17, 3, 1};
     int32_t tok[128];
-    tokens_for(tok, 128, 1, c->vocab);
+    devio_test_tokens(tok, 128, 1, c->vocab);
     FOR_BS(bs)
     {
         const uint32_t total = 64;
         devio_device *d = open_dev(c->mistral, bs, total);
         devio_device *full = open_dev(c->fx.model, bs, total); /* no window: keeps everything */
-        uint64_t a = new_seq(d), b = new_seq(full);
+        uint64_t a = devio_test_seq(d), b = devio_test_seq(full);
         uint32_t len = 0;
         for (uint32_t k = 0; k < sizeof chunks / sizeof *chunks; k++) {
             uint32_t n = chunks[k];
@@ -259,7 +246,7 @@ static void pieces_equal_prefill(ctx *c, uint32_t bs, uint32_t kv_blocks, uint32
 {
     static const uint32_t sizes[] = {1, 3, 1, 1, 7, 2, 1, 5};
     devio_device *d = open_dev(c->mistral, bs, kv_blocks);
-    uint64_t seq[2] = {new_seq(d), new_seq(d)};
+    uint64_t seq[2] = {devio_test_seq(d), devio_test_seq(d)};
     float *out[2] = {malloc(7 * c->vocab * sizeof(float)), malloc(7 * c->vocab * sizeof(float))};
     assert_non_null(out[0]);
     assert_non_null(out[1]);
@@ -288,8 +275,8 @@ static void test_numbers_pieces_equal_one_prefill(void **state)
     ctx *c = *state;
     enum { N = 96 };
     int32_t tp[N], tq[N];
-    tokens_for(tp, N, 2, c->vocab);
-    tokens_for(tq, N, 5, c->vocab);
+    devio_test_tokens(tp, N, 2, c->vocab);
+    devio_test_tokens(tq, N, 5, c->vocab);
     FOR_BS(bs)
     {
         float *rp = one_prefill(c->mistral, bs, tp, N, c->vocab);
@@ -320,7 +307,7 @@ static void test_long_prefill_one_step(void **state)
     ctx *c = *state;
     enum { N = 40 };
     int32_t tok[N];
-    tokens_for(tok, N, 3, c->vocab);
+    devio_test_tokens(tok, N, 3, c->vocab);
     size_t row = c->vocab * sizeof(float);
     FOR_BS(bs)
     {
@@ -328,7 +315,7 @@ static void test_long_prefill_one_step(void **state)
         /* One block short: the step needs a block for every one of its
          * tokens' positions, window or not. */
         devio_device *d = open_dev(c->mistral, bs, need - 1);
-        uint64_t a = new_seq(d);
+        uint64_t a = devio_test_seq(d);
         devio_row r0 = {.seq = a, .tokens = tok, .n_tokens = N, .logits = DEVIO_LOGITS_ALL};
         devio_plan plan = {.rows = &r0, .n_rows = 1};
         uint64_t t;
@@ -339,7 +326,7 @@ static void test_long_prefill_one_step(void **state)
         devio_teardown(d, NULL);
 
         d = open_dev(c->mistral, bs, need);
-        a = new_seq(d);
+        a = devio_test_seq(d);
         r0.seq = a;
         assert_int_equal(devio_launch(d, &plan, &t, &err), DEVIO_OK);
         pool_state(d, 0, 0);
@@ -357,7 +344,7 @@ static void test_long_prefill_one_step(void **state)
         assert_int_equal(o.freed_blocks, held_at(N, bs));
         pool_state(d, need, 0);
         /* Decoded one token at a time in the same pool: the same numbers. */
-        uint64_t b = new_seq(d);
+        uint64_t b = devio_test_seq(d);
         float *lg = malloc(row);
         assert_non_null(lg);
         for (uint32_t i = 0; i < N; i++) {
@@ -381,9 +368,9 @@ static void test_fork_shares_live_blocks_and_both_release(void **state)
 {
     ctx *c = *state;
     int32_t tok[64], ta[16], tb[16];
-    tokens_for(tok, 64, 4, c->vocab);
-    tokens_for(ta, 16, 6, c->vocab);
-    tokens_for(tb, 16, 7, c->vocab);
+    devio_test_tokens(tok, 64, 4, c->vocab);
+    devio_test_tokens(ta, 16, 6, c->vocab);
+    devio_test_tokens(tb, 16, 7, c->vocab);
     size_t row = c->vocab * sizeof(float);
     const uint32_t T = 64;
     devio_outcome o;
@@ -394,7 +381,7 @@ static void test_fork_shares_live_blocks_and_both_release(void **state)
     /* Block size 4: the parent at 14 holds blocks 1..3 (0 is released). */
     {
         devio_device *d = open_dev(c->mistral, 4, T);
-        uint64_t a = new_seq(d);
+        uint64_t a = devio_test_seq(d);
         step1(d, a, tok, 14, NULL);
         seq_state(d, a, 14, 3);
         apply_ok(d, (devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = a}, &o);
@@ -452,7 +439,7 @@ static void test_fork_shares_live_blocks_and_both_release(void **state)
      * (partial); each side passes block 0 after 8 more tokens. */
     {
         devio_device *d = open_dev(c->mistral, 16, T);
-        uint64_t a = new_seq(d);
+        uint64_t a = devio_test_seq(d);
         step1(d, a, tok, 20, NULL);
         apply_ok(d, (devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = a}, &o);
         uint64_t b = o.seq;
@@ -488,8 +475,8 @@ static void test_truncate_into_released_region_refused(void **state)
 {
     ctx *c = *state;
     int32_t tok[64], more[8];
-    tokens_for(tok, 64, 8, c->vocab);
-    tokens_for(more, 8, 9, c->vocab);
+    devio_test_tokens(tok, 64, 8, c->vocab);
+    devio_test_tokens(more, 8, 9, c->vocab);
     size_t row = c->vocab * sizeof(float);
     const uint32_t T = 64;
     FOR_BS(bs)
@@ -499,7 +486,7 @@ static void test_truncate_into_released_region_refused(void **state)
         uint32_t earliest = released + W - 1;
         assert_true(released > 0 && earliest < L);
         devio_device *d = open_dev(c->mistral, bs, T);
-        uint64_t a = new_seq(d);
+        uint64_t a = devio_test_seq(d);
         step1(d, a, tok, L, NULL);
         devio_facts f0 = devio_facts_get(d);
         devio_outcome o;
@@ -560,20 +547,20 @@ static void test_truncate_within_window(void **state)
 {
     ctx *c = *state;
     int32_t tok[64];
-    tokens_for(tok, 64, 10, c->vocab);
+    devio_test_tokens(tok, 64, 10, c->vocab);
     size_t row = c->vocab * sizeof(float);
     FOR_BS(bs)
     {
         devio_device *d = open_dev(c->mistral, bs, 64);
         /* Shorter than the window: nothing released, any length. */
-        uint64_t a = new_seq(d);
+        uint64_t a = devio_test_seq(d);
         step1(d, a, tok, W, NULL);
         seq_state(d, a, W, entries(W, bs));
         devio_outcome o;
         apply_ok(d, (devio_effect){.kind = DEVIO_EFFECT_TRUNCATE, .seq = a, .len = 1}, &o);
         seq_state(d, a, 1, 1);
         /* Longer: every length whose next token reads only held keys. */
-        uint64_t b = new_seq(d);
+        uint64_t b = devio_test_seq(d);
         uint32_t L = 45;
         step1(d, b, tok, L, NULL);
         uint32_t earliest = first_key(L) / bs * bs + W - 1;
@@ -597,12 +584,12 @@ static void test_depth2_release_at_await_and_free_all(void **state)
 {
     ctx *c = *state;
     int32_t tok[64];
-    tokens_for(tok, 64, 12, c->vocab);
+    devio_test_tokens(tok, 64, 12, c->vocab);
     FOR_BS(bs)
     {
         const uint32_t T = 64;
         devio_device *d = open_dev(c->mistral, bs, T);
-        uint64_t a = new_seq(d), b = new_seq(d);
+        uint64_t a = devio_test_seq(d), b = devio_test_seq(d);
         devio_row ra = {.seq = a, .tokens = tok, .n_tokens = 30};
         devio_row rb = {.seq = b, .tokens = tok + 1, .n_tokens = 33};
         devio_plan pa = {.rows = &ra, .n_rows = 1}, pb = {.rows = &rb, .n_rows = 1};
@@ -653,7 +640,7 @@ static void test_failed_step_undone_exactly(void **state)
 {
     ctx *c = *state;
     int32_t tok[64];
-    tokens_for(tok, 64, 13, c->vocab);
+    devio_test_tokens(tok, 64, 13, c->vocab);
     devio_backend_ops ops = devio_ref_backend;
     ops.wait = failing_wait;
     size_t row = c->vocab * sizeof(float);
@@ -661,7 +648,7 @@ static void test_failed_step_undone_exactly(void **state)
     {
         const uint32_t T = 32;
         devio_device *d = open_ops(c->mistral, &ops, cfg_of(bs, T));
-        uint64_t a = new_seq(d);
+        uint64_t a = devio_test_seq(d);
         step1(d, a, tok, 22, NULL);
         devio_outcome o;
         apply_ok(d, (devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = a}, &o);
@@ -698,9 +685,9 @@ static void test_failed_cow_after_shared_block_released(void **state)
 {
     ctx *c = *state;
     int32_t tok[64], tb[64], tc[4];
-    tokens_for(tok, 64, 14, c->vocab);
-    tokens_for(tb, 64, 15, c->vocab);
-    tokens_for(tc, 4, 16, c->vocab);
+    devio_test_tokens(tok, 64, 14, c->vocab);
+    devio_test_tokens(tb, 64, 15, c->vocab);
+    devio_test_tokens(tc, 4, 16, c->vocab);
     devio_backend_ops ops = devio_ref_backend;
     ops.wait = failing_wait;
     size_t row = c->vocab * sizeof(float);
@@ -710,7 +697,7 @@ static void test_failed_cow_after_shared_block_released(void **state)
         uint32_t L0 = bs == 4 ? 14 : 20;      /* the last block is partial */
         uint32_t grow = entries(L0, bs) * bs + W - 1 - L0; /* b passes that block */
         devio_device *d = open_ops(c->mistral, &ops, cfg_of(bs, T));
-        uint64_t a = new_seq(d);
+        uint64_t a = devio_test_seq(d);
         step1(d, a, tok, L0, NULL);
         devio_outcome o;
         apply_ok(d, (devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = a}, &o);
@@ -727,7 +714,7 @@ static void test_failed_cow_after_shared_block_released(void **state)
         assert_int_equal(devio_await(d, tkb, -1, &r, &err), DEVIO_OK);
         devio_step_result_free(&r);
         /* b let go of the block a's step copied; c takes it and writes it. */
-        uint64_t cs = new_seq(d);
+        uint64_t cs = devio_test_seq(d);
         float *lc = malloc(3 * row);
         assert_non_null(lc);
         step1(d, cs, tc, 3, lc);
