@@ -33,8 +33,9 @@ typedef struct ref_scratch {
     float *kbuf;     /* ref_pad32(head_dim): a key tail, zero padded */
 } ref_scratch;
 
-/* Allocate scratch for sequences up to max_seq_len and head dimension head_dim. Returns 0 on success, -1 when
- * memory is short (then nothing is held). Free with ref_scratch_fini. */
+/* Allocate scratch for sequences up to max_seq_len and head dimension
+ * head_dim. Returns 0 on success, -1 when memory is short (then nothing is
+ * held). Free with ref_scratch_fini. */
 int ref_scratch_init(ref_scratch *s, uint32_t max_seq_len, uint32_t head_dim);
 void ref_scratch_fini(ref_scratch *s);
 

@@ -147,20 +147,27 @@ static devio_status mk_check_multipliers(const devio_mkmodel_opts *o, devio_erro
 }
 
 /* Qwen2's and Granite's configs have no head_dim: it is hidden / heads. */
-static devio_status mk_check_head_dim(const devio_mkmodel_opts *o, mk_arch a, devio_error *err)
+devio_status mk_derived_head_dim(const devio_mkmodel_opts *o, const char *arch, uint32_t *hd,
+                                 devio_error *err)
 {
-    if (a != MK_ARCH_QWEN2 && a != MK_ARCH_GRANITE)
-        return DEVIO_OK;
     if (o->hidden_size % o->n_heads != 0)
         return devio_fail(err, DEVIO_E_INVALID, "hidden %u is not a multiple of heads %u",
                           o->hidden_size, o->n_heads);
-    uint32_t hd = o->hidden_size / o->n_heads;
-    if (o->head_dim != 0 && o->head_dim != hd)
+    *hd = o->hidden_size / o->n_heads;
+    if (o->head_dim != 0 && o->head_dim != *hd)
         return devio_fail(err, DEVIO_E_INVALID,
                           "%s's config has no head_dim: it is hidden / heads = %u, and "
                           "--head-dim %u cannot change it",
-                          mk_arch_name(a), hd, o->head_dim);
+                          arch, *hd, o->head_dim);
     return DEVIO_OK;
+}
+
+static devio_status mk_check_head_dim(const devio_mkmodel_opts *o, mk_arch a, devio_error *err)
+{
+    uint32_t hd;
+    if (a != MK_ARCH_QWEN2 && a != MK_ARCH_GRANITE)
+        return DEVIO_OK;
+    return mk_derived_head_dim(o, mk_arch_name(a), &hd, err);
 }
 
 /* --bias: llama's (written as Qwen2), always on for qwen2, and not for

@@ -34,6 +34,12 @@ bool mk_arch_parse(const char *name, mk_arch *a);
 /* "llama", "bamba", ...: the name mk_arch_parse reads. */
 const char *mk_arch_name(mk_arch a);
 
+/* For families whose config has no head_dim (qwen2, granite, bamba): the head
+ * size hidden / heads into *hd, refused when heads do not divide hidden or
+ * --head-dim asks for another. */
+devio_status mk_derived_head_dim(const devio_mkmodel_opts *o, const char *arch, uint32_t *hd,
+                                 devio_error *err);
+
 /* Whether a is one of the Llama family (every layer attention and a SiLU MLP). */
 bool mk_arch_is_family(mk_arch a);
 

@@ -113,15 +113,10 @@ static devio_status mk_check_bamba(const devio_mkmodel_opts *o, devio_error *err
             return devio_fail(err, DEVIO_E_INVALID,
                               "attn-layers names layer %u but the model has %u layers", i,
                               o->n_layers);
-    if (o->hidden_size % o->n_heads != 0)
-        return devio_fail(err, DEVIO_E_INVALID, "hidden %u is not a multiple of heads %u",
-                          o->hidden_size, o->n_heads);
-    uint32_t hd = o->hidden_size / o->n_heads;
-    if (o->head_dim != 0 && o->head_dim != hd)
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "bamba's attention head_dim is hidden / heads = %u; --head-dim %u "
-                          "cannot change it",
-                          hd, o->head_dim);
+    uint32_t hd;
+    devio_status s = mk_derived_head_dim(o, "bamba", &hd, err);
+    if (s != DEVIO_OK)
+        return s;
     if (hd % 4 != 0)
         return devio_fail(err, DEVIO_E_INVALID,
                           "bamba rotates the first half of each attention head: head_dim %u "
