@@ -160,22 +160,27 @@ def hf_agreement(bin_dir, tmp, preset, n_tokens, with_ref):
     return ("ok" if ok else "FAIL"), fig
 
 
+
+def cuda_matches_ref(bin_dir, tmp, model_dir, n):
+    """Every position's logits of an n-token prompt, cuda against the
+    reference: True when they are the same bits."""
+    import numpy as np
+
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    tokens = [(i * 7919 + 13) % cfg["vocab_size"] for i in range(n)]
+    got, _ = devio_logits(bin_dir, model_dir, tokens, "cuda", tmp)
+    want, _ = devio_logits(bin_dir, model_dir, tokens, "ref", tmp)
+    a, b = np.array(want, dtype=np.float32), np.array(got, dtype=np.float32)
+    return a.shape == b.shape and bool(np.all(a.view(np.uint32) == b.view(np.uint32)))
+
 def hybrid_reference_bits(bin_dir, tmp):
     """Every position's logits of a prompt on the hybrid models (Bamba: mixers
     and attention with RoPE on half a head; Mamba2: mixers only, no MLP), cuda
     against the reference, bit for bit."""
-    import numpy as np
-
     fig, ok = {}, True
     for arch, preset, n in (("bamba", "tiny", 64), ("mamba2", "tiny", 64), ("bamba", "small", 24),
                             ("mamba2", "small", 24)):
-        model_dir = make_model(bin_dir, tmp, preset, arch=arch)
-        cfg = json.load(open(os.path.join(model_dir, "config.json")))
-        tokens = [(i * 7919 + 13) % cfg["vocab_size"] for i in range(n)]
-        got, shape = devio_logits(bin_dir, model_dir, tokens, "cuda", tmp)
-        want, _ = devio_logits(bin_dir, model_dir, tokens, "ref", tmp)
-        a, b = np.array(want, dtype=np.float32), np.array(got, dtype=np.float32)
-        same = a.shape == b.shape and bool(np.all(a.view(np.uint32) == b.view(np.uint32)))
+        same = cuda_matches_ref(bin_dir, tmp, make_model(bin_dir, tmp, preset, arch=arch), n)
         fig["%s_%s" % (arch, preset)] = "identical" if same else "DIFFER"
         ok = ok and same
     return ("ok" if ok else "FAIL"), fig
@@ -208,18 +213,11 @@ def feature_reference_bits(bin_dir, tmp):
     small model, cuda against the reference, bit for bit. (tests/cuda_test
     runs the same features through chunked prefill, decode, batches, forks
     and LoRA.)"""
-    import numpy as np
-
     fig, ok = {}, True
     for name, flags in FEATURES:
         for preset, n in (("tiny", 64), ("small", 24)):
             model_dir = feature_model(bin_dir, tmp, preset, name, flags)
-            cfg = json.load(open(os.path.join(model_dir, "config.json")))
-            tokens = [(i * 7919 + 13) % cfg["vocab_size"] for i in range(n)]
-            got, shape = devio_logits(bin_dir, model_dir, tokens, "cuda", tmp)
-            want, _ = devio_logits(bin_dir, model_dir, tokens, "ref", tmp)
-            a, b = np.array(want, dtype=np.float32), np.array(got, dtype=np.float32)
-            same = a.shape == b.shape and bool(np.all(a.view(np.uint32) == b.view(np.uint32)))
+            same = cuda_matches_ref(bin_dir, tmp, model_dir, n)
             fig["%s_%s" % (name, preset)] = "identical" if same else "DIFFER"
             ok = ok and same
     return ("ok" if ok else "FAIL"), fig
