@@ -707,46 +707,27 @@ static void feature_case(feature f, devio_dtype dtype, bool lora)
     devio_fixture_free(&fx);
 }
 
-static void test_mistral_window_f32(void **state)
+/* One model feature in one dtype, with or without LoRA: a case's state. */
+typedef struct feature_run {
+    feature f;
+    devio_dtype dtype;
+    bool lora;
+} feature_run;
+
+static void test_feature(void **state)
 {
-    (void)state;
-    feature_case(FEAT_WINDOW, DEVIO_F32, false);
+    const feature_run *r = *state;
+    feature_case(r->f, r->dtype, r->lora);
 }
-static void test_mistral_window_bf16_lora(void **state)
-{
-    (void)state;
-    feature_case(FEAT_WINDOW, DEVIO_BF16, true);
-}
-static void test_granite_f32(void **state)
-{
-    (void)state;
-    feature_case(FEAT_GRANITE, DEVIO_F32, false);
-}
-static void test_granite_f16_lora(void **state)
-{
-    (void)state;
-    feature_case(FEAT_GRANITE, DEVIO_F16, true);
-}
-static void test_qwen3_f32(void **state)
-{
-    (void)state;
-    feature_case(FEAT_QWEN3, DEVIO_F32, false);
-}
-static void test_qwen3_bf16_lora(void **state)
-{
-    (void)state;
-    feature_case(FEAT_QWEN3, DEVIO_BF16, true);
-}
-static void test_rope_yarn_bf16(void **state)
-{
-    (void)state;
-    feature_case(FEAT_YARN, DEVIO_BF16, false);
-}
-static void test_rope_llama3_f32(void **state)
-{
-    (void)state;
-    feature_case(FEAT_LLAMA3, DEVIO_F32, false);
-}
+
+static feature_run feature_runs[] = {
+    {FEAT_WINDOW, DEVIO_F32, false}, {FEAT_WINDOW, DEVIO_BF16, true},
+    {FEAT_GRANITE, DEVIO_F32, false}, {FEAT_GRANITE, DEVIO_F16, true},
+    {FEAT_QWEN3, DEVIO_F32, false},  {FEAT_QWEN3, DEVIO_BF16, true},
+    {FEAT_YARN, DEVIO_BF16, false},  {FEAT_LLAMA3, DEVIO_F32, false},
+};
+
+#define FEATURE_TEST(name, k) {name, test_feature, NULL, NULL, &feature_runs[k]}
 
 static void test_device_info(void **state)
 {
@@ -793,14 +774,14 @@ int main(void)
         cmocka_unit_test(test_mamba2_f32),
         cmocka_unit_test(test_mamba2_f16_lora),
         cmocka_unit_test(test_features_on_reference),
-        cmocka_unit_test(test_mistral_window_f32),
-        cmocka_unit_test(test_mistral_window_bf16_lora),
-        cmocka_unit_test(test_granite_f32),
-        cmocka_unit_test(test_granite_f16_lora),
-        cmocka_unit_test(test_qwen3_f32),
-        cmocka_unit_test(test_qwen3_bf16_lora),
-        cmocka_unit_test(test_rope_yarn_bf16),
-        cmocka_unit_test(test_rope_llama3_f32),
+        FEATURE_TEST("test_mistral_window_f32", 0),
+        FEATURE_TEST("test_mistral_window_bf16_lora", 1),
+        FEATURE_TEST("test_granite_f32", 2),
+        FEATURE_TEST("test_granite_f16_lora", 3),
+        FEATURE_TEST("test_qwen3_f32", 4),
+        FEATURE_TEST("test_qwen3_bf16_lora", 5),
+        FEATURE_TEST("test_rope_yarn_bf16", 6),
+        FEATURE_TEST("test_rope_llama3_f32", 7),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
