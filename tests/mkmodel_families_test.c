@@ -18,17 +18,6 @@
 
 /* ---- helpers ---- */
 
-/* The preset of an architecture, seed 7, written to `dir`. */
-static devio_mkmodel_opts fam_opts(const char *arch, const char *preset, const char *dir)
-{
-    devio_mkmodel_opts o = devio_mkmodel_opts_default();
-    o.arch = arch;
-    assert_int_equal(devio_mkmodel_preset(preset, &o, NULL), DEVIO_OK);
-    o.out_dir = dir;
-    o.seed = 7;
-    return o;
-}
-
 static json_t *config_load(const char *dir)
 {
     json_error_t je;
@@ -82,7 +71,7 @@ static void cfg_arch(json_t *c, const char *class_name, const char *model_type)
 static void test_llama_config_unchanged(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = fam_opts("llama", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("llama", "tiny", fx->dir);
     write_model(&o);
     static const char want[] =
         "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"attention_bias\": false,\n"
@@ -105,7 +94,7 @@ static void test_llama_config_unchanged(void **state)
 static void test_qwen2_config(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = fam_opts("qwen2", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("qwen2", "tiny", fx->dir);
     assert_true(o.attention_bias);
     write_model(&o);
     json_t *c = config_load(fx->dir);
@@ -123,7 +112,7 @@ static void test_qwen2_config(void **state)
 static void test_qwen3_config(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = fam_opts("qwen3", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("qwen3", "tiny", fx->dir);
     write_model(&o);
     json_t *c = config_load(fx->dir);
     cfg_arch(c, "Qwen3ForCausalLM", "qwen3");
@@ -142,7 +131,7 @@ static void test_qwen3_config(void **state)
 static void test_mistral_config(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = fam_opts("mistral", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("mistral", "tiny", fx->dir);
     assert_int_equal(o.sliding_window, 24);
     write_model(&o);
     json_t *c = config_load(fx->dir);
@@ -159,14 +148,14 @@ static void test_mistral_config(void **state)
     c = config_load(fx->dir);
     cfg_null(c, "sliding_window");
     json_decref(c);
-    devio_mkmodel_opts s = fam_opts("mistral", "small", NULL);
+    devio_mkmodel_opts s = arch_opts("mistral", "small", NULL);
     assert_int_equal(s.sliding_window, 128);
 }
 
 static void test_granite_config(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = fam_opts("granite", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("granite", "tiny", fx->dir);
     write_model(&o);
     json_t *c = config_load(fx->dir);
     cfg_arch(c, "GraniteForCausalLM", "granite");
@@ -227,7 +216,7 @@ static void test_rope_scaling(void **state)
     const char *archs[] = {"llama", "qwen2", "qwen3", "mistral", "granite"};
     for (size_t a = 0; a < sizeof archs / sizeof *archs; a++) {
         for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
-            devio_mkmodel_opts o = fam_opts(archs[a], "tiny", fx->dir);
+            devio_mkmodel_opts o = arch_opts(archs[a], "tiny", fx->dir);
             o.rope_scaling = kinds[k].type;
             write_model(&o);
             json_t *c = config_load(fx->dir);
@@ -242,7 +231,7 @@ static void test_rope_scaling(void **state)
         }
     }
     /* llama3 takes any original max; the text is nested as transformers writes it */
-    devio_mkmodel_opts o = fam_opts("qwen3", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("qwen3", "tiny", fx->dir);
     o.rope_scaling = DEVIO_MKMODEL_ROPE_LLAMA3;
     o.rope_original_max = 100;
     write_model(&o);
@@ -263,7 +252,7 @@ static void test_rope_scaling(void **state)
 static void test_qwen3_tensors(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = fam_opts("qwen3", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("qwen3", "tiny", fx->dir);
     write_model(&o);
     json_t *h = header_load(path_in(fx->dir, "model.safetensors"));
     /* heads 4 x head_dim 32 = 128 for q, 2 x 32 = 64 for k and v */
@@ -320,7 +309,7 @@ static void test_family_tensors(void **state)
         {"granite", false, false, 9},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
-        devio_mkmodel_opts o = fam_opts(want[i].arch, "tiny", fx->dir);
+        devio_mkmodel_opts o = arch_opts(want[i].arch, "tiny", fx->dir);
         o.tie_word_embeddings = true;
         write_model(&o);
         json_t *h = header_load(path_in(fx->dir, "model.safetensors"));
@@ -342,7 +331,7 @@ static void test_determinism(void **state)
     fixture *fx = *state;
     const char *archs[] = {"qwen2", "qwen3", "mistral", "granite"};
     for (size_t k = 0; k < sizeof archs / sizeof *archs; k++) {
-        devio_mkmodel_opts o = fam_opts(archs[k], "tiny", fx->dir);
+        devio_mkmodel_opts o = arch_opts(archs[k], "tiny", fx->dir);
         o.dtype = DEVIO_BF16;
         o.rope_scaling = DEVIO_MKMODEL_ROPE_YARN;
         expect_deterministic(o, fx->dir, archs[k]);
@@ -357,15 +346,15 @@ static void test_shared_values(void **state)
     const char *name = "model.layers.1.mlp.down_proj.weight";
     float want[16], got[16];
     devio_error err = {0};
-    devio_mkmodel_opts o = fam_opts("llama", "tiny", NULL);
+    devio_mkmodel_opts o = arch_opts("llama", "tiny", NULL);
     assert_int_equal(devio_mkmodel_values(&o, name, 100, 16, want, &err), DEVIO_OK);
     const char *archs[] = {"qwen2", "qwen3", "mistral", "granite"};
     for (size_t k = 0; k < sizeof archs / sizeof *archs; k++) {
-        o = fam_opts(archs[k], "tiny", NULL);
+        o = arch_opts(archs[k], "tiny", NULL);
         assert_int_equal(devio_mkmodel_values(&o, name, 100, 16, got, &err), DEVIO_OK);
         assert_memory_equal(got, want, sizeof want);
     }
-    o = fam_opts("mistral", "tiny", NULL);
+    o = arch_opts("mistral", "tiny", NULL);
     assert_int_equal(devio_mkmodel_values(&o, "model.layers.0.self_attn.q_norm.weight", 0, 1,
                                           got, &err),
                      DEVIO_E_INVALID);
@@ -388,7 +377,7 @@ static void test_param_counts(void **state)
         {"llama", "tiny", 106816, false},     {"llama", "small", 15191712, true},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
-        devio_mkmodel_opts o = fam_opts(want[i].arch, want[i].preset, NULL);
+        devio_mkmodel_opts o = arch_opts(want[i].arch, want[i].preset, NULL);
         assert_int_equal(devio_mkmodel_param_count(&o), want[i].params);
         assert_int_equal(o.tie_word_embeddings, want[i].tied);
         assert_int_equal(o.dtype, DEVIO_F32);
@@ -404,12 +393,6 @@ static void test_param_counts(void **state)
 }
 
 /* ---- refusals ---- */
-
-typedef struct bad_case {
-    const char *arch;
-    void (*edit)(devio_mkmodel_opts *o);
-    const char *message;
-} bad_case;
 
 static void window_24(devio_mkmodel_opts *o) { o->sliding_window = 24; }
 static void emb_mult(devio_mkmodel_opts *o) { o->embedding_multiplier = 12.0; }
@@ -480,28 +463,16 @@ static void test_rejects(void **state)
         {"qwen3", ssm_set, "not qwen3"},
         {"mistral", attn_layers_set, "belongs to bamba, not mistral"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        devio_mkmodel_opts o = fam_opts(cases[i].arch, "tiny", fx->dir);
-        cases[i].edit(&o);
-        devio_error err = {0};
-        devio_status st = devio_mkmodel_write(&o, &err);
-        if (st != DEVIO_E_INVALID || !strstr(err.message, cases[i].message))
-            print_error("case %zu: status %d, message: %s\n", i, (int)st, err.message);
-        assert_int_equal(st, DEVIO_E_INVALID);
-        assert_non_null(strstr(err.message, cases[i].message));
-    }
-    /* Nothing was written by any refused call. */
-    assert_int_equal(access(path_in(fx->dir, "config.json"), F_OK), -1);
-    assert_int_equal(access(path_in(fx->dir, "model.safetensors"), F_OK), -1);
+    expect_refusals(cases, sizeof cases / sizeof *cases, fx->dir);
     /* What the refusals border on is accepted: a window on mistral, head_dim
      * hidden / heads written out on granite, llama3 with its own original max. */
-    devio_mkmodel_opts o = fam_opts("mistral", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("mistral", "tiny", fx->dir);
     o.sliding_window = 4096;
     write_model(&o);
-    o = fam_opts("granite", "tiny", fx->dir);
+    o = arch_opts("granite", "tiny", fx->dir);
     o.head_dim = 16;
     write_model(&o);
-    o = fam_opts("llama", "tiny", fx->dir);
+    o = arch_opts("llama", "tiny", fx->dir);
     llama3_factor_huge(&o);
     o.rope_original_max = 8;
     write_model(&o);

@@ -19,17 +19,6 @@
 
 /* ---- helpers ---- */
 
-/* The preset of an architecture, seed 7, written to `dir`. */
-static devio_mkmodel_opts ssm_opts(const char *arch, const char *preset, const char *dir)
-{
-    devio_mkmodel_opts o = devio_mkmodel_opts_default();
-    o.arch = arch;
-    assert_int_equal(devio_mkmodel_preset(preset, &o, NULL), DEVIO_OK);
-    o.out_dir = dir;
-    o.seed = 7;
-    return o;
-}
-
 /* config.json as JSON, its one bare Infinity replaced by 1e300 (jansson,
  * like strict JSON, has no Infinity); the text must hold it exactly once. */
 static json_t *config_load(const char *dir)
@@ -74,7 +63,7 @@ static void cfg_time_steps(json_t *c)
 static void test_bamba_config(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = ssm_opts("bamba", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("bamba", "tiny", fx->dir);
     write_model(&o);
     assert_int_equal(access(path_in(fx->dir, "model.safetensors"), F_OK), 0);
     assert_int_equal(access(path_in(fx->dir, "model.safetensors.index.json"), F_OK), -1);
@@ -109,7 +98,7 @@ static void test_bamba_config(void **state)
 static void test_mamba2_config(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = ssm_opts("mamba2", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("mamba2", "tiny", fx->dir);
     o.ssm_proj_bias = true;
     o.ssm_conv_bias = false;
     o.tie_word_embeddings = true;
@@ -151,7 +140,7 @@ static void test_mamba2_config(void **state)
 static void test_bamba_tensors(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = ssm_opts("bamba", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("bamba", "tiny", fx->dir);
     write_model(&o);
     json_t *h = header_load(path_in(fx->dir, "model.safetensors"));
     /* I = 128, conv_dim = 128 + 2*2*16 = 192, in_dim = 128 + 192 + 8 = 328 */
@@ -197,7 +186,7 @@ static void test_bamba_tensors(void **state)
 static void test_mamba2_tensors_biases(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = ssm_opts("mamba2", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("mamba2", "tiny", fx->dir);
     o.ssm_proj_bias = true;
     o.ssm_conv_bias = false;
     o.ssm_groups = 1;
@@ -234,7 +223,7 @@ static void test_mamba2_tensors_biases(void **state)
 static void test_values(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = ssm_opts("bamba", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("bamba", "tiny", fx->dir);
     write_model(&o);
     json_t *h = header_load(path_in(fx->dir, "model.safetensors"));
     const char *name;
@@ -282,7 +271,7 @@ static void test_values(void **state)
 static void test_dt_spread(void **state)
 {
     fixture *fx = *state;
-    devio_mkmodel_opts o = ssm_opts("mamba2", "tiny", fx->dir);
+    devio_mkmodel_opts o = arch_opts("mamba2", "tiny", fx->dir);
     o.ssm_heads = 128;
     o.ssm_head_dim = 1;
     o.ssm_groups = 1;
@@ -307,7 +296,7 @@ static void test_determinism(void **state)
     fixture *fx = *state;
     const char *archs[] = {"bamba", "mamba2"};
     for (int k = 0; k < 2; k++) {
-        devio_mkmodel_opts o = ssm_opts(archs[k], "tiny", fx->dir);
+        devio_mkmodel_opts o = arch_opts(archs[k], "tiny", fx->dir);
         o.dtype = DEVIO_F16;
         expect_deterministic(o, fx->dir, archs[k]);
     }
@@ -320,7 +309,7 @@ static void test_shards(void **state)
     char a[128], b[128];
     snprintf(a, sizeof a, "%s/a", fx->dir);
     snprintf(b, sizeof b, "%s/b", fx->dir);
-    devio_mkmodel_opts o = ssm_opts("bamba", "tiny", a);
+    devio_mkmodel_opts o = arch_opts("bamba", "tiny", a);
     write_model(&o);
     o.out_dir = b;
     o.shards = 3;
@@ -365,7 +354,7 @@ static void test_param_counts(void **state)
         {"mamba2", "small", 12465474, DEVIO_F32},    {"llama", "bench", 134105856, DEVIO_BF16},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
-        devio_mkmodel_opts o = ssm_opts(want[i].arch, want[i].preset, NULL);
+        devio_mkmodel_opts o = arch_opts(want[i].arch, want[i].preset, NULL);
         assert_int_equal(devio_mkmodel_param_count(&o), want[i].params);
         assert_int_equal(o.dtype, want[i].dtype);
     }
@@ -382,12 +371,6 @@ static void test_param_counts(void **state)
 }
 
 /* One refused combination: `edit` changes the preset, the message names it. */
-typedef struct bad_case {
-    const char *arch;
-    void (*edit)(devio_mkmodel_opts *o);
-    const char *message;
-} bad_case;
-
 static void heads_7(devio_mkmodel_opts *o) { o->ssm_heads = 7; }
 static void groups_3(devio_mkmodel_opts *o) { o->ssm_groups = 3; }
 static void conv_0(devio_mkmodel_opts *o) { o->ssm_conv = 0; }
@@ -427,19 +410,7 @@ static void test_rejects(void **state)
         {"mamba2", dt_reversed, "time_step_min <= time_step_max"},
         {"bamba", no_mixer, "--preset tiny --arch bamba"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        devio_mkmodel_opts o = ssm_opts(cases[i].arch, "tiny", fx->dir);
-        cases[i].edit(&o);
-        devio_error err = {0};
-        devio_status st = devio_mkmodel_write(&o, &err);
-        if (st != DEVIO_E_INVALID || !strstr(err.message, cases[i].message))
-            print_error("case %zu: status %d, message: %s\n", i, (int)st, err.message);
-        assert_int_equal(st, DEVIO_E_INVALID);
-        assert_non_null(strstr(err.message, cases[i].message));
-    }
-    /* Nothing was written by any refused call. */
-    assert_int_equal(access(path_in(fx->dir, "config.json"), F_OK), -1);
-    assert_int_equal(access(path_in(fx->dir, "model.safetensors"), F_OK), -1);
+    expect_refusals(cases, sizeof cases / sizeof *cases, fx->dir);
 }
 
 int main(void)

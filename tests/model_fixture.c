@@ -53,6 +53,32 @@ devio_mkmodel_opts tiny_opts(const char *dir)
     return o;
 }
 
+devio_mkmodel_opts arch_opts(const char *arch, const char *preset, const char *dir)
+{
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
+    o.arch = arch;
+    assert_int_equal(devio_mkmodel_preset(preset, &o, NULL), DEVIO_OK);
+    o.out_dir = dir;
+    o.seed = 7;
+    return o;
+}
+
+void expect_refusals(const bad_case *cases, size_t n, const char *dir)
+{
+    for (size_t i = 0; i < n; i++) {
+        devio_mkmodel_opts o = arch_opts(cases[i].arch, "tiny", dir);
+        cases[i].edit(&o);
+        devio_error err = {0};
+        devio_status st = devio_mkmodel_write(&o, &err);
+        if (st != DEVIO_E_INVALID || !strstr(err.message, cases[i].message))
+            print_error("case %zu: status %d, message: %s\n", i, (int)st, err.message);
+        assert_int_equal(st, DEVIO_E_INVALID);
+        assert_non_null(strstr(err.message, cases[i].message));
+    }
+    assert_int_equal(access(path_in(dir, "config.json"), F_OK), -1);
+    assert_int_equal(access(path_in(dir, "model.safetensors"), F_OK), -1);
+}
+
 void write_model(const devio_mkmodel_opts *o)
 {
     devio_error err = {0};

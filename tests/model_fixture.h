@@ -27,6 +27,19 @@ char *path_in(const char *dir, const char *name);
 
 /* The tiny preset, seed 7, written to `dir`. */
 devio_mkmodel_opts tiny_opts(const char *dir);
+/* The preset of an architecture, seed 7, written to `dir`. */
+devio_mkmodel_opts arch_opts(const char *arch, const char *preset, const char *dir);
+
+/* A devio-mkmodel refusal: the tiny preset of arch, edited, must be refused
+ * (DEVIO_E_INVALID) with message in its error text. */
+typedef struct bad_case {
+    const char *arch;
+    void (*edit)(devio_mkmodel_opts *o);
+    const char *message;
+} bad_case;
+
+/* Every case refused as it says, and nothing written into dir. */
+void expect_refusals(const bad_case *cases, size_t n, const char *dir);
 /* The tiny preset of architecture `arch` with `seed`, written to fx->dir;
  * returns the path of its config.json (path_in's buffer). */
 const char *write_arch(const fixture *fx, uint64_t seed, const char *arch);
