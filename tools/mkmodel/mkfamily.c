@@ -184,20 +184,14 @@ static devio_status mk_check_bias(const devio_mkmodel_opts *o, mk_arch a, devio_
     return DEVIO_OK;
 }
 
-/* The family's fields on an architecture outside it: all unset. */
-static devio_status mk_check_not_family(const devio_mkmodel_opts *o, mk_arch a,
-                                        devio_error *err)
+/* --window is mistral's and the multipliers are granite's, on any
+ * architecture. */
+static devio_status mk_check_owners(const devio_mkmodel_opts *o, mk_arch a, devio_error *err)
 {
-    if (o->rope_scaling != DEVIO_MKMODEL_ROPE_NONE || o->rope_factor != 0.0 ||
-        o->rope_original_max)
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "--rope-scaling, --rope-factor and --rope-original-max belong to "
-                          "llama, qwen2, qwen3, mistral and granite, not %s",
-                          mk_arch_name(a));
-    if (o->sliding_window)
+    if (a != MK_ARCH_MISTRAL && o->sliding_window)
         return devio_fail(err, DEVIO_E_INVALID, "--window belongs to mistral, not %s",
                           mk_arch_name(a));
-    if (mk_any_multiplier(o))
+    if (a != MK_ARCH_GRANITE && mk_any_multiplier(o))
         return devio_fail(err, DEVIO_E_INVALID,
                           "the multipliers (--embedding-multiplier, --attention-multiplier, "
                           "--residual-multiplier, --logits-scaling) belong to granite, not %s",
@@ -207,23 +201,22 @@ static devio_status mk_check_not_family(const devio_mkmodel_opts *o, mk_arch a,
 
 devio_status mk_family_check(const devio_mkmodel_opts *o, mk_arch a, devio_error *err)
 {
-    if (!mk_arch_is_family(a))
-        return mk_check_not_family(o, a, err);
     devio_status st;
+    if (!mk_arch_is_family(a)) {
+        /* The family's RoPE fields on an architecture outside it. */
+        if (o->rope_scaling != DEVIO_MKMODEL_ROPE_NONE || o->rope_factor != 0.0 ||
+            o->rope_original_max)
+            return devio_fail(err, DEVIO_E_INVALID,
+                              "--rope-scaling, --rope-factor and --rope-original-max belong to "
+                              "llama, qwen2, qwen3, mistral and granite, not %s",
+                              mk_arch_name(a));
+        return mk_check_owners(o, a, err);
+    }
     if ((st = mk_check_rope(o, err)) != DEVIO_OK || (st = mk_check_bias(o, a, err)) != DEVIO_OK ||
-        (st = mk_check_head_dim(o, a, err)) != DEVIO_OK)
+        (st = mk_check_head_dim(o, a, err)) != DEVIO_OK ||
+        (st = mk_check_owners(o, a, err)) != DEVIO_OK)
         return st;
-    if (a != MK_ARCH_MISTRAL && o->sliding_window)
-        return devio_fail(err, DEVIO_E_INVALID, "--window belongs to mistral, not %s",
-                          mk_arch_name(a));
-    if (a == MK_ARCH_GRANITE)
-        return mk_check_multipliers(o, err);
-    if (mk_any_multiplier(o))
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "the multipliers (--embedding-multiplier, --attention-multiplier, "
-                          "--residual-multiplier, --logits-scaling) belong to granite, not %s",
-                          mk_arch_name(a));
-    return DEVIO_OK;
+    return a == MK_ARCH_GRANITE ? mk_check_multipliers(o, err) : DEVIO_OK;
 }
 
 /* ---- tensors ---- */
