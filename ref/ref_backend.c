@@ -323,11 +323,12 @@ static devio_status ref_create(const devio_model *model, const devio_backend_con
     uint32_t max_in = st->d > st->q_dim ? st->d : st->q_dim;
     max_in = max_in > st->f ? max_in : st->f;
     max_in = max_in > m->ssm_inner ? max_in : m->ssm_inner;
-    st->xpack = calloc_n(st, ref_gemm_xpack_floats(cfg->max_batch_tokens, max_in), 1,
-                         sizeof(float));
-    if (!st->xpack || !pack_weights(st, m->n_layers))
+    st->work.xpack = calloc_n(st, ref_gemm_xpack_floats(cfg->max_batch_tokens, max_in), 1,
+                              sizeof(float));
+    if (!st->work.xpack || !pack_weights(st, m->n_layers))
         goto out_nomem;
-    st->work = (ref_gemm_work){.pool = st->pool, .scratch = st->scratch, .xpack = st->xpack};
+    st->work.pool = st->pool;
+    st->work.scratch = st->scratch;
     *state = st;
     return DEVIO_OK;
 
@@ -369,7 +370,7 @@ static void ref_destroy(void *sp)
                     st->bq, st->bk, st->bv, st->x, st->h, st->q, st->k, st->v, st->att,
                     st->act, st->tok_pos, st->tok_blocks, st->tok_adapter, st->slots,
                     st->slot_gen, st->lora_row, st->lora_a, st->o_tmp, st->g_tmp, st->u_tmp,
-                    st->out_ptr, st->panels, st->xpack};
+                    st->out_ptr, st->panels, st->work.xpack};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(st);

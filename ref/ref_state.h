@@ -76,8 +76,9 @@ typedef struct ref_state {
     devio_pool *pool;
     ref_scratch *scratch; /* one per pool thread */
     uint32_t n_scratch;
-    float *xpack;         /* packed activations of a projection (ref_gemm_xpack_floats) */
-    ref_gemm_work work;   /* pool, scratch and xpack, for ref_matmul_run */
+    /* pool and scratch again, and the packed activations of a projection
+     * (ref_gemm_xpack_floats, owned here): what ref_matmul_run takes. */
+    ref_gemm_work work;
 
     /* Hybrid models (numspec rule 10): per layer, the mixer's small weights
      * widened (mixer layers only) and its offset inside a state slot; the
