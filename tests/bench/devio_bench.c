@@ -287,7 +287,8 @@ static bool parse_list(const char *v, uint32_t *b, unsigned long lo, unsigned lo
     while (*v) {
         char *end;
         unsigned long x = strtoul(v, &end, 10);
-        if (end == v || x < lo || x > hi || n >= 3 || (*end && *end != ','))
+        if (end == v || x < lo || x > hi || n >= 3 || (*end && *end != ',') ||
+            (*end == ',' && end[1] == '\0'))
             return false;
         b[++n] = (uint32_t)x;
         v = *end ? end + 1 : end;
