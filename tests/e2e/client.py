@@ -11,9 +11,12 @@ each thread its own Client). A dropped connection is reopened once for
 requests that change nothing (GET); others raise, so a test never sends a
 launch twice without knowing.
 """
-import http.client
 import json
-import socket
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "clients" / "python"))
+import devio_client  # noqa: E402
 
 __all__ = ["Client", "Answer", "ServerGone"]
 
@@ -56,35 +59,18 @@ class Answer:
 
 
 class Client:
+    """The end-to-end tests' client: devio_client's transport, every answer validated."""
+
     def __init__(self, host, port, contract, token=None, timeout=60.0):
         self.host = host
         self.port = port
         self.contract = contract
         self.token = token
-        self.timeout = timeout
-        self.conn = None
-
-    # ---- transport ----------------------------------------------------------
+        self.http = devio_client.Client("http://%s:%d" % (host, port), token=token,
+                                        timeout=timeout)
 
     def close(self):
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def _connect(self):
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        return self.conn
-
-    def _send(self, method, path, data, headers):
-        conn = self._connect()
-        conn.request(method, path, body=data, headers=headers)
-        resp = conn.getresponse()
-        raw = resp.read()
-        hdrs = {k: v for k, v in resp.getheaders()}
-        if resp.will_close:
-            self.close()
-        return resp.status, hdrs, raw
+        self.http.close()
 
     def request(self, method, path, body=None, raw=None, headers=None, token=True,
                 content_type="application/json"):
@@ -94,32 +80,17 @@ class Client:
         token: True sends the client's token (if any), a string sends that
         token, False or None sends no Authorization header.
         """
-        hdrs = {}
-        data = None
-        if raw is not None:
-            data = raw.encode() if isinstance(raw, str) else raw
-        elif body is not None:
-            data = json.dumps(body).encode()
-        if data is not None:
-            hdrs["Content-Type"] = content_type
-        tok = self.token if token is True else (token or None)
-        if tok:
-            hdrs["Authorization"] = "Bearer " + tok
-        hdrs.update(headers or {})
-        retry = method in ("GET", "HEAD")
-        for attempt in (0, 1):
-            try:
-                status, rh, rb = self._send(method, path, data, hdrs)
-                break
-            except (ConnectionError, http.client.HTTPException, socket.timeout, OSError) as e:
-                self.close()
-                if attempt == 0 and retry and not isinstance(e, socket.timeout):
-                    continue
-                raise ServerGone("%s %s: %s: %s" % (method, path, type(e).__name__, e)) from None
-        value = self.contract.check(method, path, status, rh.get("Content-Type"), rb)
-        ans = Answer(method, path, status, rh, rb, value)
-        if status == 401:
-            assert rh.get("WWW-Authenticate") == "Bearer", ans
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        tok = self.token if token is True else (token or False)
+        try:
+            r = self.http.request(method, path, data, headers=headers, token=tok,
+                                  content_type=content_type)
+        except devio_client.ConnectionLost as e:
+            raise ServerGone(str(e)) from None
+        value = self.contract.check(method, path, r.status, r.header("Content-Type"), r.body)
+        ans = Answer(method, path, r.status, r.headers, r.body, value)
+        if r.status == 401:
+            assert r.header("WWW-Authenticate") == "Bearer", ans
         return ans
 
     def call(self, method, path, body=None, expect=200, code=None, **kw):

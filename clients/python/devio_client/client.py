@@ -1,0 +1,277 @@
+"""client.py - a devio-server client over one keep-alive HTTP connection, standard library only.
+One method per route of api/openapi.yaml; an error answer raises DevioError and is never returned as data."""
+import http.client
+import json
+import socket
+import ssl
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from urllib.parse import quote, urlencode, urlsplit
+
+from .types import (AdapterRecord, Device, Facts, LogitsTop, Outcome, Plan, SampleParams,
+                    Sequence, StepResult, Teardown, TicketHistory, TicketStatus)
+
+__all__ = ["Client", "Response", "DevioError", "ConnectionLost"]
+
+
+class DevioError(Exception):
+    """An error answer: HTTP status and the body's {"error": {code, message, details}}."""
+
+    def __init__(self, status: int, code: str, message: str, details: Dict[str, int]):
+        super().__init__("%d %s: %s" % (status, code, message))
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+class ConnectionLost(Exception):
+    """The connection failed before an answer came: the server may or may not have acted."""
+
+
+class Response:
+    """One answer as it came: status, headers (names as sent) and raw body."""
+
+    def __init__(self, status: int, headers: Dict[str, str], body: bytes):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def header(self, name: str) -> Optional[str]:
+        low = name.lower()
+        for k, v in self.headers.items():
+            if k.lower() == low:
+                return v
+        return None
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+def _error_of(r: Response) -> DevioError:
+    try:
+        e = r.json()["error"]
+        return DevioError(r.status, e["code"], e["message"], e.get("details") or {})
+    except (ValueError, KeyError, TypeError):
+        return DevioError(r.status, "http_%d" % r.status, r.body[:200].decode("utf-8", "replace"),
+                          {})
+
+
+class Client:
+    """A client of one devio-server.
+
+        c = Client("http://127.0.0.1:8080", token="secret")
+        seq = c.create_sequence()
+        r = c.step({"rows": [{"seq": seq, "tokens": [1, 2, 3], "sample": {"temperature": 0}}]})
+
+    Not thread-safe: give each thread its own Client. A dropped connection is
+    reopened once for GET and HEAD only; any other request raises
+    ConnectionLost, so nothing is ever sent twice behind the caller's back.
+    `url` is http://host:port or https://host:port (then `tls_context`, or the
+    system's default context, checks the server).
+    """
+
+    def __init__(self, url: str = "http://127.0.0.1:8080", token: Optional[str] = None,
+                 timeout: float = 60.0, tls_context: Optional[ssl.SSLContext] = None):
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError("url must be http://host:port or https://host:port, not %r" % url)
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.https = u.scheme == "https"
+        self.token = token
+        self.timeout = timeout
+        self.tls_context = tls_context
+        self._conn: Optional[http.client.HTTPConnection] = None
+
+    # ---- transport ----------------------------------------------------------
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            if self.https:
+                ctx = self.tls_context or ssl.create_default_context()
+                self._conn = http.client.HTTPSConnection(self.host, self.port,
+                                                         timeout=self.timeout, context=ctx)
+            else:
+                self._conn = http.client.HTTPConnection(self.host, self.port,
+                                                        timeout=self.timeout)
+        return self._conn
+
+    def request(self, method: str, path: str, body: Optional[Union[bytes, str]] = None,
+                headers: Optional[Mapping[str, str]] = None, token: Union[bool, str] = True,
+                content_type: Optional[str] = "application/json") -> Response:
+        """Send one request as given and return the answer, whatever its status.
+
+        token: True sends the client's token (if any), a string sends that
+        one, False sends no Authorization header."""
+        hdrs: Dict[str, str] = {}
+        data = body.encode() if isinstance(body, str) else body
+        if data is not None and content_type:
+            hdrs["Content-Type"] = content_type
+        tok = self.token if token is True else (token or None)
+        if tok:
+            hdrs["Authorization"] = "Bearer " + tok
+        hdrs.update(headers or {})
+        for attempt in (0, 1):
+            try:
+                conn = self._connection()
+                conn.request(method, path, body=data, headers=hdrs)
+                resp = conn.getresponse()
+                raw = resp.read()
+                out = Response(resp.status, dict(resp.getheaders()), raw)
+                if resp.will_close:
+                    self.close()
+                return out
+            except (ConnectionError, http.client.HTTPException, socket.timeout, OSError) as e:
+                self.close()
+                if attempt == 0 and method in ("GET", "HEAD") and not isinstance(e, socket.timeout):
+                    continue
+                raise ConnectionLost("%s %s: %s: %s" % (method, path, type(e).__name__, e)) from None
+        raise AssertionError("unreachable")
+
+    def _call(self, method: str, path: str, value: Any = None, expect: Tuple[int, ...] = (200,),
+              headers: Optional[Mapping[str, str]] = None) -> Response:
+        body = None if value is None else json.dumps(value)
+        r = self.request(method, path, body, headers=headers)
+        if r.status not in expect:
+            raise _error_of(r)
+        return r
+
+    def _json(self, method: str, path: str, value: Any = None,
+              expect: Tuple[int, ...] = (200,)) -> Any:
+        return self._call(method, path, value, expect).json()
+
+    # ---- health and operations ----------------------------------------------
+
+    def healthz(self) -> bool:
+        """True when the process answers."""
+        return self.request("GET", "/healthz", token=False).status == 200
+
+    def readyz(self) -> bool:
+        """True when the server takes launches (false while draining or failed)."""
+        return self.request("GET", "/readyz", token=False).status == 200
+
+    def metrics(self) -> str:
+        """The Prometheus text exposition."""
+        return self._call("GET", "/metrics").body.decode()
+
+    def openapi(self) -> str:
+        return self._call("GET", "/v1/openapi.yaml").body.decode()
+
+    def device(self) -> Device:
+        return self._json("GET", "/v1/device")
+
+    def facts(self) -> Facts:
+        return self._json("GET", "/v1/facts")
+
+    def teardown(self) -> Teardown:
+        return self._json("POST", "/v1/teardown")
+
+    # ---- sequences ----------------------------------------------------------
+
+    def create_sequence(self) -> int:
+        return self._json("POST", "/v1/sequences", expect=(201,))["seq"]
+
+    def sequence(self, seq: int) -> Sequence:
+        return self._json("GET", "/v1/sequences/%d" % seq)
+
+    def delete_sequence(self, seq: int) -> Outcome:
+        return self._json("DELETE", "/v1/sequences/%d" % seq)
+
+    # ---- steps --------------------------------------------------------------
+
+    def launch(self, plan: Plan) -> int:
+        """Queue a step; returns its ticket at once."""
+        return self._json("POST", "/v1/launch", plan, expect=(202,))["ticket"]
+
+    def await_ticket(self, ticket: int, timeout_ms: Optional[int] = None) -> StepResult:
+        """The step's result; DevioError ticket_pending (408) when timeout_ms passes first."""
+        q = "" if timeout_ms is None else "?timeout_ms=%d" % timeout_ms
+        return self._json("POST", "/v1/tickets/%d/await%s" % (ticket, q))
+
+    def step(self, plan: Plan) -> StepResult:
+        """launch and await in one round trip."""
+        return self._json("POST", "/v1/step", plan)
+
+    def tickets(self, limit: int = 50, before: Optional[int] = None,
+                since_ms: Optional[int] = None, until_ms: Optional[int] = None,
+                status: Optional[TicketStatus] = None) -> TicketHistory:
+        """One page of the history, newest first; pass the page's `next` as `before`."""
+        q = {k: v for k, v in (("limit", limit), ("before", before), ("since_ms", since_ms),
+                               ("until_ms", until_ms), ("status", status)) if v is not None}
+        return self._json("GET", "/v1/tickets?" + urlencode(q))
+
+    # ---- effects ------------------------------------------------------------
+
+    def effect(self, effect: Mapping[str, Any]) -> Outcome:
+        return self._json("POST", "/v1/effects", dict(effect))
+
+    def sample(self, logits: int, params: Optional[SampleParams] = None,
+               row: Optional[int] = None) -> Outcome:
+        e: Dict[str, Any] = {"kind": "sample", "logits": logits}
+        if params is not None:
+            e["params"] = params
+        if row is not None:
+            e["row"] = row
+        return self.effect(e)
+
+    def fork(self, seq: int) -> int:
+        """A new sequence sharing seq's blocks; returns its id."""
+        return self.effect({"kind": "fork", "seq": seq})["seq"]
+
+    def truncate(self, seq: int, length: int) -> Outcome:
+        return self.effect({"kind": "truncate", "seq": seq, "len": length})
+
+    def snapshot(self, seq: int) -> Outcome:
+        return self.effect({"kind": "snapshot", "seq": seq})
+
+    def free(self, seq: int) -> Outcome:
+        return self.effect({"kind": "free", "seq": seq})
+
+    def release_logits(self, logits: int) -> Outcome:
+        return self.effect({"kind": "release", "logits": logits})
+
+    def release_snapshots(self, seq: int) -> Outcome:
+        return self.effect({"kind": "release", "seq": seq})
+
+    # ---- logits -------------------------------------------------------------
+
+    def logits_top(self, logits: int, top: int = 5, row: int = 0) -> LogitsTop:
+        return self._json("GET", "/v1/logits/%d?top=%d&row=%d" % (logits, top, row))
+
+    def logits_raw(self, logits: int) -> bytes:
+        """Every position's row as little-endian float32, position-major."""
+        r = self._call("GET", "/v1/logits/%d" % logits,
+                       headers={"Accept": "application/octet-stream"})
+        return r.body
+
+    # ---- adapters -----------------------------------------------------------
+
+    def adapters(self) -> List[AdapterRecord]:
+        return self._json("GET", "/v1/adapters")
+
+    def adapter(self, name: str) -> AdapterRecord:
+        return self._json("GET", "/v1/adapters/" + quote(name, safe=""))
+
+    def load_adapter(self, name: str, path: str, pin: bool = False) -> AdapterRecord:
+        return self._json("PUT", "/v1/adapters/" + quote(name, safe=""),
+                          {"path": path, "pin": pin})
+
+    def unload_adapter(self, name: str) -> AdapterRecord:
+        return self._json("DELETE", "/v1/adapters/" + quote(name, safe=""))
+
+    def pin_adapter(self, name: str) -> AdapterRecord:
+        return self._json("POST", "/v1/adapters/%s/pin" % quote(name, safe=""))
+
+    def unpin_adapter(self, name: str) -> AdapterRecord:
+        return self._json("POST", "/v1/adapters/%s/unpin" % quote(name, safe=""))

@@ -1,0 +1,161 @@
+"""types.py - the wire shapes of api/openapi.yaml as typed dictionaries.
+Answers are the server's JSON as decoded; these types only name their keys for type checkers and readers."""
+from typing import List, Literal, Optional, TypedDict, Union
+
+TicketStatus = Literal["in_flight", "ok", "failed", "aborted"]
+
+
+class SampleParams(TypedDict, total=False):
+    temperature: float  # 0 is greedy
+    top_k: int          # 0 is off
+    top_p: float        # 1 is off
+    min_p: float        # 0 is off
+    seed: int
+
+
+class _RowRequired(TypedDict):
+    seq: int
+    tokens: List[int]
+
+
+class Row(_RowRequired, total=False):
+    logits: Literal["none", "last", "all"]
+    adapter: Optional[str]
+    sample: Optional[SampleParams]
+    snapshot: Optional[Literal["end", "each"]]
+
+
+class Plan(TypedDict):
+    rows: List[Row]
+
+
+class _RowResultRequired(TypedDict):
+    seq: int
+    len: int
+
+
+class RowResult(_RowResultRequired, total=False):
+    logits: int             # handle, when the row asked for logits
+    tokens: List[int]       # the sampled token, when the row had `sample`
+    logprobs: List[float]
+
+
+class Timing(TypedDict):
+    queued_us: int
+    compute_us: int
+
+
+class StepResult(TypedDict):
+    ticket: int
+    rows: List[RowResult]
+    timing: Timing
+    tokens: int
+
+
+class Sequence(TypedDict):
+    seq: int
+    len: int
+    blocks: int
+    busy: Optional[int]
+    ssm_slot: bool
+    snapshots_held: int
+    snapshots: List[int]
+
+
+class Outcome(TypedDict, total=False):
+    """One effect's answer; which keys are present depends on `kind`."""
+    kind: str
+    tokens: List[int]
+    logprobs: List[float]
+    seq: int
+    shared_blocks: int
+    len: int
+    freed_blocks: int
+    freed_snapshots: int
+
+
+class LogitsTop(TypedDict):
+    shape: List[int]
+    row: int
+    top: List[List[Union[int, float]]]
+
+
+class KvFacts(TypedDict):
+    block_size: int
+    blocks_total: int
+    blocks_free: int
+    blocks_shared: int
+
+
+class SsmFacts(TypedDict):
+    slots_total: int
+    slots_used: int
+    snapshots_total: int
+    snapshots_used: int
+
+
+class Facts(TypedDict):
+    kv: KvFacts
+    ssm: SsmFacts
+    tickets_in_flight: int
+    logits_live: int
+    adapters_loaded: int
+    epoch: int
+
+
+class Device(TypedDict):
+    version: str
+    backend: str
+    numerics: Literal["strict", "fast"]
+    device: dict
+    model: dict
+    max_depth: int
+    limits: dict
+    threads: int
+    epoch: int
+
+
+class TicketError(TypedDict):
+    code: str
+    message: str
+
+
+class TicketRecord(TypedDict):
+    id: int
+    epoch: int
+    status: TicketStatus
+    launched_ms: int
+    settled_ms: Optional[int]
+    rows: int
+    tokens: int
+    seqs: List[int]
+    queued_us: Optional[int]
+    compute_us: Optional[int]
+    error: Optional[TicketError]
+
+
+class TicketHistory(TypedDict):
+    tickets: List[TicketRecord]
+    next: Optional[int]
+
+
+class AdapterRecord(TypedDict):
+    name: str
+    path: str
+    rank: int
+    alpha: float
+    scale: float
+    targets: List[str]
+    sha256: Optional[str]
+    size: int
+    state: Literal["loaded", "unloaded", "stale", "failed"]
+    pinned: bool
+    rows_served: int
+    loaded_ms: int
+    last_used_ms: int
+    reason: Optional[str]
+
+
+class Teardown(TypedDict):
+    torn_down: bool
+    aborted: int
