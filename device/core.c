@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cpus.h"
 #include "device/core.h"
 #include "device/shape.h"
 #include "device/status.h"
@@ -64,15 +65,8 @@ void dv_lock(devio_device *d) { (void)d; }
 void dv_unlock(devio_device *d) { (void)d; }
 #endif
 
-static uint32_t default_threads(void)
-{
-#if defined(_SC_NPROCESSORS_ONLN) && !defined(DEVIO_NO_THREADS)
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (uint32_t)n : 1;
-#else
-    return 1;
-#endif
-}
+/* --threads 0: the CPUs this process may use (affinity and cgroup quota, common/cpus.h). */
+static uint32_t default_threads(void) { return devio_usable_cpus(); }
 
 /* ---- sequences and handles ------------------------------------------- */
 

@@ -16,7 +16,7 @@ const devio_opt devio_config_options[] = {
      .help = "bit-identical to the reference, or a backend's own kernels [strict]",
      .parse = parse_numerics},
     {.flag = "threads", .type = DEVIO_OPT_U32, .offset = D(threads), .metavar = "N",
-     .help = "compute threads, 0 = all cores [0]"},
+     .help = "compute threads, 0 = the CPUs this process may use (affinity, cgroup quota) [0]"},
     {.flag = "kv-blocks", .type = DEVIO_OPT_U32, .offset = D(kv_blocks), .metavar = "N",
      .help = "KV cache blocks, 0 = derived [0]"},
     {.flag = "block-size", .type = DEVIO_OPT_U32, .offset = D(block_size), .metavar = "N",

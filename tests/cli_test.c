@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/cli.h"
+#include "common/cpus.h"
 #include "common/version.h"
 #include "device/devio.h"
 #include "device/options.h"
@@ -248,6 +250,26 @@ static void test_help_and_version(void **state)
     assert_string_equal(R->out, "cli_test " DEVIO_VERSION "\n");
 }
 
+/* --threads 0's CPU count: cgroup quota texts, v2 and v1, and the live process's count. */
+static void test_cpu_quota(void **state)
+{
+    (void)state;
+    assert_int_equal(devio_cpus_of_cpu_max("max 100000\n"), 0);
+    assert_int_equal(devio_cpus_of_cpu_max("200000 100000\n"), 2);
+    assert_int_equal(devio_cpus_of_cpu_max("150000 100000"), 2); /* 1.5 CPUs: 2 threads */
+    assert_int_equal(devio_cpus_of_cpu_max("50000 100000"), 1);
+    assert_int_equal(devio_cpus_of_cpu_max("x 100000"), 0);
+    assert_int_equal(devio_cpus_of_cpu_max("100000"), 0);
+    assert_int_equal(devio_cpus_of_cpu_max(""), 0);
+    assert_int_equal(devio_cpus_of_cfs("-1\n", "100000\n"), 0);
+    assert_int_equal(devio_cpus_of_cfs("400000\n", "100000\n"), 4);
+    assert_int_equal(devio_cpus_of_cfs("400000", "0"), 0);
+    assert_int_equal(devio_cpus_of_cfs("4x", "100000"), 0);
+    uint32_t n = devio_usable_cpus();
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    assert_true(n >= 1 && (online <= 0 || n <= (uint32_t)online));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -256,6 +278,7 @@ int main(void)
         cmocka_unit_test(test_env_twins),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_help_and_version),
+        cmocka_unit_test(test_cpu_quota),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
