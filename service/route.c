@@ -47,8 +47,11 @@ bool devio_route_path_match(const char *tmpl, const char *url, devio_route_param
         if (!next_segment(&u, &us, &ul))
             return false;
         if (is(ts, tl, "{id}")) {
-            if (!devio_route_parse_id(us, ul, &got.id))
-                return false;
+            /* Any segment takes the {id} place, so that "/v1/sequences/1x" is a
+             * bad id on a known route rather than no route at all. */
+            got.id_text = us;
+            got.id_len = ul;
+            got.id_bad = !devio_route_parse_id(us, ul, &got.id);
         } else if (is(ts, tl, "{name}")) {
             got.name = us;
             got.name_len = ul;

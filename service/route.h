@@ -31,6 +31,9 @@ typedef enum devio_route_body {
 /* The values a path template captured. */
 typedef struct devio_route_params {
     uint64_t id;      /* {id}: a decimal integer, at most INT64_MAX */
+    bool id_bad;      /* the {id} segment is not such an integer (answered 400, not 404) */
+    const char *id_text; /* {id}: the segment as sent, borrowed, NOT NUL-terminated */
+    size_t id_len;
     const char *name; /* {name}: one path segment, borrowed from the URL, NOT NUL-terminated */
     size_t name_len;
 } devio_route_params;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -160,6 +161,11 @@ static devio_status parse_body(const devio_server *s, const req *q, json_t **out
                           s->cfg.max_json_depth);
     json_error_t je;
     *out = json_loadb(q->body, q->len, JSON_REJECT_DUPLICATES, &je);
+    if (!*out && json_error_code(&je) == json_error_numeric_overflow)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "number out of range at line %d column %d: integers must lie in "
+                          "[-9223372036854775808, 9223372036854775807] (%s)",
+                          je.line, je.column, je.text);
     if (!*out)
         return devio_fail(err, DEVIO_E_INVALID, "malformed JSON at line %d column %d: %s",
                           je.line, je.column, je.text);
@@ -169,10 +175,14 @@ static devio_status parse_body(const devio_server *s, const req *q, json_t **out
 /* Constant-time comparison of the presented bearer token. */
 static bool token_ok(const devio_server *s, const char *header)
 {
-    static const char prefix[] = "Bearer ";
-    if (!header || strncmp(header, prefix, sizeof prefix - 1) != 0)
+    /* The scheme is case-insensitive (RFC 9110, 11.1), then one or more spaces. */
+    static const char scheme[] = "Bearer";
+    if (!header || strncasecmp(header, scheme, sizeof scheme - 1) != 0 ||
+        header[sizeof scheme - 1] != ' ')
         return false;
-    const char *t = header + sizeof prefix - 1;
+    const char *t = header + sizeof scheme - 1;
+    while (*t == ' ')
+        t++;
     size_t n = strlen(t);
     unsigned char diff = (unsigned char)(n != s->token_len);
     for (size_t i = 0; i < s->token_len; i++)
@@ -208,6 +218,12 @@ static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const ch
     if (!q->route)
         return devio_fail(err, DEVIO_E_METHOD, "method not allowed on %s", url);
     *label = q->route->path;
+    if (q->params.id_bad)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "'%.*s' is not an id: ids are decimal integers from 0 to "
+                          "9223372036854775807",
+                          (int)(q->params.id_len > 64 ? 64 : q->params.id_len),
+                          q->params.id_text);
     if (q->route->refused_while_draining && atomic_load(&s->draining)) {
         r->close = true;
         return devio_fail(err, DEVIO_E_NOT_READY, "server is draining; launch elsewhere");

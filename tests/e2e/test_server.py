@@ -133,13 +133,43 @@ def test_health_ready_and_openapi(srv, c):
 
 
 def test_unknown_routes_404(c):
-    for path in ("/", "/v2/facts", "/v1", "/v1/nothing", "/v1/sequences/abc",
-                 "/v1/sequences/12345678901234567890", "/v1/sequences/1/extra",
-                 "/v1/tickets/1/await/more", "/v1/tickets/1", "/v1/logits/x",
+    for path in ("/", "/v2/facts", "/v1", "/v1/nothing", "/v1/sequences/1/extra",
+                 "/v1/tickets/1/await/more", "/v1/tickets/1",
                  "/healthz/x", "/v1/facts/1", "/v1/a/b/c/d/e/f/g"):
         for method in ("GET", "POST"):
             a = c.call(method, path, expect=404, code="not_found")
             assert a.details == {}
+
+
+def test_bad_ids_400(c):
+    """Something that is no id in an id's place is a bad request on a known route, not 404."""
+    for method, path in (("GET", "/v1/sequences/abc"), ("DELETE", "/v1/sequences/-1"),
+                         ("GET", "/v1/sequences/12345678901234567890"),
+                         ("GET", "/v1/sequences/9223372036854775808"),
+                         ("GET", "/v1/sequences/18446744073709551616"),
+                         ("POST", "/v1/tickets/1x/await"), ("GET", "/v1/logits/x")):
+        a = c.call(method, path, expect=400, code="invalid_input")
+        assert "is not an id" in a.json["error"]["message"], a
+    c.call("GET", "/v1/sequences/9223372036854775807", expect=404, code="unknown_seq")
+    c.call("POST", "/v1/sequences/abc", expect=405, code="method_not_allowed")
+
+
+def test_numbers_out_of_range(c):
+    a = c.call("POST", "/v1/launch", raw='{"rows":[{"seq":99999999999999999999,"tokens":[1]}]}',
+               expect=400, code="invalid_input")
+    assert "out of range" in a.json["error"]["message"], a
+    a = c.call("POST", "/v1/launch", raw='{"rows":[{"seq":1e20,"tokens":[1]}]}',
+               expect=400, code="invalid_input")
+    assert "'seq'" in a.json["error"]["message"], a
+
+
+def test_bearer_scheme_any_case(servers, tiny_model):
+    srv = servers.start(tiny_model, env={"DEVIO_TOKEN": "tok"}, token="tok")
+    c = srv.client(token=False)
+    for h in ("Bearer tok", "bearer tok", "BEARER  tok"):
+        c.call("GET", "/v1/facts", headers={"Authorization": h})
+    for h in ("Bearer", "Bearertok", "Basic tok", "bearer tok2"):
+        c.call("GET", "/v1/facts", headers={"Authorization": h}, expect=401, code="unauthorized")
 
 
 def test_method_not_allowed_405(c):
@@ -944,8 +974,10 @@ def auth_checks(sv, token, health_open=True):
             none.call(method, path, expect=401, code="unauthorized")
             wrong.call(method, path, expect=401, code="unauthorized")
         good.call(method, path)
-    # Lowercase scheme, extra spaces, other schemes: refused.
-    for h in ("bearer " + token, "Bearer  " + token, "Basic " + token, token, "Bearer"):
+    # The scheme in any case and extra spaces are accepted (RFC 9110); other schemes refused.
+    for h in ("bearer " + token, "Bearer  " + token):
+        none.call("GET", "/v1/facts", headers={"Authorization": h})
+    for h in ("Basic " + token, token, "Bearer", "Bearer" + token):
         none.call("GET", "/v1/facts", headers={"Authorization": h}, expect=401, code="unauthorized")
     s = good.create()
     good.step(plan(row(s, [1])))
