@@ -33,6 +33,9 @@ DEB_PACKAGES=(
     libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev
     python3 python3-pip curl
     clang lld wasi-libc libclang-rt-14-dev-wasm32 llvm-14 debian-archive-keyring
+    # promtool, which checks /metrics and deploy/prometheus/ (tests/e2e/test_metrics.py),
+    # comes only with Debian's Prometheus server package; the server is never started.
+    prometheus
 )
 
 log() { printf 'devio: %s\n' "$*" >&2; }

@@ -1,4 +1,4 @@
-/* metrics.h - counters devio-server exports in Prometheus text format.
+/* metrics.h - counters and histograms devio-server exports in Prometheus text format.
  * Thread-safe under one mutex; never touches the device or the store. */
 #ifndef DEVIO_METRICS_H
 #define DEVIO_METRICS_H
@@ -10,7 +10,24 @@
 #include "device/devio.h"
 
 #define DEVIO_METRICS_ROUTES 32
-#define DEVIO_METRICS_BUCKETS 12
+#define DEVIO_HIST_MAX 16     /* upper bounds a histogram may have (+Inf not counted) */
+#define DEVIO_METRICS_PENDING 64 /* the core's largest max_depth: tickets launched, not awaited */
+
+/* One Prometheus histogram over fixed upper bounds; every histogram of the
+ * server is one of these. Counts are per bucket (made cumulative when
+ * rendered); bucket[n_le] counts values above every bound. */
+typedef struct devio_hist {
+    const double *le; /* static, ascending */
+    uint32_t n_le;    /* <= DEVIO_HIST_MAX */
+    uint64_t bucket[DEVIO_HIST_MAX + 1];
+    double sum;
+    uint64_t count;
+} devio_hist;
+
+/* A histogram over the static bounds le[0..n_le-1], all counts 0. */
+devio_hist devio_hist_make(const double *le, uint32_t n_le);
+/* Count v in the first bucket whose bound is >= v (Prometheus's le). */
+void devio_hist_observe(devio_hist *h, double v);
 
 typedef struct devio_metrics_http_count {
     const char *route; /* static string, a route template */
@@ -18,23 +35,51 @@ typedef struct devio_metrics_http_count {
     uint64_t n;
 } devio_metrics_http_count;
 
+typedef struct devio_metrics_http_route {
+    const char *route; /* static string, a route template */
+    devio_hist seconds;
+} devio_metrics_http_route;
+
+/* A launched ticket's tokens by row shape, kept until it settles. */
+typedef struct devio_metrics_pending {
+    uint64_t ticket; /* 0 = free */
+    uint64_t prefill, decode;
+} devio_metrics_pending;
+
 typedef struct devio_metrics {
     pthread_mutex_t mu;
     uint64_t tickets_launched, tickets_ok, tickets_failed, tickets_aborted;
-    uint64_t tokens;
-    uint64_t step_bucket[DEVIO_METRICS_BUCKETS + 1]; /* compute_us histogram, last = +Inf */
-    double step_sum_s;
-    uint64_t step_count;
+    uint64_t tokens_prefill, tokens_decode;              /* of steps settled ok */
+    uint64_t tokens_sampled_step, tokens_sampled_effect; /* sampled tokens handed out */
+    devio_hist step_seconds;  /* compute_us of steps settled ok */
+    devio_hist queue_seconds; /* queued_us of steps settled ok */
+    devio_hist batch_rows;    /* rows per step settled ok */
+    devio_hist batch_tokens;  /* tokens per step settled ok */
+    devio_metrics_pending pending[DEVIO_METRICS_PENDING];
     devio_metrics_http_count http[DEVIO_METRICS_ROUTES * 8];
     uint32_t n_http;
+    devio_metrics_http_route http_route[DEVIO_METRICS_ROUTES];
+    uint32_t n_http_route;
+    char backend[32]; /* devio_build_info's backend label; "" until set */
 } devio_metrics;
 
 void devio_metrics_init(devio_metrics *m);
 void devio_metrics_fini(devio_metrics *m);
-void devio_metrics_http(devio_metrics *m, const char *route, unsigned code);
-void devio_metrics_step(devio_metrics *m, uint64_t compute_us, uint32_t tokens, bool ok);
-void devio_metrics_launched(devio_metrics *m);
+/* The backend running (devio_device_info.backend), for devio_build_info. */
+void devio_metrics_set_backend(devio_metrics *m, const char *backend);
+/* One answer: its route label, status code and the seconds from the
+ * request's first access-handler call to its response being queued. */
+void devio_metrics_http(devio_metrics *m, const char *route, unsigned code, double seconds);
+/* A launch the device took: counts it and keeps its tokens by row shape
+ * (a row of one token is decode, a longer row prefill) until it settles. */
+void devio_metrics_launched(devio_metrics *m, uint64_t ticket, const devio_plan *plan);
+/* An await that settled `ticket`: r is the result when it settled ok, NULL
+ * when it failed. */
+void devio_metrics_settled(devio_metrics *m, uint64_t ticket, const devio_step_result *r);
+/* n tickets aborted at teardown: every ticket in flight. */
 void devio_metrics_aborted(devio_metrics *m, uint32_t n);
+/* n tokens sampled by a sample effect. */
+void devio_metrics_sampled(devio_metrics *m, uint32_t n);
 
 /* The adapter families, read from the device at render time. */
 typedef struct devio_metrics_adapters {
@@ -44,10 +89,11 @@ typedef struct devio_metrics_adapters {
                                        devio_adapter_rows_served_total{adapter} */
 } devio_metrics_adapters;
 
-/* Render everything plus the device gauges and the adapter families (facts
- * and adapters may be NULL after teardown; then those are left out).
+/* Render everything plus the device gauges, the adapter families, the
+ * process families and devio_ready (what /readyz answers: `ready`). Facts
+ * and adapters may be NULL after teardown; then those are left out.
  * Returns a malloc'd NUL-terminated text; caller frees. */
 char *devio_metrics_render(devio_metrics *m, const devio_facts *facts,
-                           const devio_metrics_adapters *adapters);
+                           const devio_metrics_adapters *adapters, bool ready);
 
 #endif

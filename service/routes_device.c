@@ -55,12 +55,14 @@ static devio_status seq_info(devio_server *s, const devio_request *rq, devio_dev
     return st;
 }
 
-static devio_status outcome_of(devio_device *dev, const devio_effect *e, json_t **j,
-                               devio_error *err)
+static devio_status outcome_of(devio_server *s, devio_device *dev, const devio_effect *e,
+                               json_t **j, devio_error *err)
 {
     devio_outcome o;
     devio_status st = devio_apply(dev, e, &o, err);
     if (st == DEVIO_OK) {
+        if (e->kind == DEVIO_EFFECT_SAMPLE)
+            devio_metrics_sampled(&s->metrics, o.n_tokens);
         *j = devio_json_outcome(e, &o);
         devio_outcome_free(&o);
     }
@@ -71,18 +73,16 @@ static devio_status outcome_of(devio_device *dev, const devio_effect *e, json_t 
 static devio_status seq_freed(devio_server *s, const devio_request *rq, devio_device *dev,
                               json_t **j, devio_error *err)
 {
-    (void)s;
     devio_effect e = {.kind = DEVIO_EFFECT_FREE, .seq = rq->params.id};
-    return outcome_of(dev, &e, j, err);
+    return outcome_of(s, dev, &e, j, err);
 }
 
 static devio_status effect_applied(devio_server *s, const devio_request *rq, devio_device *dev,
                                    json_t **j, devio_error *err)
 {
-    (void)s;
     devio_effect e;
     devio_status st = devio_json_effect_decode(rq->body, &e, err);
-    return st == DEVIO_OK ? outcome_of(dev, &e, j, err) : st;
+    return st == DEVIO_OK ? outcome_of(s, dev, &e, j, err) : st;
 }
 
 static devio_status facts(devio_server *s, const devio_request *rq, devio_device *dev,

@@ -19,21 +19,30 @@ devio_status devio_route_healthz(devio_server *s, const devio_request *rq, devio
     return devio_reply_json(out, 200, json_pack("{s:s}", "status", "ok"), err);
 }
 
+/* What /readyz answers and devio_ready exports: serving, on a device whose
+ * backend has not failed for good (a CUDA error). info->failure says why not. */
+static bool ready_now(devio_server *s, devio_device_info *info)
+{
+    memset(info, 0, sizeof *info);
+    if (!atomic_load(&s->ready))
+        return false;
+    devio_device *dev;
+    if (devio_server_hold(s, &dev, NULL) == DEVIO_OK) {
+        devio_device_info_get(dev, info);
+        devio_server_release(s);
+    }
+    return info->failure[0] == '\0';
+}
+
 devio_status devio_route_readyz(devio_server *s, const devio_request *rq, devio_reply *out,
                                 devio_error *err)
 {
     (void)rq;
-    if (!atomic_load(&s->ready))
-        return devio_fail(err, DEVIO_E_NOT_READY, "not serving");
-    /* A device whose backend failed for good (a CUDA error) takes no traffic. */
-    devio_device *dev;
-    devio_device_info info = {0};
-    if (devio_server_hold(s, &dev, NULL) == DEVIO_OK) {
-        devio_device_info_get(dev, &info);
-        devio_server_release(s);
-    }
-    if (info.failure[0])
-        return devio_fail(err, DEVIO_E_NOT_READY, "the device failed: %s", info.failure);
+    devio_device_info info;
+    if (!ready_now(s, &info))
+        return info.failure[0]
+                   ? devio_fail(err, DEVIO_E_NOT_READY, "the device failed: %s", info.failure)
+                   : devio_fail(err, DEVIO_E_NOT_READY, "not serving");
     return devio_reply_json(out, 200, json_pack("{s:s}", "status", "ready"), err);
 }
 
@@ -46,6 +55,8 @@ devio_status devio_route_metrics(devio_server *s, const devio_request *rq, devio
     devio_lora_ack live = {0};
     devio_metrics_adapters ma = {0};
     devio_error down = {0};
+    devio_device_info info;
+    bool ready = ready_now(s, &info);
     bool up = devio_server_hold(s, &dev, &down) == DEVIO_OK;
     if (up) {
         f = devio_facts_get(dev);
@@ -58,7 +69,7 @@ devio_status devio_route_metrics(devio_server *s, const devio_request *rq, devio
         ma.capacity = devio_config_of(dev)->max_loras;
         devio_server_release(s);
     }
-    char *text = devio_metrics_render(&s->metrics, up ? &f : NULL, up ? &ma : NULL);
+    char *text = devio_metrics_render(&s->metrics, up ? &f : NULL, up ? &ma : NULL, ready);
     devio_lora_ack_free(&live);
     if (!text)
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory rendering the metrics");

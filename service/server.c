@@ -13,6 +13,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
+#include "common/clock.h"
 #include "device/backend.h"
 #include "device/status.h"
 #include "ref/builtin.h"
@@ -88,6 +89,7 @@ typedef struct req {
     size_t len, cap;            /* len counts dropped bodies too, for the limit */
     bool too_large;
     devio_wait wait;            /* an await's place among the parked ones (await_waits.h) */
+    uint64_t start_us;          /* the first access-handler call, for the latency metric */
 } req;
 
 /* ---- the device, shared by the routes ---------------------------------------- */
@@ -270,7 +272,7 @@ static enum MHD_Result take_upload(const devio_server *s, req *q, const char *up
 }
 
 static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, devio_reply *r,
-                                  const char *label)
+                                  const char *label, uint64_t start_us)
 {
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_FREE);
@@ -285,7 +287,8 @@ static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, dev
         MHD_add_response_header(resp, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, r->code, resp);
     MHD_destroy_response(resp);
-    devio_metrics_http(&s->metrics, label, r->code);
+    devio_metrics_http(&s->metrics, label, r->code,
+                       (double)(devio_clock_us() - start_us) / 1e6);
     return ret;
 }
 
@@ -300,6 +303,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q = calloc(1, sizeof *q);
         if (!q)
             return MHD_NO;
+        q->start_us = devio_clock_us();
         q->route = devio_route_find(routes, sizeof routes / sizeof *routes, method, url,
                                     &q->params, &q->on_path);
         q->keep_body = q->route && q->route->body == DEVIO_ROUTE_JSON_BODY;
@@ -326,7 +330,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         devio_fail(&err, DEVIO_E_NOMEM, "no reply");
         devio_reply_error(&r, &err);
     }
-    return send_reply(s, c, &r, label);
+    return send_reply(s, c, &r, label, q->start_us);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
@@ -446,6 +450,11 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         dc.on_settled_ctx = &s->waits;
         dc.adapters_root = cfg->adapters;
         st = devio_open(s->model, ops, &dc, &s->dev, err);
+    }
+    if (st == DEVIO_OK) {
+        devio_device_info di = {0};
+        devio_device_info_get(s->dev, &di);
+        devio_metrics_set_backend(&s->metrics, di.backend);
     }
     /* Before listening: the adapters recorded as loaded are loaded again, so
      * the first request sees the same table the last process had. */

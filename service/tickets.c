@@ -21,7 +21,7 @@ devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
     devio_status st = devio_launch(dev, plan, ticket, err);
     if (st != DEVIO_OK)
         return st;
-    devio_metrics_launched(t->metrics);
+    devio_metrics_launched(t->metrics, *ticket, plan);
     devio_ticket_record rec = {.id = *ticket, .status = "in_flight",
                                .launched_ms = devio_unix_ms(), .rows = plan->n_rows};
     /* Without memory for the ids the row is still written, with no seqs. */
@@ -50,12 +50,12 @@ devio_status devio_tickets_await(const devio_tickets *t, devio_device *dev, uint
         rec.status = "ok";
         rec.queued_us = out->queued_us;
         rec.compute_us = out->compute_us;
-        devio_metrics_step(t->metrics, out->compute_us, out->n_tokens, true);
+        devio_metrics_settled(t->metrics, ticket, out);
     } else {
         rec.status = "failed";
         rec.error_code = devio_status_str(st);
         rec.error_message = err ? err->message : "";
-        devio_metrics_step(t->metrics, 0, 0, false);
+        devio_metrics_settled(t->metrics, ticket, NULL);
     }
     wait_logged(t, devio_store_ticket_settled(t->store, &rec), ticket);
     return st;

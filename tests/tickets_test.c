@@ -96,7 +96,9 @@ static void test_launch_await_rows_and_metrics(void **state)
     assert_int_equal(p.rows[0].compute_us, r.compute_us);
     devio_ticket_page_free(&p);
     assert_int_equal(c->metrics.tickets_ok, 1);
-    assert_int_equal(c->metrics.tokens, r.n_tokens);
+    assert_int_equal(c->metrics.tokens_prefill, r.n_tokens); /* rows of 3 and 2 tokens */
+    assert_int_equal(c->metrics.tokens_decode, 0);
+    assert_int_equal(c->metrics.step_seconds.count, 1);
     devio_step_result_free(&r);
 
     /* A second await changes nothing: consumed, no row, no metric. */

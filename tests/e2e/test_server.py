@@ -890,11 +890,12 @@ def test_ticket_history(servers, tiny_model):
 
 def test_metrics(c):
     m0, types = parse_metrics(c.metrics())
-    for fam, kind in (("devio_tickets_total", "counter"), ("devio_tokens_processed_total", "counter"),
+    for fam, kind in (("devio_tickets_launched_total", "counter"),
+                      ("devio_tickets_settled_total", "counter"), ("devio_tokens_processed_total", "counter"),
                       ("devio_step_seconds", "histogram"), ("devio_http_requests_total", "counter"),
-                      ("devio_kv_blocks_total", "gauge"), ("devio_kv_blocks_free", "gauge"),
-                      ("devio_kv_blocks_shared", "gauge"), ("devio_ssm_slots_total", "gauge"),
-                      ("devio_ssm_slots_used", "gauge"), ("devio_ssm_snapshots_total", "gauge"),
+                      ("devio_kv_blocks_capacity", "gauge"), ("devio_kv_blocks_free", "gauge"),
+                      ("devio_kv_blocks_shared", "gauge"), ("devio_ssm_slots_capacity", "gauge"),
+                      ("devio_ssm_slots_used", "gauge"), ("devio_ssm_snapshots_capacity", "gauge"),
                       ("devio_ssm_snapshots_used", "gauge"), ("devio_tickets_in_flight", "gauge"),
                       ("devio_logits_live", "gauge"), ("devio_adapters_loaded", "gauge"),
                       ("devio_epoch", "gauge"), ("devio_up", "gauge")):
@@ -907,9 +908,9 @@ def test_metrics(c):
     def delta(name, **lab):
         return (metric(m1, name, **lab) or 0) - (metric(m0, name, **lab) or 0)
 
-    assert delta("devio_tickets_total", status="launched") == 1
-    assert delta("devio_tickets_total", status="ok") == 1
-    assert delta("devio_tokens_processed_total") == 6
+    assert delta("devio_tickets_launched_total") == 1
+    assert delta("devio_tickets_settled_total", status="ok") == 1
+    assert delta("devio_tokens_processed_total", kind="prefill") == 6
     assert delta("devio_step_seconds_count") == 1
     assert delta("devio_http_requests_total", route="/v1/step", code="200") == 1
     assert delta("devio_http_requests_total", route="/v1/sequences/{id}", code="404") == 1
@@ -1089,8 +1090,8 @@ def test_teardown(servers, tiny_model):
     m1, _ = parse_metrics(c.metrics())
     assert metric(m1, "devio_up") == 0
     assert metric(m1, "devio_kv_blocks_free") is None and metric(m1, "devio_epoch") is None
-    assert (metric(m1, "devio_tickets_total", status="aborted") or 0) - \
-        (metric(m0, "devio_tickets_total", status="aborted") or 0) == 1
+    assert (metric(m1, "devio_tickets_settled_total", status="aborted") or 0) - \
+        (metric(m0, "devio_tickets_settled_total", status="aborted") or 0) == 1
     assert sv.stop() == 0
     assert db_rows(sv.db, "SELECT count(*) FROM tickets WHERE status='in_flight'") == [(0,)]
 
