@@ -81,7 +81,7 @@ static void put_label(FILE *o, const char *v)
 }
 
 char *devio_metrics_render(devio_metrics *m, const devio_facts *f,
-                           const devio_metrics_adapters *ad)
+                           const devio_metrics_adapters *ad, const devio_metrics_store *st)
 {
     char *buf = NULL;
     size_t len = 0;
@@ -158,6 +158,18 @@ char *devio_metrics_render(devio_metrics *m, const devio_facts *f,
             fprintf(o, "\"} %llu\n", (unsigned long long)ad->live[i].rows_served);
         }
     }
+    if (st)
+        fprintf(o, "# HELP devio_store_errors_total Ticket store writes that failed.\n"
+                   "# TYPE devio_store_errors_total counter\ndevio_store_errors_total %llu\n"
+                   "# HELP devio_store_last_success_timestamp_seconds Unix time of the ticket "
+                   "store's last commit.\n"
+                   "# TYPE devio_store_last_success_timestamp_seconds gauge\n"
+                   "devio_store_last_success_timestamp_seconds %.3f\n"
+                   "# HELP devio_store_writable 1 while the ticket store commits writes, 0 while "
+                   "they fail.\n"
+                   "# TYPE devio_store_writable gauge\ndevio_store_writable %d\n",
+                (unsigned long long)st->errors, (double)st->last_success_ms / 1000.0,
+                st->writable ? 1 : 0);
     fprintf(o, "# HELP devio_up 1 while the device serves, 0 after teardown.\n"
                "# TYPE devio_up gauge\ndevio_up %d\n",
             f ? 1 : 0);

@@ -34,6 +34,13 @@ devio_status devio_route_readyz(devio_server *s, const devio_request *rq, devio_
     }
     if (info.failure[0])
         return devio_fail(err, DEVIO_E_NOT_READY, "the device failed: %s", info.failure);
+    /* Launches are refused while the history cannot be written; the store's
+     * heartbeat makes it ready again once a write commits. */
+    devio_store_health h;
+    devio_store_health_get(s->store, &h);
+    if (!h.writable)
+        return devio_fail(err, DEVIO_E_NOT_READY, "the ticket history cannot be written: %s",
+                          h.reason);
     return devio_reply_json(out, 200, json_pack("{s:s}", "status", "ready"), err);
 }
 
@@ -58,7 +65,11 @@ devio_status devio_route_metrics(devio_server *s, const devio_request *rq, devio
         ma.capacity = devio_config_of(dev)->max_loras;
         devio_server_release(s);
     }
-    char *text = devio_metrics_render(&s->metrics, up ? &f : NULL, up ? &ma : NULL);
+    devio_store_health h;
+    devio_store_health_get(s->store, &h);
+    devio_metrics_store ms = {.writable = h.writable, .errors = h.errors,
+                              .last_success_ms = h.last_success_ms};
+    char *text = devio_metrics_render(&s->metrics, up ? &f : NULL, up ? &ma : NULL, &ms);
     devio_lora_ack_free(&live);
     if (!text)
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory rendering the metrics");
