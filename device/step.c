@@ -244,6 +244,8 @@ void devio_await_end(devio_device *d, uint64_t ticket, bool consume)
     /* Awaits that found it held may be parked: they look again now. */
     if (tell && d->cfg.on_settled && d->worker_started)
         d->cfg.on_settled(d->cfg.on_settled_ctx, ticket);
+#else
+    (void)tell;
 #endif
 }
 
