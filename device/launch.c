@@ -1,5 +1,5 @@
-/* launch.c - devio_launch: validate a plan, reserve what it needs, lay out the batch, submit it.
- * A plan is refused whole before anything changes; a submit the backend refuses is undone exactly. */
+/* launch.c - devio_launch as reserve (validate a plan, take what it needs and its id, lay out the batch) then commit (submit it).
+ * A plan is refused whole before anything changes; a cancelled reservation or a submit the backend refuses is undone exactly. */
 #include <stdio.h>
 #include <string.h>
 

@@ -71,7 +71,7 @@ uint64_t devio_store_ticket_settled(devio_store *s, const devio_ticket_record *r
 uint64_t devio_store_abort_in_flight(devio_store *s, const char *reason);
 
 /* Block until write `n` is committed (0 returns at once). DEVIO_E_IO when
- * the write failed; the failure is also logged to stderr once. */
+ * the write failed; the store logs failures itself, rate-limited (store_health.c). */
 devio_status devio_store_wait(devio_store *s, uint64_t n, devio_error *err);
 
 /* ---- health (store_health.c) ---------------------------------------------- */

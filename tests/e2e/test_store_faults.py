@@ -237,11 +237,11 @@ def test_start_on_unwritable_db(bins, tiny_model, tmp_path):
     d = tmp_path / "isdir.db"
     d.mkdir()
     rc, err = start_fails(bins, tiny_model, d, tmp_path)
-    assert rc != 0
+    assert rc == 1
     assert str(d) in err and "the path is a directory" in err, err
 
     rc, err = start_fails(bins, tiny_model, tmp_path / "no" / "such" / "x.db", tmp_path)
-    assert rc != 0
+    assert rc == 1
     assert "x.db" in err and "No such file or directory" in err, err
 
     immutable_or_skip(tmp_path)
@@ -256,7 +256,7 @@ def test_start_on_unwritable_db(bins, tiny_model, tmp_path):
         rc, err = start_fails(bins, tiny_model, f, tmp_path)
     finally:
         chattr("-i", f)
-    assert rc != 0
+    assert rc == 1
     assert str(f) in err and "the file is not writable" in err, err
     # A directory where the WAL files cannot be created.
     wd = tmp_path / "rodir"
@@ -267,5 +267,5 @@ def test_start_on_unwritable_db(bins, tiny_model, tmp_path):
         rc, err = start_fails(bins, tiny_model, wd / "h.db", tmp_path)
     finally:
         chattr("-i", wd)
-    assert rc != 0
+    assert rc == 1
     assert str(wd / "h.db") in err and "is not writable" in err, err
