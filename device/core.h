@@ -57,7 +57,12 @@ typedef struct dv_trow {
     uint32_t n_snaps;     /* snapshots the row takes: ticket snap_slots[tok_start ..] */
 } dv_trow;
 
-typedef enum { DV_T_FREE = 0, DV_T_SUBMITTED, DV_T_DONE } dv_tstate;
+/* A ticket's life: FREE -> RESERVED (devio_launch_reserve: everything taken,
+ * nothing submitted) -> SUBMITTED (devio_launch_commit; or back to FREE by
+ * devio_launch_cancel) -> DONE (the step settled) -> HELD (devio_await_begin
+ * gave its result to one caller) -> FREE (devio_await_end consumed it; or
+ * back to DONE, still awaitable). */
+typedef enum { DV_T_FREE = 0, DV_T_RESERVED, DV_T_SUBMITTED, DV_T_DONE, DV_T_HELD } dv_tstate;
 
 /* One ticket slot; max_depth of them, every array sized at open. */
 typedef struct dv_ticket {
@@ -74,6 +79,7 @@ typedef struct dv_ticket {
     int32_t *snap_slots;        /* max_batch_tokens: each row's snapshot slots at its tok_start */
     uint32_t sample_slot0;      /* first of this ticket's max_rows scratch logits slots */
     bool device_sampled;        /* the backend's sample slot took the batch's samples */
+    bool held_seen;             /* another await found it HELD: tell the waits when it ends */
     devio_batch batch;
     devio_status status;
     devio_error err;
@@ -112,7 +118,8 @@ struct devio_device {
     dv_ticket *tickets;     /* max_depth slots */
     uint32_t *queue;        /* FIFO of submitted slot indices, max_depth */
     uint32_t q_head, q_len;
-    uint32_t in_flight;     /* launched, not yet awaited */
+    uint32_t in_flight;     /* reserved or launched, not yet awaited */
+    uint32_t n_reserved;    /* RESERVED tickets: dv_drain waits for them too */
     uint64_t next_ticket_id;
     uint64_t last_end;      /* when the previous step settled (monotonic us) */
 
@@ -146,7 +153,8 @@ struct devio_device {
 void dv_lock(devio_device *d);
 void dv_unlock(devio_device *d);
 
-/* Wait until every launched step has settled (steps still unawaited are fine). */
+/* Wait until every launched step has settled (steps still unawaited are fine)
+ * and no ticket is reserved (its plan may use what the caller is about to change). */
 void dv_drain(devio_device *d);
 
 /* Settle the oldest submitted step; the lock is dropped during the backend wait. */

@@ -52,6 +52,7 @@ typedef enum devio_status {
     DEVIO_E_NOT_FOUND,        /* no such route (404) */
     DEVIO_E_METHOD,           /* route exists, method does not (405) */
     DEVIO_E_NOT_READY,        /* starting or shutting down (503) */
+    DEVIO_E_STORE_UNAVAILABLE,/* the ticket history cannot be written: nothing was done (503) */
     DEVIO_STATUS_COUNT
 } devio_status;
 
@@ -327,6 +328,36 @@ devio_status devio_launch(devio_device *d, const devio_plan *plan, uint64_t *tic
  * leaves the ticket in flight. */
 devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
                          devio_step_result *out, devio_error *err);
+
+/* devio_launch in two halves, so that a caller can make the ticket durable
+ * (its history row) between them without holding the device:
+ * - reserve validates the plan and takes everything it needs and its ticket
+ *   id, exactly as devio_launch, but submits nothing. The reserved ticket
+ *   counts toward max_depth, makes its sequences busy, cannot be awaited
+ *   (unknown_ticket), and holds back calls that wait for launched steps to
+ *   run (effects, LoRA commands, teardown) until it is committed or cancelled.
+ * - commit submits it; when the backend refuses, the reservation is undone
+ *   and the backend's status returned (the id stays used).
+ * - cancel undoes the reservation as if the launch had been refused; the
+ *   sequences, blocks, handles and slots are as before the reserve. Its id
+ *   is never handed out again.
+ * Every successful reserve is followed, soon and from any thread, by exactly
+ * one commit or cancel. */
+devio_status devio_launch_reserve(devio_device *d, const devio_plan *plan, uint64_t *ticket,
+                                  devio_error *err);
+devio_status devio_launch_commit(devio_device *d, uint64_t ticket, devio_error *err);
+void devio_launch_cancel(devio_device *d, uint64_t ticket);
+
+/* devio_await in two halves, so that a caller can make the result durable
+ * before the ticket ends: begin waits as devio_await and, once the ticket has
+ * settled, gives this caller its result (or the step's failure and err)
+ * without ending it: *held is then true and other awaits of the ticket wait
+ * (or time out pending). end(consume = true) ends the ticket as devio_await
+ * would have; end(consume = false) leaves it settled and awaitable again (the
+ * caller frees the result it got). Call end exactly once when *held. */
+devio_status devio_await_begin(devio_device *d, uint64_t ticket, int64_t timeout_ms,
+                               devio_step_result *out, bool *held, devio_error *err);
+void devio_await_end(devio_device *d, uint64_t ticket, bool consume);
 
 /* Apply one effect after every launched step has run. All or nothing. */
 devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *out,

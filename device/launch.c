@@ -1,5 +1,5 @@
-/* launch.c - devio_launch: validate a plan, reserve what it needs, lay out the batch, submit it.
- * A plan is refused whole before anything changes; a submit the backend refuses is undone exactly. */
+/* launch.c - devio_launch as reserve (validate a plan, take what it needs and its id, lay out the batch) then commit (submit it).
+ * A plan is refused whole before anything changes; a cancelled reservation or a submit the backend refuses is undone exactly. */
 #include <stdio.h>
 #include <string.h>
 
@@ -296,8 +296,8 @@ static devio_status submit(devio_device *d, dv_ticket *t, devio_error *err)
     return s;
 }
 
-devio_status devio_launch(devio_device *d, const devio_plan *plan, uint64_t *ticket,
-                          devio_error *err)
+devio_status devio_launch_reserve(devio_device *d, const devio_plan *plan, uint64_t *ticket,
+                                  devio_error *err)
 {
     devio_status s = DEVIO_OK;
     dv_lock(d);
@@ -321,23 +321,84 @@ devio_status devio_launch(devio_device *d, const devio_plan *plan, uint64_t *tic
     for (uint32_t r = 0; r < plan->n_rows; r++)
         commit_row(d, t, r, &plan->rows[r]);
     t->batch.n_rows = plan->n_rows;
-    t->t_launch = devio_clock_us();
-    s = submit(d, t, err);
-    if (s != DEVIO_OK) {
-        /* The backend refused the step: nothing of it happened. */
-        dv_ticket_undo(d, t, false);
-        goto out;
-    }
+    /* The id is taken now and never handed out again, committed or not. */
     d->next_ticket_id++;
-    t->state = DV_T_SUBMITTED;
-    d->queue[(d->q_head + d->q_len) % d->cfg.max_depth] = slot;
-    d->q_len++;
+    t->state = DV_T_RESERVED;
+    t->held_seen = false;
+    d->n_reserved++;
     d->in_flight++;
     *ticket = t->id;
-#ifndef DEVIO_NO_THREADS
-    pthread_cond_signal(&d->cv_work);
-#endif
 out:
     dv_unlock(d);
+    return s;
+}
+
+/* The RESERVED ticket `id`, or NULL. Lock held. */
+static dv_ticket *reserved_find(devio_device *d, uint64_t id)
+{
+    for (uint32_t i = 0; i < d->cfg.max_depth; i++)
+        if (d->tickets[i].state == DV_T_RESERVED && d->tickets[i].id == id)
+            return &d->tickets[i];
+    return NULL;
+}
+
+/* t leaves RESERVED: to the queue (submitted) or back to FREE (undone). A
+ * drain waiting for reservations to end is told. Lock held. */
+static void reserve_end(devio_device *d, dv_ticket *t, bool submitted)
+{
+    d->n_reserved--;
+    if (submitted) {
+        t->state = DV_T_SUBMITTED;
+        d->queue[(d->q_head + d->q_len) % d->cfg.max_depth] = (uint32_t)(t - d->tickets);
+        d->q_len++;
+    } else {
+        dv_ticket_undo(d, t, false);
+        t->state = DV_T_FREE;
+        d->in_flight--;
+    }
+#ifndef DEVIO_NO_THREADS
+    if (submitted)
+        pthread_cond_signal(&d->cv_work);
+    pthread_cond_broadcast(&d->cv_done);
+#endif
+}
+
+devio_status devio_launch_commit(devio_device *d, uint64_t ticket, devio_error *err)
+{
+    devio_status s = DEVIO_OK;
+    dv_lock(d);
+    dv_ticket *t = reserved_find(d, ticket);
+    if (!t) {
+        s = devio_fail_at(err, DEVIO_E_UNKNOWN_TICKET, "ticket", (int64_t)ticket,
+                          "no reserved ticket %llu", (unsigned long long)ticket);
+        goto out;
+    }
+    t->t_launch = devio_clock_us();
+    s = submit(d, t, err);
+    /* A step the backend refused: nothing of it happened, undo it. */
+    reserve_end(d, t, s == DEVIO_OK);
+out:
+    dv_unlock(d);
+    return s;
+}
+
+void devio_launch_cancel(devio_device *d, uint64_t ticket)
+{
+    dv_lock(d);
+    dv_ticket *t = reserved_find(d, ticket);
+    if (t)
+        reserve_end(d, t, false);
+    dv_unlock(d);
+}
+
+devio_status devio_launch(devio_device *d, const devio_plan *plan, uint64_t *ticket,
+                          devio_error *err)
+{
+    uint64_t id = 0;
+    devio_status s = devio_launch_reserve(d, plan, &id, err);
+    if (s == DEVIO_OK)
+        s = devio_launch_commit(d, id, err);
+    if (s == DEVIO_OK)
+        *ticket = id;
     return s;
 }

@@ -59,14 +59,17 @@ void dv_run_queue_head(devio_device *d)
 void dv_drain(devio_device *d)
 {
 #ifndef DEVIO_NO_THREADS
-    if (d->worker_started) {
-        while (d->q_len > 0)
+    /* A reserved ticket ends (commit or cancel) on its launcher's thread. */
+    while (d->q_len > 0 || d->n_reserved > 0) {
+        if (d->worker_started || d->q_len == 0)
             pthread_cond_wait(&d->cv_done, &d->mu);
-        return;
+        else
+            dv_run_queue_head(d);
     }
-#endif
+#else
     while (d->q_len > 0)
         dv_run_queue_head(d);
+#endif
 }
 
 /* ---- await ------------------------------------------------------------ */
@@ -79,10 +82,10 @@ static dv_ticket *ticket_find(devio_device *d, uint64_t id)
     return NULL;
 }
 
-/* Still waiting for ticket `id` in slot t: not done, not taken by another awaiter. */
+/* Still waiting for ticket `id` in slot t: not done, or held by another awaiter. */
 static bool still_pending(const dv_ticket *t, uint64_t id)
 {
-    return t->id == id && t->state == DV_T_SUBMITTED;
+    return t->id == id && (t->state == DV_T_SUBMITTED || t->state == DV_T_HELD);
 }
 
 /* Wait until t settles or the timeout passes. Lock held. */
@@ -110,19 +113,27 @@ static void wait_done(devio_device *d, dv_ticket *t, int64_t timeout_ms)
         return;
     }
 #endif
-    (void)timeout_ms;
-    while (still_pending(t, id))
+    /* No worker: run the queue here; a ticket another caller holds can only
+     * be waited for (a build without threads has no other caller). */
+    while (still_pending(t, id) && t->state == DV_T_SUBMITTED)
         dv_run_queue_head(d);
+#ifndef DEVIO_NO_THREADS
+    if (timeout_ms < 0)
+        while (still_pending(t, id))
+            pthread_cond_wait(&d->cv_done, &d->mu);
+#else
+    (void)timeout_ms;
+#endif
 }
 
-/* The settled ticket t as a result, or its failure (the step undone). */
-static devio_status settle(devio_device *d, dv_ticket *t, devio_step_result *out,
-                           devio_error *err)
+/* The settled ticket t as a result, or its failure; changes nothing of the
+ * device (await_finish does, when the result is taken). */
+static devio_status result_of(devio_device *d, dv_ticket *t, devio_step_result *out,
+                              devio_error *err)
 {
     if (t->status != DEVIO_OK) {
         if (err)
             *err = t->err;
-        dv_ticket_undo(d, t, true);
         return t->status;
     }
     devio_row_result *rows = calloc(t->n_rows, sizeof *rows);
@@ -130,18 +141,12 @@ static devio_status settle(devio_device *d, dv_ticket *t, devio_step_result *out
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the step result");
     for (uint32_t r = 0; r < t->n_rows; r++) {
         const dv_trow *tr = &t->rows[r];
-        dv_seq *q = &d->seqs[tr->seq_index];
+        const dv_seq *q = &d->seqs[tr->seq_index];
         const devio_batch_sample *sm = tr->sample >= 0 ? &t->samples[tr->sample] : NULL;
         rows[r] = (devio_row_result){.seq = q->id, .len = tr->old_len + tr->n_tokens,
                                      .logits = tr->handle, .sampled = sm != NULL,
                                      .token = sm ? sm->token : 0,
                                      .logprob = sm ? sm->logprob : 0.0f};
-        q->busy = 0;
-        devio_lora_table_release(&d->lora, tr->lora_slot, tr->lora_gen);
-        /* The step has run and can no longer be undone: the blocks that
-         * its row left below the sliding window go back to the pool. Only
-         * now, so that the step itself had every key of its own tokens. */
-        dv_seq_release_window(d, q);
     }
     *out = (devio_step_result){.ticket = t->id, .n_rows = t->n_rows, .rows = rows,
                                .queued_us = t->t_start - t->t_launch,
@@ -150,19 +155,42 @@ static devio_status settle(devio_device *d, dv_ticket *t, devio_step_result *out
     return DEVIO_OK;
 }
 
-devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
-                         devio_step_result *out, devio_error *err)
+/* The result of t was taken: a failed step is undone; a step that succeeded
+ * frees its sequences and gives back the KV blocks its rows left below the
+ * sliding window (only now, so that the step itself had every key of its own
+ * tokens). The ticket slot is free after. */
+static void await_finish(devio_device *d, dv_ticket *t)
+{
+    if (t->status != DEVIO_OK) {
+        dv_ticket_undo(d, t, true);
+    } else {
+        for (uint32_t r = 0; r < t->n_rows; r++) {
+            const dv_trow *tr = &t->rows[r];
+            dv_seq *q = &d->seqs[tr->seq_index];
+            q->busy = 0;
+            devio_lora_table_release(&d->lora, tr->lora_slot, tr->lora_gen);
+            dv_seq_release_window(d, q);
+        }
+    }
+    t->state = DV_T_FREE;
+    d->in_flight--;
+}
+
+devio_status devio_await_begin(devio_device *d, uint64_t ticket, int64_t timeout_ms,
+                               devio_step_result *out, bool *held, devio_error *err)
 {
     devio_status s = DEVIO_OK;
     memset(out, 0, sizeof *out);
+    *held = false;
     dv_lock(d);
     if (d->torn_down) {
         s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
         goto out;
     }
     dv_ticket *t = ticket_find(d, ticket);
-    if (!t) {
-        if (ticket >= d->cfg.first_ticket_id && ticket < d->next_ticket_id)
+    if (!t || t->state == DV_T_RESERVED) {
+        /* A reserved ticket was not launched yet (its launch has not answered). */
+        if (!t && ticket >= d->cfg.first_ticket_id && ticket < d->next_ticket_id)
             s = devio_fail_at(err, DEVIO_E_TICKET_CONSUMED, "ticket", (int64_t)ticket,
                               "ticket %llu was already awaited", (unsigned long long)ticket);
         else
@@ -170,6 +198,8 @@ devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
                               "no ticket %llu", (unsigned long long)ticket);
         goto out;
     }
+    if (t->state == DV_T_HELD)
+        t->held_seen = true;
     wait_done(d, t, timeout_ms);
     if (t->id != ticket || t->state == DV_T_FREE) {
         s = devio_fail_at(err, DEVIO_E_TICKET_CONSUMED, "ticket", (int64_t)ticket,
@@ -177,17 +207,55 @@ devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
         goto out;
     }
     if (t->state != DV_T_DONE) {
+        if (t->state == DV_T_HELD)
+            t->held_seen = true;
         s = devio_fail_at(err, DEVIO_E_TICKET_PENDING, "ticket", (int64_t)ticket,
                           "ticket %llu has not settled yet", (unsigned long long)ticket);
         goto out;
     }
-    s = settle(d, t, out, err);
+    s = result_of(d, t, out, err);
     if (s == DEVIO_E_NOMEM && t->status == DEVIO_OK)
         goto out; /* the result could not be built: the ticket stays for a retry */
-    t->state = DV_T_FREE;
-    d->in_flight--;
+    t->state = DV_T_HELD;
+    *held = true;
 out:
     dv_unlock(d);
+    return s;
+}
+
+void devio_await_end(devio_device *d, uint64_t ticket, bool consume)
+{
+    dv_lock(d);
+    dv_ticket *t = ticket_find(d, ticket);
+    bool tell = false;
+    if (t && t->state == DV_T_HELD) {
+        tell = t->held_seen;
+        t->held_seen = false;
+        if (consume)
+            await_finish(d, t);
+        else
+            t->state = DV_T_DONE;
+#ifndef DEVIO_NO_THREADS
+        pthread_cond_broadcast(&d->cv_done);
+#endif
+    }
+    dv_unlock(d);
+#ifndef DEVIO_NO_THREADS
+    /* Awaits that found it held may be parked: they look again now. */
+    if (tell && d->cfg.on_settled && d->worker_started)
+        d->cfg.on_settled(d->cfg.on_settled_ctx, ticket);
+#else
+    (void)tell;
+#endif
+}
+
+devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
+                         devio_step_result *out, devio_error *err)
+{
+    bool held = false;
+    devio_status s = devio_await_begin(d, ticket, timeout_ms, out, &held, err);
+    if (held)
+        devio_await_end(d, ticket, true);
     return s;
 }
 

@@ -22,6 +22,9 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A file-size limit (RLIMIT_FSIZE) fails the write, which the store reports, instead of
+     * killing the process. */
+    signal(SIGXFSZ, SIG_IGN);
 
     static devio_server srv;
     devio_error err = {0};

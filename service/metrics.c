@@ -298,8 +298,23 @@ static void put_adapters(FILE *o, const devio_metrics_adapters *ad)
     }
 }
 
+static void put_store(FILE *o, const devio_metrics_store *st)
+{
+    family(o, "devio_store_errors_total", "counter",
+           "Ticket store writes (and recovery heartbeats) that failed.");
+    put_counter(o, "devio_store_errors_total", "", st->errors);
+    family(o, "devio_store_last_success_timestamp_seconds", "gauge",
+           "Unix time of the ticket store's last commit.");
+    fprintf(o, "devio_store_last_success_timestamp_seconds %.3f\n",
+            (double)st->last_success_ms / 1000.0);
+    family(o, "devio_store_writable", "gauge",
+           "1 while the ticket store commits writes, 0 while they fail.");
+    fprintf(o, "devio_store_writable %d\n", st->writable ? 1 : 0);
+}
+
 char *devio_metrics_render(devio_metrics *m, const devio_facts *f,
-                           const devio_metrics_adapters *ad, bool ready)
+                           const devio_metrics_adapters *ad, const devio_metrics_store *st,
+                           bool ready)
 {
     devio_process_stats ps;
     devio_process_stats_read(&ps);
@@ -315,6 +330,8 @@ char *devio_metrics_render(devio_metrics *m, const devio_facts *f,
         put_facts(o, f);
     if (ad)
         put_adapters(o, ad);
+    if (st)
+        put_store(o, st);
     family(o, "devio_up", "gauge", "1 while the device serves, 0 after teardown.");
     fprintf(o, "devio_up %d\n", f ? 1 : 0);
     family(o, "devio_ready", "gauge", "1 while GET /readyz answers 200, else 0.");

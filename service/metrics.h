@@ -89,11 +89,20 @@ typedef struct devio_metrics_adapters {
                                        devio_adapter_rows_served_total{adapter} */
 } devio_metrics_adapters;
 
-/* Render everything plus the device gauges, the adapter families, the
- * process families and devio_ready (what /readyz answers: `ready`). Facts
- * and adapters may be NULL after teardown; then those are left out.
- * Returns a malloc'd NUL-terminated text; caller frees. */
+/* The ticket store's health, read from the store at render time. */
+typedef struct devio_metrics_store {
+    bool writable;
+    uint64_t errors;         /* writes and heartbeats that failed */
+    int64_t last_success_ms; /* unix ms of the last commit */
+} devio_metrics_store;
+
+/* Render everything plus the device gauges, the adapter families, the store's
+ * health, the process families and devio_ready (what /readyz answers:
+ * `ready`). Facts and adapters may be NULL after teardown; then those are
+ * left out; store may be NULL. Returns a malloc'd NUL-terminated text; caller
+ * frees. */
 char *devio_metrics_render(devio_metrics *m, const devio_facts *facts,
-                           const devio_metrics_adapters *adapters, bool ready);
+                           const devio_metrics_adapters *adapters,
+                           const devio_metrics_store *store, bool ready);
 
 #endif

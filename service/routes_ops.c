@@ -1,5 +1,6 @@
 /* routes_ops.c - the operations routes: /healthz, /readyz, /metrics and the contract at /v1/openapi.yaml.
  * Read-only; they must answer even after teardown, and never wait on a step. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,29 +21,41 @@ devio_status devio_route_healthz(devio_server *s, const devio_request *rq, devio
 }
 
 /* What /readyz answers and devio_ready exports: serving, on a device whose
- * backend has not failed for good (a CUDA error). info->failure says why not. */
-static bool ready_now(devio_server *s, devio_device_info *info)
+ * backend has not failed for good (a CUDA error), with a ticket history that
+ * can be written (launches are refused while it cannot; the store's heartbeat
+ * makes it ready again once a write commits). On false, why says why. */
+static bool ready_now(devio_server *s, const devio_store_health *h, char *why, size_t n)
 {
-    memset(info, 0, sizeof *info);
-    if (!atomic_load(&s->ready))
+    if (!atomic_load(&s->ready)) {
+        snprintf(why, n, "not serving");
         return false;
+    }
     devio_device *dev;
+    devio_device_info info = {0};
     if (devio_server_hold(s, &dev, NULL) == DEVIO_OK) {
-        devio_device_info_get(dev, info);
+        devio_device_info_get(dev, &info);
         devio_server_release(s);
     }
-    return info->failure[0] == '\0';
+    if (info.failure[0]) {
+        snprintf(why, n, "the device failed: %s", info.failure);
+        return false;
+    }
+    if (!h->writable) {
+        snprintf(why, n, "the ticket history cannot be written: %s", h->reason);
+        return false;
+    }
+    return true;
 }
 
 devio_status devio_route_readyz(devio_server *s, const devio_request *rq, devio_reply *out,
                                 devio_error *err)
 {
     (void)rq;
-    devio_device_info info;
-    if (!ready_now(s, &info))
-        return info.failure[0]
-                   ? devio_fail(err, DEVIO_E_NOT_READY, "the device failed: %s", info.failure)
-                   : devio_fail(err, DEVIO_E_NOT_READY, "not serving");
+    devio_store_health h;
+    devio_store_health_get(s->store, &h);
+    char why[256];
+    if (!ready_now(s, &h, why, sizeof why))
+        return devio_fail(err, DEVIO_E_NOT_READY, "%s", why);
     return devio_reply_json(out, 200, json_pack("{s:s}", "status", "ready"), err);
 }
 
@@ -55,8 +68,12 @@ devio_status devio_route_metrics(devio_server *s, const devio_request *rq, devio
     devio_lora_ack live = {0};
     devio_metrics_adapters ma = {0};
     devio_error down = {0};
-    devio_device_info info;
-    bool ready = ready_now(s, &info);
+    devio_store_health h;
+    devio_store_health_get(s->store, &h);
+    char why[256];
+    bool ready = ready_now(s, &h, why, sizeof why);
+    devio_metrics_store ms = {.writable = h.writable, .errors = h.errors,
+                              .last_success_ms = h.last_success_ms};
     bool up = devio_server_hold(s, &dev, &down) == DEVIO_OK;
     if (up) {
         f = devio_facts_get(dev);
@@ -69,7 +86,7 @@ devio_status devio_route_metrics(devio_server *s, const devio_request *rq, devio
         ma.capacity = devio_config_of(dev)->max_loras;
         devio_server_release(s);
     }
-    char *text = devio_metrics_render(&s->metrics, up ? &f : NULL, up ? &ma : NULL, ready);
+    char *text = devio_metrics_render(&s->metrics, up ? &f : NULL, up ? &ma : NULL, &ms, ready);
     devio_lora_ack_free(&live);
     if (!text)
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory rendering the metrics");

@@ -1,8 +1,11 @@
 /* store.c - the store's lifecycle: open (schema, writer thread, reader connection), close, and its counters.
  * The other store_*.c files do the work; this one must never leave a thread or a connection behind on failure. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "device/status.h"
 #include "service/store_internal.h"
@@ -47,6 +50,37 @@ static void free_store(devio_store *s)
     free(s);
 }
 
+/* Why path cannot be a writable store, when the file system says so: "" when
+ * nothing obvious. The WAL needs the file and its directory writable (the
+ * -wal and -shm files are created beside it). */
+static void diagnose(const char *path, char *why, size_t len)
+{
+    struct stat sb;
+    why[0] = '\0';
+    char *dir = strdup(path);
+    if (!dir)
+        return;
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, strlen(dir) + 1, ".");
+    else if (slash == dir)
+        slash[1] = '\0';
+    else
+        *slash = '\0';
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        snprintf(why, len, "the path is a directory");
+    else if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        snprintf(why, len, "the path is not a regular file");
+    else if (stat(path, &sb) == 0 && access(path, R_OK | W_OK) != 0)
+        snprintf(why, len, "the file is not writable: %s", strerror(errno));
+    else if (stat(dir, &sb) != 0)
+        snprintf(why, len, "its directory %s: %s", dir, strerror(errno));
+    else if (access(dir, W_OK | X_OK) != 0)
+        snprintf(why, len, "its directory %s is not writable (the WAL files are created there): %s",
+                 dir, strerror(errno));
+    free(dir);
+}
+
 devio_status devio_store_open(const char *path, const devio_store_options *o,
                               devio_store **out, devio_error *err)
 {
@@ -81,6 +115,13 @@ devio_status devio_store_open(const char *path, const devio_store_options *o,
                         strerror(prc));
     if (st != DEVIO_OK) {
         free_store(s);
+        char why[200];
+        diagnose(path, why, sizeof why);
+        if (why[0] && err) {
+            char msg[sizeof err->message];
+            snprintf(msg, sizeof msg, "%s", err->message);
+            devio_fail(err, st, "%s (%s)", msg, why);
+        }
         return st;
     }
     *out = s;
@@ -97,11 +138,6 @@ void devio_store_close(devio_store *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL); /* the writer drains the queue before it returns */
 
-    /* Keep the high-water mark even if history is deleted while we are down.
-     * Best effort: after a crash, open's max(id) recovers it. */
-    if (s->id_high > s->id_high_stored && store_writer_high(s, s->id_high) != SQLITE_DONE)
-        fprintf(stderr, "devio store %s: cannot record the ticket id high-water mark: %s\n",
-                s->path, sqlite3_errmsg(s->wdb));
     free_store(s);
 }
 

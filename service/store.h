@@ -35,7 +35,12 @@ void devio_store_close(devio_store *s);
 
 /* This process's epoch (1 for a new database, +1 per open). */
 uint64_t devio_store_epoch(const devio_store *s);
-/* One more than the largest ticket id ever stored (1 for a new database). */
+/* The first ticket id this process may hand out: one more than the id
+ * high-water mark (1 for a new database). The mark is reserved in meta
+ * 'ticket_id_high' STORE_ID_RANGE (1024) ids at a time, in the transaction
+ * of the launch row that passes it, so an id whose row was ever committed is
+ * never handed out again, even when history is trimmed or deleted. After
+ * launches are queued: one more than the largest id queued. */
 uint64_t devio_store_next_ticket_id(const devio_store *s);
 uint32_t devio_store_schema_version(const devio_store *s);
 
@@ -66,8 +71,25 @@ uint64_t devio_store_ticket_settled(devio_store *s, const devio_ticket_record *r
 uint64_t devio_store_abort_in_flight(devio_store *s, const char *reason);
 
 /* Block until write `n` is committed (0 returns at once). DEVIO_E_IO when
- * the write failed; the failure is also logged to stderr once. */
+ * the write failed; the store logs failures itself, rate-limited (store_health.c). */
 devio_status devio_store_wait(devio_store *s, uint64_t n, devio_error *err);
+
+/* ---- health (store_health.c) ---------------------------------------------- */
+
+/* Whether the store can write, as the writer last found it. */
+typedef struct devio_store_health {
+    bool writable;           /* the last transaction (or heartbeat) committed */
+    uint64_t errors;         /* writes and heartbeats that failed since open */
+    int64_t last_success_ms; /* unix ms of the last commit, open's included */
+    char reason[160];        /* SQLite's message of the last failure; "" when writable */
+} devio_store_health;
+
+/* Fill *out; never blocks on SQLite. While unwritable the writer retries a
+ * tiny heartbeat write about once a second, so the store becomes writable
+ * again by itself once the file can take writes. */
+void devio_store_health_get(devio_store *s, devio_store_health *out);
+/* devio_store_health_get(s).writable, cheaper. */
+bool devio_store_writable(devio_store *s);
 
 /* ---- history (store_history.c) -------------------------------------------- */
 

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <sqlite3.h>
 
@@ -13,6 +14,12 @@
 
 #define STORE_FAIL_RANGES 64
 #define STORE_FAIL_MSG_LEN 160
+/* Ticket ids reserved in meta at a time: one extra UPDATE per this many launches. */
+#define STORE_ID_RANGE 1024
+/* While writes fail: the writer tries a heartbeat this often, and logs at most
+ * one line per STORE_LOG_EVERY_US. */
+#define STORE_BEAT_US 1000000u
+#define STORE_LOG_EVERY_US 10000000u
 
 /* The ticket statuses of the schema's CHECK; [0] is "in_flight". */
 extern const char *const store_ticket_statuses[4];
@@ -60,6 +67,11 @@ struct devio_store {
     uint64_t committed;    /* every write <= this has been committed or failed */
     uint64_t next_id;      /* one more than the largest ticket id stored or queued */
     bool stopping;
+    /* Health (store_health.c), written by the writer under mu. */
+    bool unwritable;       /* the last transaction or heartbeat failed */
+    uint64_t errors;       /* writes and heartbeats that failed since open */
+    int64_t last_success_ms; /* unix ms of the last commit (open's included) */
+    char why[STORE_FAIL_MSG_LEN]; /* SQLite's message of the last failure */
     /* Ring of failed runs, oldest overwritten: a waiter must ask within 64
      * failure runs of its write, which holds since callers wait at once. */
     store_fail_range fails[STORE_FAIL_RANGES];
@@ -69,14 +81,15 @@ struct devio_store {
     pthread_t thread;
     sqlite3 *wdb;
     sqlite3_stmt *st_begin, *st_commit, *st_rollback;
-    sqlite3_stmt *st_launch, *st_settle, *st_abort, *st_trim, *st_high;
+    sqlite3_stmt *st_launch, *st_settle, *st_abort, *st_trim, *st_high, *st_beat;
     int64_t rows_estimate;  /* ticket rows in the file, for retention */
-    int64_t id_high;        /* largest ticket id committed */
-    int64_t id_high_stored; /* ticket_id_high in meta; written only when rows are
-                             * deleted and at close, since max(id) covers the rest */
-    bool failing;           /* a failure was logged and nothing has succeeded since */
+    int64_t id_reserved;    /* ticket_id_high in meta as committed: every id written
+                             * lies at or below it (advanced STORE_ID_RANGE at a time) */
     bool trim_warned;       /* a trimming failure was logged */
-    uint64_t failures_since_log;
+    uint64_t failed_run;    /* writes failed since writes last succeeded */
+    uint64_t suppressed;    /* failures not logged since last_log_us */
+    uint64_t last_log_us;   /* when the last failure line was written (monotonic) */
+    uint64_t last_beat_us;  /* when the writer last tried a write (monotonic) */
 
     /* Caller-side connection for history, adapters and meta, guarded by rmu.
      * WAL lets it read while the writer holds its transaction. */
@@ -110,7 +123,7 @@ const char *store_find_name(const char *const *names, size_t n, const char *v);
 /* A connection configured for the store (busy timeout, pragmas). */
 devio_status store_connect(const char *path, uint32_t busy_ms, sqlite3 **out, devio_error *err);
 /* On s->wdb: WAL, migrations, epoch, aborted-at-start, the ticket id high-water mark,
- * in one transaction. Fills s->schema_version, epoch, rows_estimate, id_high*, next_id. */
+ * in one transaction. Fills s->schema_version, epoch, rows_estimate, id_reserved, next_id. */
 devio_status store_schema_open(devio_store *s, devio_error *err);
 
 /* ---- writer (store_writer.c) ---------------------------------------------- */
@@ -120,6 +133,19 @@ void *store_writer_main(void *arg);
 /* Record the ticket id high-water mark (writer connection); SQLITE_DONE on success. */
 int store_writer_high(devio_store *s, int64_t id);
 void store_writer_finalize(devio_store *s);
+
+/* ---- health (store_health.c), writer thread only ----------------------------- */
+
+/* A batch ended: `committed` whether a transaction of it committed, `failed`
+ * writes of it failed (msg: the first failure's message). Updates the
+ * health under mu (the caller holds it) and writes the rate-limited log line. */
+void store_health_note(devio_store *s, bool committed, uint64_t failed, const char *msg);
+/* While unwritable, with nothing queued: whether a heartbeat is due now, else
+ * the absolute CLOCK_REALTIME time to wake for it in *at. Caller holds mu. */
+bool store_health_beat_due(devio_store *s, struct timespec *at);
+/* One tiny transaction (meta 'store_heartbeat_ms'); caller does not hold mu.
+ * Returns whether it committed, with SQLite's message in msg when not. */
+bool store_health_beat(devio_store *s, char *msg, size_t len);
 
 /* ---- history (store_history.c) -------------------------------------------- */
 

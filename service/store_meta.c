@@ -6,7 +6,8 @@
 #include "service/store_internal.h"
 
 /* Keys the store owns; meta_set refuses them so the invariants hold. */
-static const char *const reserved_keys[] = {"schema_version", "epoch", "ticket_id_high"};
+static const char *const reserved_keys[] = {"schema_version", "epoch", "ticket_id_high",
+                                            "store_heartbeat_ms"};
 
 devio_status devio_store_meta_get(devio_store *s, const char *key, char *buf, size_t len,
                                   bool *found, devio_error *err)

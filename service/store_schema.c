@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "device/status.h"
 #include "service/store_internal.h"
 
@@ -167,7 +168,9 @@ static devio_status open_txn(devio_store *s, devio_error *err)
     }
 
     /* The high-water mark survives history being trimmed or deleted, so ids
-     * are never reused across restarts. */
+     * are never reused across restarts: this process starts past it (past the
+     * whole range the last one reserved, used or not). A file from a build
+     * that kept no range may hold ids above it: max(id) covers those. */
     int64_t hi = 0, maxid = 0;
     if (store_query_int(db, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='ticket_id_high'",
                         &hi, NULL) != SQLITE_OK ||
@@ -183,8 +186,9 @@ static devio_status open_txn(devio_store *s, devio_error *err)
         st = store_sql_fail(err, db, s->path, "cannot record the ticket id high-water mark");
         goto out_rollback;
     }
-    s->id_high = s->id_high_stored = hi;
+    s->id_reserved = hi;
     s->next_id = (uint64_t)hi + 1;
+    s->last_success_ms = devio_unix_ms();
 
     if (store_exec(db, "COMMIT") != SQLITE_OK) {
         st = store_sql_fail(err, db, s->path, "cannot commit the open transaction");

@@ -36,6 +36,8 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
          "DELETE FROM tickets WHERE id IN (SELECT id FROM tickets"
          " WHERE status <> 'in_flight' ORDER BY id LIMIT ?1)"},
         {&s->st_high, "UPDATE meta SET value=?1 WHERE key='ticket_id_high'"},
+        {&s->st_beat,
+         "INSERT OR REPLACE INTO meta(key, value) VALUES('store_heartbeat_ms', ?1)"},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (sqlite3_prepare_v3(s->wdb, tab[i].sql, -1, SQLITE_PREPARE_PERSISTENT, tab[i].st,
@@ -47,7 +49,7 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
 void store_writer_finalize(devio_store *s)
 {
     sqlite3_stmt *w[] = {s->st_begin,  s->st_commit, s->st_rollback, s->st_launch, s->st_settle,
-                         s->st_abort,  s->st_trim,   s->st_high};
+                         s->st_abort,  s->st_trim,   s->st_high,     s->st_beat};
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
         sqlite3_finalize(w[i]);
 }
@@ -234,28 +236,35 @@ static int insert_row(devio_store *s, const store_wrec *w, bool settled)
     return store_step_reset(st);
 }
 
-/* insert_row, counting the new row and the largest id for retention. */
+/* insert_row, counting the new row for retention. An id past the reserved
+ * high-water mark first moves the mark a range ahead, in the same
+ * transaction, so no committed row ever lies above the mark. */
 static int insert_counted(devio_store *s, const store_wrec *w, bool settled, int64_t *added,
-                          int64_t *max_id)
+                          int64_t *reserved)
 {
-    int rc = insert_row(s, w, settled);
-    if (rc == SQLITE_DONE) {
-        (*added)++;
-        if (w->id > *max_id)
-            *max_id = w->id;
+    if (w->id > *reserved) {
+        int64_t mark = w->id > INT64_MAX - STORE_ID_RANGE ? INT64_MAX
+                                                          : w->id + STORE_ID_RANGE - 1;
+        int rc = store_writer_high(s, mark);
+        if (rc != SQLITE_DONE)
+            return rc;
+        *reserved = mark;
     }
+    int rc = insert_row(s, w, settled);
+    if (rc == SQLITE_DONE)
+        (*added)++;
     return rc;
 }
 
 /* Apply one record inside the open transaction. *added counts new rows.
  * A settle changes status, settled_ms, timings and error only; rows, tokens
  * and seqs are those written at launch. */
-static int apply(devio_store *s, store_wrec *w, int64_t *added, int64_t *max_id)
+static int apply(devio_store *s, store_wrec *w, int64_t *added, int64_t *reserved)
 {
     int rc;
     switch (w->kind) {
     case STORE_W_LAUNCH:
-        return insert_counted(s, w, false, added, max_id);
+        return insert_counted(s, w, false, added, reserved);
     case STORE_W_SETTLE: {
         sqlite3_stmt *st = s->st_settle;
         sqlite3_bind_int64(st, 1, w->id);
@@ -270,7 +279,7 @@ static int apply(devio_store *s, store_wrec *w, int64_t *added, int64_t *max_id)
             return rc;
         /* No row (its launch write failed or was never made): record the
          * outcome anyway rather than lose it. */
-        return insert_counted(s, w, true, added, max_id);
+        return insert_counted(s, w, true, added, reserved);
     }
     case STORE_W_ABORT: {
         sqlite3_stmt *st = s->st_abort;
@@ -304,7 +313,7 @@ int store_writer_high(devio_store *s, int64_t id)
 /* Trim the oldest settled rows once the table is `slack` past the limit, so
  * each trim deletes at least `slack` rows: cost per insert stays O(1) and the
  * table holds at most retention + slack rows (plus rows still in flight). */
-static int retain(devio_store *s, int64_t *added, int64_t max_id, int64_t *stored)
+static int retain(devio_store *s, int64_t *added)
 {
     uint32_t keep = s->opt.retention;
     if (keep == 0)
@@ -317,17 +326,10 @@ static int retain(devio_store *s, int64_t *added, int64_t max_id, int64_t *store
     int64_t rows = s->rows_estimate + *added;
     if (rows <= (int64_t)keep + slack)
         return SQLITE_DONE;
-    /* The rows about to go may hold the largest id; keep it in meta first, in
-     * the same transaction, so a later open never hands an id out again. */
-    int rc = SQLITE_DONE;
-    if (max_id > *stored) {
-        rc = store_writer_high(s, max_id);
-        if (rc != SQLITE_DONE)
-            return rc;
-        *stored = max_id;
-    }
+    /* The rows about to go may hold the largest id: the reserved high-water
+     * mark in meta lies at or above it, so a later open never hands it out. */
     sqlite3_bind_int64(s->st_trim, 1, rows - keep);
-    rc = store_step_reset(s->st_trim);
+    int rc = store_step_reset(s->st_trim);
     if (rc == SQLITE_DONE)
         *added -= sqlite3_changes(s->wdb);
     return rc;
@@ -335,17 +337,18 @@ static int retain(devio_store *s, int64_t *added, int64_t max_id, int64_t *store
 
 /* Run one transaction over records from `first` on, stopping early only when
  * SQLite rolled the transaction back itself. Returns the first record not
- * attempted (NULL when all were). */
-static store_wrec *run_txn(devio_store *s, store_wrec *first)
+ * attempted (NULL when all were); *committed is set when the transaction
+ * committed. */
+static store_wrec *run_txn(devio_store *s, store_wrec *first, bool *committed)
 {
-    int64_t added = 0, max_id = s->id_high, stored = s->id_high_stored;
+    int64_t added = 0, reserved = s->id_reserved;
     if (store_step_reset(s->st_begin) != SQLITE_DONE) {
         mark_failed(first, NULL, sqlite3_errmsg(s->wdb));
         return NULL;
     }
     store_wrec *w = first;
     for (; w; w = w->next) {
-        if (apply(s, w, &added, &max_id) == SQLITE_DONE)
+        if (apply(s, w, &added, &reserved) == SQLITE_DONE)
             continue;
         if (sqlite3_get_autocommit(s->wdb)) {
             /* SQLite abandoned the whole transaction (I/O error, disk full):
@@ -355,7 +358,7 @@ static store_wrec *run_txn(devio_store *s, store_wrec *first)
         }
         mark_failed(w, w->next, sqlite3_errmsg(s->wdb)); /* this statement only */
     }
-    int rc = retain(s, &added, max_id, &stored);
+    int rc = retain(s, &added);
     if (rc != SQLITE_DONE && !sqlite3_get_autocommit(s->wdb)) {
         /* Trimming is housekeeping: when it fails alone, the writes still
          * commit and the next batch tries again. */
@@ -374,8 +377,8 @@ static store_wrec *run_txn(devio_store *s, store_wrec *first)
         return NULL;
     }
     s->rows_estimate += added;
-    s->id_high = max_id;
-    s->id_high_stored = stored;
+    s->id_reserved = reserved;
+    *committed = true;
     return NULL;
 }
 
@@ -401,33 +404,31 @@ static void note_failures(devio_store *s, const store_wrec *batch)
     }
 }
 
-/* Log the first failure of a run of failures, then one line when writes
- * succeed again, so a failing disk does not flood stderr. */
-static void log_outcome(devio_store *s, const store_wrec *batch)
+/* Failed writes of the batch and the first one's message. */
+static uint64_t count_failed(const store_wrec *batch, const char **msg)
 {
-    uint64_t failed = 0, ok = 0;
-    const store_wrec *first_fail = NULL;
-    for (const store_wrec *w = batch; w; w = w->next) {
-        if (w->failed) {
-            failed++;
-            if (!first_fail)
-                first_fail = w;
-        } else {
-            ok++;
-        }
+    uint64_t failed = 0;
+    *msg = NULL;
+    for (const store_wrec *w = batch; w; w = w->next)
+        if (w->failed && failed++ == 0)
+            *msg = w->fail ? w->fail : "out of memory";
+    return failed;
+}
+
+/* Nothing queued and the store unwritable: sleep until the next heartbeat is
+ * due (or work or stop comes), then try it. Called and returns with mu held. */
+static void idle_beat(devio_store *s)
+{
+    struct timespec at;
+    if (!store_health_beat_due(s, &at)) {
+        pthread_cond_timedwait(&s->work, &s->mu, &at);
+        return;
     }
-    if (failed && !s->failing) {
-        fprintf(stderr, "devio store %s: write %" PRIu64 " failed: %s\n", s->path, first_fail->n,
-                first_fail->fail ? first_fail->fail : "out of memory");
-        s->failing = true;
-    }
-    s->failures_since_log += failed;
-    if (ok && s->failing && !failed) {
-        fprintf(stderr, "devio store %s: writes succeed again after %" PRIu64 " failed\n",
-                s->path, s->failures_since_log);
-        s->failing = false;
-        s->failures_since_log = 0;
-    }
+    pthread_mutex_unlock(&s->mu);
+    char msg[STORE_FAIL_MSG_LEN] = "";
+    bool ok = store_health_beat(s, msg, sizeof msg);
+    pthread_mutex_lock(&s->mu);
+    store_health_note(s, ok, ok ? 0 : 1, msg);
 }
 
 void *store_writer_main(void *arg)
@@ -435,8 +436,12 @@ void *store_writer_main(void *arg)
     devio_store *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->head && !s->stopping)
-            pthread_cond_wait(&s->work, &s->mu);
+        while (!s->head && !s->stopping) {
+            if (s->unwritable)
+                idle_beat(s);
+            else
+                pthread_cond_wait(&s->work, &s->mu);
+        }
         if (!s->head)
             break; /* stopping and drained */
         /* Group commit: take everything queued, one transaction for all. */
@@ -444,14 +449,17 @@ void *store_writer_main(void *arg)
         s->head = s->tail = NULL;
         pthread_mutex_unlock(&s->mu);
 
+        bool committed = false;
         for (store_wrec *from = batch; from;)
-            from = run_txn(s, from);
-        log_outcome(s, batch);
+            from = run_txn(s, from, &committed);
+        const char *msg;
+        uint64_t failed = count_failed(batch, &msg);
         uint64_t last = batch->n;
         for (store_wrec *w = batch; w; w = w->next)
             last = w->n;
 
         pthread_mutex_lock(&s->mu);
+        store_health_note(s, committed, failed, msg);
         note_failures(s, batch);
         s->committed = last;
         pthread_cond_broadcast(&s->done);

@@ -1,28 +1,38 @@
 /* tickets.c - launch and await with their history rows and metrics; step is the two in a row.
- * A history write never takes an answer from the client: it is waited for, and logged when it fails. */
+ * A launch or an await answers only once its history row is committed; when the row cannot be written
+ * the call answers store_unavailable and the device is as if it had not been made (the ticket stays awaitable). */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "common/clock.h"
+#include "device/status.h"
 #include "service/tickets.h"
 
-/* Wait for history write n; a failure is logged, the answer stands. */
-static void wait_logged(const devio_tickets *t, uint64_t n, uint64_t ticket)
+/* Queue history write n (0: the queue could not take it) and wait for it. */
+static bool written(const devio_tickets *t, uint64_t n, devio_error *werr)
 {
-    devio_error werr = {0};
-    if (devio_store_wait(t->store, n, &werr) != DEVIO_OK)
-        fprintf(stderr, "devio-server: history write for ticket %llu failed: %s\n",
-                (unsigned long long)ticket, werr.message);
+    if (n == 0) {
+        devio_fail(werr, DEVIO_E_IO, "the history write could not be queued");
+        return false;
+    }
+    return devio_store_wait(t->store, n, werr) == DEVIO_OK;
 }
 
 devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
                                   const devio_plan *plan, uint64_t *ticket, devio_error *err)
 {
-    devio_status st = devio_launch(dev, plan, ticket, err);
+    devio_store_health h;
+    devio_store_health_get(t->store, &h);
+    if (!h.writable)
+        return devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
+                          "the ticket history cannot be written, nothing was launched: %s",
+                          h.reason);
+    uint64_t id = 0;
+    devio_status st = devio_launch_reserve(dev, plan, &id, err);
     if (st != DEVIO_OK)
         return st;
-    devio_metrics_launched(t->metrics, *ticket, plan);
-    devio_ticket_record rec = {.id = *ticket, .status = "in_flight",
+    devio_ticket_record rec = {.id = id, .status = "in_flight",
                                .launched_ms = devio_unix_ms(), .rows = plan->n_rows};
     /* Without memory for the ids the row is still written, with no seqs. */
     uint64_t *seqs = malloc((plan->n_rows + 1) * sizeof *seqs);
@@ -33,31 +43,61 @@ devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
     }
     rec.seqs = seqs;
     rec.n_seqs = seqs ? plan->n_rows : 0;
-    wait_logged(t, devio_store_ticket_launched(t->store, &rec), *ticket);
+    devio_error werr = {0};
+    /* The device lock is not held here: launches of other clients reserve
+     * meanwhile and their rows share this one's transaction. */
+    bool ok = written(t, devio_store_ticket_launched(t->store, &rec), &werr);
     free(seqs);
+    if (!ok) {
+        devio_launch_cancel(dev, id);
+        return devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
+                          "the ticket history cannot be written, nothing was launched: %s",
+                          werr.message);
+    }
+    st = devio_launch_commit(dev, id, err);
+    if (st != DEVIO_OK) {
+        /* The backend refused the step after its row was written: the row
+         * says so (best effort; the store logs a failure itself). */
+        devio_ticket_record f = {.id = id, .status = "failed", .settled_ms = devio_unix_ms(),
+                                 .error_code = devio_status_str(st),
+                                 .error_message = err ? err->message : ""};
+        written(t, devio_store_ticket_settled(t->store, &f), &werr);
+        return st;
+    }
+    devio_metrics_launched(t->metrics, id, plan);
+    *ticket = id;
     return DEVIO_OK;
 }
 
 devio_status devio_tickets_await(const devio_tickets *t, devio_device *dev, uint64_t ticket,
                                  int64_t timeout_ms, devio_step_result *out, devio_error *err)
 {
-    devio_status st = devio_await(dev, ticket, timeout_ms, out, err);
-    if (st == DEVIO_E_TICKET_PENDING || st == DEVIO_E_TICKET_CONSUMED ||
-        st == DEVIO_E_UNKNOWN_TICKET || st == DEVIO_E_TORN_DOWN)
-        return st;
+    bool held = false;
+    devio_status st = devio_await_begin(dev, ticket, timeout_ms, out, &held, err);
+    if (!held)
+        return st; /* pending, consumed, unknown, torn down: nothing to write */
     devio_ticket_record rec = {.id = ticket, .settled_ms = devio_unix_ms()};
     if (st == DEVIO_OK) {
         rec.status = "ok";
         rec.queued_us = out->queued_us;
         rec.compute_us = out->compute_us;
-        devio_metrics_settled(t->metrics, ticket, out);
     } else {
         rec.status = "failed";
         rec.error_code = devio_status_str(st);
         rec.error_message = err ? err->message : "";
-        devio_metrics_settled(t->metrics, ticket, NULL);
     }
-    wait_logged(t, devio_store_ticket_settled(t->store, &rec), ticket);
+    devio_error werr = {0};
+    if (!written(t, devio_store_ticket_settled(t->store, &rec), &werr)) {
+        devio_await_end(dev, ticket, false);
+        if (st == DEVIO_OK)
+            devio_step_result_free(out);
+        return devio_fail_at(err, DEVIO_E_STORE_UNAVAILABLE, "ticket", (int64_t)ticket,
+                             "ticket %" PRIu64 " settled but its result cannot be written to"
+                             " the history; it stays awaitable: %s",
+                             ticket, werr.message);
+    }
+    devio_await_end(dev, ticket, true);
+    devio_metrics_settled(t->metrics, ticket, st == DEVIO_OK ? out : NULL);
     return st;
 }
 

@@ -18,22 +18,29 @@ typedef struct devio_tickets {
 /* In every call `dev` is borrowed: the caller keeps it alive for the call
  * (the server's device read lock), history writes included. */
 
-/* devio_launch, then the ticket's "in_flight" row, committed before this
- * returns so that the client sees the id only once its row is there. The
- * step is queued either way, so a failed row write is logged, not returned:
- * the client must learn the id to await it. */
+/* devio_launch_reserve, the ticket's "in_flight" row committed, then
+ * devio_launch_commit: the client sees the id only once its row is durable.
+ * When the row cannot be written (or the store is already known unwritable)
+ * the answer is DEVIO_E_STORE_UNAVAILABLE and nothing was launched: the
+ * reservation is cancelled, the device is as before the call. The device
+ * lock is not held while the row is written, so concurrent launches share
+ * the store's transactions. */
 devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
                                   const devio_plan *plan, uint64_t *ticket, devio_error *err);
 
-/* devio_await, then the settled row ("ok" with timings, or "failed" with the
- * error) and the step metrics. Answers that leave the ticket as it was
- * (pending, consumed, unknown, torn down) write nothing. The ticket is consumed
- * either way, so a failed row write is logged and the answer stands. On
- * success *out is the caller's (devio_step_result_free). */
+/* devio_await_begin, then the settled row ("ok" with timings, or "failed"
+ * with the error) committed, then devio_await_end and the step metrics.
+ * Answers that leave the ticket as it was (pending, consumed, unknown, torn
+ * down) write nothing. When the row cannot be written the answer is
+ * DEVIO_E_STORE_UNAVAILABLE (details.ticket) and the ticket stays settled
+ * and awaitable, its result kept for a later await. On success *out is the
+ * caller's (devio_step_result_free). */
 devio_status devio_tickets_await(const devio_tickets *t, devio_device *dev, uint64_t ticket,
                                  int64_t timeout_ms, devio_step_result *out, devio_error *err);
 
-/* devio_tickets_launch then devio_tickets_await without a timeout. */
+/* devio_tickets_launch then devio_tickets_await without a timeout. When the
+ * result's row cannot be written the answer (store_unavailable) names the
+ * ticket in details.ticket: it was launched and stays awaitable. */
 devio_status devio_tickets_step(const devio_tickets *t, devio_device *dev,
                                 const devio_plan *plan, devio_step_result *out,
                                 devio_error *err);

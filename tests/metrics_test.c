@@ -99,7 +99,7 @@ static void test_tickets_and_tokens(void **state)
     devio_metrics_settled(&m, 13, &d);
     assert_int_equal(m.tokens_decode, 5);
 
-    char *text = devio_metrics_render(&m, NULL, NULL, false);
+    char *text = devio_metrics_render(&m, NULL, NULL, NULL, false);
     assert_non_null(text);
     assert_true(sample(text, "devio_tickets_launched_total") == 3);
     assert_true(sample(text, "devio_tickets_settled_total{status=\"ok\"}") == 2);
@@ -138,7 +138,7 @@ static void test_http_latency_by_route(void **state)
     devio_metrics_http(&m, "/v1/step", 200, 0.002);
     devio_metrics_http(&m, "/v1/step", 409, 0.0001);
     devio_metrics_http(&m, "/v1/tickets/{id}/await", 200, 12.0);
-    char *text = devio_metrics_render(&m, NULL, NULL, true);
+    char *text = devio_metrics_render(&m, NULL, NULL, NULL, true);
     assert_non_null(text);
     assert_true(sample(text, "devio_http_requests_total{route=\"/v1/step\",code=\"200\"}") == 1);
     assert_true(sample(text, "devio_http_requests_total{route=\"/v1/step\",code=\"409\"}") == 1);
@@ -164,7 +164,8 @@ static void test_device_gauges_build_info_and_names(void **state)
     devio_facts f = some_facts();
     devio_adapter_info live[1] = {{.name = "a", .rows_served = 7}};
     devio_metrics_adapters ad = {.capacity = 4, .n_live = 1, .live = live};
-    char *text = devio_metrics_render(&m, &f, &ad, true);
+    devio_metrics_store st = {.writable = false, .errors = 5, .last_success_ms = 1500};
+    char *text = devio_metrics_render(&m, &f, &ad, &st, true);
     assert_non_null(text);
     assert_non_null(strstr(text, "devio_build_info{version=\"" DEVIO_VERSION
                                  "\",backend=\"re\\\"f\"} 1\n"));
@@ -176,6 +177,9 @@ static void test_device_gauges_build_info_and_names(void **state)
     assert_true(sample(text, "devio_adapters_capacity") == 4);
     assert_true(sample(text, "devio_adapter_rows_served_total{adapter=\"a\"}") == 7);
     assert_true(sample(text, "devio_up") == 1);
+    assert_true(sample(text, "devio_store_errors_total") == 5);
+    assert_true(sample(text, "devio_store_writable") == 0);
+    assert_true(sample(text, "devio_store_last_success_timestamp_seconds") == 1.5);
 
     /* Prometheus's naming rule: counters end in _total, nothing else does. */
     int families = 0;
@@ -197,7 +201,7 @@ static void test_process_families(void **state)
     (void)state;
     devio_metrics m;
     devio_metrics_init(&m);
-    char *text = devio_metrics_render(&m, NULL, NULL, true);
+    char *text = devio_metrics_render(&m, NULL, NULL, NULL, true);
     assert_non_null(text);
     struct rlimit rl;
     assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);

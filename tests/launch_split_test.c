@@ -1,0 +1,216 @@
+/* launch_split_test.c - devio_launch and devio_await in halves: reserve/commit/cancel and await begin/end.
+ * A cancelled reservation leaves the device exactly as before, a reserved ticket cannot be awaited and holds
+ * back what waits for launched steps, a held result is awaitable again when given back. Real tiny model, ref backend. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "ref/ref_backend.h"
+#include "tests/testutil.h"
+
+typedef struct ctx {
+    devio_fixture fx;
+    devio_device *dev;
+} ctx;
+
+static int setup(void **state)
+{
+    static ctx c;
+    memset(&c, 0, sizeof c);
+    if (devio_fixture_preset(&c.fx, "tiny", DEVIO_F32, 5) != 0)
+        return -1;
+    devio_config cfg = devio_config_default();
+    cfg.max_depth = 2;
+    cfg.first_ticket_id = 100;
+    if (devio_open(c.fx.model, &devio_ref_backend, &cfg, &c.dev, NULL) != DEVIO_OK)
+        return -1;
+    *state = &c;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    ctx *c = *state;
+    devio_teardown(c->dev, NULL);
+    devio_fixture_free(&c->fx);
+    return 0;
+}
+
+static void sleep_ms(long ms)
+{
+    nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL);
+}
+
+static const int32_t toks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+
+static void test_reserve_cancel_changes_nothing(void **state)
+{
+    ctx *c = *state;
+    uint64_t a = 0, b = 0, t1 = 0, t2 = 0, t3 = 0;
+    assert_int_equal(devio_seq_create(c->dev, &a, NULL), DEVIO_OK);
+    assert_int_equal(devio_seq_create(c->dev, &b, NULL), DEVIO_OK);
+    devio_row ra = {.seq = a, .tokens = toks, .n_tokens = 17, .logits = DEVIO_LOGITS_ALL};
+    devio_plan pa = {.rows = &ra, .n_rows = 1};
+    devio_facts f0 = devio_facts_get(c->dev);
+
+    assert_int_equal(devio_launch_reserve(c->dev, &pa, &t1, NULL), DEVIO_OK);
+    assert_int_equal(t1, 100);
+    devio_facts f1 = devio_facts_get(c->dev);
+    assert_true(f1.blocks_free < f0.blocks_free);
+    assert_int_equal(f1.tickets_in_flight, 1);
+    devio_seq_info info;
+    assert_int_equal(devio_seq_info_get(c->dev, a, &info, NULL), DEVIO_OK);
+    assert_int_equal(info.len, 17);
+    assert_int_equal(info.busy_ticket, t1);
+    /* Not launched yet: unknown to await, and its sequence is busy. */
+    devio_step_result r;
+    devio_error err = {0};
+    assert_int_equal(devio_await(c->dev, t1, 0, &r, &err), DEVIO_E_UNKNOWN_TICKET);
+    assert_int_equal(devio_launch_reserve(c->dev, &pa, &t2, &err), DEVIO_E_SEQ_BUSY);
+    /* It counts toward max_depth (2). */
+    devio_row rb = {.seq = b, .tokens = toks, .n_tokens = 1};
+    devio_plan pb = {.rows = &rb, .n_rows = 1};
+    assert_int_equal(devio_launch(c->dev, &pb, &t2, NULL), DEVIO_OK);
+    assert_int_equal(t2, 101);
+    uint64_t c3 = 0;
+    assert_int_equal(devio_seq_create(c->dev, &c3, NULL), DEVIO_OK);
+    devio_row rc = {.seq = c3, .tokens = toks, .n_tokens = 1};
+    devio_plan pc = {.rows = &rc, .n_rows = 1};
+    assert_int_equal(devio_launch(c->dev, &pc, &t3, &err), DEVIO_E_DEPTH_EXCEEDED);
+
+    devio_launch_cancel(c->dev, t1);
+    assert_int_equal(devio_await(c->dev, t2, -1, &r, NULL), DEVIO_OK);
+    devio_step_result_free(&r);
+    devio_facts f2 = devio_facts_get(c->dev);
+    assert_int_equal(devio_seq_info_get(c->dev, a, &info, NULL), DEVIO_OK);
+    assert_int_equal(info.len, 0);
+    assert_int_equal(info.blocks, 0);
+    assert_int_equal(info.busy_ticket, 0);
+    assert_int_equal(f2.tickets_in_flight, 0);
+    assert_int_equal(f2.logits_live, f0.logits_live);
+    /* b holds one block now; a gave everything back. */
+    assert_int_equal(f2.blocks_free, f0.blocks_free - 1);
+    /* Cancelled ids are never handed out again; committing it is refused. */
+    assert_int_equal(devio_launch_commit(c->dev, t1, &err), DEVIO_E_UNKNOWN_TICKET);
+    assert_int_equal(devio_launch(c->dev, &pa, &t3, NULL), DEVIO_OK);
+    assert_int_equal(t3, 102);
+    assert_int_equal(devio_await(c->dev, t3, -1, &r, NULL), DEVIO_OK);
+    assert_int_equal(r.rows[0].len, 17);
+    devio_step_result_free(&r);
+}
+
+typedef struct applier {
+    devio_device *dev;
+    uint64_t seq;
+    atomic_bool done;
+    devio_status st;
+} applier;
+
+static void *apply_main(void *arg)
+{
+    applier *ap = arg;
+    devio_outcome o = {0};
+    ap->st = devio_apply(ap->dev, &(devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = ap->seq}, &o,
+                         NULL);
+    devio_outcome_free(&o);
+    atomic_store(&ap->done, true);
+    return NULL;
+}
+
+/* An effect waits for launched steps to run: a reserved one too, until it
+ * is committed (the effect may change what its plan uses). */
+static void test_effect_waits_for_reservation(void **state)
+{
+    ctx *c = *state;
+    uint64_t a = 0, b = 0, t = 0;
+    assert_int_equal(devio_seq_create(c->dev, &a, NULL), DEVIO_OK);
+    assert_int_equal(devio_seq_create(c->dev, &b, NULL), DEVIO_OK);
+    devio_row ra = {.seq = a, .tokens = toks, .n_tokens = 2};
+    devio_plan pa = {.rows = &ra, .n_rows = 1};
+    assert_int_equal(devio_launch_reserve(c->dev, &pa, &t, NULL), DEVIO_OK);
+    applier ap = {.dev = c->dev, .seq = b};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, apply_main, &ap), 0);
+    sleep_ms(150);
+    bool early = atomic_load(&ap.done);
+    assert_int_equal(devio_launch_commit(c->dev, t, NULL), DEVIO_OK);
+    pthread_join(th, NULL);
+    assert_false(early);
+    assert_int_equal(ap.st, DEVIO_OK);
+    devio_step_result r;
+    assert_int_equal(devio_await(c->dev, t, -1, &r, NULL), DEVIO_OK);
+    devio_step_result_free(&r);
+}
+
+typedef struct awaiter {
+    devio_device *dev;
+    uint64_t ticket;
+    devio_status st;
+    uint32_t len;
+} awaiter;
+
+static void *await_main(void *arg)
+{
+    awaiter *aw = arg;
+    devio_step_result r;
+    aw->st = devio_await(aw->dev, aw->ticket, 5000, &r, NULL);
+    if (aw->st == DEVIO_OK) {
+        aw->len = r.rows[0].len;
+        devio_step_result_free(&r);
+    }
+    return NULL;
+}
+
+/* A held result given back is awaitable again, by a waiting caller too. */
+static void test_await_given_back(void **state)
+{
+    ctx *c = *state;
+    uint64_t a = 0, t = 0;
+    assert_int_equal(devio_seq_create(c->dev, &a, NULL), DEVIO_OK);
+    devio_row ra = {.seq = a, .tokens = toks, .n_tokens = 3};
+    devio_plan pa = {.rows = &ra, .n_rows = 1};
+    assert_int_equal(devio_launch(c->dev, &pa, &t, NULL), DEVIO_OK);
+    devio_step_result r;
+    bool held = false;
+    assert_int_equal(devio_await_begin(c->dev, t, -1, &r, &held, NULL), DEVIO_OK);
+    assert_true(held);
+    assert_int_equal(r.rows[0].len, 3);
+    devio_step_result_free(&r);
+    /* Held: another look finds it pending, a waiting await waits. */
+    devio_error err = {0};
+    bool h2 = true;
+    assert_int_equal(devio_await_begin(c->dev, t, 0, &r, &h2, &err), DEVIO_E_TICKET_PENDING);
+    assert_false(h2);
+    awaiter aw = {.dev = c->dev, .ticket = t};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, await_main, &aw), 0);
+    sleep_ms(100);
+    devio_await_end(c->dev, t, false);
+    pthread_join(th, NULL);
+    assert_int_equal(aw.st, DEVIO_OK);
+    assert_int_equal(aw.len, 3);
+    assert_int_equal(devio_facts_get(c->dev).tickets_in_flight, 0);
+    assert_int_equal(devio_await(c->dev, t, 0, &r, &err), DEVIO_E_TICKET_CONSUMED);
+    devio_seq_info info;
+    assert_int_equal(devio_seq_info_get(c->dev, a, &info, NULL), DEVIO_OK);
+    assert_int_equal(info.busy_ticket, 0);
+    assert_int_equal(info.len, 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_reserve_cancel_changes_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_effect_waits_for_reservation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_await_given_back, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
