@@ -33,6 +33,7 @@ DEB_PACKAGES=(
     libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev
     python3 python3-pip curl
     clang lld wasi-libc libclang-rt-14-dev-wasm32 llvm-14 debian-archive-keyring
+    mmdebstrap podman runc
 )
 
 log() { printf 'devio: %s\n' "$*" >&2; }
