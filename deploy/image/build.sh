@@ -119,8 +119,9 @@ install -m 0755 "${bins[@]}" "$HERE/devio-healthcheck" "$ctx/bin/"
 cp "$HERE/Containerfile" "$ctx/Containerfile"
 
 log "building $tag with $builder"
-# Docker format: OCI image configs have no HEALTHCHECK.
-"$builder" build --format docker \
+# Docker format: OCI image configs have no HEALTHCHECK. No intermediate layers:
+# every step but ADD and COPY is metadata, and they would pile up untagged.
+"$builder" build --format docker --layers=false \
     --build-arg "DEVIO_VERSION=$version" --build-arg "DEVIO_FLAVOUR=$flavour" \
     -t "$tag" -f "$ctx/Containerfile" "$ctx" </dev/null >&2
 if [ -n "$save" ]; then

@@ -185,3 +185,27 @@ def test_image_serves_and_stops_on_sigterm(image, tiny_model, contract, tmp_path
                          "--entrypoint", "/usr/bin/stat", image.tag, "-c", "%u:%g",
                          "/var/lib/devio/devio.db")
     assert p.stdout.strip() == IMAGE_UID
+
+
+def test_cuda_image_loads_its_plugin(image, bins, tiny_model):
+    """The CUDA recipe builds where the plugin was built, and the plugin loads inside the image:
+    with no driver here, --backend auto reports the CUDA runtime's own error and serves on the
+    reference, which shows every library the plugin links is in the image."""
+    plugin = bins.root / "kernels" / "libdevio-backend-cuda.so"
+    if not plugin.is_file():
+        pytest.skip("no %s (built only where the CUDA toolkit is)" % plugin)
+    tag = image.tag.replace("devio-test:", "devio-test-cuda:")
+    try:
+        run(["bash", str(REPO / "deploy/image/build.sh"), "--flavour", "cuda", "--bin",
+             str(bins.root), "--tag", tag], timeout=BUILD_TIMEOUT_S)
+        p = image.podman_run(
+            "--rm", "--network", "none", "--read-only", "--cap-drop", "ALL",
+            "-v", "%s:/models/current:ro" % tiny_model, "--entrypoint", "/usr/bin/timeout", tag,
+            "-s", "TERM", "5", "/usr/local/bin/devio-server", "--model", "/models/current",
+            "--db", "/tmp/devio.db", "--adapters", "/tmp", "--backend", "auto", check=False)
+        log = p.stderr
+        assert "with backend ref" in log, log
+        assert "passed over cuda" in log and "no plugin" not in log, log
+        assert "cannot open shared object" not in log, log
+    finally:
+        run(["podman", "rmi", "-f", tag], check=False)
