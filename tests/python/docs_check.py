@@ -62,6 +62,8 @@ SCRIPTS = [
     ["python3", "tests/python/status_table_check.py"],
     ["python3", "tests/python/docs_check.py"],
     ["bash", "deploy/devio.sh"],
+    ["bash", "deploy/image/build.sh"],
+    ["python3", "tests/python/deploy_check.py"],
 ]
 
 # Flags of tools outside the repository that the docs show, and whose they are.
