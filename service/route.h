@@ -43,6 +43,7 @@ typedef struct devio_request {
     const char *method, *url;
     devio_route_params params;
     const json_t *body; /* the parsed body of a DEVIO_ROUTE_JSON_BODY route, else NULL */
+    const char *request_id; /* X-Request-Id as received or generated; never NULL from the server */
     void *conn;         /* libmicrohttpd's connection: read it with service/request.h */
     devio_wait *wait;   /* the request's place among parked awaits, kept across the calls of
                            its handler (zeroed before the first); owned by the server.

@@ -14,8 +14,9 @@
 #define AWAIT_CAP_MS 3600000u
 
 /* The request's plan, sized by the device's limits, then launch (step: and await). */
-static devio_status run_plan(devio_server *s, const json_t *body, bool await_it,
-                             uint64_t *ticket, devio_step_result *res, devio_error *err)
+static devio_status run_plan(devio_server *s, const json_t *body, const char *request_id,
+                             bool await_it, uint64_t *ticket, devio_step_result *res,
+                             devio_error *err)
 {
     devio_device *dev;
     devio_plan_buf buf;
@@ -25,8 +26,9 @@ static devio_status run_plan(devio_server *s, const json_t *body, bool await_it,
     const devio_config *c = devio_config_of(dev);
     st = devio_json_plan_decode(body, c->max_rows, c->max_batch_tokens, &buf, err);
     if (st == DEVIO_OK) {
-        st = await_it ? devio_tickets_step(&s->tickets, dev, &buf.plan, res, err)
-                      : devio_tickets_launch(&s->tickets, dev, &buf.plan, ticket, err);
+        st = await_it
+                 ? devio_tickets_step(&s->tickets, dev, &buf.plan, request_id, res, err)
+                 : devio_tickets_launch(&s->tickets, dev, &buf.plan, request_id, ticket, err);
         devio_plan_buf_free(&buf);
     }
     devio_server_release(s);
@@ -45,7 +47,7 @@ devio_status devio_route_launch(devio_server *s, const devio_request *rq, devio_
                                 devio_error *err)
 {
     uint64_t ticket = 0;
-    devio_status st = run_plan(s, rq->body, false, &ticket, NULL, err);
+    devio_status st = run_plan(s, rq->body, rq->request_id, false, &ticket, NULL, err);
     return st == DEVIO_OK ? devio_reply_json(out, 202, devio_json_ticket_ref(ticket), err) : st;
 }
 
@@ -148,11 +150,11 @@ devio_status devio_route_step(devio_server *s, const devio_request *rq, devio_re
     if (resumed(rq)) {
         st = await_parked(s, rq, rq->wait->ticket, -1, &res, out, err);
     } else if (rq->wait) {
-        st = run_plan(s, rq->body, false, &ticket, NULL, err);
+        st = run_plan(s, rq->body, rq->request_id, false, &ticket, NULL, err);
         if (st == DEVIO_OK)
             st = await_parked(s, rq, ticket, -1, &res, out, err);
     } else {
-        st = run_plan(s, rq->body, true, NULL, &res, err);
+        st = run_plan(s, rq->body, rq->request_id, true, NULL, &res, err);
     }
     if (st != DEVIO_OK || out->suspended)
         return st;
@@ -177,13 +179,14 @@ static json_t *ticket_row_json(const devio_ticket_row *t)
     json_t *error = t->error_code ? json_pack("{s:s,s:s}", "code", t->error_code, "message",
                                               t->error_message ? t->error_message : "")
                                   : json_null();
-    return json_pack("{s:I,s:I,s:s,s:I,s:o,s:I,s:I,s:o,s:o,s:o,s:o}", "id", (json_int_t)t->id,
+    return json_pack("{s:I,s:I,s:s,s:I,s:o,s:I,s:I,s:o,s:o,s:o,s:o,s:o}", "id", (json_int_t)t->id,
                      "epoch", (json_int_t)t->epoch, "status", t->status, "launched_ms",
                      (json_int_t)t->launched_ms, "settled_ms",
                      int_or_null(t->has_settled_ms, (uint64_t)t->settled_ms), "rows",
                      (json_int_t)t->rows, "tokens", (json_int_t)t->tokens, "seqs", seqs,
                      "queued_us", int_or_null(t->has_queued_us, t->queued_us), "compute_us",
-                     int_or_null(t->has_compute_us, t->compute_us), "error", error);
+                     int_or_null(t->has_compute_us, t->compute_us), "error", error,
+                     "request_id", t->request_id ? json_string(t->request_id) : json_null());
 }
 
 /* {"tickets":[...], "next": id|null} */

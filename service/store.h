@@ -58,6 +58,7 @@ typedef struct devio_ticket_record {
     uint64_t queued_us, compute_us;
     const char *error_code;    /* NULL unless failed/aborted */
     const char *error_message; /* NULL unless failed/aborted */
+    const char *request_id;    /* launch: the HTTP request's id, or NULL */
 } devio_ticket_record;
 
 /* Queue an insert (launch) or an update (settle: status, settled_ms, timings,
@@ -117,6 +118,7 @@ typedef struct devio_ticket_row {
     uint64_t queued_us, compute_us;
     char *error_code;     /* NULL when the ticket did not fail */
     char *error_message;  /* "" when failed without a message; NULL when not failed */
+    char *request_id;     /* the launch's request id; NULL when it had none */
 } devio_ticket_row;
 
 /* A page of history, newest first. Release with devio_ticket_page_free(). */

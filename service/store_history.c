@@ -17,7 +17,8 @@ static sqlite3_stmt *query_stmt(devio_store *s, unsigned mask)
     char sql[512];
     snprintf(sql, sizeof sql,
              "SELECT id, epoch, status, launched_ms, settled_ms, rows, tokens, seqs,"
-             " queued_us, compute_us, error_code, error_message FROM tickets WHERE 1%s%s%s%s"
+             " queued_us, compute_us, error_code, error_message, request_id FROM tickets"
+             " WHERE 1%s%s%s%s"
              " ORDER BY id DESC LIMIT :limit",
              (mask & STORE_QF_STATUS) ? " AND status = :status" : "",
              (mask & STORE_QF_SINCE) ? " AND launched_ms >= :since" : "",
@@ -109,6 +110,8 @@ static int read_row(sqlite3_stmt *st, devio_ticket_row *r)
             r->error_message = strdup("");
         oom |= !r->error_message;
     }
+    if (sqlite3_column_type(st, 12) != SQLITE_NULL)
+        r->request_id = column_dup(st, 12, &oom);
     return oom ? -1 : 0;
 }
 
@@ -120,6 +123,7 @@ void devio_ticket_page_free(devio_ticket_page *p)
         free(p->rows[i].seqs);
         free(p->rows[i].error_code);
         free(p->rows[i].error_message);
+        free(p->rows[i].request_id);
     }
     free(p->rows);
     memset(p, 0, sizeof *p);

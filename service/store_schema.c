@@ -47,6 +47,8 @@ static const char *const migrations[] = {
     "  last_used_ms INTEGER NOT NULL DEFAULT 0,"
     "  reason TEXT);"
     "INSERT INTO meta(key, value) VALUES('epoch', '0'), ('ticket_id_high', '0');",
+    /* 1 -> 2: the request id of the launch (X-Request-Id), NULL for rows before it */
+    "ALTER TABLE tickets ADD COLUMN request_id TEXT;",
 };
 #define SCHEMA_LATEST ((uint32_t)(sizeof migrations / sizeof migrations[0]))
 

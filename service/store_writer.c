@@ -22,8 +22,8 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
         {&s->st_rollback, "ROLLBACK"},
         {&s->st_launch,
          "INSERT INTO tickets(id, epoch, status, launched_ms, settled_ms, rows, tokens, seqs,"
-         " queued_us, compute_us, error_code, error_message)"
-         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"},
+         " queued_us, compute_us, error_code, error_message, request_id)"
+         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"},
         {&s->st_settle,
          "UPDATE tickets SET status=?2, settled_ms=?3, queued_us=?4, compute_us=?5,"
          " error_code=?6, error_message=?7 WHERE id=?1"},
@@ -119,7 +119,7 @@ static store_wrec *make_rec(store_wkind kind, const devio_ticket_record *r, cons
 {
     bool has_seqs = kind == STORE_W_LAUNCH && r->seqs; /* no seqs: NULL in the row */
     size_t extra = (has_seqs ? seqs_len(r->n_seqs) : 0) + slen(r->error_code) +
-                   slen(r->error_message);
+                   slen(r->error_message) + slen(r->request_id);
     store_wrec *w = calloc(1, sizeof *w + extra);
     if (!w)
         return NULL;
@@ -136,6 +136,7 @@ static store_wrec *make_rec(store_wkind kind, const devio_ticket_record *r, cons
     w->seqs = has_seqs ? put_seqs(w, &pos, r->seqs, r->n_seqs) : NULL;
     w->error_code = put_str(w, &pos, r->error_code);
     w->error_message = put_str(w, &pos, r->error_message);
+    w->request_id = put_str(w, &pos, r->request_id);
     return w;
 }
 
@@ -233,6 +234,7 @@ static int insert_row(devio_store *s, const store_wrec *w, bool settled)
     }
     store_bind_text_or_null(st, 11, w->error_code);
     store_bind_text_or_null(st, 12, w->error_message);
+    store_bind_text_or_null(st, 13, w->request_id);
     return store_step_reset(st);
 }
 

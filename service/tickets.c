@@ -20,7 +20,8 @@ static bool written(const devio_tickets *t, uint64_t n, devio_error *werr)
 }
 
 devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
-                                  const devio_plan *plan, uint64_t *ticket, devio_error *err)
+                                  const devio_plan *plan, const char *request_id,
+                                  uint64_t *ticket, devio_error *err)
 {
     devio_store_health h;
     devio_store_health_get(t->store, &h);
@@ -33,7 +34,8 @@ devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
     if (st != DEVIO_OK)
         return st;
     devio_ticket_record rec = {.id = id, .status = "in_flight",
-                               .launched_ms = devio_unix_ms(), .rows = plan->n_rows};
+                               .launched_ms = devio_unix_ms(), .rows = plan->n_rows,
+                               .request_id = request_id};
     /* Without memory for the ids the row is still written, with no seqs. */
     uint64_t *seqs = malloc((plan->n_rows + 1) * sizeof *seqs);
     for (uint32_t i = 0; i < plan->n_rows; i++) {
@@ -102,11 +104,11 @@ devio_status devio_tickets_await(const devio_tickets *t, devio_device *dev, uint
 }
 
 devio_status devio_tickets_step(const devio_tickets *t, devio_device *dev,
-                                const devio_plan *plan, devio_step_result *out,
-                                devio_error *err)
+                                const devio_plan *plan, const char *request_id,
+                                devio_step_result *out, devio_error *err)
 {
     uint64_t ticket = 0;
-    devio_status st = devio_tickets_launch(t, dev, plan, &ticket, err);
+    devio_status st = devio_tickets_launch(t, dev, plan, request_id, &ticket, err);
     return st == DEVIO_OK ? devio_tickets_await(t, dev, ticket, -1, out, err) : st;
 }
 

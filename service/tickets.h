@@ -24,9 +24,10 @@ typedef struct devio_tickets {
  * the answer is DEVIO_E_STORE_UNAVAILABLE and nothing was launched: the
  * reservation is cancelled, the device is as before the call. The device
  * lock is not held while the row is written, so concurrent launches share
- * the store's transactions. */
+ * the store's transactions. request_id (may be NULL) is stored with the row. */
 devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
-                                  const devio_plan *plan, uint64_t *ticket, devio_error *err);
+                                  const devio_plan *plan, const char *request_id,
+                                  uint64_t *ticket, devio_error *err);
 
 /* devio_await_begin, then the settled row ("ok" with timings, or "failed"
  * with the error) committed, then devio_await_end and the step metrics.
@@ -42,8 +43,8 @@ devio_status devio_tickets_await(const devio_tickets *t, devio_device *dev, uint
  * result's row cannot be written the answer (store_unavailable) names the
  * ticket in details.ticket: it was launched and stays awaitable. */
 devio_status devio_tickets_step(const devio_tickets *t, devio_device *dev,
-                                const devio_plan *plan, devio_step_result *out,
-                                devio_error *err);
+                                const devio_plan *plan, const char *request_id,
+                                devio_step_result *out, devio_error *err);
 
 /* After a teardown reported `aborted` unawaited tickets: count them and mark
  * every "in_flight" row of this process "aborted" with `reason`, committed

@@ -108,11 +108,11 @@ static void test_launch_refused_nothing_launched(void **state)
 
     bool full = disk_full(c);
     devio_error e1 = {0}, e2 = {0};
-    devio_status s1 = devio_tickets_launch(&c->t, c->dev, &plan, &t1, &e1);
+    devio_status s1 = devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t1, &e1);
     devio_facts during = devio_facts_get(c->dev);
     devio_seq_info info = {0};
     devio_status si = devio_seq_info_get(c->dev, a, &info, NULL);
-    devio_status s2 = devio_tickets_launch(&c->t, c->dev, &plan, &t2, &e2);
+    devio_status s2 = devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t2, &e2);
     bool lifted = disk_ok(c);
 
     assert_true(full && lifted);
@@ -129,7 +129,7 @@ static void test_launch_refused_nothing_launched(void **state)
     assert_int_equal(c->metrics.tickets_launched, 0);
 
     assert_true(writable_again(c));
-    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, &t3, NULL), DEVIO_OK);
+    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t3, NULL), DEVIO_OK);
     assert_true(t3 >= 1);
     devio_step_result r;
     assert_int_equal(devio_tickets_await(&c->t, c->dev, t3, -1, &r, NULL), DEVIO_OK);
@@ -149,7 +149,7 @@ static void test_await_keeps_result(void **state)
     devio_row row = {.seq = a, .tokens = toks, .n_tokens = 2, .has_sample = true,
                      .sample = {.temperature = 0, .top_p = 1}};
     devio_plan plan = {.rows = &row, .n_rows = 1};
-    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, &t, NULL), DEVIO_OK);
+    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t, NULL), DEVIO_OK);
     devio_step_result r0;
     assert_int_equal(devio_await(c->dev, t, -1, &r0, NULL), DEVIO_OK); /* the reference answer */
     devio_step_result_free(&r0);
@@ -157,7 +157,7 @@ static void test_await_keeps_result(void **state)
                                                          .len = 0},
                                  &(devio_outcome){0}, NULL),
                      DEVIO_OK);
-    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, &t, NULL), DEVIO_OK);
+    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t, NULL), DEVIO_OK);
 
     bool full = disk_full(c);
     devio_step_result r1 = {0}, r2 = {0};
@@ -205,11 +205,11 @@ static void test_step_names_its_ticket(void **state)
     devio_plan plan = {.rows = &row, .n_rows = 1};
     /* Launch under a working store, fail only the settle: launch then await by hand. */
     uint64_t t = 0;
-    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, &t, NULL), DEVIO_OK);
+    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t, NULL), DEVIO_OK);
     bool full = disk_full(c);
     devio_step_result r = {0};
     devio_error e = {0};
-    devio_status s = devio_tickets_step(&c->t, c->dev, &plan, &r, &e); /* seq busy: refused */
+    devio_status s = devio_tickets_step(&c->t, c->dev, &plan, NULL, &r, &e); /* seq busy: refused */
     devio_status s2 = devio_tickets_await(&c->t, c->dev, t, -1, &r, &e);
     bool lifted = disk_ok(c);
     assert_true(full && lifted);

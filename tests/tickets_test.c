@@ -71,7 +71,7 @@ static void test_launch_await_rows_and_metrics(void **state)
                         {.seq = b, .tokens = toks, .n_tokens = 2}};
     devio_plan plan = {.rows = rows, .n_rows = 2};
     devio_error err = {0};
-    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, &ticket, &err), DEVIO_OK);
+    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, NULL, &ticket, &err), DEVIO_OK);
     assert_int_equal(c->metrics.tickets_launched, 1);
 
     /* The row is committed when launch returns: read-your-writes. */
@@ -110,7 +110,7 @@ static void test_launch_await_rows_and_metrics(void **state)
     devio_ticket_page_free(&p);
 
     /* Step is the two in a row. */
-    assert_int_equal(devio_tickets_step(&c->t, c->dev, &plan, &r, &err), DEVIO_OK);
+    assert_int_equal(devio_tickets_step(&c->t, c->dev, &plan, NULL, &r, &err), DEVIO_OK);
     devio_step_result_free(&r);
     p = newest(c, "ok");
     assert_int_equal(p.n, 2);
@@ -127,7 +127,7 @@ static void test_refused_launch_writes_nothing(void **state)
     devio_plan plan = {.rows = &row, .n_rows = 1};
     uint64_t ticket = 0;
     devio_error err = {0};
-    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, &ticket, &err),
+    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, NULL, &ticket, &err),
                      DEVIO_E_UNKNOWN_SEQ);
     assert_int_equal(c->metrics.tickets_launched, 0);
     devio_ticket_page p = newest(c, NULL);
@@ -147,7 +147,7 @@ static void test_aborted_at_teardown(void **state)
     assert_int_equal(devio_seq_create(c->dev, &a, NULL), DEVIO_OK);
     devio_row row = {.seq = a, .tokens = &tok, .n_tokens = 1};
     devio_plan plan = {.rows = &row, .n_rows = 1};
-    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, &ticket, NULL), DEVIO_OK);
+    assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, NULL, &ticket, NULL), DEVIO_OK);
     uint32_t aborted = 0;
     devio_teardown(c->dev, &aborted);
     c->dev = NULL;
