@@ -10,6 +10,7 @@
 #include "device/adapter_files.h"
 #include "device/numerics.h"
 #include "device/safetensors.h"
+#include "device/sha256.h"
 #include "device/status.h"
 
 /* PEFT's prefix for a causal LM's decoder layers, adapter name removed as
@@ -47,7 +48,7 @@ static const char *target_block(devio_arch arch, devio_lora_target t)
 
 /* Storage behind the tensor views. */
 typedef struct adapter_priv {
-    devio_st_file *file; /* mapped (native) or read (WASI) for the adapter's life */
+    devio_st_file *file; /* the weights file, read into memory for the adapter's life */
     void **owned;        /* aligned copies of tensors stored at unaligned offsets */
     size_t n_owned;
 } adapter_priv;
@@ -326,8 +327,8 @@ devio_status devio_adapter_load(const char *root, const char *rel_path, const ch
         return devio_fail(err, DEVIO_E_INVALID, "adapter path is longer than %zu bytes",
                           sizeof((devio_adapter *)0)->path - 1);
 
-    devio_adapter_paths P;
-    devio_status st = devio_adapter_paths_resolve(root, rel_path, true, &P, err);
+    devio_adapter_fds F;
+    devio_status st = devio_adapter_open(root, rel_path, true, &F, err);
     if (st != DEVIO_OK)
         return st;
 
@@ -352,19 +353,22 @@ devio_status devio_adapter_load(const char *root, const char *rel_path, const ch
     }
     a->priv = priv;
 
-    if ((st = devio_lora_config_load(P.config, clabel, L, max_rank, &c, err)) != DEVIO_OK)
+    if ((st = devio_lora_config_load(F.config, clabel, L, max_rank, &c, err)) != DEVIO_OK)
         goto out;
-
-    devio_file_id before;
-    if ((st = devio_adapter_hash_file(P.weights, wlabel, a->sha256, &a->size, &before, err)) !=
-        DEVIO_OK)
+    /* The weights are read into memory once, and the digest is taken of
+     * those very bytes: the record can never describe other weights than
+     * the ones computed with, whatever happens to the file afterwards. */
+    if ((st = devio_st_open_fd(F.weights, wlabel, NULL, &priv->file, err)) != DEVIO_OK)
         goto out;
-    if ((st = devio_st_open(P.weights, wlabel, NULL, &priv->file, err)) != DEVIO_OK)
-        goto out;
-    /* The hash must describe the bytes mapped: a file replaced in between
-     * would be recorded under the wrong digest. */
-    if ((st = devio_adapter_file_unchanged(P.weights, wlabel, &before, err)) != DEVIO_OK)
-        goto out;
+    size_t nbytes;
+    const uint8_t *bytes = devio_st_bytes(priv->file, &nbytes);
+    uint8_t digest[32];
+    devio_sha256 h;
+    devio_sha256_init(&h);
+    devio_sha256_update(&h, bytes, nbytes);
+    devio_sha256_final(&h, digest);
+    devio_sha256_hex(digest, a->sha256);
+    a->size = nbytes;
     if ((st = bind_tensors(a, &c, base, priv, wlabel, err)) != DEVIO_OK)
         goto out;
 
@@ -382,7 +386,7 @@ devio_status devio_adapter_load(const char *root, const char *rel_path, const ch
 out:
     devio_adapter_free(a);
     free(c.layer_on);
-    devio_adapter_paths_free(&P);
+    devio_adapter_fds_close(&F);
     return st;
 }
 

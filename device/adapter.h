@@ -77,12 +77,18 @@ typedef struct devio_adapter {
 /* Load root/rel_path for `base`, which is borrowed for the call only: the
  * adapter keeps no pointer into it. `name` is copied into the adapter.
  *
- * rel_path must be relative, non-empty and, after realpath() of root and of
- * the adapter directory and of both files (so symlinks and ".." count),
- * inside root: otherwise DEVIO_E_INVALID "... outside the adapters root".
- * Builds without realpath (WASI) check the path lexically and rely on the
- * runtime's preopened-directory sandbox for symlinks; its refusal
- * (ENOTCAPABLE) is reported as the same DEVIO_E_INVALID.
+ * rel_path must be relative and non-empty, without a '..' or an empty
+ * component ('.' is skipped, a trailing '/' ignored), and no directory or
+ * file on the way may be a symbolic link: root is opened once and rel_path
+ * walked one component at a time with openat(O_NOFOLLOW), so nothing can be
+ * swapped in between a check and a read. Otherwise DEVIO_E_INVALID, whose
+ * message says "... outside the adapters root". Both files must be regular
+ * files and are read only through the descriptors of that walk. A WASI
+ * runtime's refusal of an escape (ENOTCAPABLE) is the same DEVIO_E_INVALID.
+ *
+ * The weights are read into memory (the file is not kept mapped or open),
+ * and sha256 and size describe exactly those bytes: changing, replacing or
+ * truncating the file afterwards changes neither the numbers nor the record.
  *
  * Statuses: DEVIO_E_IO when the directory or a file is missing or unreadable
  * (the message names it); DEVIO_E_MODEL for malformed JSON or safetensors;
@@ -100,16 +106,16 @@ devio_status devio_adapter_load(const char *root, const char *rel_path, const ch
                                 const devio_model *base, uint32_t max_rank, devio_adapter **out,
                                 devio_error *err);
 
-/* Unmaps and frees everything. a may be NULL. */
+/* Frees everything. a may be NULL. */
 void devio_adapter_free(devio_adapter *a);
 
 /* SHA-256 (lower-case hex) and byte size of root/rel_path/adapter_model.safetensors,
  * without parsing it, for deciding whether a recorded adapter changed. Same
  * path rules and statuses as devio_adapter_load. */
 /* Only the containment rules of devio_adapter_load: DEVIO_E_INVALID when
- * root/rel_path (or one of its two files) leads outside the root, through
+ * root/rel_path (or one of its two files) could lead outside the root, through
  * '..', an absolute path or a symlink; DEVIO_OK otherwise, including when the
- * directory is missing (a load then says what is missing). Reads nothing. */
+ * directory is missing (a load then says what is missing). Opens, reads nothing. */
 devio_status devio_adapter_path_check(const char *root, const char *rel_path, devio_error *err);
 
 devio_status devio_adapter_file_hash(const char *root, const char *rel_path, char hex[65],

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -248,26 +249,44 @@ static devio_status parse_config(const json_t *root, const char *label, uint32_t
     return cfg_layers(root, label, n_layers, c->layer_on, err);
 }
 
-static devio_status read_config(const char *path, const char *label, json_t **out,
-                                devio_error *err)
+/* Reads the whole of fd (from offset 0, with pread) and parses it. */
+static devio_status read_config(int fd, const char *label, json_t **out, devio_error *err)
 {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return devio_fail(err, DEVIO_E_IO, "%.120s: cannot open: %s", label, strerror(errno));
-    devio_status st = DEVIO_OK;
     struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0) {
-        st = devio_fail(err, DEVIO_E_IO, "%.120s: cannot stat: %s", label, strerror(errno));
-        goto out;
-    }
-    if (sb.st_size > MAX_CONFIG_BYTES) {
-        st = devio_fail(err, DEVIO_E_MODEL, "%.120s: %lld bytes is too large for an adapter "
-                        "config", label, (long long)sb.st_size);
-        goto out;
+    if (fstat(fd, &sb) != 0)
+        return devio_fail(err, DEVIO_E_IO, "%.120s: cannot stat: %s", label, strerror(errno));
+    if (sb.st_size > MAX_CONFIG_BYTES)
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.120s: %lld bytes is too large for an adapter config", label,
+                          (long long)sb.st_size);
+    /* One byte of room past the limit, so that a file grown since the
+     * fstat is noticed instead of cut short. */
+    char *buf = malloc(MAX_CONFIG_BYTES + 1);
+    if (!buf)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory reading %.120s", label);
+    devio_status st = DEVIO_OK;
+    size_t got = 0;
+    for (;;) {
+        ssize_t n = pread(fd, buf + got, MAX_CONFIG_BYTES + 1 - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            st = devio_fail(err, DEVIO_E_IO, "%.120s: read failed: %s", label, strerror(errno));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+        if (got > MAX_CONFIG_BYTES) {
+            st = devio_fail(err, DEVIO_E_MODEL,
+                            "%.120s: more than %d bytes is too large for an adapter config",
+                            label, MAX_CONFIG_BYTES);
+            goto out;
+        }
     }
     json_error_t jerr;
-    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(buf, got, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         st = devio_fail(err, DEVIO_E_MODEL, "%.120s: not valid JSON (line %d: %.80s)", label,
                         jerr.line, jerr.text);
@@ -280,15 +299,15 @@ static devio_status read_config(const char *path, const char *label, json_t **ou
     }
     *out = root;
 out:
-    fclose(fp);
+    free(buf);
     return st;
 }
 
-devio_status devio_lora_config_load(const char *path, const char *label, uint32_t n_layers,
+devio_status devio_lora_config_load(int fd, const char *label, uint32_t n_layers,
                                     uint32_t max_rank, devio_lora_config *c, devio_error *err)
 {
     json_t *root;
-    devio_status st = read_config(path, label, &root, err);
+    devio_status st = read_config(fd, label, &root, err);
     if (st != DEVIO_OK)
         return st;
     st = parse_config(root, label, n_layers, max_rank, c, err);

@@ -1,5 +1,5 @@
 /* adapter_config.h - reading and checking one PEFT adapter_config.json, for the adapter loader (adapter.c) only.
- * It never opens another file and never accepts a PEFT feature the device does not compute. */
+ * It never opens a file (it reads the descriptor it is given) and never accepts a PEFT feature the device does not compute. */
 #ifndef DEVIO_ADAPTER_CONFIG_H
 #define DEVIO_ADAPTER_CONFIG_H
 
@@ -17,13 +17,14 @@ typedef struct devio_lora_config {
     bool *layer_on;   /* n_layers entries, borrowed from the caller: layers_to_transform */
 } devio_lora_config;
 
-/* Reads the JSON file at `path` (named `label` in errors) and fills *c,
+/* Reads the JSON file open as fd (borrowed, read with pread from offset 0;
+ * named `label` in errors) and fills *c,
  * whose layer_on the caller has allocated with n_layers entries.
  * DEVIO_E_IO when it cannot be read; DEVIO_E_MODEL when it is not a JSON
  * object; DEVIO_E_UNSUPPORTED and DEVIO_E_INVALID as devio_adapter_load
  * (adapter.h) documents for the config's fields. Keeps no pointer into
  * anything it is given. */
-devio_status devio_lora_config_load(const char *path, const char *label, uint32_t n_layers,
+devio_status devio_lora_config_load(int fd, const char *label, uint32_t n_layers,
                                     uint32_t max_rank, devio_lora_config *c, devio_error *err);
 
 #endif

@@ -1,55 +1,45 @@
-/* adapter_files.h - where an adapter's two files are and which bytes they hold: path containment and hashing.
- * Private to the adapter loader (adapter.c, adapter_files.c); it never resolves a path outside the adapters root and never parses a file. */
+/* adapter_files.h - opens an adapter's directory and two files below the adapters root without following a link, and hashes through a descriptor.
+ * Private to the adapter loader (adapter.c, adapter_files.c); it never opens anything by a path that could lead outside the root, and never parses a file. */
 #ifndef DEVIO_ADAPTER_FILES_H
 #define DEVIO_ADAPTER_FILES_H
 
 #include <stdbool.h>
 #include <stdint.h>
-#include <sys/types.h>
-#include <time.h>
 
 #include "device/devio.h"
 
 #define DEVIO_ADAPTER_CONFIG_NAME "adapter_config.json"
 #define DEVIO_ADAPTER_WEIGHTS_NAME "adapter_model.safetensors"
 
-/* Resolved, contained paths of one adapter directory; all three owned,
- * released with devio_adapter_paths_free(). */
-typedef struct devio_adapter_paths {
-    char *dir;
-    char *config;  /* NULL unless asked for */
-    char *weights;
-} devio_adapter_paths;
+/* One adapter directory and its files, open for reading; -1 where not
+ * open. Owned; released with devio_adapter_fds_close(). Everything about the
+ * adapter is read through these descriptors, never by path again, so a
+ * rename or symlink swap after the open cannot change what is read. */
+typedef struct devio_adapter_fds {
+    int dir;
+    int config;  /* -1 unless asked for */
+    int weights; /* a regular file */
+} devio_adapter_fds;
 
-/* Who a file is, to notice it being replaced between hashing and mapping. */
-typedef struct devio_file_id {
-    dev_t dev;
-    ino_t ino;
-    off_t size;
-    struct timespec mtime;
-} devio_file_id;
+/* Opens root once (following it: the operator chose it), then walks rel
+ * one component at a time with openat(O_NOFOLLOW | O_DIRECTORY), and opens
+ * the weights file (and the config when want_config) with
+ * openat(O_NOFOLLOW), checking with fstat that each is a regular file.
+ * rel must be relative and non-empty, without '..' or empty components
+ * ('.' is skipped, trailing '/' ignored); any symbolic link on the way is
+ * refused, since it could lead outside the root. The statuses are those of
+ * devio_adapter_load (adapter.h). On failure *F holds nothing open. */
+devio_status devio_adapter_open(const char *root, const char *rel, bool want_config,
+                                devio_adapter_fds *F, devio_error *err);
 
-/* Resolves root/rel to a contained directory and its weights file (and
- * config file when want_config). Natively root, directory and files all go
- * through realpath(), so symlinks and ".." are judged by where they lead;
- * WASI checks rel lexically and relies on the preopen sandbox. The rules and
- * statuses are those of devio_adapter_load (adapter.h). On failure *P is
- * empty and holds nothing. */
-devio_status devio_adapter_paths_resolve(const char *root, const char *rel, bool want_config,
-                                         devio_adapter_paths *P, devio_error *err);
+/* Closes what is open and sets every descriptor to -1. */
+void devio_adapter_fds_close(devio_adapter_fds *F);
 
-/* Frees the three paths and empties *P. */
-void devio_adapter_paths_free(devio_adapter_paths *P);
-
-/* Streams `path` through SHA-256 without holding it in memory: lower-case
- * hex digest and byte size, and the file's identity when id is not NULL.
- * `label` names the file in errors. DEVIO_E_IO, DEVIO_E_NOMEM. */
-devio_status devio_adapter_hash_file(const char *path, const char *label, char hex[65],
-                                     uint64_t *size, devio_file_id *id, devio_error *err);
-
-/* DEVIO_OK when `path` is still the file `before` describes; DEVIO_E_IO
- * (naming `label`) when it cannot be looked at or was replaced. */
-devio_status devio_adapter_file_unchanged(const char *path, const char *label,
-                                          const devio_file_id *before, devio_error *err);
+/* Streams fd (from offset 0, with pread) through SHA-256 without holding
+ * it in memory: lower-case hex digest and byte size. `label` names the file
+ * in errors. DEVIO_E_IO (a file that changes size while read included),
+ * DEVIO_E_NOMEM. */
+devio_status devio_adapter_hash_fd(int fd, const char *label, char hex[65], uint64_t *size,
+                                   devio_error *err);
 
 #endif

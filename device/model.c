@@ -22,7 +22,7 @@
 
 /* Everything the model owns besides its tensor views. */
 typedef struct model_priv {
-    devio_st_file **files; /* open weight files, mapped for the model's life */
+    devio_st_file **files; /* weight files, read into memory for the model's life */
     size_t n_files, cap_files;
     void **owned; /* aligned copies of tensors stored at unaligned offsets */
     size_t n_owned, cap_owned;

@@ -19,8 +19,10 @@ typedef enum devio_dtype {
 size_t devio_dtype_size(devio_dtype t);
 const char *devio_dtype_str(devio_dtype t); /* "F32", "F16", "BF16" */
 
-/* A read-only view of one tensor. `data` points into the mapped (or read)
- * file and is owned by the model. Shapes are Hugging Face's ([out, in]). */
+/* A read-only view of one tensor. `data` points into the weight file's
+ * bytes, read into anonymous memory at load and owned by the model, so a
+ * file changed or truncated on disk afterwards changes nothing here.
+ * Shapes are Hugging Face's ([out, in]). */
 typedef struct devio_tensor {
     const void *data; /* NULL when the tensor is absent (optional biases) */
     devio_dtype dtype;

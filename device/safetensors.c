@@ -1,5 +1,7 @@
-/* safetensors.c - maps (native) or reads (WASI) one .safetensors file and checks its header.
- * It must never read outside the file, trust a length it has not checked, or crash on bad input. */
+/* safetensors.c - reads one .safetensors file into memory it owns and checks its header.
+ * It must never read outside the file, trust a length it has not checked, crash on bad input,
+ * or keep the file mapped: a file changed or truncated on disk must not change what was read. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "device/safetensors.h"
 
 #include <errno.h>
@@ -7,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdbool.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,7 +23,7 @@
 
 struct devio_st_file {
     char *label;
-    uint8_t *base; /* whole file: mapped (native) or malloc'd (WASI) */
+    uint8_t *base; /* whole file: anonymous pages (native) or malloc'd (WASI), read-only once read */
     size_t size;
     devio_st_tensor *tensors; /* sorted by name */
     size_t n_tensors;
@@ -43,79 +46,19 @@ static int st_cmp_tensor(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-/* Brings the whole file into memory: a read-only private mapping natively,
- * a heap copy under WASI where mmap is only emulated (and copies anyway). */
-static devio_status st_load_bytes(devio_st_file *f, const char *path, const char *ctx,
-                                  devio_error *err)
+/* The whole file's bytes, read through fd into memory nobody else can
+ * reach. Natively that is an anonymous mapping, page-aligned like the file
+ * mapping it replaces and made read-only once filled; under WASI the heap.
+ * A file mapping is not used on purpose: its pages follow the file, so an
+ * in-place write would change the numbers and a truncation would SIGBUS. */
+static uint8_t *st_alloc(size_t n)
 {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        /* A weights file that is not there makes the model directory malformed. */
-        devio_status s = errno == ENOENT ? DEVIO_E_MODEL : DEVIO_E_IO;
-        devio_fail(err, s, "%.100s: cannot open: %s%s", f->label, strerror(errno), ctx);
-        return s;
-    }
-    devio_status st = DEVIO_OK;
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        devio_fail(err, DEVIO_E_IO, "%.100s: cannot stat: %s%s", f->label, strerror(errno), ctx);
-        st = DEVIO_E_IO;
-        goto out_close;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        devio_fail(err, DEVIO_E_MODEL, "%.100s: not a regular file%s", f->label, ctx);
-        st = DEVIO_E_MODEL;
-        goto out_close;
-    }
-    if (sb.st_size < 8) {
-        devio_fail(err, DEVIO_E_MODEL,
-                   "%.100s: file is %lld bytes, shorter than the 8-byte header length%s", f->label,
-                   (long long)sb.st_size, ctx);
-        st = DEVIO_E_MODEL;
-        goto out_close;
-    }
-    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
-        devio_fail(err, DEVIO_E_MODEL, "%.100s: file of %lld bytes is too large for this build%s",
-                   f->label, (long long)sb.st_size, ctx);
-        st = DEVIO_E_MODEL;
-        goto out_close;
-    }
-    f->size = (size_t)sb.st_size;
 #ifdef __wasi__
-    f->base = malloc(f->size);
-    if (!f->base) {
-        devio_fail(err, DEVIO_E_NOMEM, "%.100s: cannot allocate %zu bytes%s", f->label, f->size,
-                   ctx);
-        st = DEVIO_E_NOMEM;
-        goto out_close;
-    }
-    for (size_t got = 0; got < f->size;) {
-        ssize_t n = read(fd, f->base + got, f->size - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            devio_fail(err, DEVIO_E_IO, "%.100s: read failed at byte %zu: %s%s", f->label, got,
-                       n < 0 ? strerror(errno) : "unexpected end of file", ctx);
-            st = DEVIO_E_IO;
-            free(f->base);
-            f->base = NULL;
-            goto out_close;
-        }
-        got += (size_t)n;
-    }
+    return malloc(n ? n : 1);
 #else
-    void *p = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-        devio_fail(err, DEVIO_E_IO, "%.100s: mmap of %zu bytes failed: %s%s", f->label, f->size,
-                   strerror(errno), ctx);
-        st = DEVIO_E_IO;
-        goto out_close;
-    }
-    f->base = p;
+    void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
 #endif
-out_close:
-    close(fd);
-    return st;
 }
 
 static void st_free_bytes(devio_st_file *f)
@@ -125,9 +68,66 @@ static void st_free_bytes(devio_st_file *f)
 #ifdef __wasi__
     free(f->base);
 #else
-    munmap(f->base, f->size);
+    munmap(f->base, f->size ? f->size : 1);
 #endif
     f->base = NULL;
+}
+
+/* True when two fstat results describe the same, unchanged file. */
+static bool st_same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* Reads the whole of fd (a regular file of at least 8 bytes) into f->base.
+ * A file that changes size or mtime while being read is DEVIO_E_IO: the
+ * bytes would be a mix of two versions. */
+static devio_status st_load_bytes(devio_st_file *f, int fd, const char *ctx, devio_error *err)
+{
+    struct stat sb, after;
+    if (fstat(fd, &sb) != 0)
+        return devio_fail(err, DEVIO_E_IO, "%.100s: cannot stat: %s%s", f->label, strerror(errno),
+                          ctx);
+    if (!S_ISREG(sb.st_mode))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: not a regular file%s", f->label, ctx);
+    if (sb.st_size < 8)
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: file is %lld bytes, shorter than the 8-byte header length%s",
+                          f->label, (long long)sb.st_size, ctx);
+    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX)
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: file of %lld bytes is too large for this build%s", f->label,
+                          (long long)sb.st_size, ctx);
+    size_t size = (size_t)sb.st_size;
+    uint8_t *buf = st_alloc(size);
+    if (!buf)
+        return devio_fail(err, DEVIO_E_NOMEM, "%.100s: cannot allocate %zu bytes%s", f->label,
+                          size, ctx);
+    f->base = buf;
+    f->size = size;
+    for (size_t got = 0; got < size;) {
+        ssize_t n = pread(fd, buf + got, size - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            devio_fail(err, DEVIO_E_IO, "%.100s: read failed at byte %zu: %s%s", f->label, got,
+                       n < 0 ? strerror(errno) : "unexpected end of file (changed while read?)",
+                       ctx);
+            st_free_bytes(f);
+            return DEVIO_E_IO;
+        }
+        got += (size_t)n;
+    }
+    if (fstat(fd, &after) != 0 || !st_same_file(&sb, &after)) {
+        st_free_bytes(f);
+        return devio_fail(err, DEVIO_E_IO, "%.100s: changed while being read; try again%s",
+                          f->label, ctx);
+    }
+#ifndef __wasi__
+    (void)mprotect(buf, size, PROT_READ); /* a stray write faults instead of changing weights */
+#endif
+    return DEVIO_OK;
 }
 
 /* Reads a JSON integer that must be >= 0. */
@@ -245,6 +245,24 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
     char ctx[128] = "";
     if (wanted)
         snprintf(ctx, sizeof ctx, " (needed for tensor '%.80s')", wanted);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        /* A weights file that is not there makes the model directory malformed. */
+        devio_status s = errno == ENOENT ? DEVIO_E_MODEL : DEVIO_E_IO;
+        return devio_fail(err, s, "%.100s: cannot open: %s%s", label, strerror(errno), ctx);
+    }
+    devio_status st = devio_st_open_fd(fd, label, wanted, out, err);
+    close(fd);
+    return st;
+}
+
+devio_status devio_st_open_fd(int fd, const char *label, const char *wanted, devio_st_file **out,
+                              devio_error *err)
+{
+    *out = NULL;
+    char ctx[128] = "";
+    if (wanted)
+        snprintf(ctx, sizeof ctx, " (needed for tensor '%.80s')", wanted);
     devio_status st;
     devio_st_file *f = calloc(1, sizeof *f);
     if (!f)
@@ -255,7 +273,7 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
         st = DEVIO_E_NOMEM;
         goto out_free;
     }
-    st = st_load_bytes(f, path, ctx, err);
+    st = st_load_bytes(f, fd, ctx, err);
     if (st != DEVIO_OK)
         goto out_free;
 
@@ -373,4 +391,10 @@ const devio_st_tensor *devio_st_at(const devio_st_file *f, size_t i)
 const char *devio_st_label(const devio_st_file *f)
 {
     return f->label;
+}
+
+const uint8_t *devio_st_bytes(const devio_st_file *f, size_t *size)
+{
+    *size = f->size;
+    return f->base;
 }

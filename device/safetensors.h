@@ -1,5 +1,6 @@
-/* safetensors.h - opens one .safetensors file and range-checks every tensor in it.
- * It never interprets tensor values and never hands out a pointer outside the file. */
+/* safetensors.h - reads one .safetensors file into memory and range-checks every tensor in it.
+ * It never interprets tensor values, never hands out a pointer outside the file's bytes, and
+ * never keeps the file mapped: what it read cannot change when the file on disk does. */
 #ifndef DEVIO_SAFETENSORS_H
 #define DEVIO_SAFETENSORS_H
 
@@ -14,8 +15,8 @@
 /* The header is JSON text; anything larger is not a model we can trust. */
 #define DEVIO_ST_MAX_HEADER ((uint64_t)100 * 1024 * 1024)
 
-/* One tensor entry of the header. `data` points into the file's bytes
- * (mapped or read) and is owned by the devio_st_file. */
+/* One tensor entry of the header. `data` points into the file's bytes as
+ * read at open, owned by the devio_st_file. */
 typedef struct devio_st_tensor {
     char *name;         /* owned by the file */
     char dtype_str[16]; /* as written in the header, e.g. "BF16", "I64" */
@@ -40,7 +41,15 @@ typedef struct devio_st_file devio_st_file;
 devio_status devio_st_open(const char *path, const char *label, const char *wanted,
                            devio_st_file **out, devio_error *err);
 
-/* Release the mapping or buffer and every entry. f may be NULL. */
+/* As devio_st_open, over an open descriptor (borrowed: not closed, read
+ * with pread only, so its offset is untouched). The whole file is read into
+ * anonymous memory the devio_st_file owns; a file that changes size or
+ * modification time while being read is DEVIO_E_IO ("try again"). Not a
+ * regular file, or shorter than 8 bytes: DEVIO_E_MODEL. */
+devio_status devio_st_open_fd(int fd, const char *label, const char *wanted, devio_st_file **out,
+                              devio_error *err);
+
+/* Release the bytes and every entry. f may be NULL. */
 void devio_st_close(devio_st_file *f);
 
 /* Entry named `name`, or NULL. Borrowed from f. */
@@ -52,5 +61,9 @@ const devio_st_tensor *devio_st_at(const devio_st_file *f, size_t i);
 
 /* The label given at open. Borrowed from f. */
 const char *devio_st_label(const devio_st_file *f);
+
+/* The whole file as read at open (*size bytes), so that a digest can be
+ * taken of exactly the bytes the tensors point into. Borrowed from f. */
+const uint8_t *devio_st_bytes(const devio_st_file *f, size_t *size);
 
 #endif

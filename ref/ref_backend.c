@@ -211,11 +211,12 @@ static bool create_buffers(ref_state *st)
            st->lora_row && st->lora_a;
 }
 
-/* Ask the kernel to drop the resident pages of [p, p + n): a file mapping's
- * pages come back from the file if anything reads them again, and
- * MADV_PAGEOUT never discards memory that has no file behind it, so this is
- * only ever a hint. Without it a model's projections would be resident twice
- * (the file's pages and the panels). */
+/* Ask the kernel to page out [p, p + n): the model's bytes are anonymous
+ * memory (device/safetensors.c), so with swap they are written out and come
+ * back if anything reads them again, and without swap nothing happens.
+ * MADV_PAGEOUT never discards data, so this is only ever a hint; where it
+ * does nothing a model's projections are resident twice (its bytes and the
+ * panels: docs/operations.md gives the cost). */
 static void release_pages(const void *p, size_t n)
 {
 #if !defined(__wasi__) && defined(MADV_PAGEOUT)
@@ -247,7 +248,7 @@ static bool pack_one(ref_state *st, ref_panels *p, const devio_tensor *t)
 }
 
 /* Every projection of every layer, and the logits head (the embedding's
- * rows when tied: packed all the same, the lookup keeps reading the file). */
+ * rows when tied: packed all the same, the lookup keeps reading the model's bytes). */
 static bool pack_weights(ref_state *st, uint32_t L)
 {
     st->panels = calloc_n(st, L, REF_W_N, sizeof *st->panels);

@@ -64,9 +64,15 @@ static void test_symlink_dir_outside(void **state)
     assert_int_equal(symlink("../outside/ad", path_in(fx->root, "rel-link")), 0);
     devio_error err;
     load_expect(fx, "link", 64, DEVIO_E_INVALID, &err);
-    assert_msg_has(&err, "adapter path 'link' resolves to outside the adapters root");
+    assert_msg_has(&err, "adapter path 'link' goes through a symbolic link");
+    assert_msg_has(&err, "outside the adapters root");
     load_expect(fx, "rel-link", 64, DEVIO_E_INVALID, &err);
-    assert_msg_has(&err, "adapter path 'rel-link' resolves to outside the adapters root");
+    assert_msg_has(&err, "adapter path 'rel-link' goes through a symbolic link");
+    /* A link deeper down is refused the same way. */
+    assert_int_equal(mkdir(path_in(fx->root, "d"), 0777), 0);
+    assert_int_equal(symlink(o.out_dir, path_in(path_in(fx->root, "d"), "in")), 0);
+    load_expect(fx, "d/in", 64, DEVIO_E_INVALID, &err);
+    assert_msg_has(&err, "symbolic link ('in')");
     char hex[65];
     uint64_t size;
     assert_int_equal(devio_adapter_file_hash(fx->root, "link", hex, &size, &err),
@@ -173,10 +179,15 @@ static void test_missing_weights(void **state)
     devio_error err;
     load_expect(fx, "nw", 64, DEVIO_E_IO, &err);
     assert_msg_has(&err, "nw/adapter_model.safetensors");
-    /* A dangling link is missing too. */
+    /* A dangling link is a link: refused before anything looks where it leads. */
     assert_int_equal(symlink("gone", path_in(o.out_dir, "adapter_model.safetensors")), 0);
+    load_expect(fx, "nw", 64, DEVIO_E_INVALID, &err);
+    assert_msg_has(&err, "adapter_model.safetensors is a symbolic link");
+    /* A FIFO is not a regular file, and opening it does not wait for a writer. */
+    assert_int_equal(unlink(path_in(o.out_dir, "adapter_model.safetensors")), 0);
+    assert_int_equal(mkfifo(path_in(o.out_dir, "adapter_model.safetensors"), 0600), 0);
     load_expect(fx, "nw", 64, DEVIO_E_IO, &err);
-    assert_msg_has(&err, "adapter_model.safetensors");
+    assert_msg_has(&err, "not a regular file");
 }
 
 static void test_corrupt_json(void **state)

@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -347,20 +348,73 @@ static void test_layers_to_transform(void **state)
     load_expect(fx, "l1", 64, DEVIO_E_INVALID, &err);
 }
 
-static void test_symlink_inside_ok(void **state)
+/* No link is followed, even one that stays inside the root: the path is
+ * walked with openat(O_NOFOLLOW), so what was checked is what is read. */
+static void test_links_and_dotdot_refused(void **state)
 {
     fixture *fx = *state;
-    write_default(fx, "real");
+    devio_mkmodel_adapter_opts o = write_default(fx, "real");
     assert_int_equal(symlink("real", path_in(fx->root, "alias")), 0);
     assert_int_equal(mkdir(path_in(fx->root, "x"), 0777), 0);
     devio_error err;
-    devio_adapter *a = load_expect(fx, "alias", 64, DEVIO_OK, &err);
-    assert_string_equal(a->path, "alias");
+    load_expect(fx, "alias", 64, DEVIO_E_INVALID, &err);
+    assert_msg_has(&err, "symbolic link ('alias')");
+    assert_msg_has(&err, "outside the adapters root");
+    load_expect(fx, "x/../real/", 64, DEVIO_E_INVALID, &err);
+    assert_msg_has(&err, "'..'");
+    load_expect(fx, "x//real", 64, DEVIO_E_INVALID, &err);
+    assert_msg_has(&err, "empty component");
+    devio_adapter *a = load_expect(fx, "./real", 64, DEVIO_OK, &err);
     devio_adapter_free(a);
-    a = load_expect(fx, "x/../real/", 64, DEVIO_OK, &err);
-    assert_string_equal(a->path, "x/../real/");
+    a = load_expect(fx, "real/", 64, DEVIO_OK, &err);
+    assert_string_equal(a->path, "real/");
     devio_adapter_free(a);
-    a = load_expect(fx, "./real", 64, DEVIO_OK, &err);
+    /* A link to a file of the same directory is refused too. */
+    const char *c = path_in(o.out_dir, "adapter_config.json");
+    assert_int_equal(rename(c, path_in(o.out_dir, "cfg.json")), 0);
+    assert_int_equal(symlink("cfg.json", c), 0);
+    load_expect(fx, "real", 64, DEVIO_E_INVALID, &err);
+    assert_msg_has(&err, "real/adapter_config.json is a symbolic link");
+    char hex[65];
+    uint64_t size;
+    assert_int_equal(devio_adapter_file_hash(fx->root, "alias", hex, &size, &err),
+                     DEVIO_E_INVALID);
+}
+
+/* Every byte of `path` inverted, in place: same inode, same size. */
+static void overwrite_in_place(const char *path)
+{
+    size_t n;
+    uint8_t *b = read_all(path, &n);
+    for (size_t i = 0; i < n; i++)
+        b[i] ^= 0xFF;
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, b, n, 0), (ssize_t)n);
+    assert_int_equal(close(fd), 0);
+    free(b);
+}
+
+/* The loaded weights are the bytes the record's digest describes, and
+ * neither follows the file once it is loaded. */
+static void test_weights_changed_after_load(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_adapter_opts o = write_default(fx, "w");
+    const char *w = path_in(o.out_dir, "adapter_model.safetensors");
+    char want[65];
+    uint64_t wsize;
+    sha_of_file(w, want, &wsize);
+    devio_error err;
+    devio_adapter *a = load_expect(fx, "w", 64, DEVIO_OK, &err);
+    assert_string_equal(a->sha256, want);
+    assert_int_equal(a->size, wsize);
+    overwrite_in_place(w);
+    check_values(fx, &o, a);
+    assert_string_equal(a->sha256, want);
+    assert_int_equal(truncate(w, 0), 0);
+    check_values(fx, &o, a); /* reads every element: no SIGBUS */
+    assert_string_equal(a->sha256, want);
     devio_adapter_free(a);
 }
 
@@ -587,7 +641,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_target_string, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_target_pattern, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_layers_to_transform, fx_setup, fx_teardown),
-        cmocka_unit_test_setup_teardown(test_symlink_inside_ok, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_links_and_dotdot_refused, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_weights_changed_after_load, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_unaligned_tensor, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_file_hash, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_writer_deterministic, fx_setup, fx_teardown),

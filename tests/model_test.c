@@ -9,7 +9,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -479,6 +481,69 @@ static void test_mistral_window_and_defaults(void **state)
     devio_model_free(m);
 }
 
+/* ---- the file on disk changes after load ---- */
+
+/* Every byte of `path` inverted, in place: same inode, same size. */
+static void overwrite_in_place(const char *path)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    struct stat sb;
+    assert_int_equal(fstat(fd, &sb), 0);
+    uint8_t *b = malloc((size_t)sb.st_size);
+    assert_non_null(b);
+    assert_int_equal(pread(fd, b, (size_t)sb.st_size, 0), sb.st_size);
+    for (off_t i = 0; i < sb.st_size; i++)
+        b[i] ^= 0xFF;
+    assert_int_equal(pwrite(fd, b, (size_t)sb.st_size, 0), sb.st_size);
+    free(b);
+    assert_int_equal(close(fd), 0);
+}
+
+/* Copies of the bytes of a few tensors spread over the file. */
+typedef struct tensor_copy {
+    const devio_tensor *t;
+    size_t n;
+    uint8_t *bytes;
+} tensor_copy;
+
+static void copies_check(const tensor_copy *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        assert_memory_equal(c[i].t->data, c[i].bytes, c[i].n);
+}
+
+static void test_file_changed_after_load(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    devio_model *m = load_ok(fx->dir);
+    const devio_layer *last = &m->layers[m->cfg.n_layers - 1];
+    const devio_tensor *ts[] = {&m->embed, &m->layers[0].wq, &last->w_down, &m->norm, &m->lm_head};
+    tensor_copy c[5];
+    for (size_t i = 0; i < 5; i++) {
+        c[i].t = ts[i];
+        c[i].n = (size_t)ts[i]->shape[0] * (ts[i]->ndim == 2 ? ts[i]->shape[1] : 1) *
+                 devio_dtype_size(ts[i]->dtype);
+        c[i].bytes = malloc(c[i].n);
+        assert_non_null(c[i].bytes);
+        memcpy(c[i].bytes, ts[i]->data, c[i].n);
+    }
+    const char *w = path_in(fx->dir, "model.safetensors");
+    /* Same size, other bytes: what was loaded does not follow the file. */
+    overwrite_in_place(w);
+    copies_check(c, 5);
+    /* Truncated: reading every tensor neither faults (SIGBUS) nor changes. */
+    assert_int_equal(truncate(w, 0), 0);
+    copies_check(c, 5);
+    assert_int_equal(unlink(w), 0);
+    copies_check(c, 5);
+    for (size_t i = 0; i < 5; i++)
+        free(c[i].bytes);
+    devio_model_free(m);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, fx_setup, fx_teardown)
@@ -501,6 +566,7 @@ int main(void)
         T(test_qwen2_bias_default),
         T(test_qwen2_without_bias_tensors),
         T(test_mistral_window_and_defaults),
+        T(test_file_changed_after_load),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
