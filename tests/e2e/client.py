@@ -56,9 +56,10 @@ class Answer:
 
 
 class Client:
-    def __init__(self, host, port, contract, token=None, timeout=60.0):
+    def __init__(self, host, port, contract, token=None, timeout=60.0, source=None):
         self.host = host
         self.port = port
+        self.source = source  # local address to connect from, e.g. "127.0.0.2"
         self.contract = contract
         self.token = token
         self.timeout = timeout
@@ -73,7 +74,9 @@ class Client:
 
     def _connect(self):
         if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            src = (self.source, 0) if self.source else None
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout,
+                                                   source_address=src)
         return self.conn
 
     def _send(self, method, path, data, headers):
