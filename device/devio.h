@@ -53,6 +53,8 @@ typedef enum devio_status {
     DEVIO_E_METHOD,           /* route exists, method does not (405) */
     DEVIO_E_NOT_READY,        /* starting or shutting down (503) */
     DEVIO_E_STORE_UNAVAILABLE,/* the ticket history cannot be written: nothing was done (503) */
+    DEVIO_E_BAD_FRAMING,      /* Content-Length or Transfer-Encoding headers that disagree (400) */
+    DEVIO_E_TOO_MANY_CONNECTIONS, /* connection limit reached, in all or from one address (503) */
     DEVIO_STATUS_COUNT
 } devio_status;
 

@@ -37,6 +37,8 @@ static const char *const status_names[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_METHOD] = "method_not_allowed",
     [DEVIO_E_NOT_READY] = "not_ready",
     [DEVIO_E_STORE_UNAVAILABLE] = "store_unavailable",
+    [DEVIO_E_BAD_FRAMING] = "bad_framing",
+    [DEVIO_E_TOO_MANY_CONNECTIONS] = "too_many_connections",
 };
 
 devio_status devio_status_parse(const char *code)

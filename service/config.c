@@ -30,9 +30,13 @@ static const devio_opt opts[] = {
     {.flag = "max-json-depth", .type = DEVIO_OPT_U32, .offset = S(max_json_depth), .metavar = "N",
      .help = "deepest JSON nesting accepted [32]"},
     {.flag = "max-connections", .type = DEVIO_OPT_U32, .offset = S(max_connections), .metavar = "N",
-     .help = "concurrent connections [256]"},
+     .help = "connections open at once; more are answered 503 [1024]"},
+    {.flag = "max-per-address", .type = DEVIO_OPT_U32, .offset = S(max_per_address), .metavar = "N",
+     .help = "connections open at once from one client address, 0 = no limit [64]"},
+    {.flag = "header-timeout-ms", .type = DEVIO_OPT_U32, .offset = S(header_timeout_ms), .metavar = "N",
+     .help = "a request's headers must arrive within this of the connection's start or the last answer, ms [10000]"},
     {.flag = "connection-timeout", .type = DEVIO_OPT_U32, .offset = S(connection_timeout_s), .metavar = "N",
-     .help = "idle connection timeout, s [30]"},
+     .help = "a connection silent this long is closed, s [30]"},
     {.flag = "http-threads", .type = DEVIO_OPT_U32, .offset = S(http_threads), .metavar = "N",
      .help = "threads serving HTTP, each an epoll loop over its connections, 1..64 [2]"},
     {.flag = "retention", .type = DEVIO_OPT_U32, .offset = S(retention), .metavar = "N",
@@ -70,7 +74,9 @@ void devio_server_config_default(devio_server_config *c)
     c->backend = "auto";
     c->max_body = 1u << 20;
     c->max_json_depth = 32;
-    c->max_connections = 256;
+    c->max_connections = 1024;
+    c->max_per_address = 64;
+    c->header_timeout_ms = 10000;
     c->connection_timeout_s = 30;
     c->http_threads = 2;
     c->retention = 100000;
@@ -89,6 +95,10 @@ int devio_server_config_parse(devio_server_config *c, int argc, char **argv, FIL
         c->token = tok;
     if (c->http_threads < 1 || c->http_threads > 64) {
         fprintf(errf, "devio-server: --http-threads must be 1 to 64\n");
+        return -1;
+    }
+    if (c->max_connections < 1) {
+        fprintf(errf, "devio-server: --max-connections must be at least 1\n");
         return -1;
     }
     if (!c->model) {

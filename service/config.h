@@ -20,7 +20,9 @@ typedef struct devio_server_config {
     const char *token_file; /* --token-file F */
     uint32_t max_body;      /* --max-body bytes, default 1 MiB */
     uint32_t max_json_depth;/* --max-json-depth, default 32 */
-    uint32_t max_connections; /* --max-connections, default 256 */
+    uint32_t max_connections; /* --max-connections open at once, default 1024 */
+    uint32_t max_per_address; /* --max-per-address: open at once from one address, default 64 */
+    uint32_t header_timeout_ms; /* --header-timeout-ms for a request's headers, default 10000 */
     uint32_t connection_timeout_s; /* --connection-timeout seconds, default 30 */
     uint32_t http_threads;  /* --http-threads: libmicrohttpd's polling threads, default 2 */
     uint32_t retention;     /* --retention ticket rows kept, default 100000 */

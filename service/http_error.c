@@ -35,6 +35,8 @@ static const unsigned short http_codes[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_METHOD] = 405,
     [DEVIO_E_NOT_READY] = 503,
     [DEVIO_E_STORE_UNAVAILABLE] = 503,
+    [DEVIO_E_BAD_FRAMING] = 400,
+    [DEVIO_E_TOO_MANY_CONNECTIONS] = 503,
 };
 
 unsigned devio_http_code(devio_status s)

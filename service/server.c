@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "device/backend.h"
 #include "device/status.h"
 #include "ref/builtin.h"
+#include "service/framing.h"
 #include "service/request.h"
 #include "service/routes.h"
 #include "service/server.h"
@@ -33,10 +35,18 @@
  * thread handoffs are). Chosen for what it bounds: threads no longer grow
  * with connections, and awaits in any number wait on none of them. Two
  * threads by default, so that a request waiting on its history write (done
- * by the store's writer thread) does not hold up every other connection. */
+ * by the store's writer thread) does not hold up every other connection.
+ * The listening socket is devio's own (listener.h): it answers 503 when a
+ * connection limit is reached, where libmicrohttpd would close the socket
+ * without a word, and it cuts connections whose headers are late, which
+ * libmicrohttpd's idle timeout (restarted by every byte) cannot. */
 #define MHD_FLAGS                                                                               \
     (MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | \
-     MHD_USE_ERROR_LOG)
+     MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET)
+
+/* Descriptors kept free beside the connections: the store, the model, the
+ * loop's epoll and wake-up descriptors, refused sockets draining. */
+#define FD_RESERVE 128
 
 #define ROUTE(m, p, h, a, b, d)                                                                 \
     {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
@@ -46,7 +56,7 @@
  * handler, who may call it, its body, and whether it is refused while the
  * server drains. Metrics label each answer with its route's path (a 405 with
  * the path's first entry); answers decided before a route is known use
- * "auth" (401), "body" (413) and "unknown" (404). */
+ * "auth" (401), "framing" (400), "body" (413) and "unknown" (404). */
 static const devio_route routes[] = {
     ROUTE("GET", "/healthz", devio_route_healthz, HEALTH, NO_BODY, false),
     ROUTE("GET", "/readyz", devio_route_readyz, HEALTH, NO_BODY, false),
@@ -88,6 +98,8 @@ typedef struct req {
     char *body;
     size_t len, cap;            /* len counts dropped bodies too, for the limit */
     bool too_large;
+    bool answered;              /* refused on its headers; the body is not read */
+    devio_conn *conn;           /* the listener's count of this connection, or NULL */
     devio_wait wait;            /* an await's place among the parked ones (await_waits.h) */
     uint64_t start_us;          /* the first access-handler call, for the latency metric */
 } req;
@@ -292,6 +304,53 @@ static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, dev
     return ret;
 }
 
+/* Collects the framing headers for devio_framing_check. */
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    (void)kind;
+    devio_framing_add(cls, key, value);
+    return MHD_YES;
+}
+
+/* The answer of a request refused on its headers, queued before its body is
+ * read; the connection is closed after it. */
+static enum MHD_Result answer_early(devio_server *s, struct MHD_Connection *c, req *q,
+                                    devio_error *err, const char *label)
+{
+    devio_reply r = {.code = 500, .close = true};
+    devio_reply_error(&r, err);
+    q->answered = true;
+    return send_reply(s, c, &r, label, q->start_us);
+}
+
+/* The request's headers are in and none of its body has been read. Refused
+ * here, before anything is buffered: framing that two parsers could read two
+ * ways, for every method; and for POST and PUT (whose bodies routes keep), a
+ * missing token and a declared length over --max-body. libmicrohttpd answers
+ * a POST or PUT refused here without reading its body, and closes. */
+static enum MHD_Result on_headers(devio_server *s, struct MHD_Connection *c, const char *method,
+                                  req *q)
+{
+    devio_error err = {0};
+    bool upload = strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0;
+    if (upload && needs_token(s, q->on_path) &&
+        !token_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
+        devio_fail(&err, DEVIO_E_UNAUTHORIZED, "missing or wrong bearer token");
+        return answer_early(s, c, q, &err, "auth");
+    }
+    devio_framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+    if (devio_framing_check(&f, &err) != DEVIO_OK)
+        return answer_early(s, c, q, &err, "framing");
+    if (upload && f.n_length == 1 && f.length > s->cfg.max_body) {
+        devio_fail(&err, DEVIO_E_TOO_LARGE, "request body of %llu bytes is larger than %u bytes",
+                   (unsigned long long)f.length, s->cfg.max_body);
+        return answer_early(s, c, q, &err, "body");
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **req_cls)
@@ -309,7 +368,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->keep_body = q->route && q->route->body == DEVIO_ROUTE_JSON_BODY;
         *req_cls = q;
         atomic_fetch_add(&s->active, 1);
-        return MHD_YES;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        q->conn = ci ? ci->socket_context : NULL;
+        devio_listener_headers(&s->listener, q->conn, true);
+        return on_headers(s, c, method, q);
+    }
+    if (q->answered) {
+        /* Refused on its headers: a body that still comes is dropped, and
+         * more than --max-body of it closes the connection. */
+        q->len += *upload_size;
+        *upload_size = 0;
+        return q->len > s->cfg.max_body ? MHD_NO : MHD_YES;
     }
     if (*upload_size) {
         /* Bodies of reads are ignored, whatever their size. */
@@ -342,10 +412,57 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
     req *q = *req_cls;
     if (!q)
         return;
+    devio_listener_headers(&s->listener, q->conn, false);
     free(q->body);
     free(q);
     *req_cls = NULL;
     atomic_fetch_sub(&s->active, 1);
+}
+
+/* A connection starts or ends: counted by the listener, which watches its
+ * header deadline. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode what)
+{
+    devio_server *s = cls;
+    if (what == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? devio_listener_started(&s->listener, ci->connect_fd) : NULL;
+    } else {
+        devio_listener_closed(&s->listener, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+/* The listener's hand-over: libmicrohttpd owns the socket from here, and
+ * closes it when it cannot take it. */
+static bool add_connection(void *ctx, int fd, const struct sockaddr *sa, socklen_t len)
+{
+    devio_server *s = ctx;
+    return MHD_add_connection(s->mhd, fd, sa, len) == MHD_YES;
+}
+
+/* Raise the soft descriptor limit to the hard one; lower --max-connections
+ * (saying so) when even that cannot hold them. */
+static void fit_descriptors(devio_server_config *cfg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (rlim_t)cfg->max_connections + FD_RESERVE)
+        return;
+    uint32_t fit = rl.rlim_cur > 2 * FD_RESERVE ? (uint32_t)(rl.rlim_cur - FD_RESERVE) : FD_RESERVE;
+    fprintf(stderr,
+            "devio-server: --max-connections %u lowered to %u: the descriptor limit "
+            "(RLIMIT_NOFILE) is %llu\n",
+            cfg->max_connections, fit, (unsigned long long)rl.rlim_cur);
+    cfg->max_connections = fit;
 }
 
 /* Called under the waits table's lock; neither calls back into devio code. */
@@ -461,23 +578,36 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     if (st == DEVIO_OK)
         st = devio_adapters_start(&s->adapters, s->store, s->dev, stderr, NULL, err);
     if (st == DEVIO_OK) {
-        s->mhd = MHD_start_daemon(MHD_FLAGS, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                                  (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED,
-                                  on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
-                                  (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+        fit_descriptors(&s->cfg);
+        devio_listener_config lc = {.max_connections = s->cfg.max_connections,
+                                    .max_per_address = s->cfg.max_per_address,
+                                    .header_timeout_ms = s->cfg.header_timeout_ms};
+        st = devio_listener_open(&s->listener, &lc, &sa, err);
+        s->listening = st == DEVIO_OK;
+    }
+    if (st == DEVIO_OK) {
+        /* The listener caps connections first; libmicrohttpd's own cap (split
+         * among its threads) is set above it so that it never refuses one. */
+        unsigned mhd_cap = s->cfg.max_connections + 16 * s->cfg.http_threads;
+        s->mhd = MHD_start_daemon(MHD_FLAGS, 0, NULL, NULL, on_request, s,
+                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                  MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                                  MHD_OPTION_CONNECTION_LIMIT, mhd_cap,
+                                  MHD_OPTION_CONNECTION_TIMEOUT,
                                   (unsigned)cfg->connection_timeout_s,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
                                   MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
                                   MHD_OPTION_END);
         if (!s->mhd)
-            st = devio_fail(err, DEVIO_E_IO, "cannot listen on %s", cfg->listen);
+            st = devio_fail(err, DEVIO_E_IO, "cannot start the HTTP loop for %s", cfg->listen);
     }
+    if (st == DEVIO_OK)
+        st = devio_listener_run(&s->listener, add_connection, s, err);
     if (st != DEVIO_OK) {
         devio_server_stop(s);
         return st;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = info ? info->port : ntohs(sa.sin_port);
+    s->port = s->listener.port;
     atomic_store(&s->ready, true);
     return DEVIO_OK;
 }
@@ -497,10 +627,9 @@ void devio_server_stop(devio_server *s)
 {
     atomic_store(&s->ready, false);
     atomic_store(&s->draining, true);
+    if (s->listening)
+        devio_listener_quiesce(&s->listener);
     if (s->mhd) {
-        MHD_socket fd = MHD_quiesce_daemon(s->mhd);
-        if (fd != MHD_INVALID_SOCKET)
-            close(fd);
         /* Drain for a bounded time: no new launches are taken, clients may
          * still await what they launched, and requests in progress finish. */
         for (uint32_t waited = 0; waited < s->cfg.drain_ms &&
@@ -514,9 +643,16 @@ void devio_server_stop(devio_server *s)
      * none may stay suspended when the daemon stops. */
     if (s->waits.timer_started)
         devio_waits_close(&s->waits);
+    /* The accept thread hands sockets to the daemon: it stops first. The
+     * table stays until the daemon has reported every connection closed. */
+    if (s->listening)
+        devio_listener_stop(&s->listener);
     if (s->mhd)
         MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
+    if (s->listening)
+        devio_listener_free(&s->listener);
+    s->listening = false;
     devio_waits_stop(&s->waits);
     devio_registry_close(&s->registry);
     devio_store_close(s->store);

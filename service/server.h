@@ -14,6 +14,7 @@
 #include "service/adapters.h"
 #include "service/await_waits.h"
 #include "service/config.h"
+#include "service/listener.h"
 #include "service/metrics.h"
 #include "service/route.h"
 #include "service/store.h"
@@ -32,6 +33,9 @@ typedef struct devio_server {
     devio_waits waits;         /* awaits parked until their ticket settles; the device's
                                   on_settled hook resumes them */
     struct MHD_Daemon *mhd;
+    devio_listener listener;   /* accepts, applies the connection limits and the header
+                                  deadline; hands sockets to mhd */
+    bool listening;            /* listener opened */
     char *token;               /* owned copy; NULL = no auth */
     size_t token_len;
     atomic_bool ready;

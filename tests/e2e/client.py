@@ -61,13 +61,14 @@ class Answer:
 class Client:
     """The end-to-end tests' client: devio_client's transport, every answer validated."""
 
-    def __init__(self, host, port, contract, token=None, timeout=60.0):
+    def __init__(self, host, port, contract, token=None, timeout=60.0, source=None):
         self.host = host
         self.port = port
+        self.source = source  # local address to connect from, e.g. "127.0.0.2"
         self.contract = contract
         self.token = token
         self.http = devio_client.Client("http://%s:%d" % (host, port), token=token,
-                                        timeout=timeout)
+                                        timeout=timeout, source_address=source)
 
     def close(self):
         self.http.close()

@@ -67,11 +67,13 @@ class Client:
     reopened once for GET and HEAD only; any other request raises
     ConnectionLost, so nothing is ever sent twice behind the caller's back.
     `url` is http://host:port or https://host:port (then `tls_context`, or the
-    system's default context, checks the server).
+    system's default context, checks the server). `source_address` is the
+    local address to connect from (e.g. "127.0.0.2"), or None for any.
     """
 
     def __init__(self, url: str = "http://127.0.0.1:8080", token: Optional[str] = None,
-                 timeout: float = 60.0, tls_context: Optional[ssl.SSLContext] = None):
+                 timeout: float = 60.0, tls_context: Optional[ssl.SSLContext] = None,
+                 source_address: Optional[str] = None):
         u = urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError("url must be http://host:port or https://host:port, not %r" % url)
@@ -81,6 +83,7 @@ class Client:
         self.token = token
         self.timeout = timeout
         self.tls_context = tls_context
+        self.source = (source_address, 0) if source_address else None
         self._conn: Optional[http.client.HTTPConnection] = None
 
     # ---- transport ----------------------------------------------------------
@@ -101,10 +104,12 @@ class Client:
             if self.https:
                 ctx = self.tls_context or ssl.create_default_context()
                 self._conn = http.client.HTTPSConnection(self.host, self.port,
-                                                         timeout=self.timeout, context=ctx)
+                                                         timeout=self.timeout, context=ctx,
+                                                         source_address=self.source)
             else:
                 self._conn = http.client.HTTPConnection(self.host, self.port,
-                                                        timeout=self.timeout)
+                                                        timeout=self.timeout,
+                                                        source_address=self.source)
         return self._conn
 
     def request(self, method: str, path: str, body: Optional[Union[bytes, str]] = None,
