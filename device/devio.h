@@ -55,6 +55,7 @@ typedef enum devio_status {
     DEVIO_E_STORE_UNAVAILABLE,/* the ticket history cannot be written: nothing was done (503) */
     DEVIO_E_BAD_FRAMING,      /* Content-Length or Transfer-Encoding headers that disagree (400) */
     DEVIO_E_TOO_MANY_CONNECTIONS, /* connection limit reached, in all or from one address (503) */
+    DEVIO_E_MEDIA_TYPE,       /* a body whose Content-Type is not JSON (415) */
     DEVIO_STATUS_COUNT
 } devio_status;
 

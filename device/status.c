@@ -39,6 +39,7 @@ static const char *const status_names[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_STORE_UNAVAILABLE] = "store_unavailable",
     [DEVIO_E_BAD_FRAMING] = "bad_framing",
     [DEVIO_E_TOO_MANY_CONNECTIONS] = "too_many_connections",
+    [DEVIO_E_MEDIA_TYPE] = "unsupported_media_type",
 };
 
 devio_status devio_status_parse(const char *code)

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/clock.h"
 #include "device/adapter.h"
 #include "device/status.h"
@@ -104,8 +105,8 @@ static devio_status no_adapter_in_ack(devio_error *err, const char *name)
 static devio_status write_failed(devio_error *err, const char *name, const char *what,
                                  const devio_error *werr)
 {
-    fprintf(stderr, "devio-server: adapter '%s' %s, but its record could not be written: %s\n",
-            name, what, werr->message);
+    devio_log(DEVIO_LOG_ERROR, "adapters", "adapter '%s' %s, but its record could not be written: %s",
+              name, what, werr->message);
     return devio_fail(err, DEVIO_E_IO, "adapter '%s' %s, but its record could not be written: %s",
                       name, what, werr->message);
 }
@@ -138,8 +139,8 @@ static void record_failure(devio_store *s, const char *name, const char *path, b
     devio_error werr = {0};
     /* The device did not change: the answer stays the load's error. */
     if (devio_store_adapter_put(s, &r, &werr) != DEVIO_OK)
-        fprintf(stderr, "devio-server: adapter '%s': the failed load could not be recorded: %s\n",
-                name, werr.message);
+        devio_log(DEVIO_LOG_ERROR, "adapters",
+                  "adapter '%s': the failed load could not be recorded: %s", name, werr.message);
 }
 
 /* The evicted adapter's row becomes "unloaded", reason "evicted". */
@@ -151,7 +152,7 @@ static devio_status record_eviction(devio_store *s, const char *evicted, devio_e
     if (st != DEVIO_OK)
         return st;
     if (!found) {
-        fprintf(stderr, "devio-server: evicted adapter '%s' had no record\n", evicted);
+        devio_log(DEVIO_LOG_WARN, "adapters", "evicted adapter '%s' had no record", evicted);
         return DEVIO_OK;
     }
     ev.state = DEVIO_ADAPTER_UNLOADED;
@@ -330,19 +331,19 @@ static int by_last_use(const void *x, const void *y)
 }
 
 /* The recorded weights are not the file's any more. */
-static void mark_stale(devio_adapter_record *r, devio_adapters_restored *n, FILE *log)
+static void mark_stale(devio_adapter_record *r, devio_adapters_restored *n)
 {
     r->state = DEVIO_ADAPTER_STALE;
     r->pinned = false;
     devio_adapter_record_set(r->reason, sizeof r->reason, "weights changed since load");
     n->stale++;
-    fprintf(log, "devio-server: adapter '%s' (%s): stale, weights changed since load\n", r->name,
-            r->path);
+    devio_log(DEVIO_LOG_WARN, "adapters", "adapter '%s' (%s): stale, weights changed since load",
+              r->name, r->path);
 }
 
 /* Load one recorded adapter again; r is updated to what is to be written. */
 static void restore_one(devio_adapters *a, devio_device *dev, devio_adapter_record *r,
-                        devio_adapters_restored *n, FILE *log)
+                        devio_adapters_restored *n)
 {
     const char *root = devio_config_of(dev)->adapters_root;
     devio_error e = {0};
@@ -351,7 +352,7 @@ static void restore_one(devio_adapters *a, devio_device *dev, devio_adapter_reco
     devio_lora_ack ack = {0};
     devio_status st = devio_adapter_file_hash(root, r->path, hex, &size, &e);
     if (st == DEVIO_OK && strcmp(hex, r->sha256) != 0) {
-        mark_stale(r, n, log);
+        mark_stale(r, n);
         return;
     }
     if (st == DEVIO_OK) {
@@ -368,7 +369,7 @@ static void restore_one(devio_adapters *a, devio_device *dev, devio_adapter_reco
         devio_lora(dev, &cmd, &un, NULL);
         devio_lora_ack_free(&un);
         devio_lora_ack_free(&ack);
-        mark_stale(r, n, log);
+        mark_stale(r, n);
         return;
     }
     if (st != DEVIO_OK) {
@@ -377,8 +378,8 @@ static void restore_one(devio_adapters *a, devio_device *dev, devio_adapter_reco
         r->pinned = false;
         snprintf(r->reason, sizeof r->reason, "%s: %s", devio_status_str(st), e.message);
         n->failed++;
-        fprintf(log, "devio-server: adapter '%s' (%s): not loaded again: %s\n", r->name, r->path,
-                r->reason);
+        devio_log(DEVIO_LOG_WARN, "adapters", "adapter '%s' (%s): not loaded again: %s", r->name,
+                  r->path, r->reason);
         return;
     }
     int64_t last_used = r->last_used_ms;
@@ -386,21 +387,21 @@ static void restore_one(devio_adapters *a, devio_device *dev, devio_adapter_reco
     r->loaded_ms = devio_unix_ms();
     r->last_used_ms = last_used;
     n->loaded++;
-    fprintf(log, "devio-server: adapter '%s' (%s): loaded again%s\n", r->name, r->path,
-            r->pinned ? ", pinned" : "");
+    devio_log(DEVIO_LOG_INFO, "adapters", "adapter '%s' (%s): loaded again%s", r->name, r->path,
+              r->pinned ? ", pinned" : "");
     if (ack.evicted[0]) {
         devio_error werr = {0};
-        fprintf(log, "devio-server: adapter '%s' evicted to make room for '%s'\n", ack.evicted,
-                r->name);
+        devio_log(DEVIO_LOG_INFO, "adapters", "adapter '%s' evicted to make room for '%s'",
+                  ack.evicted, r->name);
         if (record_eviction(a->store, ack.evicted, &werr) != DEVIO_OK)
-            fprintf(log, "devio-server: adapter '%s': eviction not recorded: %s\n", ack.evicted,
-                    werr.message);
+            devio_log(DEVIO_LOG_ERROR, "adapters", "adapter '%s': eviction not recorded: %s",
+                      ack.evicted, werr.message);
     }
     devio_lora_ack_free(&ack);
 }
 
 devio_status devio_adapters_start(devio_adapters *a, devio_store *store, devio_device *dev,
-                                  FILE *log, devio_adapters_restored *out, devio_error *err)
+                                  devio_adapters_restored *out, devio_error *err)
 {
     devio_adapters_restored n = {0};
     devio_adapter_record *rows = NULL;
@@ -416,11 +417,11 @@ devio_status devio_adapters_start(devio_adapters *a, devio_store *store, devio_d
     /* Least recently used first: if fewer fit now, the recent ones stay. */
     qsort(rows, k, sizeof *rows, by_last_use);
     for (size_t i = 0; i < k; i++) {
-        restore_one(a, dev, &rows[i], &n, log);
+        restore_one(a, dev, &rows[i], &n);
         devio_error werr = {0};
         if (devio_store_adapter_put(store, &rows[i], &werr) != DEVIO_OK)
-            fprintf(log, "devio-server: adapter '%s': record not written: %s\n", rows[i].name,
-                    werr.message);
+            devio_log(DEVIO_LOG_ERROR, "adapters", "adapter '%s': record not written: %s",
+                      rows[i].name, werr.message);
     }
 out:
     pthread_mutex_unlock(&a->mu);

@@ -32,13 +32,13 @@ typedef struct devio_adapters_restored {
  * weights file's SHA-256 (devio_adapter_file_hash) is compared with the
  * recorded one: a difference makes the row "stale" (reason "weights changed
  * since load") and the adapter is not loaded; a failed hash or load makes
- * it "failed" with the reason. One line per adapter goes to `log`.
+ * it "failed" with the reason. One log line per adapter (common/log.h).
  * Call once, after the device opened and before requests are served; `dev`
  * and `store` are borrowed and must outlive every later call. Only a store
  * that cannot be read fails the start; a row that cannot be written is
  * logged and the start goes on. `out` may be NULL. */
 devio_status devio_adapters_start(devio_adapters *a, devio_store *store, devio_device *dev,
-                                  FILE *log, devio_adapters_restored *out, devio_error *err);
+                                  devio_adapters_restored *out, devio_error *err);
 
 /* The commands. `dev` is borrowed for the call (the caller keeps it alive,
  * e.g. under the server's device lock). On success *out is the adapter's

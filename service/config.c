@@ -5,10 +5,14 @@
 #include <string.h>
 
 #include "common/cli.h"
+#include "common/log.h"
 #include "device/options.h"
 #include "service/config.h"
 
 #define S(f) offsetof(devio_server_config, f)
+
+/* The default adapters root, told apart from a given one by its address. */
+static const char default_adapters[] = "adapters";
 
 static const devio_opt opts[] = {
     {.flag = "model", .type = DEVIO_OPT_STR, .offset = S(model), .metavar = "DIR",
@@ -45,6 +49,12 @@ static const devio_opt opts[] = {
      .help = "how long SIGTERM waits for in-flight steps [10000]"},
     {.flag = "auth-health", .type = DEVIO_OPT_BOOL, .offset = S(auth_health),
      .help = "require the token on /healthz, /readyz, /metrics"},
+    {.flag = "log-format", .type = DEVIO_OPT_CHOICE, .offset = S(log_format), .metavar = "F",
+     .choices = devio_log_format_names,
+     .help = "log lines on stderr: text or json (one object per line) [text]"},
+    {.flag = "log-level", .type = DEVIO_OPT_CHOICE, .offset = S(log_level), .metavar = "L",
+     .choices = devio_log_level_names,
+     .help = "least level logged: debug, info (one access line per request), warn, error [info]"},
 };
 #undef S
 
@@ -70,7 +80,7 @@ void devio_server_config_default(devio_server_config *c)
     memset(c, 0, sizeof *c);
     c->listen = "127.0.0.1:8080";
     c->db = "devio.db";
-    c->adapters = "adapters";
+    c->adapters = default_adapters;
     c->backend = "auto";
     c->max_body = 1u << 20;
     c->max_json_depth = 32;
@@ -81,6 +91,8 @@ void devio_server_config_default(devio_server_config *c)
     c->http_threads = 2;
     c->retention = 100000;
     c->drain_ms = 10000;
+    c->log_format = DEVIO_LOG_TEXT;
+    c->log_level = DEVIO_LOG_INFO;
     c->device = devio_config_default();
 }
 
@@ -90,6 +102,7 @@ int devio_server_config_parse(devio_server_config *c, int argc, char **argv, FIL
     devio_cli_result r = devio_cli_parse(&cli, c, argc, argv, NULL, NULL, out, errf);
     if (r != DEVIO_CLI_OK)
         return r == DEVIO_CLI_EXIT ? 1 : -1;
+    c->adapters_given = c->adapters != default_adapters;
     const char *tok = getenv("DEVIO_TOKEN");
     if (tok && *tok)
         c->token = tok;

@@ -13,7 +13,8 @@ typedef struct devio_server_config {
     const char *model;      /* --model DIR (required) */
     const char *listen;     /* --listen HOST:PORT, default 127.0.0.1:8080 */
     const char *db;         /* --db FILE, default devio.db */
-    const char *adapters;   /* --adapters DIR, default adapters */
+    const char *adapters;   /* --adapters DIR, default adapters (skipped with a warning
+                               when that default does not exist) */
     const char *backend;    /* --backend auto|ref|cuda|NAME of a plugin */
     const char *backend_path; /* --backend-path DIR, where plugins are; NULL = next to the binary */
     const char *token;      /* DEVIO_TOKEN (environment only: flags show in ps) */
@@ -28,6 +29,9 @@ typedef struct devio_server_config {
     uint32_t retention;     /* --retention ticket rows kept, default 100000 */
     uint32_t drain_ms;      /* --drain-ms on SIGTERM, default 10000 */
     bool auth_health;       /* --auth-health: token needed for /healthz /readyz /metrics too */
+    int log_format;         /* --log-format: a devio_log_format (common/log.h), default text */
+    int log_level;          /* --log-level: a devio_log_level, default info */
+    bool adapters_given;    /* --adapters or DEVIO_ADAPTERS was set: a missing root is fatal */
     devio_config device;    /* the options of device/options.h */
 } devio_server_config;
 

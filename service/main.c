@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/log.h"
 #include "service/config.h"
 #include "service/server.h"
 
@@ -14,6 +15,8 @@ int main(int argc, char **argv)
     int rc = devio_server_config_parse(&cfg, argc, argv, stdout, stderr);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
+    devio_log_configure("devio-server", (devio_log_format)cfg.log_format,
+                        (devio_log_level)cfg.log_level);
 
     /* Block SIGTERM/SIGINT before any thread starts, so every thread inherits the mask. */
     sigset_t set;
@@ -22,28 +25,38 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
-    /* A file-size limit (RLIMIT_FSIZE) fails the write, which the store reports, instead of
-     * killing the process. */
+    /* A file-size limit (RLIMIT_FSIZE) reached by the store is a failed write
+     * (EFBIG, reported as store_unavailable), not the end of the process. */
     signal(SIGXFSZ, SIG_IGN);
 
     static devio_server srv;
     devio_error err = {0};
     if (devio_server_start(&srv, &cfg, &err) != DEVIO_OK) {
-        fprintf(stderr, "devio-server: %s: %s\n", devio_status_str(err.status), err.message);
+        devio_log_field f[] = {DEVIO_LF_S("code", devio_status_str(err.status))};
+        devio_logf(DEVIO_LOG_ERROR, "start", f, 1, "%s: %s", devio_status_str(err.status),
+                   err.message);
         return 1;
     }
     devio_device_info info;
     devio_device_info_get(srv.dev, &info);
-    fprintf(stderr, "devio-server: serving %s on port %u (epoch %llu) with backend %s (%s "
-                    "numerics) on %s; SIGTERM stops\n",
-            cfg.model, srv.port, (unsigned long long)devio_store_epoch(srv.store), info.backend,
-            devio_numerics_str(info.numerics), info.device);
+    devio_log_field f[] = {
+        DEVIO_LF_S("model", cfg.model),      DEVIO_LF_U("port", srv.port),
+        DEVIO_LF_U("epoch", devio_store_epoch(srv.store)), DEVIO_LF_S("backend", info.backend),
+        DEVIO_LF_S("numerics", devio_numerics_str(info.numerics)),
+        DEVIO_LF_S("device", info.device),
+    };
+    devio_logf(DEVIO_LOG_INFO, "start", f, sizeof f / sizeof *f,
+               "serving %s on port %u (epoch %llu) with backend %s (%s numerics) on %s; "
+               "SIGTERM drains and stops",
+               cfg.model, srv.port, (unsigned long long)devio_store_epoch(srv.store),
+               info.backend, devio_numerics_str(info.numerics), info.device);
     printf("listening %u\n", srv.port);
     fflush(stdout);
     int sig = 0;
     sigwait(&set, &sig);
-    fprintf(stderr, "devio-server: signal %d, draining\n", sig);
+    devio_log(DEVIO_LOG_INFO, "stop", "signal %d: draining (launches refused, up to %u ms)", sig,
+              cfg.drain_ms);
     devio_server_stop(&srv);
-    fprintf(stderr, "devio-server: stopped\n");
+    devio_log(DEVIO_LOG_INFO, "stop", "stopped");
     return 0;
 }

@@ -28,6 +28,9 @@ typedef enum devio_route_body {
     DEVIO_ROUTE_JSON_BODY,   /* a JSON body is required: parsed and depth-limited first */
 } devio_route_body;
 
+/* Longest X-Request-Id taken from a client; longer ones are replaced by a generated id. */
+#define DEVIO_REQUEST_ID_MAX 128
+
 /* The values a path template captured. */
 typedef struct devio_route_params {
     uint64_t id;      /* {id}: a decimal integer, at most INT64_MAX */
@@ -57,6 +60,7 @@ typedef struct devio_reply {
     size_t len;
     const char *ctype; /* static */
     bool close;        /* ask the client to close the connection */
+    char allow[48];    /* a 405's Allow header ("GET, HEAD"), or "" */
     bool suspended;    /* no answer yet: the handler parked the connection (rq->wait) and
                           runs again, with the same rq->wait, once it is resumed */
 } devio_reply;

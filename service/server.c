@@ -3,11 +3,13 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <microhttpd.h>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "device/backend.h"
 #include "device/status.h"
 #include "ref/builtin.h"
@@ -102,6 +105,8 @@ typedef struct req {
     devio_conn *conn;           /* the listener's count of this connection, or NULL */
     devio_wait wait;            /* an await's place among the parked ones (await_waits.h) */
     uint64_t start_us;          /* the first access-handler call, for the latency metric */
+    const char *method, *url;   /* libmicrohttpd's, valid until the request completes */
+    char request_id[DEVIO_REQUEST_ID_MAX + 1]; /* X-Request-Id as received, or generated */
 } req;
 
 /* ---- the device, shared by the routes ---------------------------------------- */
@@ -210,6 +215,92 @@ static bool needs_token(const devio_server *s, const devio_route *on_path)
     return s->token && (a == DEVIO_ROUTE_TOKEN || (a == DEVIO_ROUTE_HEALTH && s->cfg.auth_health));
 }
 
+/* The methods the table has for a path template, for a 405's Allow header;
+ * HEAD with every GET (libmicrohttpd answers HEAD as GET without the body). */
+static void allowed_methods(const char *path, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        if (strcmp(routes[i].path, path) != 0)
+            continue;
+        bool get = strcmp(routes[i].method, "GET") == 0;
+        int w = snprintf(buf + len, n - len, "%s%s%s", len ? ", " : "", routes[i].method,
+                         get ? ", HEAD" : "");
+        if (w < 0 || (size_t)w >= n - len)
+            break;
+        len += (size_t)w;
+    }
+}
+
+/* A JSON body's Content-Type: absent, application/json or application/...+json,
+ * with any parameters (charset). Anything else is 415. */
+static devio_status json_media_type(const char *ctype, devio_error *err)
+{
+    if (!ctype)
+        return DEVIO_OK;
+    size_t n = strcspn(ctype, "; \t");
+    static const char json[] = "application/json", app[] = "application/", plus[] = "+json";
+    if ((n == sizeof json - 1 && strncasecmp(ctype, json, n) == 0) ||
+        (n > sizeof app - 1 + sizeof plus - 1 && strncasecmp(ctype, app, sizeof app - 1) == 0 &&
+         strncasecmp(ctype + n - (sizeof plus - 1), plus, sizeof plus - 1) == 0))
+        return DEVIO_OK;
+    return devio_fail(err, DEVIO_E_MEDIA_TYPE,
+                      "request body must be JSON (Content-Type: application/json), not '%.*s'"
+                      " (curl: use --json, or -H 'Content-Type: application/json')",
+                      (int)(n > 80 ? 80 : n), ctype);
+}
+
+/* The client's X-Request-Id when it is 1 to DEVIO_REQUEST_ID_MAX visible
+ * ASCII characters without quotes or backslashes; otherwise one made here,
+ * EPOCH-N in hexadecimal, unique across restarts on the same database. */
+static void set_request_id(devio_server *s, struct MHD_Connection *c, req *q)
+{
+    const char *id = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = id ? strlen(id) : 0;
+    bool ok = n > 0 && n <= DEVIO_REQUEST_ID_MAX;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = id[i] > 0x20 && id[i] < 0x7f && id[i] != '"' && id[i] != '\\';
+    if (ok) {
+        memcpy(q->request_id, id, n + 1);
+        return;
+    }
+    uint64_t k = atomic_fetch_add(&s->request_seq, 1) + 1;
+    snprintf(q->request_id, sizeof q->request_id, "%" PRIx64 "-%" PRIx64,
+             s->store ? devio_store_epoch(s->store) : 0, k);
+}
+
+/* The client's address as text: an IP address, or "local" for a unix socket. */
+static void client_address(struct MHD_Connection *c, char *buf, size_t n)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+    snprintf(buf, n, "local");
+    if (sa && sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, (socklen_t)n);
+    else if (sa && sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, buf, (socklen_t)n);
+}
+
+/* One access line per answer: method, path, status, time, request id, client. */
+static void log_access(struct MHD_Connection *c, const req *q, unsigned code, size_t bytes,
+                       double seconds)
+{
+    if (!devio_log_enabled(DEVIO_LOG_INFO))
+        return;
+    char addr[INET6_ADDRSTRLEN + 1];
+    client_address(c, addr, sizeof addr);
+    devio_log_field f[] = {
+        DEVIO_LF_S("method", q->method), DEVIO_LF_S("path", q->url),
+        DEVIO_LF_U("status", code),      DEVIO_LF_F("duration_ms", seconds * 1e3),
+        DEVIO_LF_U("bytes", bytes),      DEVIO_LF_S("request_id", q->request_id),
+        DEVIO_LF_S("client", addr),
+    };
+    devio_logf(DEVIO_LOG_INFO, "access", f, sizeof f / sizeof *f, "%s %s %u",
+               q->method ? q->method : "-", q->url ? q->url : "-", code);
+}
+
 /* Everything between the request and its route's handler, in the order the
  * contract answers: 401, 413, 404, 405, draining 503, malformed body 400.
  * *label is the metrics label of the answer. */
@@ -229,8 +320,11 @@ static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const ch
     if (!q->on_path)
         return devio_fail(err, DEVIO_E_NOT_FOUND, "no route %s", url);
     *label = q->on_path->path;
-    if (!q->route)
-        return devio_fail(err, DEVIO_E_METHOD, "method not allowed on %s", url);
+    if (!q->route) {
+        allowed_methods(q->on_path->path, r->allow, sizeof r->allow);
+        return devio_fail(err, DEVIO_E_METHOD, "method not allowed on %s (allowed: %s)", url,
+                          r->allow);
+    }
     *label = q->route->path;
     if (q->params.id_bad)
         return devio_fail(err, DEVIO_E_INVALID,
@@ -243,11 +337,14 @@ static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const ch
         return devio_fail(err, DEVIO_E_NOT_READY, "server is draining; launch elsewhere");
     }
     devio_request rq = {.method = method, .url = url, .params = q->params, .conn = c,
-                        .wait = &q->wait};
+                        .wait = &q->wait, .request_id = q->request_id};
     json_t *body = NULL;
     devio_status st = DEVIO_OK;
-    if (q->route->body == DEVIO_ROUTE_JSON_BODY)
-        st = parse_body(s, q, &body, err);
+    if (q->route->body == DEVIO_ROUTE_JSON_BODY) {
+        st = json_media_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"), err);
+        if (st == DEVIO_OK)
+            st = parse_body(s, q, &body, err);
+    }
     rq.body = body;
     if (st == DEVIO_OK)
         st = q->route->handler(s, &rq, r, err);
@@ -284,8 +381,9 @@ static enum MHD_Result take_upload(const devio_server *s, req *q, const char *up
 }
 
 static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, devio_reply *r,
-                                  const char *label, uint64_t start_us)
+                                  const char *label, const req *q)
 {
+    size_t bytes = r->len;
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_FREE);
     if (!resp) {
@@ -297,10 +395,14 @@ static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, dev
         MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     if (r->close)
         MHD_add_response_header(resp, "Connection", "close");
+    if (r->allow[0])
+        MHD_add_response_header(resp, "Allow", r->allow);
+    MHD_add_response_header(resp, "X-Request-Id", q->request_id);
     enum MHD_Result ret = MHD_queue_response(c, r->code, resp);
     MHD_destroy_response(resp);
-    devio_metrics_http(&s->metrics, label, r->code,
-                       (double)(devio_clock_us() - start_us) / 1e6);
+    double seconds = (double)(devio_clock_us() - q->start_us) / 1e6;
+    devio_metrics_http(&s->metrics, label, r->code, seconds);
+    log_access(c, q, r->code, bytes, seconds);
     return ret;
 }
 
@@ -321,7 +423,7 @@ static enum MHD_Result answer_early(devio_server *s, struct MHD_Connection *c, r
     devio_reply r = {.code = 500, .close = true};
     devio_reply_error(&r, err);
     q->answered = true;
-    return send_reply(s, c, &r, label, q->start_us);
+    return send_reply(s, c, &r, label, q);
 }
 
 /* The request's headers are in and none of its body has been read. Refused
@@ -363,7 +465,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!q)
             return MHD_NO;
         q->start_us = devio_clock_us();
-        q->route = devio_route_find(routes, sizeof routes / sizeof *routes, method, url,
+        q->method = method;
+        q->url = url;
+        set_request_id(s, c, q);
+        /* HEAD is GET without the body, which libmicrohttpd leaves out itself. */
+        const char *as = strcmp(method, "HEAD") == 0 ? "GET" : method;
+        q->route = devio_route_find(routes, sizeof routes / sizeof *routes, as, url,
                                     &q->params, &q->on_path);
         q->keep_body = q->route && q->route->body == DEVIO_ROUTE_JSON_BODY;
         *req_cls = q;
@@ -400,7 +507,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         devio_fail(&err, DEVIO_E_NOMEM, "no reply");
         devio_reply_error(&r, &err);
     }
-    return send_reply(s, c, &r, label, q->start_us);
+    return send_reply(s, c, &r, label, q);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
@@ -458,10 +565,9 @@ static void fit_descriptors(devio_server_config *cfg)
     if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (rlim_t)cfg->max_connections + FD_RESERVE)
         return;
     uint32_t fit = rl.rlim_cur > 2 * FD_RESERVE ? (uint32_t)(rl.rlim_cur - FD_RESERVE) : FD_RESERVE;
-    fprintf(stderr,
-            "devio-server: --max-connections %u lowered to %u: the descriptor limit "
-            "(RLIMIT_NOFILE) is %llu\n",
-            cfg->max_connections, fit, (unsigned long long)rl.rlim_cur);
+    devio_log(DEVIO_LOG_WARN, "start",
+              "--max-connections %u lowered to %u: the descriptor limit (RLIMIT_NOFILE) is %llu",
+              cfg->max_connections, fit, (unsigned long long)rl.rlim_cur);
     cfg->max_connections = fit;
 }
 
@@ -530,6 +636,28 @@ static devio_status parse_listen(const char *listen, struct sockaddr_in *sa, dev
     return DEVIO_OK;
 }
 
+/* The adapters root, checked before anything listens: a root that was given
+ * must be a directory; the default one ("adapters") may be missing, which
+ * turns adapter loading off (*root NULL: loads answer unsupported) with a
+ * warning, rather than a 400 blaming the first client that loads one. */
+static devio_status adapters_root(const devio_server_config *cfg, const char **root,
+                                  devio_error *err)
+{
+    struct stat sb;
+    *root = cfg->adapters;
+    bool found = stat(cfg->adapters, &sb) == 0;
+    if (found && S_ISDIR(sb.st_mode))
+        return DEVIO_OK;
+    const char *why = found ? "not a directory" : strerror(errno);
+    if (cfg->adapters_given)
+        return devio_fail(err, DEVIO_E_INVALID, "--adapters '%s': %s", cfg->adapters, why);
+    devio_log(DEVIO_LOG_WARN, "adapters",
+              "adapters root '%s': %s; loading adapters is off (give --adapters DIR)",
+              cfg->adapters, why);
+    *root = NULL;
+    return DEVIO_OK;
+}
+
 devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
                                 devio_error *err)
 {
@@ -547,7 +675,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     if (st == DEVIO_OK)
         st = devio_registry_find(&s->registry, cfg->backend, &ops, err);
     if (st == DEVIO_OK && s->registry.note[0])
-        fprintf(stderr, "devio-server: backend auto passed over %s\n", s->registry.note);
+        devio_log(DEVIO_LOG_INFO, "backend", "backend auto passed over %s", s->registry.note);
     if (st == DEVIO_OK)
         st = read_token(s, err);
     if (st == DEVIO_OK)
@@ -565,7 +693,9 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         dc.use_worker_thread = true;
         dc.on_settled = devio_waits_settled;
         dc.on_settled_ctx = &s->waits;
-        dc.adapters_root = cfg->adapters;
+        st = adapters_root(cfg, &dc.adapters_root, err);
+    }
+    if (st == DEVIO_OK) {
         st = devio_open(s->model, ops, &dc, &s->dev, err);
     }
     if (st == DEVIO_OK) {
@@ -576,7 +706,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     /* Before listening: the adapters recorded as loaded are loaded again, so
      * the first request sees the same table the last process had. */
     if (st == DEVIO_OK)
-        st = devio_adapters_start(&s->adapters, s->store, s->dev, stderr, NULL, err);
+        st = devio_adapters_start(&s->adapters, s->store, s->dev, NULL, err);
     if (st == DEVIO_OK) {
         fit_descriptors(&s->cfg);
         devio_listener_config lc = {.max_connections = s->cfg.max_connections,
@@ -627,11 +757,11 @@ void devio_server_stop(devio_server *s)
 {
     atomic_store(&s->ready, false);
     atomic_store(&s->draining, true);
-    if (s->listening)
-        devio_listener_quiesce(&s->listener);
     if (s->mhd) {
-        /* Drain for a bounded time: no new launches are taken, clients may
-         * still await what they launched, and requests in progress finish. */
+        /* Drain for a bounded time: /readyz answers 503 and launches are
+         * refused (not_ready), but the listener stays open, so that clients,
+         * new connections included, still await what they launched and read
+         * facts, history and metrics; requests in progress finish. */
         for (uint32_t waited = 0; waited < s->cfg.drain_ms &&
                                   (tickets_in_flight(s) > 0 || atomic_load(&s->active) > 0);
              waited += 10)

@@ -44,6 +44,7 @@ typedef struct devio_server {
     atomic_int awaiting;       /* awaits and steps between their first look at the ticket
                                   and their answer, parked or not */
     uint16_t port;             /* bound port (useful with port 0) */
+    atomic_uint_fast64_t request_seq; /* the last request id generated in this epoch */
 } devio_server;
 
 /* Load the model, open the store and the device, start listening.
@@ -51,8 +52,10 @@ typedef struct devio_server {
 devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
                                 devio_error *err);
 
-/* Stop accepting, wait up to cfg.drain_ms for requests in progress, tear
- * the device down (in-flight tickets recorded as aborted), close the store. */
+/* Drain: unready and refusing launches at once, still serving everything
+ * else, until no ticket is in flight and no request in progress, or
+ * cfg.drain_ms passes. Then stop accepting, tear the device down (tickets
+ * still in flight recorded as aborted) and close the store. */
 void devio_server_stop(devio_server *s);
 
 /* The device for one call, under the read lock: DEVIO_OK with *dev set and

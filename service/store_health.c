@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/clock.h"
 #include "service/store_internal.h"
 
@@ -40,12 +41,13 @@ static void log_failure(devio_store *s, uint64_t failed, const char *msg, bool f
     if (!first && now - s->last_log_us < STORE_LOG_EVERY_US)
         return;
     if (first)
-        fprintf(stderr, "devio store %s: writes fail: %s; launches and awaits answer 503"
-                        " store_unavailable and /readyz is unready until a write succeeds\n",
-                s->path, msg);
+        devio_log(DEVIO_LOG_ERROR, "store",
+                  "ticket store %s: writes fail: %s; launches and awaits answer 503"
+                  " store_unavailable and /readyz is unready until a write succeeds",
+                  s->path, msg);
     else
-        fprintf(stderr, "devio store %s: %" PRIu64 " more writes failed: %s\n", s->path,
-                s->suppressed, msg);
+        devio_log(DEVIO_LOG_ERROR, "store", "ticket store %s: %" PRIu64 " more writes failed: %s",
+                  s->path, s->suppressed, msg);
     s->suppressed = 0;
     s->last_log_us = now;
 }
@@ -57,8 +59,9 @@ void store_health_note(devio_store *s, bool committed, uint64_t failed, const ch
     if (committed) {
         s->last_success_ms = devio_unix_ms();
         if (s->unwritable)
-            fprintf(stderr, "devio store %s: writes succeed again after %" PRIu64 " failed\n",
-                    s->path, s->failed_run);
+            devio_log(DEVIO_LOG_INFO, "store",
+                      "ticket store %s: writes succeed again after %" PRIu64 " failed", s->path,
+                      s->failed_run);
         s->unwritable = false;
         s->why[0] = '\0';
         s->failed_run = 0;

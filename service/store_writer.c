@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/clock.h"
 #include "device/status.h"
 #include "service/store_internal.h"
@@ -365,8 +366,8 @@ static store_wrec *run_txn(devio_store *s, store_wrec *first, bool *committed)
         /* Trimming is housekeeping: when it fails alone, the writes still
          * commit and the next batch tries again. */
         if (!s->trim_warned)
-            fprintf(stderr, "devio store %s: trimming history failed: %s\n", s->path,
-                    sqlite3_errmsg(s->wdb));
+            devio_log(DEVIO_LOG_WARN, "store", "ticket store %s: trimming history failed: %s",
+                      s->path, sqlite3_errmsg(s->wdb));
         s->trim_warned = true;
         rc = SQLITE_DONE;
     }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/log.h"
 #include "common/clock.h"
 #include "device/status.h"
 #include "service/tickets.h"
@@ -118,6 +119,6 @@ void devio_tickets_aborted(const devio_tickets *t, uint32_t aborted, const char 
     devio_error werr = {0};
     if (devio_store_wait(t->store, devio_store_abort_in_flight(t->store, reason), &werr) !=
         DEVIO_OK)
-        fprintf(stderr, "devio-server: history write for aborted tickets failed: %s\n",
-                werr.message);
+        devio_log(DEVIO_LOG_ERROR, "store", "history write for aborted tickets failed: %s",
+                  werr.message);
 }
