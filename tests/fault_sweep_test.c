@@ -41,11 +41,24 @@ typedef struct sweep_ctx {
 typedef struct site_tally {
     const char *name;
     const char *kind;
+    bool persist;
+    uint32_t codes[64]; /* failures by status */
     uint64_t total, reached, tried, failed_clean, ok_verified, not_fired;
     double secs;
 } site_tally;
 
-static site_tally tallies[64];
+static site_tally tallies[128];
+
+/* The last failure's message, printed per N with DEVIO_FAULT_VERBOSE=1. */
+static char last_message[sizeof ((devio_error *)0)->message];
+
+/* The mode of the sweep running now: one failing call, or every call from the N-th on. */
+static bool sweep_persist;
+
+static void arm(fault_kind k, uint64_t n)
+{
+    fault_arm(k, n, sweep_persist);
+}
 static int n_tallies;
 
 static double now_s(void)
@@ -57,7 +70,8 @@ static double now_s(void)
 
 /* ---- leak counters besides ASan's: descriptors and mappings --------------
  * (Heap bytes are ASan's to count: glibc's own figures count its per-thread
- * caches as in use, so they drift without a leak.) */
+ * caches as in use, so they drift without a leak. Mappings are counted
+ * without ASan only, which maps its own memory as it goes.) */
 
 typedef struct resources {
     int fds, maps;
@@ -74,6 +88,7 @@ static int count_fds(void)
     return n;
 }
 
+#ifndef __SANITIZE_ADDRESS__
 static int count_maps(void)
 {
     FILE *fp = fopen("/proc/self/maps", "r");
@@ -84,10 +99,16 @@ static int count_maps(void)
     fclose(fp);
     return n;
 }
+#endif
 
 static resources resources_now(void)
 {
+#ifdef __SANITIZE_ADDRESS__
+    /* ASan maps its own memory as it goes: only descriptors are counted. */
+    return (resources){.fds = count_fds()};
+#else
     return (resources){.fds = count_fds(), .maps = count_maps()};
+#endif
 }
 
 /* False during a site's first, warming run: what is made once per process
@@ -116,7 +137,8 @@ static void sweep(sweep_ctx *c, const char *name, fault_kind k, site_fn fn)
 {
     site_tally *t = &tallies[n_tallies++];
     assert_true(n_tallies <= (int)(sizeof tallies / sizeof tallies[0]));
-    *t = (site_tally){.name = name, .kind = k == FAULT_ALLOC ? "alloc" : "io"};
+    *t = (site_tally){
+        .name = name, .kind = k == FAULT_ALLOC ? "alloc" : "io", .persist = sweep_persist};
     devio_status st;
     bool fired;
     /* Two clean runs: the first warms what is made once per process. */
@@ -133,28 +155,38 @@ static void sweep(sweep_ctx *c, const char *name, fault_kind k, site_fn fn)
         if (now_s() - t0 > c->site_s)
             break;
         fn(c, k, n, &st, &fired);
+        if (getenv("DEVIO_FAULT_VERBOSE"))
+            printf("  %s %s N=%" PRIu64 ": %s %s\n", name, t->kind, n, devio_status_str(st),
+                   st != DEVIO_OK ? last_message : "");
         t->reached = n;
         t->tried++;
         if (!fired)
             t->not_fired++; /* the run made fewer calls this time (threads) */
-        else if (st != DEVIO_OK)
+        else if (st != DEVIO_OK) {
             t->failed_clean++;
+            t->codes[(unsigned)st < 64 ? st : 63]++;
+        }
         else
             t->ok_verified++; /* the site checked that the success is right */
     }
     t->secs = now_s() - t0;
-    printf("fault sweep %-18s %-5s calls %6" PRIu64 "  N reached %6" PRIu64 "  tried %6" PRIu64
-           "  failed clean %6" PRIu64 "  ok (verified) %4" PRIu64 "  not fired %3" PRIu64
-           "  %.1f s\n",
-           t->name, t->kind, t->total, t->reached, t->tried, t->failed_clean, t->ok_verified,
-           t->not_fired, t->secs);
+    printf("fault sweep %-18s %-5s %-6s calls %6" PRIu64 "  N reached %6" PRIu64
+           "  tried %6" PRIu64 "  failed clean %6" PRIu64 "  ok (verified) %4" PRIu64
+           "  not fired %3" PRIu64 "  %.1f s\n",
+           t->name, t->kind, t->persist ? "from N" : "N only", t->total, t->reached, t->tried,
+           t->failed_clean, t->ok_verified, t->not_fired, t->secs);
+    for (int i = 0; i < 64; i++)
+        if (t->codes[i])
+            printf("    %s: %u\n", devio_status_str((devio_status)i), t->codes[i]);
     fflush(stdout);
 }
 
 /* Every site's error path must say what failed. */
 static void assert_clean_error(devio_status s, const devio_error *err)
 {
+    last_message[0] = '\0';
     if (s != DEVIO_OK) {
+        snprintf(last_message, sizeof last_message, "%s", err->message);
         assert_int_equal(err->status, s);
         assert_true(err->message[0] != '\0');
     }
@@ -162,14 +194,17 @@ static void assert_clean_error(devio_status s, const devio_error *err)
 
 /* ---- model load ------------------------------------------------------------ */
 
+/* The model the load and open sites use now: llama, then bamba (SSM mixers). */
+static const devio_fixture *model_now;
+
 static uint64_t site_model_load(sweep_ctx *c, fault_kind k, uint64_t n, devio_status *st,
                                 bool *fired)
 {
     resources before = resources_now();
     devio_model *m = (devio_model *)1;
     devio_error err = {0};
-    fault_arm(k, n);
-    *st = devio_model_load(c->llama.dir, &m, &err);
+    arm(k, n);
+    *st = devio_model_load(model_now->dir, &m, &err);
     uint64_t calls = fault_disarm();
     *fired = fault_fired();
     assert_clean_error(*st, &err);
@@ -177,7 +212,8 @@ static uint64_t site_model_load(sweep_ctx *c, fault_kind k, uint64_t n, devio_st
         assert_null(m);
     } else {
         /* A success must be the same model: its config and one tensor's bytes. */
-        const devio_model *ref = c->llama.model;
+        const devio_model *ref = model_now->model;
+        (void)c;
         assert_memory_equal(&m->cfg, &ref->cfg, sizeof m->cfg);
         assert_memory_equal(m->embed.data, ref->embed.data,
                             (size_t)ref->cfg.vocab_size * ref->cfg.hidden_size *
@@ -198,7 +234,7 @@ static devio_config small_cfg(const char *adapters_root)
     cfg.block_size = 4;
     cfg.max_seq_len = 64;
     cfg.max_seqs = 8;
-    cfg.threads = 1;
+    cfg.threads = 2; /* a pool with a worker, so its start is swept too */
     cfg.ssm_slots = 4;
     cfg.ssm_snapshots = 4;
     cfg.adapters_root = adapters_root;
@@ -221,8 +257,8 @@ static uint64_t site_open(sweep_ctx *c, fault_kind k, uint64_t n, devio_status *
     devio_config cfg = small_cfg(c->root);
     devio_device *d = (devio_device *)1;
     devio_error err = {0};
-    fault_arm(k, n);
-    *st = devio_open(c->llama.model, &devio_ref_backend, &cfg, &d, &err);
+    arm(k, n);
+    *st = devio_open(model_now->model, &devio_ref_backend, &cfg, &d, &err);
     uint64_t calls = fault_disarm();
     *fired = fault_fired();
     assert_clean_error(*st, &err);
@@ -304,7 +340,7 @@ static uint64_t site_adapter_load(sweep_ctx *c, fault_kind k, uint64_t n, devio_
     devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = "a", .path = "a"};
     devio_lora_ack ack = {0};
     devio_error err = {0};
-    fault_arm(k, n);
+    arm(k, n);
     *st = devio_lora(d, &cmd, &ack, &err);
     uint64_t calls = fault_disarm();
     *fired = fault_fired();
@@ -366,7 +402,7 @@ static uint64_t site_launch(sweep_ctx *c, fault_kind k, uint64_t n, devio_status
     devio_plan plan = {.rows = rows, .n_rows = 2};
     uint64_t ticket = 0;
     devio_error err = {0};
-    fault_arm(k, n);
+    arm(k, n);
     *st = devio_launch(d, &plan, &ticket, &err);
     uint64_t calls = fault_disarm();
     *fired = fault_fired();
@@ -417,7 +453,7 @@ static uint64_t site_await(sweep_ctx *c, fault_kind k, uint64_t n, devio_status 
     dev_state_get(d, &seq, 1, &before);
     devio_step_result r;
     devio_error err = {0};
-    fault_arm(k, n);
+    arm(k, n);
     *st = devio_await(d, ticket, -1, &r, &err);
     uint64_t calls = fault_disarm();
     *fired = fault_fired();
@@ -543,7 +579,7 @@ static uint64_t site_effect(sweep_ctx *c, fault_kind k, uint64_t n, devio_status
     devio_outcome o;
     memset(&o, 0xa5, sizeof o);
     devio_error err = {0};
-    fault_arm(k, n);
+    arm(k, n);
     *st = devio_apply(e.d, &x, &o, &err);
     uint64_t calls = fault_disarm();
     *fired = fault_fired();
@@ -676,7 +712,7 @@ static uint64_t site_store_open(sweep_ctx *c, fault_kind k, uint64_t n, devio_st
     devio_store_options o = devio_store_options_default();
     devio_store *s = (devio_store *)1;
     devio_error err = {0};
-    fault_arm(k, n);
+    arm(k, n);
     *st = devio_store_open(path, &o, &s, &err);
     if (*st == DEVIO_OK)
         devio_store_close(s); /* the close's calls count too */
@@ -719,7 +755,7 @@ static uint64_t store_write(sweep_ctx *c, fault_kind k, uint64_t n, devio_status
     }
     devio_ticket_record r = settle ? rec_settle(id) : rec_launch(id);
     devio_error err = {0};
-    fault_arm(k, n);
+    arm(k, n);
     uint64_t w = settle ? devio_store_ticket_settled(s, &r) : devio_store_ticket_launched(s, &r);
     *st = w ? devio_store_wait(s, w, &err) : DEVIO_E_IO;
     uint64_t calls = fault_disarm();
@@ -788,7 +824,7 @@ static uint64_t site_adapters_cmd(sweep_ctx *c, fault_kind k, uint64_t n, devio_
     devio_adapter_record rec;
     char evicted[DEVIO_ADAPTER_NAME_MAX];
     devio_error err = {0};
-    fault_arm(k, n);
+    arm(k, n);
     *st = devio_adapters_load(&a, d, "a", "a", false, &rec, evicted, &err);
     uint64_t calls = fault_disarm();
     *fired = fault_fired();
@@ -866,14 +902,18 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     sweep_ctx *c = *state;
-    printf("fault sweep summary (site, kind, calls, N reached, tried, failed clean, ok verified, "
-           "not fired, seconds):\n");
+    printf("fault sweep summary (site, kind, mode, calls, N reached, tried, failed clean, "
+           "ok verified, not fired, seconds, codes):\n");
     for (int i = 0; i < n_tallies; i++) {
         const site_tally *t = &tallies[i];
-        printf("| %s | %s | %" PRIu64 " | %" PRIu64 " | %" PRIu64 " | %" PRIu64 " | %" PRIu64
-               " | %" PRIu64 " | %.1f |\n",
-               t->name, t->kind, t->total, t->reached, t->tried, t->failed_clean, t->ok_verified,
-               t->not_fired, t->secs);
+        printf("| %s | %s | %s | %" PRIu64 " | %" PRIu64 " | %" PRIu64 " | %" PRIu64
+               " | %" PRIu64 " | %" PRIu64 " | %.1f |",
+               t->name, t->kind, t->persist ? "from N" : "N only", t->total, t->reached, t->tried,
+               t->failed_clean, t->ok_verified, t->not_fired, t->secs);
+        for (int j = 0; j < 64; j++)
+            if (t->codes[j])
+                printf(" %s %u", devio_status_str((devio_status)j), t->codes[j]);
+        printf(" |\n");
     }
     free(launch_ref);
     devio_fixture_free(&c->bamba);
@@ -882,20 +922,33 @@ static int teardown(void **state)
     return 0;
 }
 
+/* Both kinds, each in both modes. */
 static void both(sweep_ctx *c, const char *name, site_fn fn)
 {
-    sweep(c, name, FAULT_ALLOC, fn);
-    sweep(c, name, FAULT_IO, fn);
+    for (int p = 0; p < 2; p++) {
+        sweep_persist = p == 1;
+        sweep(c, name, FAULT_ALLOC, fn);
+        sweep(c, name, FAULT_IO, fn);
+    }
+    sweep_persist = false;
 }
 
 static void test_model_load(void **state)
 {
-    both(*state, "model load", site_model_load);
+    sweep_ctx *c = *state;
+    model_now = &c->llama;
+    both(c, "model load", site_model_load);
+    model_now = &c->bamba;
+    both(c, "model load (ssm)", site_model_load);
 }
 
 static void test_device_open(void **state)
 {
-    both(*state, "device open", site_open);
+    sweep_ctx *c = *state;
+    model_now = &c->llama;
+    both(c, "device open", site_open);
+    model_now = &c->bamba;
+    both(c, "device open (ssm)", site_open);
 }
 
 static void test_adapter_load(void **state)
@@ -922,12 +975,14 @@ static void test_effects(void **state)
 {
     for (size_t i = 0; i < sizeof effect_sites / sizeof effect_sites[0]; i++) {
         effect_now = &effect_sites[i];
-        for (int k = 0; k < FAULT_KINDS; k++) {
+        for (int m = 0; m < 4; m++) {
+            sweep_persist = m >= 2;
             effect_ref_set = false;
-            sweep(*state, effect_now->name, (fault_kind)k, site_effect);
+            sweep(*state, effect_now->name, (fault_kind)(m % 2), site_effect);
             if (effect_ref_set)
                 devio_outcome_free(&effect_ref);
         }
+        sweep_persist = false;
     }
 }
 

@@ -18,11 +18,12 @@
  * context (malloc has no cls), on any thread. */
 static _Atomic int armed_kind = -1;
 static _Atomic uint64_t armed_n, counted;
-static atomic_bool fired;
+static atomic_bool fired, persisting;
 
-void fault_arm(fault_kind kind, uint64_t n)
+void fault_arm(fault_kind kind, uint64_t n, bool persist)
 {
     atomic_store(&armed_kind, -1);
+    atomic_store(&persisting, persist);
     atomic_store(&counted, 0);
     atomic_store(&armed_n, n);
     atomic_store(&fired, false);
@@ -45,7 +46,8 @@ bool fault_hit(fault_kind kind)
     if (atomic_load(&armed_kind) != (int)kind)
         return false;
     uint64_t c = atomic_fetch_add(&counted, 1) + 1;
-    if (c != atomic_load(&armed_n))
+    uint64_t n = atomic_load(&armed_n);
+    if (n == 0 || c < n || (c > n && !atomic_load(&persisting)))
         return false;
     atomic_store(&fired, true);
     return true;
@@ -220,10 +222,12 @@ FILE *__wrap_fopen(const char *path, const char *mode)
     return __real_fopen(path, mode);
 }
 
-/* A failed fread reads nothing, as a file cut short under the reader would. */
+/* A failed fread reads nothing and sets the stream's error flag, as glibc
+ * does on a read error (_IO_ERR_SEEN is what ferror() tests). */
 size_t __wrap_fread(void *p, size_t size, size_t n, FILE *fp)
 {
     if (fault_hit(FAULT_IO)) {
+        fp->_flags |= _IO_ERR_SEEN;
         errno = EIO;
         return 0;
     }

@@ -20,10 +20,12 @@ typedef enum fault_kind {
 } fault_kind;
 
 /* Start counting calls of `kind` from zero; the n-th one (n >= 1) fails,
- * once; n = 0 only counts. Calls of the other kind are neither counted nor
+ * once, or with `persist` the n-th and every later one (SQLite's
+ * "persistent" faults, which reach the error paths' own calls); n = 0 only
+ * counts. Calls of the other kind are neither counted nor
  * failed. Counting is process-wide (every thread), as SQLite's own fault
  * simulator does. */
-void fault_arm(fault_kind kind, uint64_t n);
+void fault_arm(fault_kind kind, uint64_t n, bool persist);
 /* Stop counting; returns the number of calls counted since fault_arm. */
 uint64_t fault_disarm(void);
 /* True when the armed fault has fired since fault_arm. */
