@@ -1,5 +1,5 @@
-/* fault_sweep_test.c - SQLite-style fault sweeps: fail the N-th allocation, then the N-th file I/O call, of model load, device open, adapter load, launch, every effect and the store, for every N a clean run makes.
- * Each failure must give an error status, leave the device or the database as it was (or say the write failed) and leak nothing (ASan's leak check, and fds and mappings counted here). */
+/* fault_sweep_test.c - SQLite-style sweeps: the N-th allocation, then the N-th file call, of each site fails, for every N.
+ * Sites: model and adapter load, device open, launch, await, every effect, the store; each failure is clean, changes and leaks nothing. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <inttypes.h>
