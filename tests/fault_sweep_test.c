@@ -33,6 +33,7 @@ typedef struct sweep_ctx {
     devio_fixture llama, bamba;
     char root[512];    /* adapters root under llama's dir */
     char db_seed[512]; /* a store with one launched and one settled row */
+    char db_restore[512]; /* the seed with adapter "a" recorded as loaded */
     char work[512];    /* per-run scratch directory */
     double site_s;
 } sweep_ctx;
@@ -676,8 +677,8 @@ static void copy_file(const char *from, const char *to)
     free(b);
 }
 
-/* A fresh copy of the seed database; its path in c->work's "devio.db". */
-static const char *fresh_db(sweep_ctx *c, char *path, size_t len)
+/* A fresh copy of database `from`; its path in c->work's "devio.db". */
+static const char *fresh_db_from(sweep_ctx *c, const char *from, char *path, size_t len)
 {
     snprintf(path, len, "%s/devio.db", c->work);
     char side[600];
@@ -685,8 +686,13 @@ static const char *fresh_db(sweep_ctx *c, char *path, size_t len)
     unlink(side);
     snprintf(side, sizeof side, "%s-shm", path);
     unlink(side);
-    copy_file(c->db_seed, path);
+    copy_file(from, path);
     return path;
+}
+
+static const char *fresh_db(sweep_ctx *c, char *path, size_t len)
+{
+    return fresh_db_from(c, c->db_seed, path, len);
 }
 
 static devio_store *store_open_ok(const char *path)
@@ -840,7 +846,7 @@ static uint64_t site_adapters_cmd(sweep_ctx *c, fault_kind k, uint64_t n, devio_
     devio_store *s = store_open_ok(path);
     devio_adapters a;
     devio_adapters_init(&a);
-    assert_int_equal(devio_adapters_start(&a, s, d, NULL, NULL, NULL), DEVIO_OK);
+    assert_int_equal(devio_adapters_start(&a, s, d, stderr, NULL, NULL), DEVIO_OK);
     devio_adapter_record rec;
     char evicted[DEVIO_ADAPTER_NAME_MAX];
     devio_error err = {0};
@@ -865,6 +871,42 @@ static uint64_t site_adapters_cmd(sweep_ctx *c, fault_kind k, uint64_t n, devio_
     int64_t rows = sql_int(path, "SELECT count(*) FROM adapters WHERE name='a' AND state='loaded'");
     if (*st == DEVIO_OK)
         assert_int_equal(rows, 1);
+    return calls;
+}
+
+/* A restart: the adapter its row records as loaded is loaded again. Only a
+ * store that cannot be read fails the start; what it says it restored must
+ * be what the device holds. */
+static uint64_t site_adapters_start(sweep_ctx *c, fault_kind k, uint64_t n, devio_status *st,
+                                    bool *fired)
+{
+    char path[600];
+    fresh_db_from(c, c->db_restore, path, sizeof path);
+    resources before_res = resources_now();
+    devio_device *d = open_ok(c->llama.model, c->root);
+    devio_store *s = store_open_ok(path);
+    devio_adapters a;
+    devio_adapters_init(&a);
+    devio_adapters_restored got = {0};
+    devio_error err = {0};
+    arm(k, n);
+    *st = devio_adapters_start(&a, s, d, stderr, &got, &err);
+    uint64_t calls = fault_disarm();
+    *fired = fault_fired();
+    assert_clean_error(*st, &err);
+    uint32_t loaded = devio_facts_get(d).adapters_loaded;
+    assert_int_equal(loaded, got.loaded);
+    if (*st == DEVIO_OK)
+        assert_int_equal(got.loaded + got.stale + got.failed, 1);
+    else
+        assert_int_equal(loaded, 0);
+    devio_adapters_fini(&a);
+    devio_store_close(s);
+    assert_int_equal(devio_teardown(d, NULL), DEVIO_OK);
+    resources after_res = resources_now();
+    assert_same_resources(&before_res, &after_res, "adapters start", n);
+    assert_true(integrity_ok(path));
+    assert_int_equal(sql_int(path, "SELECT count(*) FROM adapters WHERE name='a'"), 1);
     return calls;
 }
 
@@ -913,6 +955,23 @@ static int setup(void **state)
     uint64_t w = devio_store_ticket_settled(s, &r2s);
     devio_status st = devio_store_wait(s, w, NULL);
     devio_store_close(s);
+    if (st != DEVIO_OK)
+        return -1;
+    /* The restart seed: the seed after adapter "a" was loaded. */
+    snprintf(c->db_restore, sizeof c->db_restore, "%s/restore.db", c->llama.dir);
+    copy_file(c->db_seed, c->db_restore);
+    devio_device *d = open_ok(c->llama.model, c->root);
+    s = store_open_ok(c->db_restore);
+    devio_adapters a;
+    devio_adapters_init(&a);
+    devio_adapter_record rec;
+    char evicted[DEVIO_ADAPTER_NAME_MAX];
+    st = devio_adapters_start(&a, s, d, stderr, NULL, NULL);
+    if (st == DEVIO_OK)
+        st = devio_adapters_load(&a, d, "a", "a", true, &rec, evicted, NULL);
+    devio_adapters_fini(&a);
+    devio_store_close(s);
+    devio_teardown(d, NULL);
     if (st != DEVIO_OK)
         return -1;
     *state = c;
@@ -991,6 +1050,11 @@ static void test_adapters_cmd(void **state)
     both(*state, "adapters load cmd", site_adapters_cmd);
 }
 
+static void test_adapters_start(void **state)
+{
+    both(*state, "adapters restore", site_adapters_start);
+}
+
 static void test_effects(void **state)
 {
     for (size_t i = 0; i < sizeof effect_sites / sizeof effect_sites[0]; i++) {
@@ -1031,6 +1095,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_load),   cmocka_unit_test(test_device_open),
         cmocka_unit_test(test_adapter_load), cmocka_unit_test(test_adapters_cmd),
+        cmocka_unit_test(test_adapters_start),
         cmocka_unit_test(test_launch),       cmocka_unit_test(test_await),
         cmocka_unit_test(test_effects),      cmocka_unit_test(test_store_open),
         cmocka_unit_test(test_store_launch), cmocka_unit_test(test_store_settle),
