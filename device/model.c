@@ -177,8 +177,9 @@ static devio_status load_json(const char *dir, const char *name, json_t **out, d
     char *text = raw ? json_quote_nonfinite(raw, n, &qn) : NULL;
     free(raw);
     if (!text) {
-        st = DEVIO_E_IO;
-        devio_fail(err, st, "%s: cannot read: %s", name, strerror(errno ? errno : ENOMEM));
+        int e = errno ? errno : ENOMEM; /* an allocation that failed is out of memory */
+        st = e == ENOMEM ? DEVIO_E_NOMEM : DEVIO_E_IO;
+        devio_fail(err, st, "%s: cannot read: %s", name, strerror(e));
         goto out_path;
     }
     json_error_t jerr;
@@ -532,7 +533,9 @@ static devio_status file_exists(const char *dir, const char *name, bool *yes, de
     if (!path)
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
     struct stat sb;
-    *yes = stat(path, &sb) == 0;
+    /* Only "no such file" is absent; any other failure of stat leaves the
+     * file to the open that follows, which names the error. */
+    *yes = stat(path, &sb) == 0 || (errno != ENOENT && errno != ENOTDIR);
     free(path);
     return DEVIO_OK;
 }

@@ -310,8 +310,9 @@ static devio_status ref_create(const devio_model *model, const devio_backend_con
         goto out_nomem;
     st->pool = devio_pool_create(st->cfg.threads);
     if (!st->pool) {
+        uint32_t threads = st->cfg.threads; /* st is gone after ref_destroy */
         ref_destroy(st);
-        return devio_fail(err, DEVIO_E_DEVICE, "cannot start %u compute threads", st->cfg.threads);
+        return devio_fail(err, DEVIO_E_DEVICE, "cannot start %u compute threads", threads);
     }
     st->n_scratch = devio_pool_threads(st->pool);
     st->scratch = calloc_n(st, st->n_scratch, 1, sizeof *st->scratch);
@@ -360,8 +361,9 @@ static void ref_destroy(void *sp)
     }
     for (uint32_t i = 0; st->mix && i < st->cfg.shape->n_layers; i++) {
         ref_mixer_weights *w = &st->mix[i];
+        /* A create that failed part-way may have the mixers but not the biases. */
         void *mb[] = {w->conv_w, w->conv_b, w->dt_bias, w->a, w->d_skip, w->norm,
-                      st->in_bias[i], st->out_bias[i]};
+                      st->in_bias ? st->in_bias[i] : NULL, st->out_bias ? st->out_bias[i] : NULL};
         for (size_t k = 0; k < sizeof mb / sizeof *mb; k++)
             free(mb[k]);
     }
