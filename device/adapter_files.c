@@ -84,12 +84,13 @@ static devio_status check_rel_lexical(const char *rel, devio_error *err)
 
 /* Opens directory `name` below dirfd without following a link. */
 static devio_status open_component(int dirfd, const char *rel, const char *name, int *out,
-                                   devio_error *err)
+                                   bool *outside, devio_error *err)
 {
     *out = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (*out >= 0)
         return DEVIO_OK;
     int e = errno;
+    *outside = is_link(dirfd, name) || escaped(e);
     if (is_link(dirfd, name))
         return devio_fail(err, DEVIO_E_INVALID,
                           "adapter path '%.120s' goes through a symbolic link ('%.60s'), which "
@@ -98,27 +99,34 @@ static devio_status open_component(int dirfd, const char *rel, const char *name,
     if (escaped(e))
         return devio_fail(err, DEVIO_E_INVALID,
                           "adapter path '%.120s' resolves to outside the adapters root", rel);
+    /* What the request named is not there: the request's fault. Anything
+     * else (EIO, EACCES, EMFILE, ...) is the server's: io_error. */
     if (e == ENOTDIR)
-        return devio_fail(err, DEVIO_E_IO, "adapter path '%.120s' is not a directory", rel);
-    return devio_fail(err, DEVIO_E_IO, "adapter directory '%.120s': %s", rel,
-                      e == ENOENT ? "not found in the adapters root" : strerror(e));
+        return devio_fail(err, DEVIO_E_INVALID, "adapter path '%.120s' is not a directory", rel);
+    if (e == ENOENT)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "adapter directory '%.120s': not found in the adapters root", rel);
+    return devio_fail(err, DEVIO_E_IO, "adapter directory '%.120s': %s", rel, strerror(e));
 }
 
 /* Opens file `name` of the adapter directory dirfd: no link, a regular
  * file (O_NONBLOCK, so that a FIFO put there cannot hang the open). */
 static devio_status open_file(int dirfd, const char *rel, const char *name, int *out,
-                              devio_error *err)
+                              bool *outside, devio_error *err)
 {
     int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        if (is_link(dirfd, name) || escaped(e))
+        *outside = is_link(dirfd, name) || escaped(e);
+        if (*outside)
             return devio_fail(err, DEVIO_E_INVALID,
                               "%.120s/%s is a symbolic link, which could lead outside the "
                               "adapters root; links are not followed",
                               rel, name);
-        return devio_fail(err, DEVIO_E_IO, "%.120s/%s: %s", rel, name,
-                          e == ENOENT ? "not found in the adapter directory" : strerror(e));
+        if (e == ENOENT)
+            return devio_fail(err, DEVIO_E_INVALID, "%.120s/%s: not found in the adapter directory",
+                              rel, name);
+        return devio_fail(err, DEVIO_E_IO, "%.120s/%s: %s", rel, name, strerror(e));
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
@@ -128,7 +136,7 @@ static devio_status open_file(int dirfd, const char *rel, const char *name, int 
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return devio_fail(err, DEVIO_E_IO, "%.120s/%s: not a regular file", rel, name);
+        return devio_fail(err, DEVIO_E_INVALID, "%.120s/%s: not a regular file", rel, name);
     }
     *out = fd;
     return DEVIO_OK;
@@ -138,14 +146,18 @@ devio_status devio_adapter_open(const char *root, const char *rel, bool want_con
                                 devio_adapter_fds *F, devio_error *err)
 {
     F->dir = F->config = F->weights = -1;
+    F->outside = false;
     if (!root || !root[0])
         return devio_fail(err, DEVIO_E_INVALID, "no adapters root is configured");
     devio_status st = check_rel_lexical(rel, err);
-    if (st != DEVIO_OK)
+    if (st != DEVIO_OK) {
+        F->outside = true;
         return st;
+    }
+    /* The root was checked at start; one that went away since is the server's fault. */
     int cur = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (cur < 0)
-        return devio_fail(err, DEVIO_E_INVALID, "adapters root '%.120s' cannot be opened: %s",
+        return devio_fail(err, DEVIO_E_IO, "adapters root '%.120s' cannot be opened: %s",
                           root, strerror(errno));
     char name[NAME_MAX_BYTES + 1];
     for (const char *s = rel; *s;) {
@@ -154,7 +166,7 @@ devio_status devio_adapter_open(const char *root, const char *rel, bool want_con
             memcpy(name, s, n); /* n <= NAME_MAX_BYTES: check_rel_lexical */
             name[n] = '\0';
             int next;
-            st = open_component(cur, rel, name, &next, err);
+            st = open_component(cur, rel, name, &next, &F->outside, err);
             close(cur);
             if (st != DEVIO_OK)
                 return st;
@@ -166,9 +178,11 @@ devio_status devio_adapter_open(const char *root, const char *rel, bool want_con
     }
     F->dir = cur;
     if (want_config &&
-        (st = open_file(F->dir, rel, DEVIO_ADAPTER_CONFIG_NAME, &F->config, err)) != DEVIO_OK)
+        (st = open_file(F->dir, rel, DEVIO_ADAPTER_CONFIG_NAME, &F->config, &F->outside, err)) !=
+            DEVIO_OK)
         goto out_close;
-    if ((st = open_file(F->dir, rel, DEVIO_ADAPTER_WEIGHTS_NAME, &F->weights, err)) != DEVIO_OK)
+    if ((st = open_file(F->dir, rel, DEVIO_ADAPTER_WEIGHTS_NAME, &F->weights, &F->outside,
+                        err)) != DEVIO_OK)
         goto out_close;
     return DEVIO_OK;
 
@@ -228,8 +242,8 @@ devio_status devio_adapter_path_check(const char *root, const char *rel_path, de
     devio_status st = devio_adapter_open(root, rel_path, true, &F, &e);
     if (st == DEVIO_OK)
         devio_adapter_fds_close(&F);
-    if (st != DEVIO_E_INVALID)
-        return DEVIO_OK; /* missing or unreadable: the load names it */
+    if (st == DEVIO_OK || !F.outside)
+        return DEVIO_OK; /* missing or unreadable: the load names it, and it is recorded */
     if (err)
         *err = e;
     return st;

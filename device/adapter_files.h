@@ -19,6 +19,8 @@ typedef struct devio_adapter_fds {
     int dir;
     int config;  /* -1 unless asked for */
     int weights; /* a regular file */
+    bool outside; /* after a failed open: the path was refused as leading outside the
+                     root (absolute, '..', a link, a bad component), not as missing */
 } devio_adapter_fds;
 
 /* Opens root once (following it: the operator chose it), then walks rel

@@ -168,9 +168,10 @@ static devio_status load(devio_lora_table *t, const devio_lora_cmd *cmd, devio_l
     devio_adapter *a = NULL;
     devio_status s = devio_adapter_load(t->root, cmd->path, cmd->name, t->model, t->max_rank, &a,
                                         err);
-    /* A missing or malformed adapter directory is the command's fault, not
-     * the device's: it answers like any other invalid input. */
-    if (s == DEVIO_E_IO || s == DEVIO_E_MODEL) {
+    /* A malformed adapter is the command's fault, not the device's: it
+     * answers like any other invalid input (a missing one already does). A
+     * file that cannot be read (EIO, EACCES) stays io_error: the server's. */
+    if (s == DEVIO_E_MODEL) {
         if (err)
             err->status = DEVIO_E_INVALID;
         return DEVIO_E_INVALID;

@@ -105,9 +105,10 @@ static void test_root_missing(void **state)
     fixture *fx = *state;
     devio_adapter *a = NULL;
     devio_error err = {0};
+    /* A root that went away after start is the server's fault, not the command's. */
     assert_int_equal(devio_adapter_load(path_in(fx->dir, "no-root"), "x", "n", fx->model, 64, &a,
                                         &err),
-                     DEVIO_E_INVALID);
+                     DEVIO_E_IO);
     assert_null(a);
     assert_int_equal(devio_adapter_load("", "x", "n", fx->model, 64, &a, &err),
                      DEVIO_E_INVALID);
@@ -149,16 +150,19 @@ static void test_bad_args(void **state)
     devio_adapter_free(NULL);
 }
 
-/* ---- missing and corrupt files ---- */
+/* ---- missing and corrupt files ----
+ * What the command names and is not there is invalid_input, at the device as
+ * over HTTP; a file that is there but cannot be read is io_error (the fault
+ * sweep, tests/fault_sweep_test.c, fails reads). */
 
 static void test_missing_dir(void **state)
 {
     fixture *fx = *state;
     devio_error err;
-    load_expect(fx, "nope", 64, DEVIO_E_IO, &err);
+    load_expect(fx, "nope", 64, DEVIO_E_INVALID, &err);
     assert_msg_has(&err, "nope");
     write_all(path_in(fx->root, "file"), "x", 1);
-    load_expect(fx, "file", 64, DEVIO_E_IO, &err);
+    load_expect(fx, "file", 64, DEVIO_E_INVALID, &err);
 }
 
 static void test_missing_config(void **state)
@@ -167,7 +171,7 @@ static void test_missing_config(void **state)
     devio_mkmodel_adapter_opts o = write_default(fx, "nc");
     assert_int_equal(unlink(path_in(o.out_dir, "adapter_config.json")), 0);
     devio_error err;
-    load_expect(fx, "nc", 64, DEVIO_E_IO, &err);
+    load_expect(fx, "nc", 64, DEVIO_E_INVALID, &err);
     assert_msg_has(&err, "nc/adapter_config.json");
 }
 
@@ -177,7 +181,7 @@ static void test_missing_weights(void **state)
     devio_mkmodel_adapter_opts o = write_default(fx, "nw");
     assert_int_equal(unlink(path_in(o.out_dir, "adapter_model.safetensors")), 0);
     devio_error err;
-    load_expect(fx, "nw", 64, DEVIO_E_IO, &err);
+    load_expect(fx, "nw", 64, DEVIO_E_INVALID, &err);
     assert_msg_has(&err, "nw/adapter_model.safetensors");
     /* A dangling link is a link: refused before anything looks where it leads. */
     assert_int_equal(symlink("gone", path_in(o.out_dir, "adapter_model.safetensors")), 0);
@@ -186,7 +190,7 @@ static void test_missing_weights(void **state)
     /* A FIFO is not a regular file, and opening it does not wait for a writer. */
     assert_int_equal(unlink(path_in(o.out_dir, "adapter_model.safetensors")), 0);
     assert_int_equal(mkfifo(path_in(o.out_dir, "adapter_model.safetensors"), 0600), 0);
-    load_expect(fx, "nw", 64, DEVIO_E_IO, &err);
+    load_expect(fx, "nw", 64, DEVIO_E_INVALID, &err);
     assert_msg_has(&err, "not a regular file");
 }
 

@@ -846,7 +846,7 @@ static uint64_t site_adapters_cmd(sweep_ctx *c, fault_kind k, uint64_t n, devio_
     devio_store *s = store_open_ok(path);
     devio_adapters a;
     devio_adapters_init(&a);
-    assert_int_equal(devio_adapters_start(&a, s, d, stderr, NULL, NULL), DEVIO_OK);
+    assert_int_equal(devio_adapters_start(&a, s, d, NULL, NULL), DEVIO_OK);
     devio_adapter_record rec;
     char evicted[DEVIO_ADAPTER_NAME_MAX];
     devio_error err = {0};
@@ -890,7 +890,7 @@ static uint64_t site_adapters_start(sweep_ctx *c, fault_kind k, uint64_t n, devi
     devio_adapters_restored got = {0};
     devio_error err = {0};
     arm(k, n);
-    *st = devio_adapters_start(&a, s, d, stderr, &got, &err);
+    *st = devio_adapters_start(&a, s, d, &got, &err);
     uint64_t calls = fault_disarm();
     *fired = fault_fired();
     assert_clean_error(*st, &err);
@@ -966,7 +966,7 @@ static int setup(void **state)
     devio_adapters_init(&a);
     devio_adapter_record rec;
     char evicted[DEVIO_ADAPTER_NAME_MAX];
-    st = devio_adapters_start(&a, s, d, stderr, NULL, NULL);
+    st = devio_adapters_start(&a, s, d, NULL, NULL);
     if (st == DEVIO_OK)
         st = devio_adapters_load(&a, d, "a", "a", true, &rec, evicted, NULL);
     devio_adapters_fini(&a);

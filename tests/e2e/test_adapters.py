@@ -461,7 +461,8 @@ def test_restart_reloads_recorded_adapters(bins, tiny_model, servers, tmp_path):
     assert recs["a"]["state"] == "loaded" and recs["a"]["pinned"] is False
     assert recs["c"]["state"] == "loaded" and recs["c"]["pinned"] is True
     assert recs["b"]["state"] == "stale" and recs["b"]["reason"] == "weights changed since load"
-    assert recs["d"]["state"] == "failed" and recs["d"]["reason"].startswith("io_error: ")
+    # Its directory is gone: what the record names is not there (the command's fault).
+    assert recs["d"]["state"] == "failed" and recs["d"]["reason"].startswith("invalid_input: ")
     rows = db_adapters(srv2.db)
     for n in "abcd":
         check_row(rows[n], dict(recs[n]))

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,10 +205,13 @@ int __wrap_stat(const char *path, struct stat *sb)
     return __real_stat(path, sb);
 }
 
+/* An anonymous mapping is an allocation (it fails as out of memory); a
+ * mapping of a file is a file call. */
 void *__wrap_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off)
 {
-    if (fault_hit(FAULT_IO)) {
-        errno = ENOMEM;
+    bool anon = (flags & MAP_ANONYMOUS) != 0;
+    if (fault_hit(anon ? FAULT_ALLOC : FAULT_IO)) {
+        errno = anon ? ENOMEM : EIO;
         return MAP_FAILED;
     }
     return __real_mmap(a, n, prot, flags, fd, off);
