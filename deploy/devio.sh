@@ -36,6 +36,8 @@ DEB_PACKAGES=(
     # promtool, which checks /metrics and deploy/prometheus/ (tests/e2e/test_metrics.py),
     # comes only with Debian's Prometheus server package; the server is never started.
     prometheus
+    # tests/e2e/test_listen_tls.py makes its self-signed certificates with the openssl command.
+    openssl
     # The image built and run by tests/e2e/test_image.py (deploy/image/build.sh).
     mmdebstrap podman runc
 )

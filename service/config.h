@@ -11,7 +11,9 @@
 
 typedef struct devio_server_config {
     const char *model;      /* --model DIR (required) */
-    const char *listen;     /* --listen HOST:PORT, default 127.0.0.1:8080 */
+    const char *listen;     /* --listen HOST:PORT | [IPV6]:PORT | unix:/PATH, default 127.0.0.1:8080 */
+    const char *tls_cert;   /* --tls-cert FILE (PEM); HTTPS when given with tls_key */
+    const char *tls_key;    /* --tls-key FILE (PEM) */
     const char *db;         /* --db FILE, default devio.db */
     const char *adapters;   /* --adapters DIR, default adapters (skipped with a warning
                                when that default does not exist) */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -35,28 +36,50 @@ struct devio_conn {
     uint8_t state;
     bool headers_in; /* the current request's headers are in: no deadline */
     bool cut;        /* shut down for late headers */
-    uint32_t addr;   /* IPv4, network order */
+    bool has_addr;   /* an IP client (a unix-socket client has no address) */
+    uint8_t addr[16]; /* IPv6, or IPv4 as ::ffff:a.b.c.d */
     uint64_t since_us;
 };
 
 /* ---- the table (lock held) ------------------------------------------------------- */
 
-static uint32_t count_from(const devio_listener *l, uint32_t addr)
+/* The client's address as 16 bytes, IPv4 mapped into IPv6 so that one
+ * client counts once whichever socket family it came through; false for a
+ * unix-socket client, which has none. */
+static bool address_key(const struct sockaddr *sa, socklen_t len, uint8_t key[16])
+{
+    if (sa->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+        static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        memcpy(key, mapped, sizeof mapped);
+        memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        return true;
+    }
+    if (sa->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+        return true;
+    }
+    return false;
+}
+
+static uint32_t count_from(const devio_listener *l, const uint8_t addr[16])
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < l->cfg.max_connections; i++)
-        n += l->slots[i].state != SLOT_FREE && l->slots[i].addr == addr;
+        n += l->slots[i].state != SLOT_FREE && l->slots[i].has_addr &&
+             memcmp(l->slots[i].addr, addr, 16) == 0;
     return n;
 }
 
-static devio_conn *slot_take(devio_listener *l, int fd, uint32_t addr, uint8_t state,
+static devio_conn *slot_take(devio_listener *l, int fd, const uint8_t *addr, uint8_t state,
                              uint64_t now)
 {
     for (uint32_t i = 0; i < l->cfg.max_connections; i++) {
         devio_conn *c = &l->slots[i];
         if (c->state != SLOT_FREE)
             continue;
-        *c = (devio_conn){.fd = fd, .state = state, .addr = addr, .since_us = now};
+        *c = (devio_conn){.fd = fd, .state = state, .has_addr = addr != NULL, .since_us = now};
+        if (addr)
+            memcpy(c->addr, addr, 16);
         l->n_used++;
         return c;
     }
@@ -117,8 +140,11 @@ static void closing_drop(devio_listener *l, uint32_t i)
  * connection and could lose the answer on the client's side. */
 static void refuse(devio_listener *l, int fd, int which, uint64_t now)
 {
-    ssize_t n = send(fd, l->refusal[which], l->refusal_len[which], MSG_NOSIGNAL | MSG_DONTWAIT);
-    (void)n; /* a fresh socket's buffer takes it; a client gone gets nothing */
+    if (!l->cfg.silent_refusals) {
+        ssize_t n = send(fd, l->refusal[which], l->refusal_len[which],
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n; /* a fresh socket's buffer takes it; a client gone gets nothing */
+    }
     shutdown(fd, SHUT_WR);
     if (l->n_closing == CLOSING_MAX) {
         uint32_t oldest = 0;
@@ -156,9 +182,11 @@ static void closing_poll(devio_listener *l, const struct pollfd *p, uint64_t now
 
 /* ---- accepting ------------------------------------------------------------------- */
 
-static void take(devio_listener *l, int fd, const struct sockaddr_in *sa, uint64_t now)
+static void take(devio_listener *l, int fd, const struct sockaddr *sa, socklen_t len,
+                 uint64_t now)
 {
-    uint32_t addr = sa->sin_addr.s_addr;
+    uint8_t key[16];
+    const uint8_t *addr = address_key(sa, len, key) ? key : NULL;
     int refused = -1;
     devio_conn *c = NULL;
     pthread_mutex_lock(&l->mu);
@@ -167,7 +195,7 @@ static void take(devio_listener *l, int fd, const struct sockaddr_in *sa, uint64
         slot_free(l, stale);
     if (l->n_used >= l->cfg.max_connections)
         refused = 0;
-    else if (l->cfg.max_per_address && count_from(l, addr) >= l->cfg.max_per_address)
+    else if (addr && l->cfg.max_per_address && count_from(l, addr) >= l->cfg.max_per_address)
         refused = 1;
     else
         c = slot_take(l, fd, addr, SLOT_PENDING, now);
@@ -176,7 +204,7 @@ static void take(devio_listener *l, int fd, const struct sockaddr_in *sa, uint64
         refuse(l, fd, refused, now);
         return;
     }
-    if (l->add(l->add_ctx, fd, (const struct sockaddr *)sa, sizeof *sa))
+    if (l->add(l->add_ctx, fd, sa, len))
         return;
     /* The loop refused it and closed the socket: it never starts. */
     pthread_mutex_lock(&l->mu);
@@ -189,7 +217,7 @@ static void take(devio_listener *l, int fd, const struct sockaddr_in *sa, uint64
 static bool accept_some(devio_listener *l, uint64_t now)
 {
     for (int k = 0; k < ACCEPT_BATCH; k++) {
-        struct sockaddr_in sa;
+        struct sockaddr_storage sa;
         socklen_t len = sizeof sa;
         int fd = accept4(l->fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -197,13 +225,28 @@ static bool accept_some(devio_listener *l, uint64_t now)
                 continue;
             return !(errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM);
         }
-        if (sa.sin_family != AF_INET || len < sizeof sa) {
+        uint8_t key[16];
+        if (sa.ss_family != AF_UNIX && !address_key((struct sockaddr *)&sa, len, key)) {
             close(fd);
             continue;
         }
-        take(l, fd, &sa, now);
+        take(l, fd, (struct sockaddr *)&sa, len, now);
     }
     return true;
+}
+
+/* Close the listening socket and remove its file, if it made one and the
+ * file there is still that one (another server may have taken the path). */
+static void close_listening(devio_listener *l)
+{
+    if (l->fd >= 0)
+        close(l->fd);
+    l->fd = -1;
+    struct stat st;
+    if (l->unix_path[0] && lstat(l->unix_path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+        st.st_dev == l->unix_dev && st.st_ino == l->unix_ino)
+        unlink(l->unix_path);
+    l->unix_path[0] = '\0';
 }
 
 static void *listener_main(void *arg)
@@ -212,10 +255,6 @@ static void *listener_main(void *arg)
     struct pollfd p[2 + CLOSING_MAX];
     uint64_t next_sweep = 0, backoff_until = 0;
     while (!atomic_load(&l->stop)) {
-        if (atomic_load(&l->quiesce) && l->fd >= 0) {
-            close(l->fd);
-            l->fd = -1;
-        }
         uint64_t now = devio_clock_us();
         nfds_t n = 0;
         for (uint32_t i = 0; i < l->n_closing; i++)
@@ -275,8 +314,93 @@ static char *refusal_text(unsigned limit, bool per_address, size_t *len)
     return text;
 }
 
+/* A socket file at path: none, or a stale socket (no server answers on it)
+ * that is removed; anything else is refused, never removed. */
+static devio_status unix_clear(const char *path, devio_error *err)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? DEVIO_OK
+                               : devio_fail(err, DEVIO_E_IO, "cannot listen on unix:%s: %s", path,
+                                            strerror(errno));
+    if (!S_ISSOCK(st.st_mode))
+        return devio_fail(err, DEVIO_E_IO,
+                          "cannot listen on unix:%s: the path exists and is not a socket; "
+                          "it is left as it is", path);
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    memcpy(un.sun_path, path, strlen(path) + 1);
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0)
+        return devio_fail(err, DEVIO_E_IO, "cannot listen on unix:%s: %s", path, strerror(errno));
+    int rc = connect(probe, (struct sockaddr *)&un, sizeof un);
+    int e = errno;
+    close(probe);
+    if (rc == 0)
+        return devio_fail(err, DEVIO_E_IO,
+                          "cannot listen on unix:%s: a server is answering on that socket", path);
+    if (e != ECONNREFUSED)
+        return devio_fail(err, DEVIO_E_IO, "cannot listen on unix:%s: %s", path, strerror(e));
+    if (unlink(path) != 0 && errno != ENOENT)
+        return devio_fail(err, DEVIO_E_IO, "cannot remove the stale socket unix:%s: %s", path,
+                          strerror(errno));
+    return DEVIO_OK;
+}
+
+static bool is_any_ipv6(const devio_listen_addr *a)
+{
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&a->sa;
+    return a->sa.ss_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr);
+}
+
+/* Bind and listen, recording the port (IP) or the socket file made (unix). */
+static devio_status open_socket(devio_listener *l, const devio_listen_addr *addr,
+                                devio_error *err)
+{
+    char where[128];
+    devio_listen_addr_format((const struct sockaddr *)&addr->sa, addr->len, where, sizeof where);
+    const char *path = devio_listen_addr_path(addr);
+    if (path) {
+        devio_status st = unix_clear(path, err);
+        if (st != DEVIO_OK)
+            return st;
+    }
+    int one = 1, zero = 0;
+    l->fd = socket(addr->sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (l->fd < 0 || pipe2(l->wake, O_NONBLOCK | O_CLOEXEC) != 0)
+        goto fail;
+    if (!path && setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
+        goto fail;
+    /* [::] takes IPv4 clients too, whatever the system's bindv6only says. */
+    if (is_any_ipv6(addr) && setsockopt(l->fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0)
+        goto fail;
+    if (bind(l->fd, (const struct sockaddr *)&addr->sa, addr->len) != 0)
+        goto fail;
+    if (path) {
+        /* Before listen: no client can connect while the mode is still umask's. */
+        struct stat st;
+        if (lstat(path, &st) != 0)
+            goto fail;
+        snprintf(l->unix_path, sizeof l->unix_path, "%s", path);
+        l->unix_dev = st.st_dev;
+        l->unix_ino = st.st_ino;
+        if (chmod(path, DEVIO_LISTEN_UNIX_MODE) != 0)
+            goto fail;
+    }
+    if (listen(l->fd, SOMAXCONN) != 0)
+        goto fail;
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    if (!path && getsockname(l->fd, (struct sockaddr *)&bound, &blen) == 0)
+        l->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                    : ((struct sockaddr_in *)&bound)->sin_port);
+    return DEVIO_OK;
+fail:;
+    int e = errno;
+    return devio_fail(err, DEVIO_E_IO, "cannot listen on %s: %s", where, strerror(e));
+}
+
 devio_status devio_listener_open(devio_listener *l, const devio_listener_config *cfg,
-                                 const struct sockaddr_in *sa, devio_error *err)
+                                 const devio_listen_addr *addr, devio_error *err)
 {
     memset(l, 0, sizeof *l);
     l->fd = l->wake[0] = l->wake[1] = -1;
@@ -295,24 +419,10 @@ devio_status devio_listener_open(devio_listener *l, const devio_listener_config 
     }
     for (uint32_t i = 0; i < cfg->max_connections; i++)
         l->slots[i].fd = -1;
-    char where[INET_ADDRSTRLEN] = "?";
-    inet_ntop(AF_INET, &sa->sin_addr, where, sizeof where);
-    int one = 1;
-    l->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (l->fd < 0 || pipe2(l->wake, O_NONBLOCK | O_CLOEXEC) != 0 ||
-        setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(l->fd, (const struct sockaddr *)sa, sizeof *sa) != 0 ||
-        listen(l->fd, SOMAXCONN) != 0) {
-        int e = errno;
+    devio_status st = open_socket(l, addr, err);
+    if (st != DEVIO_OK)
         devio_listener_free(l);
-        return devio_fail(err, DEVIO_E_IO, "cannot listen on %s:%u: %s", where,
-                          ntohs(sa->sin_port), strerror(e));
-    }
-    struct sockaddr_in bound;
-    socklen_t blen = sizeof bound;
-    l->port = getsockname(l->fd, (struct sockaddr *)&bound, &blen) == 0 ? ntohs(bound.sin_port)
-                                                                          : ntohs(sa->sin_port);
-    return DEVIO_OK;
+    return st;
 }
 
 devio_status devio_listener_run(devio_listener *l, devio_listener_add_fn add, void *ctx,
@@ -334,18 +444,6 @@ static void wake_thread(devio_listener *l)
     }
 }
 
-void devio_listener_quiesce(devio_listener *l)
-{
-    atomic_store(&l->quiesce, true);
-    if (l->thread_started) {
-        wake_thread(l);
-        return;
-    }
-    if (l->fd >= 0)
-        close(l->fd);
-    l->fd = -1;
-}
-
 void devio_listener_stop(devio_listener *l)
 {
     atomic_store(&l->stop, true);
@@ -354,9 +452,7 @@ void devio_listener_stop(devio_listener *l)
         pthread_join(l->thread, NULL);
         l->thread_started = false;
     }
-    if (l->fd >= 0)
-        close(l->fd);
-    l->fd = -1;
+    close_listening(l);
 }
 
 void devio_listener_free(devio_listener *l)
@@ -390,10 +486,12 @@ devio_conn *devio_listener_started(devio_listener *l, int fd)
         c->state = SLOT_LIVE;
     } else {
         /* Forgotten while pending (the loop was slow to start it): count it again. */
-        struct sockaddr_in sa = {0};
+        struct sockaddr_storage sa = {0};
         socklen_t len = sizeof sa;
-        getpeername(fd, (struct sockaddr *)&sa, &len);
-        c = slot_take(l, fd, sa.sin_addr.s_addr, SLOT_LIVE, devio_clock_us());
+        uint8_t key[16];
+        bool known = getpeername(fd, (struct sockaddr *)&sa, &len) == 0 &&
+                     address_key((struct sockaddr *)&sa, len, key);
+        c = slot_take(l, fd, known ? key : NULL, SLOT_LIVE, devio_clock_us());
     }
     pthread_mutex_unlock(&l->mu);
     if (!c)

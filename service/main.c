@@ -40,15 +40,16 @@ int main(int argc, char **argv)
     devio_device_info info;
     devio_device_info_get(srv.dev, &info);
     devio_log_field f[] = {
-        DEVIO_LF_S("model", cfg.model),      DEVIO_LF_U("port", srv.port),
+        DEVIO_LF_S("model", cfg.model),      DEVIO_LF_S("listen", cfg.listen),
+        DEVIO_LF_U("port", srv.port),
         DEVIO_LF_U("epoch", devio_store_epoch(srv.store)), DEVIO_LF_S("backend", info.backend),
         DEVIO_LF_S("numerics", devio_numerics_str(info.numerics)),
         DEVIO_LF_S("device", info.device),
     };
     devio_logf(DEVIO_LOG_INFO, "start", f, sizeof f / sizeof *f,
-               "serving %s on port %u (epoch %llu) with backend %s (%s numerics) on %s; "
+               "serving %s on %s, port %u (epoch %llu) with backend %s (%s numerics) on %s; "
                "SIGTERM drains and stops",
-               cfg.model, srv.port, (unsigned long long)devio_store_epoch(srv.store),
+               cfg.model, cfg.listen, srv.port, (unsigned long long)devio_store_epoch(srv.store),
                info.backend, devio_numerics_str(info.numerics), info.device);
     printf("listening %u\n", srv.port);
     fflush(stdout);

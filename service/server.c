@@ -613,29 +613,6 @@ static devio_status read_token(devio_server *s, devio_error *err)
     return DEVIO_OK;
 }
 
-static devio_status parse_listen(const char *listen, struct sockaddr_in *sa, devio_error *err)
-{
-    char host[64];
-    const char *colon = strrchr(listen, ':');
-    if (!colon || (size_t)(colon - listen) >= sizeof host)
-        return devio_fail(err, DEVIO_E_INVALID, "--listen must be HOST:PORT, not '%s'", listen);
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = '\0';
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (*end || port < 0 || port > 65535)
-        return devio_fail(err, DEVIO_E_INVALID, "bad port in --listen '%s'", listen);
-    memset(sa, 0, sizeof *sa);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)port);
-    if (strcmp(host, "localhost") == 0)
-        snprintf(host, sizeof host, "127.0.0.1");
-    if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
-        return devio_fail(err, DEVIO_E_INVALID, "--listen host must be an IPv4 address, not '%s'",
-                          host);
-    return DEVIO_OK;
-}
-
 /* The adapters root, checked before anything listens: a root that was given
  * must be a directory; the default one ("adapters") may be missing, which
  * turns adapter loading off (*root NULL: loads answer unsupported) with a
@@ -667,8 +644,10 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     devio_metrics_init(&s->metrics);
     devio_adapters_init(&s->adapters);
     s->tickets.metrics = &s->metrics;
-    struct sockaddr_in sa;
-    devio_status st = parse_listen(cfg->listen, &sa, err);
+    devio_listen_addr sa;
+    devio_status st = devio_listen_addr_parse(cfg->listen, &sa, err);
+    if (st == DEVIO_OK)
+        st = devio_tls_load(&s->tls, cfg->tls_cert, cfg->tls_key, err);
     devio_config dc = cfg->device;
     const devio_backend_ops *ops = NULL;
     devio_registry_builtin(&s->registry, cfg->backend_path);
@@ -711,7 +690,8 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         fit_descriptors(&s->cfg);
         devio_listener_config lc = {.max_connections = s->cfg.max_connections,
                                     .max_per_address = s->cfg.max_per_address,
-                                    .header_timeout_ms = s->cfg.header_timeout_ms};
+                                    .header_timeout_ms = s->cfg.header_timeout_ms,
+                                    .silent_refusals = s->tls.cert != NULL};
         st = devio_listener_open(&s->listener, &lc, &sa, err);
         s->listening = st == DEVIO_OK;
     }
@@ -719,7 +699,16 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         /* The listener caps connections first; libmicrohttpd's own cap (split
          * among its threads) is set above it so that it never refuses one. */
         unsigned mhd_cap = s->cfg.max_connections + 16 * s->cfg.http_threads;
-        s->mhd = MHD_start_daemon(MHD_FLAGS, 0, NULL, NULL, on_request, s,
+        /* HTTPS: every connection handed over by add_connection gets a TLS
+         * session (GnuTLS) from the daemon. */
+        struct MHD_OptionItem tls_opts[] = {
+            {MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls.cert},
+            {MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls.key},
+            {MHD_OPTION_END, 0, NULL},
+        };
+        bool tls = s->tls.cert != NULL;
+        s->mhd = MHD_start_daemon(MHD_FLAGS | (tls ? MHD_USE_TLS : 0), 0, NULL, NULL,
+                                  on_request, s,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                   MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                                   MHD_OPTION_CONNECTION_LIMIT, mhd_cap,
@@ -727,8 +716,14 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
                                   (unsigned)cfg->connection_timeout_s,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
                                   MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
+                                  MHD_OPTION_ARRAY, tls ? tls_opts : tls_opts + 2,
                                   MHD_OPTION_END);
-        if (!s->mhd)
+        if (!s->mhd && tls)
+            st = devio_fail(err, DEVIO_E_INVALID,
+                            "cannot serve HTTPS with --tls-cert %s and --tls-key %s: the key does "
+                            "not match the certificate or a PEM block is damaged (libmicrohttpd's "
+                            "message is above)", cfg->tls_cert, cfg->tls_key);
+        else if (!s->mhd)
             st = devio_fail(err, DEVIO_E_IO, "cannot start the HTTP loop for %s", cfg->listen);
     }
     if (st == DEVIO_OK)
@@ -780,6 +775,7 @@ void devio_server_stop(devio_server *s)
     if (s->mhd)
         MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
+    devio_tls_free(&s->tls);
     if (s->listening)
         devio_listener_free(&s->listener);
     s->listening = false;

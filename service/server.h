@@ -19,6 +19,7 @@
 #include "service/route.h"
 #include "service/store.h"
 #include "service/tickets.h"
+#include "service/tls.h"
 
 typedef struct devio_server {
     devio_server_config cfg;
@@ -36,6 +37,8 @@ typedef struct devio_server {
     devio_listener listener;   /* accepts, applies the connection limits and the header
                                   deadline; hands sockets to mhd */
     bool listening;            /* listener opened */
+    devio_tls tls;             /* certificate and key when serving HTTPS; kept until the
+                                  daemon stops */
     char *token;               /* owned copy; NULL = no auth */
     size_t token_len;
     atomic_bool ready;

@@ -56,6 +56,24 @@ def _error_of(r: Response) -> DevioError:
                           {})
 
 
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix-domain stream socket (a server started with --listen unix:/PATH)."""
+
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.unix_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 class Client:
     """A client of one devio-server.
 
@@ -66,18 +84,21 @@ class Client:
     Not thread-safe: give each thread its own Client. A dropped connection is
     reopened once for GET and HEAD only; any other request raises
     ConnectionLost, so nothing is ever sent twice behind the caller's back.
-    `url` is http://host:port or https://host:port (then `tls_context`, or the
-    system's default context, checks the server). `source_address` is the
-    local address to connect from (e.g. "127.0.0.2"), or None for any.
+    `url` is http://host:port, http://[::1]:port, https://host:port (then
+    `tls_context`, or the system's default context, checks the server), or
+    unix:///path/to/socket. `source_address` is the local address to connect
+    from (e.g. "127.0.0.2"), or None for any.
     """
 
     def __init__(self, url: str = "http://127.0.0.1:8080", token: Optional[str] = None,
                  timeout: float = 60.0, tls_context: Optional[ssl.SSLContext] = None,
                  source_address: Optional[str] = None):
         u = urlsplit(url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError("url must be http://host:port or https://host:port, not %r" % url)
-        self.host = u.hostname
+        self.unix_path = u.path if u.scheme == "unix" and not u.netloc and u.path else None
+        if self.unix_path is None and (u.scheme not in ("http", "https") or not u.hostname):
+            raise ValueError("url must be http://host:port, https://host:port or "
+                             "unix:///path, not %r" % url)
+        self.host = u.hostname or "localhost"
         self.port = u.port or (443 if u.scheme == "https" else 80)
         self.https = u.scheme == "https"
         self.token = token
@@ -101,7 +122,9 @@ class Client:
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            if self.https:
+            if self.unix_path is not None:
+                self._conn = _UnixHTTPConnection(self.unix_path, self.timeout)
+            elif self.https:
                 ctx = self.tls_context or ssl.create_default_context()
                 self._conn = http.client.HTTPSConnection(self.host, self.port,
                                                          timeout=self.timeout, context=ctx,
