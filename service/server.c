@@ -613,10 +613,12 @@ static devio_status read_token(devio_server *s, devio_error *err)
     return DEVIO_OK;
 }
 
-/* The adapters root, checked before anything listens: a root that was given
- * must be a directory; the default one ("adapters") may be missing, which
- * turns adapter loading off (*root NULL: loads answer unsupported) with a
- * warning, rather than a 400 blaming the first client that loads one. */
+/* The adapters root, checked before anything listens. A root that was given
+ * must be a directory; when it is missing but its parent exists (a fresh
+ * volume) it is created, empty, mode 0750. The default one ("adapters") may
+ * be missing, which turns adapter loading off (*root NULL: loads answer
+ * unsupported) with a warning, rather than a 400 blaming the first client
+ * that loads one. */
 static devio_status adapters_root(const devio_server_config *cfg, const char **root,
                                   devio_error *err)
 {
@@ -625,6 +627,11 @@ static devio_status adapters_root(const devio_server_config *cfg, const char **r
     bool found = stat(cfg->adapters, &sb) == 0;
     if (found && S_ISDIR(sb.st_mode))
         return DEVIO_OK;
+    if (!found && errno == ENOENT && cfg->adapters_given && mkdir(cfg->adapters, 0750) == 0) {
+        devio_log(DEVIO_LOG_INFO, "adapters", "adapters root '%s' created (it was missing)",
+                  cfg->adapters);
+        return DEVIO_OK;
+    }
     const char *why = found ? "not a directory" : strerror(errno);
     if (cfg->adapters_given)
         return devio_fail(err, DEVIO_E_INVALID, "--adapters '%s': %s", cfg->adapters, why);

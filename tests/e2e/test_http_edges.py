@@ -125,12 +125,26 @@ def test_bad_log_flags_refused(bins, tiny_model, tmp_path):
 
 
 def test_adapters_root_checked_at_start(bins, servers, tiny_model, tmp_path):
-    missing = tmp_path / "no-such-dir"
+    # A given root whose parent is missing too (a typo) stops the start, naming it.
+    missing = tmp_path / "no-such-dir" / "adapters"
     p = subprocess.run([str(bins.server), "--model", str(tiny_model), "--listen", "127.0.0.1:0",
                         "--db", str(tmp_path / "a.db"), "--adapters", str(missing)],
                        capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
     assert p.returncode == 1
     assert str(missing).encode() in p.stderr and b"No such file" in p.stderr, p.stderr
+    # So does a file in its place.
+    (tmp_path / "file").write_text("x")
+    p = subprocess.run([str(bins.server), "--model", str(tiny_model), "--listen", "127.0.0.1:0",
+                        "--db", str(tmp_path / "a.db"), "--adapters", str(tmp_path / "file")],
+                       capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert p.returncode == 1 and b"not a directory" in p.stderr, p.stderr
+    # A given root missing on a volume that exists (a fresh one) is created, empty.
+    fresh = tmp_path / "vol" / "adapters"
+    (tmp_path / "vol").mkdir()
+    sv = servers.start(tiny_model, ["--adapters", str(fresh)])
+    assert fresh.is_dir() and sv.client().call("GET", "/v1/adapters").json == []
+    assert sv.stop() == 0
+    assert "adapters root '%s' created" % fresh in sv.log_path.read_text()
     # The default root ("adapters" in the working directory) may be missing: a warning,
     # and loads answer unsupported naming the configuration, not the client's path.
     wd = tmp_path / "wd"
