@@ -1,5 +1,6 @@
-/* numerics_vec.h - devio_expf over arrays, eight values at a time, bit for
- * bit what device/numerics.h's devio_expf gives each of them: the same
+/* numerics_vec.h - devio_expf (and the SiLU gate built on it) over arrays,
+ * eight values at a time, bit for bit what device/numerics.h's scalar
+ * functions give each of them: the same
  * operations in the same order on 8-float generic vectors, with every value
  * outside the range where that is exact (NaN, x < -87, x > 88, where the
  * scalar function takes another branch) recomputed by devio_expf itself.
@@ -70,6 +71,30 @@ static inline void devio_expf_sub_n(float *dst, const float *src, float m, uint3
     }
     for (; i < n; i++)
         dst[i] = devio_expf(src[i] - m);
+}
+
+/* dst[i] = devio_siluf(a[i]) * b[i] for i < n, the SwiGLU gate: the scalar
+ * composition's operations in its order, x * (1 / (1 + exp(-x))) then the
+ * product with b, so every bit is the scalar's; exp(-x) outside [-87, 88]
+ * (and NaN) is recomputed by devio_expf. dst may be a or b. */
+static inline void devio_silu_mul_n(float *dst, const float *a, const float *b, uint32_t n)
+{
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        devio_v8f x, g;
+        memcpy(&x, a + i, sizeof x);
+        memcpy(&g, b + i, sizeof g);
+        devio_v8f nx = -x;
+        devio_v8i ok = (nx >= -87.0f) & (nx <= 88.0f); /* false for NaN */
+        devio_v8f e = devio_v8_expf_normal(nx);
+        for (int j = 0; j < 8; j++)
+            if (!ok[j])
+                e[j] = devio_expf(nx[j]);
+        devio_v8f y = (x * (1.0f / (1.0f + e))) * g;
+        memcpy(dst + i, &y, sizeof y);
+    }
+    for (; i < n; i++)
+        dst[i] = devio_siluf(a[i]) * b[i];
 }
 
 #endif

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "device/numerics.h"
+#include "device/numerics_vec.h"
 #include "ref/ref_vec.h"
 
 /* Vectors per panel row of 16 outputs, the token group G (tokens whose x is
@@ -256,32 +257,34 @@ static const mk_fn mk_table[3][G] = {
 
 /* ---- projections ------------------------------------------------------- */
 
-/* Outputs o0 .. o0 + rn of tokens t0 .. t0 + tn from the folded tiles. */
+/* Outputs o0 .. o0 + rn of tokens t0 .. t0 + tn from the folded tiles: one
+ * loop per kind, so that each runs over contiguous floats (the SwiGLU gate
+ * eight at a time, devio_silu_mul_n, the same bits as devio_siluf). */
 static void epilogue(const ref_matmul *mm, uint32_t o0, uint32_t rn, uint32_t t0, uint32_t tn,
                      const float *d1, const float *d2)
 {
     for (uint32_t t = 0; t < tn; t++) {
-        float *y = mm->y_rows ? mm->y_rows[t0 + t] : mm->y + (size_t)(t0 + t) * mm->ldy;
+        float *y = (mm->y_rows ? mm->y_rows[t0 + t] : mm->y + (size_t)(t0 + t) * mm->ldy) + o0;
         const float *a = d1 + (size_t)t * REF_PANEL_ROWS, *b = d2 + (size_t)t * REF_PANEL_ROWS;
-        for (uint32_t r = 0; r < rn; r++) {
-            uint32_t o = o0 + r;
-            switch (mm->epi) {
-            case REF_EPI_STORE:
-                y[o] = a[r];
-                break;
-            case REF_EPI_BIAS:
-                y[o] = a[r] + mm->bias[o];
-                break;
-            case REF_EPI_ADD:
-                y[o] = y[o] + a[r];
-                break;
-            case REF_EPI_ADD_SCALED:
-                y[o] = y[o] + a[r] * mm->scale;
-                break;
-            case REF_EPI_SILU_MUL:
-                y[o] = devio_siluf(a[r]) * b[r];
-                break;
-            }
+        switch (mm->epi) {
+        case REF_EPI_STORE:
+            memcpy(y, a, rn * sizeof *y);
+            break;
+        case REF_EPI_BIAS:
+            for (uint32_t r = 0; r < rn; r++)
+                y[r] = a[r] + mm->bias[o0 + r];
+            break;
+        case REF_EPI_ADD:
+            for (uint32_t r = 0; r < rn; r++)
+                y[r] = y[r] + a[r];
+            break;
+        case REF_EPI_ADD_SCALED:
+            for (uint32_t r = 0; r < rn; r++)
+                y[r] = y[r] + a[r] * mm->scale;
+            break;
+        case REF_EPI_SILU_MUL:
+            devio_silu_mul_n(y, a, b, rn);
+            break;
         }
     }
 }

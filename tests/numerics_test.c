@@ -191,6 +191,50 @@ static void test_expf_accuracy(void **state)
  * 61st float from -120 to 100 (each value once as the vector's first lane
  * and once elsewhere), the branch edges, and the special values, with a
  * nonzero m so that the subtraction is the function's own. */
+/* devio_silu_mul_n is bit for bit devio_siluf(a) * b, over a sweep of a
+ * (both signs, past exp's fast range) and the specials. */
+static void test_silu_mul_vector(void **state)
+{
+    (void)state;
+    enum { N = 4101 };
+    static float a[N], b[N], dst[N];
+    uint64_t checked = 0;
+    for (int sign = 0; sign < 2; sign++) {
+        uint32_t bits = sign ? 0x80000000u : 0u;
+        uint32_t end = devio_num_bits(sign ? -110.0f : 110.0f);
+        while (bits <= end) {
+            uint32_t n = 0;
+            for (; n < N && bits <= end; n++, bits += 97) {
+                a[n] = devio_num_float(bits);
+                b[n] = devio_num_float(0x3f800000u + (bits & 0x7fffffu)) * (n & 1 ? -1.0f : 1.0f);
+            }
+            devio_silu_mul_n(dst, a, b, n);
+            for (uint32_t i = 0; i < n; i++) {
+                float want = devio_siluf(a[i]) * b[i];
+                if (devio_num_bits(dst[i]) != devio_num_bits(want) && !(dst[i] != dst[i] && want != want))
+                    fail_msg("silu(%a) * %a: %a, scalar %a", (double)a[i], (double)b[i],
+                             (double)dst[i], (double)want);
+            }
+            checked += n;
+            if (n < 8)
+                break;
+        }
+    }
+    float sp[16] = {87.0f, -87.0f, 88.0f, -88.0f, 88.75f, -88.75f, 89.0f, -89.0f, 0.0f, -0.0f,
+                    0x1p-149f, -0x1p-149f, 1e30f, -1e30f};
+    sp[14] = devio_num_float(DEVIO_NUM_INF);
+    sp[15] = -devio_num_float(DEVIO_NUM_INF);
+    float g[16], out[16];
+    for (int i = 0; i < 16; i++)
+        g[i] = 1.5f;
+    devio_silu_mul_n(out, sp, g, 16);
+    for (int i = 0; i < 16; i++) {
+        float want = devio_siluf(sp[i]) * g[i];
+        assert_true(devio_num_bits(out[i]) == devio_num_bits(want) || (out[i] != out[i] && want != want));
+    }
+    assert_true(checked > 80000);
+}
+
 static void test_expf_vector(void **state)
 {
     (void)state;
@@ -872,6 +916,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expf_accuracy),  cmocka_unit_test(test_expf_vector),
+        cmocka_unit_test(test_silu_mul_vector),
         cmocka_unit_test(test_logf_accuracy),
         cmocka_unit_test(test_log1pf_accuracy), cmocka_unit_test(test_exp_log_specials),
         cmocka_unit_test(test_sinf_accuracy),  cmocka_unit_test(test_cosf_accuracy),
