@@ -25,7 +25,7 @@ for t in "${TARGETS[@]}"; do
     # -timeout: one input may take at most 10 s; -rss_limit_mb bounds memory;
     # -max_len lets whole seed files (the micro model's weights) be mutated.
     timeout $((SECS + 120)) "$OUT/fuzz_$t" -max_total_time="$SECS" -rss_limit_mb=2048 \
-        -timeout=10 -max_len=65536 -print_final_stats=1 \
+        -timeout=10 -max_len=65536 -print_final_stats=1 -dict=tests/fuzz/json.dict \
         -artifact_prefix="$OUT/findings/$t-" "$work/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1 ||
         rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
