@@ -334,7 +334,12 @@ static int run_line(runner *r, json_t *line, FILE *out)
     const char *op = json_string_value(json_object_get(line, "op"));
     if (!op)
         return fail(r, "missing \"op\"");
+    /* `as` points into the line, whose "$" strings substitute() replaces:
+     * a reference there would free the name still in use, and binds nothing
+     * a later line could name anyway. */
     const char *as = json_string_value(json_object_get(line, "as"));
+    if (as && as[0] == '$')
+        return fail(r, "\"as\" names a binding and cannot be a reference ('%.60s')", as);
     bool full = json_is_true(json_object_get(line, "full"));
     static const char *const ops[] = {"create", "seq",  "launch", "await",  "step",
                                       "apply",  "facts", "lora",  "logits", "compare"};

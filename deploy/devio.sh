@@ -40,6 +40,8 @@ DEB_PACKAGES=(
     openssl
     # The image built and run by tests/e2e/test_image.py (deploy/image/build.sh).
     mmdebstrap podman runc
+    # libFuzzer for the fuzz targets of tests/fuzz/ (tests/fuzz/build.sh).
+    libclang-rt-14-dev
 )
 
 log() { printf 'devio: %s\n' "$*" >&2; }

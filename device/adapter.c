@@ -181,6 +181,11 @@ static devio_status bind_tensor(const devio_st_tensor *t, const char *label, uin
                           label, t->name, got, (unsigned long long)s0, (unsigned long long)s1,
                           why);
     }
+    /* Adapters are small, so they are always scanned: a NaN one is refused
+     * here (DEVIO_E_MODEL, as a malformed file) instead of failing steps. */
+    devio_status st = devio_st_check_finite(priv->file, t, err);
+    if (st != DEVIO_OK)
+        return st;
     out->dtype = t->dtype;
     out->ndim = 2;
     out->shape[0] = s0;

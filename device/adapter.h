@@ -91,7 +91,8 @@ typedef struct devio_adapter {
  * truncating the file afterwards changes neither the numbers nor the record.
  *
  * Statuses: DEVIO_E_IO when the directory or a file is missing or unreadable
- * (the message names it); DEVIO_E_MODEL for malformed JSON or safetensors;
+ * (the message names it); DEVIO_E_MODEL for malformed JSON or safetensors
+ * (holes or overlaps in the data, NaN or infinite weights included);
  * DEVIO_E_UNSUPPORTED for PEFT features this device does not compute
  * (peft_type other than LORA, unknown target module, fan_in_fan_out, bias,
  * DoRA, rank_pattern, alpha_pattern, modules_to_save, ...); DEVIO_E_INVALID

@@ -273,6 +273,8 @@ typedef struct devio_config {
     uint64_t epoch;            /* reported in facts; the server bumps it per start */
     uint64_t first_ticket_id;  /* ticket ids start here (unique across restarts) */
     bool use_worker_thread;    /* false: steps run inside devio_await/devio_apply */
+    bool skip_weight_scan;     /* read by the binaries when they load the model (not by
+                                  devio_open): devio_model_params.skip_weight_scan */
     /* Called on the worker thread, without the device lock, after each step
      * settles: an await of `ticket` would now answer at once. It must not
      * call the device and must return quickly (it delays the next step).

@@ -33,6 +33,7 @@ typedef struct loader {
     const char *dir;
     model_priv *priv;
     bool sharded;
+    bool scan;          /* refuse NaN and infinities in every tensor used */
     json_t *weight_map; /* sharded: tensor name -> shard file name */
 } loader;
 
@@ -367,6 +368,8 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
                           "%.100s: tensor '%.80s' has shape [%s], expected [%s]", fname, name, got,
                           exp);
     }
+    if (L->scan && (st = devio_st_check_finite(f, t, err)) != DEVIO_OK)
+        return st;
     out->dtype = t->dtype;
     out->ndim = ndim == 3 ? 2 : ndim;
     out->shape[0] = s0;
@@ -540,9 +543,23 @@ static devio_status file_exists(const char *dir, const char *name, bool *yes, de
     return DEVIO_OK;
 }
 
+devio_model_params devio_model_params_default(void)
+{
+    return (devio_model_params){.skip_weight_scan = false};
+}
+
 devio_status devio_model_load(const char *dir, devio_model **out, devio_error *err)
 {
+    return devio_model_load_with(dir, NULL, out, err);
+}
+
+devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
+                                   devio_model **out, devio_error *err)
+{
     *out = NULL;
+    const devio_model_params defaults = devio_model_params_default();
+    if (!p)
+        p = &defaults;
     if (!host_is_little_endian()) {
         devio_fail(err, DEVIO_E_UNSUPPORTED, "safetensors data is little-endian; this host is not");
         return DEVIO_E_UNSUPPORTED;
@@ -572,7 +589,7 @@ devio_status devio_model_load(const char *dir, devio_model **out, devio_error *e
         goto out_model;
     }
 
-    loader L = {.dir = dir, .priv = priv};
+    loader L = {.dir = dir, .priv = priv, .scan = !p->skip_weight_scan};
     bool single = false, sharded = false;
     if ((st = file_exists(dir, SINGLE_NAME, &single, err)) ||
         (st = file_exists(dir, INDEX_NAME, &sharded, err)))

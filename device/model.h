@@ -5,6 +5,7 @@
 #ifndef DEVIO_MODEL_H
 #define DEVIO_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -156,10 +157,24 @@ static inline int devio_config_layer_is_attn(const devio_model_config *c, uint32
     return i < 1024u && (int)((c->attn_layers[i / 64] >> (i % 64)) & 1u);
 }
 
-/* Load `dir` (config.json + model.safetensors or a sharded index).
- * On success *out is owned by the caller (devio_model_free). On failure
- * *out is NULL and err->message names the file and tensor at fault. */
+/* How a model is loaded. */
+typedef struct devio_model_params {
+    /* Skip the scan of every used tensor for NaN and infinities (a pass over
+     * the weights at load; docs/operations.md gives its cost). Off: a
+     * non-finite weight is DEVIO_E_MODEL naming the file and tensor. */
+    bool skip_weight_scan;
+} devio_model_params;
+
+devio_model_params devio_model_params_default(void);
+
+/* Load `dir` (config.json + model.safetensors or a sharded index) with the
+ * default params. On success *out is owned by the caller (devio_model_free).
+ * On failure *out is NULL and err->message names the file and tensor at
+ * fault. */
 devio_status devio_model_load(const char *dir, devio_model **out, devio_error *err);
+/* The same with params p (NULL: the defaults). */
+devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
+                                   devio_model **out, devio_error *err);
 void devio_model_free(devio_model *m);
 
 /* Widen element i of a tensor to binary32 exactly. */

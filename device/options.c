@@ -43,6 +43,8 @@ const devio_opt devio_config_options[] = {
      .help = "SSM state slots (hybrid models), 0 = derived from memory [0]"},
     {.flag = "ssm-snapshots", .type = DEVIO_OPT_U32, .offset = D(ssm_snapshots), .metavar = "N",
      .help = "SSM snapshots (hybrid models), 0 = derived from memory [0]"},
+    {.flag = "skip-weight-scan", .type = DEVIO_OPT_BOOL, .offset = D(skip_weight_scan),
+     .help = "load the model without scanning its weights for NaN and infinities [false]"},
     {.flag = NULL},
 };
 #undef D

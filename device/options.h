@@ -2,7 +2,8 @@
  * that opens a device (devio-server, devio-ref): --threads, --kv-blocks,
  * --block-size, --max-depth, --max-seqs, --max-seq-len, --max-rows,
  * --max-batch-tokens, --logits-handles, --logits-rows, --max-loras,
- * --max-lora-rank, --numerics. Static data only. */
+ * --max-lora-rank, --numerics,
+ * --ssm-slots, --ssm-snapshots, --skip-weight-scan. Static data only. */
 #ifndef DEVIO_OPTIONS_H
 #define DEVIO_OPTIONS_H
 

@@ -238,6 +238,63 @@ static devio_status st_parse_entry(devio_st_file *f, const char *name, const jso
     return DEVIO_OK;
 }
 
+/* Entries in the order of their bytes: by start, an empty one before a
+ * non-empty one at the same start. */
+static int st_cmp_offset(const void *a, const void *b)
+{
+    const devio_st_tensor *x = *(const devio_st_tensor *const *)a;
+    const devio_st_tensor *y = *(const devio_st_tensor *const *)b;
+    if (x->data != y->data)
+        return x->data < y->data ? -1 : 1;
+    if (x->nbytes != y->nbytes)
+        return x->nbytes < y->nbytes ? -1 : 1;
+    return 0;
+}
+
+/* The format's rule that the data section is entirely indexed and has no
+ * holes (it keeps a file from hiding a second payload): the ranges, in
+ * offset order, start at 0, each begins where the previous ended, and the
+ * last ends at the end of the file. */
+static devio_status st_check_layout(devio_st_file *f, const uint8_t *data, uint64_t data_size,
+                                    const char *ctx, devio_error *err)
+{
+    size_t n = f->n_tensors;
+    const devio_st_tensor **by = malloc((n ? n : 1) * sizeof *by);
+    if (!by)
+        return devio_fail(err, DEVIO_E_NOMEM, "%.100s: out of memory checking the layout",
+                          f->label);
+    for (size_t i = 0; i < n; i++)
+        by[i] = &f->tensors[i];
+    qsort(by, n, sizeof *by, st_cmp_offset);
+    devio_status st = DEVIO_OK;
+    uint64_t at = 0;
+    for (size_t i = 0; i < n && st == DEVIO_OK; i++) {
+        uint64_t begin = (uint64_t)(by[i]->data - data);
+        if (begin < at)
+            st = devio_fail(err, DEVIO_E_MODEL,
+                            "%.100s: tensor '%.80s' (data_offsets [%llu, %llu]) overlaps tensor "
+                            "'%.80s' (which ends at %llu)%s",
+                            f->label, by[i]->name, (unsigned long long)begin,
+                            (unsigned long long)(begin + by[i]->nbytes), by[i - 1]->name,
+                            (unsigned long long)at, ctx);
+        else if (begin > at)
+            st = devio_fail(err, DEVIO_E_MODEL,
+                            "%.100s: data bytes [%llu, %llu) before tensor '%.80s' belong to no "
+                            "tensor; the format allows no holes%s",
+                            f->label, (unsigned long long)at, (unsigned long long)begin,
+                            by[i]->name, ctx);
+        at = begin + by[i]->nbytes;
+    }
+    if (st == DEVIO_OK && at != data_size)
+        st = devio_fail(err, DEVIO_E_MODEL,
+                        "%.100s: data bytes [%llu, %llu) after the last tensor%s%.80s%s belong "
+                        "to no tensor; the format allows no holes%s",
+                        f->label, (unsigned long long)at, (unsigned long long)data_size,
+                        n ? " '" : "", n ? by[n - 1]->name : "", n ? "'" : "", ctx);
+    free(by);
+    return st;
+}
+
 devio_status devio_st_open(const char *path, const char *label, const char *wanted,
                            devio_st_file **out, devio_error *err)
 {
@@ -338,6 +395,8 @@ devio_status devio_st_open_fd(int fd, const char *label, const char *wanted, dev
         }
         f->n_tensors++;
     }
+    if ((st = st_check_layout(f, data, data_size, ctx, err)) != DEVIO_OK)
+        goto out_json;
     qsort(f->tensors, f->n_tensors, sizeof *f->tensors, st_cmp_tensor);
     json_decref(root);
     *out = f;
@@ -348,6 +407,100 @@ out_json:
 out_free:
     devio_st_close(f);
     return st;
+}
+
+/* ---- finiteness ---- */
+
+#define ST_SCAN_BLOCK 1024
+
+/* Index of the first element of p[0, n) whose exponent bits are all ones
+ * (NaN or an infinity), or n. Full blocks are scanned without a branch so
+ * the compiler can vectorise the all-finite common case. */
+static uint64_t st_first_nonfinite32(const uint8_t *p, uint64_t n)
+{
+    const uint32_t m = 0x7f800000u;
+    uint64_t i = 0;
+    for (; n - i >= ST_SCAN_BLOCK; i += ST_SCAN_BLOCK) {
+        uint32_t bad = 0;
+        for (uint32_t k = 0; k < ST_SCAN_BLOCK; k++) {
+            uint32_t u;
+            memcpy(&u, p + (i + k) * 4, sizeof u);
+            bad |= (uint32_t)((u & m) == m);
+        }
+        if (bad)
+            break;
+    }
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, p + i * 4, sizeof u);
+        if ((u & m) == m)
+            return i;
+    }
+    return n;
+}
+
+/* The same for 16-bit elements whose exponent field is `m` (F16 0x7c00,
+ * BF16 0x7f80). */
+static uint64_t st_first_nonfinite16(const uint8_t *p, uint64_t n, uint16_t m)
+{
+    uint64_t i = 0;
+    for (; n - i >= ST_SCAN_BLOCK; i += ST_SCAN_BLOCK) {
+        uint32_t bad = 0;
+        for (uint32_t k = 0; k < ST_SCAN_BLOCK; k++) {
+            uint16_t u;
+            memcpy(&u, p + (i + k) * 2, sizeof u);
+            bad |= (uint32_t)((u & m) == m);
+        }
+        if (bad)
+            break;
+    }
+    for (; i < n; i++) {
+        uint16_t u;
+        memcpy(&u, p + i * 2, sizeof u);
+        if ((u & m) == m)
+            return i;
+    }
+    return n;
+}
+
+devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor *t,
+                                   devio_error *err)
+{
+    if (!t->supported)
+        return DEVIO_OK;
+    uint64_t n, bad;
+    bool nan;
+    switch (t->dtype) {
+    case DEVIO_F32: {
+        n = t->nbytes / 4;
+        bad = st_first_nonfinite32(t->data, n);
+        uint32_t u = 0;
+        if (bad < n)
+            memcpy(&u, t->data + bad * 4, sizeof u);
+        nan = (u & 0x007fffffu) != 0;
+        break;
+    }
+    case DEVIO_F16:
+    case DEVIO_BF16: {
+        uint16_t m = t->dtype == DEVIO_F16 ? 0x7c00u : 0x7f80u;
+        n = t->nbytes / 2;
+        bad = st_first_nonfinite16(t->data, n, m);
+        uint16_t u = 0;
+        if (bad < n)
+            memcpy(&u, t->data + bad * 2, sizeof u);
+        nan = (u & (uint16_t)~(m | 0x8000u)) != 0;
+        break;
+    }
+    default:
+        return DEVIO_OK;
+    }
+    if (bad == n)
+        return DEVIO_OK;
+    return devio_fail(err, DEVIO_E_MODEL,
+                      "%.100s: tensor '%.80s' holds %s at element %llu of %llu; non-finite "
+                      "weights are refused",
+                      f->label, t->name, nan ? "NaN" : "an infinity", (unsigned long long)bad,
+                      (unsigned long long)n);
 }
 
 void devio_st_close(devio_st_file *f)

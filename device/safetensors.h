@@ -34,8 +34,11 @@ typedef struct devio_st_file devio_st_file;
  * name inside the model directory); `wanted` (may be NULL) is the tensor the
  * caller is opening the file for, named in file-level errors.
  * Every tensor's dtype must be a known safetensors dtype and its byte range
- * must lie inside the data section and match its shape; violations are
- * DEVIO_E_MODEL naming the file and tensor. Missing or unreadable files are
+ * must lie inside the data section and match its shape; as the format
+ * demands, the ranges, taken in offset order, must cover the data section
+ * exactly: no overlap, no hole, no byte after the last tensor (the order of
+ * the header's entries is free). Violations are DEVIO_E_MODEL naming the
+ * file and tensor (both tensors of an overlap). Missing or unreadable files are
  * DEVIO_E_MODEL too (a model directory that lacks its weights is malformed).
  * On success *out is owned by the caller (devio_st_close); on failure NULL. */
 devio_status devio_st_open(const char *path, const char *label, const char *wanted,
@@ -48,6 +51,13 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
  * regular file, or shorter than 8 bytes: DEVIO_E_MODEL. */
 devio_status devio_st_open_fd(int fd, const char *label, const char *wanted, devio_st_file **out,
                               devio_error *err);
+
+/* Scans every element of t (F32, F16 or BF16) for NaN and infinities,
+ * reading each byte once: DEVIO_E_MODEL naming the file, the tensor, the
+ * first bad element's index and what it holds. Other dtypes are not scanned
+ * (DEVIO_OK); their use is refused elsewhere. */
+devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor *t,
+                                   devio_error *err);
 
 /* Release the bytes and every entry. f may be NULL. */
 void devio_st_close(devio_st_file *f);

@@ -89,7 +89,9 @@ int main(int argc, char **argv)
     devio_registry reg;
     const devio_backend_ops *ops = NULL;
     devio_registry_builtin(&reg, f.backend_path);
-    if (devio_model_load(model_dir, &model, &err) != DEVIO_OK) {
+    devio_model_params mp = devio_model_params_default();
+    mp.skip_weight_scan = f.dev.skip_weight_scan;
+    if (devio_model_load_with(model_dir, &mp, &model, &err) != DEVIO_OK) {
         fprintf(stderr, "devio-ref: %s: %s\n", devio_status_str(err.status), err.message);
         goto out_close;
     }

@@ -664,8 +664,10 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         devio_log(DEVIO_LOG_INFO, "backend", "backend auto passed over %s", s->registry.note);
     if (st == DEVIO_OK)
         st = read_token(s, err);
+    devio_model_params mp = devio_model_params_default();
+    mp.skip_weight_scan = cfg->device.skip_weight_scan;
     if (st == DEVIO_OK)
-        st = devio_model_load(cfg->model, &s->model, err);
+        st = devio_model_load_with(cfg->model, &mp, &s->model, err);
     if (st == DEVIO_OK)
         st = devio_waits_start(&s->waits, &mhd_waits, err);
     devio_store_options so = devio_store_options_default();

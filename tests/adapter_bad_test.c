@@ -527,6 +527,141 @@ static void test_wrong_ndim_shape(void **state)
     assert_msg_has(&err, "has shape [512, 1], expected [8, 64]");
 }
 
+/* ---- layout and values of the weights file ---- */
+
+/* Puts a hole of 4 bytes before entry 1. */
+static size_t add_hole(st_entry *e, size_t n, void *scratch)
+{
+    (void)scratch;
+    assert_true(n > 1);
+    e[1].gap = 4;
+    return n;
+}
+
+/* Rewrites the header of `p` through jansson, keeping the data bytes. */
+static void header_edit(const char *p, void (*edit)(json_t *h))
+{
+    size_t n;
+    uint8_t *b = read_all(p, &n);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--)
+        hl = (hl << 8) | b[i];
+    json_error_t je;
+    json_t *h = json_loadb((const char *)b + 8, (size_t)hl, 0, &je);
+    assert_non_null(h);
+    edit(h);
+    char *s = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(h);
+    size_t sl = strlen(s), dn = n - 8 - (size_t)hl;
+    uint8_t *o = malloc(8 + sl + dn);
+    assert_non_null(o);
+    for (int i = 0; i < 8; i++)
+        o[i] = (uint8_t)((uint64_t)sl >> (8 * i));
+    memcpy(o + 8, s, sl);
+    memcpy(o + 8 + sl, b + 8 + hl, dn);
+    write_all(p, o, 8 + sl + dn);
+    free(o);
+    free(s);
+    free(b);
+}
+
+/* The layer-1 q_proj lora_A range put on the layer-0 one (same shape). */
+static void overlap_q(json_t *h)
+{
+    json_t *a0 = json_object_get(json_object_get(h, tname(0, DEVIO_LORA_Q, 'A')), "data_offsets");
+    json_t *a1 = json_object_get(json_object_get(h, tname(1, DEVIO_LORA_Q, 'A')), "data_offsets");
+    assert_non_null(a0);
+    assert_non_null(a1);
+    /* Move the later onto the earlier, so the overlap is met before the hole. */
+    if (json_integer_value(json_array_get(a0, 0)) > json_integer_value(json_array_get(a1, 0)))
+        json_array_set(a0, 0, json_array_get(a1, 0)), json_array_set(a0, 1, json_array_get(a1, 1));
+    else
+        json_array_set(a1, 0, json_array_get(a0, 0)), json_array_set(a1, 1, json_array_get(a0, 1));
+}
+
+static void test_layout_refused(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_adapter_opts o = write_default(fx, "lay");
+    devio_error err;
+    rewrite_weights(fx, o.out_dir, add_hole, NULL);
+    load_expect(fx, "lay", 64, DEVIO_E_MODEL, &err);
+    assert_msg_has(&err, "lay/adapter_model.safetensors: data bytes [");
+    assert_msg_has(&err, "no holes");
+
+    write_adapter(&o);
+    const char *p = path_in(o.out_dir, "adapter_model.safetensors");
+    header_edit(p, overlap_q);
+    load_expect(fx, "lay", 64, DEVIO_E_MODEL, &err);
+    assert_msg_has(&err, "q_proj.lora_A.weight' (data_offsets [");
+    assert_msg_has(&err, "overlaps");
+
+    write_adapter(&o);
+    size_t n;
+    uint8_t *b = read_all(p, &n);
+    uint8_t *c = calloc(1, n + 2);
+    memcpy(c, b, n);
+    write_all(p, c, n + 2);
+    free(c);
+    free(b);
+    load_expect(fx, "lay", 64, DEVIO_E_MODEL, &err);
+    assert_msg_has(&err, "after the last tensor");
+}
+
+/* Puts the bad value of *scratch (a uint32_t, F32) at element 2 of the
+ * layer-1 v_proj lora_B tensor. */
+typedef struct poke_arg {
+    uint32_t bits;
+    uint8_t buf[65536];
+} poke_arg;
+
+static size_t poke_v_b(st_entry *e, size_t n, void *scratch)
+{
+    poke_arg *a = scratch;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(e[i].name, tname(1, DEVIO_LORA_V, 'B')) != 0)
+            continue;
+        assert_string_equal(e[i].dtype, "F32");
+        assert_true(e[i].nbytes <= sizeof a->buf);
+        memcpy(a->buf, e[i].data, e[i].nbytes);
+        memcpy(a->buf + 8, &a->bits, 4);
+        e[i].data = a->buf;
+        return n;
+    }
+    fail_msg("tensor to poke not found");
+    return n;
+}
+
+static void test_nonfinite_refused(void **state)
+{
+    fixture *fx = *state;
+    static const struct {
+        uint32_t bits;
+        const char *what;
+    } cases[] = {{0x7fc00000u, "holds NaN at element 2"},
+                 {0x7f800000u, "holds an infinity at element 2"},
+                 {0xff800000u, "holds an infinity at element 2"}};
+    static poke_arg arg;
+    devio_mkmodel_adapter_opts o = write_default(fx, "nan");
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        write_adapter(&o);
+        arg.bits = cases[k].bits;
+        rewrite_weights(fx, o.out_dir, poke_v_b, &arg);
+        devio_error err;
+        load_expect(fx, "nan", 64, DEVIO_E_MODEL, &err);
+        assert_msg_has(&err, "nan/adapter_model.safetensors: tensor '");
+        assert_msg_has(&err, "layers.1.self_attn.v_proj.lora_B.weight'");
+        assert_msg_has(&err, cases[k].what);
+    }
+    /* The same rewrite with a finite value loads. */
+    write_adapter(&o);
+    arg.bits = 0x3f800000u;
+    rewrite_weights(fx, o.out_dir, poke_v_b, &arg);
+    devio_error err;
+    devio_adapter *a = load_expect(fx, "nan", 64, DEVIO_OK, &err);
+    devio_adapter_free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -557,6 +692,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unrecognised_tensor, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_bad_dtype, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_wrong_ndim_shape, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_layout_refused, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_nonfinite_refused, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

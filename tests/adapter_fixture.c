@@ -173,6 +173,11 @@ void config_set(const char *dir, const char *key, json_t *val)
  * data in entry order. */
 void st_write(const char *path, const st_entry *e, size_t n)
 {
+    st_write_shifted(path, e, n, 0);
+}
+
+void st_write_shifted(const char *path, const st_entry *e, size_t n, size_t shift)
+{
     json_t *h = json_object();
     uint64_t at = 0;
     for (size_t i = 0; i < n; i++) {
@@ -190,7 +195,7 @@ void st_write(const char *path, const st_entry *e, size_t n)
     char *hs = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(h);
     assert_non_null(hs);
-    size_t hl = strlen(hs), padded = (hl + 7) / 8 * 8;
+    size_t hl = strlen(hs), padded = (hl + 7) / 8 * 8 + shift;
     size_t total = 8 + padded + at;
     uint8_t *buf = calloc(1, total);
     assert_non_null(buf);

@@ -65,12 +65,16 @@ typedef struct st_entry {
     uint64_t shape[2];
     const void *data;
     uint64_t nbytes;
-    uint64_t gap; /* zero bytes placed before the data, to misalign it */
+    uint64_t gap; /* zero bytes placed before the data: a hole the format forbids */
 } st_entry;
 
 /* Writes a safetensors file: header sorted by jansson, padded to 8 bytes,
  * data in entry order. */
 void st_write(const char *path, const st_entry *e, size_t n);
+/* The same with `shift` more spaces after the header, so the data section
+ * (and every tensor in it) starts `shift` bytes later: a legal way to
+ * misalign the data. */
+void st_write_shifted(const char *path, const st_entry *e, size_t n, size_t shift);
 /* Copies every tensor of an adapter file into entries (data borrowed from
  * the open file *f, which the caller closes after writing). */
 size_t st_entries(const char *path, devio_st_file **f, st_entry *e, size_t cap);

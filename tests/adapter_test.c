@@ -426,8 +426,8 @@ static void test_unaligned_tensor(void **state)
     devio_st_file *f;
     st_entry e[64];
     size_t n = st_entries(p, &f, e, 64);
-    e[0].gap = 2; /* every F32 tensor now sits 2 bytes off a 4-byte boundary */
-    st_write(path_in(fx->dir, "tmp.safetensors"), e, n);
+    /* Every F32 tensor now sits 2 bytes off a 4-byte boundary. */
+    st_write_shifted(path_in(fx->dir, "tmp.safetensors"), e, n, 2);
     devio_st_close(f);
     assert_int_equal(rename(path_in(fx->dir, "tmp.safetensors"), p), 0);
     devio_error err;

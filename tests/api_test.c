@@ -478,6 +478,31 @@ static char *run_script(devio_device *d, const char *script, int *rc)
     return out_buf;
 }
 
+/* "as" names a binding: a "$" reference there is a malformed line (the
+ * reference used to be replaced while its name was still in use: a
+ * use-after-free found by tests/fuzz/fuzz_script). */
+static void test_script_as_reference(void **state)
+{
+    (void)state;
+    devio_fixture fx;
+    assert_int_equal(devio_fixture_preset(&fx, "tiny", DEVIO_F32, 3), 0);
+    devio_device *d = NULL;
+    devio_config cfg = devio_config_default();
+    assert_int_equal(devio_open(fx.model, &devio_ref_backend, &cfg, &d, NULL), DEVIO_OK);
+    int rc;
+    char *out = run_script(d, "{\"op\":\"create\",\"as\":\"b\"}\n"
+                              "{\"op\":\"seq\",\"seq\":\"$b\",\"as\":\"$b\"}\n"
+                              "{\"op\":\"facts\"}\n",
+                           &rc);
+    assert_int_equal(rc, -1);
+    /* The first line ran; nothing after the malformed one did. */
+    assert_non_null(strstr(out, "\"op\":\"create\""));
+    assert_null(strstr(out, "\"op\":\"facts\""));
+    free(out);
+    devio_teardown(d, NULL);
+    devio_fixture_free(&fx);
+}
+
 static void test_script_runner(void **state)
 {
     (void)state;
@@ -550,6 +575,8 @@ int main(void)
         cmocka_unit_test(test_sha256_vectors),     cmocka_unit_test(test_digest_canonicalises_nan),
         cmocka_unit_test(test_plan_decode),        cmocka_unit_test(test_effect_decode),
         cmocka_unit_test(test_error_shape),        cmocka_unit_test(test_script_runner),
+       
+        cmocka_unit_test(test_script_as_reference),
         cmocka_unit_test(test_adapter_record_round_trip),
         cmocka_unit_test(test_adapter_ack_and_bodies),
         cmocka_unit_test(test_id_and_await_bodies),

@@ -115,9 +115,7 @@ static void test_qwen3(void **state)
     expect_fail(fx->dir, DEVIO_E_UNSUPPORTED, "attention_bias", "o_proj");
     file_sub(cfg, "\"attention_bias\": true", "\"attention_bias\": false");
     const char *st = path_in(fx->dir, "model.safetensors");
-    json_t *h = header_load(st);
-    json_object_del(h, "model.layers.1.self_attn.k_norm.weight");
-    header_store(st, h);
+    tensor_drop(st, "model.layers.1.self_attn.k_norm.weight");
     expect_fail(fx->dir, DEVIO_E_MODEL, "model.layers.1.self_attn.k_norm.weight", "missing");
 }
 

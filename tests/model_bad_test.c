@@ -144,6 +144,191 @@ static void test_bad_offsets_not_integers(void **state)
                 "data_offsets");
 }
 
+/* ---- layout: the data section is exactly covered, in any header order ---- */
+
+static json_t *offsets_of(json_t *h, const char *name)
+{
+    json_t *o = json_object_get(json_object_get(h, name), "data_offsets");
+    assert_non_null(o);
+    return o;
+}
+
+static void test_bad_offsets_overlap(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    /* Two norms of the same size on the same bytes (each range alone is
+     * fine): the later one is moved onto the earlier, so the overlap comes
+     * before the hole it leaves. */
+    const char *n0 = "model.layers.0.input_layernorm.weight",
+               *n1 = "model.layers.1.input_layernorm.weight";
+    json_t *h = header_load(p);
+    if (json_integer_value(json_array_get(offsets_of(h, n0), 0)) >
+        json_integer_value(json_array_get(offsets_of(h, n1), 0))) {
+        const char *t = n0;
+        n0 = n1;
+        n1 = t;
+    }
+    json_object_set(json_object_get(h, n1), "data_offsets", offsets_of(h, n0));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'model.layers.", "overlaps");
+    /* A partial overlap: a range moved down by half its length into the
+     * tensor before it. */
+    write_model(&o);
+    h = header_load(p);
+    json_t *off = offsets_of(h, n1);
+    json_int_t a = json_integer_value(json_array_get(off, 0));
+    json_int_t b = json_integer_value(json_array_get(off, 1));
+    json_array_set_new(off, 0, json_integer(a - (b - a) / 2));
+    json_array_set_new(off, 1, json_integer(b - (b - a) / 2));
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "overlaps", n1);
+}
+
+static void test_bad_offsets_gap(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    /* An entry dropped from the header, its bytes left behind. */
+    json_t *h = header_load(p);
+    json_object_del(h, "model.layers.0.mlp.up_proj.weight");
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: data bytes [", "no holes");
+    /* Bytes after the last tensor. */
+    write_model(&o);
+    size_t n;
+    uint8_t *b = read_all(p, &n);
+    uint8_t *c = calloc(1, n + 4);
+    memcpy(c, b, n);
+    write_all(p, c, n + 4);
+    free(c);
+    free(b);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "after the last tensor 'model.norm.weight'", "no holes");
+    /* A hole before the first tensor: every range moved up by 4 (the file
+     * keeps its size, so the last one runs past the end or overlaps). */
+    write_model(&o);
+    h = header_load(p);
+    const char *key;
+    json_t *val;
+    json_object_foreach(h, key, val)
+    {
+        json_t *off = json_object_get(val, "data_offsets");
+        if (json_integer_value(json_array_get(off, 0)) == 0) {
+            json_array_set_new(off, 0, json_integer(4));
+            json_array_set_new(off, 1, json_integer(json_integer_value(json_array_get(off, 1)) + 4));
+        }
+    }
+    header_store(p, h);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors", NULL);
+}
+
+/* The format leaves the header's order free: swapping where two tensors of
+ * one size live (and their bytes) must load the same model. Reversed
+ * offsets (end before begin) are refused by test_bad_offsets_reversed. */
+static void test_offsets_out_of_header_order(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    devio_model *m = load_ok(fx->dir);
+    float want0 = devio_tensor_get(&m->layers[0].attn_norm, 5);
+    float want1 = devio_tensor_get(&m->layers[1].attn_norm, 5);
+    devio_model_free(m);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    json_t *h = header_load(p);
+    json_t *o0 = json_deep_copy(offsets_of(h, "model.layers.0.input_layernorm.weight"));
+    json_t *o1 = json_deep_copy(offsets_of(h, "model.layers.1.input_layernorm.weight"));
+    size_t a0 = (size_t)json_integer_value(json_array_get(o0, 0));
+    size_t a1 = (size_t)json_integer_value(json_array_get(o1, 0));
+    size_t len = (size_t)json_integer_value(json_array_get(o0, 1)) - a0;
+    json_object_set_new(json_object_get(h, "model.layers.0.input_layernorm.weight"),
+                        "data_offsets", o1);
+    json_object_set_new(json_object_get(h, "model.layers.1.input_layernorm.weight"),
+                        "data_offsets", o0);
+    size_t n;
+    uint8_t *b = read_all(p, &n);
+    size_t data = 8 + (size_t)header_len(b);
+    uint8_t tmp[4096];
+    assert_true(len <= sizeof tmp);
+    memcpy(tmp, b + data + a0, len);
+    memcpy(b + data + a0, b + data + a1, len);
+    memcpy(b + data + a1, tmp, len);
+    write_all(p, b, n);
+    free(b);
+    header_store(p, h);
+    m = load_ok(fx->dir);
+    assert_true(devio_tensor_get(&m->layers[0].attn_norm, 5) == want0);
+    assert_true(devio_tensor_get(&m->layers[1].attn_norm, 5) == want1);
+    devio_model_free(m);
+}
+
+/* ---- non-finite weights ---- */
+
+/* Overwrites element i of tensor `name` with the `size` bytes at v. */
+static void poke(const char *path, const char *name, size_t i, const void *v, size_t size)
+{
+    json_t *h = header_load(path);
+    size_t at = (size_t)json_integer_value(json_array_get(offsets_of(h, name), 0));
+    json_decref(h);
+    size_t n;
+    uint8_t *b = read_all(path, &n);
+    memcpy(b + 8 + (size_t)header_len(b) + at + i * size, v, size);
+    write_all(path, b, n);
+    free(b);
+}
+
+static void test_bad_nonfinite(void **state)
+{
+    fixture *fx = *state;
+    static const struct {
+        devio_dtype dtype;
+        uint32_t bits; /* the bad value, in the dtype's own width */
+        const char *what;
+    } cases[] = {
+        {DEVIO_F32, 0x7fc00000u, "holds NaN at element 3 of"},
+        {DEVIO_F32, 0xff800000u, "holds an infinity at element 3 of"},
+        {DEVIO_F32, 0x7f800001u, "holds NaN at element 3 of"}, /* signalling */
+        {DEVIO_BF16, 0x7fc0u, "holds NaN at element 3 of"},
+        {DEVIO_BF16, 0x7f80u, "holds an infinity at element 3 of"},
+        {DEVIO_F16, 0x7e00u, "holds NaN at element 3 of"},
+        {DEVIO_F16, 0xfc00u, "holds an infinity at element 3 of"},
+    };
+    const char *tensors[] = {"model.layers.1.mlp.down_proj.weight", "model.norm.weight",
+                             "model.embed_tokens.weight"};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        devio_mkmodel_opts o = tiny_opts(fx->dir);
+        o.dtype = cases[k].dtype;
+        write_model(&o);
+        const char *p = path_in(fx->dir, "model.safetensors");
+        const char *name = tensors[k % 3];
+        size_t es = devio_dtype_size(o.dtype);
+        uint16_t h16 = (uint16_t)cases[k].bits;
+        poke(p, name, 3, es == 4 ? (const void *)&cases[k].bits : (const void *)&h16, es);
+        char want[128];
+        snprintf(want, sizeof want, "model.safetensors: tensor '%s' %s", name, cases[k].what);
+        expect_fail(fx->dir, DEVIO_E_MODEL, want, "non-finite weights are refused");
+        /* The scan may be skipped; the file is otherwise well formed. */
+        devio_model_params mp = devio_model_params_default();
+        mp.skip_weight_scan = true;
+        devio_model *m = NULL;
+        devio_error err = {0};
+        assert_int_equal(devio_model_load_with(fx->dir, &mp, &m, &err), DEVIO_OK);
+        devio_model_free(m);
+    }
+    /* A big tensor with the bad value past the first scan block. */
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *p = path_in(fx->dir, "model.safetensors");
+    const float inf = 1.0f / 0.0f;
+    poke(p, "model.embed_tokens.weight", 5000, &inf, 4);
+    expect_fail(fx->dir, DEVIO_E_MODEL, "'model.embed_tokens.weight' holds an infinity at element 5000",
+                NULL);
+}
+
 static void test_bad_size_mismatch(void **state)
 {
     fixture *fx = *state;
@@ -222,9 +407,7 @@ static void test_bad_missing_lm_head(void **state)
     devio_mkmodel_opts o = tiny_opts(fx->dir);
     write_model(&o);
     const char *p = path_in(fx->dir, "model.safetensors");
-    json_t *h = header_load(p);
-    json_object_del(h, "lm_head.weight");
-    header_store(p, h);
+    tensor_drop(p, "lm_head.weight");
     expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: tensor 'lm_head.weight'",
                 "tie_word_embeddings false");
     /* The same file is a valid tied model. */
@@ -458,6 +641,10 @@ int main(void)
         T(test_bad_offsets_out_of_range),
         T(test_bad_offsets_reversed),
         T(test_bad_offsets_not_integers),
+        T(test_bad_offsets_overlap),
+        T(test_bad_offsets_gap),
+        T(test_offsets_out_of_header_order),
+        T(test_bad_nonfinite),
         T(test_bad_size_mismatch),
         T(test_bad_dtype),
         T(test_bad_shape),

@@ -164,6 +164,48 @@ void header_store(const char *path, json_t *h)
     json_decref(h);
 }
 
+void tensor_drop(const char *path, const char *name)
+{
+    size_t n;
+    uint8_t *b = read_all(path, &n);
+    uint64_t hl = header_len(b);
+    json_t *h = header_load(path);
+    json_t *off = json_object_get(json_object_get(h, name), "data_offsets");
+    assert_non_null(off);
+    uint64_t lo = (uint64_t)json_integer_value(json_array_get(off, 0));
+    uint64_t hi = (uint64_t)json_integer_value(json_array_get(off, 1));
+    json_object_del(h, name);
+    const char *key;
+    json_t *val;
+    json_object_foreach(h, key, val)
+    {
+        json_t *o = json_object_get(val, "data_offsets");
+        if (!o || (uint64_t)json_integer_value(json_array_get(o, 0)) < hi)
+            continue;
+        for (size_t i = 0; i < 2; i++)
+            json_array_set_new(o, i,
+                               json_integer(json_integer_value(json_array_get(o, i)) -
+                                            (json_int_t)(hi - lo)));
+    }
+    uint8_t *data = b + 8 + hl;
+    size_t dn = n - 8 - (size_t)hl;
+    memmove(data + lo, data + hi, dn - (size_t)hi);
+    char *s = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_non_null(s);
+    size_t sl = strlen(s), total = 8 + sl + dn - (size_t)(hi - lo);
+    uint8_t *o = malloc(total);
+    assert_non_null(o);
+    for (int i = 0; i < 8; i++)
+        o[i] = (uint8_t)((uint64_t)sl >> (8 * i));
+    memcpy(o + 8, s, sl);
+    memcpy(o + 8 + sl, data, dn - (size_t)(hi - lo));
+    write_all(path, o, total);
+    free(o);
+    free(s);
+    json_decref(h);
+    free(b);
+}
+
 /* Loading must fail with `want`, leave *out NULL and name both strings. */
 void expect_fail(const char *dir, devio_status want, const char *s1, const char *s2)
 {

@@ -60,6 +60,9 @@ void header_set_raw(const char *path, const char *header, size_t hlen);
 json_t *header_load(const char *path);
 /* Stores `h` (consumed) as the header of `path`, keeping the data. */
 void header_store(const char *path, json_t *h);
+/* Removes tensor `name` and its bytes from `path`, moving the tensors after
+ * it down, so the file stays packed as the format demands. */
+void tensor_drop(const char *path, const char *name);
 
 /* ---- reading back what devio-mkmodel wrote (asserting as they go) ---- */
 

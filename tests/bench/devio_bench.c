@@ -276,6 +276,7 @@ typedef struct flags {
     uint32_t batches[4]; /* [0] = how many */
     uint32_t prefill[4]; /* [0] = how many */
     bool json;
+    bool skip_weight_scan;
 } flags;
 
 static const char *const dtypes[] = {"bf16", "f16", "f32", NULL};
@@ -337,6 +338,8 @@ static const devio_opt opts[] = {
      .help = "the device's read bandwidth, measured apart (a GPU): decode is compared with it"},
     {.flag = "json", .type = DEVIO_OPT_BOOL, .offset = F(json),
      .help = "print the figures as one JSON object instead of lines of text"},
+    {.flag = "skip-weight-scan", .type = DEVIO_OPT_BOOL, .offset = F(skip_weight_scan),
+     .help = "load the model without scanning its weights for NaN and infinities"},
 };
 #undef F
 
@@ -439,7 +442,9 @@ int main(int argc, char **argv)
         model_dir = tmp;
     }
     devio_model *m = NULL;
-    if (check(devio_model_load(model_dir, &m, &err), &err, "load") < 0)
+    devio_model_params mp = devio_model_params_default();
+    mp.skip_weight_scan = f.skip_weight_scan;
+    if (check(devio_model_load_with(model_dir, &mp, &m, &err), &err, "load") < 0)
         return 1;
     devio_config cfg = devio_config_default();
     cfg.threads = threads;

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""make_corpus.py - writes the seed corpora of devio's fuzz targets into tests/fuzz/corpus/<target>/.
+
+Usage: python3 tests/fuzz/make_corpus.py --bin bazel-bin
+Valid inputs (devio-mkmodel's micro model and adapter, the same shapes fuzz_common.c
+writes, and operations the reference answers) and near-valid ones (one field or byte
+off). Deterministic: the same tree gives the same files. Regression inputs of found
+bugs are kept by hand under the same folders, named regress-*.
+"""
+import argparse
+import json
+import pathlib
+import shutil
+import struct
+import subprocess
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+MICRO = ["--vocab", "32", "--hidden", "16", "--ffn", "32", "--layers", "1", "--heads", "2",
+         "--kv-heads", "1", "--head-dim", "8", "--max-pos", "64", "--seed", "7"]
+
+
+def st_parts(b):
+    n = struct.unpack("<Q", b[:8])[0]
+    return json.loads(b[8:8 + n]), b[8 + n:]
+
+
+def st_join(h, data, raw=None):
+    s = raw if raw is not None else json.dumps(h, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(s)) + s + data
+
+
+def put(target, name, data):
+    d = HERE / "corpus" / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors_seeds(st):
+    put("safetensors", "valid", st)
+    h, data = st_parts(st)
+    names = sorted(k for k in h if k != "__metadata__")
+    a, b = names[0], names[1]
+    h2 = json.loads(json.dumps(h))
+    h2[b]["data_offsets"] = list(h2[a]["data_offsets"])
+    put("safetensors", "overlap", st_join(h2, data))
+    h2 = json.loads(json.dumps(h))
+    del h2[names[-1]]
+    put("safetensors", "hole", st_join(h2, data))
+    put("safetensors", "trailing", st + b"\0\0\0\0")
+    h2 = json.loads(json.dumps(h))
+    h2[a]["data_offsets"] = h2[a]["data_offsets"][::-1]
+    put("safetensors", "reversed", st_join(h2, data))
+    off = h[a]["data_offsets"][0]
+    d2 = bytearray(data)
+    d2[off:off + 4] = struct.pack("<I", 0x7FC00000)
+    put("safetensors", "nan", st_join(h, bytes(d2)))
+    h2 = json.loads(json.dumps(h))
+    h2[a]["dtype"] = "I64"
+    put("safetensors", "dtype", st_join(h2, data))
+    h2 = json.loads(json.dumps(h))
+    h2["__metadata__"] = {"format": "pt"}
+    put("safetensors", "metadata", st_join(h2, data))
+    put("safetensors", "short", st[:40])
+    put("safetensors", "empty-header", st_join(None, b"", raw=b"{}"))
+
+
+def config_seeds(cfg):
+    put("config", "valid", cfg)
+    c = json.loads(cfg)
+    variants = {
+        "rope-llama3": dict(c, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 16}),
+        "rope-yarn": dict(c, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                           "original_max_position_embeddings": 16}),
+        "mistral": dict(c, architectures=["MistralForCausalLM"], sliding_window=8),
+        "qwen3": dict(c, architectures=["Qwen3ForCausalLM"]),
+        "granite": dict(c, architectures=["GraniteForCausalLM"], embedding_multiplier=12.0,
+                        attention_multiplier=0.125, residual_multiplier=0.22,
+                        logits_scaling=8.0),
+        "bamba": dict(c, architectures=["BambaForCausalLM"], mamba_n_heads=2,
+                      mamba_d_head=8, mamba_n_groups=1, mamba_d_state=4, mamba_d_conv=4,
+                      attn_layer_indices=[0]),
+        "bad-heads": dict(c, num_attention_heads=3),
+        "zero-vocab": dict(c, vocab_size=0),
+        "tied": dict(c, tie_word_embeddings=True),
+    }
+    for name, v in variants.items():
+        put("config", name, json.dumps(v, indent=1))
+    put("config", "infinity", cfg.replace('"rope_theta": 10000.0', '"rope_theta": Infinity'))
+    put("config", "truncated", cfg[:len(cfg) // 2])
+
+
+def adapter_seeds(cfg, st):
+    def pack(c, s):
+        c = c.encode() if isinstance(c, str) else c
+        return struct.pack("<H", len(c)) + c + s
+    put("adapter", "valid", pack(cfg, st))
+    c = json.loads(cfg)
+    put("adapter", "rslora", pack(json.dumps(dict(c, use_rslora=True)), st))
+    put("adapter", "layers", pack(json.dumps(dict(c, layers_to_transform=[0])), st))
+    put("adapter", "dora", pack(json.dumps(dict(c, use_dora=True)), st))
+    put("adapter", "rank0", pack(json.dumps(dict(c, r=0)), st))
+    h, data = st_parts(st)
+    names = sorted(k for k in h if k != "__metadata__")
+    d2 = bytearray(data)
+    off = h[names[0]]["data_offsets"][0]
+    d2[off:off + 4] = struct.pack("<I", 0x7F800000)
+    put("adapter", "inf", pack(cfg, st_join(h, bytes(d2))))
+    h2 = json.loads(json.dumps(h))
+    h2[names[1]]["data_offsets"] = list(h2[names[0]]["data_offsets"])
+    put("adapter", "overlap", pack(cfg, st_join(h2, data)))
+    put("adapter", "truncated", pack(cfg, st[: len(st) // 2]))
+
+
+DISPATCH = {
+    "create-step": 'c\nl{"rows":[{"seq":1,"tokens":[1,2,3],"logits":"last"}]}\nw{"ticket":1}\n'
+                   'a{"kind":"sample","logits":1,"row":0,"params":{"temperature":0.8,"seed":5}}\n',
+    "step-sample": 'c\ns{"rows":[{"seq":1,"tokens":[4,5],"logits":"all",'
+                   '"sample":{"temperature":0}}]}\nq{"seq":1}\nf\n',
+    "fork-truncate": 'c\ns{"rows":[{"seq":1,"tokens":[1,2,3,4,5,6,7,8,9]}]}\n'
+                     'a{"kind":"fork","seq":1}\na{"kind":"truncate","seq":2,"len":3}\n'
+                     'a{"kind":"free","seq":1}\n',
+    "lora": 'o{"kind":"load","name":"a","path":"a"}\nc\n'
+            's{"rows":[{"seq":1,"tokens":[1],"adapter":"a","logits":"last"}]}\n'
+            'o{"kind":"unload","name":"a"}\n',
+    "depth": 'c\nc\nl{"rows":[{"seq":1,"tokens":[1]}]}\nl{"rows":[{"seq":2,"tokens":[2]}]}\n'
+             'l{"rows":[{"seq":1,"tokens":[3]}]}\nw{"ticket":2,"timeout_ms":0}\nw{"ticket":1}\n',
+    "bad": 'l{"rows":[{"seq":99,"tokens":[-1]}]}\na{"kind":"nope"}\nw{"ticket":"x"}\n',
+}
+
+
+def script_seeds():
+    for folder in ("e2e/scripts", "conformance"):
+        for p in sorted((HERE.parent / folder).glob("*.jsonl")):
+            if p.stat().st_size <= 8192 and not p.name.startswith("ssm_"):
+                put("script", p.stem, p.read_bytes())
+    put("script", "lora-micro", '{"op":"lora","cmd":{"kind":"load","name":"a","path":"a"}}\n'
+                          '{"op":"create","as":"s"}\n'
+                          '{"op":"step","plan":{"rows":[{"seq":"$s","tokens":[1,2],'
+                          '"adapter":"a","logits":"last"}]}}\n')
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", default="bazel-bin")
+    a = ap.parse_args()
+    mk = pathlib.Path(a.bin) / "tools" / "mkmodel" / "devio-mkmodel"
+    shutil.rmtree(HERE / "corpus", ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        m = pathlib.Path(tmp) / "model"
+        subprocess.run([str(mk), "--out", str(m)] + MICRO, check=True, capture_output=True)
+        ad = pathlib.Path(tmp) / "ad"
+        subprocess.run([str(mk), "--adapter", "--model", str(m), "--rank", "2", "--alpha", "4",
+                        "--targets", "q_proj,v_proj", "--seed", "3", "--out", str(ad)],
+                       check=True, capture_output=True)
+        safetensors_seeds((m / "model.safetensors").read_bytes())
+        config_seeds((m / "config.json").read_text())
+        adapter_seeds((ad / "adapter_config.json").read_text(),
+                      (ad / "adapter_model.safetensors").read_bytes())
+    for name, text in DISPATCH.items():
+        put("dispatch", name, text)
+    script_seeds()
+
+
+if __name__ == "__main__":
+    main()
