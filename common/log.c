@@ -1,6 +1,9 @@
 /* log.c - one log line, text or JSON, built in a stack buffer and written with one write(2).
- * Configuration is set once at start-up; lines from any thread after that. */
+ * Configuration is set once at start-up; lines from any thread after that. Never blocks on
+ * a log nobody reads: such lines are dropped and counted. */
 #include <math.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -131,6 +134,60 @@ static void put_value(line *l, const devio_log_field *f, bool json)
     }
 }
 
+/* Lines dropped because the log could not take them at once; said in the next line written. */
+static uint64_t log_dropped;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* True when fd takes a write without blocking now: a pipe or socket nobody
+ * reads fills up, and a server must never stop serving for its log. Files
+ * and terminals always do. At most PIPE_BUF bytes go in one write, so a pipe
+ * that polls writable takes the whole line. */
+static bool writable_now(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLOUT);
+}
+
+static void write_all(int fd, const char *p, size_t left)
+{
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w <= 0)
+            return; /* a log line is never worth failing for */
+        p += w;
+        left -= (size_t)w;
+    }
+}
+
+/* One line out, whole, under the lock (one writer at a time keeps the
+ * writable check true for the write that follows it); or dropped and counted. */
+static void emit(const char *buf, size_t len)
+{
+    pthread_mutex_lock(&log_mu);
+    if (!writable_now(log_fd)) {
+        log_dropped++;
+    } else {
+        if (log_dropped) {
+            char note[96];
+            int n = snprintf(note, sizeof note,
+                             "devio log: %llu lines dropped: the log was not being read\n",
+                             (unsigned long long)log_dropped);
+            write_all(log_fd, note, (size_t)n);
+            log_dropped = 0;
+        }
+        write_all(log_fd, buf, len);
+    }
+    pthread_mutex_unlock(&log_mu);
+}
+
+uint64_t devio_log_dropped(void)
+{
+    pthread_mutex_lock(&log_mu);
+    uint64_t n = log_dropped;
+    pthread_mutex_unlock(&log_mu);
+    return n;
+}
+
 void devio_logf(devio_log_level level, const char *event, const devio_log_field *fields,
                 size_t n_fields, const char *fmt, ...)
 {
@@ -184,13 +241,5 @@ void devio_logf(devio_log_level level, const char *event, const devio_log_field 
         }
     }
     l.buf[l.len++] = '\n';
-    const char *p = l.buf;
-    size_t left = l.len;
-    while (left > 0) {
-        ssize_t w = write(log_fd, p, left);
-        if (w <= 0)
-            break; /* a log line is never worth failing for */
-        p += w;
-        left -= (size_t)w;
-    }
+    emit(l.buf, l.len);
 }

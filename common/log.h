@@ -1,5 +1,6 @@
 /* log.h - devio's log lines on standard error: levels, text or JSON lines, typed fields.
- * One write(2) per line so that threads never interleave; it never allocates and never fails loudly. */
+ * One write(2) per line so that threads never interleave; it never allocates, never fails
+ * loudly, and never blocks: a line the log cannot take at once is dropped and counted. */
 #ifndef DEVIO_LOG_H
 #define DEVIO_LOG_H
 
@@ -54,6 +55,11 @@ typedef struct devio_log_field {
  * than 4 KiB is cut (JSON stays valid: the cut falls inside the message). */
 void devio_logf(devio_log_level level, const char *event, const devio_log_field *fields,
                 size_t n_fields, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Lines dropped so far and not yet reported: a line is dropped, never
+ * waited for, when standard error (a pipe or socket) cannot take it at once;
+ * the next line written says how many were. */
+uint64_t devio_log_dropped(void);
 
 /* devio_logf without fields. */
 #define devio_log(level, event, ...) devio_logf((level), (event), NULL, 0, __VA_ARGS__)

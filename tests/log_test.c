@@ -109,12 +109,49 @@ static void test_text_lines(void **state)
     devio_log_configure("devio-test", DEVIO_LOG_TEXT, DEVIO_LOG_INFO);
 }
 
+/* A pipe nobody reads: lines are dropped at once (never a blocked writer),
+ * counted, and the next line that fits says how many were lost. */
+static void test_full_pipe_drops(void **state)
+{
+    (void)state;
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    devio_log_set_fd(fds[1]);
+    devio_log_configure("devio-test", DEVIO_LOG_TEXT, DEVIO_LOG_INFO);
+    static char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    for (int i = 0; i < 200; i++) /* 600 KB into a 64 KB pipe: would block without the check */
+        devio_log(DEVIO_LOG_INFO, "fill", "%s", big);
+    uint64_t dropped = devio_log_dropped();
+    assert_true(dropped > 100);
+    /* Drain what the pipe took, then one more line. */
+    static char sink[1 << 17];
+    ssize_t got = read(fds[0], sink, sizeof sink);
+    assert_true(got > 0);
+    while (got == (ssize_t)sizeof sink)
+        got = read(fds[0], sink, sizeof sink);
+    devio_log(DEVIO_LOG_WARN, "after", "drained");
+    static char tail[8192];
+    ssize_t n = read(fds[0], tail, sizeof tail - 1);
+    assert_true(n > 0);
+    tail[n] = '\0';
+    char want[96];
+    snprintf(want, sizeof want, "devio log: %llu lines dropped", (unsigned long long)dropped);
+    assert_non_null(strstr(tail, want));
+    assert_non_null(strstr(tail, "after: drained"));
+    assert_int_equal(devio_log_dropped(), 0);
+    devio_log_set_fd(-1);
+    close(fds[0]);
+    close(fds[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_lines),
         cmocka_unit_test(test_json_cut),
         cmocka_unit_test(test_text_lines),
+        cmocka_unit_test(test_full_pipe_drops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

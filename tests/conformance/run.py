@@ -91,16 +91,21 @@ class Server:
     def __init__(self, bin_dir, model, flags, tmp):
         self.dir = tempfile.mkdtemp(dir=tmp)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DEVIO_")}
-        self.p = subprocess.Popen(
-            [os.path.join(bin_dir, "service", "devio-server"), "--model", model,
-             "--db", os.path.join(self.dir, "devio.db"), "--listen", "127.0.0.1:0"] + flags,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        # The server's log (an access line per request) goes to a file: a pipe
+        # nobody reads would fill up.
+        self.log_path = os.path.join(self.dir, "server.log")
+        with open(self.log_path, "wb") as log:
+            self.p = subprocess.Popen(
+                [os.path.join(bin_dir, "service", "devio-server"), "--model", model,
+                 "--db", os.path.join(self.dir, "devio.db"), "--listen", "127.0.0.1:0"] + flags,
+                stdout=subprocess.PIPE, stderr=log, env=env)
         deadline = time.time() + 60
         line = b""
         while time.time() < deadline and not line.startswith(b"listening"):
             line = self.p.stdout.readline()
             if not line and self.p.poll() is not None:
-                raise RuntimeError("devio-server died: " + self.p.stderr.read().decode())
+                with open(self.log_path, "rb") as f:
+                    raise RuntimeError("devio-server died: " + f.read().decode(errors="replace"))
         self.port = int(line.split()[1])
 
     def stop(self):

@@ -4,6 +4,7 @@ import json
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -191,3 +192,35 @@ def test_drain_keeps_serving_all_but_launches(servers, tiny_model):
     t0 = time.monotonic()
     rc = sv.proc.wait(timeout=20)
     assert rc == 0 and time.monotonic() - t0 < 10
+
+
+def test_unread_log_pipe_never_stalls_the_server(bins, tiny_model, tmp_path, contract):
+    """stderr a pipe nobody reads: access lines fill it, then are dropped, and
+    every request is still answered (a log never blocks serving)."""
+    from client import Client
+    proc = subprocess.Popen([str(bins.server), "--model", str(tiny_model), "--listen",
+                             "127.0.0.1:0", "--db", str(tmp_path / "d.db"), "--adapters",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    got, reader = [], None
+    try:
+        port = int(proc.stdout.readline().split()[1])
+        c = Client("127.0.0.1", port, contract, timeout=10)
+        t0 = time.monotonic()
+        for _ in range(1500):  # about 300 KB of access lines into a 64 KB pipe
+            c.call("GET", "/healthz")
+        assert time.monotonic() - t0 < 60
+        # Someone starts reading: the next line says how many were lost.
+        reader = threading.Thread(target=lambda: got.append(proc.stderr.read()), daemon=True)
+        reader.start()
+        time.sleep(0.5)
+        for _ in range(5):
+            c.call("GET", "/healthz")
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    if reader:
+        reader.join(timeout=30)
+    assert proc.returncode == 0
+    assert b"lines dropped: the log was not being read" in got[0]
