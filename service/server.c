@@ -1,13 +1,10 @@
 /* server.c - devio-server's libmicrohttpd plumbing and its route table: auth, body limits, draining, metrics labels.
  * Routes live in routes_*.c; this file must never decode a body for a route, touch SQL or compute. */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <errno.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -22,6 +19,7 @@
 #include "device/status.h"
 #include "ref/builtin.h"
 #include "service/framing.h"
+#include "service/http_edges.h"
 #include "service/request.h"
 #include "service/routes.h"
 #include "service/server.h"
@@ -144,38 +142,13 @@ bool devio_server_teardown(devio_server *s, const char *reason, uint32_t *aborte
 
 /* ---- before a route runs ------------------------------------------------------- */
 
-/* Nesting depth of a JSON text, counting brackets outside strings. */
-static unsigned json_depth(const char *p, size_t n)
-{
-    unsigned depth = 0, max = 0;
-    bool in_str = false;
-    for (size_t i = 0; i < n; i++) {
-        char c = p[i];
-        if (in_str) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_str = false;
-        } else if (c == '"') {
-            in_str = true;
-        } else if (c == '[' || c == '{') {
-            if (++depth > max)
-                max = depth;
-        } else if (c == ']' || c == '}') {
-            if (depth)
-                depth--;
-        }
-    }
-    return max;
-}
-
 static devio_status parse_body(const devio_server *s, const req *q, json_t **out,
                                devio_error *err)
 {
     *out = NULL;
     if (q->len == 0)
         return devio_fail(err, DEVIO_E_INVALID, "request body must be JSON");
-    if (json_depth(q->body, q->len) > s->cfg.max_json_depth)
+    if (devio_http_json_depth(q->body, q->len) > s->cfg.max_json_depth)
         return devio_fail(err, DEVIO_E_INVALID, "JSON nested deeper than %u levels",
                           s->cfg.max_json_depth);
     json_error_t je;
@@ -191,114 +164,15 @@ static devio_status parse_body(const devio_server *s, const req *q, json_t **out
     return DEVIO_OK;
 }
 
-/* Constant-time comparison of the presented bearer token. */
 static bool token_ok(const devio_server *s, const char *header)
 {
-    /* The scheme is case-insensitive (RFC 9110, 11.1), then one or more spaces. */
-    static const char scheme[] = "Bearer";
-    if (!header || strncasecmp(header, scheme, sizeof scheme - 1) != 0 ||
-        header[sizeof scheme - 1] != ' ')
-        return false;
-    const char *t = header + sizeof scheme - 1;
-    while (*t == ' ')
-        t++;
-    size_t n = strlen(t);
-    unsigned char diff = (unsigned char)(n != s->token_len);
-    for (size_t i = 0; i < s->token_len; i++)
-        diff |= (unsigned char)(s->token[i] ^ (i < n ? t[i] : 0));
-    return diff == 0;
+    return devio_http_bearer_ok(header, s->token, s->token_len);
 }
 
 static bool needs_token(const devio_server *s, const devio_route *on_path)
 {
     devio_route_auth a = on_path ? on_path->auth : DEVIO_ROUTE_TOKEN;
     return s->token && (a == DEVIO_ROUTE_TOKEN || (a == DEVIO_ROUTE_HEALTH && s->cfg.auth_health));
-}
-
-/* The methods the table has for a path template, for a 405's Allow header;
- * HEAD with every GET (libmicrohttpd answers HEAD as GET without the body). */
-static void allowed_methods(const char *path, char *buf, size_t n)
-{
-    size_t len = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
-        if (strcmp(routes[i].path, path) != 0)
-            continue;
-        bool get = strcmp(routes[i].method, "GET") == 0;
-        int w = snprintf(buf + len, n - len, "%s%s%s", len ? ", " : "", routes[i].method,
-                         get ? ", HEAD" : "");
-        if (w < 0 || (size_t)w >= n - len)
-            break;
-        len += (size_t)w;
-    }
-}
-
-/* A JSON body's Content-Type: absent, application/json or application/...+json,
- * with any parameters (charset). Anything else is 415. */
-static devio_status json_media_type(const char *ctype, devio_error *err)
-{
-    if (!ctype)
-        return DEVIO_OK;
-    size_t n = strcspn(ctype, "; \t");
-    static const char json[] = "application/json", app[] = "application/", plus[] = "+json";
-    if ((n == sizeof json - 1 && strncasecmp(ctype, json, n) == 0) ||
-        (n > sizeof app - 1 + sizeof plus - 1 && strncasecmp(ctype, app, sizeof app - 1) == 0 &&
-         strncasecmp(ctype + n - (sizeof plus - 1), plus, sizeof plus - 1) == 0))
-        return DEVIO_OK;
-    return devio_fail(err, DEVIO_E_MEDIA_TYPE,
-                      "request body must be JSON (Content-Type: application/json), not '%.*s'"
-                      " (curl: use --json, or -H 'Content-Type: application/json')",
-                      (int)(n > 80 ? 80 : n), ctype);
-}
-
-/* The client's X-Request-Id when it is 1 to DEVIO_REQUEST_ID_MAX visible
- * ASCII characters without quotes or backslashes; otherwise one made here,
- * EPOCH-N in hexadecimal, unique across restarts on the same database. */
-static void set_request_id(devio_server *s, struct MHD_Connection *c, req *q)
-{
-    const char *id = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
-    size_t n = id ? strlen(id) : 0;
-    bool ok = n > 0 && n <= DEVIO_REQUEST_ID_MAX;
-    for (size_t i = 0; ok && i < n; i++)
-        ok = id[i] > 0x20 && id[i] < 0x7f && id[i] != '"' && id[i] != '\\';
-    if (ok) {
-        memcpy(q->request_id, id, n + 1);
-        return;
-    }
-    uint64_t k = atomic_fetch_add(&s->request_seq, 1) + 1;
-    snprintf(q->request_id, sizeof q->request_id, "%" PRIx64 "-%" PRIx64,
-             s->store ? devio_store_epoch(s->store) : 0, k);
-}
-
-/* The client's address as text: an IP address, or "local" for a unix socket. */
-static void client_address(struct MHD_Connection *c, char *buf, size_t n)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
-    snprintf(buf, n, "local");
-    if (sa && sa->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, (socklen_t)n);
-    else if (sa && sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, buf, (socklen_t)n);
-}
-
-/* One access line per answer: method, path, status, time, request id, client. */
-static void log_access(struct MHD_Connection *c, const req *q, unsigned code, size_t bytes,
-                       double seconds)
-{
-    if (!devio_log_enabled(DEVIO_LOG_INFO))
-        return;
-    char addr[INET6_ADDRSTRLEN + 1];
-    client_address(c, addr, sizeof addr);
-    devio_log_field f[] = {
-        DEVIO_LF_S("method", q->method), DEVIO_LF_S("path", q->url),
-        DEVIO_LF_U("status", code),      DEVIO_LF_F("duration_ms", seconds * 1e3),
-        DEVIO_LF_U("bytes", bytes),      DEVIO_LF_S("request_id", q->request_id),
-        DEVIO_LF_S("client", addr),
-    };
-    devio_logf(DEVIO_LOG_INFO, "access", f, sizeof f / sizeof *f, "%s %s %u",
-               q->method ? q->method : "-", q->url ? q->url : "-", code);
 }
 
 /* Everything between the request and its route's handler, in the order the
@@ -321,7 +195,8 @@ static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const ch
         return devio_fail(err, DEVIO_E_NOT_FOUND, "no route %s", url);
     *label = q->on_path->path;
     if (!q->route) {
-        allowed_methods(q->on_path->path, r->allow, sizeof r->allow);
+        devio_http_allowed_methods(routes, sizeof routes / sizeof *routes, q->on_path->path,
+                                   r->allow, sizeof r->allow);
         return devio_fail(err, DEVIO_E_METHOD, "method not allowed on %s (allowed: %s)", url,
                           r->allow);
     }
@@ -341,7 +216,8 @@ static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const ch
     json_t *body = NULL;
     devio_status st = DEVIO_OK;
     if (q->route->body == DEVIO_ROUTE_JSON_BODY) {
-        st = json_media_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"), err);
+        st = devio_http_json_media_type(
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"), err);
         if (st == DEVIO_OK)
             st = parse_body(s, q, &body, err);
     }
@@ -402,7 +278,7 @@ static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, dev
     MHD_destroy_response(resp);
     double seconds = (double)(devio_clock_us() - q->start_us) / 1e6;
     devio_metrics_http(&s->metrics, label, r->code, seconds);
-    log_access(c, q, r->code, bytes, seconds);
+    devio_http_log_access(c, q->method, q->url, r->code, bytes, seconds, q->request_id);
     return ret;
 }
 
@@ -467,7 +343,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->start_us = devio_clock_us();
         q->method = method;
         q->url = url;
-        set_request_id(s, c, q);
+        devio_http_request_id(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id"),
+                              s->store ? devio_store_epoch(s->store) : 0,
+                              atomic_fetch_add(&s->request_seq, 1) + 1, q->request_id,
+                              sizeof q->request_id);
         /* HEAD is GET without the body, which libmicrohttpd leaves out itself. */
         const char *as = strcmp(method, "HEAD") == 0 ? "GET" : method;
         q->route = devio_route_find(routes, sizeof routes / sizeof *routes, as, url,

@@ -1,5 +1,6 @@
 /* fault_sweep_test.c - SQLite-style sweeps: the N-th allocation, then the N-th file call, of each site fails, for every N.
- * Sites: model and adapter load, device open, launch, await, every effect, the store; each failure is clean, changes and leaks nothing. */
+ * Sites: model and adapter load, device open, launch, await, every effect, the store; each failure is clean, changes and leaks nothing.
+ * Long because every site has its own fixture and its own checks of "nothing changed", and they share one counting harness; splitting would copy the harness. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <inttypes.h>

@@ -1,0 +1,127 @@
+/* http_edges.c - the rules at the edge of every request (http_edges.h).
+ * Each function is small and stands alone; none keeps state. */
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/log.h"
+#include "device/status.h"
+#include "service/http_edges.h"
+
+unsigned devio_http_json_depth(const char *p, size_t n)
+{
+    unsigned depth = 0, max = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max)
+                max = depth;
+        } else if (c == ']' || c == '}') {
+            if (depth)
+                depth--;
+        }
+    }
+    return max;
+}
+
+bool devio_http_bearer_ok(const char *header, const char *token, size_t token_len)
+{
+    static const char scheme[] = "Bearer";
+    if (!header || !token || strncasecmp(header, scheme, sizeof scheme - 1) != 0 ||
+        header[sizeof scheme - 1] != ' ')
+        return false;
+    const char *t = header + sizeof scheme - 1;
+    while (*t == ' ')
+        t++;
+    size_t n = strlen(t);
+    unsigned char diff = (unsigned char)(n != token_len);
+    for (size_t i = 0; i < token_len; i++)
+        diff |= (unsigned char)(token[i] ^ (i < n ? t[i] : 0));
+    return diff == 0;
+}
+
+void devio_http_allowed_methods(const devio_route *table, size_t n, const char *path, char *buf,
+                                size_t len)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(table[i].path, path) != 0)
+            continue;
+        bool get = strcmp(table[i].method, "GET") == 0;
+        int w = snprintf(buf + at, len - at, "%s%s%s", at ? ", " : "", table[i].method,
+                         get ? ", HEAD" : "");
+        if (w < 0 || (size_t)w >= len - at)
+            break;
+        at += (size_t)w;
+    }
+}
+
+devio_status devio_http_json_media_type(const char *ctype, devio_error *err)
+{
+    if (!ctype)
+        return DEVIO_OK;
+    size_t n = strcspn(ctype, "; \t");
+    static const char json[] = "application/json", app[] = "application/", plus[] = "+json";
+    if ((n == sizeof json - 1 && strncasecmp(ctype, json, n) == 0) ||
+        (n > sizeof app - 1 + sizeof plus - 1 && strncasecmp(ctype, app, sizeof app - 1) == 0 &&
+         strncasecmp(ctype + n - (sizeof plus - 1), plus, sizeof plus - 1) == 0))
+        return DEVIO_OK;
+    return devio_fail(err, DEVIO_E_MEDIA_TYPE,
+                      "request body must be JSON (Content-Type: application/json), not '%.*s'"
+                      " (curl: use --json, or -H 'Content-Type: application/json')",
+                      (int)(n > 80 ? 80 : n), ctype);
+}
+
+void devio_http_request_id(const char *given, uint64_t epoch, uint64_t seq, char *out, size_t n)
+{
+    size_t len = given ? strlen(given) : 0;
+    bool ok = len > 0 && len <= DEVIO_REQUEST_ID_MAX && len < n;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = given[i] > 0x20 && given[i] < 0x7f && given[i] != '"' && given[i] != '\\';
+    if (ok)
+        memcpy(out, given, len + 1);
+    else
+        snprintf(out, n, "%" PRIx64 "-%" PRIx64, epoch, seq);
+}
+
+/* The client's address as text: an IP address, or "local" for a unix socket. */
+static void client_address(struct MHD_Connection *c, char *buf, size_t n)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+    snprintf(buf, n, "local");
+    if (sa && sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, (socklen_t)n);
+    else if (sa && sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, buf, (socklen_t)n);
+}
+
+void devio_http_log_access(struct MHD_Connection *c, const char *method, const char *url,
+                           unsigned code, size_t bytes, double seconds, const char *request_id)
+{
+    if (!devio_log_enabled(DEVIO_LOG_INFO))
+        return;
+    char addr[INET6_ADDRSTRLEN + 1];
+    client_address(c, addr, sizeof addr);
+    devio_log_field f[] = {
+        DEVIO_LF_S("method", method), DEVIO_LF_S("path", url),
+        DEVIO_LF_U("status", code),   DEVIO_LF_F("duration_ms", seconds * 1e3),
+        DEVIO_LF_U("bytes", bytes),   DEVIO_LF_S("request_id", request_id),
+        DEVIO_LF_S("client", addr),
+    };
+    devio_logf(DEVIO_LOG_INFO, "access", f, sizeof f / sizeof *f, "%s %s %u",
+               method ? method : "-", url ? url : "-", code);
+}

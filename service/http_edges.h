@@ -1,0 +1,44 @@
+/* http_edges.h - the small rules at the edge of every request: JSON depth and media type,
+ * the bearer token, a 405's Allow list, request ids and the access line.
+ * Pure functions of their arguments (the access line reads the connection); nothing here
+ * routes, parses a body or touches the device. */
+#ifndef DEVIO_HTTP_EDGES_H
+#define DEVIO_HTTP_EDGES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <microhttpd.h>
+
+#include "device/devio.h"
+#include "service/route.h"
+
+/* Nesting depth of a JSON text, counting brackets outside strings. */
+unsigned devio_http_json_depth(const char *p, size_t n);
+
+/* A JSON body's Content-Type: absent, application/json or application/...+json,
+ * with any parameters (charset). Anything else is DEVIO_E_MEDIA_TYPE (415). */
+devio_status devio_http_json_media_type(const char *ctype, devio_error *err);
+
+/* The Authorization header against the token (token_len bytes), in constant
+ * time: the Bearer scheme in any case (RFC 9110, 11.1), then one or more spaces. */
+bool devio_http_bearer_ok(const char *header, const char *token, size_t token_len);
+
+/* The methods table[0..n) has for a path template, for a 405's Allow header
+ * ("GET, HEAD, DELETE"): HEAD with every GET (libmicrohttpd answers HEAD as GET
+ * without the body). */
+void devio_http_allowed_methods(const devio_route *table, size_t n, const char *path, char *buf,
+                                size_t len);
+
+/* The request id into out (n > DEVIO_REQUEST_ID_MAX): `given` when it is 1 to
+ * DEVIO_REQUEST_ID_MAX visible ASCII characters without quotes or backslashes,
+ * else "EPOCH-SEQ" in hexadecimal, unique across restarts on one database. */
+void devio_http_request_id(const char *given, uint64_t epoch, uint64_t seq, char *out, size_t n);
+
+/* One access line at info level (common/log.h): method, path, status, time,
+ * bytes, request id, and the client (an IP address, or "local" for a unix socket). */
+void devio_http_log_access(struct MHD_Connection *c, const char *method, const char *url,
+                           unsigned code, size_t bytes, double seconds, const char *request_id);
+
+#endif

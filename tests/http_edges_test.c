@@ -1,0 +1,106 @@
+/* http_edges_test.c - service/http_edges.h: JSON depth, media types, the bearer token, Allow lists, request ids. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "service/http_edges.h"
+#include "service/server.h"
+
+static void test_json_depth(void **state)
+{
+    (void)state;
+    assert_int_equal(devio_http_json_depth("{}", 2), 1);
+    assert_int_equal(devio_http_json_depth("{\"a\":[[1],{\"b\":[]}]}", 20), 4);
+    assert_int_equal(devio_http_json_depth("\"[[[\\\"[\"", 8), 0); /* brackets in a string */
+    assert_int_equal(devio_http_json_depth("", 0), 0);
+}
+
+static void test_media_type(void **state)
+{
+    (void)state;
+    devio_error err = {0};
+    static const char *const ok[] = {NULL, "application/json", "Application/JSON",
+                                     "application/json; charset=utf-8",
+                                     "application/problem+json", "application/vnd.x+json;v=2"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        assert_int_equal(devio_http_json_media_type(ok[i], &err), DEVIO_OK);
+    static const char *const bad[] = {"text/plain", "application/x-www-form-urlencoded",
+                                      "application/jsonx", "application/+json", "", "json"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(devio_http_json_media_type(bad[i], &err), DEVIO_E_MEDIA_TYPE);
+        assert_non_null(strstr(err.message, "--json"));
+    }
+}
+
+static void test_bearer(void **state)
+{
+    (void)state;
+    const char *tok = "s3cret";
+    size_t n = strlen(tok);
+    assert_true(devio_http_bearer_ok("Bearer s3cret", tok, n));
+    assert_true(devio_http_bearer_ok("bearer   s3cret", tok, n));
+    assert_true(devio_http_bearer_ok("BEARER s3cret", tok, n));
+    assert_false(devio_http_bearer_ok("Bearers3cret", tok, n));
+    assert_false(devio_http_bearer_ok("Bearer s3cre", tok, n));
+    assert_false(devio_http_bearer_ok("Bearer s3cret2", tok, n));
+    assert_false(devio_http_bearer_ok("Basic s3cret", tok, n));
+    assert_false(devio_http_bearer_ok("Bearer", tok, n));
+    assert_false(devio_http_bearer_ok(NULL, tok, n));
+    assert_false(devio_http_bearer_ok("Bearer s3cret", NULL, 0));
+}
+
+static void test_allowed(void **state)
+{
+    (void)state;
+    size_t n;
+    const devio_route *t = devio_server_routes(&n);
+    char buf[48];
+    devio_http_allowed_methods(t, n, "/v1/sequences/{id}", buf, sizeof buf);
+    assert_string_equal(buf, "GET, HEAD, DELETE");
+    devio_http_allowed_methods(t, n, "/v1/launch", buf, sizeof buf);
+    assert_string_equal(buf, "POST");
+    devio_http_allowed_methods(t, n, "/nowhere", buf, sizeof buf);
+    assert_string_equal(buf, "");
+    char small[8];
+    devio_http_allowed_methods(t, n, "/v1/adapters/{name}", small, sizeof small);
+    assert_true(strlen(small) < sizeof small); /* cut whole, never overflowed */
+}
+
+static void test_request_id(void **state)
+{
+    (void)state;
+    char out[DEVIO_REQUEST_ID_MAX + 1];
+    devio_http_request_id("abc-1.2:3", 7, 9, out, sizeof out);
+    assert_string_equal(out, "abc-1.2:3");
+    devio_http_request_id(NULL, 0x1f, 0x2a, out, sizeof out);
+    assert_string_equal(out, "1f-2a");
+    static const char *const bad[] = {"", "a b", "q\"", "back\\slash", "tab\tx", "\x7f"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        devio_http_request_id(bad[i], 2, 3, out, sizeof out);
+        assert_string_equal(out, "2-3");
+    }
+    char longest[DEVIO_REQUEST_ID_MAX + 2];
+    memset(longest, 'x', sizeof longest - 1);
+    longest[DEVIO_REQUEST_ID_MAX] = '\0';
+    devio_http_request_id(longest, 2, 3, out, sizeof out);
+    assert_string_equal(out, longest);
+    longest[DEVIO_REQUEST_ID_MAX] = 'x';
+    longest[DEVIO_REQUEST_ID_MAX + 1] = '\0';
+    devio_http_request_id(longest, 2, 4, out, sizeof out);
+    assert_string_equal(out, "2-4");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_depth), cmocka_unit_test(test_media_type),
+        cmocka_unit_test(test_bearer),     cmocka_unit_test(test_allowed),
+        cmocka_unit_test(test_request_id),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
