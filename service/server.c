@@ -2,6 +2,7 @@
  * Routes live in routes_*.c; this file must never decode a body for a route, touch SQL or compute. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -463,6 +464,17 @@ static void conn_resume(void *c)
 
 static const devio_waits_ops mhd_waits = {.suspend = conn_suspend, .resume = conn_resume};
 
+/* libmicrohttpd's own messages (a connection it closed on an error, ...) go
+ * through devio's log: the chosen format, never blocking on stderr. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = '\0';
+    devio_log(DEVIO_LOG_WARN, "http", "%s", msg);
+}
+
 /* ---- start and stop ------------------------------------------------------------- */
 
 static devio_status read_token(devio_server *s, devio_error *err)
@@ -597,6 +609,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         bool tls = s->tls.cert != NULL;
         s->mhd = MHD_start_daemon(MHD_FLAGS | (tls ? MHD_USE_TLS : 0), 0, NULL, NULL,
                                   on_request, s,
+                                  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                   MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                                   MHD_OPTION_CONNECTION_LIMIT, mhd_cap,

@@ -224,3 +224,16 @@ def test_unread_log_pipe_never_stalls_the_server(bins, tiny_model, tmp_path, con
         reader.join(timeout=30)
     assert proc.returncode == 0
     assert b"lines dropped: the log was not being read" in got[0]
+
+
+def test_libmicrohttpd_messages_use_devio_log(servers, tiny_model):
+    """libmicrohttpd's own messages (here: a client gone mid-headers) are devio log
+    lines in the chosen format, not raw text on stderr."""
+    sv = servers.start(tiny_model, ["--log-format", "json"])
+    with socket.create_connection(("127.0.0.1", sv.port), timeout=5) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHo")
+        time.sleep(0.2)
+    time.sleep(0.3)
+    assert sv.stop() == 0
+    recs = [json.loads(ln) for ln in sv.log_path.read_text().splitlines() if ln.strip()]
+    assert any(r["event"] == "http" and r["level"] == "warn" for r in recs), recs[-3:]
