@@ -14,65 +14,41 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "ref/ref_backend.h"
-#include "service/tickets.h"
-#include "tests/testutil.h"
+#include "tests/tickets_fixture.h"
 
-typedef struct ctx {
-    devio_fixture fx;
-    devio_device *dev;
-    devio_store *store;
-    devio_metrics metrics;
-    devio_tickets t;
-    struct rlimit old;
-    void (*old_sig)(int);
-} ctx;
+/* The file-size limit and SIGXFSZ handler to restore after a fault. */
+static struct rlimit saved_limit;
+static void (*saved_sig)(int);
+
+typedef tickets_ctx ctx;
 
 static int setup(void **state)
 {
     static ctx c;
-    memset(&c, 0, sizeof c);
-    if (devio_fixture_preset(&c.fx, "tiny", DEVIO_F32, 5) != 0)
-        return -1;
-    char db[320];
-    snprintf(db, sizeof db, "%s/devio.db", c.fx.dir);
-    devio_config cfg = devio_config_default();
-    if (devio_store_open(db, NULL, &c.store, NULL) != DEVIO_OK)
-        return -1;
-    cfg.first_ticket_id = devio_store_next_ticket_id(c.store);
-    if (devio_open(c.fx.model, &devio_ref_backend, &cfg, &c.dev, NULL) != DEVIO_OK)
-        return -1;
-    devio_metrics_init(&c.metrics);
-    c.t = (devio_tickets){.store = c.store, .metrics = &c.metrics};
     *state = &c;
-    return 0;
+    return tickets_ctx_open(&c);
 }
 
 static int teardown(void **state)
 {
-    ctx *c = *state;
-    if (c->dev)
-        devio_teardown(c->dev, NULL);
-    devio_store_close(c->store);
-    devio_metrics_fini(&c->metrics);
-    devio_fixture_free(&c->fx);
+    tickets_ctx_close(*state);
     return 0;
 }
 
 /* The history file stops taking writes (true on success). */
-static bool disk_full(ctx *c)
+static bool disk_full(void)
 {
-    if (getrlimit(RLIMIT_FSIZE, &c->old) != 0)
+    if (getrlimit(RLIMIT_FSIZE, &saved_limit) != 0)
         return false;
-    c->old_sig = signal(SIGXFSZ, SIG_IGN);
-    struct rlimit lim = {.rlim_cur = 1, .rlim_max = c->old.rlim_max};
+    saved_sig = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {.rlim_cur = 1, .rlim_max = saved_limit.rlim_max};
     return setrlimit(RLIMIT_FSIZE, &lim) == 0;
 }
 
-static bool disk_ok(ctx *c)
+static bool disk_ok(void)
 {
-    bool ok = setrlimit(RLIMIT_FSIZE, &c->old) == 0;
-    signal(SIGXFSZ, c->old_sig);
+    bool ok = setrlimit(RLIMIT_FSIZE, &saved_limit) == 0;
+    signal(SIGXFSZ, saved_sig);
     return ok;
 }
 
@@ -106,14 +82,14 @@ static void test_launch_refused_nothing_launched(void **state)
     devio_plan plan = {.rows = &row, .n_rows = 1};
     devio_facts before = devio_facts_get(c->dev);
 
-    bool full = disk_full(c);
+    bool full = disk_full();
     devio_error e1 = {0}, e2 = {0};
     devio_status s1 = devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t1, &e1);
     devio_facts during = devio_facts_get(c->dev);
     devio_seq_info info = {0};
     devio_status si = devio_seq_info_get(c->dev, a, &info, NULL);
     devio_status s2 = devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t2, &e2);
-    bool lifted = disk_ok(c);
+    bool lifted = disk_ok();
 
     assert_true(full && lifted);
     assert_int_equal(s1, DEVIO_E_STORE_UNAVAILABLE);
@@ -159,14 +135,14 @@ static void test_await_keeps_result(void **state)
                      DEVIO_OK);
     assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t, NULL), DEVIO_OK);
 
-    bool full = disk_full(c);
+    bool full = disk_full();
     devio_step_result r1 = {0}, r2 = {0};
     devio_error e1 = {0};
     devio_status s1 = devio_tickets_await(&c->t, c->dev, t, -1, &r1, &e1);
     devio_facts during = devio_facts_get(c->dev);
     devio_seq_info info = {0};
     devio_seq_info_get(c->dev, a, &info, NULL);
-    bool lifted = disk_ok(c);
+    bool lifted = disk_ok();
 
     assert_true(full && lifted);
     assert_int_equal(s1, DEVIO_E_STORE_UNAVAILABLE);
@@ -206,12 +182,12 @@ static void test_step_names_its_ticket(void **state)
     /* Launch under a working store, fail only the settle: launch then await by hand. */
     uint64_t t = 0;
     assert_int_equal(devio_tickets_launch(&c->t, c->dev, &plan, NULL, &t, NULL), DEVIO_OK);
-    bool full = disk_full(c);
+    bool full = disk_full();
     devio_step_result r = {0};
     devio_error e = {0};
     devio_status s = devio_tickets_step(&c->t, c->dev, &plan, NULL, &r, &e); /* seq busy: refused */
     devio_status s2 = devio_tickets_await(&c->t, c->dev, t, -1, &r, &e);
-    bool lifted = disk_ok(c);
+    bool lifted = disk_ok();
     assert_true(full && lifted);
     assert_true(s == DEVIO_E_STORE_UNAVAILABLE || s == DEVIO_E_SEQ_BUSY);
     assert_int_equal(s2, DEVIO_E_STORE_UNAVAILABLE);

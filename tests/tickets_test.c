@@ -10,44 +10,20 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ref/ref_backend.h"
-#include "service/tickets.h"
-#include "tests/testutil.h"
+#include "tests/tickets_fixture.h"
 
-typedef struct ctx {
-    devio_fixture fx;
-    devio_device *dev;
-    devio_store *store;
-    devio_metrics metrics;
-    devio_tickets t;
-} ctx;
+typedef tickets_ctx ctx;
 
 static int setup(void **state)
 {
     static ctx c;
-    memset(&c, 0, sizeof c);
-    if (devio_fixture_preset(&c.fx, "tiny", DEVIO_F32, 5) != 0)
-        return -1;
-    char db[320];
-    snprintf(db, sizeof db, "%s/devio.db", c.fx.dir);
-    devio_config cfg = devio_config_default();
-    if (devio_store_open(db, NULL, &c.store, NULL) != DEVIO_OK ||
-        devio_open(c.fx.model, &devio_ref_backend, &cfg, &c.dev, NULL) != DEVIO_OK)
-        return -1;
-    devio_metrics_init(&c.metrics);
-    c.t = (devio_tickets){.store = c.store, .metrics = &c.metrics};
     *state = &c;
-    return 0;
+    return tickets_ctx_open(&c);
 }
 
 static int teardown(void **state)
 {
-    ctx *c = *state;
-    if (c->dev)
-        devio_teardown(c->dev, NULL);
-    devio_store_close(c->store);
-    devio_metrics_fini(&c->metrics);
-    devio_fixture_free(&c->fx);
+    tickets_ctx_close(*state);
     return 0;
 }
 

@@ -1,0 +1,24 @@
+/* tickets_fixture.h - what the service/tickets.c tests share: a tiny written model, a real
+ * store beside it, a reference device whose ids continue the store's, and the tickets layer.
+ * The fixture owns everything it opens; tickets_ctx_close releases it. */
+#ifndef DEVIO_TESTS_TICKETS_FIXTURE_H
+#define DEVIO_TESTS_TICKETS_FIXTURE_H
+
+#include "service/metrics.h"
+#include "service/store.h"
+#include "service/tickets.h"
+#include "tests/testutil.h"
+
+typedef struct tickets_ctx {
+    devio_fixture fx;
+    devio_device *dev;
+    devio_store *store;
+    devio_metrics metrics;
+    devio_tickets t;
+} tickets_ctx;
+
+/* 0 on success; -1 with whatever was opened left for tickets_ctx_close. */
+int tickets_ctx_open(tickets_ctx *c);
+void tickets_ctx_close(tickets_ctx *c);
+
+#endif
