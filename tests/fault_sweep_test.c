@@ -913,20 +913,11 @@ static uint64_t site_adapters_start(sweep_ctx *c, fault_kind k, uint64_t n, devi
 
 /* ---- fixtures and the tests -------------------------------------------------- */
 
-static int make_model(devio_fixture *f, const char *arch, uint64_t seed)
-{
-    devio_mkmodel_opts o = devio_mkmodel_opts_default();
-    o.arch = arch;
-    if (devio_mkmodel_preset("tiny", &o, NULL) != DEVIO_OK)
-        return -1;
-    o.seed = seed;
-    return devio_fixture_make(f, o);
-}
-
 static int setup(void **state)
 {
     sweep_ctx *c = calloc(1, sizeof *c);
-    if (!c || make_model(&c->llama, "llama", 41) != 0 || make_model(&c->bamba, "bamba", 42) != 0)
+    if (!c || devio_fixture_arch(&c->llama, "tiny", "llama", 41) != 0 ||
+        devio_fixture_arch(&c->bamba, "tiny", "bamba", 42) != 0)
         return -1;
     const char *budget = getenv("DEVIO_FAULT_SITE_S");
     c->site_s = budget ? atof(budget) : 60.0;

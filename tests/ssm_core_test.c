@@ -22,21 +22,12 @@ typedef struct ctx {
     devio_fixture bamba, mamba2, llama;
 } ctx;
 
-static int make(devio_fixture *f, const char *arch, uint64_t seed)
-{
-    devio_mkmodel_opts o = devio_mkmodel_opts_default();
-    o.arch = arch;
-    if (devio_mkmodel_preset("tiny", &o, NULL) != DEVIO_OK)
-        return -1;
-    o.seed = seed;
-    return devio_fixture_make(f, o);
-}
-
 static int setup(void **state)
 {
     ctx *c = calloc(1, sizeof *c);
-    if (!c || make(&c->bamba, "bamba", 31) != 0 || make(&c->mamba2, "mamba2", 32) != 0 ||
-        make(&c->llama, "llama", 33) != 0)
+    if (!c || devio_fixture_arch(&c->bamba, "tiny", "bamba", 31) != 0 ||
+        devio_fixture_arch(&c->mamba2, "tiny", "mamba2", 32) != 0 ||
+        devio_fixture_arch(&c->llama, "tiny", "llama", 33) != 0)
         return -1;
     *state = c;
     return 0;

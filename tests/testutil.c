@@ -87,6 +87,16 @@ int devio_fixture_preset(devio_fixture *f, const char *preset, devio_dtype dtype
     return devio_fixture_make(f, o);
 }
 
+int devio_fixture_arch(devio_fixture *f, const char *preset, const char *arch, uint64_t seed)
+{
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
+    o.arch = arch;
+    if (devio_mkmodel_preset(preset, &o, NULL) != DEVIO_OK)
+        return -1;
+    o.seed = seed;
+    return devio_fixture_make(f, o);
+}
+
 void devio_fixture_free(devio_fixture *f)
 {
     devio_model_free(f->model);

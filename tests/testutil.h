@@ -20,6 +20,8 @@ typedef struct devio_fixture {
 int devio_fixture_make(devio_fixture *f, devio_mkmodel_opts o);
 /* Preset by name ("tiny", "small") with the given dtype and seed. */
 int devio_fixture_preset(devio_fixture *f, const char *preset, devio_dtype dtype, uint64_t seed);
+/* Preset by name for architecture `arch` ("llama", "bamba", "mamba2"), with the given seed. */
+int devio_fixture_arch(devio_fixture *f, const char *preset, const char *arch, uint64_t seed);
 void devio_fixture_free(devio_fixture *f);
 
 /* A new sequence on d (asserted to succeed); its id. */
