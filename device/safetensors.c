@@ -413,53 +413,39 @@ out_free:
 
 #define ST_SCAN_BLOCK 1024
 
-/* Index of the first element of p[0, n) whose exponent bits are all ones
- * (NaN or an infinity), or n. Full blocks are scanned without a branch so
- * the compiler can vectorise the all-finite common case. */
-static uint64_t st_first_nonfinite32(const uint8_t *p, uint64_t n)
+/* Index of the first element of p[0, n) (`size` bytes each, 4 or 2) whose
+ * exponent field `m` is all ones (NaN or an infinity: F32 0x7f800000, F16
+ * 0x7c00, BF16 0x7f80), or n. Full blocks are scanned without a branch so
+ * the compiler can vectorise the all-finite common case; size is a
+ * constant at every call, so each call keeps one load width. */
+static inline __attribute__((always_inline)) uint32_t st_elem(const uint8_t *p, uint64_t i,
+                                                                int size)
 {
-    const uint32_t m = 0x7f800000u;
-    uint64_t i = 0;
-    for (; n - i >= ST_SCAN_BLOCK; i += ST_SCAN_BLOCK) {
-        uint32_t bad = 0;
-        for (uint32_t k = 0; k < ST_SCAN_BLOCK; k++) {
-            uint32_t u;
-            memcpy(&u, p + (i + k) * 4, sizeof u);
-            bad |= (uint32_t)((u & m) == m);
-        }
-        if (bad)
-            break;
-    }
-    for (; i < n; i++) {
+    if (size == 4) {
         uint32_t u;
         memcpy(&u, p + i * 4, sizeof u);
-        if ((u & m) == m)
-            return i;
+        return u;
     }
-    return n;
+    uint16_t h;
+    memcpy(&h, p + i * 2, sizeof h);
+    return h;
 }
 
-/* The same for 16-bit elements whose exponent field is `m` (F16 0x7c00,
- * BF16 0x7f80). */
-static uint64_t st_first_nonfinite16(const uint8_t *p, uint64_t n, uint16_t m)
+static inline __attribute__((always_inline)) uint64_t st_first_nonfinite(const uint8_t *p,
+                                                                         uint64_t n, int size,
+                                                                         uint32_t m)
 {
     uint64_t i = 0;
     for (; n - i >= ST_SCAN_BLOCK; i += ST_SCAN_BLOCK) {
         uint32_t bad = 0;
-        for (uint32_t k = 0; k < ST_SCAN_BLOCK; k++) {
-            uint16_t u;
-            memcpy(&u, p + (i + k) * 2, sizeof u);
-            bad |= (uint32_t)((u & m) == m);
-        }
+        for (uint32_t k = 0; k < ST_SCAN_BLOCK; k++)
+            bad |= (uint32_t)((st_elem(p, i + k, size) & m) == m);
         if (bad)
             break;
     }
-    for (; i < n; i++) {
-        uint16_t u;
-        memcpy(&u, p + i * 2, sizeof u);
-        if ((u & m) == m)
+    for (; i < n; i++)
+        if ((st_elem(p, i, size) & m) == m)
             return i;
-    }
     return n;
 }
 
@@ -468,32 +454,27 @@ devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor
 {
     if (!t->supported)
         return DEVIO_OK;
-    uint64_t n, bad;
-    bool nan;
+    /* Element size, exponent mask, sign bit. */
+    int size;
+    uint32_t m, sign;
     switch (t->dtype) {
-    case DEVIO_F32: {
-        n = t->nbytes / 4;
-        bad = st_first_nonfinite32(t->data, n);
-        uint32_t u = 0;
-        if (bad < n)
-            memcpy(&u, t->data + bad * 4, sizeof u);
-        nan = (u & 0x007fffffu) != 0;
+    case DEVIO_F32:
+        size = 4, m = 0x7f800000u, sign = 0x80000000u;
         break;
-    }
     case DEVIO_F16:
-    case DEVIO_BF16: {
-        uint16_t m = t->dtype == DEVIO_F16 ? 0x7c00u : 0x7f80u;
-        n = t->nbytes / 2;
-        bad = st_first_nonfinite16(t->data, n, m);
-        uint16_t u = 0;
-        if (bad < n)
-            memcpy(&u, t->data + bad * 2, sizeof u);
-        nan = (u & (uint16_t)~(m | 0x8000u)) != 0;
+        size = 2, m = 0x7c00u, sign = 0x8000u;
         break;
-    }
+    case DEVIO_BF16:
+        size = 2, m = 0x7f80u, sign = 0x8000u;
+        break;
     default:
         return DEVIO_OK;
     }
+    uint64_t n = t->nbytes / (uint64_t)size;
+    uint64_t bad = size == 4 ? st_first_nonfinite(t->data, n, 4, m)
+                             : st_first_nonfinite(t->data, n, 2, m);
+    /* NaN when the mantissa below the all-ones exponent is not zero. */
+    bool nan = bad < n && (st_elem(t->data, bad, size) & ~(m | sign)) != 0;
     if (bad == n)
         return DEVIO_OK;
     return devio_fail(err, DEVIO_E_MODEL,

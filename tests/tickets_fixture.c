@@ -23,6 +23,19 @@ int tickets_ctx_open(tickets_ctx *c)
     return 0;
 }
 
+int tickets_ctx_setup(void **state)
+{
+    static tickets_ctx c;
+    *state = &c;
+    return tickets_ctx_open(&c);
+}
+
+int tickets_ctx_teardown(void **state)
+{
+    tickets_ctx_close(*state);
+    return 0;
+}
+
 void tickets_ctx_close(tickets_ctx *c)
 {
     if (c->dev)

@@ -21,4 +21,8 @@ typedef struct tickets_ctx {
 int tickets_ctx_open(tickets_ctx *c);
 void tickets_ctx_close(tickets_ctx *c);
 
+/* cmocka group setup and teardown: *state is one static tickets_ctx. */
+int tickets_ctx_setup(void **state);
+int tickets_ctx_teardown(void **state);
+
 #endif

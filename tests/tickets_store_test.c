@@ -22,18 +22,6 @@ static void (*saved_sig)(int);
 
 typedef tickets_ctx ctx;
 
-static int setup(void **state)
-{
-    static ctx c;
-    *state = &c;
-    return tickets_ctx_open(&c);
-}
-
-static int teardown(void **state)
-{
-    tickets_ctx_close(*state);
-    return 0;
-}
 
 /* The history file stops taking writes (true on success). */
 static bool disk_full(void)
@@ -197,12 +185,15 @@ static void test_step_names_its_ticket(void **state)
     devio_step_result_free(&r);
 }
 
+/* A case on a fresh model, store and device. */
+#define WITH_CTX(f) cmocka_unit_test_setup_teardown(f, tickets_ctx_setup, tickets_ctx_teardown)
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_launch_refused_nothing_launched, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_await_keeps_result, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_step_names_its_ticket, setup, teardown),
+        WITH_CTX(test_launch_refused_nothing_launched),
+        WITH_CTX(test_await_keeps_result),
+        WITH_CTX(test_step_names_its_ticket),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,18 +14,6 @@
 
 typedef tickets_ctx ctx;
 
-static int setup(void **state)
-{
-    static ctx c;
-    *state = &c;
-    return tickets_ctx_open(&c);
-}
-
-static int teardown(void **state)
-{
-    tickets_ctx_close(*state);
-    return 0;
-}
 
 /* The newest history row. */
 static devio_ticket_page newest(ctx *c, const char *status)
@@ -137,12 +125,15 @@ static void test_aborted_at_teardown(void **state)
     devio_ticket_page_free(&p);
 }
 
+/* A case on a fresh model, store and device. */
+#define WITH_CTX(f) cmocka_unit_test_setup_teardown(f, tickets_ctx_setup, tickets_ctx_teardown)
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_launch_await_rows_and_metrics, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_refused_launch_writes_nothing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_aborted_at_teardown, setup, teardown),
+        WITH_CTX(test_launch_await_rows_and_metrics),
+        WITH_CTX(test_refused_launch_writes_nothing),
+        WITH_CTX(test_aborted_at_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
