@@ -132,6 +132,23 @@ def test_health_ready_and_openapi(srv, c):
         assert a.raw == f.read(), "the served contract differs from api/openapi.yaml"
 
 
+def test_request_schemas_refuse_what_the_server_refuses(srv, c):
+    """Every request body schema the server checks field by field says
+    additionalProperties: false, and the server does refuse an unknown field there."""
+    schemas = srv.contract.doc["components"]["schemas"]
+    for name in ("Plan", "Row", "SampleParams", "SampleEffect", "ForkEffect", "TruncateEffect",
+                 "SnapshotEffect", "FreeEffect", "ReleaseEffect", "AdapterLoad", "AdapterCommand"):
+        assert schemas[name].get("additionalProperties") is False, name
+    s = c.create()
+    for path, body in (("/v1/launch", {"rows": [{"seq": s, "tokens": [1]}], "x": 1}),
+                       ("/v1/launch", {"rows": [{"seq": s, "tokens": [1], "x": 1}]}),
+                       ("/v1/launch", {"rows": [{"seq": s, "tokens": [1],
+                                                 "sample": {"temperature": 0, "x": 1}}]}),
+                       ("/v1/effects", {"kind": "fork", "seq": s, "x": 1})):
+        a = c.call("POST", path, body, expect=400, code="invalid_input")
+        assert "unknown field 'x'" in a.json["error"]["message"], a
+
+
 def test_unknown_routes_404(c):
     for path in ("/", "/v2/facts", "/v1", "/v1/nothing", "/v1/sequences/1/extra",
                  "/v1/tickets/1/await/more", "/v1/tickets/1",
