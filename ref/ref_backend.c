@@ -318,13 +318,14 @@ static devio_status ref_create(const devio_model *model, const devio_backend_con
     st->scratch = calloc_n(st, st->n_scratch, 1, sizeof *st->scratch);
     if (!st->scratch)
         goto out_nomem;
-    for (uint32_t i = 0; i < st->n_scratch; i++) {
-        if (ref_scratch_init(&st->scratch[i], cfg->max_seq_len, st->hd) != 0)
-            goto out_nomem;
-    }
+    /* The widest input of any projection: packed x and widened panels. */
     uint32_t max_in = st->d > st->q_dim ? st->d : st->q_dim;
     max_in = max_in > st->f ? max_in : st->f;
     max_in = max_in > m->ssm_inner ? max_in : m->ssm_inner;
+    for (uint32_t i = 0; i < st->n_scratch; i++) {
+        if (ref_scratch_init(&st->scratch[i], cfg->max_seq_len, st->hd, max_in) != 0)
+            goto out_nomem;
+    }
     st->work.xpack = calloc_n(st, ref_gemm_xpack_floats(cfg->max_batch_tokens, max_in), 1,
                               sizeof(float));
     if (!st->work.xpack || !pack_weights(st, m->n_layers))

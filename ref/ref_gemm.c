@@ -12,6 +12,7 @@
  * so the numbers are ref_lane_dot's, for every VL and every TN. */
 #include "ref/ref_gemm.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,9 @@ _Static_assert(G <= 12, "REF_GEMM_PART_FLOATS holds tiles of up to 12 tokens");
 #define JOBS_PER_THREAD 8u
 /* How far ahead of a one-token read a 16-bit panel is prefetched. */
 #define PREFETCH_BYTES 2048u
+/* Token groups in a block from which a 16-bit panel is widened once for
+ * the block rather than in the kernel's loop for every group. */
+#define WIDEN_MIN_GROUPS 3u
 /* Token groups from which packing x is itself spread over the pool. */
 #define XPACK_PARALLEL_GROUPS 4u
 
@@ -302,13 +306,26 @@ static void matmul_panels(const ref_matmul *mm, uint32_t p0, uint32_t p1, ref_sc
     uint32_t gb = (uint32_t)(XBLOCK_FLOATS / group_floats);
     if (gb == 0)
         gb = 1;
-    const mk_fn *mk = mk_table[w->dtype];
     float *d1 = s->part, *d2 = s->part + REF_GEMM_PART_FLOATS / 2;
+    size_t panel_elems = (size_t)REF_PANEL_ROWS * k32 * 32u;
     for (uint32_t g0 = 0; g0 < n_groups; g0 += gb) {
         uint32_t g1 = g0 + gb < n_groups ? g0 + gb : n_groups;
+        /* A 16-bit panel that serves several groups is widened once into
+         * scratch and read as f32 from there: widening is exact, so the
+         * numbers are the same, and the kernel's loop loses its conversions. */
+        bool widen = w->dtype != DEVIO_F32 && g1 - g0 >= WIDEN_MIN_GROUPS;
+        const mk_fn *mk = mk_table[widen ? DEVIO_F32 : w->dtype];
         for (uint32_t p = p0; p < p1; p++) {
             const char *wa = (const char *)w->data + (size_t)p * panel_bytes;
             const char *wb = mm->w2 ? (const char *)mm->w2->data + (size_t)p * panel_bytes : NULL;
+            if (widen) {
+                ref_widen(w->dtype, wa, s->wide, panel_elems);
+                wa = (const char *)s->wide;
+                if (wb) {
+                    ref_widen(w->dtype, wb, s->wide + panel_elems, panel_elems);
+                    wb = (const char *)(s->wide + panel_elems);
+                }
+            }
             uint32_t o0 = p * REF_PANEL_ROWS;
             uint32_t rn = w->m - o0 < REF_PANEL_ROWS ? w->m - o0 : REF_PANEL_ROWS;
             for (uint32_t g = g0; g < g1; g++) {

@@ -276,7 +276,7 @@ void ref_attention_run(devio_pool *pool, ref_scratch *scratch, const ref_attenti
 
 /* ---- scratch ----------------------------------------------------------- */
 
-int ref_scratch_init(ref_scratch *s, uint32_t max_seq_len, uint32_t head_dim)
+int ref_scratch_init(ref_scratch *s, uint32_t max_seq_len, uint32_t head_dim, uint32_t max_k)
 {
     memset(s, 0, sizeof *s);
     s->part = malloc((size_t)REF_GEMM_PART_FLOATS * sizeof(float));
@@ -285,7 +285,10 @@ int ref_scratch_init(ref_scratch *s, uint32_t max_seq_len, uint32_t head_dim)
     s->acc = malloc((size_t)32 * head_dim * sizeof(float));
     s->qbuf = calloc(ref_pad32(head_dim) + 32, sizeof(float));
     s->kbuf = calloc(32, sizeof(float));
-    if (!s->part || !s->scores || !s->rows || !s->acc || !s->qbuf || !s->kbuf) {
+    if (posix_memalign((void **)&s->wide, 64, (size_t)2 * 16 * ref_pad32(max_k ? max_k : 1) *
+                                                   sizeof(float)) != 0)
+        s->wide = NULL;
+    if (!s->part || !s->scores || !s->rows || !s->acc || !s->qbuf || !s->kbuf || !s->wide) {
         ref_scratch_fini(s);
         return -1;
     }
@@ -300,5 +303,6 @@ void ref_scratch_fini(ref_scratch *s)
     free(s->acc);
     free(s->qbuf);
     free(s->kbuf);
+    free(s->wide);
     memset(s, 0, sizeof *s);
 }

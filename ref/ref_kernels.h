@@ -31,12 +31,13 @@ typedef struct ref_scratch {
     float *acc;      /* 32 * ref_pad32(head_dim): per-lane attention sums */
     float *qbuf;     /* ref_pad32(head_dim): a query head, zero padded */
     float *kbuf;     /* ref_pad32(head_dim): a key tail, zero padded */
+    float *wide;     /* 2 * 16 * ref_pad32(max_k): 16-bit weight panels widened (ref_gemm.c) */
 } ref_scratch;
 
-/* Allocate scratch for sequences up to max_seq_len and head dimension
- * head_dim. Returns 0 on success, -1 when memory is short (then nothing is
+/* Allocate scratch for sequences up to max_seq_len, head dimension
+ * head_dim and projections whose input width is at most max_k. Returns 0 on success, -1 when memory is short (then nothing is
  * held). Free with ref_scratch_fini. */
-int ref_scratch_init(ref_scratch *s, uint32_t max_seq_len, uint32_t head_dim);
+int ref_scratch_init(ref_scratch *s, uint32_t max_seq_len, uint32_t head_dim, uint32_t max_k);
 void ref_scratch_fini(ref_scratch *s);
 
 /* lane_dot and lane_sum of the definition, for any n (no padding needed). */

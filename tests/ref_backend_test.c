@@ -1021,7 +1021,7 @@ static void test_gemm_shapes(void **unused)
         uint32_t nt = devio_pool_threads(pool);
         ref_scratch scratch[2];
         for (uint32_t i = 0; i < nt; i++)
-            assert_int_equal(ref_scratch_init(&scratch[i], 16, 64), 0);
+            assert_int_equal(ref_scratch_init(&scratch[i], 16, 64, 300), 0);
         uint32_t k = 0;
         for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
             for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)

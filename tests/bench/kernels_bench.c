@@ -237,7 +237,7 @@ int main(int argc, char **argv)
         if (!pool || !scratch)
             return 1;
         for (uint32_t i = 0; i < nt; i++)
-            if (ref_scratch_init(&scratch[i], 1024, 64) != 0)
+            if (ref_scratch_init(&scratch[i], 1024, 64, 2048) != 0)
                 return 1;
         printf("threads %u\n", nt);
         printf("  read bandwidth (vector sum of 256 MiB): %.2f GB/s\n", bench_bandwidth(pool));
@@ -254,6 +254,8 @@ int main(int argc, char **argv)
         bench_matvec(pool, scratch, 2048, 768, DEVIO_BF16, 512);
         bench_matvec(pool, scratch, 2048, 768, DEVIO_F16, 512);
         bench_matvec(pool, scratch, 768, 2048, DEVIO_BF16, 512);
+        bench_matvec(pool, scratch, 2048, 768, DEVIO_F16, 32);
+        bench_matvec(pool, scratch, 768, 2048, DEVIO_F16, 512);
         for (uint32_t i = 0; i < nt; i++)
             ref_scratch_fini(&scratch[i]);
         free(scratch);
