@@ -10,9 +10,11 @@
  * step k / 32. The lane rule adds the terms of lane l in increasing k, which
  * is the order the kernel reads a lane in; the 32 lane sums are then folded
  * as the rule folds them. Four lanes side by side let a decode step (one
- * token, four lanes at a time) read each panel as one stream. Rows past m and columns past n are zeros. The dtype is kept
- * (bf16 and f16 are widened in registers), so a packed weight takes as many
- * bytes as the file's.
+ * token, four lanes at a time) read each panel as one stream. Rows past m
+ * and columns past n are zeros. The dtype is kept (bf16 and f16 are widened
+ * in registers, or once per block of tokens into the thread's scratch when
+ * a panel serves several groups), so a packed weight takes as many bytes as
+ * the file's.
  *
  * Ownership: a ref_panels owns its data (ref_panels_pack allocates,
  * ref_panels_free releases); a ref_matmul borrows everything it points to. */

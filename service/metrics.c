@@ -310,6 +310,9 @@ static void put_store(FILE *o, const devio_metrics_store *st)
     family(o, "devio_store_writable", "gauge",
            "1 while the ticket store commits writes, 0 while they fail.");
     fprintf(o, "devio_store_writable %d\n", st->writable ? 1 : 0);
+    family(o, "devio_store_commit_seconds", "histogram",
+           "Ticket store transactions that committed (one per group commit), BEGIN to COMMIT.");
+    put_hist(o, "devio_store_commit_seconds", "", &st->commit_seconds);
 }
 
 char *devio_metrics_render(devio_metrics *m, const devio_facts *f,

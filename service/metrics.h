@@ -94,6 +94,7 @@ typedef struct devio_metrics_store {
     bool writable;
     uint64_t errors;         /* writes and heartbeats that failed */
     int64_t last_success_ms; /* unix ms of the last commit */
+    devio_hist commit_seconds; /* the store's transactions by duration */
 } devio_metrics_store;
 
 /* Render everything plus the device gauges, the adapter families, the store's

@@ -8,6 +8,10 @@
 #include "common/clock.h"
 #include "service/store_internal.h"
 
+const double devio_store_commit_le[DEVIO_STORE_COMMIT_BUCKETS] = {
+    0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+    0.005,    0.01,    0.025,  0.05,    0.1,    1.0};
+
 void devio_store_health_get(devio_store *s, devio_store_health *out)
 {
     memset(out, 0, sizeof *out);
@@ -17,6 +21,9 @@ void devio_store_health_get(devio_store *s, devio_store_health *out)
     out->writable = !s->unwritable;
     out->errors = s->errors;
     out->last_success_ms = s->last_success_ms;
+    memcpy(out->commit_bucket, s->commit_bucket, sizeof out->commit_bucket);
+    out->commit_sum_s = s->commit_sum_s;
+    out->commits = s->commits;
     if (s->unwritable)
         snprintf(out->reason, sizeof out->reason, "%s", s->why);
     pthread_mutex_unlock(&s->mu);
@@ -75,6 +82,16 @@ void store_health_note(devio_store *s, bool committed, uint64_t failed, const ch
     s->failed_run += failed;
     snprintf(s->why, sizeof s->why, "%s", msg ? msg : "unknown SQLite error");
     log_failure(s, failed, s->why, first);
+}
+
+void store_health_timed(devio_store *s, double seconds)
+{
+    uint32_t b = 0;
+    while (b < DEVIO_STORE_COMMIT_BUCKETS && seconds > devio_store_commit_le[b])
+        b++;
+    s->commit_bucket[b]++;
+    s->commit_sum_s += seconds;
+    s->commits++;
 }
 
 bool store_health_beat_due(devio_store *s, struct timespec *at)

@@ -453,8 +453,10 @@ void *store_writer_main(void *arg)
         pthread_mutex_unlock(&s->mu);
 
         bool committed = false;
+        uint64_t t0 = devio_clock_us();
         for (store_wrec *from = batch; from;)
             from = run_txn(s, from, &committed);
+        double took_s = (double)(devio_clock_us() - t0) / 1e6;
         const char *msg;
         uint64_t failed = count_failed(batch, &msg);
         uint64_t last = batch->n;
@@ -463,6 +465,8 @@ void *store_writer_main(void *arg)
 
         pthread_mutex_lock(&s->mu);
         store_health_note(s, committed, failed, msg);
+        if (committed)
+            store_health_timed(s, took_s);
         note_failures(s, batch);
         s->committed = last;
         pthread_cond_broadcast(&s->done);

@@ -198,6 +198,39 @@ def client_run(port, n, warmup, salt, barrier, out, floor=False):
         out.put(([], [], 0, None, repr(e)))
 
 
+def store_commits(port):
+    """The server's devio_store_commit_seconds histogram: (count, sum_s, [(le, cumulative)])."""
+    h = Raw(port)
+    h.send(b"GET /metrics HTTP/1.1\r\nHost: b\r\n")
+    st, body = h.receive()
+    h.sock.close()
+    assert st == 200, st
+    count, total, buckets = 0, 0.0, []
+    for line in body.decode().splitlines():
+        if line.startswith("devio_store_commit_seconds_bucket"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), int(line.rsplit(" ", 1)[1])))
+        elif line.startswith("devio_store_commit_seconds_count"):
+            count = int(line.rsplit(" ", 1)[1])
+        elif line.startswith("devio_store_commit_seconds_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+    return count, total, buckets
+
+
+def commit_summary(before, after):
+    """Transactions, mean us and the bucket (lo, hi] us holding the median between two scrapes."""
+    n = after[0] - before[0]
+    if n <= 0:
+        return None
+    mean = (after[1] - before[1]) / n * 1e6
+    lo = 0.0
+    for (le, cum), (_, cum0) in zip(after[2], before[2]):
+        if cum - cum0 >= (n + 1) // 2:
+            return n, mean, lo * 1e6, le * 1e6
+        lo = le
+    return n, mean, lo * 1e6, float("inf")
+
+
 def run_http(port, n, warmup, clients, floor=False):
     ctx = mp.get_context("fork")
     out = ctx.Queue()
@@ -294,7 +327,9 @@ def main(argv):
         proc, port = start_server(server_bin, model, tmp, a.threads, max(2, a.clients + 1),
                                   a.server_args.split())
         floor = run_http(port, a.n, a.warmup, 1, floor=True)
+        c0 = store_commits(port)
         one = run_http(port, a.n, a.warmup, 1)
+        commits = commit_summary(c0, store_commits(port))
         many = run_http(port, a.n, a.warmup, a.clients)
         rc = stop_server(proc)
         proc = None
@@ -318,6 +353,10 @@ def main(argv):
                                                         dev, ratio))
     print("HTTP floor: the same client loop with both round trips GET /healthz (no device, no SQLite):\n"
           "what the client and HTTP cost a step by themselves.")
+    if commits:
+        print("ticket store in the 1-client run: %d transactions (a launch row and a settle row per step, "
+              "group-committed), mean %.0f us, median in (%.0f, %.0f] us: devio_store_commit_seconds"
+              % commits)
     if many["retries"]:
         print("(%d launches answered depth_exceeded and were retried)" % many["retries"])
     print("server exit status on SIGTERM: %s" % rc)

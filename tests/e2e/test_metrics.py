@@ -23,7 +23,8 @@ PROMTOOL_TIMEOUT_S = 60
 # Series Prometheus makes itself at each scrape, not exported by devio-server.
 SCRAPE_SERIES = {"up"}
 # The store's families: exported by the store's code (service/store*.c).
-STORE_FAMILIES = {"devio_store_errors_total", "devio_store_last_success_timestamp_seconds"}
+STORE_FAMILIES = {"devio_store_errors_total", "devio_store_last_success_timestamp_seconds",
+                  "devio_store_commit_seconds"}
 
 
 def promtool(*args, stdin=None):
@@ -156,6 +157,16 @@ def test_counters_and_histograms_move(driven):
     assert max(float(dict(k[1])["le"]) for k in m1 if k[0] == "devio_step_seconds_bucket"
                and dict(k[1])["le"] != "+Inf") == 60
     assert delta("devio_step_batch_rows_sum") == 5
+    # The ticket store: three launch rows and three settle rows, in one to six group commits,
+    # each timed from BEGIN to COMMIT (buckets from 25 us to 1 s).
+    fam = "devio_store_commit_seconds"
+    assert types[fam] == "histogram"
+    assert 1 <= delta(fam + "_count") <= 6
+    assert delta(fam + "_sum") > 0
+    buckets = sorted((float(dict(k[1])["le"]), v) for k, v in m1.items() if k[0] == fam + "_bucket")
+    assert [b[0] for b in buckets][:2] == [0.000025, 0.00005] and buckets[-2][0] == 1.0
+    assert buckets[-1] == (math.inf, metric(m1, fam + "_count"))
+    assert all(x[1] <= y[1] for x, y in zip(buckets, buckets[1:]))
     assert delta("devio_step_batch_tokens_sum") == 13
     # HTTP: counted by route and code, timed by route.
     assert delta("devio_http_requests_total", route="/v1/sequences/{id}", code="404") == 1
