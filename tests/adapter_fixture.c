@@ -124,18 +124,6 @@ void assert_msg_has(const devio_error *err, const char *needle)
 
 /* ---- file helpers ---- */
 
-uint8_t *read_all(const char *path, size_t *size)
-{
-    uint8_t *b = devio_read_file(path, size);
-    assert_non_null(b);
-    return b;
-}
-
-void write_all(const char *path, const void *data, size_t size)
-{
-    assert_int_equal(devio_write_file(path, data, size), 0);
-}
-
 /* Loads DIR/adapter_config.json, lets `edit` change it, writes it back. */
 static void edit_config(const char *dir, void (*edit)(json_t *root, const void *arg),
                         const void *arg)

@@ -13,6 +13,7 @@
 #include "device/model.h"
 #include "device/safetensors.h"
 #include "tools/mkmodel/mkmodel.h"
+#include "tests/testutil.h" /* read_all, write_all */
 
 #define QV ((1u << DEVIO_LORA_Q) | (1u << DEVIO_LORA_V))
 
@@ -50,9 +51,6 @@ devio_adapter *load_expect(const fixture *fx, const char *rel, uint32_t max_rank
                            devio_status want, devio_error *err);
 void assert_msg_has(const devio_error *err, const char *needle);
 
-/* The whole file (caller frees) / a whole new file; both asserted. */
-uint8_t *read_all(const char *path, size_t *size);
-void write_all(const char *path, const void *data, size_t size);
 
 /* Sets `key` of DIR/adapter_config.json to `val` (stolen; NULL deletes it). */
 void config_set(const char *dir, const char *key, json_t *val);

@@ -200,13 +200,7 @@ static void test_bad_offsets_gap(void **state)
     expect_fail(fx->dir, DEVIO_E_MODEL, "model.safetensors: data bytes [", "no holes");
     /* Bytes after the last tensor. */
     write_model(&o);
-    size_t n;
-    uint8_t *b = read_all(p, &n);
-    uint8_t *c = calloc(1, n + 4);
-    memcpy(c, b, n);
-    write_all(p, c, n + 4);
-    free(c);
-    free(b);
+    assert_int_equal(devio_append_zeros(p, 4), 0);
     expect_fail(fx->dir, DEVIO_E_MODEL, "after the last tensor 'model.norm.weight'", "no holes");
     /* A hole before the first tensor: every range moved up by 4 (the file
      * keeps its size, so the last one runs past the end or overlaps). */

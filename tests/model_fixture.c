@@ -87,18 +87,6 @@ void write_model(const devio_mkmodel_opts *o)
         print_error("mkmodel: %s\n", err.message);
     assert_int_equal(st, DEVIO_OK);
 }
-uint8_t *read_all(const char *path, size_t *size)
-{
-    uint8_t *b = devio_read_file(path, size);
-    assert_non_null(b);
-    return b;
-}
-
-void write_all(const char *path, const void *data, size_t size)
-{
-    assert_int_equal(devio_write_file(path, data, size), 0);
-}
-
 /* Replaces the first `old` in a text file with `new`; the text must be there. */
 void file_sub(const char *path, const char *old, const char *new)
 {

@@ -12,6 +12,7 @@
 #include "device/devio.h"
 #include "device/model.h"
 #include "tools/mkmodel/mkmodel.h"
+#include "tests/testutil.h" /* read_all, write_all */
 
 typedef struct fixture {
     char dir[64];
@@ -46,9 +47,6 @@ const char *write_arch(const fixture *fx, uint64_t seed, const char *arch);
 /* devio_mkmodel_write, asserted to succeed. */
 void write_model(const devio_mkmodel_opts *o);
 
-/* The whole file (caller frees) / a whole new file; both asserted. */
-uint8_t *read_all(const char *path, size_t *size);
-void write_all(const char *path, const void *data, size_t size);
 /* Replaces the first `old` in a text file with `new`; the text must be there. */
 void file_sub(const char *path, const char *old, const char *new);
 

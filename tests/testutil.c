@@ -51,6 +51,29 @@ int devio_write_file(const char *path, const void *data, size_t size)
     return fclose(fp) == 0 && ok ? 0 : -1;
 }
 
+uint8_t *read_all(const char *path, size_t *size)
+{
+    uint8_t *b = devio_read_file(path, size);
+    assert_non_null(b);
+    return b;
+}
+
+void write_all(const char *path, const void *data, size_t size)
+{
+    assert_int_equal(devio_write_file(path, data, size), 0);
+}
+
+int devio_append_zeros(const char *path, size_t n)
+{
+    FILE *fp = fopen(path, "ab");
+    if (!fp)
+        return -1;
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++)
+        ok = fputc(0, fp) != EOF;
+    return fclose(fp) == 0 && ok ? 0 : -1;
+}
+
 void devio_rmtree(const char *dir)
 {
     nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);

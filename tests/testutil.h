@@ -42,6 +42,11 @@ float *devio_test_step(devio_device *d, uint64_t seq, const int32_t *tok, uint32
 uint8_t *devio_read_file(const char *path, size_t *size);
 /* Write (replace) a file; 0 on success, -1 on failure. */
 int devio_write_file(const char *path, const void *data, size_t size);
+/* devio_read_file and devio_write_file that must succeed (cmocka asserts). */
+uint8_t *read_all(const char *path, size_t *size);
+void write_all(const char *path, const void *data, size_t size);
+/* Append n zero bytes to a file; 0 on success, -1 on failure. */
+int devio_append_zeros(const char *path, size_t n);
 
 /* Remove a directory tree (test temp dirs only). */
 void devio_rmtree(const char *dir);
