@@ -76,7 +76,7 @@ int main(int argc, char **argv)
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         printf("usage: devio-bench-fp [ROUNDS]\n"
                "8-float multiply-adds per second, multiply then add vs fused, 1 and 2\n"
-               "threads, best of ROUNDS [3] runs of %ld iterations x 12 accumulators.\n"
+               "threads, best of ROUNDS (1..100) [3] runs of %ld iterations x 12 accumulators.\n"
                "  --help     this text\n"
                "  --version  print the version and exit\n",
                iters);
@@ -86,8 +86,20 @@ int main(int argc, char **argv)
         printf("devio-bench-fp %s\n", DEVIO_VERSION);
         return 0;
     }
-    if (argc > 1)
-        rounds = atoi(argv[1]) > 0 ? atoi(argv[1]) : 1;
+    if (argc > 2) {
+        fprintf(stderr, "devio-bench-fp: one argument at most (ROUNDS); see --help\n");
+        return 2;
+    }
+    if (argc > 1) {
+        char *end;
+        long r = strtol(argv[1], &end, 10);
+        if (end == argv[1] || *end || r < 1 || r > 100) {
+            fprintf(stderr, "devio-bench-fp: ROUNDS must be a whole number in 1..100, not '%s'\n",
+                    argv[1]);
+            return 2;
+        }
+        rounds = (int)r;
+    }
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
         printf("devio-bench-fp: this CPU lacks AVX2 or FMA; nothing to compare\n");
         return 0;
