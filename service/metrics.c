@@ -25,21 +25,6 @@ _Static_assert(N_OF(seconds_le) <= DEVIO_HIST_MAX, "seconds_le fits a devio_hist
 _Static_assert(N_OF(rows_le) <= DEVIO_HIST_MAX, "rows_le fits a devio_hist");
 _Static_assert(N_OF(tokens_le) <= DEVIO_HIST_MAX, "tokens_le fits a devio_hist");
 
-devio_hist devio_hist_make(const double *le, uint32_t n_le)
-{
-    return (devio_hist){.le = le, .n_le = n_le < DEVIO_HIST_MAX ? n_le : DEVIO_HIST_MAX};
-}
-
-void devio_hist_observe(devio_hist *h, double v)
-{
-    uint32_t b = 0;
-    while (b < h->n_le && v > h->le[b])
-        b++;
-    h->bucket[b]++;
-    h->sum += v;
-    h->count++;
-}
-
 void devio_metrics_init(devio_metrics *m)
 {
     memset(m, 0, sizeof *m);

@@ -7,27 +7,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/hist.h" /* every histogram of the server is a devio_hist */
 #include "device/devio.h"
 
 #define DEVIO_METRICS_ROUTES 32
-#define DEVIO_HIST_MAX 16     /* upper bounds a histogram may have (+Inf not counted) */
 #define DEVIO_METRICS_PENDING 64 /* the core's largest max_depth: tickets launched, not awaited */
-
-/* One Prometheus histogram over fixed upper bounds; every histogram of the
- * server is one of these. Counts are per bucket (made cumulative when
- * rendered); bucket[n_le] counts values above every bound. */
-typedef struct devio_hist {
-    const double *le; /* static, ascending */
-    uint32_t n_le;    /* <= DEVIO_HIST_MAX */
-    uint64_t bucket[DEVIO_HIST_MAX + 1];
-    double sum;
-    uint64_t count;
-} devio_hist;
-
-/* A histogram over the static bounds le[0..n_le-1], all counts 0. */
-devio_hist devio_hist_make(const double *le, uint32_t n_le);
-/* Count v in the first bucket whose bound is >= v (Prometheus's le). */
-void devio_hist_observe(devio_hist *h, double v);
 
 typedef struct devio_metrics_http_count {
     const char *route; /* static string, a route template */

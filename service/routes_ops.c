@@ -9,9 +9,6 @@
 #include "service/routes.h"
 #include "service/server.h"
 
-_Static_assert(DEVIO_STORE_COMMIT_BUCKETS <= DEVIO_HIST_MAX,
-               "the store's commit buckets fit a devio_hist");
-
 extern const char devio_openapi_yaml[];
 extern const unsigned long devio_openapi_yaml_len;
 
@@ -77,10 +74,7 @@ devio_status devio_route_metrics(devio_server *s, const devio_request *rq, devio
     bool ready = ready_now(s, &h, why, sizeof why);
     devio_metrics_store ms = {.writable = h.writable, .errors = h.errors,
                               .last_success_ms = h.last_success_ms};
-    ms.commit_seconds = devio_hist_make(devio_store_commit_le, DEVIO_STORE_COMMIT_BUCKETS);
-    memcpy(ms.commit_seconds.bucket, h.commit_bucket, sizeof h.commit_bucket);
-    ms.commit_seconds.sum = h.commit_sum_s;
-    ms.commit_seconds.count = h.commits;
+    ms.commit_seconds = h.commit_seconds;
     bool up = devio_server_hold(s, &dev, &down) == DEVIO_OK;
     if (up) {
         f = devio_facts_get(dev);

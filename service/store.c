@@ -98,6 +98,7 @@ devio_status devio_store_open(const char *path, const devio_store_options *o,
         return devio_fail(err, DEVIO_E_NOMEM, "ticket store %s: out of memory", path);
     }
     s->path = copy;
+    store_health_init(s);
     s->opt = o ? *o : devio_store_options_default();
     if (s->opt.busy_timeout_ms == 0) /* a zeroed options struct means the default */
         s->opt.busy_timeout_ms = 5000;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "api/adapter_record.h"
+#include "common/hist.h"
 #include "device/devio.h"
 
 typedef struct devio_store devio_store;
@@ -77,10 +78,6 @@ devio_status devio_store_wait(devio_store *s, uint64_t n, devio_error *err);
 
 /* ---- health (store_health.c) ---------------------------------------------- */
 
-/* Upper bounds (seconds) of the commit-time buckets: 25 us to 1 s. */
-#define DEVIO_STORE_COMMIT_BUCKETS 13
-extern const double devio_store_commit_le[DEVIO_STORE_COMMIT_BUCKETS];
-
 /* Whether the store can write, as the writer last found it, and how long its
  * transactions took. */
 typedef struct devio_store_health {
@@ -88,12 +85,9 @@ typedef struct devio_store_health {
     uint64_t errors;         /* writes and heartbeats that failed since open */
     int64_t last_success_ms; /* unix ms of the last commit, open's included */
     char reason[160];        /* SQLite's message of the last failure; "" when writable */
-    /* Group-commit transactions that committed, by duration (BEGIN to COMMIT
-     * returned): commit_bucket[b] counts those within devio_store_commit_le[b]
-     * and not an earlier bound, the last one those above every bound. */
-    uint64_t commit_bucket[DEVIO_STORE_COMMIT_BUCKETS + 1];
-    double commit_sum_s;
-    uint64_t commits;
+    /* Group-commit transactions that committed, by duration in seconds
+     * (BEGIN to COMMIT returned), in buckets from 25 us to 1 s. */
+    devio_hist commit_seconds;
 } devio_store_health;
 
 /* Fill *out; never blocks on SQLite. While unwritable the writer retries a

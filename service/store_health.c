@@ -8,9 +8,15 @@
 #include "common/clock.h"
 #include "service/store_internal.h"
 
-const double devio_store_commit_le[DEVIO_STORE_COMMIT_BUCKETS] = {
-    0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
-    0.005,    0.01,    0.025,  0.05,    0.1,    1.0};
+/* Upper bounds (seconds) of the commit-time buckets: 25 us to 1 s. */
+static const double commit_le[] = {0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                   0.005,    0.01,    0.025,  0.05,    0.1,    1.0};
+_Static_assert(sizeof commit_le / sizeof *commit_le <= DEVIO_HIST_MAX, "commit_le fits a devio_hist");
+
+void store_health_init(devio_store *s)
+{
+    s->commit_seconds = devio_hist_make(commit_le, sizeof commit_le / sizeof *commit_le);
+}
 
 void devio_store_health_get(devio_store *s, devio_store_health *out)
 {
@@ -21,9 +27,7 @@ void devio_store_health_get(devio_store *s, devio_store_health *out)
     out->writable = !s->unwritable;
     out->errors = s->errors;
     out->last_success_ms = s->last_success_ms;
-    memcpy(out->commit_bucket, s->commit_bucket, sizeof out->commit_bucket);
-    out->commit_sum_s = s->commit_sum_s;
-    out->commits = s->commits;
+    out->commit_seconds = s->commit_seconds;
     if (s->unwritable)
         snprintf(out->reason, sizeof out->reason, "%s", s->why);
     pthread_mutex_unlock(&s->mu);
@@ -82,16 +86,6 @@ void store_health_note(devio_store *s, bool committed, uint64_t failed, const ch
     s->failed_run += failed;
     snprintf(s->why, sizeof s->why, "%s", msg ? msg : "unknown SQLite error");
     log_failure(s, failed, s->why, first);
-}
-
-void store_health_timed(devio_store *s, double seconds)
-{
-    uint32_t b = 0;
-    while (b < DEVIO_STORE_COMMIT_BUCKETS && seconds > devio_store_commit_le[b])
-        b++;
-    s->commit_bucket[b]++;
-    s->commit_sum_s += seconds;
-    s->commits++;
 }
 
 bool store_health_beat_due(devio_store *s, struct timespec *at)

@@ -72,9 +72,7 @@ struct devio_store {
     uint64_t errors;       /* writes and heartbeats that failed since open */
     int64_t last_success_ms; /* unix ms of the last commit (open's included) */
     char why[STORE_FAIL_MSG_LEN]; /* SQLite's message of the last failure */
-    uint64_t commit_bucket[DEVIO_STORE_COMMIT_BUCKETS + 1]; /* see devio_store_health */
-    double commit_sum_s;
-    uint64_t commits;
+    devio_hist commit_seconds; /* see devio_store_health */
     /* Ring of failed runs, oldest overwritten: a waiter must ask within 64
      * failure runs of its write, which holds since callers wait at once. */
     store_fail_range fails[STORE_FAIL_RANGES];
@@ -139,12 +137,12 @@ void store_writer_finalize(devio_store *s);
 
 /* ---- health (store_health.c), writer thread only ----------------------------- */
 
+/* Empty health and commit-time histogram, at open (before the writer runs). */
+void store_health_init(devio_store *s);
 /* A batch ended: `committed` whether a transaction of it committed, `failed`
  * writes of it failed (msg: the first failure's message). Updates the
  * health under mu (the caller holds it) and writes the rate-limited log line. */
 void store_health_note(devio_store *s, bool committed, uint64_t failed, const char *msg);
-/* Count one committed transaction of `seconds` (under mu). */
-void store_health_timed(devio_store *s, double seconds);
 /* While unwritable, with nothing queued: whether a heartbeat is due now, else
  * the absolute CLOCK_REALTIME time to wake for it in *at. Caller holds mu. */
 bool store_health_beat_due(devio_store *s, struct timespec *at);

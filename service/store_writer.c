@@ -466,7 +466,7 @@ void *store_writer_main(void *arg)
         pthread_mutex_lock(&s->mu);
         store_health_note(s, committed, failed, msg);
         if (committed)
-            store_health_timed(s, took_s);
+            devio_hist_observe(&s->commit_seconds, took_s);
         note_failures(s, batch);
         s->committed = last;
         pthread_cond_broadcast(&s->done);
