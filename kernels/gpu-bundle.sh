@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kernels/gpu-bundle.sh [DIR]: build what the GPU check runs and lay it out in
-# DIR (default .gpu/, ignored by git) the way bazel-bin is laid out, with the
-# shared libraries a bare GPU machine may lack in DIR/lib. The GPU check then
-# runs there as `bash kernels/gpu-check.sh OUT_DIR .gpu` with nothing to build.
+# DIR/bin (DIR default .gpu/, ignored by git) the way bazel-bin is laid out,
+# with the shared libraries a bare GPU machine may lack in DIR/lib. The GPU
+# check then runs there as `bash kernels/gpu-check.sh OUT_DIR .gpu/bin` with
+# nothing to build (carry .gpu).
 # Must never copy a library the GPU machine's driver provides (libcuda).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # kernels/gpu-check.sh OUT_DIR [BIN_DIR]: everything devio checks and measures
 # on a machine with an NVIDIA GPU, in one command, in under 8 minutes.
-#   BIN_DIR  binaries laid out as bazel-bin (default bazel-bin; a bundle made
-#            here by kernels/gpu-bundle.sh when the GPU machine cannot build)
+#   BIN_DIR  binaries laid out as bazel-bin (default bazel-bin; or DIR/bin of a
+#            bundle made by kernels/gpu-bundle.sh DIR when the GPU machine cannot build)
 # It runs the CUDA unit tests, every conformance suite on --backend cuda
 # (strict numerics, depth 2 and depth 1) against the reference's expected
 # outputs (the hybrid ssm_* suites on Bamba and Mamba2 included, none may be
@@ -16,10 +16,12 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${1:?usage: kernels/gpu-check.sh OUT_DIR [BIN_DIR]}
+case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac
 BIN=${2:-$ROOT/bazel-bin}
 case "$BIN" in /*) ;; *) BIN="$PWD/$BIN" ;; esac
 mkdir -p "$OUT"
 [ -d "$BIN/../lib" ] && export LD_LIBRARY_PATH="$(cd "$BIN/../lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
 cd "$ROOT"
-exec timeout 470 python3 kernels/gpu_check.py --bin "$BIN" --out "$OUT"
+# The check shares out 450 s itself; the TERM at 470 s makes it write what it has.
+exec timeout -k 10 470 python3 kernels/gpu_check.py --bin "$BIN" --out "$OUT" --deadline 450

@@ -2,23 +2,28 @@
 """gpu_check.py - the body of kernels/gpu-check.sh (see there): checks and
 figures of the CUDA backend on a machine with an NVIDIA GPU.
 
-Each step is bounded in time and recorded as ok, FAIL or skipped with its
-figures; the report goes to OUT/gpu-check.json and OUT/gpu-check.md. Exit
-status 0 only when no step failed. It asserts what the GPU check promises:
-the CUDA unit tests pass with none skipped, every conformance suite is
-byte-identical on --backend cuda (the hybrid ssm_* suites on the Bamba and
-Mamba2 models of tests/conformance/models.txt included: each must run on
-both cuda targets, none skipped), logits agree with Hugging Face
-transformers + PyTorch within 1e-4 relative, the 1b model's, the hybrid
-models' and the model features' (Mistral's sliding window, Granite's
-multipliers, Qwen3's q_norm and k_norm, yarn and llama3 RoPE scaling: numspec
-rules 1, 4, 4a, 6, 7, 8) logits are the reference's bit for bit; decode speed
-is measured and compared with the GPU's read bandwidth.
+Steps run in the order of what they tell per second: a tiny Llama and a tiny
+Bamba bit for bit against the reference first, then the CUDA unit tests,
+compute-sanitizer, the read bandwidth and the 1b bench, Hugging Face
+agreement, every model feature and hybrid model bit for bit, and the
+conformance suites last. One overall deadline (--deadline) is shared out: a
+step gets at most its own limit and never more than what is left. Each step
+is recorded as ok, FAIL or skipped with its figures, and the report
+(OUT/gpu-check.json, OUT/gpu-check.md) is rewritten after every step and on
+SIGTERM, so a run cut short keeps the steps it finished. Every command's full
+output is appended to OUT/gpu-check.log; a step that runs out of time keeps
+the output it had. Exit status 0 only when no step failed.
+
+Every comparison of logits against the reference locates a mismatch: the
+first differing (position, logit), the largest distance in ulps, and the
+positions that differ (e.g. only positions >= 32 points at attention's lane
+sums).
 """
 import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,161 +33,199 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF_LIMIT = 1e-4
 
 
-class Report:
-    def __init__(self):
+class Deadline(Exception):
+    pass
+
+
+class Check:
+    """The run's state: where binaries and outputs are, the deadline, the
+    report (rewritten after every step) and the log every command appends to."""
+
+    def __init__(self, bin_dir, out, deadline_s, backend):
+        self.bin = bin_dir
+        self.out = out
+        self.backend = backend
+        self.end = time.time() + deadline_s
         self.steps = []
+        self.env = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "backend": backend}
+        self.log = open(os.path.join(out, "gpu-check.log"), "a", buffering=1)
+        self.current = None
 
-    def add(self, name, status, seconds, **figures):
+    def left(self):
+        return self.end - time.time()
+
+    def path(self, *p):
+        return os.path.join(self.bin, *p)
+
+    def logged(self, text):
+        """What of a command's output goes to the log: all of it up to 16 KB
+        (logits dumps are megabytes), else its head and tail."""
+        return text if len(text) <= 16384 else text[:4096] + "\n[... %d characters ...]\n" % (
+            len(text) - 12288) + text[-8192:]
+
+    def sh(self, cmd, limit, check=False, env=None, input=None, cwd=None):
+        """Runs cmd for at most min(limit, time left); its output goes to the
+        log whole. A timeout raises with the output so far kept."""
+        budget = min(limit, self.left() - 2)
+        if budget <= 1:
+            raise Deadline("no time left for %s" % os.path.basename(cmd[0]))
+        self.log.write("\n$ %s   (limit %.0fs)\n" % (" ".join(cmd), budget))
+        t0 = time.time()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env, cwd=cwd,
+                             stdin=subprocess.PIPE if input is not None else None,
+                             start_new_session=True)
+        try:
+            out, err = p.communicate(input=input, timeout=budget)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            self.log.write(self.logged(out + err) + "\n[killed after %.0fs]\n" % (time.time() - t0))
+            raise Deadline("%s ran out of time after %.0fs; its output so far: %s"
+                           % (os.path.basename(cmd[0]), time.time() - t0, (out + err)[-800:]))
+        self.log.write(self.logged(out + err) + "[exit %d, %.1fs]\n" % (p.returncode, time.time() - t0))
+        if check and p.returncode != 0:
+            raise RuntimeError("%s exited %d: %s" % (os.path.basename(cmd[0]), p.returncode,
+                                                     (err or out)[-800:]))
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+    def step(self, name, fn):
+        t0 = time.time()
+        self.current = (name, t0)
+        if self.left() < 5:
+            status, figures = "skipped", {"why": "the deadline was reached"}
+        else:
+            try:
+                status, figures = fn()
+            except Exception as e:  # a crash, a timeout or a missing tool fails the step, not the run
+                status, figures = "FAIL", {"error": str(e)[-1200:]}
+        self.current = None
+        self.add(name, status, time.time() - t0, figures)
+        return figures
+
+    def add(self, name, status, seconds, figures):
         self.steps.append(dict(name=name, status=status, seconds=round(seconds, 1), **figures))
-        detail = ", ".join("%s %s" % (k, v) for k, v in figures.items())
-        print("%-5s %s (%.1fs) %s" % (status, name, seconds, detail), flush=True)
+        detail = ", ".join("%s %s" % (k, v) for k, v in figures.items() if k != "output")
+        print("%-7s %s (%.1fs) %s" % (status, name, seconds, detail), flush=True)
+        self.write()
 
-    @property
     def failed(self):
         return sum(s["status"] == "FAIL" for s in self.steps)
 
+    def write(self):
+        for name, text in (("gpu-check.json", json.dumps({"env": self.env, "steps": self.steps},
+                                                         indent=1)),
+                           ("gpu-check.md", markdown(self))):
+            tmp = os.path.join(self.out, name + ".tmp")
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, os.path.join(self.out, name))
 
-def sh(cmd, timeout, cwd=None, check=False):
-    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    if check and p.returncode != 0:
-        raise RuntimeError("%s exited %d: %s" % (cmd[0], p.returncode, p.stderr[-800:]))
-    return p
-
-
-def step(report, name, fn):
-    t0 = time.time()
-    try:
-        status, figures = fn()
-    except Exception as e:  # a crash, a timeout or a missing tool fails the step, not the run
-        status, figures = "FAIL", {"error": str(e)[-600:]}
-    report.add(name, status, time.time() - t0, **figures)
-    return figures
-
-
-def unit_tests(bin_dir):
-    p = sh([os.path.join(bin_dir, "tests", "cuda_test")], 240, cwd=bin_dir)
-    out = p.stdout + p.stderr
-    count = lambda what: int((re.findall(r"\[  %s  ?\] (\d+) test" % what, out) or ["0"])[-1])
-    passed, failed, skipped = count("PASSED"), count("FAILED"), count("SKIPPED")
-    ok = p.returncode == 0 and failed == 0 and skipped == 0 and passed > 0
-    fig = {"passed": passed, "failed": failed, "skipped": skipped}
-    if not ok:
-        fig["log"] = out[-1500:]
-    return ("ok" if ok else "FAIL"), fig
+    def interrupted(self, signum, frame):
+        if self.current:
+            self.add(self.current[0], "FAIL", time.time() - self.current[1],
+                     {"error": "interrupted by signal %d" % signum})
+        self.env["interrupted"] = "signal %d after %d steps" % (signum, len(self.steps))
+        self.write()
+        print("gpu-check: interrupted; %d steps written" % len(self.steps), flush=True)
+        os._exit(2)
 
 
-def hybrid_suites():
-    """The hybrid (ssm_*) suites tests/conformance/suites.txt lists; run.py --gpu
-    runs every listed suite, on the models models.txt names, on both cuda targets."""
-    names = []
-    for line in open(os.path.join(ROOT, "tests", "conformance", "suites.txt")):
-        line = line.strip()
-        if line and not line.startswith("#") and line.split("|")[0].strip().startswith("ssm_"):
-            names.append(line.split("|")[0].strip())
-    return names
+def markdown(c):
+    lines = ["# devio GPU check", "",
+             "%s; backend %s; %s" % (c.env.get("gpu", "?"), c.backend, c.env.get("when", "")), "",
+             "| step | result | seconds | figures |", "|---|---|---|---|"]
+    for s in c.steps:
+        figs = ", ".join("%s %s" % (k, v) for k, v in s.items()
+                         if k not in ("name", "status", "seconds", "output", "log"))
+        lines.append("| %s | %s | %s | %s |" % (s["name"], s["status"], s["seconds"],
+                                                 figs.replace("|", "/").replace("\n", " ")))
+    for s in c.steps:
+        for key in ("output", "log"):
+            if s.get(key):
+                lines += ["", "%s, %s:" % (s["name"], key), "```", s[key], "```"]
+    if c.env.get("interrupted"):
+        lines += ["", "Interrupted: %s." % c.env["interrupted"]]
+    return "\n".join(lines) + "\n"
 
 
-def conformance(bin_dir):
-    p = sh([sys.executable, os.path.join(ROOT, "tests", "conformance", "run.py"), "--bin",
-            bin_dir, "--gpu"], 360)
-    m = re.search(r"conformance: (\d+) passed, (\d+) failed(?:, (\d+) skipped)?", p.stdout)
-    fig = {"passed": int(m.group(1)) if m else 0, "failed": int(m.group(2)) if m else -1,
-           "skipped": int(m.group(3) or 0) if m else 0}
-    # A hybrid suite skipped on cuda (the backend refused to keep recurrent
-    # state) or missing fails the step: each must pass on cuda and cuda-depth1.
-    want = hybrid_suites()
-    hybrid = re.findall(r"^ok   (ssm_\S+) on (cuda|cuda-depth1)$", p.stdout, re.M)
-    fig["hybrid_suites"] = len(want)
-    fig["hybrid_passed"] = len(hybrid)
-    ok = (p.returncode == 0 and fig["skipped"] == 0 and len(want) > 0
-          and sorted(set(hybrid)) == sorted((n, t) for n in want for t in ("cuda", "cuda-depth1")))
-    if not ok:
-        fig["log"] = "\n".join(l for l in p.stdout.splitlines()
-                               if l.startswith(("FAIL", "skip", "conformance:")))[-1500:]
-        fig["log"] += p.stderr[-500:]
-        if not want:
-            fig["log"] += "\ntests/conformance/suites.txt lists no ssm_* suite"
-    return ("ok" if ok else "FAIL"), fig
+# ---- logits, and where two sets of them differ --------------------------------
 
-
-def make_model(bin_dir, tmp, preset, seed=5, arch="llama"):
-    d = os.path.join(tmp, preset if arch == "llama" else "%s-%s" % (arch, preset))
+def make_model(c, tmp, preset, seed=5, flags=(), tag=None):
+    d = os.path.join(tmp, tag or preset)
     if not os.path.exists(os.path.join(d, "config.json")):
-        extra = [] if arch == "llama" else ["--arch", arch]
-        sh([os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel"), "--preset", preset,
-            "--seed", str(seed), "--out", d] + extra, 240, check=True)
+        c.sh([c.path("tools", "mkmodel", "devio-mkmodel"), "--preset", preset, "--seed", str(seed),
+              "--out", d] + list(flags), 240, check=True)
     return d
 
 
-def devio_logits(bin_dir, model, tokens, backend, tmp):
+def prompt(model_dir, n):
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    return [(i * 7919 + 13) % cfg["vocab_size"] for i in range(n)]
+
+
+def devio_logits(c, model, tokens, backend, tmp):
+    """Every position's logits of one prompt as float32 [n, vocab]."""
+    import numpy as np
+
     script = os.path.join(tmp, "logits.jsonl")
     with open(script, "w") as f:
         f.write('{"op":"create","as":"s"}\n')
         f.write(json.dumps({"op": "step", "full": True, "plan": {"rows": [
             {"seq": "$s", "tokens": tokens, "logits": "all"}]}}) + "\n")
-    p = sh([os.path.join(bin_dir, "ref", "devio-ref"), "--model", model, "--backend", backend,
-            "--backend-path", os.path.join(bin_dir, "kernels"), script], 240, check=True)
+    p = c.sh([c.path("ref", "devio-ref"), "--model", model, "--backend", backend,
+              "--backend-path", c.path("kernels"), script], 240, check=True)
     lg = json.loads(p.stdout.splitlines()[1])["result"]["rows"][0]["logits"]
-    return lg["values"], lg["shape"]
+    return np.array(lg["values"], dtype=np.float32).reshape(lg["shape"])
 
 
-def hf_agreement(bin_dir, tmp, preset, n_tokens, with_ref):
-    import numpy as np
-    import torch
-    import transformers
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model_dir = make_model(bin_dir, tmp, preset)
-    cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    tokens = [(i * 7919 + 13) % cfg["vocab_size"] for i in range(n_tokens)]
-    values, shape = devio_logits(bin_dir, model_dir, tokens, "cuda", tmp)
-    got = np.array(values, dtype=np.float64).reshape(shape)
-    try:
-        m = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    except TypeError:
-        m = transformers.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    m = m.cuda().eval()
-    with torch.no_grad():
-        want = m(torch.tensor([tokens], device="cuda")).logits[0].double().cpu().numpy()
-    del m
-    torch.cuda.empty_cache()
-    err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-    fig = {"relative_error": "%.3e" % err, "tokens": n_tokens}
-    ok = err < HF_LIMIT
-    if with_ref:
-        ref_values, _ = devio_logits(bin_dir, model_dir, tokens, "ref", tmp)
-        a = np.array(ref_values, dtype=np.float32)
-        b = np.array(values, dtype=np.float32)
-        same = a.shape == b.shape and bool(np.all(a.view(np.uint32) == b.view(np.uint32)))
-        fig["reference_bits"] = "identical" if same else "DIFFER"
-        ok = ok and same
-    return ("ok" if ok else "FAIL"), fig
+def spans(ix):
+    """[0,1,2,5,7,8] -> '0-2,5,7-8'."""
+    out, start, prev = [], None, None
+    for i in list(ix) + [None]:
+        if start is not None and (i is None or i != prev + 1):
+            out.append(str(start) if start == prev else "%d-%d" % (start, prev))
+            start = None
+        if i is not None and start is None:
+            start = i
+        prev = i
+    return ",".join(out)
 
 
-
-def cuda_matches_ref(bin_dir, tmp, model_dir, n):
-    """Every position's logits of an n-token prompt, cuda against the
-    reference: True when they are the same bits."""
+def locate(want, got):
+    """'identical', or where got differs from want: first (position, logit),
+    the largest ulp distance, the positions that differ."""
     import numpy as np
 
-    cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    tokens = [(i * 7919 + 13) % cfg["vocab_size"] for i in range(n)]
-    got, _ = devio_logits(bin_dir, model_dir, tokens, "cuda", tmp)
-    want, _ = devio_logits(bin_dir, model_dir, tokens, "ref", tmp)
-    a, b = np.array(want, dtype=np.float32), np.array(got, dtype=np.float32)
-    return a.shape == b.shape and bool(np.all(a.view(np.uint32) == b.view(np.uint32)))
+    if want.shape != got.shape:
+        return {"bits": "DIFFER", "shape": "%s vs %s" % (list(want.shape), list(got.shape))}
+    a, b = want.view(np.int32).astype(np.int64), got.view(np.int32).astype(np.int64)
+    if np.array_equal(a, b):
+        return {"bits": "identical"}
+    # ulps on the monotonic integer line of IEEE binary32
+    a = np.where(a < 0, -(a & 0x7FFFFFFF), a)
+    b = np.where(b < 0, -(b & 0x7FFFFFFF), b)
+    d = np.abs(a - b)
+    rows = np.nonzero(d.max(axis=1))[0]
+    pos, logit = np.argwhere(d)[0]
+    return {"bits": "DIFFER", "first": "position %d logit %d (%r vs %r)" % (
+        pos, logit, float(want[pos, logit]), float(got[pos, logit])),
+            "max_ulp": int(d.max()), "logits_differ": int((d > 0).sum()),
+            "positions_differ": spans(rows.tolist())[:200],
+            "max_rel": "%.2e" % float(np.max(np.abs(want.astype(np.float64) - got) /
+                                             (np.abs(want).max() + 1e-30)))}
 
-def hybrid_reference_bits(bin_dir, tmp):
-    """Every position's logits of a prompt on the hybrid models (Bamba: mixers
-    and attention with RoPE on half a head; Mamba2: mixers only, no MLP), cuda
-    against the reference, bit for bit."""
+
+def versus_reference(c, tmp, cases):
+    """cases: (label, model_dir, n). Bit for bit, each mismatch located."""
     fig, ok = {}, True
-    for arch, preset, n in (("bamba", "tiny", 64), ("mamba2", "tiny", 64), ("bamba", "small", 24),
-                            ("mamba2", "small", 24)):
-        same = cuda_matches_ref(bin_dir, tmp, make_model(bin_dir, tmp, preset, arch=arch), n)
-        fig["%s_%s" % (arch, preset)] = "identical" if same else "DIFFER"
-        ok = ok and same
+    for label, model_dir, n in cases:
+        tokens = prompt(model_dir, n)
+        r = locate(devio_logits(c, model_dir, tokens, "ref", tmp),
+                   devio_logits(c, model_dir, tokens, c.backend, tmp))
+        fig[label] = r["bits"] if r["bits"] == "identical" else r
+        ok = ok and r["bits"] == "identical"
     return ("ok" if ok else "FAIL"), fig
 
 
@@ -200,42 +243,111 @@ FEATURES = (
 )
 
 
-def feature_model(bin_dir, tmp, preset, name, flags):
-    d = os.path.join(tmp, "%s-feature-%s" % (name, preset))
-    if not os.path.exists(os.path.join(d, "config.json")):
-        sh([os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel"), "--preset", preset,
-            "--seed", "5", "--out", d] + flags, 240, check=True)
-    return d
+def first_bits(c, tmp):
+    """The quickest decisive look: tiny Llama and tiny Bamba, 64 positions."""
+    return versus_reference(c, tmp, (
+        ("llama_tiny", make_model(c, tmp, "tiny"), 64),
+        ("bamba_tiny", make_model(c, tmp, "tiny", flags=["--arch", "bamba"], tag="bamba-tiny"), 64),
+    ))
 
 
-def feature_reference_bits(bin_dir, tmp):
-    """Every position's logits of a prompt on each model feature's tiny and
-    small model, cuda against the reference, bit for bit. (tests/cuda_test
-    runs the same features through chunked prefill, decode, batches, forks
-    and LoRA.)"""
-    fig, ok = {}, True
-    for name, flags in FEATURES:
-        for preset, n in (("tiny", 64), ("small", 24)):
-            model_dir = feature_model(bin_dir, tmp, preset, name, flags)
-            same = cuda_matches_ref(bin_dir, tmp, model_dir, n)
-            fig["%s_%s" % (name, preset)] = "identical" if same else "DIFFER"
-            ok = ok and same
+def hybrid_bits(c, tmp):
+    return versus_reference(c, tmp, [
+        ("%s_%s" % (arch, preset),
+         make_model(c, tmp, preset, flags=["--arch", arch], tag="%s-%s" % (arch, preset)), n)
+        for arch, preset, n in (("mamba2", "tiny", 64), ("bamba", "small", 24),
+                                ("mamba2", "small", 24))])
+
+
+def feature_bits(c, tmp):
+    return versus_reference(c, tmp, [
+        ("%s_%s" % (name, preset),
+         make_model(c, tmp, preset, flags=flags, tag="feature-%s-%s" % (name, preset)), n)
+        for name, flags in FEATURES for preset, n in (("tiny", 64), ("small", 24))])
+
+
+# ---- the other steps -----------------------------------------------------------
+
+def unit_tests(c):
+    # cwd: the plugin is found as kernels/ beside the test, as in its runfiles.
+    p = c.sh([c.path("tests", "cuda_test")], 200, cwd=c.bin)
+    out = p.stdout + p.stderr
+    count = lambda what: int((re.findall(r"\[  %s  ?\] (\d+) test" % what, out) or ["0"])[-1])
+    passed, failed, skipped = count("PASSED"), count("FAILED"), count("SKIPPED")
+    ok = p.returncode == 0 and failed == 0 and skipped == 0 and passed > 0
+    fig = {"passed": passed, "failed": failed, "skipped": skipped}
+    if not ok:
+        fig["log"] = "\n".join(l for l in out.splitlines()
+                               if re.search(r"FAIL|SKIP|rror|differ|cuda_test:", l))[-2500:]
     return ("ok" if ok else "FAIL"), fig
 
 
-def bandwidth(bin_dir):
-    p = sh([os.path.join(bin_dir, "kernels", "devio-gpu-bw")], 120, check=True)
+def sanitizer(c, tmp):
+    """compute-sanitizer's memcheck and racecheck over a conformance script on
+    a tiny Llama and a tiny Bamba (prefill chunks, decode, forks)."""
+    cs = "compute-sanitizer"
+    for d in ("/usr/local/cuda/bin", "/usr/local/cuda/compute-sanitizer"):
+        if os.path.exists(os.path.join(d, cs)):
+            cs = os.path.join(d, cs)
+    fig, ok = {}, True
+    runs = (("llama", make_model(c, tmp, "tiny"), "chunks.jsonl"),
+            ("bamba", make_model(c, tmp, "tiny", flags=["--arch", "bamba"], tag="bamba-tiny"),
+             "ssm_chunks.jsonl"))
+    for tool in ("memcheck", "racecheck"):
+        for label, model, script in runs:
+            p = c.sh([cs, "--tool", tool, "--error-exitcode", "9", c.path("ref", "devio-ref"),
+                      "--model", model, "--backend", c.backend, "--backend-path", c.path("kernels"),
+                      os.path.join(ROOT, "tests", "conformance", script)], 90)
+            summary = re.findall(r"(?:ERROR|RACECHECK) SUMMARY: [^\n]*", p.stdout + p.stderr)
+            fig["%s_%s" % (tool, label)] = summary[-1] if summary else "exit %d" % p.returncode
+            if p.returncode != 0:
+                ok = False
+                fig["log_%s_%s" % (tool, label)] = (p.stdout + p.stderr)[-1200:]
+    return ("ok" if ok else "FAIL"), fig
+
+
+def hf_agreement(c, tmp, preset, n_tokens, with_ref):
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model_dir = make_model(c, tmp, preset)
+    tokens = prompt(model_dir, n_tokens)
+    got = devio_logits(c, model_dir, tokens, c.backend, tmp)
+    try:
+        m = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    except TypeError:
+        m = transformers.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    m = m.cuda().eval()
+    with torch.no_grad():
+        want = m(torch.tensor([tokens], device="cuda")).logits[0].double().cpu().numpy()
+    del m
+    torch.cuda.empty_cache()
+    err = float(np.max(np.abs(got.astype(np.float64) - want)) / np.max(np.abs(want)))
+    fig = {"relative_error": "%.3e" % err, "tokens": n_tokens}
+    ok = err < HF_LIMIT
+    if with_ref:
+        r = locate(devio_logits(c, model_dir, tokens, "ref", tmp), got)
+        fig["reference_bits"] = r["bits"] if r["bits"] == "identical" else r
+        ok = ok and r["bits"] == "identical"
+    return ("ok" if ok else "FAIL"), fig
+
+
+def bandwidth(c):
+    p = c.sh([c.path("kernels", "devio-gpu-bw")], 60, check=True)
     return "ok", json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def bench(bin_dir, tmp, read_gbs):
-    model_dir = make_model(bin_dir, tmp, "1b")
-    cmd = [os.path.join(bin_dir, "tests", "bench", "devio-bench"), "--model", model_dir,
-           "--backend", "cuda", "--backend-path", os.path.join(bin_dir, "kernels"),
+def bench(c, tmp, read_gbs):
+    model_dir = make_model(c, tmp, "1b")
+    cmd = [c.path("tests", "bench", "devio-bench"), "--model", model_dir,
+           "--backend", c.backend, "--backend-path", c.path("kernels"),
            "--batches", "1,8,64", "--steps", "32", "--prefill", "512", "--overlap", "16"]
     if read_gbs:
         cmd += ["--device-bw", str(read_gbs)]
-    p = sh(cmd, 300, check=True)
+    p = c.sh(cmd, 150, check=True)
     fig = {"output": p.stdout.strip()}
     for b, tps, pct in re.findall(r"decode batch +(\d+): +([\d.]+) tokens/s.*= (\d+)% of", p.stdout):
         fig["decode_b%s_tok_s" % b] = float(tps)
@@ -247,60 +359,85 @@ def bench(bin_dir, tmp, read_gbs):
     m = re.search(r"prefill (\d+) tokens: ([\d.]+) tokens/s", p.stdout)
     if m:
         fig["prefill_%s_tok_s" % m.group(1)] = float(m.group(2))
-    # What the issue asks of strict decode: batch 1 at >= 30% of the read
+    # What strict decode is asked for: batch 1 at >= 30% of the read
     # bandwidth, and depth 2 measurably faster than depth 1. Reported, and a
     # miss fails the step so that it is seen.
     ok = fig.get("decode_b1_of_bandwidth_pct", 0) >= 30 and fig.get("depth2_over_depth1", 0) > 1.0
     return ("ok" if ok else "FAIL"), fig
 
 
-def markdown(report, env):
-    lines = ["# devio GPU check", "", "%s; %s" % (env.get("gpu", "?"), env.get("when", "")), "",
-             "| step | result | seconds | figures |", "|---|---|---|---|"]
-    for s in report.steps:
-        figs = ", ".join("%s %s" % (k, v) for k, v in s.items()
-                         if k not in ("name", "status", "seconds", "output", "log"))
-        lines.append("| %s | %s | %s | %s |" % (s["name"], s["status"], s["seconds"], figs))
-    for s in report.steps:
-        if s.get("output"):
-            lines += ["", "```", s["output"], "```"]
-    return "\n".join(lines) + "\n"
+def hybrid_suites():
+    names = []
+    for line in open(os.path.join(ROOT, "tests", "conformance", "suites.txt")):
+        line = line.strip()
+        if line and not line.startswith("#") and line.split("|")[0].strip().startswith("ssm_"):
+            names.append(line.split("|")[0].strip())
+    return names
+
+
+def conformance(c):
+    """Every suite on both cuda targets (depth 2 and 1). A suite that does not
+    apply at depth 1 (two tickets in flight, its own --max-depth) is counted
+    apart; any other skip, or a hybrid suite missing, fails the step."""
+    p = c.sh([sys.executable, os.path.join(ROOT, "tests", "conformance", "run.py"), "--bin",
+              c.bin, "--gpu", "--gpu-backend", c.backend], 400)
+    m = re.search(r"conformance: (\d+) passed, (\d+) failed, (\d+) skipped, (\d+) not applicable",
+                  p.stdout)
+    fig = {"passed": int(m.group(1)) if m else 0, "failed": int(m.group(2)) if m else -1,
+           "skipped": int(m.group(3)) if m else 0, "not_applicable": int(m.group(4)) if m else 0}
+    want = hybrid_suites()
+    ran = set(re.findall(r"^(?:ok  |FAIL) (ssm_\S+) on (cuda-depth1|cuda)\b", p.stdout, re.M))
+    ran |= set(re.findall(r"^n/a  (ssm_\S+) on (cuda-depth1)\b", p.stdout, re.M))
+    hybrid_ok = re.findall(r"^ok   (ssm_\S+) on (cuda|cuda-depth1)$", p.stdout, re.M)
+    fig["hybrid_suites"], fig["hybrid_passed"] = len(want), len(hybrid_ok)
+    missing = sorted({(n, t) for n in want for t in ("cuda", "cuda-depth1")} - ran)
+    ok = p.returncode == 0 and fig["skipped"] == 0 and fig["failed"] == 0 and want and not missing
+    if not ok:
+        fig["log"] = "\n".join(l for l in p.stdout.splitlines()
+                               if l.startswith(("FAIL", "skip", "conformance:")))[-2500:]
+        fig["log"] += p.stderr[-500:]
+        if missing:
+            fig["log"] += "\nnot run: %s" % " ".join("%s@%s" % m for m in missing[:20])
+    return ("ok" if ok else "FAIL"), fig
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--deadline", type=float, default=450,
+                    help="seconds for the whole check, shared out between the steps")
+    ap.add_argument("--backend", default="cuda", help="the backend checked (cuda)")
     a = ap.parse_args()
-    bin_dir = os.path.abspath(a.bin)
-    report = Report()
-    env = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    os.makedirs(a.out, exist_ok=True)
+    c = Check(os.path.abspath(a.bin), os.path.abspath(a.out), a.deadline, a.backend)
+    signal.signal(signal.SIGTERM, c.interrupted)
+    signal.signal(signal.SIGINT, c.interrupted)
     try:
-        env["gpu"] = sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                         "--format=csv,noheader"], 30).stdout.strip()
+        c.env["gpu"] = c.sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                             "--format=csv,noheader"], 30).stdout.strip()
     except Exception as e:
-        env["gpu"] = "nvidia-smi: %s" % e
+        c.env["gpu"] = "nvidia-smi: %s" % e
+    c.write()
     with tempfile.TemporaryDirectory() as tmp:
-        step(report, "CUDA unit tests (tests/cuda_test)", lambda: unit_tests(bin_dir))
-        step(report, "conformance suites on --backend cuda", lambda: conformance(bin_dir))
+        c.step("tiny Llama and Bamba vs the reference, bit for bit", lambda: first_bits(c, tmp))
+        c.step("CUDA unit tests (tests/cuda_test)", lambda: unit_tests(c))
+        c.step("compute-sanitizer memcheck and racecheck, tiny", lambda: sanitizer(c, tmp))
+        bw = c.step("GPU read bandwidth (devio-gpu-bw)", lambda: bandwidth(c))
+        c.step("decode and prefill on 1b (devio-bench)",
+               lambda: bench(c, tmp, bw.get("read_gbs")))
         for preset, n, with_ref in (("tiny", 48, False), ("small", 48, False), ("1b", 16, True)):
-            step(report, "logits vs transformers, %s" % preset,
-                 lambda: hf_agreement(bin_dir, tmp, preset, n, with_ref))
-        step(report, "hybrid logits (Bamba, Mamba2) vs the reference, bit for bit",
-             lambda: hybrid_reference_bits(bin_dir, tmp))
-        step(report, "model features (window, Granite, Qwen3, yarn, llama3) vs the reference, "
-             "bit for bit", lambda: feature_reference_bits(bin_dir, tmp))
-        bw = step(report, "GPU read bandwidth (devio-gpu-bw)", lambda: bandwidth(bin_dir))
-        step(report, "decode and prefill on 1b (devio-bench)",
-             lambda: bench(bin_dir, tmp, bw.get("read_gbs")))
-    md = markdown(report, env)
-    with open(os.path.join(a.out, "gpu-check.json"), "w") as f:
-        json.dump({"env": env, "steps": report.steps}, f, indent=1)
-    with open(os.path.join(a.out, "gpu-check.md"), "w") as f:
-        f.write(md)
-    print(md)
-    print("gpu-check: %d steps, %d failed" % (len(report.steps), report.failed))
-    sys.exit(1 if report.failed else 0)
+            c.step("logits vs transformers, %s" % preset,
+                   lambda: hf_agreement(c, tmp, preset, n, with_ref))
+        c.step("hybrid logits (Bamba, Mamba2) vs the reference, bit for bit",
+               lambda: hybrid_bits(c, tmp))
+        c.step("model features (window, Granite, Qwen3, yarn, llama3) vs the reference, "
+               "bit for bit", lambda: feature_bits(c, tmp))
+        c.step("conformance suites on --backend %s, depth 2 and 1" % c.backend,
+               lambda: conformance(c))
+    print(markdown(c))
+    print("gpu-check: %d steps, %d failed" % (len(c.steps), c.failed()))
+    sys.exit(1 if c.failed() else 0)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ tests/conformance/expected/SUITE.out, and every `compare` line must say
     python3 tests/conformance/run.py --bin bazel-bin --only native --suite chunks
     python3 tests/conformance/run.py --bin bazel-bin --isa --only isa-   # each ISA path
 
-Ends with "N passed, M failed, K skipped in Xs" and a non-zero status on any
-failure. A backend loaded as a plugin (the stream test backend, CUDA) may keep
+Ends with "N passed, M failed, K skipped, J not applicable in Xs" and a
+non-zero status on any failure. Not applicable: a suite that keeps two tickets
+in flight or sets its own --max-depth, on a depth-1 target (it runs at its own
+depth on the others); skipped: anything else that did not run. A backend loaded as a plugin (the stream test backend, CUDA) may keep
 no recurrent state: the suites of a hybrid model (Bamba, Mamba2) are skipped on
 it, each with a "skip" line that says why, when loading the model there is
 refused for exactly that reason; every other target must run them.
@@ -171,7 +173,8 @@ def targets(args, bin_dir):
         # Only the CUDA backend (strict numerics), at depth 1 and 2, with the
         # KV pool the reference has: left to itself (--kv-blocks 0) the CUDA
         # backend sizes it by its memory, and facts lines would differ.
-        cuda = [ref, "--backend", "cuda", "--backend-path", os.path.join(bin_dir, "kernels")]
+        cuda = [ref, "--backend", args.gpu_backend, "--backend-path",
+                os.path.join(bin_dir, "kernels")]
         pools = {}
 
         def pinned(m, f, t):
@@ -202,13 +205,26 @@ def ref_kv_blocks(ref, model, flags, tmp, cache):
 NEEDS_DEPTH2 = ("depth.jsonl",)
 
 
-def gpu_absent(bin_dir, model):
+def depth1_na(tname, script, flags):
+    """Why a suite does not apply to a depth-1 target, or None: it keeps two
+    tickets in flight, or it sets its own --max-depth (which would override the
+    target's). Not a skip: the suite runs at its own depth on the other target."""
+    if not tname.endswith("depth1"):
+        return None
+    if os.path.basename(script) in NEEDS_DEPTH2:
+        return "the suite keeps two tickets in flight"
+    if "--max-depth" in flags:
+        return "the suite sets its own --max-depth"
+    return None
+
+
+def gpu_absent(bin_dir, model, backend):
     """Why the cuda target cannot run here, or None when a CUDA device answers."""
-    plugin = os.path.join(bin_dir, "kernels", "libdevio-backend-cuda.so")
+    plugin = os.path.join(bin_dir, "kernels", "libdevio-backend-%s.so" % backend)
     if not os.path.exists(plugin):
         return "no CUDA backend plugin in this build (no nvcc where it was built)"
     probe = subprocess.run(
-        [os.path.join(bin_dir, "ref", "devio-ref"), "--model", model, "--backend", "cuda",
+        [os.path.join(bin_dir, "ref", "devio-ref"), "--model", model, "--backend", backend,
          "--backend-path", os.path.dirname(plugin), "-"],
         input=b"", capture_output=True, timeout=120)
     err = probe.stderr.decode(errors="replace")
@@ -272,18 +288,20 @@ def main():
     ap.add_argument("--gpu", action="store_true",
                     help="run the suites on the CUDA backend only; exit 77 (skipped) when no "
                          "CUDA device answers")
+    ap.add_argument("--gpu-backend", default="cuda",
+                    help="the backend the --gpu targets load (default cuda)")
     args = ap.parse_args()
     bin_dir = os.path.abspath(args.bin)
 
     t0 = time.time()
-    passed = failed = skipped = 0
+    passed = failed = skipped = not_applicable = 0
     probed = {}
     expected_dir = os.path.join(HERE, "expected")
     os.makedirs(expected_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         models = make_models(bin_dir, tmp)
         if args.gpu:
-            why = gpu_absent(bin_dir, next(iter(models.values())))
+            why = gpu_absent(bin_dir, next(iter(models.values())), args.gpu_backend)
             if why:
                 print("conformance: the cuda target is skipped: %s" % why)
                 sys.exit(77)
@@ -314,8 +332,11 @@ def main():
                 why = None
                 if tname in PLUGIN_TARGETS:
                     why = no_ssm(fn, models[model], flags, tmp, probed, (tname, model))
-                if tname.endswith("depth1") and os.path.basename(script) in NEEDS_DEPTH2:
-                    why = "the suite keeps two tickets in flight"
+                na = depth1_na(tname, script, flags)
+                if na:
+                    not_applicable += 1
+                    print("n/a  %s on %s: %s" % (name, tname, na))
+                    continue
                 if why:
                     skipped += 1
                     print("skip %s on %s: %s" % (name, tname, why))
@@ -344,8 +365,8 @@ def main():
                     print("ok   %s on %s" % (name, tname))
     if not args.regen:
         print("wall time by target: " + ", ".join("%s %.2fs" % kv for kv in timings.items()))
-    print("conformance: %d passed, %d failed, %d skipped in %.1fs" % (passed, failed, skipped,
-                                                                     time.time() - t0))
+    print("conformance: %d passed, %d failed, %d skipped, %d not applicable in %.1fs"
+          % (passed, failed, skipped, not_applicable, time.time() - t0))
     sys.exit(1 if failed else 0)
 
 
