@@ -24,7 +24,83 @@ NVCC_FLAGS = " ".join([
     "-Xcompiler -fPIC,-ffp-contract=off",
 ])
 
+# The host glue of the backend, compiled for the real plugin and the emulated one.
+GLUE = [
+    "cuda_backend.c",
+    "cuda_mixer.c",
+    "cuda_state.h",
+    "cuda_step.c",
+    "cuda_step.h",
+]
+
+# The emulator and the kernels it runs are C++17 (the kernels' own dialect);
+# the kernels' #pragma unroll is nvcc's.
+EMU_CXX = [
+    "-std=c++17",
+    "-Wno-unknown-pragmas",
+]
+
+def cuda_emu_targets():
+    """The emulated CUDA target (kernels/emu/): the same kernels and glue,
+    compiled by the host compiler against the SIMT emulator, as the plugin
+    libdevio-backend-cuda-emu.so (--backend cuda-emu). Built everywhere."""
+    native.cc_library(
+        name = "emu_runtime",
+        srcs = [
+            "emu/emu_block.cc",
+            "emu/emu_fiber.cc",
+            "emu/emu_fiber.h",
+            "emu/emu_internal.h",
+            "emu/emu_runtime.cc",
+        ],
+        hdrs = [
+            "emu/cuda_runtime.h",
+            "emu/cuda_runtime_api.h",
+            "emu/emu_device.h",
+        ],
+        # <cuda_runtime.h> and <cuda_runtime_api.h> are the emulator's for
+        # everything that depends on it.
+        includes = ["emu"],
+        copts = EMU_CXX,
+        deps = ["//device:numerics"],
+    )
+    native.cc_library(
+        name = "cuda_kernels_emu",
+        srcs = [
+            "emu/emu_kernels.cc",
+            "emu/emu_ssm.cc",
+        ],
+        hdrs = [
+            "cuda_kernels.h",
+            "cuda_ssm.h",
+        ],
+        textual_hdrs = [
+            "cuda_kernels.cu",
+            "cuda_ssm.cu",
+            "cuda_warp.cuh",
+        ],
+        copts = EMU_CXX,
+        deps = [":emu_runtime"],
+    )
+    native.cc_library(
+        name = "cuda_backend_emu",
+        srcs = GLUE,
+        hdrs = ["cuda_backend.h"],
+        alwayslink = True,
+        deps = [
+            ":cuda_kernels_emu",
+            ":cuda_plan",
+            ":emu_runtime",
+            "//device",
+        ],
+    )
+    devio_plugin(
+        name = "libdevio-backend-cuda-emu.so",
+        deps = [":cuda_backend_emu"],
+    )
+
 def cuda_backend_targets():
+    cuda_emu_targets()
     native.cc_library(
         name = "cuda_plan",
         srcs = ["cuda_plan.c"],
@@ -52,12 +128,7 @@ def cuda_backend_targets():
         )
     native.cc_library(
         name = "cuda_backend",
-        srcs = [
-            "cuda_backend.c",
-            "cuda_mixer.c",
-            "cuda_state.h",
-            "cuda_step.c",
-            "cuda_step.h",
+        srcs = GLUE + [
             ":cuda_kernels_obj",
             ":cuda_ssm_obj",
         ],
@@ -84,6 +155,24 @@ def cuda_backend_targets():
         cmd = "%s -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 $(location bw_probe.cu) -o $@" % NVCC,
         executable = True,
         tags = ["no-sandbox"],
+    )
+
+def devio_cuda_emu_test(name, src, deps = [], **kwargs):
+    """The CUDA backend's cmocka test src on the SIMT emulator: it links
+    //kernels:cuda_backend_emu, has the cuda-emu plugin in its runfiles
+    and sees DEVIO_CUDA_TEST_EMU. Built everywhere."""
+    native.cc_test(
+        name = name,
+        srcs = [src],
+        deps = deps + [
+            "//kernels:cuda_backend_emu",
+            "//device",
+            "@system//:cmocka",
+        ],
+        data = ["//kernels:libdevio-backend-cuda-emu.so"],
+        local_defines = ["DEVIO_CUDA_TEST_EMU"],
+        linkstatic = True,
+        **kwargs
     )
 
 def devio_cuda_test(name, deps = [], data = [], **kwargs):

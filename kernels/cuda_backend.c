@@ -15,6 +15,14 @@
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_state.h"
 
+/* The same sources build the real plugin and the emulated one
+ * (kernels/emu/), which the registry knows as cuda-emu. */
+#if defined(DEVIO_CUDA_EMULATED)
+#define DEVIO_CUDA_BACKEND_NAME "cuda-emu"
+#else
+#define DEVIO_CUDA_BACKEND_NAME "cuda"
+#endif
+
 devio_status devio_cuda_error(int code, const char *what, devio_error *err)
 {
     cudaError_t e = (cudaError_t)code;
@@ -512,7 +520,7 @@ static uint32_t cuda_kv_blocks_fit(const devio_model *model, const devio_backend
 
 const devio_backend_ops devio_cuda_backend = {
     .abi = DEVIO_BACKEND_ABI,
-    .name = "cuda",
+    .name = DEVIO_CUDA_BACKEND_NAME,
     .probe = cuda_probe,
     .create = cuda_create,
     .destroy = cuda_destroy,

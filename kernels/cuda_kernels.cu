@@ -49,11 +49,11 @@ int cuda_embed(const void *embed, int dtype, uint32_t d, const int32_t *tokens, 
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid(cuda_blocks_for(d, 256), n_tok);
     if (dtype == CUDA_F32)
-        k_embed<CUDA_F32><<<grid, 256, 0, s>>>(embed, d, tokens, mult, x);
+        LAUNCH((k_embed<CUDA_F32>), grid, 256, 0, s, embed, d, tokens, mult, x);
     else if (dtype == CUDA_F16)
-        k_embed<CUDA_F16><<<grid, 256, 0, s>>>(embed, d, tokens, mult, x);
+        LAUNCH((k_embed<CUDA_F16>), grid, 256, 0, s, embed, d, tokens, mult, x);
     else
-        k_embed<CUDA_BF16><<<grid, 256, 0, s>>>(embed, d, tokens, mult, x);
+        LAUNCH((k_embed<CUDA_BF16>), grid, 256, 0, s, embed, d, tokens, mult, x);
     return cuda_launched();
 }
 
@@ -83,7 +83,7 @@ int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps
                  void *stream)
 {
     uint32_t grid = cuda_blocks_for(n_tok, WARPS);
-    k_rmsnorm<<<grid, 32 * WARPS, 0, (cudaStream_t)stream>>>(x, w, y, d, eps, n_tok);
+    LAUNCH((k_rmsnorm), grid, 32 * WARPS, 0, (cudaStream_t)stream, x, w, y, d, eps, n_tok);
     return cuda_launched();
 }
 
@@ -177,18 +177,18 @@ __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
 template <int DT>
 static void project_dt(const cuda_matvec *mv, cudaStream_t s)
 {
-    uint32_t grid = cuda_blocks_for(mv->m, WARPS);
+    uint32_t grid = cuda_blocks_for(mv->m, WARPS), threads = 32 * WARPS;
     switch (mv->epi) {
-    case CUDA_EPI_STORE: k_project<DT, CUDA_EPI_STORE><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
-    case CUDA_EPI_BIAS: k_project<DT, CUDA_EPI_BIAS><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
-    case CUDA_EPI_ADD: k_project<DT, CUDA_EPI_ADD><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
+    case CUDA_EPI_STORE: LAUNCH((k_project<DT, CUDA_EPI_STORE>), grid, threads, 0, s, *mv); break;
+    case CUDA_EPI_BIAS: LAUNCH((k_project<DT, CUDA_EPI_BIAS>), grid, threads, 0, s, *mv); break;
+    case CUDA_EPI_ADD: LAUNCH((k_project<DT, CUDA_EPI_ADD>), grid, threads, 0, s, *mv); break;
     case CUDA_EPI_SILU_MUL:
-        k_project<DT, CUDA_EPI_SILU_MUL><<<grid, 32 * WARPS, 0, s>>>(*mv);
+        LAUNCH((k_project<DT, CUDA_EPI_SILU_MUL>), grid, threads, 0, s, *mv);
         break;
     case CUDA_EPI_ADD_SCALED:
-        k_project<DT, CUDA_EPI_ADD_SCALED><<<grid, 32 * WARPS, 0, s>>>(*mv);
+        LAUNCH((k_project<DT, CUDA_EPI_ADD_SCALED>), grid, threads, 0, s, *mv);
         break;
-    case CUDA_EPI_DIV: k_project<DT, CUDA_EPI_DIV><<<grid, 32 * WARPS, 0, s>>>(*mv); break;
+    case CUDA_EPI_DIV: LAUNCH((k_project<DT, CUDA_EPI_DIV>), grid, threads, 0, s, *mv); break;
     }
 }
 
@@ -254,7 +254,7 @@ int cuda_rope_store(const cuda_kv *kv, float *q, float *k, const float *v, const
 {
     if (n_tok == 0)
         return 0;
-    k_rope_store<<<n_tok, 128, 0, (cudaStream_t)stream>>>(*kv, q, k, v, cos_t, sin_t);
+    LAUNCH((k_rope_store), n_tok, 128, 0, (cudaStream_t)stream, *kv, q, k, v, cos_t, sin_t);
     return cuda_launched();
 }
 
@@ -273,13 +273,13 @@ uint32_t cuda_attention_smem(uint32_t max_keys, uint32_t hd)
 __global__ void __launch_bounds__(32) k_attention(cuda_kv kv, const float *q, float scale,
                                                   float *out)
 {
-    extern __shared__ float sm[];
+    DEVIO_DYN_SHARED(float, sm);
     uint32_t t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = kv.hd;
     uint32_t pos = kv.pos[t], g = h / (kv.n_heads / kv.n_kv);
     uint32_t j0 = kv.window && pos + 1 > kv.window ? pos + 1 - kv.window : 0;
     uint32_t n_keys = pos + 1 - j0, k1 = (lane - j0) & 31u;
     const uint32_t *bt = kv.bt + kv.bt_off[t];
-    float *qs = sm, *sc = sm + ((hd + 31u) & ~31u);
+    auto qs = sm + 0, sc = sm + ((hd + 31u) & ~31u);
     const float *qt = q + ((size_t)t * kv.n_heads + h) * hd;
     for (uint32_t i = lane; i < hd; i += 32)
         qs[i] = qt[i];
@@ -397,7 +397,7 @@ int cuda_attention(const cuda_kv *kv, const float *q, float scale, float *out, u
     if (n_tok == 0)
         return 0;
     dim3 grid(n_tok, kv->n_heads);
-    k_attention<<<grid, 32, smem_bytes, (cudaStream_t)stream>>>(*kv, q, scale, out);
+    LAUNCH((k_attention), grid, 32, smem_bytes, (cudaStream_t)stream, *kv, q, scale, out);
     return cuda_launched();
 }
 
@@ -455,10 +455,10 @@ int cuda_lora(const cuda_lora_mod *mods, uint32_t mods_per_slot, uint32_t mod_in
         return 0;
     cudaStream_t s = (cudaStream_t)stream;
     dim3 ga(n_tok, cuda_blocks_for(max_rank, WARPS)), gb(n_tok, cuda_blocks_for(max_out, WARPS));
-    k_lora_a<<<ga, 32 * WARPS, 0, s>>>(mods, mods_per_slot, mod_index, tok_slot, x, ldx, max_rank,
-                                       a_buf);
-    k_lora_b<<<gb, 32 * WARPS, 0, s>>>(mods, mods_per_slot, mod_index, tok_slot, max_rank, a_buf,
-                                       y, ldy);
+    LAUNCH((k_lora_a), ga, 32 * WARPS, 0, s, mods, mods_per_slot, mod_index, tok_slot, x, ldx,
+           max_rank, a_buf);
+    LAUNCH((k_lora_b), gb, 32 * WARPS, 0, s, mods, mods_per_slot, mod_index, tok_slot, max_rank,
+           a_buf, y, ldy);
     return cuda_launched();
 }
 
@@ -479,7 +479,7 @@ int cuda_add(float *x, const float *y, float r, uint32_t n, uint32_t n_tok, void
     if (total == 0)
         return 0;
     uint32_t grid = cuda_blocks_for(total, 256) < 65535 ? cuda_blocks_for(total, 256) : 65535;
-    k_add<<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, r, total);
+    LAUNCH((k_add), grid, 256, 0, (cudaStream_t)stream, x, y, r, total);
     return cuda_launched();
 }
 
@@ -497,7 +497,7 @@ int cuda_silu_mul(const float *g, const float *u, float *act, uint32_t n, uint32
     if (total == 0)
         return 0;
     uint32_t grid = cuda_blocks_for(total, 256) < 65535 ? cuda_blocks_for(total, 256) : 65535;
-    k_silu_mul<<<grid, 256, 0, (cudaStream_t)stream>>>(g, u, act, total);
+    LAUNCH((k_silu_mul), grid, 256, 0, (cudaStream_t)stream, g, u, act, total);
     return cuda_launched();
 }
 
@@ -515,7 +515,7 @@ int cuda_gather(float *dst, const float *src, const uint32_t *idx, uint32_t widt
     if (n == 0)
         return 0;
     dim3 grid(cuda_blocks_for(width, 256), n);
-    k_gather<<<grid, 256, 0, (cudaStream_t)stream>>>(dst, src, idx, width);
+    LAUNCH((k_gather), grid, 256, 0, (cudaStream_t)stream, dst, src, idx, width);
     return cuda_launched();
 }
 
@@ -536,7 +536,7 @@ int cuda_copy_block(float *k, float *v, uint32_t n_layers, uint64_t layer_floats
     if (src == dst || n_layers == 0)
         return 0;
     dim3 grid(cuda_blocks_for(block_floats, 256), n_layers);
-    k_copy_block<<<grid, 256, 0, (cudaStream_t)stream>>>(k, v, layer_floats, block_floats, src,
-                                                         dst);
+    LAUNCH((k_copy_block), grid, 256, 0, (cudaStream_t)stream, k, v, layer_floats, block_floats,
+           src, dst);
     return cuda_launched();
 }

@@ -106,11 +106,11 @@ int cuda_ssm_conv(const cuda_ssm *m, void *stream)
     dim3 grid(m->n_rows, cuda_blocks_for(m->conv_dim, CONV_THREADS));
     cudaStream_t s = (cudaStream_t)stream;
     if (m->K <= 4)
-        k_conv<4><<<grid, CONV_THREADS, 0, s>>>(*m);
+        LAUNCH((k_conv<4>), grid, CONV_THREADS, 0, s, *m);
     else if (m->K <= 8)
-        k_conv<8><<<grid, CONV_THREADS, 0, s>>>(*m);
+        LAUNCH((k_conv<8>), grid, CONV_THREADS, 0, s, *m);
     else
-        k_conv<CUDA_SSM_MAX_CONV><<<grid, CONV_THREADS, 0, s>>>(*m);
+        LAUNCH((k_conv<CUDA_SSM_MAX_CONV>), grid, CONV_THREADS, 0, s, *m);
     return cuda_launched();
 }
 
@@ -181,13 +181,13 @@ int cuda_ssm_scan(const cuda_ssm *m, void *stream)
     dim3 grid(m->n_rows, m->H, cuda_blocks_for(m->P, SCAN_WARPS));
     cudaStream_t s = (cudaStream_t)stream;
     if (m->N <= 32)
-        k_scan<1><<<grid, 32 * SCAN_WARPS, 0, s>>>(*m);
+        LAUNCH((k_scan<1>), grid, 32 * SCAN_WARPS, 0, s, *m);
     else if (m->N <= 64)
-        k_scan<2><<<grid, 32 * SCAN_WARPS, 0, s>>>(*m);
+        LAUNCH((k_scan<2>), grid, 32 * SCAN_WARPS, 0, s, *m);
     else if (m->N <= 128)
-        k_scan<4><<<grid, 32 * SCAN_WARPS, 0, s>>>(*m);
+        LAUNCH((k_scan<4>), grid, 32 * SCAN_WARPS, 0, s, *m);
     else
-        k_scan<CUDA_SSM_MAX_STATE / 32><<<grid, 32 * SCAN_WARPS, 0, s>>>(*m);
+        LAUNCH((k_scan<CUDA_SSM_MAX_STATE / 32>), grid, 32 * SCAN_WARPS, 0, s, *m);
     return cuda_launched();
 }
 
@@ -222,6 +222,6 @@ int cuda_ssm_gate_norm(const cuda_ssm *m, uint32_t n_tok, void *stream)
     if (n_tok == 0)
         return 0;
     uint32_t grid = cuda_blocks_for((uint64_t)n_tok * m->G, NORM_WARPS);
-    k_gate_norm<<<grid, 32 * NORM_WARPS, 0, (cudaStream_t)stream>>>(*m, n_tok);
+    LAUNCH((k_gate_norm), grid, 32 * NORM_WARPS, 0, (cudaStream_t)stream, *m, n_tok);
     return cuda_launched();
 }

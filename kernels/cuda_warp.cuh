@@ -12,6 +12,25 @@
 
 #define FULL 0xffffffffu
 
+/* Every launch site reads LAUNCH((kernel), grid, block, smem, stream, args...):
+ * the <<<...>>> launch under nvcc, the emulator's queued launch in the
+ * cuda-emu build (kernels/emu/), so that both builds run the same sources.
+ * The kernel is parenthesised because a template's arguments hold commas. */
+#define DEVIO_UNPAREN(...) __VA_ARGS__
+#if defined(DEVIO_CUDA_EMULATED)
+#define LAUNCH(k, grid, block, smem, stream, ...)                                                  \
+    ::devio_emu::launch(#k, DEVIO_UNPAREN k, grid, block, smem, stream, __VA_ARGS__)
+#else
+#define LAUNCH(k, grid, block, smem, stream, ...)                                                  \
+    DEVIO_UNPAREN k<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#endif
+
+/* extern __shared__ T name[]: in the emulated build a checked pointer
+ * (bounds, races between barriers), so kernels hold it with auto. */
+#if !defined(DEVIO_CUDA_EMULATED)
+#define DEVIO_DYN_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 /* Lane l adds lane l ^ w, which is l + w for l < w; lane 0 ends holding the
  * definition's p[0]. Every lane of the warp must call it. */
 __device__ __forceinline__ float fold(float v)

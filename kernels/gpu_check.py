@@ -385,12 +385,14 @@ def conformance(c):
                   p.stdout)
     fig = {"passed": int(m.group(1)) if m else 0, "failed": int(m.group(2)) if m else -1,
            "skipped": int(m.group(3)) if m else 0, "not_applicable": int(m.group(4)) if m else 0}
-    want = hybrid_suites()
-    ran = set(re.findall(r"^(?:ok  |FAIL) (ssm_\S+) on (cuda-depth1|cuda)\b", p.stdout, re.M))
-    ran |= set(re.findall(r"^n/a  (ssm_\S+) on (cuda-depth1)\b", p.stdout, re.M))
-    hybrid_ok = re.findall(r"^ok   (ssm_\S+) on (cuda|cuda-depth1)$", p.stdout, re.M)
+    want, b = hybrid_suites(), re.escape(c.backend)
+    targets = (c.backend, c.backend + "-depth1")
+    ran = set(re.findall(r"^(?:ok  |FAIL) (ssm_\S+) on (%s-depth1|%s)(?=[:\s]|$)" % (b, b),
+                         p.stdout, re.M))
+    ran |= set(re.findall(r"^n/a  (ssm_\S+) on (%s-depth1)(?=[:\s]|$)" % b, p.stdout, re.M))
+    hybrid_ok = re.findall(r"^ok   (ssm_\S+) on (%s|%s-depth1)$" % (b, b), p.stdout, re.M)
     fig["hybrid_suites"], fig["hybrid_passed"] = len(want), len(hybrid_ok)
-    missing = sorted({(n, t) for n in want for t in ("cuda", "cuda-depth1")} - ran)
+    missing = sorted({(n, t) for n in want for t in targets} - ran)
     ok = p.returncode == 0 and fig["skipped"] == 0 and fig["failed"] == 0 and want and not missing
     if not ok:
         fig["log"] = "\n".join(l for l in p.stdout.splitlines()

@@ -13,6 +13,7 @@ tests/conformance/expected/SUITE.out, and every `compare` line must say
     python3 tests/conformance/run.py --bin bazel-bin --regen     # rewrite expected/ (review the diff!)
     python3 tests/conformance/run.py --bin bazel-bin --only native --suite chunks
     python3 tests/conformance/run.py --bin bazel-bin --isa --only isa-   # each ISA path
+    python3 tests/conformance/run.py --bin bazel-bin --gpu --gpu-backend cuda-emu --jobs 2
 
 Ends with "N passed, M failed, K skipped, J not applicable in Xs" and a
 non-zero status on any failure. Not applicable: a suite that keeps two tickets
@@ -29,6 +30,7 @@ with devio-ref's reason; every other must print the expected file, so all
 paths print the same bytes (checked once more against each other).
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -43,7 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 TIMEOUT_S = 600
 
 # Targets that load a backend plugin, which may keep no recurrent state.
-PLUGIN_TARGETS = ("plugin-stream", "plugin-stream-fast", "cuda", "cuda-depth1")
+PLUGIN_TARGETS = ("plugin-stream", "plugin-stream-fast", "cuda", "cuda-depth1", "cuda-emu",
+                  "cuda-emu-depth1")
 NO_SSM = "keeps no recurrent state"
 # The reference backend's instruction-set paths (ref/isa.bzl, DEVIO_REF_ISA).
 ISA_PATHS = ("baseline", "avx2", "avx512", "native")
@@ -180,10 +183,11 @@ def targets(args, bin_dir):
         def pinned(m, f, t):
             return f if "--kv-blocks" in f else ["--kv-blocks", ref_kv_blocks(ref, m, f, t, pools)] + f
 
+        gb = args.gpu_backend
         out = {
-            "cuda": lambda m, f, s, t: run(cuda + ["--model", m] + pinned(m, f, t) + [s]),
-            "cuda-depth1": lambda m, f, s, t: run(cuda + ["--model", m, "--max-depth", "1"]
-                                                  + pinned(m, f, t) + [s]),
+            gb: lambda m, f, s, t: run(cuda + ["--model", m] + pinned(m, f, t) + [s]),
+            gb + "-depth1": lambda m, f, s, t: run(cuda + ["--model", m, "--max-depth", "1"]
+                                                   + pinned(m, f, t) + [s]),
         }
     if args.only:
         out = {k: v for k, v in out.items() if k.startswith(args.only)}
@@ -263,6 +267,15 @@ def isa_absent(fn, model, tmp):
         raise
 
 
+def timed(fn, *a):
+    """(output, None, seconds) of one run, or (None, the error, seconds)."""
+    start = time.time()
+    try:
+        return fn(*a), None, time.time() - start
+    except Exception as e:
+        return None, str(e), time.time() - start
+
+
 def first_difference(a, b):
     la, lb = a.decode().splitlines(), b.decode().splitlines()
     for i in range(max(len(la), len(lb))):
@@ -288,6 +301,8 @@ def main():
     ap.add_argument("--gpu", action="store_true",
                     help="run the suites on the CUDA backend only; exit 77 (skipped) when no "
                          "CUDA device answers")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at once (each suite on each target is one run)")
     ap.add_argument("--gpu-backend", default="cuda",
                     help="the backend the --gpu targets load (default cuda)")
     args = ap.parse_args()
@@ -314,6 +329,8 @@ def main():
                 skipped += 1
                 print("skip every suite on %s: %s" % (tname, why))
         timings = {k: 0.0 for k in tg}
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs))
+        jobs = []  # (suite, target, "run" | "skip" | "n/a", expected or reason, future)
         for name, script, model, flags in table("suites.txt"):
             if args.suite and name != args.suite:
                 continue
@@ -326,43 +343,50 @@ def main():
                 print("regen %s: %d lines" % (name, out.count(b"\n")))
                 continue
             expected = open(exp_path, "rb").read()
-            unequal = expected.count(b'"equal":false')
-            isa_first = None  # (target, output) of the first ISA path run
             for tname, fn in tg.items():
                 why = None
                 if tname in PLUGIN_TARGETS:
                     why = no_ssm(fn, models[model], flags, tmp, probed, (tname, model))
                 na = depth1_na(tname, script, flags)
                 if na:
-                    not_applicable += 1
-                    print("n/a  %s on %s: %s" % (name, tname, na))
-                    continue
-                if why:
-                    skipped += 1
-                    print("skip %s on %s: %s" % (name, tname, why))
-                    continue
-                start = time.time()
-                try:
-                    got = fn(models[model], flags, script, tmp)
-                    why = None
-                    if got != expected:
-                        why = first_difference(expected, got)
-                    elif unequal:
-                        why = "%d compare lines say equal:false" % unequal
-                    elif tname.startswith("isa-"):
-                        if isa_first and isa_first[1] != got:
-                            why = "differs from %s: %s" % (isa_first[0],
-                                                           first_difference(isa_first[1], got))
-                        isa_first = isa_first or (tname, got)
-                except Exception as e:  # a crash or a non-zero exit is a failure
-                    why = str(e)
-                timings[tname] += time.time() - start
-                if why:
-                    failed += 1
-                    print("FAIL %s on %s: %s" % (name, tname, why))
+                    jobs.append((name, tname, "n/a", na, None))
+                elif why:
+                    jobs.append((name, tname, "skip", why, None))
                 else:
-                    passed += 1
-                    print("ok   %s on %s" % (name, tname))
+                    jobs.append((name, tname, "run", expected,
+                                 pool.submit(timed, fn, models[model], flags, script, tmp)))
+        # Judged and printed in suite order, whatever order the runs ended in.
+        isa_first = {}  # suite -> (target, output) of its first ISA path run
+        for name, tname, kind, what, fut in jobs:
+            if kind == "n/a":
+                not_applicable += 1
+                print("n/a  %s on %s: %s" % (name, tname, what))
+                continue
+            if kind == "skip":
+                skipped += 1
+                print("skip %s on %s: %s" % (name, tname, what))
+                continue
+            expected, why = what, None
+            got, err, secs = fut.result()
+            timings[tname] += secs
+            if err is not None:  # a crash or a non-zero exit is a failure
+                why = err
+            elif got != expected:
+                why = first_difference(expected, got)
+            elif expected.count(b'"equal":false'):
+                why = "%d compare lines say equal:false" % expected.count(b'"equal":false')
+            elif tname.startswith("isa-"):
+                first = isa_first.get(name)
+                if first and first[1] != got:
+                    why = "differs from %s: %s" % (first[0], first_difference(first[1], got))
+                isa_first.setdefault(name, (tname, got))
+            if why:
+                failed += 1
+                print("FAIL %s on %s: %s" % (name, tname, why))
+            else:
+                passed += 1
+                print("ok   %s on %s" % (name, tname), flush=True)
+        pool.shutdown()
     if not args.regen:
         print("wall time by target: " + ", ".join("%s %.2fs" % kv for kv in timings.items()))
     print("conformance: %d passed, %d failed, %d skipped, %d not applicable in %.1fs"
