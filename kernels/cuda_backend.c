@@ -96,8 +96,36 @@ devio_status cuda_dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *
 
 #define DALLOC(st, ptr, bytes, err) cuda_dalloc((st), (void **)&(ptr), (bytes), (err))
 
-devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
-                         devio_error *err)
+/* The rows of a [rows, n] weight in the lane-major layout (cuda_kernels.h)
+ * into dst: element i of a row goes to cuda_lane_pos(i). */
+static void lane_major_rows(const devio_tensor *t, void *dst)
+{
+    uint64_t rows = t->shape[0], n = t->shape[1];
+    uint32_t *pos = malloc(n * sizeof *pos); /* one row's permutation, reused */
+    for (uint64_t i = 0; pos && i < n; i++)
+        pos[i] = (uint32_t)cuda_lane_pos(i, (uint32_t)n, (int)t->dtype);
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t o = r * n;
+        if (devio_dtype_size(t->dtype) == 4) {
+            const uint32_t *src = t->data;
+            uint32_t *d = dst;
+            for (uint64_t i = 0; i < n; i++)
+                d[o + (pos ? pos[i] : cuda_lane_pos(i, (uint32_t)n, (int)t->dtype))] = src[o + i];
+        } else {
+            const uint16_t *src = t->data;
+            uint16_t *d = dst;
+            for (uint64_t i = 0; i < n; i++)
+                d[o + (pos ? pos[i] : cuda_lane_pos(i, (uint32_t)n, (int)t->dtype))] = src[o + i];
+        }
+    }
+    free(pos);
+}
+
+/* A tensor uploaded as loaded, or, as_matrix, a weight whose rows are
+ * lane-major when cuda_lane_major says so (a copy is made on the host for
+ * the permutation, one tensor at a time). */
+static devio_status upload(cuda_state *st, const devio_tensor *t, bool as_matrix, const void **dev,
+                           int *dt, devio_error *err)
 {
     *dev = NULL;
     *dt = (int)t->dtype;
@@ -106,11 +134,28 @@ devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev
     uint64_t bytes = cuda_plan_tensor_bytes(t);
     void *p;
     devio_status s = cuda_dalloc(st, &p, bytes, err);
+    const void *src = t->data;
+    char *tmp = NULL;
+    if (s == DEVIO_OK && as_matrix && t->ndim == 2 &&
+        cuda_lane_major((uint32_t)t->shape[1], (int)t->dtype)) {
+        if (!(tmp = malloc(bytes ? bytes : 1)))
+            s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory laying out a weight");
+        else
+            lane_major_rows(t, tmp);
+        src = tmp;
+    }
     if (s == DEVIO_OK)
-        s = cuda_check(st, cudaMemcpy(p, t->data, bytes, cudaMemcpyHostToDevice),
+        s = cuda_check(st, cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice),
                        "uploading a weight", err);
+    free(tmp);
     *dev = p;
     return s;
+}
+
+devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
+                         devio_error *err)
+{
+    return upload(st, t, true, dev, dt, err);
 }
 
 /* Host: n elements of t widened to f32 into dst (numspec's widening). */
@@ -151,8 +196,11 @@ static devio_status create_weights(cuda_state *st, devio_error *err)
 {
     const devio_model *m = st->model;
     uint32_t L = st->sh.n_layers;
-    devio_status s = cuda_upload(st, &m->embed, &st->embed, &st->dt_embed, err);
-    if (s == DEVIO_OK && m->lm_head.data == m->embed.data) {
+    /* Tied, the one copy is lm_head's, lane-major; the embedding reads it so. */
+    bool tied = m->lm_head.data == m->embed.data;
+    devio_status s = upload(st, &m->embed, tied, &st->embed, &st->dt_embed, err);
+    st->embed_lane_major = tied && cuda_lane_major(st->sh.d, st->dt_embed);
+    if (s == DEVIO_OK && tied) {
         st->lm_head = st->embed;
         st->dt_lm = st->dt_embed;
     } else if (s == DEVIO_OK) {

@@ -32,28 +32,28 @@ __device__ __forceinline__ float ld(const void *p, size_t i)
 /* Granite's embedding_multiplier: one rounded multiply, and none at all
  * when it is 1 (the reference's branch; x * 1 is x anyway). */
 template <int DT>
-__global__ void k_embed(const void *embed, uint32_t d, const int32_t *tokens, float mult,
-                        float *x)
+__global__ void k_embed(const void *embed, int lane_major, uint32_t d, const int32_t *tokens,
+                        float mult, float *x)
 {
     uint32_t t = blockIdx.y;
     size_t row = (size_t)(uint32_t)tokens[t] * d;
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < d; i += gridDim.x * blockDim.x) {
-        float e = ld<DT>(embed, row + i);
+        float e = ld<DT>(embed, row + (lane_major ? cuda_lane_pos(i, d, DT) : i));
         x[(size_t)t * d + i] = mult != 1.0f ? DEVIO_MUL(e, mult) : e;
     }
 }
 
-int cuda_embed(const void *embed, int dtype, uint32_t d, const int32_t *tokens, uint32_t n_tok,
-               float mult, float *x, void *stream)
+int cuda_embed(const void *embed, int dtype, int lane_major, uint32_t d, const int32_t *tokens,
+               uint32_t n_tok, float mult, float *x, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid(cuda_blocks_for(d, 256), n_tok);
     if (dtype == CUDA_F32)
-        LAUNCH((k_embed<CUDA_F32>), grid, 256, 0, s, embed, d, tokens, mult, x);
+        LAUNCH((k_embed<CUDA_F32>), grid, 256, 0, s, embed, lane_major, d, tokens, mult, x);
     else if (dtype == CUDA_F16)
-        LAUNCH((k_embed<CUDA_F16>), grid, 256, 0, s, embed, d, tokens, mult, x);
+        LAUNCH((k_embed<CUDA_F16>), grid, 256, 0, s, embed, lane_major, d, tokens, mult, x);
     else
-        LAUNCH((k_embed<CUDA_BF16>), grid, 256, 0, s, embed, d, tokens, mult, x);
+        LAUNCH((k_embed<CUDA_BF16>), grid, 256, 0, s, embed, lane_major, d, tokens, mult, x);
     return cuda_launched();
 }
 
@@ -93,17 +93,42 @@ int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps
  * the weight row once per TILE tokens (the row stays in L1 between tiles)
  * and hold TILE partial sums each; a step of up to TILE tokens reads each
  * weight exactly once. A lane's terms are i = lane, lane + 32, ... in order,
- * as the definition says; UNROLL of them are loaded before any is added, so
- * that a warp keeps that many loads in flight. */
+ * as the definition says. A lane-major row (cuda_kernels.h) is read in
+ * whole chunks first, CHUNKS of them loaded (16 bytes per lane each) before
+ * any is added, so that a warp keeps 2 KiB in flight; then the elements past
+ * the last chunk, or a row that is not lane-major, UNROLL terms loaded at a
+ * time. Either way lane l adds l, l + 32, l + 64, ... in increasing order. */
 #define UNROLL 8
+#define CHUNKS 4
+
+/* The V weights of one lane in a lane-major chunk, widened exactly. */
+template <int DT>
+__device__ __forceinline__ void widen16(uint4 q, float *w)
+{
+    uint32_t word[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int u = 0; u < (DT == CUDA_F32 ? 4 : 8); u++) {
+        if (DT == CUDA_F32) {
+            w[u] = devio_num_float(word[u]);
+        } else {
+            uint16_t h = (uint16_t)(word[u / 2] >> (16 * (u % 2)));
+            w[u] = DT == CUDA_F16 ? devio_f16_to_f32(h) : devio_bf16_to_f32(h);
+        }
+    }
+}
+
 template <int DT, int EPI>
 __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
 {
+    constexpr uint32_t V = DT == CUDA_F32 ? 4 : 8, C = 32 * V, ES = DT == CUDA_F32 ? 4 : 2;
     uint32_t lane = threadIdx.x & 31u, o = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (o >= mv.m)
         return;
     const bool two = EPI == CUDA_EPI_SILU_MUL;
     size_t row = (size_t)o * mv.n;
+    uint32_t nfull = cuda_lane_major(mv.n, DT) ? mv.n / C : 0;
+    const char *wrow = static_cast<const char *>(mv.w) + row * ES;
+    const char *w2row = two ? static_cast<const char *>(mv.w2) + row * ES : wrow;
     for (uint32_t t0 = 0; t0 < mv.n_tok; t0 += TILE) {
         uint32_t nt = mv.n_tok - t0 < TILE ? mv.n_tok - t0 : TILE;
         float acc[TILE], acc2[TILE];
@@ -111,7 +136,44 @@ __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
         for (int tt = 0; tt < TILE; tt++)
             acc[tt] = acc2[tt] = 0.0f;
         const float *x = mv.x + (size_t)t0 * mv.ldx;
-        uint32_t i = lane;
+        for (uint32_t c = 0; c < nfull; c += CHUNKS) {
+            uint4 q[CHUNKS], q2[CHUNKS];
+#pragma unroll
+            for (int k = 0; k < CHUNKS; k++) {
+                size_t at = ((size_t)(c + k) * C + lane * V) * ES;
+                if (c + k < nfull) {
+                    q[k] = ld16(wrow + at);
+                    q2[k] = two ? ld16(w2row + at) : q[k];
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < CHUNKS; k++) {
+                if (c + k >= nfull)
+                    break;
+                float w[V], w2[V];
+                widen16<DT>(q[k], w);
+                if (two)
+                    widen16<DT>(q2[k], w2);
+                size_t i0 = (size_t)(c + k) * C + lane;
+#pragma unroll
+                for (int tt = 0; tt < TILE; tt++) {
+                    if ((uint32_t)tt >= nt)
+                        break;
+                    const float *xt = x + (size_t)tt * mv.ldx + i0;
+                    float xv[V];
+#pragma unroll
+                    for (uint32_t u = 0; u < V; u++)
+                        xv[u] = xt[32 * u];
+#pragma unroll
+                    for (uint32_t u = 0; u < V; u++) {
+                        acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w[u], xv[u]));
+                        if (two)
+                            acc2[tt] = DEVIO_ADD(acc2[tt], DEVIO_MUL(w2[u], xv[u]));
+                    }
+                }
+            }
+        }
+        uint32_t i = nfull * C + lane;
         for (; i + 32 * (UNROLL - 1) < mv.n; i += 32 * UNROLL) {
             float w[UNROLL], w2[UNROLL];
 #pragma unroll

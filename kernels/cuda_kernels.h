@@ -19,10 +19,40 @@ extern "C" {
 /* Weight dtypes, as device/model.h numbers them. */
 enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 };
 
+/* The lane-major layout of a projection weight on the device. A row of n
+ * elements whose bytes are a multiple of 16 is stored in chunks of 32 * V
+ * elements (V = 16 bytes / element size: 8 for f16 and bf16, 4 for f32):
+ * inside a chunk, the V elements lane l of a warp adds (l, l + 32, ...,
+ * l + 32 (V - 1), as the lane rule orders them) lie together in 16 bytes,
+ * so that one 16-byte load per lane reads 512 contiguous bytes per warp.
+ * Elements past the last whole chunk stay in place, as do rows whose bytes
+ * are not a multiple of 16. The upload (cuda_backend.c) permutes, the
+ * projection kernel reads, and the embedding reads a tied lm_head back. */
+#if defined(__CUDACC__)
+#define CUDA_HD __host__ __device__
+#else
+#define CUDA_HD
+#endif
+static inline CUDA_HD uint32_t cuda_lane_v(int dtype) { return dtype == CUDA_F32 ? 4u : 8u; }
+static inline CUDA_HD int cuda_lane_major(uint32_t n, int dtype)
+{
+    return n % cuda_lane_v(dtype) == 0;
+}
+/* Where element i of a row of n sits in the lane-major layout. */
+static inline CUDA_HD uint64_t cuda_lane_pos(uint64_t i, uint32_t n, int dtype)
+{
+    uint32_t v = cuda_lane_v(dtype), c = 32u * v;
+    if (!cuda_lane_major(n, dtype) || i >= (uint64_t)(n / c) * c)
+        return i;
+    uint64_t r = i % c;
+    return i - r + (r % 32u) * v + r / 32u;
+}
+
 /* Rule 1: x[t, 0..d) = widen(embed[tokens[t], 0..d)), times mult (Granite's
- * embedding_multiplier, one rounded multiply) when mult != 1. */
-int cuda_embed(const void *embed, int dtype, uint32_t d, const int32_t *tokens, uint32_t n_tok,
-               float mult, float *x, void *stream);
+ * embedding_multiplier, one rounded multiply) when mult != 1. lane_major:
+ * the rows are in that layout (a tied lm_head). */
+int cuda_embed(const void *embed, int dtype, int lane_major, uint32_t d, const int32_t *tokens,
+               uint32_t n_tok, float mult, float *x, void *stream);
 
 /* Rule 2: y[t] = rmsnorm(x[t], w) for n_tok rows of d floats; w is f32. y
  * may be x (in place: each lane rereads only the elements it writes). Rule
@@ -43,7 +73,7 @@ typedef enum cuda_epi {
 /* Rule 3 over n_tok token rows: y[t, o] = epi(lane_dot(W[o, :], x[t, :], n)).
  * One warp per output row reads that row once for all the step's tokens. */
 typedef struct cuda_matvec {
-    const void *w, *w2; /* [m, n] of dtype; w2 (the up weight) for SILU_MUL */
+    const void *w, *w2; /* [m, n] of dtype, lane-major (above); w2 (up) for SILU_MUL */
     int dtype;
     uint32_t m, n;
     const float *bias;  /* [m] for BIAS */

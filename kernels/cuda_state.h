@@ -63,8 +63,9 @@ typedef struct cuda_state {
     char failure[200];
 
     /* Weights, uploaded once as loaded. */
-    const void *embed, *lm_head;
+    const void *embed, *lm_head; /* projections lane-major (cuda_kernels.h) */
     int dt_embed, dt_lm;
+    bool embed_lane_major;       /* tied: the embedding is lm_head's copy */
     cuda_layer *layers;        /* host: [n_layers] of device pointers */
     void **allocs;             /* host: every cudaMalloc, for destroy */
     uint32_t n_allocs, cap_allocs;
@@ -125,7 +126,8 @@ devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err);
 
 /* cudaMalloc of `bytes`, zeroed, remembered for destroy (cuda_backend.c). */
 devio_status cuda_dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err);
-/* A tensor uploaded as loaded; *dev is NULL for an absent tensor. */
+/* A projection weight uploaded, its rows lane-major where cuda_lane_major
+ * says (cuda_kernels.h); *dev is NULL for an absent tensor. */
 devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
                          devio_error *err);
 

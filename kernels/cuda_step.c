@@ -313,8 +313,8 @@ static devio_status enqueue(cuda_step *sp, uint32_t ring)
     if (n == 0)
         return DEVIO_OK;
     CHECK(sp,
-          cuda_embed(st->embed, st->dt_embed, st->sh.d, sp->all.tokens, n, st->sh.emb_mult, st->x,
-                     st->stream),
+          cuda_embed(st->embed, st->dt_embed, st->embed_lane_major, st->sh.d, sp->all.tokens, n,
+                     st->sh.emb_mult, st->x, st->stream),
           "embedding");
     devio_status s = DEVIO_OK;
     for (uint32_t li = 0; li + 1 < L && s == DEVIO_OK; li++)

@@ -47,6 +47,16 @@ __device__ __forceinline__ float fold_all(float v)
     return __shfl_sync(FULL, fold(v), 0);
 }
 
+/* 16 bytes at p, which must be 16-byte aligned (the emulator checks it, as
+ * the GPU faults on it). */
+__device__ __forceinline__ uint4 ld16(const void *p)
+{
+#if defined(DEVIO_CUDA_EMULATED)
+    devio_emu::check_aligned(p, 16, "a 16-byte load");
+#endif
+    return *static_cast<const uint4 *>(p);
+}
+
 /* The cudaError_t of the launch just made, as an int. */
 static inline int cuda_launched(void)
 {

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -366,6 +367,55 @@ def bench(c, tmp, read_gbs):
     return ("ok" if ok else "FAIL"), fig
 
 
+def find_tool(name):
+    for d in [None, "/usr/local/cuda/bin"]:
+        path = shutil.which(name) if d is None else os.path.join(d, name)
+        if path and os.path.exists(path):
+            return path
+    return None
+
+
+def kernel_profile(c, tmp):
+    """ncu's time and DRAM bytes of each kernel over one decode step's worth
+    of launches (batch 1 on the 1b model, well past the start), by kernel."""
+    import csv
+    import io
+
+    ncu = find_tool("ncu")
+    if not ncu:
+        return "skipped", {"why": "no ncu on this machine"}
+    model_dir = make_model(c, tmp, "1b")
+    p = c.sh([ncu, "--clock-control", "none", "--launch-skip", "700", "--launch-count", "226",
+              "--csv", "--page", "raw", "--metrics", "gpu__time_duration.sum,dram__bytes_read.sum",
+              c.path("tests", "bench", "devio-bench"), "--model", model_dir, "--backend",
+              c.backend, "--backend-path", c.path("kernels"), "--batches", "1", "--steps", "12",
+              "--prefill", "1"], 150, check=True)
+    rows = list(csv.reader(io.StringIO("\n".join(
+        l for l in p.stdout.splitlines() if l.startswith('"')))))
+    if len(rows) < 3:
+        return "FAIL", {"error": "ncu printed no kernels", "log": p.stdout[-1200:]}
+    head = rows[0]
+    name_i, t_i = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
+    b_i = head.index("dram__bytes_read.sum")
+    t_unit, b_unit = rows[1][t_i], rows[1][b_i]
+    t_scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(t_unit, 1.0)
+    b_scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(b_unit, 1)
+    agg = {}
+    for r in rows[2:]:
+        name = re.sub(r"\(.*$", "", r[name_i]).replace("void ", "")
+        us, b = float(r[t_i].replace(",", "")) * t_scale, float(r[b_i].replace(",", "")) * b_scale
+        a = agg.setdefault(name, [0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += us
+        a[2] += b
+    total = sum(a[1] for a in agg.values())
+    lines = ["%-44s %5s %10s %6s %9s" % ("kernel", "calls", "us", "share", "GB/s")]
+    for name, (n, us, b) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        lines.append("%-44s %5d %10.1f %5.1f%% %9.1f" % (name[:44], n, us, 100 * us / total,
+                                                        b / (us * 1e3) if us else 0))
+    return "ok", {"kernel_us_per_step": round(total, 1), "output": "\n".join(lines)}
+
+
 def hybrid_suites():
     names = []
     for line in open(os.path.join(ROOT, "tests", "conformance", "suites.txt")):
@@ -380,7 +430,7 @@ def conformance(c):
     apply at depth 1 (two tickets in flight, its own --max-depth) is counted
     apart; any other skip, or a hybrid suite missing, fails the step."""
     p = c.sh([sys.executable, os.path.join(ROOT, "tests", "conformance", "run.py"), "--bin",
-              c.bin, "--gpu", "--gpu-backend", c.backend], 400)
+              c.bin, "--gpu", "--gpu-backend", c.backend, "--jobs", "4"], 400)
     m = re.search(r"conformance: (\d+) passed, (\d+) failed, (\d+) skipped, (\d+) not applicable",
                   p.stdout)
     fig = {"passed": int(m.group(1)) if m else 0, "failed": int(m.group(2)) if m else -1,
@@ -428,6 +478,7 @@ def main():
         bw = c.step("GPU read bandwidth (devio-gpu-bw)", lambda: bandwidth(c))
         c.step("decode and prefill on 1b (devio-bench)",
                lambda: bench(c, tmp, bw.get("read_gbs")))
+        c.step("kernel times of a decode step on 1b (ncu)", lambda: kernel_profile(c, tmp))
         for preset, n, with_ref in (("tiny", 48, False), ("small", 48, False), ("1b", 16, True)):
             c.step("logits vs transformers, %s" % preset,
                    lambda: hf_agreement(c, tmp, preset, n, with_ref))

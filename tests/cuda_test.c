@@ -475,6 +475,32 @@ static void strict_case(devio_dtype dtype, bool lora)
     devio_fixture_free(&fx);
 }
 
+/* Rows long enough for whole lane-major chunks (kernels/cuda_kernels.h) and a tail past the
+ * last one: hidden 264 = 256 + 8 and ffn 520 = 512 + 8; tied in bf16 (the embedding reads
+ * lm_head's lane-major rows), untied in f32 and f16. */
+static void wide_case(devio_dtype dtype, bool tied)
+{
+    NEED_GPU();
+    devio_mkmodel_opts o = devio_mkmodel_opts_default();
+    devio_error err = {0};
+    assert_int_equal(devio_mkmodel_preset("tiny", &o, &err), DEVIO_OK);
+    o.hidden_size = 264;
+    o.intermediate_size = 520;
+    o.vocab_size = 300;
+    o.head_dim = 0;
+    o.dtype = dtype;
+    o.tie_word_embeddings = tied;
+    o.seed = 9;
+    devio_fixture fx;
+    assert_int_equal(devio_fixture_make(&fx, o), 0);
+    compare_runs(&fx, NULL, workload);
+    devio_fixture_free(&fx);
+}
+
+static void test_wide_bf16_tied(void **state) { (void)state; wide_case(DEVIO_BF16, true); }
+static void test_wide_f32(void **state) { (void)state; wide_case(DEVIO_F32, false); }
+static void test_wide_f16(void **state) { (void)state; wide_case(DEVIO_F16, false); }
+
 static void test_strict_f32(void **state) { (void)state; strict_case(DEVIO_F32, false); }
 static void test_strict_bf16(void **state) { (void)state; strict_case(DEVIO_BF16, false); }
 static void test_strict_f16_lora(void **state) { (void)state; strict_case(DEVIO_F16, true); }
@@ -803,6 +829,9 @@ int main(void)
         cmocka_unit_test(test_strict_f32),
         cmocka_unit_test(test_strict_bf16),
         cmocka_unit_test(test_strict_f16_lora),
+        cmocka_unit_test(test_wide_bf16_tied),
+        cmocka_unit_test(test_wide_f32),
+        cmocka_unit_test(test_wide_f16),
         cmocka_unit_test(test_hybrid_workload_on_reference),
         cmocka_unit_test(test_hybrid_refused),
         cmocka_unit_test(test_bamba_f32),
