@@ -35,7 +35,10 @@
 
 namespace devio_emu {
 
-thread_local ctx *cur __attribute__((tls_model("initial-exec")));
+/* Kernels run only under the runtime's lock (emu_runtime.cc), one host
+ * thread at a time: the thread running now and the executor are plain
+ * globals, which every host thread that runs kernels shares in turn. */
+ctx *cur;
 
 namespace {
 
@@ -88,10 +91,9 @@ struct executor {
     const void *sched_lo = nullptr;
     size_t sched_size = 0;
     void *sched_fake = nullptr;
-    bool altstack = false;
 };
 
-thread_local executor *X __attribute__((tls_model("initial-exec")));
+executor *X;
 
 const char *coll_name(int k)
 {
@@ -450,34 +452,39 @@ void install_fault_handler()
 
 cudaError_t run_launch(const launch_rec &L)
 {
-    /* One executor per host thread, made at its first launch and kept: the
-     * plugin's thread-local storage stays a few words (it is loaded with
-     * dlopen, where static TLS is scarce). */
+    /* One executor, made at the first launch and kept. */
     if (!X)
         X = new executor;
     executor *x = X;
-    if (!x->altstack) {
-        /* Faults are handled on their own stack: a fiber's may be the one that overflowed. */
-        size_t alt = 64 * 1024;
-        stack_t ss;
-        ss.ss_sp = malloc(alt);
-        ss.ss_size = alt;
-        ss.ss_flags = 0;
-        sigaltstack(&ss, nullptr);
-        x->altstack = true;
+    /* Set up once on each host thread that runs kernels: faults are handled
+     * on their own stack (a fiber's may be the one that overflowed), and
+     * under AddressSanitizer the scheduler's stack is the thread's own. */
+    static thread_local bool ready;
+    static thread_local void *stack_lo;
+    static thread_local size_t stack_size;
+    if (!ready) {
+        stack_t old;
+        if (sigaltstack(nullptr, &old) == 0 && (old.ss_flags & SS_DISABLE)) {
+            /* none yet (a sanitizer's runtime may have set one: it stays) */
+            size_t alt = 64 * 1024;
+            stack_t ss;
+            ss.ss_sp = malloc(alt);
+            ss.ss_size = alt;
+            ss.ss_flags = 0;
+            if (ss.ss_sp)
+                sigaltstack(&ss, nullptr);
+        }
 #ifdef EMU_ASAN
-        /* The scheduler runs on the host thread's own stack. */
         pthread_attr_t at;
-        void *lo = nullptr;
-        size_t size = 0;
         if (pthread_getattr_np(pthread_self(), &at) == 0) {
-            pthread_attr_getstack(&at, &lo, &size);
+            pthread_attr_getstack(&at, &stack_lo, &stack_size);
             pthread_attr_destroy(&at);
         }
-        x->sched_lo = lo;
-        x->sched_size = size;
 #endif
+        ready = true;
     }
+    x->sched_lo = stack_lo;
+    x->sched_size = stack_size;
     install_fault_handler();
     x->L = &L;
     x->code = cudaSuccess;

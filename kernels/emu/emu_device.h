@@ -49,13 +49,14 @@ struct alignas(16) float4 {
 
 namespace devio_emu {
 
-/* What device code reads of the emulated thread running now. */
+/* What device code reads of the emulated thread running now (kernels run
+ * one host thread at a time, under the runtime's lock). */
 struct ctx {
     uint3 thread_idx;
     uint3 block_idx;
     dim3 block_dim, grid_dim;
 };
-extern thread_local ctx *cur __attribute__((tls_model("initial-exec")));
+extern ctx *cur;
 
 enum coll_kind { COLL_SYNC, COLL_SHFL_IDX, COLL_SHFL_XOR, COLL_SHFL_DOWN, COLL_SHFL_UP,
                  COLL_BALLOT, COLL_ANY, COLL_ALL };

@@ -104,7 +104,23 @@ std::deque<alloc> freed;
 size_t freed_bytes, mem_total, mem_used;
 std::map<uintptr_t, size_t> pinned;
 std::map<const void *, int> dyn_smem_max;
-std::vector<CUstream_st *> streams; /* created ones, destroyed ones marked DEAD */
+/* Every stream and event made, destroyed ones marked DEAD and kept so that a
+ * later use is recognised; the lists are never freed, so that they stay
+ * reachable at exit (no leak reported by a sanitizer). */
+std::vector<CUstream_st *> *streams_;
+std::vector<CUevent_st *> *events_;
+std::vector<CUstream_st *> &streams()
+{
+    if (!streams_) /* made at first use: a plugin only probed allocates nothing */
+        streams_ = new std::vector<CUstream_st *>;
+    return *streams_;
+}
+std::vector<CUevent_st *> &events()
+{
+    if (!events_)
+        events_ = new std::vector<CUevent_st *>;
+    return *events_;
+}
 CUstream_st legacy = {STREAM_MAGIC, true, {}};
 uint64_t seq_next = 1;
 
@@ -264,7 +280,7 @@ void drain(CUstream_st *s, uint64_t upto)
         op o = std::move(s->q.front());
         s->q.pop_front();
         if (s == &legacy) {
-            for (CUstream_st *b : streams)
+            for (CUstream_st *b : streams())
                 if (b->magic == STREAM_MAGIC && b->blocking)
                     drain(b, o.seq - 1);
         } else if (s->blocking) {
@@ -277,7 +293,7 @@ void drain(CUstream_st *s, uint64_t upto)
 void drain_all()
 {
     drain(&legacy, UINT64_MAX);
-    for (CUstream_st *s : streams)
+    for (CUstream_st *s : streams())
         if (s->magic == STREAM_MAGIC)
             drain(s, UINT64_MAX);
 }
@@ -705,7 +721,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
     *stream = nullptr;
     ENTER();
     CUstream_st *s = new CUstream_st{STREAM_MAGIC, !(flags & cudaStreamNonBlocking), {}};
-    streams.push_back(s);
+    streams().push_back(s);
     *stream = s;
     return cudaSuccess;
 }
@@ -757,6 +773,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
     if (flags & ~(cudaEventBlockingSync | cudaEventDisableTiming))
         return ret(cudaErrorInvalidValue);
     *event = new CUevent_st{EVENT_MAGIC, nullptr, 0, false};
+    events().push_back(*event);
     return cudaSuccess;
 }
 
@@ -921,7 +938,7 @@ void devio_emu_reset(void)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
     legacy.q.clear();
-    for (CUstream_st *s : streams)
+    for (CUstream_st *s : streams())
         s->q.clear();
     sticky = cudaSuccess;
     last = cudaSuccess;
