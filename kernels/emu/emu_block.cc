@@ -435,19 +435,38 @@ void on_fault(int sig, siginfo_t *si, void *uc)
 
 } // namespace
 
+#ifdef EMU_ASAN
+/* AddressSanitizer's report of device code says where in the launch it was. */
+void asan_context(const char *report)
+{
+    (void)report;
+    executor *x = X;
+    if (x && x->in_kernel && x->running) {
+        const ethread *t = x->running;
+        fprintf(stderr, "devio-emu: the report above is from kernel %s, block (%u,%u,%u), "
+                "thread (%u,%u,%u)\n", x->L->name.c_str(), x->bidx.x, x->bidx.y, x->bidx.z,
+                t->thread_idx.x, t->thread_idx.y, t->thread_idx.z);
+    }
+}
+#endif
+
+/* At every launch: the process (a test harness, a sanitizer) may have put
+ * its own handler in since; that one is kept as the one to fall back to. */
 void install_fault_handler()
 {
-    static bool done;
-    if (done)
-        return;
-    done = true;
-    struct sigaction sa;
+    struct sigaction sa, now;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_fault;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGSEGV, &sa, &old_segv);
-    sigaction(SIGBUS, &sa, &old_bus);
+    int sigs[2] = {SIGSEGV, SIGBUS};
+    struct sigaction *olds[2] = {&old_segv, &old_bus};
+    for (int i = 0; i < 2; i++)
+        if (sigaction(sigs[i], nullptr, &now) == 0 && now.sa_sigaction != on_fault)
+            sigaction(sigs[i], &sa, olds[i]);
+#ifdef EMU_ASAN
+    __asan_set_error_report_callback(asan_context);
+#endif
 }
 
 cudaError_t run_launch(const launch_rec &L)
@@ -524,7 +543,7 @@ void barrier()
     park(t, false);
 }
 
-void fail(cudaError_t code, const char *fmt, ...)
+void device_fault(cudaError_t code, const char *fmt, ...)
 {
     char what[400];
     va_list ap;
@@ -554,7 +573,7 @@ bool ordered(const executor *x, const ethread *t, const access &a)
                        size_t off)
 {
     uint3 o = idx_of(x, (unsigned)other.tid);
-    fail(cudaErrorLaunchFailure,
+    device_fault(cudaErrorLaunchFailure,
          "shared memory race: this thread %s the word at byte %zu, which thread (%u,%u,%u) %s "
          "with no barrier between",
          write ? "writes" : "reads", off, o.x, o.y, o.z, other_wrote ? "wrote" : "read");
@@ -568,7 +587,7 @@ void shared_access(const void *addr, size_t n, bool write)
     ethread *t = x->running;
     const char *p = static_cast<const char *>(addr), *lo = x->smem.data();
     if (p < lo || p + n > lo + x->smem_used)
-        fail(cudaErrorIllegalAddress,
+        device_fault(cudaErrorIllegalAddress,
              "shared memory %s of %zu bytes at offset %td, outside the block's %zu bytes",
              write ? "write" : "read", n, p - lo, x->smem_used);
     size_t off = (size_t)(p - lo);
@@ -601,7 +620,7 @@ void *static_shared(size_t bytes, size_t align, const void *site)
             return x->smem.data() + s.second;
     size_t off = (x->smem_used + align - 1) / align * align;
     if (off + bytes - x->L->smem > STATIC_SHARED_MAX)
-        fail(cudaErrorInvalidValue, "static shared memory above %zu bytes", STATIC_SHARED_MAX);
+        device_fault(cudaErrorInvalidValue, "static shared memory above %zu bytes", STATIC_SHARED_MAX);
     memset(x->smem.data() + off, 0xff, bytes);
     x->smem_used = off + bytes;
     x->shadow.resize((x->smem_used + 3) / 4, word_rec{NONE, {NONE, NONE}});

@@ -67,13 +67,13 @@ uint32_t collective(int kind, unsigned mask, uint32_t value, int param, int widt
 void barrier();
 /* Reports a fault of device code (the kernel, block, thread and what went
  * wrong), makes `code` the context's sticky error and abandons the launch. */
-[[noreturn]] void fail(cudaError_t code, const char *fmt, ...)
+[[noreturn]] void device_fault(cudaError_t code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* A vector access must be aligned to its size, as on the GPU. */
 inline void check_aligned(const void *p, size_t n, const char *what)
 {
     if ((uintptr_t)p % n != 0)
-        fail(cudaErrorMisalignedAddress, "misaligned address %p for %s", p, what);
+        device_fault(cudaErrorMisalignedAddress, "misaligned address %p for %s", p, what);
 }
 
 /* Shared memory: every access goes through shared_access (bounds against the

@@ -241,9 +241,9 @@ void check_canaries(const launch_rec &L)
             if ((unsigned char)a.base[i] != CANARY) {
                 char msg[300];
                 snprintf(msg, sizeof msg,
-                         "kernel %s wrote %zu bytes past the end of a device buffer of %zu bytes "
-                         "at %p",
-                         L.name.c_str(), i - a.size + 1, a.size, (void *)a.base);
+                         "kernel %s wrote past the end of a device buffer of %zu bytes at %p "
+                         "(byte %zu after its end, found by the canary after the kernel)",
+                         L.name.c_str(), a.size, (void *)a.base, i - a.size);
                 record_fault(cudaErrorIllegalAddress, msg);
                 sticky = cudaErrorIllegalAddress;
                 return;
