@@ -99,8 +99,60 @@ def cuda_emu_targets():
         deps = [":cuda_backend_emu"],
     )
 
+# The negative control's mutants (kernels/emu/mutate.py): each a cuda-emu plugin
+# built from kernels with one deliberate defect, at
+# kernels/mutants/NAME/libdevio-backend-cuda-emu.so.
+MUTANTS = ["fold", "barrier", "offbyone", "fma"]
+
+def cuda_emu_mutants():
+    for m in MUTANTS:
+        d = "mutants/%s/" % m
+        native.genrule(
+            name = "mutant_%s_src" % m,
+            srcs = [
+                "cuda_kernels.cu",
+                "cuda_ssm.cu",
+                "cuda_warp.cuh",
+                "emu/mutate.py",
+            ],
+            outs = [d + f for f in ("cuda_kernels.cu", "cuda_ssm.cu", "cuda_warp.cuh",
+                                    "emu_kernels.cc", "emu_ssm.cc")],
+            cmd = ("python3 $(location emu/mutate.py) {m} $(@D)/{d} $(location cuda_kernels.cu) " +
+                   "$(location cuda_ssm.cu) $(location cuda_warp.cuh) && " +
+                   "echo '#include \"cuda_kernels.cu\"' > $(@D)/{d}emu_kernels.cc && " +
+                   "echo '#include \"cuda_ssm.cu\"' > $(@D)/{d}emu_ssm.cc").format(m = m, d = d),
+        )
+        native.cc_library(
+            name = "cuda_kernels_emu_" + m,
+            srcs = [d + "emu_kernels.cc", d + "emu_ssm.cc"],
+            hdrs = [
+                "cuda_kernels.h",
+                "cuda_ssm.h",
+            ],
+            textual_hdrs = [d + "cuda_kernels.cu", d + "cuda_ssm.cu", d + "cuda_warp.cuh"],
+            copts = EMU_CXX,
+            deps = [":emu_runtime"],
+        )
+        native.cc_library(
+            name = "cuda_backend_emu_" + m,
+            srcs = GLUE,
+            hdrs = ["cuda_backend.h"],
+            alwayslink = True,
+            deps = [
+                ":cuda_kernels_emu_" + m,
+                ":cuda_plan",
+                ":emu_runtime",
+                "//device",
+            ],
+        )
+        devio_plugin(
+            name = d + "libdevio-backend-cuda-emu.so",
+            deps = [":cuda_backend_emu_" + m],
+        )
+
 def cuda_backend_targets():
     cuda_emu_targets()
+    cuda_emu_mutants()
     native.cc_library(
         name = "cuda_plan",
         srcs = ["cuda_plan.c"],
