@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """gpu_check.py - the body of kernels/gpu-check.sh (see there): checks and
-figures of the CUDA backend on a machine with an NVIDIA GPU.
+figures of the CUDA backend on a machine with an NVIDIA GPU, or with
+--emulate of cuda-emu, the same backend on the SIMT emulator (kernels/emu/),
+where steps that need hardware are skipped and the bench runs the tiny model
+(its figures time the emulator and are labelled so).
 
 Steps run in the order of what they tell per second: a tiny Llama and a tiny
 Bamba bit for bit against the reference first, then the CUDA unit tests,
@@ -42,14 +45,15 @@ class Check:
     """The run's state: where binaries and outputs are, the deadline, the
     report (rewritten after every step) and the log every command appends to."""
 
-    def __init__(self, bin_dir, out, deadline_s, backend):
+    def __init__(self, bin_dir, out, deadline_s, backend, emulated=False):
+        self.emulated = emulated
         self.bin = bin_dir
         self.out = out
         self.backend = backend
         self.end = time.time() + deadline_s
         self.steps = []
         self.env = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    "backend": backend}
+                    "backend": backend, "emulated": emulated}
         self.log = open(os.path.join(out, "gpu-check.log"), "a", buffering=1)
         self.current = None
 
@@ -271,7 +275,7 @@ def feature_bits(c, tmp):
 
 def unit_tests(c):
     # cwd: the plugin is found as kernels/ beside the test, as in its runfiles.
-    p = c.sh([c.path("tests", "cuda_test")], 200, cwd=c.bin)
+    p = c.sh([c.path("tests", "cuda_emu_test" if c.emulated else "cuda_test")], 200, cwd=c.bin)
     out = p.stdout + p.stderr
     count = lambda what: int((re.findall(r"\[  %s  ?\] (\d+) test" % what, out) or ["0"])[-1])
     passed, failed, skipped = count("PASSED"), count("FAILED"), count("SKIPPED")
@@ -286,10 +290,10 @@ def unit_tests(c):
 def sanitizer(c, tmp):
     """compute-sanitizer's memcheck and racecheck over a conformance script on
     a tiny Llama and a tiny Bamba (prefill chunks, decode, forks)."""
-    cs = "compute-sanitizer"
-    for d in ("/usr/local/cuda/bin", "/usr/local/cuda/compute-sanitizer"):
-        if os.path.exists(os.path.join(d, cs)):
-            cs = os.path.join(d, cs)
+    if c.emulated:
+        return "skipped", {"why": "compute-sanitizer needs a GPU; the emulator makes its own "
+                           "checks in every step"}
+    cs = find_tool("compute-sanitizer") or "compute-sanitizer"
     fig, ok = {}, True
     runs = (("llama", make_model(c, tmp, "tiny"), "chunks.jsonl"),
             ("bamba", make_model(c, tmp, "tiny", flags=["--arch", "bamba"], tag="bamba-tiny"),
@@ -309,8 +313,12 @@ def sanitizer(c, tmp):
 
 def hf_agreement(c, tmp, preset, n_tokens, with_ref):
     import numpy as np
-    import torch
-    import transformers
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        return "skipped", {"why": "no PyTorch and transformers here (%s)" % e}
+    dev = "cpu" if c.emulated else "cuda"
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -321,11 +329,12 @@ def hf_agreement(c, tmp, preset, n_tokens, with_ref):
         m = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     except TypeError:
         m = transformers.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    m = m.cuda().eval()
+    m = m.to(dev).eval()
     with torch.no_grad():
-        want = m(torch.tensor([tokens], device="cuda")).logits[0].double().cpu().numpy()
+        want = m(torch.tensor([tokens], device=dev)).logits[0].double().cpu().numpy()
     del m
-    torch.cuda.empty_cache()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
     err = float(np.max(np.abs(got.astype(np.float64) - want)) / np.max(np.abs(want)))
     fig = {"relative_error": "%.3e" % err, "tokens": n_tokens}
     ok = err < HF_LIMIT
@@ -337,11 +346,23 @@ def hf_agreement(c, tmp, preset, n_tokens, with_ref):
 
 
 def bandwidth(c):
+    if c.emulated:
+        return "skipped", {"why": "no GPU: the emulator has no bandwidth of its own"}
     p = c.sh([c.path("kernels", "devio-gpu-bw")], 60, check=True)
     return "ok", json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def bench(c, tmp, read_gbs):
+    if c.emulated:
+        # The bench's figures parsed as on a GPU, on the tiny model: they time the
+        # emulator, never a GPU, and no speed is asked of them.
+        p = c.sh([c.path("tests", "bench", "devio-bench"), "--model", make_model(c, tmp, "tiny"),
+                  "--backend", c.backend, "--backend-path", c.path("kernels"), "--batches", "1,8",
+                  "--steps", "4", "--prefill", "16", "--overlap", "4"], 150, check=True)
+        fig = {"output": p.stdout.strip()}
+        for b, tps in re.findall(r"decode batch +(\d+): +([\d.]+) tokens/s", p.stdout):
+            fig["emulated_decode_b%s_tok_s" % b] = float(tps)
+        return ("ok" if len(fig) == 3 else "FAIL"), fig
     model_dir = make_model(c, tmp, "1b")
     cmd = [c.path("tests", "bench", "devio-bench"), "--model", model_dir,
            "--backend", c.backend, "--backend-path", c.path("kernels"),
@@ -381,9 +402,9 @@ def kernel_profile(c, tmp):
     import csv
     import io
 
-    ncu = find_tool("ncu")
+    ncu = None if c.emulated else find_tool("ncu")
     if not ncu:
-        return "skipped", {"why": "no ncu on this machine"}
+        return "skipped", {"why": "ncu needs a GPU" if c.emulated else "no ncu on this machine"}
     model_dir = make_model(c, tmp, "1b")
     p = c.sh([ncu, "--clock-control", "none", "--launch-skip", "700", "--launch-count", "226",
               "--csv", "--page", "raw", "--metrics", "gpu__time_duration.sum,dram__bytes_read.sum",
@@ -416,6 +437,11 @@ def kernel_profile(c, tmp):
     return "ok", {"kernel_us_per_step": round(total, 1), "output": "\n".join(lines)}
 
 
+# The suites --emulate runs: one of each kind the step judges (a plain one, a
+# hybrid one, two that do not apply at depth 1).
+EMULATED_SUITES = ("chunks", "ssm_chunks", "ssm_depth", "errors")
+
+
 def hybrid_suites():
     names = []
     for line in open(os.path.join(ROOT, "tests", "conformance", "suites.txt")):
@@ -429,13 +455,18 @@ def conformance(c):
     """Every suite on both cuda targets (depth 2 and 1). A suite that does not
     apply at depth 1 (two tickets in flight, its own --max-depth) is counted
     apart; any other skip, or a hybrid suite missing, fails the step."""
-    p = c.sh([sys.executable, os.path.join(ROOT, "tests", "conformance", "run.py"), "--bin",
-              c.bin, "--gpu", "--gpu-backend", c.backend, "--jobs", "4"], 400)
+    cmd = [sys.executable, os.path.join(ROOT, "tests", "conformance", "run.py"), "--bin",
+           c.bin, "--gpu", "--gpu-backend", c.backend, "--jobs", "2" if c.emulated else "4"]
+    if c.emulated:  # the suite runs them all on cuda-emu apart; here, the check's logic
+        cmd += ["--suite", ",".join(EMULATED_SUITES)]
+    p = c.sh(cmd, 400)
     m = re.search(r"conformance: (\d+) passed, (\d+) failed, (\d+) skipped, (\d+) not applicable",
                   p.stdout)
     fig = {"passed": int(m.group(1)) if m else 0, "failed": int(m.group(2)) if m else -1,
            "skipped": int(m.group(3)) if m else 0, "not_applicable": int(m.group(4)) if m else 0}
     want, b = hybrid_suites(), re.escape(c.backend)
+    if c.emulated:
+        want = [n for n in want if n in EMULATED_SUITES]
     targets = (c.backend, c.backend + "-depth1")
     ran = set(re.findall(r"^(?:ok  |FAIL) (ssm_\S+) on (%s-depth1|%s)(?=[:\s]|$)" % (b, b),
                          p.stdout, re.M))
@@ -459,15 +490,20 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--deadline", type=float, default=450,
                     help="seconds for the whole check, shared out between the steps")
-    ap.add_argument("--backend", default="cuda", help="the backend checked (cuda)")
+    ap.add_argument("--emulate", action="store_true",
+                    help="check cuda-emu, the CUDA backend on the SIMT emulator, in place of a "
+                         "GPU: steps that need hardware are skipped, timings are the emulator's")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    c = Check(os.path.abspath(a.bin), os.path.abspath(a.out), a.deadline, a.backend)
+    c = Check(os.path.abspath(a.bin), os.path.abspath(a.out), a.deadline,
+              "cuda-emu" if a.emulate else "cuda", a.emulate)
     signal.signal(signal.SIGTERM, c.interrupted)
     signal.signal(signal.SIGINT, c.interrupted)
     try:
-        c.env["gpu"] = c.sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                             "--format=csv,noheader"], 30).stdout.strip()
+        c.env["gpu"] = ("no GPU: the SIMT emulator (cuda-emu); every timing is the emulator's"
+                        if c.emulated else
+                        c.sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], 30).stdout.strip())
     except Exception as e:
         c.env["gpu"] = "nvidia-smi: %s" % e
     c.write()
@@ -476,10 +512,12 @@ def main():
         c.step("CUDA unit tests (tests/cuda_test)", lambda: unit_tests(c))
         c.step("compute-sanitizer memcheck and racecheck, tiny", lambda: sanitizer(c, tmp))
         bw = c.step("GPU read bandwidth (devio-gpu-bw)", lambda: bandwidth(c))
-        c.step("decode and prefill on 1b (devio-bench)",
+        c.step("decode and prefill on %s (devio-bench)" % ("tiny" if c.emulated else "1b"),
                lambda: bench(c, tmp, bw.get("read_gbs")))
         c.step("kernel times of a decode step on 1b (ncu)", lambda: kernel_profile(c, tmp))
-        for preset, n, with_ref in (("tiny", 48, False), ("small", 48, False), ("1b", 16, True)):
+        hf = (("tiny", 48, True), ("small", 16, False)) if c.emulated else (
+            ("tiny", 48, False), ("small", 48, False), ("1b", 16, True))
+        for preset, n, with_ref in hf:
             c.step("logits vs transformers, %s" % preset,
                    lambda: hf_agreement(c, tmp, preset, n, with_ref))
         c.step("hybrid logits (Bamba, Mamba2) vs the reference, bit for bit",

@@ -290,7 +290,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--regen", action="store_true", help="rewrite expected/ from native-t1")
-    ap.add_argument("--suite", help="only this suite")
+    ap.add_argument("--suite", help="only this suite (or these, comma-separated)")
     ap.add_argument("--only", help="only targets whose name starts with this")
     ap.add_argument("--require-wasi", action="store_true")
     ap.add_argument("--no-wasmtime", action="store_true")
@@ -332,7 +332,7 @@ def main():
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs))
         jobs = []  # (suite, target, "run" | "skip" | "n/a", expected or reason, future)
         for name, script, model, flags in table("suites.txt"):
-            if args.suite and name != args.suite:
+            if args.suite and name not in args.suite.split(","):
                 continue
             script = os.path.join(HERE, script)
             flags = flags.split() + ["--adapters", adapters]
