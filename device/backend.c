@@ -47,6 +47,11 @@ devio_status devio_backend_create(const devio_backend_ops *ops, const devio_mode
     devio_status s = devio_backend_check(ops, err);
     if (s != DEVIO_OK)
         return s;
+    if (devio_model_weights_released(model) && !ops->copies_weights)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "backend '%s' reads the model's weights from host memory, and they were "
+                          "released",
+                          ops->name);
     s = ops->create(model, cfg, state, err);
     if (s != DEVIO_OK)
         *state = NULL;

@@ -33,7 +33,7 @@
 #include "device/devio.h"
 #include "device/model.h"
 
-#define DEVIO_BACKEND_ABI 4u
+#define DEVIO_BACKEND_ABI 5u
 
 struct devio_adapter; /* device/adapter.h */
 
@@ -176,6 +176,11 @@ typedef struct devio_ssm_ref {
 typedef struct devio_backend_ops {
     uint32_t abi;     /* DEVIO_BACKEND_ABI */
     const char *name; /* "ref", "cuda", ...: what --backend names */
+    /* After create the backend never reads the model's weight bytes again
+     * (it copied them to its own memory): the process may give the host's
+     * back (devio_model_release_weights). A backend without it refuses a
+     * model whose weights were released. */
+    bool copies_weights;
 
     /* Optional. Is the device this backend drives present and usable?
      * DEVIO_OK or DEVIO_E_UNSUPPORTED with the reason ("no CUDA device").

@@ -24,8 +24,12 @@
 typedef struct model_priv {
     devio_st_file **files; /* weight files, read into memory for the model's life */
     size_t n_files, cap_files;
-    void **owned; /* aligned copies of tensors stored at unaligned offsets */
+    struct owned_copy {
+        void *p;
+        size_t n;
+    } *owned; /* aligned copies of tensors stored at unaligned offsets (devio_st_pages) */
     size_t n_owned, cap_owned;
+    bool released; /* devio_model_release_weights */
 } model_priv;
 
 /* Load-time state: where each tensor lives. */
@@ -301,17 +305,17 @@ static devio_status loader_check_index(loader *L, devio_error *err)
     return st;
 }
 
-static devio_status priv_own(model_priv *p, void *buf, devio_error *err)
+static devio_status priv_own(model_priv *p, void *buf, size_t n, devio_error *err)
 {
     if (p->n_owned == p->cap_owned) {
         size_t cap = p->cap_owned ? p->cap_owned * 2 : 8;
-        void **no = realloc(p->owned, cap * sizeof *no);
+        struct owned_copy *no = realloc(p->owned, cap * sizeof *no);
         if (!no)
             return devio_fail(err, DEVIO_E_NOMEM, "out of memory copying tensors");
         p->owned = no;
         p->cap_owned = cap;
     }
-    p->owned[p->n_owned++] = buf;
+    p->owned[p->n_owned++] = (struct owned_copy){buf, n};
     return DEVIO_OK;
 }
 
@@ -378,14 +382,14 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
     /* safetensors does not promise aligned offsets; readers of the view may
      * load whole elements, so give them an aligned copy when needed. */
     if ((uintptr_t)t->data % devio_dtype_size(t->dtype) != 0) {
-        void *copy = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+        void *copy = devio_st_pages((size_t)t->nbytes);
         if (!copy)
             return devio_fail(err, DEVIO_E_NOMEM,
                               "%.100s: tensor '%.80s': out of memory for an aligned copy", fname,
                               name);
         memcpy(copy, t->data, (size_t)t->nbytes);
-        if ((st = priv_own(L->priv, copy, err)) != DEVIO_OK) {
-            free(copy);
+        if ((st = priv_own(L->priv, copy, (size_t)t->nbytes, err)) != DEVIO_OK) {
+            devio_st_pages_free(copy, (size_t)t->nbytes);
             return st;
         }
         out->data = copy;
@@ -670,10 +674,28 @@ void devio_model_free(devio_model *m)
             devio_st_close(p->files[i]);
         free(p->files);
         for (size_t i = 0; i < p->n_owned; i++)
-            free(p->owned[i]);
+            devio_st_pages_free(p->owned[i].p, p->owned[i].n);
         free(p->owned);
         free(p);
     }
     free(m->layers);
     free(m);
+}
+
+void devio_model_release_weights(devio_model *m)
+{
+    model_priv *p = m ? m->priv : NULL;
+    if (!p || p->released)
+        return;
+    for (size_t i = 0; i < p->n_files; i++)
+        devio_st_release(p->files[i]);
+    for (size_t i = 0; i < p->n_owned; i++)
+        devio_st_pages_release(p->owned[i].p, p->owned[i].n);
+    p->released = true;
+}
+
+bool devio_model_weights_released(const devio_model *m)
+{
+    const model_priv *p = m ? m->priv : NULL;
+    return p && p->released;
 }

@@ -177,6 +177,16 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
                                    devio_model **out, devio_error *err);
 void devio_model_free(devio_model *m);
 
+/* Gives the weights' host memory back (what the files were read into and
+ * the aligned copies), keeping everything else: config, shapes, tensor
+ * views whose addresses stay (to be compared, never read: a read faults).
+ * For a process whose device runs a backend that copied the weights to its
+ * own memory (devio_backend_ops.copies_weights): devio_release_host_weights
+ * in device/devio.h does it when that holds. Idempotent. Natively only; under
+ * WASI nothing is given back. */
+void devio_model_release_weights(devio_model *m);
+bool devio_model_weights_released(const devio_model *m);
+
 /* Widen element i of a tensor to binary32 exactly. */
 float devio_tensor_get(const devio_tensor *t, uint64_t i);
 

@@ -73,6 +73,39 @@ static void st_free_bytes(devio_st_file *f)
     f->base = NULL;
 }
 
+void *devio_st_pages(size_t n) { return st_alloc(n); }
+
+void devio_st_pages_free(void *p, size_t n)
+{
+    if (!p)
+        return;
+#ifdef __wasi__
+    (void)n;
+    free(p);
+#else
+    munmap(p, n ? n : 1);
+#endif
+}
+
+void devio_st_pages_release(void *p, size_t n)
+{
+#ifdef __wasi__
+    (void)p;
+    (void)n;
+#else
+    /* Replacing the pages discards them; the new ones are never touched. */
+    if (p)
+        mmap(p, n ? n : 1, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+             0);
+#endif
+}
+
+void devio_st_release(devio_st_file *f)
+{
+    if (f && f->base)
+        devio_st_pages_release(f->base, f->size);
+}
+
 /* True when two fstat results describe the same, unchanged file. */
 static bool st_same_file(const struct stat *a, const struct stat *b)
 {

@@ -56,6 +56,19 @@ devio_status devio_st_open_fd(int fd, const char *label, const char *wanted, dev
  * reading each byte once: DEVIO_E_MODEL naming the file, the tensor, the
  * first bad element's index and what it holds. Other dtypes are not scanned
  * (DEVIO_OK); their use is refused elsewhere. */
+/* Memory of its own for a copy of tensor bytes (anonymous pages natively,
+ * the heap under WASI): NULL when there is none. Freed with
+ * devio_st_pages_free(p, n). */
+void *devio_st_pages(size_t n);
+void devio_st_pages_free(void *p, size_t n);
+/* Gives the memory of [p, p + n) back to the system while keeping the
+ * addresses reserved and inaccessible: a read afterwards faults instead of
+ * seeing other data. Natively only (under WASI nothing is given back). */
+void devio_st_pages_release(void *p, size_t n);
+/* f's bytes released as above: its tensors keep their addresses (views can
+ * still be told apart and compared) but must never be read again. */
+void devio_st_release(devio_st_file *f);
+
 devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor *t,
                                    devio_error *err);
 

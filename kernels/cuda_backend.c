@@ -569,6 +569,7 @@ static uint32_t cuda_kv_blocks_fit(const devio_model *model, const devio_backend
 const devio_backend_ops devio_cuda_backend = {
     .abi = DEVIO_BACKEND_ABI,
     .name = DEVIO_CUDA_BACKEND_NAME,
+    .copies_weights = true, /* uploaded at create; only shapes are read after */
     .probe = cuda_probe,
     .create = cuda_create,
     .destroy = cuda_destroy,

@@ -100,6 +100,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "devio-ref: %s: %s\n", devio_status_str(err.status), err.message);
         goto out_model;
     }
+    if (ops->copies_weights) /* the backend (CUDA) holds them now */
+        devio_model_release_weights(model);
     devio_script_target t;
     devio_inproc_target(dev, &t);
     char why[512];

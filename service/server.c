@@ -577,6 +577,12 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     if (st == DEVIO_OK) {
         st = devio_open(s->model, ops, &dc, &s->dev, err);
     }
+    /* A backend that copied the weights (CUDA) never reads the host's again. */
+    if (st == DEVIO_OK && ops->copies_weights) {
+        devio_model_release_weights(s->model);
+        devio_log(DEVIO_LOG_INFO, "start",
+                  "backend '%s' holds the weights; their host memory was released", ops->name);
+    }
     if (st == DEVIO_OK) {
         devio_device_info di = {0};
         devio_device_info_get(s->dev, &di);

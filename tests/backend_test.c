@@ -197,7 +197,9 @@ static void test_registry(void **state)
     assert_string_equal(ops->name, "stream");
     assert_int_equal(r.n_handles, 1);
     assert_non_null(ops->logits_read);
-    expect_refused(&r, "badabi", "interface version 1, this devio needs 4");
+    char abi[64];
+    snprintf(abi, sizeof abi, "interface version 1, this devio needs %u", DEVIO_BACKEND_ABI);
+    expect_refused(&r, "badabi", abi);
     expect_refused(&r, "noentry", "has no devio_backend_plugin entry");
     expect_refused(&r, "wrongname", "calls itself 'somebody-else'");
     expect_refused(&r, "nope", "libdevio-backend-nope.so");

@@ -31,6 +31,7 @@
 #include "device/registry.h"
 #include "device/shape.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/cuda_plan.h"
 #include "ref/builtin.h"
 #include "ref/ref_backend.h"
 #include "tests/testutil.h"
@@ -501,6 +502,50 @@ static void test_wide_bf16_tied(void **state) { (void)state; wide_case(DEVIO_BF1
 static void test_wide_f32(void **state) { (void)state; wide_case(DEVIO_F32, false); }
 static void test_wide_f16(void **state) { (void)state; wide_case(DEVIO_F16, false); }
 
+/* The process's resident bytes (/proc/self/statm). */
+static uint64_t resident_bytes(void)
+{
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%lu %lu", &size, &resident), 2);
+    fclose(f);
+    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Once the device holds the weights, the host's copy goes back to the system (the process
+ * does it when the backend copies_weights): on the bench preset the resident size drops by
+ * the weights' bytes (on the emulator the device copy is host memory too, so one copy stays).
+ * A backend that reads host weights is refused the released model. */
+static void test_host_weights_released(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    devio_fixture fx;
+    assert_int_equal(devio_fixture_preset(&fx, "bench", DEVIO_BF16, 3), 0);
+    devio_config cfg = devio_config_default();
+    cfg.threads = 1;
+    cfg.kv_blocks = 64;
+    devio_device *d = NULL;
+    devio_error err = {0};
+    assert_true(devio_cuda_backend.copies_weights);
+    assert_false(devio_ref_backend.copies_weights);
+    assert_int_equal(devio_open(fx.model, &devio_cuda_backend, &cfg, &d, &err), DEVIO_OK);
+    uint64_t weights = cuda_plan_weight_bytes(fx.model), with = resident_bytes();
+    devio_model_release_weights(fx.model);
+    uint64_t without = resident_bytes();
+    print_message("cuda_test: bench preset, %.1f MB of weights: resident %.1f MB with the host "
+                  "copy, %.1f MB without\n", weights / 1e6, with / 1e6, without / 1e6);
+    assert_true(with > without && with - without >= weights - weights / 20);
+    assert_true(devio_model_weights_released(fx.model));
+    devio_device *r = NULL;
+    assert_int_equal(devio_open(fx.model, &devio_ref_backend, &cfg, &r, &err), DEVIO_E_INVALID);
+    assert_non_null(strstr(err.message, "were released"));
+    assert_null(r);
+    devio_teardown(d, NULL);
+    devio_fixture_free(&fx);
+}
+
 static void test_strict_f32(void **state) { (void)state; strict_case(DEVIO_F32, false); }
 static void test_strict_bf16(void **state) { (void)state; strict_case(DEVIO_BF16, false); }
 static void test_strict_f16_lora(void **state) { (void)state; strict_case(DEVIO_F16, true); }
@@ -832,6 +877,7 @@ int main(void)
         cmocka_unit_test(test_wide_bf16_tied),
         cmocka_unit_test(test_wide_f32),
         cmocka_unit_test(test_wide_f16),
+        cmocka_unit_test(test_host_weights_released),
         cmocka_unit_test(test_hybrid_workload_on_reference),
         cmocka_unit_test(test_hybrid_refused),
         cmocka_unit_test(test_bamba_f32),
