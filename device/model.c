@@ -696,6 +696,5 @@ void devio_model_release_weights(devio_model *m)
 
 bool devio_model_weights_released(const devio_model *m)
 {
-    const model_priv *p = m ? m->priv : NULL;
-    return p && p->released;
+    return m && m->priv && ((const model_priv *)m->priv)->released;
 }

@@ -509,7 +509,7 @@ def main():
     c.write()
     with tempfile.TemporaryDirectory() as tmp:
         c.step("tiny Llama and Bamba vs the reference, bit for bit", lambda: first_bits(c, tmp))
-        c.step("CUDA unit tests (tests/cuda_test)", lambda: unit_tests(c))
+        c.step("CUDA unit tests (cuda_test)", lambda: unit_tests(c))
         c.step("compute-sanitizer memcheck and racecheck, tiny", lambda: sanitizer(c, tmp))
         bw = c.step("GPU read bandwidth (devio-gpu-bw)", lambda: bandwidth(c))
         c.step("decode and prefill on %s (devio-bench)" % ("tiny" if c.emulated else "1b"),

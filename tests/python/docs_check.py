@@ -64,6 +64,7 @@ SCRIPTS = [
     ["bash", "deploy/devio.sh"],
     ["bash", "deploy/image/build.sh"],
     ["python3", "tests/python/deploy_check.py"],
+    ["python3", "kernels/gpu_check.py"],
 ]
 
 # Flags of tools outside the repository that the docs show, and whose they are.
