@@ -338,6 +338,8 @@ static devio_status create_device(cuda_state *st, devio_error *err)
     if (st->sh.window > 0 && st->sh.window < keys)
         keys = st->sh.window;
     st->smem = cuda_attention_smem(keys, st->sh.head_dim);
+    if ((s = cuda_check(st, cuda_rmsnorm_prepare(st->sh.d), "preparing rmsnorm", err)))
+        return s;
     if (st->sh.n_mixers == st->sh.n_layers)
         return cuda_check(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking),
                           "cudaStreamCreate", err);

@@ -63,27 +63,74 @@ int cuda_embed(const void *embed, int dtype, int lane_major, uint32_t d, const i
  * i = l, l + 32, ... only, so no lane reads what another wrote. Rule 4a
  * (Qwen3's q_norm and k_norm) is this kernel over head rows of hd floats. */
 
-__global__ void k_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps,
-                          uint32_t n_tok)
+/* A block per token: its threads load the row into shared memory, all
+ * loads in flight at once (a lone warp waiting on each load in turn made
+ * this the largest kernel of a decode step); warp 0 sums the squares out of
+ * shared memory by the lane rule (lane l adds l, l + 32, ... in order) and
+ * leaves r there; then every thread scales its elements. y may be x: the
+ * row is in shared memory before the first element is written. */
+#define NORM_THREADS 256
+#define NORM_U 8
+__global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(const float *x, const float *w,
+                                                          float *y, uint32_t d, float eps)
 {
-    uint32_t lane = threadIdx.x & 31u, t = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (t >= n_tok)
-        return; /* the whole warp: t is the same in every lane */
-    const float *xr = x + (size_t)t * d;
-    float p = 0.0f;
-    for (uint32_t i = lane; i < d; i += 32)
-        p = DEVIO_ADD(p, DEVIO_MUL(xr[i], xr[i]));
-    float ss = fold_all(p);
-    float r = devio_rsqrtf(DEVIO_ADD(DEVIO_DIV(ss, (float)d), eps));
-    for (uint32_t i = lane; i < d; i += 32)
-        y[(size_t)t * d + i] = DEVIO_MUL(w[i], DEVIO_MUL(xr[i], r));
+    DEVIO_DYN_SHARED(float, sm); /* d floats, then r */
+    const float *xr = x + (size_t)blockIdx.x * d;
+    float *yr = y + (size_t)blockIdx.x * d;
+    uint32_t step = blockDim.x;
+    for (uint32_t i0 = threadIdx.x; i0 < d; i0 += step * NORM_U) {
+        float v[NORM_U];
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++)
+            if (i0 + step * u < d)
+                v[u] = xr[i0 + step * u];
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++)
+            if (i0 + step * u < d)
+                sm[i0 + step * u] = v[u];
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float p = 0.0f;
+        for (uint32_t i = threadIdx.x; i < d; i += 32)
+            p = DEVIO_ADD(p, DEVIO_MUL(sm[i], sm[i]));
+        float ss = fold(p);
+        if (threadIdx.x == 0)
+            sm[d] = devio_rsqrtf(DEVIO_ADD(DEVIO_DIV(ss, (float)d), eps));
+    }
+    __syncthreads();
+    float r = sm[d];
+    for (uint32_t i0 = threadIdx.x; i0 < d; i0 += step * NORM_U) {
+        float g[NORM_U];
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++)
+            if (i0 + step * u < d)
+                g[u] = w[i0 + step * u];
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++)
+            if (i0 + step * u < d)
+                yr[i0 + step * u] = DEVIO_MUL(g[u], DEVIO_MUL(sm[i0 + step * u], r));
+    }
+}
+
+static uint32_t norm_smem(uint32_t d)
+{
+    return (d + 1) * (uint32_t)sizeof(float);
+}
+
+int cuda_rmsnorm_prepare(uint32_t max_d)
+{
+    return (int)cudaFuncSetAttribute(k_rmsnorm, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)norm_smem(max_d));
 }
 
 int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps, uint32_t n_tok,
                  void *stream)
 {
-    uint32_t grid = cuda_blocks_for(n_tok, WARPS);
-    LAUNCH((k_rmsnorm), grid, 32 * WARPS, 0, (cudaStream_t)stream, x, w, y, d, eps, n_tok);
+    if (n_tok == 0)
+        return 0;
+    uint32_t threads = d < NORM_THREADS ? (d + 31u) & ~31u : NORM_THREADS;
+    LAUNCH((k_rmsnorm), n_tok, threads, norm_smem(d), (cudaStream_t)stream, x, w, y, d, eps);
     return cuda_launched();
 }
 
@@ -95,7 +142,8 @@ int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps
  * weight exactly once. A lane's terms are i = lane, lane + 32, ... in order,
  * as the definition says. A lane-major row (cuda_kernels.h) is read in
  * whole chunks first, CHUNKS of them loaded (16 bytes per lane each) before
- * any is added, so that a warp keeps 2 KiB in flight; then the elements past
+ * any is added, so that a warp keeps 2 KiB in flight (8 chunks, 4 KiB,
+ * measured slower on the H200: docs/gpu-check.md); then the elements past
  * the last chunk, or a row that is not lane-major, UNROLL terms loaded at a
  * time. Either way lane l adds l, l + 32, l + 64, ... in increasing order. */
 #define UNROLL 8
@@ -117,6 +165,32 @@ __device__ __forceinline__ void widen16(uint4 q, float *w)
     }
 }
 
+/* Every token of the tile adds N more of its lane's terms, w[u] * x[i0 + 32 u]
+ * (and w2[u] times the same into acc2 when TWO) in u order: the lane rule's
+ * order, whichever path loaded the weights. */
+template <int N, bool TWO>
+__device__ __forceinline__ void add_terms(const float *w, const float *w2, const float *x,
+                                          uint32_t ldx, size_t i0, uint32_t nt, float *acc,
+                                          float *acc2)
+{
+#pragma unroll
+    for (int tt = 0; tt < TILE; tt++) {
+        if ((uint32_t)tt >= nt)
+            break;
+        const float *xt = x + (size_t)tt * ldx + i0;
+        float xv[N];
+#pragma unroll
+        for (int u = 0; u < N; u++)
+            xv[u] = xt[32 * u];
+#pragma unroll
+        for (int u = 0; u < N; u++) {
+            acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w[u], xv[u]));
+            if (TWO)
+                acc2[tt] = DEVIO_ADD(acc2[tt], DEVIO_MUL(w2[u], xv[u]));
+        }
+    }
+}
+
 template <int DT, int EPI>
 __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
 {
@@ -124,7 +198,7 @@ __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
     uint32_t lane = threadIdx.x & 31u, o = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (o >= mv.m)
         return;
-    const bool two = EPI == CUDA_EPI_SILU_MUL;
+    constexpr bool two = EPI == CUDA_EPI_SILU_MUL;
     size_t row = (size_t)o * mv.n;
     uint32_t nfull = cuda_lane_major(mv.n, DT) ? mv.n / C : 0;
     const char *wrow = static_cast<const char *>(mv.w) + row * ES;
@@ -154,23 +228,7 @@ __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
                 widen16<DT>(q[k], w);
                 if (two)
                     widen16<DT>(q2[k], w2);
-                size_t i0 = (size_t)(c + k) * C + lane;
-#pragma unroll
-                for (int tt = 0; tt < TILE; tt++) {
-                    if ((uint32_t)tt >= nt)
-                        break;
-                    const float *xt = x + (size_t)tt * mv.ldx + i0;
-                    float xv[V];
-#pragma unroll
-                    for (uint32_t u = 0; u < V; u++)
-                        xv[u] = xt[32 * u];
-#pragma unroll
-                    for (uint32_t u = 0; u < V; u++) {
-                        acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w[u], xv[u]));
-                        if (two)
-                            acc2[tt] = DEVIO_ADD(acc2[tt], DEVIO_MUL(w2[u], xv[u]));
-                    }
-                }
+                add_terms<V, two>(w, w2, x, mv.ldx, (size_t)(c + k) * C + lane, nt, acc, acc2);
             }
         }
         uint32_t i = nfull * C + lane;
@@ -181,35 +239,12 @@ __global__ void __launch_bounds__(32 * WARPS) k_project(cuda_matvec mv)
                 w[u] = ld<DT>(mv.w, row + i + 32 * u);
                 w2[u] = two ? ld<DT>(mv.w2, row + i + 32 * u) : 0.0f;
             }
-#pragma unroll
-            for (int tt = 0; tt < TILE; tt++) {
-                if ((uint32_t)tt >= nt)
-                    break;
-                const float *xt = x + (size_t)tt * mv.ldx + i;
-                float xv[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; u++)
-                    xv[u] = xt[32 * u];
-#pragma unroll
-                for (int u = 0; u < UNROLL; u++) {
-                    acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w[u], xv[u]));
-                    if (two)
-                        acc2[tt] = DEVIO_ADD(acc2[tt], DEVIO_MUL(w2[u], xv[u]));
-                }
-            }
+            add_terms<UNROLL, two>(w, w2, x, mv.ldx, i, nt, acc, acc2);
         }
         for (; i < mv.n; i += 32) {
-            float w = ld<DT>(mv.w, row + i);
-            float w2 = two ? ld<DT>(mv.w2, row + i) : 0.0f;
-#pragma unroll
-            for (int tt = 0; tt < TILE; tt++) {
-                if ((uint32_t)tt >= nt)
-                    break;
-                float xv = x[(size_t)tt * mv.ldx + i];
-                acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w, xv));
-                if (two)
-                    acc2[tt] = DEVIO_ADD(acc2[tt], DEVIO_MUL(w2, xv));
-            }
+            float w[1] = {ld<DT>(mv.w, row + i)};
+            float w2[1] = {two ? ld<DT>(mv.w2, row + i) : 0.0f};
+            add_terms<1, two>(w, w2, x, mv.ldx, i, nt, acc, acc2);
         }
 #pragma unroll
         for (int tt = 0; tt < TILE; tt++) {
@@ -311,12 +346,15 @@ __global__ void k_rope_store(cuda_kv kv, float *q, float *k, const float *v, con
     }
 }
 
+/* A block per token, wide enough that a decode token's heads (n_heads *
+ * rd / 2 pairs, 1024 on a 2048-wide model) take two rounds, not eight. */
+#define ROPE_THREADS 512
 int cuda_rope_store(const cuda_kv *kv, float *q, float *k, const float *v, const float *cos_t,
                     const float *sin_t, uint32_t n_tok, void *stream)
 {
     if (n_tok == 0)
         return 0;
-    LAUNCH((k_rope_store), n_tok, 128, 0, (cudaStream_t)stream, *kv, q, k, v, cos_t, sin_t);
+    LAUNCH((k_rope_store), n_tok, ROPE_THREADS, 0, (cudaStream_t)stream, *kv, q, k, v, cos_t, sin_t);
     return cuda_launched();
 }
 

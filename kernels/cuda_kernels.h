@@ -55,8 +55,11 @@ int cuda_embed(const void *embed, int dtype, int lane_major, uint32_t d, const i
                uint32_t n_tok, float mult, float *x, void *stream);
 
 /* Rule 2: y[t] = rmsnorm(x[t], w) for n_tok rows of d floats; w is f32. y
- * may be x (in place: each lane rereads only the elements it writes). Rule
- * 4a is this over the n_tok * n_heads rows of hd floats of q (and of k). */
+ * may be x (a block stages its row in shared memory before writing it). Rule
+ * 4a is this over the n_tok * n_heads rows of hd floats of q (and of k).
+ * cuda_rmsnorm_prepare(max_d) once allows the shared memory of rows up to
+ * max_d floats, (max_d + 1) * 4 bytes. */
+int cuda_rmsnorm_prepare(uint32_t max_d);
 int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps, uint32_t n_tok,
                  void *stream);
 

@@ -419,8 +419,14 @@ def kernel_profile(c, tmp):
     name_i, t_i = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
     b_i = head.index("dram__bytes_read.sum")
     t_unit, b_unit = rows[1][t_i], rows[1][b_i]
-    t_scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(t_unit, 1.0)
-    b_scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(b_unit, 1)
+    # ncu's unit row: "nsecond" or "ns" and so on, by version; an unknown
+    # unit fails the step rather than print figures off by 1000.
+    t_scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3,
+               "ms": 1e3}.get(t_unit)
+    b_scale = {"byte": 1, "B": 1, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6,
+               "Gbyte": 1e9, "GB": 1e9}.get(b_unit)
+    if t_scale is None or b_scale is None:
+        return "FAIL", {"error": "ncu units %r and %r unknown" % (t_unit, b_unit)}
     agg = {}
     for r in rows[2:]:
         name = re.sub(r"\(.*$", "", r[name_i]).replace("void ", "")
@@ -434,7 +440,8 @@ def kernel_profile(c, tmp):
     for name, (n, us, b) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
         lines.append("%-44s %5d %10.1f %5.1f%% %9.1f" % (name[:44], n, us, 100 * us / total,
                                                         b / (us * 1e3) if us else 0))
-    return "ok", {"kernel_us_per_step": round(total, 1), "output": "\n".join(lines)}
+    return "ok", {"kernel_us_per_step": round(total, 1), "ncu_units": "%s, %s" % (t_unit, b_unit),
+                  "output": "\n".join(lines)}
 
 
 # The suites --emulate runs: one of each kind the step judges (a plain one, a

@@ -11,8 +11,9 @@ including the copy of cuda_warp.cuh beside them, with mutation NAME applied
 equals the original). Mutations:
   fold       the lane fold's tree in the other order (w = 1, 2, .., 16)
   barrier    k_rope_store's __syncthreads removed (RoPE and the K store race)
-  offbyone   rmsnorm's store loop runs to i <= d (one element into the next row)
-  fma        a projection's multiply and add fused into one rounding
+  offbyone   rmsnorm's sum of squares runs to i <= d (one element past the
+             row: shared memory that no thread wrote)
+  fma        the projections' multiply and add fused into one rounding
 """
 import os
 import sys
@@ -23,10 +24,10 @@ MUTATIONS = {
     "barrier": ("cuda_kernels.cu", "    __syncthreads();\n    const uint32_t *bt",
                 "    const uint32_t *bt"),
     "offbyone": ("cuda_kernels.cu",
-                 "    for (uint32_t i = lane; i < d; i += 32)\n        y[(size_t)t * d + i]",
-                 "    for (uint32_t i = lane; i <= d; i += 32)\n        y[(size_t)t * d + i]"),
-    "fma": ("cuda_kernels.cu", "acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w, xv));",
-            "acc[tt] = __fmaf_rn(w, xv, acc[tt]);"),
+                 "i < d; i += 32)\n            p = DEVIO_ADD(p, DEVIO_MUL(sm[i]",
+                 "i <= d; i += 32)\n            p = DEVIO_ADD(p, DEVIO_MUL(sm[i]"),
+    "fma": ("cuda_kernels.cu", "acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w[u], xv[u]));",
+            "acc[tt] = __fmaf_rn(w[u], xv[u], acc[tt]);"),
 }
 
 
