@@ -14,6 +14,17 @@
 
 typedef const devio_backend_ops *(*plugin_entry)(void);
 
+/* A plugin once loaded stays mapped until the process ends (dlclose only
+ * drops the handle): the CUDA runtime inside it, and the emulated device,
+ * keep process-wide state (the device context, exit handlers, the handle
+ * tables) that must outlive any one backend, and the leak check at exit
+ * must still see the memory that state holds. */
+#ifdef RTLD_NODELETE
+#define PLUGIN_STAYS RTLD_NODELETE
+#else
+#define PLUGIN_STAYS 0
+#endif
+
 /* Plugins `auto` tries before the built-in backends, best first. */
 static const char *const auto_plugins[] = {"cuda"};
 
@@ -63,7 +74,7 @@ static devio_status load_plugin(devio_registry *r, const char *name, const devio
     if (r->n_handles >= DEVIO_REGISTRY_MAX_PLUGINS)
         return devio_fail(err, DEVIO_E_UNSUPPORTED, "more than %d backend plugins",
                           DEVIO_REGISTRY_MAX_PLUGINS);
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | PLUGIN_STAYS);
     if (!h)
         return devio_fail(err, DEVIO_E_UNSUPPORTED, "cannot load backend plugin %s: %s", path,
                           dlerror());

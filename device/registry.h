@@ -39,7 +39,10 @@ typedef struct devio_registry {
 devio_status devio_registry_find(devio_registry *r, const char *name,
                                  const devio_backend_ops **out, devio_error *err);
 
-/* Unload the plugins. Every device opened on one must be torn down first. */
+/* Drop the plugins' handles. Every device opened on one must be torn down
+ * first. Where the platform allows (RTLD_NODELETE) a plugin's code and data
+ * stay mapped until the process ends: the CUDA runtime and the emulated
+ * device keep process-wide state that outlives a backend. */
 void devio_registry_close(devio_registry *r);
 
 #endif

@@ -102,11 +102,19 @@ char report_msg[800];
 std::map<uintptr_t, alloc> live;
 std::deque<alloc> freed;
 size_t freed_bytes, mem_total, mem_used;
-std::map<uintptr_t, size_t> pinned;
 std::map<const void *, int> dyn_smem_max;
 /* Every stream and event made, destroyed ones marked DEAD and kept so that a
- * later use is recognised; the lists are never freed, so that they stay
- * reachable at exit (no leak reported by a sanitizer). */
+ * later use is recognised, and the pinned host ranges; these tables are
+ * never freed, so that what they hold stays reachable at exit (no leak
+ * reported by a sanitizer), the buffers of a failed device included: after
+ * a sticky error cudaFreeHost frees nothing, as on the GPU. */
+std::map<uintptr_t, size_t> *pinned_;
+std::map<uintptr_t, size_t> &pinned()
+{
+    if (!pinned_)
+        pinned_ = new std::map<uintptr_t, size_t>;
+    return *pinned_;
+}
 std::vector<CUstream_st *> *streams_;
 std::vector<CUevent_st *> *events_;
 std::vector<CUstream_st *> &streams()
@@ -223,8 +231,8 @@ const alloc *device_range(const void *p, size_t n)
 bool is_pinned(const void *p, size_t n)
 {
     uintptr_t a = (uintptr_t)p;
-    auto it = pinned.upper_bound(a);
-    if (it == pinned.begin())
+    auto it = pinned().upper_bound(a);
+    if (it == pinned().begin())
         return false;
     --it;
     return a >= it->first && a + n <= it->first + it->second;
@@ -611,7 +619,7 @@ cudaError_t cudaMallocHost(void **ptr, size_t bytes)
     void *p = nullptr;
     if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0)
         return ret(cudaErrorMemoryAllocation);
-    pinned[(uintptr_t)p] = bytes;
+    pinned()[(uintptr_t)p] = bytes;
     *ptr = p;
     return cudaSuccess;
 }
@@ -622,11 +630,11 @@ cudaError_t cudaFreeHost(void *ptr)
     if (!ptr)
         return cudaSuccess;
     drain_all();
-    auto it = pinned.find((uintptr_t)ptr);
-    if (it == pinned.end())
+    auto it = pinned().find((uintptr_t)ptr);
+    if (it == pinned().end())
         return refuse(cudaErrorInvalidValue,
                       "cudaFreeHost of %p, which cudaMallocHost did not give", ptr);
-    pinned.erase(it);
+    pinned().erase(it);
     free(ptr);
     return ret(sticky);
 }
@@ -638,7 +646,7 @@ cudaError_t cudaHostRegister(void *ptr, size_t bytes, unsigned int flags)
         return ret(cudaErrorInvalidValue);
     if (is_pinned(ptr, 1) || is_pinned((char *)ptr + bytes - 1, 1))
         return refuse(cudaErrorInvalidValue, "cudaHostRegister of %p: already registered", ptr);
-    pinned[(uintptr_t)ptr] = bytes;
+    pinned()[(uintptr_t)ptr] = bytes;
     return cudaSuccess;
 }
 
@@ -646,7 +654,7 @@ cudaError_t cudaHostUnregister(void *ptr)
 {
     ENTER();
     drain_all();
-    if (pinned.erase((uintptr_t)ptr) == 0)
+    if (pinned().erase((uintptr_t)ptr) == 0)
         return refuse(cudaErrorInvalidValue, "cudaHostUnregister of %p, which is not registered",
                       ptr);
     return ret(sticky);
@@ -908,14 +916,11 @@ static const char *base_string(cudaError_t e)
 /* The error's string, then the emulator's report of it when it made one. */
 const char *cudaGetErrorString(cudaError_t e)
 {
-    static thread_local char *buf; /* per thread, kept: the string outlives the call */
-    const size_t n = 1000;
+    static thread_local char buf[1000]; /* per thread: the string outlives the call */
     std::lock_guard<std::recursive_mutex> lock(mu);
     if (e == cudaSuccess || e != report_code || !report_msg[0])
         return base_string(e);
-    if (!buf && !(buf = static_cast<char *>(malloc(n))))
-        return base_string(e);
-    snprintf(buf, n, "%s (devio-emu: %s)", base_string(e), report_msg);
+    snprintf(buf, sizeof buf, "%s (devio-emu: %s)", base_string(e), report_msg);
     return buf;
 }
 
