@@ -19,12 +19,25 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan"
 args=("$@")
 [ "${#args[@]}" -gt 0 ] || args=(tests/e2e --ignore=tests/e2e/test_image.py)
 rc=0
-python3 -m pytest -q -p no:cacheprovider "${args[@]}" --bin "$BIN" || rc=$?
-reports=$(find "$logs" -type f | wc -l)
+python3 -m pytest -q -p no:cacheprovider -rf "${args[@]}" --bin "$BIN" 2>&1 | tee "$logs/pytest.out" ||
+    rc=$?
+prc=$rc
+reports=$(find "$logs" -type f \( -name 'asan.*' -o -name 'ubsan.*' \) | wc -l)
 if [ "$reports" -ne 0 ]; then
+    # The first few in full, then the rest by their first line and frame.
     echo "run_asan: $reports sanitizer report(s):"
-    for f in "$logs"/*; do echo "== $f"; head -60 "$f"; done
+    n=0
+    for f in $(find "$logs" -type f \( -name 'asan.*' -o -name 'ubsan.*' \) | sort); do
+        n=$((n + 1))
+        if [ "$n" -le 3 ]; then
+            echo "== $f"; head -60 "$f"
+        else
+            echo "== $f: $(grep -m1 -E 'ERROR|runtime error' "$f") $(grep -m1 -E '#[1-9] .* in [a-z_]' "$f")"
+        fi
+    done
     rc=1
 fi
-echo "run_asan: pytest exit $rc, $reports sanitizer reports"
+# Last, where the tail of the output shows them: the tests that failed.
+grep -E '^FAILED ' "$logs/pytest.out" || true
+echo "run_asan: pytest exit $prc, $reports sanitizer reports"
 exit "$rc"
