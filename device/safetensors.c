@@ -113,53 +113,53 @@ static bool st_same_file(const struct stat *a, const struct stat *b)
            a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
-/* Reads the whole of fd (a regular file of at least 8 bytes) into f->base.
- * A file that changes size or mtime while being read is DEVIO_E_IO: the
- * bytes would be a mix of two versions. */
-static devio_status st_load_bytes(devio_st_file *f, int fd, const char *ctx, devio_error *err)
+devio_status devio_st_read_fd(int fd, const char *label, uint64_t min_size, const char *ctx,
+                              uint8_t **base, size_t *size_out, devio_error *err)
 {
+    *base = NULL;
+    *size_out = 0;
     struct stat sb, after;
     if (fstat(fd, &sb) != 0)
-        return devio_fail(err, DEVIO_E_IO, "%.100s: cannot stat: %s%s", f->label, strerror(errno),
+        return devio_fail(err, DEVIO_E_IO, "%.100s: cannot stat: %s%s", label, strerror(errno),
                           ctx);
     if (!S_ISREG(sb.st_mode))
-        return devio_fail(err, DEVIO_E_MODEL, "%.100s: not a regular file%s", f->label, ctx);
-    if (sb.st_size < 8)
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: not a regular file%s", label, ctx);
+    if ((uint64_t)sb.st_size < min_size)
         return devio_fail(err, DEVIO_E_MODEL,
-                          "%.100s: file is %lld bytes, shorter than the 8-byte header length%s",
-                          f->label, (long long)sb.st_size, ctx);
+                          "%.100s: file is %lld bytes, shorter than its %llu-byte header%s",
+                          label, (long long)sb.st_size, (unsigned long long)min_size, ctx);
     if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX)
         return devio_fail(err, DEVIO_E_MODEL,
-                          "%.100s: file of %lld bytes is too large for this build%s", f->label,
+                          "%.100s: file of %lld bytes is too large for this build%s", label,
                           (long long)sb.st_size, ctx);
     size_t size = (size_t)sb.st_size;
     uint8_t *buf = st_alloc(size);
     if (!buf)
-        return devio_fail(err, DEVIO_E_NOMEM, "%.100s: cannot allocate %zu bytes%s", f->label,
-                          size, ctx);
-    f->base = buf;
-    f->size = size;
+        return devio_fail(err, DEVIO_E_NOMEM, "%.100s: cannot allocate %zu bytes%s", label, size,
+                          ctx);
     for (size_t got = 0; got < size;) {
         ssize_t n = pread(fd, buf + got, size - got, (off_t)got);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            devio_fail(err, DEVIO_E_IO, "%.100s: read failed at byte %zu: %s%s", f->label, got,
+            devio_fail(err, DEVIO_E_IO, "%.100s: read failed at byte %zu: %s%s", label, got,
                        n < 0 ? strerror(errno) : "unexpected end of file (changed while read?)",
                        ctx);
-            st_free_bytes(f);
+            devio_st_pages_free(buf, size);
             return DEVIO_E_IO;
         }
         got += (size_t)n;
     }
     if (fstat(fd, &after) != 0 || !st_same_file(&sb, &after)) {
-        st_free_bytes(f);
-        return devio_fail(err, DEVIO_E_IO, "%.100s: changed while being read; try again%s",
-                          f->label, ctx);
+        devio_st_pages_free(buf, size);
+        return devio_fail(err, DEVIO_E_IO, "%.100s: changed while being read; try again%s", label,
+                          ctx);
     }
 #ifndef __wasi__
     (void)mprotect(buf, size, PROT_READ); /* a stray write faults instead of changing weights */
 #endif
+    *base = buf;
+    *size_out = size;
     return DEVIO_OK;
 }
 
@@ -363,7 +363,7 @@ devio_status devio_st_open_fd(int fd, const char *label, const char *wanted, dev
         st = DEVIO_E_NOMEM;
         goto out_free;
     }
-    st = st_load_bytes(f, fd, ctx, err);
+    st = devio_st_read_fd(fd, f->label, 8, ctx, &f->base, &f->size, err);
     if (st != DEVIO_OK)
         goto out_free;
 

@@ -52,6 +52,16 @@ devio_status devio_st_open(const char *path, const char *label, const char *want
 devio_status devio_st_open_fd(int fd, const char *label, const char *wanted, devio_st_file **out,
                               devio_error *err);
 
+/* Reads the whole of fd (borrowed; pread only) into pages of its own
+ * (devio_st_pages, read-only once read; *base and *size owned by the
+ * caller, freed with devio_st_pages_free). Not a regular file, or shorter
+ * than min_size bytes: DEVIO_E_MODEL; a file that changes size or
+ * modification time while being read: DEVIO_E_IO ("try again"). Errors name
+ * the file by label, followed by ctx (may be ""). Shared by every weight
+ * format's reader. */
+devio_status devio_st_read_fd(int fd, const char *label, uint64_t min_size, const char *ctx,
+                              uint8_t **base, size_t *size, devio_error *err);
+
 /* Scans every element of t (F32, F16 or BF16) for NaN and infinities,
  * reading each byte once: DEVIO_E_MODEL naming the file, the tensor, the
  * first bad element's index and what it holds. Other dtypes are not scanned

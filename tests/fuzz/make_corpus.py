@@ -142,6 +142,47 @@ def script_seeds():
                           '"adapter":"a","logits":"last"}]}}\n')
 
 
+def gguf_str(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_kv(key, vtype, payload):
+    return gguf_str(key) + struct.pack("<I", vtype) + payload
+
+
+def gguf_file(kvs, tensors, data, version=3, align=32):
+    """tensors: (name, dims, ggml type, offset); data: the data section's bytes."""
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs)) + b"".join(kvs)
+    for name, dims, t, off in tensors:
+        head += gguf_str(name) + struct.pack("<I", len(dims))
+        head += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", t, off)
+    head += b"\0" * (-len(head) % align)
+    return head + data
+
+
+def gguf_seeds():
+    kvs = [gguf_kv("general.architecture", 8, gguf_str("llama")),
+           gguf_kv("llama.block_count", 4, struct.pack("<I", 1)),
+           gguf_kv("llama.rope.freq_base", 6, struct.pack("<f", 10000.0)),
+           gguf_kv("tokenizer.ggml.tokens", 9,
+                   struct.pack("<IQ", 8, 2) + gguf_str("a") + gguf_str("b")),
+           gguf_kv("x.nested", 9, struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 4, 1) +
+                   struct.pack("<I", 7))]
+    # F32 [8], Q8_0 [32, 2], Q4_K [256]: 32 + 68 (+ pad to 128) + 144 bytes.
+    tensors = [("output_norm.weight", [8], 0, 0), ("token_embd.weight", [32, 2], 8, 32),
+               ("blk.0.ffn_up.weight", [256], 12, 128)]
+    data = bytes(range(256)) + bytes(16)
+    put("gguf", "valid", gguf_file(kvs, tensors, data))
+    put("gguf", "v2", gguf_file(kvs, tensors, data, version=2))
+    put("gguf", "overlap", gguf_file(kvs, [tensors[0], ("b", [16], 0, 0)], data))
+    put("gguf", "past-end", gguf_file(kvs, tensors, data[:200]))
+    put("gguf", "unknown-type", gguf_file(kvs, [("t", [4], 77, 0)], data))
+    put("gguf", "align64", gguf_file(kvs + [gguf_kv("general.alignment", 4, struct.pack("<I", 64))],
+                                     [tensors[0], ("t2", [32], 8, 64)], data, align=64))
+    put("gguf", "empty", gguf_file([], [], b""))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="bazel-bin")
@@ -162,6 +203,7 @@ def main():
     for name, text in DISPATCH.items():
         put("dispatch", name, text)
     script_seeds()
+    gguf_seeds()
 
 
 if __name__ == "__main__":
