@@ -13,6 +13,7 @@
 
 #include "common/path.h"
 #include "device/model_config.h"
+#include "device/model_load.h"
 #include "device/numerics.h"
 #include "device/safetensors.h"
 #include "device/status.h"
@@ -29,7 +30,8 @@ typedef struct model_priv {
         size_t n;
     } *owned; /* aligned copies of tensors stored at unaligned offsets (devio_st_pages) */
     size_t n_owned, cap_owned;
-    bool released; /* devio_model_release_weights */
+    devio_gguf_file *gguf; /* a GGUF model's file, read into memory for the model's life */
+    bool released;         /* devio_model_release_weights */
 } model_priv;
 
 /* Load-time state: where each tensor lives. */
@@ -39,6 +41,7 @@ typedef struct loader {
     bool sharded;
     bool scan;          /* refuse NaN and infinities in every tensor used */
     json_t *weight_map; /* sharded: tensor name -> shard file name */
+    const devio_model_config *cfg; /* a GGUF model: its tensors come from priv->gguf */
 } loader;
 
 size_t devio_dtype_size(devio_dtype t)
@@ -90,122 +93,6 @@ float devio_tensor_get(const devio_tensor *t, uint64_t i)
 }
 
 /* ---- files ---- */
-
-
-/* Hugging Face writes float('inf') as the bare token Infinity (Mamba-2's
- * time_step_limit), which JSON does not allow: outside strings, the tokens
- * Infinity, -Infinity and NaN become the strings "Infinity", "-Infinity"
- * and "NaN", for the config reader to interpret. Returns a new buffer of
- * *len bytes, or NULL when memory is short. */
-static char *json_quote_nonfinite(const char *src, size_t n, size_t *len)
-{
-    static const char *const toks[] = {"-Infinity", "Infinity", "NaN"};
-    char *out = malloc(n * 2 + 1); /* each token grows by 2 and is >= 3 long */
-    if (!out)
-        return NULL;
-    size_t o = 0;
-    bool in_str = false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = src[i];
-        if (in_str) {
-            out[o++] = ch;
-            if (ch == '\\' && i + 1 < n)
-                out[o++] = src[++i];
-            else if (ch == '"')
-                in_str = false;
-            continue;
-        }
-        size_t t = 0, tl = 0;
-        for (; t < 3; t++) {
-            tl = strlen(toks[t]);
-            if (n - i >= tl && memcmp(src + i, toks[t], tl) == 0)
-                break;
-        }
-        if (t < 3) {
-            out[o++] = '"';
-            memcpy(out + o, toks[t], tl);
-            o += tl;
-            out[o++] = '"';
-            i += tl - 1;
-            continue;
-        }
-        in_str = ch == '"';
-        out[o++] = ch;
-    }
-    *len = o;
-    return out;
-}
-
-/* Reads a whole file into a malloc'd buffer; errno set on failure. */
-static char *read_all(FILE *fp, size_t *n)
-{
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len, fp);
-        if (len < cap)
-            break;
-        char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            return NULL;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    if (buf && ferror(fp)) {
-        free(buf);
-        return NULL;
-    }
-    *n = len;
-    return buf;
-}
-
-/* Reads a JSON file; DEVIO_E_MODEL when it is missing or not a JSON object. */
-static devio_status load_json(const char *dir, const char *name, json_t **out, devio_error *err)
-{
-    *out = NULL;
-    char *path = devio_path_join(dir, name);
-    if (!path)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of memory reading %s", name);
-    devio_status st = DEVIO_OK;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        st = errno == ENOENT ? DEVIO_E_MODEL : DEVIO_E_IO;
-        devio_fail(err, st, "%s: cannot open in model directory '%.120s': %s", name, dir,
-                   strerror(errno));
-        goto out_path;
-    }
-    size_t n = 0, qn = 0;
-    char *raw = read_all(fp, &n);
-    fclose(fp);
-    char *text = raw ? json_quote_nonfinite(raw, n, &qn) : NULL;
-    free(raw);
-    if (!text) {
-        int e = errno ? errno : ENOMEM; /* an allocation that failed is out of memory */
-        st = e == ENOMEM ? DEVIO_E_NOMEM : DEVIO_E_IO;
-        devio_fail(err, st, "%s: cannot read: %s", name, strerror(e));
-        goto out_path;
-    }
-    json_error_t jerr;
-    json_t *root = json_loadb(text, qn, JSON_REJECT_DUPLICATES, &jerr);
-    free(text);
-    if (!root) {
-        st = DEVIO_E_MODEL;
-        devio_fail(err, st, "%s: not valid JSON (line %d: %.100s)", name, jerr.line, jerr.text);
-        goto out_path;
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        st = DEVIO_E_MODEL;
-        devio_fail(err, st, "%s: top level is not a JSON object", name);
-        goto out_path;
-    }
-    *out = root;
-out_path:
-    free(path);
-    return st;
-}
 
 /* ---- tensors ---- */
 
@@ -326,6 +213,16 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
                                   uint64_t s0, uint64_t s1, devio_tensor *out, devio_error *err)
 {
     memset(out, 0, sizeof *out);
+    devio_status st;
+    if (L->priv->gguf) {
+        void *copy;
+        size_t n;
+        st = devio_gguf_model_tensor(L->priv->gguf, L->cfg, name, required, ndim == 3 ? 2 : ndim, s0,
+                               s1, L->scan, out, &copy, &n, err);
+        if (st == DEVIO_OK && copy && (st = priv_own(L->priv, copy, n, err)) != DEVIO_OK)
+            devio_st_pages_free(copy, n);
+        return st;
+    }
     const char *fname = SINGLE_NAME;
     if (L->sharded) {
         const json_t *v = json_object_get(L->weight_map, name);
@@ -338,7 +235,7 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
         fname = json_string_value(v); /* checked by loader_check_index */
     }
     devio_st_file *f;
-    devio_status st = loader_file(L, fname, name, &f, err);
+    st = loader_file(L, fname, name, &f, err);
     if (st != DEVIO_OK)
         return st;
     const devio_st_tensor *t = devio_st_find(f, name);
@@ -569,22 +466,36 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
         return DEVIO_E_UNSUPPORTED;
     }
     json_t *cfg_json = NULL, *index = NULL;
-    devio_status st = load_json(dir, DEVIO_MODEL_CONFIG_NAME, &cfg_json, err);
-    if (st != DEVIO_OK)
+    devio_gguf_file *gguf = NULL;
+    devio_status st;
+    if (devio_model_path_is_gguf(dir)) {
+        const char *base = strrchr(dir, '/');
+        if ((st = devio_gguf_open(dir, base ? base + 1 : dir, &gguf, err)) ||
+            (st = devio_gguf_model_config(gguf, &cfg_json, err))) {
+            devio_gguf_close(gguf);
+            return st;
+        }
+    } else if ((st = devio_model_load_json(dir, DEVIO_MODEL_CONFIG_NAME, &cfg_json, err))) {
         return st;
+    }
 
     devio_model *m = calloc(1, sizeof *m);
     model_priv *priv = calloc(1, sizeof *priv);
     if (!m || !priv) {
         free(m);
         free(priv);
+        devio_gguf_close(gguf);
         devio_fail(err, DEVIO_E_NOMEM, "out of memory loading the model");
         st = DEVIO_E_NOMEM;
         goto out_json;
     }
     m->priv = priv;
-    if ((st = devio_model_config_parse(cfg_json, &m->cfg, err)) != DEVIO_OK)
+    priv->gguf = gguf;
+    if ((st = devio_model_config_parse(cfg_json, &m->cfg, err)) != DEVIO_OK) {
+        if (gguf) /* the config was made from the file's metadata */
+            devio_error_prefix(err, "%.100s, its metadata read as ", devio_gguf_label(gguf));
         goto out_model;
+    }
     const devio_model_config *c = &m->cfg;
     m->layers = calloc(c->n_layers, sizeof *m->layers);
     if (!m->layers) {
@@ -593,13 +504,13 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
         goto out_model;
     }
 
-    loader L = {.dir = dir, .priv = priv, .scan = !p->skip_weight_scan};
-    bool single = false, sharded = false;
-    if ((st = file_exists(dir, SINGLE_NAME, &single, err)) ||
-        (st = file_exists(dir, INDEX_NAME, &sharded, err)))
+    loader L = {.dir = dir, .priv = priv, .scan = !p->skip_weight_scan, .cfg = c};
+    bool single = gguf != NULL, sharded = false;
+    if (!gguf && ((st = file_exists(dir, SINGLE_NAME, &single, err)) ||
+                  (st = file_exists(dir, INDEX_NAME, &sharded, err))))
         goto out_model;
     if (!single && sharded) {
-        if ((st = load_json(dir, INDEX_NAME, &index, err)) != DEVIO_OK)
+        if ((st = devio_model_load_json(dir, INDEX_NAME, &index, err)) != DEVIO_OK)
             goto out_model;
         L.weight_map = json_object_get(index, "weight_map");
         if (!json_is_object(L.weight_map)) {
@@ -673,6 +584,7 @@ void devio_model_free(devio_model *m)
         for (size_t i = 0; i < p->n_files; i++)
             devio_st_close(p->files[i]);
         free(p->files);
+        devio_gguf_close(p->gguf);
         for (size_t i = 0; i < p->n_owned; i++)
             devio_st_pages_free(p->owned[i].p, p->owned[i].n);
         free(p->owned);
@@ -689,6 +601,7 @@ void devio_model_release_weights(devio_model *m)
         return;
     for (size_t i = 0; i < p->n_files; i++)
         devio_st_release(p->files[i]);
+    devio_gguf_release(p->gguf);
     for (size_t i = 0; i < p->n_owned; i++)
         devio_st_pages_release(p->owned[i].p, p->owned[i].n);
     p->released = true;

@@ -482,15 +482,13 @@ static inline __attribute__((always_inline)) uint64_t st_first_nonfinite(const u
     return n;
 }
 
-devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor *t,
-                                   devio_error *err)
+devio_status devio_weights_check_finite(const char *label, const char *name, devio_dtype dt,
+                                        const void *data, uint64_t nbytes, devio_error *err)
 {
-    if (!t->supported)
-        return DEVIO_OK;
     /* Element size, exponent mask, sign bit. */
     int size;
     uint32_t m, sign;
-    switch (t->dtype) {
+    switch (dt) {
     case DEVIO_F32:
         size = 4, m = 0x7f800000u, sign = 0x80000000u;
         break;
@@ -503,18 +501,26 @@ devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor
     default:
         return DEVIO_OK;
     }
-    uint64_t n = t->nbytes / (uint64_t)size;
-    uint64_t bad = size == 4 ? st_first_nonfinite(t->data, n, 4, m)
-                             : st_first_nonfinite(t->data, n, 2, m);
-    /* NaN when the mantissa below the all-ones exponent is not zero. */
-    bool nan = bad < n && (st_elem(t->data, bad, size) & ~(m | sign)) != 0;
+    uint64_t n = nbytes / (uint64_t)size;
+    uint64_t bad = size == 4 ? st_first_nonfinite(data, n, 4, m)
+                             : st_first_nonfinite(data, n, 2, m);
     if (bad == n)
         return DEVIO_OK;
+    /* NaN when the mantissa below the all-ones exponent is not zero. */
+    bool nan = (st_elem(data, bad, size) & ~(m | sign)) != 0;
     return devio_fail(err, DEVIO_E_MODEL,
                       "%.100s: tensor '%.80s' holds %s at element %llu of %llu; non-finite "
                       "weights are refused",
-                      f->label, t->name, nan ? "NaN" : "an infinity", (unsigned long long)bad,
+                      label, name, nan ? "NaN" : "an infinity", (unsigned long long)bad,
                       (unsigned long long)n);
+}
+
+devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor *t,
+                                   devio_error *err)
+{
+    if (!t->supported)
+        return DEVIO_OK;
+    return devio_weights_check_finite(f->label, t->name, t->dtype, t->data, t->nbytes, err);
 }
 
 void devio_st_close(devio_st_file *f)

@@ -81,6 +81,10 @@ void devio_st_release(devio_st_file *f);
 
 devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor *t,
                                    devio_error *err);
+/* The same scan over nbytes of data of dtype dt (F32, F16, BF16; others
+ * pass), errors naming label and tensor name. For every weight format. */
+devio_status devio_weights_check_finite(const char *label, const char *name, devio_dtype dt,
+                                        const void *data, uint64_t nbytes, devio_error *err);
 
 /* Release the bytes and every entry. f may be NULL. */
 void devio_st_close(devio_st_file *f);

@@ -85,3 +85,24 @@ devio_status devio_fail_at(devio_error *err, devio_status s, const char *key, in
     va_end(ap);
     return s;
 }
+
+void devio_error_prefix(devio_error *err, const char *fmt, ...)
+{
+    if (!err)
+        return;
+    char pre[sizeof err->message], msg[sizeof err->message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pre, sizeof pre, fmt, ap);
+    va_end(ap);
+    memcpy(msg, err->message, sizeof msg);
+    size_t n = strlen(pre);
+    memcpy(err->message, pre, n + 1);
+    if (n + 1 < sizeof err->message) {
+        size_t m = strnlen(msg, sizeof msg - 1);
+        if (m > sizeof err->message - 1 - n)
+            m = sizeof err->message - 1 - n;
+        memcpy(err->message + n, msg, m);
+        err->message[n + m] = '\0';
+    }
+}

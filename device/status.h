@@ -18,4 +18,8 @@ devio_status devio_fail(devio_error *err, devio_status s, const char *fmt, ...) 
 devio_status devio_fail_at(devio_error *err, devio_status s, const char *key, int64_t val,
                            const char *fmt, ...) DEVIO_PRINTF(5, 6);
 
+/* Put a formatted prefix before err's message (cut to fit), keeping its
+ * status and detail. */
+void devio_error_prefix(devio_error *err, const char *fmt, ...) DEVIO_PRINTF(2, 3);
+
 #endif

@@ -26,7 +26,7 @@ typedef struct flags {
 #define F(f) offsetof(flags, f)
 static const devio_opt opts[] = {
     {.flag = "model", .type = DEVIO_OPT_STR, .offset = F(model), .metavar = "DIR",
-     .help = "model directory (config.json + safetensors)"},
+     .help = "model directory (config.json + safetensors) or GGUF file"},
     {.flag = "adapters", .type = DEVIO_OPT_STR, .offset = F(adapters), .metavar = "DIR",
      .help = "root directory of PEFT adapters"},
     {.flag = "backend", .type = DEVIO_OPT_STR, .offset = F(backend), .metavar = "NAME",

@@ -16,7 +16,7 @@ static const char default_adapters[] = "adapters";
 
 static const devio_opt opts[] = {
     {.flag = "model", .type = DEVIO_OPT_STR, .offset = S(model), .metavar = "DIR",
-     .help = "model directory (config.json + safetensors)"},
+     .help = "model directory (config.json + safetensors) or GGUF file"},
     {.flag = "listen", .type = DEVIO_OPT_STR, .offset = S(listen), .metavar = "ADDR",
      .help = "address to serve on: HOST:PORT, [IPV6]:PORT or unix:/PATH [127.0.0.1:8080]"},
     {.flag = "tls-cert", .type = DEVIO_OPT_STR, .offset = S(tls_cert), .metavar = "FILE",

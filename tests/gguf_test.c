@@ -14,140 +14,70 @@
 #include <unistd.h>
 
 #include "device/gguf.h"
-
-/* ---- a GGUF image under construction ----------------------------------- */
-
-typedef struct buf {
-    uint8_t *p;
-    size_t n, cap;
-} buf;
-
-static void put(buf *b, const void *src, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        assert_non_null(b->p);
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-/* v little-endian in `bytes` bytes (zeros past the eighth). */
-static void put_u(buf *b, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++) {
-        uint8_t c = i < 8 ? (uint8_t)(v >> (8 * i)) : 0;
-        put(b, &c, 1);
-    }
-}
-
-static void put_str(buf *b, const char *s)
-{
-    put_u(b, strlen(s), 8);
-    put(b, s, strlen(s));
-}
-
-static void put_kv_u32(buf *b, const char *key, uint32_t v)
-{
-    put_str(b, key);
-    put_u(b, DEVIO_GGUF_U32, 4);
-    put_u(b, v, 4);
-}
-
-static void put_kv_str(buf *b, const char *key, const char *v)
-{
-    put_str(b, key);
-    put_u(b, DEVIO_GGUF_STRING, 4);
-    put_str(b, v);
-}
-
-typedef struct tinfo {
-    const char *name;
-    uint32_t ndim;
-    uint64_t ne[4];
-    uint32_t type;
-    uint64_t offset;
-} tinfo;
-
-static void put_tensor(buf *b, const tinfo *t)
-{
-    put_str(b, t->name);
-    put_u(b, t->ndim, 4);
-    for (uint32_t d = 0; d < t->ndim; d++)
-        put_u(b, d < 4 ? t->ne[d] : 1, 8);
-    put_u(b, t->type, 4);
-    put_u(b, t->offset, 8);
-}
-
-static void pad_to(buf *b, size_t align)
-{
-    while (b->n % align)
-        put_u(b, 0, 1);
-}
+#include "tests/gguf_fixture.h"
 
 /* The good file: version 3, metadata of every type, an F32 [3, 2] tensor
  * and a Q8_0 [64, 2] one (4 blocks), data aligned to 32. */
-static buf good_file(void)
+static gbuf good_file(void)
 {
-    buf b = {0};
-    put(&b, "GGUF", 4);
-    put_u(&b, 3, 4);
-    put_u(&b, 2, 8);  /* tensors */
-    put_u(&b, 10, 8); /* metadata entries */
-    put_kv_str(&b, "general.architecture", "llama");
-    put_kv_u32(&b, "llama.block_count", 30);
-    put_str(&b, "llama.rope.freq_base");
-    put_u(&b, DEVIO_GGUF_F32, 4);
+    gbuf b = {0};
+    gb_put(&b, "GGUF", 4);
+    gb_u(&b, 3, 4);
+    gb_u(&b, 2, 8);  /* tensors */
+    gb_u(&b, 10, 8); /* metadata entries */
+    gb_kv_str(&b, "general.architecture", "llama");
+    gb_kv_u32(&b, "llama.block_count", 30);
+    gb_str(&b, "llama.rope.freq_base");
+    gb_u(&b, DEVIO_GGUF_F32, 4);
     float theta = 100000.0f;
-    put(&b, &theta, 4);
-    put_str(&b, "x.f64");
-    put_u(&b, DEVIO_GGUF_F64, 4);
+    gb_put(&b, &theta, 4);
+    gb_str(&b, "x.f64");
+    gb_u(&b, DEVIO_GGUF_F64, 4);
     double half = 0.5;
-    put(&b, &half, 8);
-    put_str(&b, "x.bool");
-    put_u(&b, DEVIO_GGUF_BOOL, 4);
-    put_u(&b, 1, 1);
-    put_str(&b, "x.i8.negative");
-    put_u(&b, DEVIO_GGUF_I8, 4);
-    put_u(&b, 0xff, 1);
-    put_str(&b, "x.u64");
-    put_u(&b, DEVIO_GGUF_U64, 4);
-    put_u(&b, (uint64_t)1 << 40, 8);
-    put_str(&b, "tokenizer.ggml.tokens");
-    put_u(&b, DEVIO_GGUF_ARRAY, 4);
-    put_u(&b, DEVIO_GGUF_STRING, 4);
-    put_u(&b, 3, 8);
-    put_str(&b, "a");
-    put_str(&b, "bc");
-    put_str(&b, "");
-    put_str(&b, "x.nested");
-    put_u(&b, DEVIO_GGUF_ARRAY, 4);
-    put_u(&b, DEVIO_GGUF_ARRAY, 4);
-    put_u(&b, 2, 8);
+    gb_put(&b, &half, 8);
+    gb_str(&b, "x.bool");
+    gb_u(&b, DEVIO_GGUF_BOOL, 4);
+    gb_u(&b, 1, 1);
+    gb_str(&b, "x.i8.negative");
+    gb_u(&b, DEVIO_GGUF_I8, 4);
+    gb_u(&b, 0xff, 1);
+    gb_str(&b, "x.u64");
+    gb_u(&b, DEVIO_GGUF_U64, 4);
+    gb_u(&b, (uint64_t)1 << 40, 8);
+    gb_str(&b, "tokenizer.ggml.tokens");
+    gb_u(&b, DEVIO_GGUF_ARRAY, 4);
+    gb_u(&b, DEVIO_GGUF_STRING, 4);
+    gb_u(&b, 3, 8);
+    gb_str(&b, "a");
+    gb_str(&b, "bc");
+    gb_str(&b, "");
+    gb_str(&b, "x.nested");
+    gb_u(&b, DEVIO_GGUF_ARRAY, 4);
+    gb_u(&b, DEVIO_GGUF_ARRAY, 4);
+    gb_u(&b, 2, 8);
     for (int i = 0; i < 2; i++) {
-        put_u(&b, DEVIO_GGUF_I16, 4);
-        put_u(&b, 2, 8);
-        put_u(&b, 7, 2);
-        put_u(&b, 9, 2);
+        gb_u(&b, DEVIO_GGUF_I16, 4);
+        gb_u(&b, 2, 8);
+        gb_u(&b, 7, 2);
+        gb_u(&b, 9, 2);
     }
-    put_kv_u32(&b, "general.alignment", 32);
-    tinfo f32 = {"blk.0.attn_norm.weight", 2, {3, 2}, DEVIO_GGML_F32, 0};
-    tinfo q8 = {"token_embd.weight", 2, {64, 2}, DEVIO_GGML_Q8_0, 32};
-    put_tensor(&b, &f32);
-    put_tensor(&b, &q8);
-    pad_to(&b, 32);
+    gb_kv_u32(&b, "general.alignment", 32);
+    gtinfo f32 = {"blk.0.attn_norm.weight", 2, {3, 2}, DEVIO_GGML_F32, 0};
+    gtinfo q8 = {"token_embd.weight", 2, {64, 2}, DEVIO_GGML_Q8_0, 32};
+    gb_tensor(&b, &f32);
+    gb_tensor(&b, &q8);
+    gb_pad(&b, 32);
     for (int i = 0; i < 6; i++) {
         float v = (float)i + 0.25f;
-        put(&b, &v, 4);
+        gb_put(&b, &v, 4);
     }
-    pad_to(&b, 32);
+    gb_pad(&b, 32);
     for (int i = 0; i < 4 * 34; i++)
-        put_u(&b, (uint64_t)i, 1);
+        gb_u(&b, (uint64_t)i, 1);
     return b;
 }
 
-static devio_status parse(const buf *b, devio_gguf_file **f, devio_error *err)
+static devio_status parse(const gbuf *b, devio_gguf_file **f, devio_error *err)
 {
     return devio_gguf_parse(b->p, b->n, "m.gguf", f, err);
 }
@@ -155,7 +85,7 @@ static devio_status parse(const buf *b, devio_gguf_file **f, devio_error *err)
 static void test_good_file(void **state)
 {
     (void)state;
-    buf b = good_file();
+    gbuf b = good_file();
     devio_gguf_file *f = NULL;
     devio_error err = {0};
     assert_int_equal(parse(&b, &f, &err), DEVIO_OK);
@@ -218,7 +148,7 @@ static void test_good_file(void **state)
 static void test_open_file(void **state)
 {
     (void)state;
-    buf b = good_file();
+    gbuf b = good_file();
     char path[] = "/tmp/devio-gguf-XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -240,7 +170,7 @@ static void test_open_file(void **state)
 static void test_every_truncation(void **state)
 {
     (void)state;
-    buf b = good_file();
+    gbuf b = good_file();
     for (size_t n = 0; n < b.n; n++) {
         devio_gguf_file *f = NULL;
         devio_error err = {0};
@@ -258,23 +188,23 @@ static void test_every_truncation(void **state)
 
 /* A file with the given tensors (each F32 unless said), alignment 32, and
  * data_bytes of data. */
-static buf with_tensors(const tinfo *t, int n, size_t data_bytes)
+static gbuf with_tensors(const gtinfo *t, int n, size_t data_bytes)
 {
-    buf b = {0};
-    put(&b, "GGUF", 4);
-    put_u(&b, 3, 4);
-    put_u(&b, (uint64_t)n, 8);
-    put_u(&b, 1, 8);
-    put_kv_str(&b, "general.architecture", "llama");
+    gbuf b = {0};
+    gb_put(&b, "GGUF", 4);
+    gb_u(&b, 3, 4);
+    gb_u(&b, (uint64_t)n, 8);
+    gb_u(&b, 1, 8);
+    gb_kv_str(&b, "general.architecture", "llama");
     for (int i = 0; i < n; i++)
-        put_tensor(&b, &t[i]);
-    pad_to(&b, 32);
+        gb_tensor(&b, &t[i]);
+    gb_pad(&b, 32);
     for (size_t i = 0; i < data_bytes; i++)
-        put_u(&b, 0, 1);
+        gb_u(&b, 0, 1);
     return b;
 }
 
-static void expect_refused(buf *b, const char *words)
+static void expect_refused(gbuf *b, const char *words)
 {
     devio_gguf_file *f = NULL;
     devio_error err = {0};
@@ -288,7 +218,7 @@ static void expect_refused(buf *b, const char *words)
 static void test_bad_magic_and_version(void **state)
 {
     (void)state;
-    buf b = good_file();
+    gbuf b = good_file();
     b.p[0] = 'X';
     expect_refused(&b, "m.gguf: not a GGUF file");
     b = good_file();
@@ -299,7 +229,7 @@ static void test_bad_magic_and_version(void **state)
 static void test_bad_counts(void **state)
 {
     (void)state;
-    buf b = good_file();
+    gbuf b = good_file();
     for (int i = 0; i < 8; i++)
         b.p[16 + i] = 0xff; /* metadata count */
     expect_refused(&b, "more than the file's");
@@ -312,16 +242,16 @@ static void test_bad_counts(void **state)
 static void test_bad_tensor_type(void **state)
 {
     (void)state;
-    tinfo t = {"blk.0.ffn_up.weight", 2, {32, 2}, 77, 0};
-    buf b = with_tensors(&t, 1, 256);
+    gtinfo t = {"blk.0.ffn_up.weight", 2, {32, 2}, 77, 0};
+    gbuf b = with_tensors(&t, 1, 256);
     expect_refused(&b, "tensor 'blk.0.ffn_up.weight' has type 77, which devio does not know");
 }
 
 static void test_bad_tensor_past_end(void **state)
 {
     (void)state;
-    tinfo t = {"output.weight", 2, {4, 4}, DEVIO_GGML_F32, 0};
-    buf b = with_tensors(&t, 1, 60);
+    gtinfo t = {"output.weight", 2, {4, 4}, DEVIO_GGML_F32, 0};
+    gbuf b = with_tensors(&t, 1, 60);
     expect_refused(&b, "tensor 'output.weight' (64 bytes at offset 0) runs past the end of the "
                        "data section (60 bytes)");
     t.offset = (uint64_t)1 << 62; /* an offset far past the end, aligned */
@@ -332,8 +262,8 @@ static void test_bad_tensor_past_end(void **state)
 static void test_bad_misaligned(void **state)
 {
     (void)state;
-    tinfo t = {"output_norm.weight", 1, {4}, DEVIO_GGML_F32, 4};
-    buf b = with_tensors(&t, 1, 64);
+    gtinfo t = {"output_norm.weight", 1, {4}, DEVIO_GGML_F32, 4};
+    gbuf b = with_tensors(&t, 1, 64);
     expect_refused(&b, "tensor 'output_norm.weight' starts at offset 4, not a multiple of the "
                        "alignment 32");
 }
@@ -341,10 +271,10 @@ static void test_bad_misaligned(void **state)
 static void test_bad_overlap_and_duplicate(void **state)
 {
     (void)state;
-    tinfo t[2] = {{"a.weight", 1, {16}, DEVIO_GGML_F32, 0}, {"b.weight", 1, {8}, DEVIO_GGML_F32, 32}};
-    buf b = with_tensors(t, 2, 96);
+    gtinfo t[2] = {{"a.weight", 1, {16}, DEVIO_GGML_F32, 0}, {"b.weight", 1, {8}, DEVIO_GGML_F32, 32}};
+    gbuf b = with_tensors(t, 2, 96);
     expect_refused(&b, "tensors 'a.weight' and 'b.weight' overlap");
-    tinfo d[2] = {{"a.weight", 1, {8}, DEVIO_GGML_F32, 0}, {"a.weight", 1, {8}, DEVIO_GGML_F32, 32}};
+    gtinfo d[2] = {{"a.weight", 1, {8}, DEVIO_GGML_F32, 0}, {"a.weight", 1, {8}, DEVIO_GGML_F32, 32}};
     b = with_tensors(d, 2, 96);
     expect_refused(&b, "tensor 'a.weight' appears twice");
 }
@@ -352,19 +282,19 @@ static void test_bad_overlap_and_duplicate(void **state)
 static void test_bad_shapes(void **state)
 {
     (void)state;
-    tinfo t = {"x.weight", 2, {8, 0}, DEVIO_GGML_F32, 0};
-    buf b = with_tensors(&t, 1, 64);
+    gtinfo t = {"x.weight", 2, {8, 0}, DEVIO_GGML_F32, 0};
+    gbuf b = with_tensors(&t, 1, 64);
     expect_refused(&b, "tensor 'x.weight' has dimension 1 of size 0");
-    tinfo o = {"x.weight", 4, {1u << 20, 1u << 20, 1u << 20, 1u << 20}, DEVIO_GGML_F32, 0};
+    gtinfo o = {"x.weight", 4, {1u << 20, 1u << 20, 1u << 20, 1u << 20}, DEVIO_GGML_F32, 0};
     b = with_tensors(&o, 1, 64);
     expect_refused(&b, "tensor 'x.weight': its element count overflows");
-    tinfo by = {"x.weight", 2, {(uint64_t)1 << 62, 2}, DEVIO_GGML_F32, 0};
+    gtinfo by = {"x.weight", 2, {(uint64_t)1 << 62, 2}, DEVIO_GGML_F32, 0};
     b = with_tensors(&by, 1, 64);
     expect_refused(&b, "tensor 'x.weight': its byte count overflows");
-    tinfo blk = {"x.weight", 2, {48, 2}, DEVIO_GGML_Q4_K, 0};
+    gtinfo blk = {"x.weight", 2, {48, 2}, DEVIO_GGML_Q4_K, 0};
     b = with_tensors(&blk, 1, 1024);
     expect_refused(&b, "tensor 'x.weight': rows of 48 are not whole Q4_K blocks of 256");
-    tinfo dims = {"x.weight", 5, {1, 1, 1, 1}, DEVIO_GGML_F32, 0};
+    gtinfo dims = {"x.weight", 5, {1, 1, 1, 1}, DEVIO_GGML_F32, 0};
     b = with_tensors(&dims, 1, 64);
     expect_refused(&b, "tensor 'x.weight' has 5 dimensions, not 1 to 4");
 }
@@ -372,68 +302,68 @@ static void test_bad_shapes(void **state)
 static void test_bad_metadata(void **state)
 {
     (void)state;
-    buf b = {0};
-    put(&b, "GGUF", 4);
-    put_u(&b, 3, 4);
-    put_u(&b, 0, 8);
-    put_u(&b, 2, 8);
-    put_kv_u32(&b, "llama.block_count", 1);
-    put_kv_u32(&b, "llama.block_count", 2);
+    gbuf b = {0};
+    gb_put(&b, "GGUF", 4);
+    gb_u(&b, 3, 4);
+    gb_u(&b, 0, 8);
+    gb_u(&b, 2, 8);
+    gb_kv_u32(&b, "llama.block_count", 1);
+    gb_kv_u32(&b, "llama.block_count", 2);
     expect_refused(&b, "metadata key 'llama.block_count' appears twice");
 
-    b = (buf){0};
-    put(&b, "GGUF", 4);
-    put_u(&b, 3, 4);
-    put_u(&b, 0, 8);
-    put_u(&b, 1, 8);
-    put_str(&b, "x.odd");
-    put_u(&b, 13, 4);
-    put_u(&b, 0, 8);
+    b = (gbuf){0};
+    gb_put(&b, "GGUF", 4);
+    gb_u(&b, 3, 4);
+    gb_u(&b, 0, 8);
+    gb_u(&b, 1, 8);
+    gb_str(&b, "x.odd");
+    gb_u(&b, 13, 4);
+    gb_u(&b, 0, 8);
     expect_refused(&b, "'x.odd' has value type 13, unknown");
 
-    b = (buf){0};
-    put(&b, "GGUF", 4);
-    put_u(&b, 3, 4);
-    put_u(&b, 0, 8);
-    put_u(&b, 1, 8);
-    put_str(&b, "x.deep");
-    put_u(&b, DEVIO_GGUF_ARRAY, 4);
+    b = (gbuf){0};
+    gb_put(&b, "GGUF", 4);
+    gb_u(&b, 3, 4);
+    gb_u(&b, 0, 8);
+    gb_u(&b, 1, 8);
+    gb_str(&b, "x.deep");
+    gb_u(&b, DEVIO_GGUF_ARRAY, 4);
     for (int i = 0; i < 6; i++) { /* an array of one array of one array ... */
-        put_u(&b, DEVIO_GGUF_ARRAY, 4);
-        put_u(&b, 1, 8);
+        gb_u(&b, DEVIO_GGUF_ARRAY, 4);
+        gb_u(&b, 1, 8);
     }
-    put_u(&b, 0, 32);
+    gb_u(&b, 0, 32);
     expect_refused(&b, "'x.deep' nests arrays deeper than 4");
 
-    b = (buf){0};
-    put(&b, "GGUF", 4);
-    put_u(&b, 3, 4);
-    put_u(&b, 0, 8);
-    put_u(&b, 1, 8);
-    put_kv_u32(&b, "general.alignment", 24);
+    b = (gbuf){0};
+    gb_put(&b, "GGUF", 4);
+    gb_u(&b, 3, 4);
+    gb_u(&b, 0, 8);
+    gb_u(&b, 1, 8);
+    gb_kv_u32(&b, "general.alignment", 24);
     expect_refused(&b, "general.alignment must be a power of two");
 
-    b = (buf){0};
-    put(&b, "GGUF", 4);
-    put_u(&b, 3, 4);
-    put_u(&b, 0, 8);
-    put_u(&b, 1, 8);
-    put_u(&b, 3, 8);
-    put(&b, "a\0b", 3);
-    put_u(&b, DEVIO_GGUF_U8, 4);
-    put_u(&b, 0, 1);
+    b = (gbuf){0};
+    gb_put(&b, "GGUF", 4);
+    gb_u(&b, 3, 4);
+    gb_u(&b, 0, 8);
+    gb_u(&b, 1, 8);
+    gb_u(&b, 3, 8);
+    gb_put(&b, "a\0b", 3);
+    gb_u(&b, DEVIO_GGUF_U8, 4);
+    gb_u(&b, 0, 1);
     expect_refused(&b, "a metadata key holds a NUL byte");
 
-    b = (buf){0};
-    put(&b, "GGUF", 4);
-    put_u(&b, 3, 4);
-    put_u(&b, 0, 8);
-    put_u(&b, 1, 8);
-    put_str(&b, "x.arr");
-    put_u(&b, DEVIO_GGUF_ARRAY, 4);
-    put_u(&b, DEVIO_GGUF_U32, 4);
-    put_u(&b, (uint64_t)1 << 62, 8);
-    put_u(&b, 0, 16);
+    b = (gbuf){0};
+    gb_put(&b, "GGUF", 4);
+    gb_u(&b, 3, 4);
+    gb_u(&b, 0, 8);
+    gb_u(&b, 1, 8);
+    gb_str(&b, "x.arr");
+    gb_u(&b, DEVIO_GGUF_ARRAY, 4);
+    gb_u(&b, DEVIO_GGUF_U32, 4);
+    gb_u(&b, (uint64_t)1 << 62, 8);
+    gb_u(&b, 0, 16);
     expect_refused(&b, "truncated: the value of 'x.arr' runs past the end of the file");
 }
 

@@ -1,0 +1,303 @@
+/* model_gguf.c - a GGUF file as a model: its metadata as the config.json a Hugging Face
+ * directory of the same model carries, and its tensors under Hugging Face's names and shapes
+ * (model_load.h). It must never hand out a tensor of another shape or type than asked, nor
+ * q and k rows in llama.cpp's interleaved order. */
+#include "device/model_load.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "device/safetensors.h"
+#include "device/status.h"
+
+bool devio_model_path_is_gguf(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return false;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return false;
+    char magic[4];
+    bool yes = pread(fd, magic, 4, 0) == 4 && memcmp(magic, "GGUF", 4) == 0;
+    close(fd);
+    return yes;
+}
+
+/* general.architecture -> the Hugging Face architecture devio computes it as. */
+static const struct {
+    const char *gguf, *hf;
+} archs[] = {
+    {"llama", "LlamaForCausalLM"},
+    {"qwen2", "Qwen2ForCausalLM"},
+    {"qwen3", "Qwen3ForCausalLM"},
+};
+
+/* The unsigned metadata value ARCH.key into obj[field]; absent and not
+ * required: nothing set. */
+static devio_status put_u(const devio_gguf_file *f, const char *arch, const char *key,
+                          bool required, json_t *obj, const char *field, devio_error *err)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", arch, key);
+    uint64_t v;
+    if (devio_gguf_get_u64(f, name, &v) && v <= INT32_MAX)
+        return json_object_set_new(obj, field, json_integer((json_int_t)v)) == 0
+                   ? DEVIO_OK
+                   : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+    if (!required && !devio_gguf_find_kv(f, name))
+        return DEVIO_OK;
+    return devio_fail(err, DEVIO_E_MODEL,
+                      "%.100s: metadata '%s' is %s", devio_gguf_label(f), name,
+                      devio_gguf_find_kv(f, name) ? "not an unsigned integer below 2^31"
+                                                  : "missing");
+}
+
+static devio_status put_f(const devio_gguf_file *f, const char *arch, const char *key,
+                          json_t *obj, const char *field, devio_error *err)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", arch, key);
+    float v;
+    if (!devio_gguf_find_kv(f, name))
+        return DEVIO_OK;
+    if (!devio_gguf_get_f32(f, name, &v))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is not a number",
+                          devio_gguf_label(f), name);
+    return json_object_set_new(obj, field, json_real((double)v)) == 0
+               ? DEVIO_OK
+               : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+}
+
+/* What the metadata may ask of RoPE that devio does not compute. */
+static devio_status rope_supported(const devio_gguf_file *f, const char *arch, uint32_t hd,
+                                   devio_error *err)
+{
+    char name[128];
+    uint64_t len = 0;
+    snprintf(name, sizeof name, "%s.rope.scaling.type", arch);
+    const char *t = devio_gguf_get_str(f, name, &len);
+    if (t && !(len == 4 && memcmp(t, "none", 4) == 0))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "%.100s: %s '%.*s' is not supported in GGUF files yet",
+                          devio_gguf_label(f), name, (int)(len > 40 ? 40 : len), t);
+    if (devio_gguf_find_tensor(f, "rope_freqs.weight"))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "%.100s: rope_freqs.weight (per-frequency RoPE factors) is not "
+                          "supported in GGUF files yet",
+                          devio_gguf_label(f));
+    uint32_t dims;
+    snprintf(name, sizeof name, "%s.rope.dimension_count", arch);
+    if (devio_gguf_get_u32(f, name, &dims) && dims != hd)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "%.100s: %s %u turns part of a head of %u; devio turns whole heads",
+                          devio_gguf_label(f), name, dims, hd);
+    return DEVIO_OK;
+}
+
+devio_status devio_gguf_model_config(const devio_gguf_file *f, json_t **out, devio_error *err)
+{
+    *out = NULL;
+    const char *label = devio_gguf_label(f);
+    uint64_t len = 0;
+    const char *a = devio_gguf_get_str(f, "general.architecture", &len);
+    if (!a)
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata 'general.architecture' is missing",
+                          label);
+    const char *hf = NULL, *arch = NULL;
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++)
+        if (strlen(archs[i].gguf) == len && memcmp(archs[i].gguf, a, len) == 0)
+            hf = archs[i].hf, arch = archs[i].gguf;
+    if (!hf)
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: architecture '%.*s' is not one devio computes "
+                          "(llama, qwen2, qwen3)",
+                          label, (int)(len > 40 ? 40 : len), a);
+    const devio_gguf_tensor *embd = devio_gguf_find_tensor(f, "token_embd.weight");
+    if (!embd || embd->ndim != 2)
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: tensor 'token_embd.weight' is missing or not 2-D", label);
+    json_t *c = json_object();
+    json_t *names = json_array();
+    devio_status st = DEVIO_OK;
+    if (!c || !names || json_array_append_new(names, json_string(hf)) ||
+        json_object_set_new(c, "architectures", names) ||
+        json_object_set_new(c, "vocab_size", json_integer((json_int_t)embd->ne[1])) ||
+        json_object_set_new(c, "tie_word_embeddings",
+                            json_boolean(!devio_gguf_find_tensor(f, "output.weight"))) ||
+        json_object_set_new(c, "hidden_act", json_string("silu"))) {
+        if (!c)
+            json_decref(names);
+        json_decref(c);
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+    }
+    if ((st = put_u(f, arch, "embedding_length", true, c, "hidden_size", err)) ||
+        (st = put_u(f, arch, "feed_forward_length", true, c, "intermediate_size", err)) ||
+        (st = put_u(f, arch, "block_count", true, c, "num_hidden_layers", err)) ||
+        (st = put_u(f, arch, "attention.head_count", true, c, "num_attention_heads", err)) ||
+        (st = put_u(f, arch, "attention.head_count_kv", false, c, "num_key_value_heads", err)) ||
+        (st = put_u(f, arch, "attention.key_length", false, c, "head_dim", err)) ||
+        (st = put_u(f, arch, "context_length", true, c, "max_position_embeddings", err)) ||
+        (st = put_f(f, arch, "rope.freq_base", c, "rope_theta", err)) ||
+        (st = put_f(f, arch, "attention.layer_norm_rms_epsilon", c, "rms_norm_eps", err))) {
+        json_decref(c);
+        return st;
+    }
+    json_int_t d = json_integer_value(json_object_get(c, "hidden_size"));
+    json_int_t h = json_integer_value(json_object_get(c, "num_attention_heads"));
+    const json_t *kd = json_object_get(c, "head_dim");
+    uint32_t hd = kd ? (uint32_t)json_integer_value(kd) : h ? (uint32_t)(d / h) : 0;
+    if ((st = rope_supported(f, arch, hd, err))) {
+        json_decref(c);
+        return st;
+    }
+    *out = c;
+    return DEVIO_OK;
+}
+
+/* ---- tensors ---------------------------------------------------------- */
+
+/* Hugging Face's name within a layer -> llama.cpp's. */
+static const struct {
+    const char *hf, *gguf;
+} layer_names[] = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+};
+
+/* llama.cpp's name of hf into buf; false when it has none. */
+static bool gguf_name(const char *hf, char *buf, size_t n)
+{
+    static const struct {
+        const char *hf, *gguf;
+    } top[] = {{"model.embed_tokens.weight", "token_embd.weight"},
+               {"model.norm.weight", "output_norm.weight"},
+               {"lm_head.weight", "output.weight"}};
+    for (size_t i = 0; i < sizeof top / sizeof *top; i++)
+        if (strcmp(hf, top[i].hf) == 0) {
+            snprintf(buf, n, "%s", top[i].gguf);
+            return true;
+        }
+    unsigned li;
+    int used = 0;
+    if (sscanf(hf, "model.layers.%u.%n", &li, &used) != 1 || used == 0)
+        return false;
+    for (size_t i = 0; i < sizeof layer_names / sizeof *layer_names; i++)
+        if (strcmp(hf + used, layer_names[i].hf) == 0) {
+            snprintf(buf, n, "blk.%u.%s", li, layer_names[i].gguf);
+            return true;
+        }
+    return false;
+}
+
+/* Whether the tensor is a q or k projection (or bias) whose rows llama.cpp
+ * interleaved: per head, Hugging Face's row j * hd/2 + i is its 2i + j. */
+static bool interleaved(const devio_model_config *c, const char *hf)
+{
+    return strcmp(c->architecture, "LlamaForCausalLM") == 0 &&
+           (strstr(hf, ".q_proj.") || strstr(hf, ".k_proj."));
+}
+
+/* Rows of row_bytes each, heads of hd rows, from llama.cpp's order back to
+ * Hugging Face's. */
+static void deinterleave(uint8_t *dst, const uint8_t *src, uint64_t rows, uint32_t hd,
+                         size_t row_bytes)
+{
+    for (uint64_t h = 0; h < rows / hd; h++)
+        for (uint32_t j = 0; j < 2; j++)
+            for (uint32_t i = 0; i < hd / 2; i++)
+                memcpy(dst + (h * hd + j * (hd / 2) + i) * row_bytes,
+                       src + (h * hd + 2 * i + j) * row_bytes, row_bytes);
+}
+
+static bool dtype_of(uint32_t type, devio_dtype *dt)
+{
+    switch (type) {
+    case DEVIO_GGML_F32:
+        *dt = DEVIO_F32;
+        return true;
+    case DEVIO_GGML_F16:
+        *dt = DEVIO_F16;
+        return true;
+    case DEVIO_GGML_BF16:
+        *dt = DEVIO_BF16;
+        return true;
+    default:
+        return false;
+    }
+}
+
+devio_status devio_gguf_model_tensor(const devio_gguf_file *f, const devio_model_config *c,
+                               const char *hf_name, bool required, uint32_t ndim, uint64_t s0,
+                               uint64_t s1, bool scan, devio_tensor *out, void **copy,
+                               size_t *copy_n, devio_error *err)
+{
+    memset(out, 0, sizeof *out);
+    *copy = NULL;
+    *copy_n = 0;
+    const char *label = devio_gguf_label(f);
+    char name[160];
+    if (!gguf_name(hf_name, name, sizeof name))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: no GGUF tensor stands for '%.80s'", label,
+                          hf_name);
+    const devio_gguf_tensor *t = devio_gguf_find_tensor(f, name);
+    if (!t)
+        return required ? devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%s' is missing", label,
+                                     name)
+                        : DEVIO_OK;
+    /* GGUF lists the row length first: Hugging Face's [s0, s1] is ne = {s1, s0}. */
+    bool ok = ndim == 1 ? t->ndim == 1 && t->ne[0] == s0
+                        : t->ndim == 2 && t->ne[0] == s1 && t->ne[1] == s0;
+    if (!ok)
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: tensor '%s' has %u dimensions (%llu, %llu), expected rows of "
+                          "%llu x %llu",
+                          label, name, t->ndim, (unsigned long long)t->ne[0],
+                          (unsigned long long)(t->ndim > 1 ? t->ne[1] : 1),
+                          (unsigned long long)(ndim == 1 ? s0 : s1),
+                          (unsigned long long)(ndim == 1 ? 1 : s0));
+    devio_dtype dt;
+    if (!dtype_of(t->type, &dt))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "%.100s: tensor '%s' is %s; devio computes with F32, F16 and BF16 "
+                          "weights so far (tools/gguf/quantize.py requant widens a file)",
+                          label, name, devio_gguf_type_name(t->type));
+    devio_status st;
+    if (scan && (st = devio_weights_check_finite(label, name, dt, t->data, t->nbytes, err)))
+        return st;
+    *out = (devio_tensor){.data = t->data, .dtype = dt, .ndim = ndim, .shape = {s0, ndim > 1 ? s1 : 0}};
+    bool perm = interleaved(c, hf_name);
+    if (!perm && (uintptr_t)t->data % devio_dtype_size(dt) == 0)
+        return DEVIO_OK;
+    /* A copy: rows back in Hugging Face's order, or whole elements aligned. */
+    uint8_t *p = devio_st_pages((size_t)t->nbytes);
+    if (!p)
+        return devio_fail(err, DEVIO_E_NOMEM, "%.100s: tensor '%s': out of memory for a copy",
+                          label, name);
+    /* A bias's rows are its elements. */
+    size_t row_bytes = (size_t)(t->nbytes / s0);
+    if (perm)
+        deinterleave(p, t->data, s0, c->head_dim, row_bytes);
+    else
+        memcpy(p, t->data, (size_t)t->nbytes);
+    out->data = p;
+    *copy = p;
+    *copy_n = (size_t)t->nbytes;
+    return DEVIO_OK;
+}

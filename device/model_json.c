@@ -1,0 +1,127 @@
+/* model_json.c - reads a model directory's JSON files (config.json, the shard index) for the
+ * model loader. It must accept what transformers writes (bare Infinity and NaN) and nothing that
+ * is not a JSON object. */
+#include "device/model_load.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/path.h"
+#include "device/status.h"
+
+/* Hugging Face writes float('inf') as the bare token Infinity (Mamba-2's
+ * time_step_limit), which JSON does not allow: outside strings, the tokens
+ * Infinity, -Infinity and NaN become the strings "Infinity", "-Infinity"
+ * and "NaN", for the config reader to interpret. Returns a new buffer of
+ * *len bytes, or NULL when memory is short. */
+static char *json_quote_nonfinite(const char *src, size_t n, size_t *len)
+{
+    static const char *const toks[] = {"-Infinity", "Infinity", "NaN"};
+    char *out = malloc(n * 2 + 1); /* each token grows by 2 and is >= 3 long */
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = src[i];
+        if (in_str) {
+            out[o++] = ch;
+            if (ch == '\\' && i + 1 < n)
+                out[o++] = src[++i];
+            else if (ch == '"')
+                in_str = false;
+            continue;
+        }
+        size_t t = 0, tl = 0;
+        for (; t < 3; t++) {
+            tl = strlen(toks[t]);
+            if (n - i >= tl && memcmp(src + i, toks[t], tl) == 0)
+                break;
+        }
+        if (t < 3) {
+            out[o++] = '"';
+            memcpy(out + o, toks[t], tl);
+            o += tl;
+            out[o++] = '"';
+            i += tl - 1;
+            continue;
+        }
+        in_str = ch == '"';
+        out[o++] = ch;
+    }
+    *len = o;
+    return out;
+}
+
+/* Reads a whole file into a malloc'd buffer; errno set on failure. */
+static char *read_all(FILE *fp, size_t *n)
+{
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        len += fread(buf + len, 1, cap - len, fp);
+        if (len < cap)
+            break;
+        char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            return NULL;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    if (buf && ferror(fp)) {
+        free(buf);
+        return NULL;
+    }
+    *n = len;
+    return buf;
+}
+
+devio_status devio_model_load_json(const char *dir, const char *name, json_t **out, devio_error *err)
+{
+    *out = NULL;
+    char *path = devio_path_join(dir, name);
+    if (!path)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory reading %s", name);
+    devio_status st = DEVIO_OK;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        st = errno == ENOENT ? DEVIO_E_MODEL : DEVIO_E_IO;
+        devio_fail(err, st, "%s: cannot open in model directory '%.120s': %s", name, dir,
+                   strerror(errno));
+        goto out_path;
+    }
+    size_t n = 0, qn = 0;
+    char *raw = read_all(fp, &n);
+    fclose(fp);
+    char *text = raw ? json_quote_nonfinite(raw, n, &qn) : NULL;
+    free(raw);
+    if (!text) {
+        int e = errno ? errno : ENOMEM; /* an allocation that failed is out of memory */
+        st = e == ENOMEM ? DEVIO_E_NOMEM : DEVIO_E_IO;
+        devio_fail(err, st, "%s: cannot read: %s", name, strerror(e));
+        goto out_path;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(text, qn, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
+    if (!root) {
+        st = DEVIO_E_MODEL;
+        devio_fail(err, st, "%s: not valid JSON (line %d: %.100s)", name, jerr.line, jerr.text);
+        goto out_path;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        st = DEVIO_E_MODEL;
+        devio_fail(err, st, "%s: top level is not a JSON object", name);
+        goto out_path;
+    }
+    *out = root;
+out_path:
+    free(path);
+    return st;
+}

@@ -1,0 +1,171 @@
+/* model_gguf_test.c - a GGUF file as --model: devio-mkmodel's models written as llama.cpp lays
+ * them out (names, metadata, ne order, q and k rows interleaved per head) must load as the very
+ * model their Hugging Face directory gives, config and every weight byte; each way a GGUF
+ * model can be wrong or beyond devio is refused, naming the file and the key or tensor. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/model.h"
+#include "tests/gguf_fixture.h"
+#include "tests/model_fixture.h"
+
+static void same_tensor(const devio_tensor *a, const devio_tensor *b, const char *what,
+                        uint32_t li)
+{
+    if (!a->data) {
+        if (b->data)
+            fail_msg("%s of layer %u: present in the GGUF model only", what, li);
+        return;
+    }
+    if (!b->data)
+        fail_msg("%s of layer %u: missing from the GGUF model", what, li);
+    assert_int_equal(a->dtype, b->dtype);
+    assert_int_equal(a->ndim, b->ndim);
+    assert_int_equal(a->shape[0], b->shape[0]);
+    assert_int_equal(a->shape[1], b->shape[1]);
+    size_t n = (size_t)(a->shape[0] * (a->ndim > 1 ? a->shape[1] : 1)) * devio_dtype_size(a->dtype);
+    if (memcmp(a->data, b->data, n) != 0)
+        fail_msg("%s of layer %u: the bytes differ", what, li);
+}
+
+/* The model in fx->dir, written as GGUF and loaded back: the same model. */
+static void round_trip(const fixture *fx)
+{
+    devio_model *hf = load_ok(fx->dir);
+    const char *path = path_in(fx->dir, "m.gguf");
+    gguf_write_model(hf, NULL, path);
+    devio_model *g = load_ok(path);
+    const devio_model_config *a = &hf->cfg, *b = &g->cfg;
+    assert_string_equal(a->architecture, b->architecture);
+    assert_int_equal(a->vocab_size, b->vocab_size);
+    assert_int_equal(a->hidden_size, b->hidden_size);
+    assert_int_equal(a->intermediate_size, b->intermediate_size);
+    assert_int_equal(a->n_layers, b->n_layers);
+    assert_int_equal(a->n_heads, b->n_heads);
+    assert_int_equal(a->n_kv_heads, b->n_kv_heads);
+    assert_int_equal(a->head_dim, b->head_dim);
+    assert_int_equal(a->max_position_embeddings, b->max_position_embeddings);
+    assert_true(a->rope_theta == b->rope_theta);
+    assert_true(a->rms_norm_eps == b->rms_norm_eps);
+    assert_int_equal(a->tie_word_embeddings, b->tie_word_embeddings);
+    assert_int_equal(a->attention_bias, b->attention_bias);
+    assert_int_equal(a->qk_norm, b->qk_norm);
+    assert_int_equal(a->rotary_dim, b->rotary_dim);
+    same_tensor(&hf->embed, &g->embed, "embed", 0);
+    same_tensor(&hf->norm, &g->norm, "norm", 0);
+    same_tensor(&hf->lm_head, &g->lm_head, "lm_head", 0);
+    for (uint32_t i = 0; i < a->n_layers; i++) {
+        const devio_layer *x = &hf->layers[i], *y = &g->layers[i];
+        const devio_tensor *xs[] = {&x->attn_norm, &x->wq, &x->wk, &x->wv, &x->wo, &x->bq,
+                                    &x->bk, &x->bv, &x->q_norm, &x->k_norm, &x->ffn_norm,
+                                    &x->w_gate, &x->w_up, &x->w_down};
+        const devio_tensor *ys[] = {&y->attn_norm, &y->wq, &y->wk, &y->wv, &y->wo, &y->bq,
+                                    &y->bk, &y->bv, &y->q_norm, &y->k_norm, &y->ffn_norm,
+                                    &y->w_gate, &y->w_up, &y->w_down};
+        static const char *names[] = {"attn_norm", "wq", "wk", "wv", "wo", "bq", "bk",
+                                      "bv", "q_norm", "k_norm", "ffn_norm", "w_gate",
+                                      "w_up", "w_down"};
+        for (size_t k = 0; k < sizeof xs / sizeof *xs; k++)
+            same_tensor(xs[k], ys[k], names[k], i);
+    }
+    /* The weights can be given back, as a server does once a device holds them. */
+    devio_model_release_weights(g);
+    assert_true(devio_model_weights_released(g));
+    devio_model_free(g);
+    devio_model_free(hf);
+}
+
+static void test_llama_f32(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    round_trip(fx);
+}
+
+/* Tied, BF16, grouped-query heads. */
+static void test_llama_bf16_tied(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.dtype = DEVIO_BF16;
+    o.tie_word_embeddings = true;
+    write_model(&o);
+    round_trip(fx);
+}
+
+static void test_qwen2_and_qwen3(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = arch_opts("qwen2", "tiny", fx->dir);
+    write_model(&o);
+    round_trip(fx);
+    o = arch_opts("qwen3", "tiny", fx->dir);
+    o.dtype = DEVIO_F16;
+    write_model(&o);
+    round_trip(fx);
+}
+
+/* ---- refusals ------------------------------------------------------------ */
+
+static void expect_refused(const fixture *fx, const gguf_edits *e, devio_status want,
+                           const char *words)
+{
+    devio_model *hf = load_ok(fx->dir);
+    const char *path = path_in(fx->dir, "bad.gguf");
+    gguf_write_model(hf, e, path);
+    devio_model_free(hf);
+    expect_fail(path, want, "bad.gguf", words);
+}
+
+static void test_refusals(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    expect_refused(fx, &(gguf_edits){.arch = "gpt2"}, DEVIO_E_MODEL,
+                   "architecture 'gpt2' is not one devio computes (llama, qwen2, qwen3)");
+    expect_refused(fx, &(gguf_edits){.drop_key = "block_count"}, DEVIO_E_MODEL,
+                   "metadata 'llama.block_count' is missing");
+    expect_refused(fx, &(gguf_edits){.retype = "blk.1.ffn_up.weight", .type = DEVIO_GGML_Q8_0},
+                   DEVIO_E_UNSUPPORTED,
+                   "tensor 'blk.1.ffn_up.weight' is Q8_0; devio computes with F32, F16 and BF16");
+    expect_refused(fx, &(gguf_edits){.reshape = "blk.0.ffn_down.weight"}, DEVIO_E_MODEL,
+                   "tensor 'blk.0.ffn_down.weight' has 2 dimensions (64, 128), expected rows "
+                   "of 128 x 64");
+    expect_refused(fx, &(gguf_edits){.extra_key = "rope.scaling.type", .extra_val = "linear"},
+                   DEVIO_E_UNSUPPORTED, "llama.rope.scaling.type 'linear' is not supported");
+    expect_refused(fx, &(gguf_edits){.rope_freqs = true}, DEVIO_E_UNSUPPORTED,
+                   "rope_freqs.weight");
+    /* A value the config rules refuse: said as the metadata's. */
+    expect_refused(fx, &(gguf_edits){.heads = 3}, DEVIO_E_MODEL,
+                   "bad.gguf, its metadata read as config.json: ");
+}
+
+/* A GGUF file that is not one: the reader's error, not the directory's. */
+static void test_not_a_model(void **state)
+{
+    fixture *fx = *state;
+    const char *path = path_in(fx->dir, "cut.gguf");
+    write_all(path, "GGUF\3\0\0\0", 8);
+    expect_fail(path, DEVIO_E_MODEL, "cut.gguf: file is 8 bytes", NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_llama_f32, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_llama_bf16_tied, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_qwen2_and_qwen3, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_refusals, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_not_a_model, fx_setup, fx_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
