@@ -444,6 +444,22 @@ static devio_status file_exists(const char *dir, const char *name, bool *yes, de
     return DEVIO_OK;
 }
 
+/* The config of `dir`: its config.json, or, for a GGUF file, the file
+ * (*gguf, the caller's) and its metadata as that config. */
+static devio_status open_config(const char *dir, devio_gguf_file **gguf, json_t **cfg,
+                                devio_error *err)
+{
+    if (!devio_model_path_is_gguf(dir))
+        return devio_model_load_json(dir, DEVIO_MODEL_CONFIG_NAME, cfg, err);
+    const char *base = strrchr(dir, '/');
+    devio_status st = devio_gguf_open(dir, base ? base + 1 : dir, gguf, err);
+    if (st == DEVIO_OK && (st = devio_gguf_model_config(*gguf, cfg, err)) != DEVIO_OK) {
+        devio_gguf_close(*gguf);
+        *gguf = NULL;
+    }
+    return st;
+}
+
 devio_model_params devio_model_params_default(void)
 {
     return (devio_model_params){.skip_weight_scan = false};
@@ -467,17 +483,9 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
     }
     json_t *cfg_json = NULL, *index = NULL;
     devio_gguf_file *gguf = NULL;
-    devio_status st;
-    if (devio_model_path_is_gguf(dir)) {
-        const char *base = strrchr(dir, '/');
-        if ((st = devio_gguf_open(dir, base ? base + 1 : dir, &gguf, err)) ||
-            (st = devio_gguf_model_config(gguf, &cfg_json, err))) {
-            devio_gguf_close(gguf);
-            return st;
-        }
-    } else if ((st = devio_model_load_json(dir, DEVIO_MODEL_CONFIG_NAME, &cfg_json, err))) {
+    devio_status st = open_config(dir, &gguf, &cfg_json, err);
+    if (st != DEVIO_OK)
         return st;
-    }
 
     devio_model *m = calloc(1, sizeof *m);
     model_priv *priv = calloc(1, sizeof *priv);
@@ -497,6 +505,9 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
         goto out_model;
     }
     const devio_model_config *c = &m->cfg;
+    if ((st = gguf ? devio_gguf_model_text(gguf, &m->text, err)
+                   : devio_model_text_from_dir(dir, cfg_json, &m->text, err)))
+        goto out_model;
     m->layers = calloc(c->n_layers, sizeof *m->layers);
     if (!m->layers) {
         devio_fail(err, DEVIO_E_NOMEM, "out of memory for %u layers", c->n_layers);
@@ -590,8 +601,28 @@ void devio_model_free(devio_model *m)
         free(p->owned);
         free(p);
     }
+    free(m->text.chat_template);
     free(m->layers);
     free(m);
+}
+
+static uint32_t dtype_bit(const devio_tensor *t)
+{
+    return t->data ? 1u << t->dtype : 0u;
+}
+
+uint32_t devio_model_dtypes(const devio_model *m)
+{
+    uint32_t bits = dtype_bit(&m->embed) | dtype_bit(&m->lm_head) | dtype_bit(&m->norm);
+    for (uint32_t i = 0; i < m->cfg.n_layers; i++) {
+        const devio_layer *l = &m->layers[i];
+        const devio_tensor *ts[] = {&l->attn_norm, &l->wq,     &l->wk,     &l->wv,
+                                    &l->wo,        &l->ffn_norm, &l->w_gate, &l->w_up,
+                                    &l->w_down,    &l->mixer.in_proj, &l->mixer.out_proj};
+        for (size_t k = 0; k < sizeof ts / sizeof *ts; k++)
+            bits |= dtype_bit(ts[k]);
+    }
+    return bits;
 }
 
 void devio_model_release_weights(devio_model *m)

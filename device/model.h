@@ -140,9 +140,20 @@ typedef struct devio_model_config {
     uint64_t attn_layers[16];
 } devio_model_config;
 
+/* What a checkpoint says about text, which devio never handles itself but
+ * a client needs to tokenize and stop (GET /v1/model). */
+typedef struct devio_model_text {
+    int64_t bos_id, eos_id, pad_id; /* -1 when not given */
+    char *chat_template;            /* owned, NUL-terminated; NULL when none */
+    const char *format;             /* "safetensors" or "gguf" (static) */
+} devio_model_text;
+
 /* Release with devio_model_free(). */
 struct devio_model {
     devio_model_config cfg;
+    /* From GGUF's tokenizer.* metadata, or from config.json's *_token_id
+     * and tokenizer_config.json's chat_template beside it. */
+    devio_model_text text;
     devio_tensor embed;   /* [vocab, d] model.embed_tokens.weight */
     devio_tensor norm;    /* [d]        model.norm.weight */
     devio_tensor lm_head; /* [vocab, d] lm_head.weight, or embed when tied */
@@ -186,6 +197,9 @@ void devio_model_free(devio_model *m);
  * WASI nothing is given back. */
 void devio_model_release_weights(devio_model *m);
 bool devio_model_weights_released(const devio_model *m);
+
+/* The dtypes of the model's weights, bit (1 << dtype) for each. */
+uint32_t devio_model_dtypes(const devio_model *m);
 
 /* Widen element i of a tensor to binary32 exactly. */
 float devio_tensor_get(const devio_tensor *t, uint64_t i);

@@ -301,3 +301,27 @@ devio_status devio_gguf_model_tensor(const devio_gguf_file *f, const devio_model
     *copy_n = (size_t)t->nbytes;
     return DEVIO_OK;
 }
+
+/* ---- text --------------------------------------------------------------- */
+
+devio_status devio_gguf_model_text(const devio_gguf_file *f, devio_model_text *t,
+                                   devio_error *err)
+{
+    *t = (devio_model_text){.bos_id = -1, .eos_id = -1, .pad_id = -1, .format = "gguf"};
+    uint32_t v;
+    if (devio_gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &v))
+        t->bos_id = v;
+    if (devio_gguf_get_u32(f, "tokenizer.ggml.eos_token_id", &v))
+        t->eos_id = v;
+    if (devio_gguf_get_u32(f, "tokenizer.ggml.padding_token_id", &v))
+        t->pad_id = v;
+    uint64_t len = 0;
+    const char *tpl = devio_gguf_get_str(f, "tokenizer.chat_template", &len);
+    if (tpl && len < ((uint64_t)1 << 24)) {
+        if (!(t->chat_template = malloc((size_t)len + 1)))
+            return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the chat template");
+        memcpy(t->chat_template, tpl, (size_t)len);
+        t->chat_template[len] = '\0';
+    }
+    return DEVIO_OK;
+}

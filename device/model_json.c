@@ -125,3 +125,43 @@ out_path:
     free(path);
     return st;
 }
+
+/* A token id: a non-negative integer, or the first of a list of them. */
+static int64_t token_id(const json_t *v)
+{
+    if (json_is_array(v))
+        v = json_array_get(v, 0);
+    return json_is_integer(v) && json_integer_value(v) >= 0 ? (int64_t)json_integer_value(v) : -1;
+}
+
+devio_status devio_model_text_from_dir(const char *dir, const json_t *config,
+                                       devio_model_text *t, devio_error *err)
+{
+    *t = (devio_model_text){.format = "safetensors"};
+    t->bos_id = token_id(json_object_get(config, "bos_token_id"));
+    t->eos_id = token_id(json_object_get(config, "eos_token_id"));
+    t->pad_id = token_id(json_object_get(config, "pad_token_id"));
+    json_t *tok = NULL;
+    devio_error ignored = {0};
+    if (devio_model_load_json(dir, "tokenizer_config.json", &tok, &ignored) != DEVIO_OK)
+        return ignored.status == DEVIO_E_NOMEM ? devio_fail(err, DEVIO_E_NOMEM, "%s",
+                                                            ignored.message)
+                                               : DEVIO_OK;
+    const json_t *tpl = json_object_get(tok, "chat_template");
+    if (json_is_array(tpl)) { /* [{"name", "template"}, ...]: the default one */
+        const json_t *pick = NULL, *e;
+        size_t i;
+        json_array_foreach(tpl, i, e)
+        {
+            const char *n = json_string_value(json_object_get(e, "name"));
+            if (!pick || (n && strcmp(n, "default") == 0))
+                pick = e;
+        }
+        tpl = pick ? json_object_get(pick, "template") : NULL;
+    }
+    devio_status st = DEVIO_OK;
+    if (json_is_string(tpl) && !(t->chat_template = strdup(json_string_value(tpl))))
+        st = devio_fail(err, DEVIO_E_NOMEM, "out of memory for the chat template");
+    json_decref(tok);
+    return st;
+}

@@ -43,4 +43,17 @@ devio_status devio_gguf_model_tensor(const devio_gguf_file *f, const devio_model
                                uint64_t s1, bool scan, devio_tensor *out, void **copy,
                                size_t *copy_n, devio_error *err);
 
+/* m's text metadata (token ids, chat template) from the GGUF's tokenizer.*
+ * entries; absent entries stay -1 / NULL. Only memory can fail. */
+devio_status devio_gguf_model_text(const devio_gguf_file *f, devio_model_text *t,
+                                   devio_error *err);
+
+/* The same from a directory: config.json's bos_token_id, eos_token_id (the
+ * first of a list) and pad_token_id, and tokenizer_config.json's
+ * chat_template (a string, or the "default" one of a list) when that file
+ * is there and holds one. A tokenizer_config.json devio cannot read is
+ * ignored: devio computes nothing from it. Only memory can fail. */
+devio_status devio_model_text_from_dir(const char *dir, const json_t *config,
+                                       devio_model_text *t, devio_error *err);
+
 #endif

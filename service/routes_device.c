@@ -271,6 +271,52 @@ devio_status devio_route_device(devio_server *s, const devio_request *rq, devio_
     return answer(s, rq, device_body, 200, out, err);
 }
 
+/* ---- the model ------------------------------------------------------------------ */
+
+static json_t *id_or_null(int64_t id)
+{
+    return id >= 0 ? json_integer((json_int_t)id) : json_null();
+}
+
+/* The body of GET /v1/model: what a client needs to tokenize, template and
+ * stop for this model, and the limits devio applies to it. */
+static json_t *model_json(const devio_model *model, const devio_config *c)
+{
+    const devio_model_config *m = &model->cfg;
+    json_t *types = json_array();
+    uint32_t bits = devio_model_dtypes(model);
+    for (uint32_t dt = 0; dt < 32; dt++)
+        if (bits >> dt & 1u)
+            json_array_append_new(types, json_string(devio_dtype_str((devio_dtype)dt)));
+    const devio_model_text *t = &model->text;
+    return json_pack(
+        "{s:s,s:s,s:o,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b,s:i,s:o,s:o,s:o,s:o,s:{s:i,s:I,s:i,s:i}}",
+        "format", t->format, "architecture", m->architecture, "weight_types", types,
+        "vocab_size", m->vocab_size, "hidden_size", m->hidden_size, "intermediate_size",
+        m->intermediate_size, "layers", m->n_layers, "heads", m->n_heads, "kv_heads",
+        m->n_kv_heads, "head_dim", m->head_dim, "tied_embeddings", m->tie_word_embeddings,
+        "context_length", m->max_position_embeddings, "bos_token_id", id_or_null(t->bos_id),
+        "eos_token_id", id_or_null(t->eos_id), "pad_token_id", id_or_null(t->pad_id),
+        "chat_template", t->chat_template ? json_string(t->chat_template) : json_null(),
+        "limits", "max_seq_len", c->max_seq_len, "kv_tokens",
+        (json_int_t)c->kv_blocks * c->block_size, "max_seqs", c->max_seqs, "ssm_slots",
+        c->ssm_slots);
+}
+
+static devio_status model_body(devio_server *s, const devio_request *rq, devio_device *dev,
+                               json_t **j, devio_error *err)
+{
+    (void)rq;
+    *j = model_json(s->model, devio_config_of(dev));
+    return *j ? DEVIO_OK : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+}
+
+devio_status devio_route_model(devio_server *s, const devio_request *rq, devio_reply *out,
+                               devio_error *err)
+{
+    return answer(s, rq, model_body, 200, out, err);
+}
+
 devio_status devio_route_teardown(devio_server *s, const devio_request *rq, devio_reply *out,
                                   devio_error *err)
 {

@@ -54,11 +54,10 @@
     {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
      .refused_while_draining = d}
 
-/* Every route of the contract (api/openapi.yaml): method, path template,
- * handler, who may call it, its body, and whether it is refused while the
- * server drains. Metrics label each answer with its route's path (a 405 with
- * the path's first entry); answers decided before a route is known use
- * "auth" (401), "framing" (400), "body" (413) and "unknown" (404). */
+/* Every route of the contract (api/openapi.yaml): method, path template, handler, who may call
+ * it, its body, and whether it is refused while the server drains. Metrics label each answer with
+ * its route's path (a 405 with the path's first entry); answers decided before a route is known
+ * use "auth" (401), "framing" (400), "body" (413) and "unknown" (404). */
 static const devio_route routes[] = {
     ROUTE("GET", "/healthz", devio_route_healthz, HEALTH, NO_BODY, false),
     ROUTE("GET", "/readyz", devio_route_readyz, HEALTH, NO_BODY, false),
@@ -75,6 +74,7 @@ static const devio_route routes[] = {
     ROUTE("GET", "/v1/logits/{id}", devio_route_logits, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/facts", devio_route_facts, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/device", devio_route_device, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/model", devio_route_model, TOKEN, NO_BODY, false),
     ROUTE("POST", "/v1/teardown", devio_route_teardown, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/adapters", devio_route_adapters_list, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/adapters/{name}", devio_route_adapter_get, TOKEN, NO_BODY, false),
