@@ -297,7 +297,8 @@ static devio_status check_config(devio_config *c, const devio_model *m, devio_er
         return devio_fail(err, DEVIO_E_INVALID, "numerics must be strict or fast");
     uint32_t model_max = m->cfg.max_position_embeddings ? m->cfg.max_position_embeddings : 4096;
     if (c->max_seq_len == 0)
-        c->max_seq_len = model_max < 4096 ? model_max : 4096;
+        c->max_seq_len = model_max < DEVIO_MAX_SEQ_LEN_DEFAULT ? model_max
+                                                              : DEVIO_MAX_SEQ_LEN_DEFAULT;
     if (c->max_seq_len > model_max)
         return devio_fail(err, DEVIO_E_INVALID, "max_seq_len %u exceeds the model's %u positions",
                           c->max_seq_len, model_max);
@@ -308,7 +309,13 @@ static devio_status check_config(devio_config *c, const devio_model *m, devio_er
         c->max_rows = c->max_batch_tokens;
     uint32_t per_seq = (c->max_seq_len + c->block_size - 1) / c->block_size;
     if (c->kv_blocks == 0) {
+        /* 16 full-length sequences, within the memory budget, and one at
+         * least (a smaller pool could never hold a sequence it admits). */
         uint64_t want = (uint64_t)per_seq * (c->max_seqs < 16 ? c->max_seqs : 16);
+        uint64_t per_block = devio_kv_block_bytes(&m->cfg, c->block_size);
+        uint64_t budget = (uint64_t)(c->kv_memory_mib ? c->kv_memory_mib : 1024) << 20;
+        if (per_block > 0 && want > budget / per_block)
+            want = budget / per_block > per_seq ? budget / per_block : per_seq;
         c->kv_blocks = (uint32_t)(want > 1u << 20 ? 1u << 20 : want);
     }
     if (c->threads == 0)

@@ -251,13 +251,17 @@ const char *devio_numerics_str(devio_numerics n);
 /* Inverse of devio_numerics_str; false for any other string. */
 bool devio_numerics_parse(const char *s, devio_numerics *out);
 
+/* The longest context max_seq_len 0 gives, however long the model's. */
+#define DEVIO_MAX_SEQ_LEN_DEFAULT 131072u
+
 /* Device configuration. Fill with devio_config_default() then override. */
 typedef struct devio_config {
-    uint32_t kv_blocks;        /* 0 = derive from max_seqs * max_seq_len */
+    uint32_t kv_blocks;        /* 0 = derive: 16 full-length sequences, within kv_memory_mib */
+    uint32_t kv_memory_mib;    /* the derived pool's memory at most, MiB; 0 = 1024 */
     uint32_t block_size;       /* tokens per KV block, default 16 */
     uint32_t max_depth;        /* tickets in flight, default 2 */
     uint32_t max_seqs;         /* live sequences, default 256 */
-    uint32_t max_seq_len;      /* default min(model max positions, 4096) */
+    uint32_t max_seq_len;      /* 0 = the model's declared positions (at most 131072) */
     uint32_t max_rows;         /* rows per plan, default 64 */
     uint32_t max_batch_tokens; /* tokens per plan, default 2048 */
     uint32_t logits_handles;   /* live logits handles, default 64 */

@@ -39,18 +39,25 @@ int main(int argc, char **argv)
     }
     devio_device_info info;
     devio_device_info_get(srv.dev, &info);
+    const devio_config *dc = devio_config_of(srv.dev);
+    uint64_t kv_tokens = (uint64_t)dc->kv_blocks * dc->block_size;
+    unsigned long long kv_mib = (unsigned long long)(devio_kv_block_bytes(
+                                    &srv.model->cfg, dc->block_size) * dc->kv_blocks >> 20);
     devio_log_field f[] = {
         DEVIO_LF_S("model", cfg.model),      DEVIO_LF_S("listen", cfg.listen),
         DEVIO_LF_U("port", srv.port),
         DEVIO_LF_U("epoch", devio_store_epoch(srv.store)), DEVIO_LF_S("backend", info.backend),
         DEVIO_LF_S("numerics", devio_numerics_str(info.numerics)),
-        DEVIO_LF_S("device", info.device),
+        DEVIO_LF_S("device", info.device), DEVIO_LF_U("max_seq_len", dc->max_seq_len),
+        DEVIO_LF_U("kv_tokens", kv_tokens),
     };
     devio_logf(DEVIO_LOG_INFO, "start", f, sizeof f / sizeof *f,
                "serving %s on %s, port %u (epoch %llu) with backend %s (%s numerics) on %s; "
-               "SIGTERM drains and stops",
+               "sequences of up to %u positions (the model declares %u), a KV pool of %llu "
+               "tokens (%llu MiB); SIGTERM drains and stops",
                cfg.model, cfg.listen, srv.port, (unsigned long long)devio_store_epoch(srv.store),
-               info.backend, devio_numerics_str(info.numerics), info.device);
+               info.backend, devio_numerics_str(info.numerics), info.device, dc->max_seq_len,
+               srv.model->cfg.max_position_embeddings, (unsigned long long)kv_tokens, kv_mib);
     printf("listening %u\n", srv.port);
     fflush(stdout);
     int sig = 0;

@@ -664,6 +664,39 @@ static void test_depth_invariance(void **state)
     }
 }
 
+/* --kv-blocks 0: 16 full-length sequences, within --kv-memory; --max-seq-len 0: the context
+ * the model declares, past the 4096 devio once stopped at. */
+static void test_derived_limits(void **state)
+{
+    ctx *c = *state;
+    devio_model_config *mc = &c->fx.model->cfg;
+    devio_config cfg = devio_config_default();
+    cfg.threads = 1;
+    devio_device *d = open_dev(c, cfg);
+    assert_int_equal(devio_config_of(d)->max_seq_len, mc->max_position_embeddings);
+    assert_int_equal(devio_config_of(d)->kv_blocks, 16 * (mc->max_position_embeddings / 16));
+    devio_teardown(d, NULL);
+    /* tiny: 2 attention layers x 2 kv heads x 16 x 8 bytes x 16 positions = 8 KiB a block. */
+    assert_int_equal(devio_kv_block_bytes(mc, 16), 8192);
+    cfg.kv_memory_mib = 1;
+    d = open_dev(c, cfg);
+    assert_int_equal(devio_config_of(d)->kv_blocks, 128);
+    devio_teardown(d, NULL);
+    uint32_t declared = mc->max_position_embeddings;
+    mc->max_position_embeddings = 8192; /* only the RoPE tables and the limits read it */
+    cfg.kv_memory_mib = 0;
+    d = open_dev(c, cfg);
+    assert_int_equal(devio_config_of(d)->max_seq_len, 8192);
+    /* 16 sequences of 8192 would take 64 MiB, within the 1024 MiB default. */
+    assert_int_equal(devio_config_of(d)->kv_blocks, 16 * 512);
+    devio_teardown(d, NULL);
+    cfg.kv_memory_mib = 5; /* 640 blocks: below 16 sequences, above one */
+    d = open_dev(c, cfg);
+    assert_int_equal(devio_config_of(d)->kv_blocks, 640);
+    devio_teardown(d, NULL);
+    mc->max_position_embeddings = declared;
+}
+
 static void test_open_rejects_bad_config(void **state)
 {
     ctx *c = *state;
@@ -811,6 +844,7 @@ int main(void)
         cmocka_unit_test(test_on_settled_hook),
         cmocka_unit_test(test_plan_errors_change_nothing),
         cmocka_unit_test(test_max_seq_len),
+        cmocka_unit_test(test_derived_limits),
         cmocka_unit_test(test_out_of_kv_blocks_changes_nothing),
         cmocka_unit_test(test_depth_and_busy),
         cmocka_unit_test(test_logits_capacity),
