@@ -15,6 +15,17 @@
  *     half, subnormals and infinities; a NaN stays a NaN, whether a
  *     signalling NaN comes out quiet is left open, so NaN bits are
  *     canonicalised wherever numbers are compared); F32 as is.
+ *   - Quantized weights (GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+ *     Q6_K; device/quant.h gives each block's layout): an element's value is
+ *     formed in binary32 from its block's f16 scales (widened exactly) and
+ *     its small integer quant q (exact), one rounding per operation:
+ *       Q8_0  y = d * q                 Q4_0  y = d * (q - 8)
+ *       Q5_0  y = d * (q - 16)          Q4_1, Q5_1  y = (d * q) + m
+ *       Q4_K, Q5_K  y = ((d * sc) * q) - (dmin * mn), sc and mn the 6-bit
+ *                   scale and min of the element's sub-block of 32
+ *       Q6_K  y = (d * sc) * (q - 32), sc the int8 scale of its 16
+ *     and is then a weight like any other: every rule below reads it as the
+ *     widened value of a 16-bit weight.
  *
  * lane_dot(a, b, n) - THE 32-LANE RULE, used for every reduction:
  *   lane l (0 <= l < 32) starts at +0.0f and adds a[i]*b[i] (the rounded
