@@ -15,6 +15,7 @@
 #include "device/model_config.h"
 #include "device/model_load.h"
 #include "device/numerics.h"
+#include "device/quant.h"
 #include "device/safetensors.h"
 #include "device/status.h"
 
@@ -44,34 +45,56 @@ typedef struct loader {
     const devio_model_config *cfg; /* a GGUF model: its tensors come from priv->gguf */
 } loader;
 
+static const struct {
+    const char *name;
+    uint32_t ggml; /* device/quant.h's number; 0 for a float type */
+} dtypes[] = {
+    [DEVIO_F32] = {"F32", 0},   [DEVIO_F16] = {"F16", 0},   [DEVIO_BF16] = {"BF16", 0},
+    [DEVIO_Q8_0] = {"Q8_0", DEVIO_QT_Q8_0}, [DEVIO_Q4_0] = {"Q4_0", DEVIO_QT_Q4_0},
+    [DEVIO_Q4_1] = {"Q4_1", DEVIO_QT_Q4_1}, [DEVIO_Q5_0] = {"Q5_0", DEVIO_QT_Q5_0},
+    [DEVIO_Q5_1] = {"Q5_1", DEVIO_QT_Q5_1}, [DEVIO_Q4_K] = {"Q4_K", DEVIO_QT_Q4_K},
+    [DEVIO_Q5_K] = {"Q5_K", DEVIO_QT_Q5_K}, [DEVIO_Q6_K] = {"Q6_K", DEVIO_QT_Q6_K},
+};
+
 size_t devio_dtype_size(devio_dtype t)
 {
-    switch (t) {
-    case DEVIO_F32:
-        return 4;
-    case DEVIO_F16:
-    case DEVIO_BF16:
-        return 2;
-    }
-    return 0;
+    return t == DEVIO_F32 ? 4 : t == DEVIO_F16 || t == DEVIO_BF16 ? 2 : 0;
 }
 
 const char *devio_dtype_str(devio_dtype t)
 {
-    switch (t) {
-    case DEVIO_F32:
-        return "F32";
-    case DEVIO_F16:
-        return "F16";
-    case DEVIO_BF16:
-        return "BF16";
-    }
-    return "?";
+    return (unsigned)t < sizeof dtypes / sizeof *dtypes ? dtypes[t].name : "?";
+}
+
+uint32_t devio_dtype_ggml(devio_dtype t)
+{
+    return (unsigned)t < sizeof dtypes / sizeof *dtypes ? dtypes[t].ggml : 0;
+}
+
+bool devio_dtype_quantized(devio_dtype t)
+{
+    return devio_dtype_ggml(t) != 0;
+}
+
+uint64_t devio_dtype_row_bytes(devio_dtype t, uint64_t n)
+{
+    uint32_t q = devio_dtype_ggml(t);
+    if (!q)
+        return n * devio_dtype_size(t);
+    return n / devio_quant_block(q) * devio_quant_block_bytes(q);
 }
 
 float devio_tensor_get(const devio_tensor *t, uint64_t i)
 {
     const uint8_t *p = t->data;
+    uint32_t q = devio_dtype_ggml(t->dtype);
+    if (q) {
+        /* The element's block, whole: rows are whole blocks. */
+        float y[256];
+        uint32_t blk = devio_quant_block(q);
+        devio_dequant_block(q, p + i / blk * devio_quant_block_bytes(q), y);
+        return y[i % blk];
+    }
     switch (t->dtype) {
     case DEVIO_F32: {
         float f;
@@ -88,8 +111,9 @@ float devio_tensor_get(const devio_tensor *t, uint64_t i)
         memcpy(&h, p + i * 2, sizeof h);
         return devio_bf16_to_f32(h);
     }
+    default:
+        return 0.0f;
     }
-    return 0.0f;
 }
 
 /* ---- files ---- */

@@ -11,14 +11,31 @@
 
 #include "device/devio.h"
 
+/* A weight's storage. The block-quantized types (a GGUF file's) hold
+ * blocks of 32 or 256 elements whose values device/quant.h defines; a
+ * tensor of them is a 2-D weight whose rows are whole blocks. */
 typedef enum devio_dtype {
     DEVIO_F32 = 0,
     DEVIO_F16,
     DEVIO_BF16,
+    DEVIO_Q8_0,
+    DEVIO_Q4_0,
+    DEVIO_Q4_1,
+    DEVIO_Q5_0,
+    DEVIO_Q5_1,
+    DEVIO_Q4_K,
+    DEVIO_Q5_K,
+    DEVIO_Q6_K,
 } devio_dtype;
 
+/* Bytes of one element (4 or 2); for a quantized type, 0. */
 size_t devio_dtype_size(devio_dtype t);
-const char *devio_dtype_str(devio_dtype t); /* "F32", "F16", "BF16" */
+const char *devio_dtype_str(devio_dtype t); /* "F32", "F16", "BF16", "Q4_K", ... */
+bool devio_dtype_quantized(devio_dtype t);
+/* ggml's number of a quantized type (device/quant.h), 0 for the others. */
+uint32_t devio_dtype_ggml(devio_dtype t);
+/* Bytes of a row of n elements (n a whole number of blocks when quantized). */
+uint64_t devio_dtype_row_bytes(devio_dtype t, uint64_t n);
 
 /* A read-only view of one tensor. `data` points into the weight file's
  * bytes, read into anonymous memory at load and owned by the model, so a

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "device/quant.h"
 #include "device/safetensors.h"
 #include "device/status.h"
 
@@ -228,19 +229,42 @@ static void deinterleave(uint8_t *dst, const uint8_t *src, uint64_t rows, uint32
 
 static bool dtype_of(uint32_t type, devio_dtype *dt)
 {
-    switch (type) {
-    case DEVIO_GGML_F32:
-        *dt = DEVIO_F32;
-        return true;
-    case DEVIO_GGML_F16:
-        *dt = DEVIO_F16;
-        return true;
-    case DEVIO_GGML_BF16:
-        *dt = DEVIO_BF16;
-        return true;
-    default:
-        return false;
-    }
+    static const struct {
+        uint32_t ggml;
+        devio_dtype dt;
+    } map[] = {{DEVIO_GGML_F32, DEVIO_F32},   {DEVIO_GGML_F16, DEVIO_F16},
+               {DEVIO_GGML_BF16, DEVIO_BF16}, {DEVIO_GGML_Q8_0, DEVIO_Q8_0},
+               {DEVIO_GGML_Q4_0, DEVIO_Q4_0}, {DEVIO_GGML_Q4_1, DEVIO_Q4_1},
+               {DEVIO_GGML_Q5_0, DEVIO_Q5_0}, {DEVIO_GGML_Q5_1, DEVIO_Q5_1},
+               {DEVIO_GGML_Q4_K, DEVIO_Q4_K}, {DEVIO_GGML_Q5_K, DEVIO_Q5_K},
+               {DEVIO_GGML_Q6_K, DEVIO_Q6_K}};
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+        if (map[i].ggml == type) {
+            *dt = map[i].dt;
+            return true;
+        }
+    return false;
+}
+
+/* A quantized tensor's f16 scales (d, and m or dmin) are finite in every
+ * block; the quants are integers and always are. */
+static devio_status check_scales(const char *label, const char *name, devio_dtype dt,
+                                 const uint8_t *p, uint64_t nbytes, devio_error *err)
+{
+    uint32_t q = devio_dtype_ggml(dt), bytes = devio_quant_block_bytes(q);
+    uint32_t off[2] = {q == DEVIO_QT_Q6_K ? 208u : 0u, 2u};
+    uint32_t n = q == DEVIO_QT_Q6_K || q == DEVIO_QT_Q4_0 || q == DEVIO_QT_Q5_0 ||
+                         q == DEVIO_QT_Q8_0
+                     ? 1u
+                     : 2u;
+    for (uint64_t b = 0; b < nbytes / bytes; b++)
+        for (uint32_t k = 0; k < n; k++)
+            if ((devio_q_u16(p + b * bytes + off[k]) & 0x7c00u) == 0x7c00u)
+                return devio_fail(err, DEVIO_E_MODEL,
+                                  "%.100s: tensor '%.80s' has a non-finite scale in block %llu; "
+                                  "non-finite weights are refused",
+                                  label, name, (unsigned long long)b);
+    return DEVIO_OK;
 }
 
 devio_status devio_gguf_model_tensor(const devio_gguf_file *f, const devio_model_config *c,
@@ -275,15 +299,24 @@ devio_status devio_gguf_model_tensor(const devio_gguf_file *f, const devio_model
     devio_dtype dt;
     if (!dtype_of(t->type, &dt))
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "%.100s: tensor '%s' is %s; devio computes with F32, F16 and BF16 "
-                          "weights so far (tools/gguf/quantize.py requant widens a file)",
+                          "%.100s: tensor '%s' is %s; devio computes with F32, F16, BF16, Q8_0, "
+                          "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights",
                           label, name, devio_gguf_type_name(t->type));
+    if (devio_dtype_quantized(dt) && ndim != 2)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "%.100s: tensor '%s' is a vector of %s; devio reads vectors as F32, "
+                          "F16 or BF16",
+                          label, name, devio_dtype_str(dt));
     devio_status st;
-    if (scan && (st = devio_weights_check_finite(label, name, dt, t->data, t->nbytes, err)))
+    if (scan && (st = devio_dtype_quantized(dt)
+                          ? check_scales(label, name, dt, t->data, t->nbytes, err)
+                          : devio_weights_check_finite(label, name, dt, t->data, t->nbytes, err)))
         return st;
     *out = (devio_tensor){.data = t->data, .dtype = dt, .ndim = ndim, .shape = {s0, ndim > 1 ? s1 : 0}};
     bool perm = interleaved(c, hf_name);
-    if (!perm && (uintptr_t)t->data % devio_dtype_size(dt) == 0)
+    /* Quantized blocks are read byte by byte: any address does. */
+    size_t align = devio_dtype_quantized(dt) ? 1u : devio_dtype_size(dt);
+    if (!perm && (uintptr_t)t->data % align == 0)
         return DEVIO_OK;
     /* A copy: rows back in Hugging Face's order, or whole elements aligned. */
     uint8_t *p = devio_st_pages((size_t)t->nbytes);

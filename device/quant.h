@@ -201,4 +201,86 @@ DEVIO_NUM_FN void devio_dequant_row(uint32_t t, const uint8_t *src, float *y, ui
         devio_dequant_block(t, src, y + i);
 }
 
+/* Elements that share one scale in the split form below: 16 for Q6_K, 32
+ * for the others (a Q4_K/Q5_K sub-block, or a whole 32-element block). */
+DEVIO_NUM_FN uint32_t devio_quant_group(uint32_t t)
+{
+    return t == DEVIO_QT_Q6_K ? 16u : 32u;
+}
+
+/* Whether the split form has an offset: y = S * q + M rather than S * q. */
+DEVIO_NUM_FN int devio_quant_has_offset(uint32_t t)
+{
+    return t == DEVIO_QT_Q4_1 || t == DEVIO_QT_Q5_1 || t == DEVIO_QT_Q4_K || t == DEVIO_QT_Q5_K;
+}
+
+/* One block in a form that kernels widen cheaply and exactly: per element
+ * an integer q[i] (-32..31 or 0..31), per group g of devio_quant_group(t)
+ * elements a scale S[g] and, when devio_quant_has_offset(t), an offset
+ * M[g], such that MUL(S, q) (then ADD(., M)) is devio_dequant_block's value
+ * bit for bit: Q4_0 q - 8 and S = d; Q5_0 q - 16; Q8_0 q; Q4_1, Q5_1 S = d,
+ * M = m; Q4_K, Q5_K S = d * sc, M = -(dmin * mn) (x - m1 is x + -m1
+ * exactly); Q6_K q - 32 and S = d * sc. */
+DEVIO_NUM_FN void devio_quant_split(uint32_t t, const uint8_t *b, int8_t *q, float *S, float *M)
+{
+    uint32_t blk = devio_quant_block(t);
+    if (t == DEVIO_QT_Q4_K || t == DEVIO_QT_Q5_K) {
+        int five = t == DEVIO_QT_Q5_K;
+        float d = devio_q_f16(b), dmin = devio_q_f16(b + 2);
+        const uint8_t *s = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
+        for (int c = 0; c < 4; c++)
+            for (int half = 0; half < 2; half++) {
+                int sc, mn, g = 2 * c + half;
+                devio_q_scale_min_k(s, g, &sc, &mn);
+                S[g] = DEVIO_MUL(d, (float)sc);
+                M[g] = -DEVIO_MUL(dmin, (float)mn);
+                for (int l = 0; l < 32; l++) {
+                    int v = half ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 0xF;
+                    if (five && ((qh[l] >> g) & 1))
+                        v += 16;
+                    q[32 * g + l] = (int8_t)v;
+                }
+            }
+        return;
+    }
+    if (t == DEVIO_QT_Q6_K) {
+        float d = devio_q_f16(b + 208);
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int g = 0; g < 16; g++)
+            S[g] = DEVIO_MUL(d, (float)sc[g]);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            for (int l = 0; l < 32; l++) {
+                int8_t *o = q + 128 * h + l;
+                o[0] = (int8_t)(((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4) - 32);
+                o[32] = (int8_t)(((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32);
+                o[64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+                o[96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+            }
+        }
+        return;
+    }
+    /* The 32-element types: one group. */
+    S[0] = devio_q_f16(b);
+    if (t == DEVIO_QT_Q8_0) {
+        for (uint32_t j = 0; j < blk; j++)
+            q[j] = (int8_t)b[2 + j];
+        return;
+    }
+    int with_min = t == DEVIO_QT_Q4_1 || t == DEVIO_QT_Q5_1;
+    if (with_min)
+        M[0] = devio_q_f16(b + 2);
+    const uint8_t *h = b + (with_min ? 4 : 2);
+    int five = t == DEVIO_QT_Q5_0 || t == DEVIO_QT_Q5_1;
+    const uint8_t *qs = five ? h + 4 : h;
+    uint32_t qh = five ? ((uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
+                          (uint32_t)h[3] << 24)
+                       : 0u;
+    int bias = with_min ? 0 : five ? 16 : 8;
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)(((qs[j] & 0xF) | (int)((qh >> j) & 1u) << 4) - bias);
+        q[j + 16] = (int8_t)(((qs[j] >> 4) | (int)((qh >> (j + 16)) & 1u) << 4) - bias);
+    }
+}
+
 #endif

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "device/numerics.h"
+#include "device/quant.h"
 #include "device/shape.h"
 #include "device/status.h"
 
@@ -10,6 +11,10 @@ static bool tensor_is(const devio_tensor *t, uint64_t rows, uint64_t cols)
 {
     if (!t->data)
         return false;
+    /* A quantized tensor is a matrix of whole blocks per row (device/quant.h). */
+    if (devio_dtype_quantized(t->dtype))
+        return cols != 0 && t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols &&
+               cols % devio_quant_block(devio_dtype_ggml(t->dtype)) == 0;
     if (t->dtype != DEVIO_F32 && t->dtype != DEVIO_F16 && t->dtype != DEVIO_BF16)
         return false;
     if (cols == 0)

@@ -243,7 +243,8 @@ static bool pack_one(ref_state *st, ref_panels *p, const devio_tensor *t)
         return false;
     st->bytes += p->bytes;
     if (t->data != st->model->embed.data)
-        release_pages(t->data, (size_t)t->shape[0] * t->shape[1] * devio_dtype_size(t->dtype));
+        release_pages(t->data,
+                      (size_t)(t->shape[0] * devio_dtype_row_bytes(t->dtype, t->shape[1])));
     return true;
 }
 

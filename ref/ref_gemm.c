@@ -18,6 +18,7 @@
 
 #include "device/numerics.h"
 #include "device/numerics_vec.h"
+#include "device/quant.h"
 #include "ref/ref_vec.h"
 
 /* Vectors per panel row of 16 outputs, the token group G (tokens whose x is
@@ -59,9 +60,18 @@ static ALWAYS_INLINE vf splat(float x)
     return v;
 }
 
+/* Bytes per element of a panel: int8 for the quantized types. */
 static size_t esize(devio_dtype dt)
 {
-    return dt == DEVIO_F32 ? 4u : 2u;
+    return dt == DEVIO_F32 ? 4u : devio_dtype_quantized(dt) ? 1u : 2u;
+}
+
+/* Index of element (row r, column k) in a panel of k32 steps (ref_gemm.h). */
+static size_t panel_at(uint32_t k32, uint32_t k, uint32_t r)
+{
+    uint32_t lane = k % 32u, kk = k / 32u;
+    return ((((size_t)(lane / REF_LANE_QUAD) * k32 + kk) * REF_LANE_QUAD + lane % REF_LANE_QUAD) *
+            REF_PANEL_ROWS) + r;
 }
 
 /* ---- packing ----------------------------------------------------------- */
@@ -93,6 +103,61 @@ static void pack_panel(void *ctx, uint32_t panel, uint32_t thread)
                 }
 }
 
+/* A quantized panel: each row's blocks split (devio_quant_split) into int8
+ * quants at their panel places and the scales (offsets) of its groups. */
+static void pack_qpanel(void *ctx, uint32_t panel, uint32_t thread)
+{
+    (void)thread;
+    const pack_job *j = ctx;
+    const ref_panels *p = j->p;
+    uint32_t t = devio_dtype_ggml(p->dtype), blk = devio_quant_block(t);
+    uint32_t gs = devio_quant_group(t), ng = p->qgroups, k32 = p->k32;
+    size_t row_bytes = (size_t)devio_dtype_row_bytes(p->dtype, p->n);
+    int8_t *dst = (int8_t *)p->data + (size_t)panel * REF_PANEL_ROWS * k32 * 32u;
+    size_t sbase = (size_t)panel * k32 * ng * REF_PANEL_ROWS;
+    for (uint32_t r = 0; r < REF_PANEL_ROWS; r++) {
+        uint32_t o = panel * REF_PANEL_ROWS + r;
+        for (uint32_t k0 = 0; k0 < k32 * 32u; k0 += blk) {
+            int8_t q[256] = {0};
+            float S[16] = {0}, M[16] = {0};
+            if (o < p->m && k0 < p->n)
+                devio_quant_split(t, (const uint8_t *)j->w + o * row_bytes + k0 / blk * devio_quant_block_bytes(t), q, S, M);
+            for (uint32_t i = 0; i < blk && k0 + i < k32 * 32u; i++)
+                dst[panel_at(k32, k0 + i, r)] = q[i];
+            for (uint32_t g = 0; g < blk / gs && (k0 + g * gs) / 32u < k32; g++) {
+                uint32_t k = k0 + g * gs;
+                size_t at = sbase + ((size_t)(k / 32u) * ng + (k % 32u) / gs) * REF_PANEL_ROWS + r;
+                p->qscale[at] = S[g];
+                if (p->qoffset)
+                    p->qoffset[at] = M[g];
+            }
+        }
+    }
+}
+
+/* A quantized panel widened into dst as a binary32 panel (the same order):
+ * S * q (+ M), each element's value (device/quant.h). */
+static void widen_qpanel(const ref_panels *p, uint32_t panel, float *dst)
+{
+    uint32_t k32 = p->k32, ng = p->qgroups;
+    const int8_t *q = (const int8_t *)p->data + (size_t)panel * REF_PANEL_ROWS * k32 * 32u;
+    size_t sbase = (size_t)panel * k32 * ng * REF_PANEL_ROWS;
+    for (uint32_t lane = 0; lane < 32; lane++)
+        for (uint32_t kk = 0; kk < k32; kk++) {
+            size_t at = panel_at(k32, kk * 32u + lane, 0);
+            size_t sat = sbase + ((size_t)kk * ng + (ng == 2 ? lane / 16u : 0)) * REF_PANEL_ROWS;
+            const float *S = p->qscale + sat;
+            if (p->qoffset) {
+                const float *M = p->qoffset + sat;
+                for (uint32_t r = 0; r < REF_PANEL_ROWS; r++)
+                    dst[at + r] = S[r] * (float)q[at + r] + M[r];
+            } else {
+                for (uint32_t r = 0; r < REF_PANEL_ROWS; r++)
+                    dst[at + r] = S[r] * (float)q[at + r];
+            }
+        }
+}
+
 int ref_panels_pack(ref_panels *p, devio_pool *pool, const void *w, devio_dtype dt, uint32_t m,
                     uint32_t n)
 {
@@ -105,13 +170,29 @@ int ref_panels_pack(ref_panels *p, devio_pool *pool, const void *w, devio_dtype 
         return -1;
     *p = (ref_panels){.data = data, .dtype = dt, .m = m, .n = n, .k32 = k32, .bytes = bytes};
     pack_job j = {.p = p, .w = w};
-    devio_pool_run(pool, panels, pack_panel, &j);
+    uint32_t t = devio_dtype_ggml(dt);
+    if (!t) {
+        devio_pool_run(pool, panels, pack_panel, &j);
+        return 0;
+    }
+    p->qgroups = 32u / devio_quant_group(t);
+    size_t nsc = (size_t)panels * k32 * p->qgroups * REF_PANEL_ROWS;
+    p->qscale = malloc(nsc * sizeof(float));
+    p->qoffset = devio_quant_has_offset(t) ? malloc(nsc * sizeof(float)) : NULL;
+    if (!p->qscale || (devio_quant_has_offset(t) && !p->qoffset)) {
+        ref_panels_free(p);
+        return -1;
+    }
+    p->bytes += nsc * sizeof(float) * (p->qoffset ? 2u : 1u);
+    devio_pool_run(pool, panels, pack_qpanel, &j);
     return 0;
 }
 
 void ref_panels_free(ref_panels *p)
 {
     free(p->data);
+    free(p->qscale);
+    free(p->qoffset);
     memset(p, 0, sizeof *p);
 }
 
@@ -313,12 +394,20 @@ static void matmul_panels(const ref_matmul *mm, uint32_t p0, uint32_t p1, ref_sc
         /* A 16-bit panel that serves several groups is widened once into
          * scratch and read as f32 from there: widening is exact, so the
          * numbers are the same, and the kernel's loop loses its conversions. */
-        bool widen = w->dtype != DEVIO_F32 && g1 - g0 >= WIDEN_MIN_GROUPS;
+        bool quant = devio_dtype_quantized(w->dtype);
+        bool widen = quant || (w->dtype != DEVIO_F32 && g1 - g0 >= WIDEN_MIN_GROUPS);
         const mk_fn *mk = mk_table[widen ? DEVIO_F32 : w->dtype];
         for (uint32_t p = p0; p < p1; p++) {
             const char *wa = (const char *)w->data + (size_t)p * panel_bytes;
             const char *wb = mm->w2 ? (const char *)mm->w2->data + (size_t)p * panel_bytes : NULL;
-            if (widen) {
+            if (quant) {
+                widen_qpanel(w, p, s->wide);
+                wa = (const char *)s->wide;
+                if (wb) {
+                    widen_qpanel(mm->w2, p, s->wide + panel_elems);
+                    wb = (const char *)(s->wide + panel_elems);
+                }
+            } else if (widen) {
                 ref_widen(w->dtype, wa, s->wide, panel_elems);
                 wa = (const char *)s->wide;
                 if (wb) {

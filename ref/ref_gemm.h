@@ -14,7 +14,11 @@
  * and columns past n are zeros. The dtype is kept (bf16 and f16 are widened
  * in registers, or once per block of tokens into the thread's scratch when
  * a panel serves several groups), so a packed weight takes as many bytes as
- * the file's.
+ * the file's. A quantized weight (device/quant.h) keeps one int8 per element
+ * in that order (its split form's q) and, per step and row, the scale (and
+ * offset) of each group of 32 inputs (16 for Q6_K); it is widened into the
+ * thread's scratch, exactly, before every use: about 1.1 to 1.3 bytes per
+ * weight, never a binary32 copy of the model.
  *
  * Ownership: a ref_panels owns its data (ref_panels_pack allocates,
  * ref_panels_free releases); a ref_matmul borrows everything it points to. */
@@ -33,7 +37,10 @@
 #define REF_LANE_QUAD 4u
 
 typedef struct ref_panels {
-    void *data;        /* owned: ceil(m / 16) * 16 * k32 * 32 elements of dtype */
+    void *data;        /* owned: ceil(m / 16) * 16 * k32 * 32 elements of dtype (int8 q when quantized) */
+    float *qscale;     /* owned, quantized only: [panel][k32][groups][16 rows] */
+    float *qoffset;    /* owned, quantized types with an offset only; same layout */
+    uint32_t qgroups;  /* groups per 32 inputs: 2 for Q6_K, else 1 */
     devio_dtype dtype;
     uint32_t m, n, k32;
     size_t bytes;

@@ -11,6 +11,7 @@
 
 #include "device/numerics.h"
 #include "device/numerics_vec.h"
+#include "device/quant.h"
 #include "ref/ref_vec.h"
 
 /* Keys ahead whose K or V row is prefetched in attention. */
@@ -19,6 +20,10 @@
 void ref_widen(devio_dtype dt, const void *src, float *dst, size_t n)
 {
     size_t i = 0;
+    if (devio_dtype_quantized(dt)) { /* whole blocks: an embedding row */
+        devio_dequant_row(devio_dtype_ggml(dt), src, dst, n);
+        return;
+    }
     if (dt == DEVIO_F32) {
         memcpy(dst, src, n * sizeof(float));
         return;

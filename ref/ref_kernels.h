@@ -44,7 +44,8 @@ void ref_scratch_fini(ref_scratch *s);
 float ref_lane_dot(const float *a, const float *b, uint32_t n);
 float ref_lane_sum(const float *x, uint32_t n);
 
-/* Widen n elements of dtype dt at src into dst. */
+/* Widen n elements of dtype dt at src into dst (a quantized dtype: n a
+ * whole number of blocks, each element's value by device/quant.h). */
 void ref_widen(devio_dtype dt, const void *src, float *dst, size_t n);
 
 /* rmsnorm of rule 2: y[0..d) from x[0..d) (may not alias), w f32 [d]. */

@@ -283,9 +283,9 @@ devio_status ref_step_run(void *sp, const devio_batch *b, devio_error *err)
     if (n_tok == 0)
         return DEVIO_OK;
 
-    size_t esz = m->embed.dtype == DEVIO_F32 ? 4u : 2u;
+    size_t row_bytes = (size_t)devio_dtype_row_bytes(m->embed.dtype, st->d);
     for (uint32_t t = 0; t < n_tok; t++) {
-        const char *row = (const char *)m->embed.data + (size_t)b->tokens[t] * st->d * esz;
+        const char *row = (const char *)m->embed.data + (size_t)b->tokens[t] * row_bytes;
         float *x = st->x + (size_t)t * st->d_pad;
         ref_widen(m->embed.dtype, row, x, st->d);
         if (st->cfg.shape->emb_mult != 1.0f) /* Granite, rule 1 */

@@ -134,9 +134,13 @@ static void test_refusals(void **state)
                    "architecture 'gpt2' is not one devio computes (llama, qwen2, qwen3)");
     expect_refused(fx, &(gguf_edits){.drop_key = "block_count"}, DEVIO_E_MODEL,
                    "metadata 'llama.block_count' is missing");
-    expect_refused(fx, &(gguf_edits){.retype = "blk.1.ffn_up.weight", .type = DEVIO_GGML_Q8_0},
+    expect_refused(fx, &(gguf_edits){.retype = "blk.1.ffn_up.weight", .type = DEVIO_GGML_Q2_K},
+                   DEVIO_E_MODEL, "rows of 64 are not whole Q2_K blocks of 256");
+    expect_refused(fx, &(gguf_edits){.retype = "blk.1.ffn_up.weight", .type = DEVIO_GGML_Q8_1},
                    DEVIO_E_UNSUPPORTED,
-                   "tensor 'blk.1.ffn_up.weight' is Q8_0; devio computes with F32, F16 and BF16");
+                   "tensor 'blk.1.ffn_up.weight' is Q8_1; devio computes with F32, F16, BF16, Q8_0");
+    expect_refused(fx, &(gguf_edits){.retype = "output_norm.weight", .type = DEVIO_GGML_Q8_0},
+                   DEVIO_E_UNSUPPORTED, "tensor 'output_norm.weight' is a vector of Q8_0");
     expect_refused(fx, &(gguf_edits){.reshape = "blk.0.ffn_down.weight"}, DEVIO_E_MODEL,
                    "tensor 'blk.0.ffn_down.weight' has 2 dimensions (64, 128), expected rows "
                    "of 128 x 64");

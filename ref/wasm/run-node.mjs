@@ -45,7 +45,7 @@ if (!modulePath) {
 }
 
 // devio-ref's own argument grammar: every flag but --sync and --help takes a
-// value; --model and --adapters name directories; the last bare argument is
+// value; --model (a directory, or a GGUF file) and --adapters name directories; the last bare argument is
 // the script ("-" is standard input).
 const preopens = {};
 let emptyDir = null;
@@ -73,7 +73,9 @@ for (let i = 0; i < args.length; i++) {
     argv.push(a);
     if (i + 1 < args.length) {
       const dir = path.resolve(args[++i]);
-      preopen(dir);
+      // A model may be one file (GGUF): its directory is what is opened.
+      const isFile = a === '--model' && statSync(dir, { throwIfNoEntry: false })?.isFile();
+      preopen(isFile ? path.dirname(dir) : dir);
       argv.push(dir);
     }
   } else if (a === '--sync' || a === '--help' || a === '-h' || a === '-') {

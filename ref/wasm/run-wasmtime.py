@@ -25,7 +25,7 @@ except ImportError:
 
 def module_args(args):
     """devio-ref's argument grammar: every flag but --sync and --help takes a
-    value; --model and --adapters name directories; the last bare argument
+    value; --model (a directory, or a GGUF file) and --adapters name directories; the last bare argument
     is the script ("-" is standard input). Returns (argv, dirs to preopen)."""
     argv, dirs = ["devio-ref"], []
     i = 0
@@ -36,7 +36,8 @@ def module_args(args):
             if i + 1 < len(args):
                 i += 1
                 d = os.path.abspath(args[i])
-                dirs.append(d)
+                # A model may be one file (GGUF): its directory is what is opened.
+                dirs.append(os.path.dirname(d) if a == "--model" and os.path.isfile(d) else d)
                 argv.append(d)
         elif a in ("--sync", "--help", "-h", "-"):
             argv.append(a)

