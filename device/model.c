@@ -84,6 +84,14 @@ uint64_t devio_dtype_row_bytes(devio_dtype t, uint64_t n)
     return n / devio_quant_block(q) * devio_quant_block_bytes(q);
 }
 
+uint64_t devio_tensor_bytes(const devio_tensor *t)
+{
+    if (!t->data)
+        return 0;
+    return t->ndim > 1 ? t->shape[0] * devio_dtype_row_bytes(t->dtype, t->shape[1])
+                       : devio_dtype_row_bytes(t->dtype, t->shape[0]);
+}
+
 float devio_tensor_get(const devio_tensor *t, uint64_t i)
 {
     const uint8_t *p = t->data;

@@ -222,6 +222,9 @@ uint64_t devio_kv_block_bytes(const devio_model_config *c, uint32_t block_size);
 /* The dtypes of the model's weights, bit (1 << dtype) for each. */
 uint32_t devio_model_dtypes(const devio_model *m);
 
+/* Bytes of a tensor's data (0 when absent). */
+uint64_t devio_tensor_bytes(const devio_tensor *t);
+
 /* Widen element i of a tensor to binary32 exactly. */
 float devio_tensor_get(const devio_tensor *t, uint64_t i);
 

@@ -135,27 +135,38 @@ static void pack_qpanel(void *ctx, uint32_t panel, uint32_t thread)
     }
 }
 
+/* VL int8 quants at p as binary32 (exact). */
+typedef int8_t vq __attribute__((vector_size(VL)));
+static ALWAYS_INLINE vf ldq(const int8_t *p)
+{
+    vq q;
+    memcpy(&q, p, sizeof q);
+    /* Through int32 lanes: a sign extension and one conversion instruction
+     * (straight from int8, GCC converts element by element). */
+    return __builtin_convertvector(__builtin_convertvector(q, vi), vf);
+}
+
 /* A quantized panel widened into dst as a binary32 panel (the same order):
- * S * q (+ M), each element's value (device/quant.h). */
+ * S * q (+ M), each element's value (device/quant.h), VL rows at a time. */
 static void widen_qpanel(const ref_panels *p, uint32_t panel, float *dst)
 {
     uint32_t k32 = p->k32, ng = p->qgroups;
     const int8_t *q = (const int8_t *)p->data + (size_t)panel * REF_PANEL_ROWS * k32 * 32u;
     size_t sbase = (size_t)panel * k32 * ng * REF_PANEL_ROWS;
-    for (uint32_t lane = 0; lane < 32; lane++)
-        for (uint32_t kk = 0; kk < k32; kk++) {
-            size_t at = panel_at(k32, kk * 32u + lane, 0);
-            size_t sat = sbase + ((size_t)kk * ng + (ng == 2 ? lane / 16u : 0)) * REF_PANEL_ROWS;
-            const float *S = p->qscale + sat;
-            if (p->qoffset) {
-                const float *M = p->qoffset + sat;
-                for (uint32_t r = 0; r < REF_PANEL_ROWS; r++)
-                    dst[at + r] = S[r] * (float)q[at + r] + M[r];
-            } else {
-                for (uint32_t r = 0; r < REF_PANEL_ROWS; r++)
-                    dst[at + r] = S[r] * (float)q[at + r];
+    size_t at = 0; /* storage order: [lane quads][k32][4 lanes][16 rows] */
+    for (uint32_t lq = 0; lq < 32u / REF_LANE_QUAD; lq++)
+        for (uint32_t kk = 0; kk < k32; kk++)
+            for (uint32_t li = 0; li < REF_LANE_QUAD; li++, at += REF_PANEL_ROWS) {
+                uint32_t lane = lq * REF_LANE_QUAD + li;
+                size_t sat = sbase + ((size_t)kk * ng + (ng == 2 ? lane / 16u : 0)) *
+                                         REF_PANEL_ROWS;
+                for (uint32_t v = 0; v < REF_PANEL_ROWS; v += VL) {
+                    vf w = ldv(p->qscale + sat + v) * ldq(q + at + v);
+                    if (p->qoffset)
+                        w = w + ldv(p->qoffset + sat + v);
+                    stv(dst + at + v, w);
+                }
             }
-        }
 }
 
 int ref_panels_pack(ref_panels *p, devio_pool *pool, const void *w, devio_dtype dt, uint32_t m,

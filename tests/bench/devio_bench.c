@@ -81,8 +81,7 @@ static uint64_t weight_bytes(const devio_model *m)
     for (int i = 0; i < 3; i++) {
         if (i == 2 && m->lm_head.data == m->embed.data)
             break;
-        total += all[i]->shape[0] * (all[i]->ndim > 1 ? all[i]->shape[1] : 1) *
-                 devio_dtype_size(all[i]->dtype);
+        total += devio_tensor_bytes(all[i]);
     }
     for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
         const devio_layer *y = &m->layers[l];
@@ -93,13 +92,11 @@ static uint64_t weight_bytes(const devio_model *m)
                                    &x->conv_b, &x->dt_bias, &x->a_log, &x->d_skip, &x->norm,
                                    &x->out_proj, &x->out_bias};
         for (size_t k = 0; k < sizeof t / sizeof *t; k++)
-            if (t[k]->data)
-                total += t[k]->shape[0] * (t[k]->ndim > 1 ? t[k]->shape[1] : 1) *
-                         devio_dtype_size(t[k]->dtype);
+            total += devio_tensor_bytes(t[k]);
     }
     /* The embedding table is gathered, not streamed: count one row per token, i.e. none. */
     if (m->lm_head.data != m->embed.data)
-        total -= m->embed.shape[0] * m->embed.shape[1] * devio_dtype_size(m->embed.dtype);
+        total -= devio_tensor_bytes(&m->embed);
     return total;
 }
 
