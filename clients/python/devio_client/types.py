@@ -115,6 +115,27 @@ class Device(TypedDict):
     epoch: int
 
 
+class Model(TypedDict):
+    """GET /v1/model: what a client needs to tokenize, template and stop."""
+    format: Literal["safetensors", "gguf"]
+    architecture: str
+    weight_types: List[str]
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied_embeddings: bool
+    context_length: int
+    bos_token_id: Optional[int]
+    eos_token_id: Optional[int]
+    pad_token_id: Optional[int]
+    chat_template: Optional[str]
+    limits: dict
+
+
 class TicketError(TypedDict):
     code: str
     message: str
