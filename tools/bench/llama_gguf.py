@@ -30,6 +30,9 @@ import sys
 import gguf
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gguf"))
+from quantize import LAYER_NAMES, TOP_NAMES  # noqa: E402
+
 # Safetensors dtype -> (numpy storage dtype, GGUF type name).
 _ST_TYPES = {
     "F32": (np.float32, "F32"),
@@ -133,22 +136,8 @@ def convert(model_dir, out_path):
     n_layers = cfg["num_hidden_layers"]
     tensors = read_model(model_dir)
 
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    per_layer = {
-        "input_layernorm.weight": "attn_norm.weight",
-        "self_attn.q_proj.weight": "attn_q.weight",
-        "self_attn.k_proj.weight": "attn_k.weight",
-        "self_attn.v_proj.weight": "attn_v.weight",
-        "self_attn.o_proj.weight": "attn_output.weight",
-        "post_attention_layernorm.weight": "ffn_norm.weight",
-        "mlp.gate_proj.weight": "ffn_gate.weight",
-        "mlp.up_proj.weight": "ffn_up.weight",
-        "mlp.down_proj.weight": "ffn_down.weight",
-    }
+    names = dict(TOP_NAMES)
+    per_layer = LAYER_NAMES
     for i in range(n_layers):
         for hf, gg in per_layer.items():
             names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"

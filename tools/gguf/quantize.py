@@ -313,7 +313,8 @@ def read_hf_weights(d):
     return read_safetensors(os.path.join(d, "model.safetensors"))
 
 
-_LAYER = {
+# Hugging Face's tensor names and llama.cpp's (tools/bench/llama_gguf.py uses these too).
+LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
@@ -324,16 +325,16 @@ _LAYER = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 
 
 def gguf_name(hf):
-    if hf in _TOP:
-        return _TOP[hf]
+    if hf in TOP_NAMES:
+        return TOP_NAMES[hf]
     m = re.match(r"model\.layers\.(\d+)\.(.+)$", hf)
-    if m and m.group(2) in _LAYER:
-        return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}"
+    if m and m.group(2) in LAYER_NAMES:
+        return f"blk.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
     return None
 
 
@@ -395,7 +396,7 @@ def from_hf(src, dst, target, log=sys.stderr):
         raise ValueError("tie_word_embeddings is false but there is no lm_head.weight")
     order = ["model.embed_tokens.weight"]
     for i in range(cfg["num_hidden_layers"]):
-        order += [f"model.layers.{i}.{k}" for k in _LAYER]
+        order += [f"model.layers.{i}.{k}" for k in LAYER_NAMES]
     order += ["model.norm.weight"] + ([] if tied else ["lm_head.weight"])
     unknown = sorted(set(weights) - set(order))
     if unknown:
