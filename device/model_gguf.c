@@ -5,6 +5,7 @@
 #include "device/model_load.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,24 +247,25 @@ static bool dtype_of(uint32_t type, devio_dtype *dt)
     return false;
 }
 
-/* A quantized tensor's f16 scales (d, and m or dmin) are finite in every
- * block; the quants are integers and always are. */
+/* Every block's scales finite: its split form's (devio_quant_split), which
+ * is not finite exactly when one of its f16 scales is not (they are
+ * multiplied by small integers, and an infinity times 0 is a NaN). */
 static devio_status check_scales(const char *label, const char *name, devio_dtype dt,
                                  const uint8_t *p, uint64_t nbytes, devio_error *err)
 {
     uint32_t q = devio_dtype_ggml(dt), bytes = devio_quant_block_bytes(q);
-    uint32_t off[2] = {q == DEVIO_QT_Q6_K ? 208u : 0u, 2u};
-    uint32_t n = q == DEVIO_QT_Q6_K || q == DEVIO_QT_Q4_0 || q == DEVIO_QT_Q5_0 ||
-                         q == DEVIO_QT_Q8_0
-                     ? 1u
-                     : 2u;
-    for (uint64_t b = 0; b < nbytes / bytes; b++)
-        for (uint32_t k = 0; k < n; k++)
-            if ((devio_q_u16(p + b * bytes + off[k]) & 0x7c00u) == 0x7c00u)
+    uint32_t groups = devio_quant_block(q) / devio_quant_group(q);
+    for (uint64_t b = 0; b < nbytes / bytes; b++) {
+        int8_t qs[256];
+        float S[16], M[16] = {0};
+        devio_quant_split(q, p + b * bytes, qs, S, M);
+        for (uint32_t g = 0; g < groups; g++)
+            if (!isfinite(S[g]) || !isfinite(M[g]))
                 return devio_fail(err, DEVIO_E_MODEL,
                                   "%.100s: tensor '%.80s' has a non-finite scale in block %llu; "
                                   "non-finite weights are refused",
                                   label, name, (unsigned long long)b);
+    }
     return DEVIO_OK;
 }
 

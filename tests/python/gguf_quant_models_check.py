@@ -188,6 +188,24 @@ def main():
             ok = same(typ.name, a.bin, q, f, not a.no_wasi,
                       tmp if typ in (Q.Q4_1, Q.Q4_K, Q.Q6_K) else None)
             passed, failed = passed + ok, failed + (not ok)
+            if typ in (Q.Q4_1, Q.Q6_K):  # a block whose f16 scale is infinite: refused
+                scale_at = K_BYTES[typ][1][0] if typ in K_BYTES else 0
+
+                def poison(t, convert=quantizer(typ, rng)):
+                    kind, data = convert(t)
+                    if t.name == "blk.1.ffn_up.weight":
+                        data = bytearray(data)
+                        data[scale_at:scale_at + 2] = b"\x00\x7c"
+                        data = bytes(data)
+                    return kind, data
+                bad = tmp / ("%s-inf.gguf" % typ.name)
+                rewrite(base, bad, poison)
+                r = run([str(pathlib.Path(a.bin) / "ref" / "devio-ref"), "--model", str(bad),
+                         str(SCRIPT)])
+                ok = r[0] != 0 and "blk.1.ffn_up.weight' has a non-finite scale in block 0" in r[2]
+                print("%s %s with an infinite scale refused: %s" % ("ok  " if ok else "FAIL",
+                                                                   typ.name, r[2].strip()[-140:]))
+                passed, failed = passed + ok, failed + (not ok)
             if typ == Q.Q8_0:  # the CUDA backend refuses quantized weights, so far
                 plugin = pathlib.Path(a.bin) / "kernels"
                 r = run([str(pathlib.Path(a.bin) / "ref" / "devio-ref"), "--backend", "cuda-emu",
