@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -197,12 +198,18 @@ def targets(args, bin_dir):
 def ref_kv_blocks(ref, model, flags, tmp, cache):
     """The KV blocks the native reference opens with for model and flags."""
     key = (model, tuple(flags))
-    if key not in cache:
-        script = os.path.join(tmp, "facts.jsonl")
-        open(script, "w").write('{"op":"facts"}\n')
-        out = run([ref, "--model", model] + flags + [script]).decode().splitlines()
-        cache[key] = str(json.loads(out[0])["result"]["kv"]["blocks_total"])
-    return cache[key]
+    with KV_BLOCKS_LOCK:  # two jobs may ask at once: each writes its own script
+        if key not in cache:
+            fd, script = tempfile.mkstemp(suffix=".jsonl", dir=tmp)
+            with os.fdopen(fd, "w") as f:
+                f.write('{"op":"facts"}\n')
+            out = run([ref, "--model", model] + flags + [script]).decode().splitlines()
+            os.unlink(script)
+            cache[key] = str(json.loads(out[0])["result"]["kv"]["blocks_total"])
+        return cache[key]
+
+
+KV_BLOCKS_LOCK = threading.Lock()
 
 
 # Suites that keep two tickets in flight, which a depth-1 target cannot run.
