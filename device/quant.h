@@ -283,4 +283,43 @@ DEVIO_NUM_FN void devio_quant_split(uint32_t t, const uint8_t *b, int8_t *q, flo
     }
 }
 
+/* Element j of the block of type t at b, in the split form's terms:
+ * devio_quant_split's MUL(S, q) (then ADD(., M)) for that one element, so
+ * devio_dequant_block's value bit for bit. For kernels that widen one
+ * element per lane (the CUDA projections); the scales are decoded again for
+ * every element. */
+DEVIO_NUM_FN float devio_quant_elem(uint32_t t, const uint8_t *b, uint32_t j)
+{
+    if (t == DEVIO_QT_Q4_K || t == DEVIO_QT_Q5_K) {
+        int g = (int)(j >> 5), l = (int)(j & 31u), sc, mn;
+        const uint8_t *qs = b + (t == DEVIO_QT_Q5_K ? 48 : 16);
+        int q = (g & 1) ? qs[32 * (g >> 1) + l] >> 4 : qs[32 * (g >> 1) + l] & 0xF;
+        if (t == DEVIO_QT_Q5_K && ((b[16 + l] >> g) & 1))
+            q += 16;
+        devio_q_scale_min_k(b + 4, g, &sc, &mn);
+        float S = DEVIO_MUL(devio_q_f16(b), (float)sc);
+        return DEVIO_ADD(DEVIO_MUL(S, (float)q), -DEVIO_MUL(devio_q_f16(b + 2), (float)mn));
+    }
+    if (t == DEVIO_QT_Q6_K) {
+        uint32_t h = j >> 7, k = (j >> 5) & 3u, l = j & 31u;
+        const uint8_t *ql = b + 64 * h + (k & 1u) * 32, *qh = b + 128 + 32 * h;
+        int q = ((k >> 1) ? ql[l] >> 4 : ql[l] & 0xF) | ((qh[l] >> (2 * k)) & 3) << 4;
+        float S = DEVIO_MUL(devio_q_f16(b + 208), (float)(int8_t)b[192 + (j >> 4)]);
+        return DEVIO_MUL(S, (float)(q - 32));
+    }
+    float d = devio_q_f16(b);
+    if (t == DEVIO_QT_Q8_0)
+        return DEVIO_MUL(d, (float)(int8_t)b[2 + j]);
+    int with_min = t == DEVIO_QT_Q4_1 || t == DEVIO_QT_Q5_1;
+    int five = t == DEVIO_QT_Q5_0 || t == DEVIO_QT_Q5_1;
+    const uint8_t *h = b + (with_min ? 4 : 2), *qs = five ? h + 4 : h;
+    uint32_t jj = j & 15u;
+    int q = j < 16 ? qs[jj] & 0xF : qs[jj] >> 4;
+    if (five)
+        q |= ((h[j >> 3] >> (j & 7u)) & 1) << 4;
+    if (with_min)
+        return DEVIO_ADD(DEVIO_MUL(d, (float)q), devio_q_f16(b + 2));
+    return DEVIO_MUL(d, (float)(q - (five ? 16 : 8)));
+}
+
 #endif

@@ -172,6 +172,7 @@ def cuda_backend_targets():
                 hdr,
                 "cuda_warp.cuh",
                 "//device:numerics.h",
+                "//device:quant.h",
             ],
             outs = [unit + ".pic.o"],
             cmd = "%s %s -I. -c $(location %s.cu) -o $@" % (NVCC, NVCC_FLAGS, unit),

@@ -131,7 +131,7 @@ static devio_status upload(cuda_state *st, const devio_tensor *t, bool as_matrix
     *dt = (int)t->dtype;
     if (!t->data)
         return DEVIO_OK;
-    uint64_t bytes = cuda_plan_tensor_bytes(t);
+    uint64_t bytes = devio_tensor_bytes(t);
     void *p;
     devio_status s = cuda_dalloc(st, &p, bytes, err);
     const void *src = t->data;
@@ -368,10 +368,6 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
     devio_status s = cuda_mixer_supported(cfg->shape, err);
     if (s != DEVIO_OK)
         return s;
-    if (devio_model_dtypes(model) & ~((1u << DEVIO_F32) | (1u << DEVIO_F16) | (1u << DEVIO_BF16)))
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "the CUDA backend computes with F32, F16 and BF16 weights; this model's "
-                          "are quantized (the reference backend computes them)");
     /* Kernels put a step's tokens, a layer's heads or the layers on a grid's y axis. */
     if (cfg->max_batch_tokens > 65535 || cfg->shape->n_heads > 65535 ||
         cfg->shape->n_layers > 65535)

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "device/numerics.h"
+#include "device/quant.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_warp.cuh"
 
@@ -17,15 +18,50 @@
 #define TILE 8  /* token rows a warp's lanes hold partial sums for at once */
 #define KEYS 4  /* keys whose scores attention computes at once */
 
-/* Element i of a weight of dtype DT, widened exactly to f32. */
+/* ggml's number of a quantized dtype (device/quant.h), 0 for the others. */
+__host__ __device__ constexpr uint32_t ggml_type(int dt)
+{
+    return dt == CUDA_Q8_0 ? (uint32_t)DEVIO_QT_Q8_0 : dt == CUDA_Q4_0 ? (uint32_t)DEVIO_QT_Q4_0
+         : dt == CUDA_Q4_1 ? (uint32_t)DEVIO_QT_Q4_1 : dt == CUDA_Q5_0 ? (uint32_t)DEVIO_QT_Q5_0
+         : dt == CUDA_Q5_1 ? (uint32_t)DEVIO_QT_Q5_1 : dt == CUDA_Q4_K ? (uint32_t)DEVIO_QT_Q4_K
+         : dt == CUDA_Q5_K ? (uint32_t)DEVIO_QT_Q5_K : dt == CUDA_Q6_K ? (uint32_t)DEVIO_QT_Q6_K
+         : 0u;
+}
+
+/* Element i of a weight of dtype DT, widened exactly to f32. A quantized
+ * weight's rows are whole blocks, so element i of the whole tensor is
+ * element i % blk of block i / blk. */
 template <int DT>
 __device__ __forceinline__ float ld(const void *p, size_t i)
 {
     if (DT == CUDA_F32)
         return static_cast<const float *>(p)[i];
+    if (ggml_type(DT)) {
+        constexpr uint32_t G = ggml_type(DT);
+        constexpr uint32_t blk = G == DEVIO_QT_Q4_K || G == DEVIO_QT_Q5_K || G == DEVIO_QT_Q6_K
+                                     ? 256u : 32u;
+        const uint8_t *b = static_cast<const uint8_t *>(p) + (i / blk) * devio_quant_block_bytes(G);
+        return devio_quant_elem(G, b, (uint32_t)(i % blk));
+    }
     uint16_t h = static_cast<const uint16_t *>(p)[i];
     return DT == CUDA_F16 ? devio_f16_to_f32(h) : devio_bf16_to_f32(h);
 }
+
+/* fn<DT>(args...) for the dtype dt names: the one switch over dtypes. */
+#define DTYPE_SWITCH(dt, fn, ...)                                                              \
+    switch (dt) {                                                                              \
+    case CUDA_F32: fn<CUDA_F32>(__VA_ARGS__); break;                                           \
+    case CUDA_F16: fn<CUDA_F16>(__VA_ARGS__); break;                                           \
+    case CUDA_BF16: fn<CUDA_BF16>(__VA_ARGS__); break;                                         \
+    case CUDA_Q8_0: fn<CUDA_Q8_0>(__VA_ARGS__); break;                                         \
+    case CUDA_Q4_0: fn<CUDA_Q4_0>(__VA_ARGS__); break;                                         \
+    case CUDA_Q4_1: fn<CUDA_Q4_1>(__VA_ARGS__); break;                                         \
+    case CUDA_Q5_0: fn<CUDA_Q5_0>(__VA_ARGS__); break;                                         \
+    case CUDA_Q5_1: fn<CUDA_Q5_1>(__VA_ARGS__); break;                                         \
+    case CUDA_Q4_K: fn<CUDA_Q4_K>(__VA_ARGS__); break;                                         \
+    case CUDA_Q5_K: fn<CUDA_Q5_K>(__VA_ARGS__); break;                                         \
+    case CUDA_Q6_K: fn<CUDA_Q6_K>(__VA_ARGS__); break;                                         \
+    }
 
 /* ---- rule 1: embedding -------------------------------------------------- */
 
@@ -43,17 +79,19 @@ __global__ void k_embed(const void *embed, int lane_major, uint32_t d, const int
     }
 }
 
+template <int DT>
+static void embed_dt(dim3 grid, cudaStream_t s, const void *embed, int lane_major, uint32_t d,
+                     const int32_t *tokens, float mult, float *x)
+{
+    LAUNCH((k_embed<DT>), grid, 256, 0, s, embed, lane_major, d, tokens, mult, x);
+}
+
 int cuda_embed(const void *embed, int dtype, int lane_major, uint32_t d, const int32_t *tokens,
                uint32_t n_tok, float mult, float *x, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid(cuda_blocks_for(d, 256), n_tok);
-    if (dtype == CUDA_F32)
-        LAUNCH((k_embed<CUDA_F32>), grid, 256, 0, s, embed, lane_major, d, tokens, mult, x);
-    else if (dtype == CUDA_F16)
-        LAUNCH((k_embed<CUDA_F16>), grid, 256, 0, s, embed, lane_major, d, tokens, mult, x);
-    else
-        LAUNCH((k_embed<CUDA_BF16>), grid, 256, 0, s, embed, lane_major, d, tokens, mult, x);
+    DTYPE_SWITCH(dtype, embed_dt, grid, s, embed, lane_major, d, tokens, mult, x);
     return cuda_launched();
 }
 
@@ -294,12 +332,7 @@ int cuda_project(const cuda_matvec *mv, void *stream)
     if (mv->n_tok == 0 || mv->m == 0)
         return 0;
     cudaStream_t s = (cudaStream_t)stream;
-    if (mv->dtype == CUDA_F32)
-        project_dt<CUDA_F32>(mv, s);
-    else if (mv->dtype == CUDA_F16)
-        project_dt<CUDA_F16>(mv, s);
-    else
-        project_dt<CUDA_BF16>(mv, s);
+    DTYPE_SWITCH(mv->dtype, project_dt, mv, s);
     return cuda_launched();
 }
 

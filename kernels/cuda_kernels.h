@@ -16,8 +16,13 @@
 extern "C" {
 #endif
 
-/* Weight dtypes, as device/model.h numbers them. */
-enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 };
+/* Weight dtypes, as device/model.h numbers them. The block-quantized ones
+ * stay as GGUF stores them (rows of whole blocks, in place), and a kernel
+ * widens each element with device/quant.h's devio_quant_elem. */
+enum {
+    CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2,
+    CUDA_Q8_0, CUDA_Q4_0, CUDA_Q4_1, CUDA_Q5_0, CUDA_Q5_1, CUDA_Q4_K, CUDA_Q5_K, CUDA_Q6_K,
+};
 
 /* The lane-major layout of a projection weight on the device. A row of n
  * elements whose bytes are a multiple of 16 is stored in chunks of 32 * V
@@ -26,7 +31,7 @@ enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 };
  * l + 32 (V - 1), as the lane rule orders them) lie together in 16 bytes,
  * so that one 16-byte load per lane reads 512 contiguous bytes per warp.
  * Elements past the last whole chunk stay in place, as do rows whose bytes
- * are not a multiple of 16. The upload (cuda_backend.c) permutes, the
+ * are not a multiple of 16 and quantized rows. The upload (cuda_backend.c) permutes, the
  * projection kernel reads, and the embedding reads a tied lm_head back. */
 #if defined(__CUDACC__)
 #define CUDA_HD __host__ __device__
@@ -36,7 +41,7 @@ enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 };
 static inline CUDA_HD uint32_t cuda_lane_v(int dtype) { return dtype == CUDA_F32 ? 4u : 8u; }
 static inline CUDA_HD int cuda_lane_major(uint32_t n, int dtype)
 {
-    return n % cuda_lane_v(dtype) == 0;
+    return dtype <= CUDA_BF16 && n % cuda_lane_v(dtype) == 0;
 }
 /* Where element i of a row of n sits in the lane-major layout. */
 static inline CUDA_HD uint64_t cuda_lane_pos(uint64_t i, uint32_t n, int dtype)

