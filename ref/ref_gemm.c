@@ -135,15 +135,21 @@ static void pack_qpanel(void *ctx, uint32_t panel, uint32_t thread)
     }
 }
 
-/* VL int8 quants at p as binary32 (exact). */
+/* VL int8 quants at p as binary32 (exact): a sign-extending load and one
+ * conversion. Without AVX2 through GCC's generic vectors (which, given a
+ * vector of int8, convert element by element). */
 typedef int8_t vq __attribute__((vector_size(VL)));
 static ALWAYS_INLINE vf ldq(const int8_t *p)
 {
+#if VL == 16 && defined(__AVX512F__)
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif VL == 8 && defined(__AVX2__)
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
     vq q;
     memcpy(&q, p, sizeof q);
-    /* Through int32 lanes: a sign extension and one conversion instruction
-     * (straight from int8, GCC converts element by element). */
     return __builtin_convertvector(__builtin_convertvector(q, vi), vf);
+#endif
 }
 
 /* A quantized panel widened into dst as a binary32 panel (the same order):
@@ -244,14 +250,31 @@ static void xpack_run(void *ctx, uint32_t g, uint32_t thread)
 
 /* ---- the micro-kernel -------------------------------------------------- */
 
+/* What the micro-kernel reads weights from: a panel of dtype F32, BF16 or
+ * F16, or a quantized panel (int8 quants) with the scales (and offsets) of
+ * its groups, qstride floats per 32-input step, a lane's group qgroup(lane)
+ * floats in. */
+typedef struct wsrc {
+    const void *pan;
+    const float *qs, *qo; /* quantized: [k32][groups][16 rows]; qo NULL without offsets */
+    uint32_t qgroups;
+} wsrc;
+
+/* Pseudo-dtypes of the micro-kernel for a quantized panel, widened in
+ * registers as S * q (MK_QO: then + M), device/quant.h's value. */
+enum { MK_Q = 100, MK_QO = 101 };
+
 /* One panel (16 outputs) against the TN tokens of a packed group xp, over all
  * k32 steps: part[l][t][r] (stride G * 16 per lane) is lane l of output r
  * for token t, and after the fold part[0][t][r] is the dot product. Two
  * lanes run side by side when their tiles fit the registers together, so
  * that short tiles still keep several additions in flight. */
-static ALWAYS_INLINE void panel_dots(int dt, int TN, const void *pan, uint32_t k32,
+static ALWAYS_INLINE void panel_dots(int dt, int TN, const wsrc *src, uint32_t k32,
                                      const float *xp, float *part)
 {
+    const bool quant = dt == MK_Q || dt == MK_QO;
+    const void *pan = src->pan;
+    const size_t esz = dt == DEVIO_F32 ? 4u : quant ? 1u : 2u;
     const int LB = 4 * TN * PV <= MAX_ACC ? 4 : 2 * TN * PV <= MAX_ACC ? 2 : 1;
     for (uint32_t l = 0; l < 32; l += (uint32_t)LB) {
         vf acc[4][G][PV];
@@ -272,13 +295,25 @@ static ALWAYS_INLINE void panel_dots(int dt, int TN, const void *pan, uint32_t k
                 /* One token, 16-bit weights: the kernel outruns the
                  * hardware's prefetch of the panel stream; ask ahead. */
                 if (TN == 1 && dt != DEVIO_F32 && b == 0)
-                    for (uint32_t c = 0; c < (uint32_t)LB * REF_PANEL_ROWS * 2u; c += 64)
-                        __builtin_prefetch((const char *)pan + at * 2u + PREFETCH_BYTES + c);
+                    for (uint32_t c = 0; c < (uint32_t)LB * REF_PANEL_ROWS * esz; c += 64)
+                        __builtin_prefetch((const char *)pan + at * esz + PREFETCH_BYTES + c);
                 const float *xs = xp + step * TN;
                 vf w[PV];
+                if (quant) {
+                    size_t sat = ((size_t)kk * src->qgroups +
+                                  (src->qgroups == 2 ? lane / 16u : 0u)) * REF_PANEL_ROWS;
 #pragma GCC unroll 4
-                for (int v = 0; v < PV; v++)
-                    w[v] = ldw(dt, pan, at + v * VL);
+                    for (int v = 0; v < PV; v++) {
+                        w[v] = ldv(src->qs + sat + v * VL) *
+                               ldq((const int8_t *)pan + at + v * VL);
+                        if (dt == MK_QO)
+                            w[v] = w[v] + ldv(src->qo + sat + v * VL);
+                    }
+                } else {
+#pragma GCC unroll 4
+                    for (int v = 0; v < PV; v++)
+                        w[v] = ldw(dt, pan, at + v * VL);
+                }
 #pragma GCC unroll 12
                 for (int t = 0; t < TN; t++) {
                     vf xb = splat(xs[t]);
@@ -315,12 +350,12 @@ static ALWAYS_INLINE void panel_dots(int dt, int TN, const void *pan, uint32_t k
     }
 }
 
-typedef void (*mk_fn)(const void *pan, uint32_t k32, const float *xp, float *part);
+typedef void (*mk_fn)(const wsrc *w, uint32_t k32, const float *xp, float *part);
 
 #define MK_DEF(DT, NAME, TN)                                                                 \
-    static void mk_##NAME##_##TN(const void *pan, uint32_t k32, const float *xp, float *part) \
+    static void mk_##NAME##_##TN(const wsrc *w, uint32_t k32, const float *xp, float *part)  \
     {                                                                                        \
-        panel_dots(DT, TN, pan, k32, xp, part);                                              \
+        panel_dots(DT, TN, w, k32, xp, part);                                                \
     }
 #if G == 12
 #define MK_EACH(M, DT, NAME)                                                                 \
@@ -343,12 +378,18 @@ typedef void (*mk_fn)(const void *pan, uint32_t k32, const float *xp, float *par
 MK_EACH(MK_DEF, DEVIO_F32, f32)
 MK_EACH(MK_DEF, DEVIO_BF16, bf16)
 MK_EACH(MK_DEF, DEVIO_F16, f16)
+MK_EACH(MK_DEF, MK_Q, q)
+MK_EACH(MK_DEF, MK_QO, qo)
 
-/* [dtype][tokens - 1] */
-static const mk_fn mk_table[3][G] = {
+/* [kernel][tokens - 1]: F32, BF16 and F16 by their dtype, then the
+ * quantized panels without and with offsets. */
+enum { MK_ROW_Q = 3, MK_ROW_QO = 4 };
+static const mk_fn mk_table[5][G] = {
     [DEVIO_F32] = MK_ROW(f32),
     [DEVIO_BF16] = MK_ROW(bf16),
     [DEVIO_F16] = MK_ROW(f16),
+    [MK_ROW_Q] = MK_ROW(q),
+    [MK_ROW_QO] = MK_ROW(qo),
 };
 
 /* ---- projections ------------------------------------------------------- */
@@ -385,6 +426,15 @@ static void epilogue(const ref_matmul *mm, uint32_t o0, uint32_t rn, uint32_t t0
     }
 }
 
+/* The scales (and offsets) of quantized panel p of w into src. */
+static void qsrc(const ref_panels *w, uint32_t p, wsrc *src)
+{
+    size_t sbase = (size_t)p * w->k32 * w->qgroups * REF_PANEL_ROWS;
+    src->qs = w->qscale + sbase;
+    src->qo = w->qoffset ? w->qoffset + sbase : NULL;
+    src->qgroups = w->qgroups;
+}
+
 /* Panels [p0, p1) of one projection for every token: token blocks of
  * packed x that fit L2, each swept by every panel of the job in turn. */
 static void matmul_panels(const ref_matmul *mm, uint32_t p0, uint32_t p1, ref_scratch *s,
@@ -402,28 +452,36 @@ static void matmul_panels(const ref_matmul *mm, uint32_t p0, uint32_t p1, ref_sc
     size_t panel_elems = (size_t)REF_PANEL_ROWS * k32 * 32u;
     for (uint32_t g0 = 0; g0 < n_groups; g0 += gb) {
         uint32_t g1 = g0 + gb < n_groups ? g0 + gb : n_groups;
-        /* A 16-bit panel that serves several groups is widened once into
-         * scratch and read as f32 from there: widening is exact, so the
-         * numbers are the same, and the kernel's loop loses its conversions. */
+        /* A 16-bit or quantized panel that serves several groups is widened
+         * once into scratch and read as f32 from there: widening is exact, so
+         * the numbers are the same, and the kernel's loop loses its
+         * conversions. Fewer groups read it as it is (a quantized panel's
+         * values formed in registers). */
         bool quant = devio_dtype_quantized(w->dtype);
-        bool widen = quant || (w->dtype != DEVIO_F32 && g1 - g0 >= WIDEN_MIN_GROUPS);
-        const mk_fn *mk = mk_table[widen ? DEVIO_F32 : w->dtype];
+        bool widen = w->dtype != DEVIO_F32 && g1 - g0 >= WIDEN_MIN_GROUPS;
+        const mk_fn *mk = mk_table[widen ? DEVIO_F32 : !quant ? w->dtype
+                                   : w->qoffset ? MK_ROW_QO : MK_ROW_Q];
         for (uint32_t p = p0; p < p1; p++) {
-            const char *wa = (const char *)w->data + (size_t)p * panel_bytes;
-            const char *wb = mm->w2 ? (const char *)mm->w2->data + (size_t)p * panel_bytes : NULL;
-            if (quant) {
+            wsrc wa = {.pan = (const char *)w->data + (size_t)p * panel_bytes};
+            wsrc wb = {.pan = mm->w2 ? (const char *)mm->w2->data + (size_t)p * panel_bytes
+                                     : NULL};
+            if (quant && !widen) {
+                qsrc(w, p, &wa);
+                if (wb.pan)
+                    qsrc(mm->w2, p, &wb);
+            } else if (quant) {
                 widen_qpanel(w, p, s->wide);
-                wa = (const char *)s->wide;
-                if (wb) {
+                wa.pan = s->wide;
+                if (wb.pan) {
                     widen_qpanel(mm->w2, p, s->wide + panel_elems);
-                    wb = (const char *)(s->wide + panel_elems);
+                    wb.pan = s->wide + panel_elems;
                 }
             } else if (widen) {
-                ref_widen(w->dtype, wa, s->wide, panel_elems);
-                wa = (const char *)s->wide;
-                if (wb) {
-                    ref_widen(w->dtype, wb, s->wide + panel_elems, panel_elems);
-                    wb = (const char *)(s->wide + panel_elems);
+                ref_widen(w->dtype, wa.pan, s->wide, panel_elems);
+                wa.pan = s->wide;
+                if (wb.pan) {
+                    ref_widen(w->dtype, wb.pan, s->wide + panel_elems, panel_elems);
+                    wb.pan = s->wide + panel_elems;
                 }
             }
             uint32_t o0 = p * REF_PANEL_ROWS;
@@ -431,9 +489,9 @@ static void matmul_panels(const ref_matmul *mm, uint32_t p0, uint32_t p1, ref_sc
             for (uint32_t g = g0; g < g1; g++) {
                 uint32_t tn = mm->n_tok - g * G < G ? mm->n_tok - g * G : G;
                 const float *xp = xpack + (size_t)g * group_floats;
-                mk[tn - 1](wa, k32, xp, d1);
-                if (wb)
-                    mk[tn - 1](wb, k32, xp, d2);
+                mk[tn - 1](&wa, k32, xp, d1);
+                if (wb.pan)
+                    mk[tn - 1](&wb, k32, xp, d2);
                 epilogue(mm, o0, rn, g * G, tn, d1, d2);
             }
         }
