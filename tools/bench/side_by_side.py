@@ -63,6 +63,12 @@ CMAKE_FLAGS = [
     "-DLLAMA_BUILD_NUMBER=0",
 ]
 DTYPES = ["bf16", "f16", "f32"]
+# GGUF files both engines read as they are: the bench preset quantized by
+# tools/gguf/quantize.py (from its F32 form), and the SmolLM2-135M-Instruct
+# Q4_1 file deploy/fetch-model.sh fetches.
+QUANT = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
+SMOLLM2 = "smollm2-q4_1"
+KINDS = DTYPES + list(QUANT) + [SMOLLM2]
 PREFILLS = [128, 512]
 BATCHES = [1, 8, 32]
 
@@ -156,13 +162,28 @@ def cpu_name():
 # ---- the models ------------------------------------------------------------
 
 def make_models(bin_dir, cache, dtypes):
-    """devio's bench preset in each dtype, and its GGUF; {dtype: (dir, gguf)}."""
+    """{kind: (what devio loads, the GGUF llama.cpp loads)}: devio's bench preset in each
+    dtype and its GGUF; for a quantized kind one GGUF file that both load."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import llama_gguf
 
     mkmodel = bin_dir / "tools" / "mkmodel" / "devio-mkmodel"
     out = {}
+    quantize = REPO / "tools" / "gguf" / "quantize.py"
     for dt in dtypes:
+        if dt == SMOLLM2:
+            f = Path(run(["bash", REPO / "deploy" / "fetch-model.sh"]).strip().splitlines()[-1])
+            out[dt] = (f, f)
+            continue
+        if dt in QUANT:
+            d = make_models(bin_dir, cache, ["f32"])["f32"][0]
+            g = cache / "models" / f"bench-{dt}.gguf"
+            if not g.exists() or g.stat().st_mtime < max(d.stat().st_mtime,
+                                                          quantize.stat().st_mtime):
+                log(f"quantizing the bench preset to {QUANT[dt]}")
+                run([sys.executable, quantize, "from-hf", d, g, "--type", QUANT[dt]])
+            out[dt] = (g, g)
+            continue
         d = cache / "models" / f"bench-{dt}"
         g = cache / "models" / f"bench-{dt}.gguf"
         # Seeded: the same binary writes the same bytes, so the files are
@@ -250,14 +271,18 @@ def report(args, samples, bw, wbytes, thread_list, dtypes, cpu, date):
         f"{LLAMA_CPP_PYTHON} from PyPI), llama-bench built Release with GGML_NATIVE. "
         "devio's `bench` preset (the stories110M shape: vocab 32000, hidden 768, 12 layers, "
         "12 heads, ffn 2048, untied), the same weights for both engines, converted to GGUF by "
-        "tools/bench/llama_gguf.py. "
+        "tools/bench/llama_gguf.py; its quantized kinds (q8_0, q4_0, q4_k_m) made by "
+        "tools/gguf/quantize.py from its F32 form, and smollm2-q4_1 the SmolLM2-135M-Instruct "
+        "Q4_1 file of deploy/fetch-model.sh: for these both engines read the same GGUF file. "
         f"{args.rounds} round(s) alternating the engines, {args.steps} decode steps, "
         "median [min–max] tokens/s over the rounds; the ratio is of the medians. "
         "Prefill: best of 3 (devio) or of the repetitions (llama.cpp) in each round.\n\n"
         "```sh\n"
         "bazel build //tools/mkmodel:devio-mkmodel //tests/bench:devio-bench\n"
         f"python3 tools/bench/side_by_side.py --rounds {args.rounds} "
-        f"--threads {','.join(map(str, thread_list))}{' --quick' if args.quick else ''}\n"
+        f"--threads {','.join(map(str, thread_list))} --dtypes {','.join(dtypes)}"
+        f"{'' if args.name == 'side_by_side' else ' --name ' + args.name}"
+        f"{' --quick' if args.quick else ''}\n"
         "```\n"
     )
     parts = [head, f"## {top} thread{'s' if top > 1 else ''}\n", table(samples, top, dtypes)]
@@ -305,7 +330,7 @@ def plot(path, samples, bw, wbytes, thread_list, dtypes, cpu, date):
         ax.set_ylabel("tokens/s")
         ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend above the bars
         ax.legend(fontsize=8, loc="upper left", ncol=2)
-    fig.suptitle(f"devio vs llama.cpp {LLAMA_CPP_COMMIT}, bench preset — {cpu}, {date}",
+    fig.suptitle(f"devio vs llama.cpp {LLAMA_CPP_COMMIT}, the same models — {cpu}, {date}",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -320,7 +345,10 @@ def parse_args(argv):
     ap.add_argument("--rounds", type=int, default=None,
                     help="interleaved rounds, devio then llama.cpp (the order alternates) [4]")
     ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated [1,2]")
-    ap.add_argument("--dtypes", default=",".join(DTYPES), help="weight types [bf16,f16,f32]")
+    ap.add_argument("--dtypes", default=",".join(DTYPES),
+                    help="weight types, of %s [bf16,f16,f32]" % ",".join(KINDS))
+    ap.add_argument("--name", default="side_by_side",
+                    help="the output files' name, NAME.{md,png,json} [side_by_side]")
     ap.add_argument("--steps", type=int, default=None, help="decode steps per run [64]")
     ap.add_argument("--reps", type=int, default=None,
                     help="llama-bench repetitions per round (-r) [3]")
@@ -341,8 +369,8 @@ def parse_args(argv):
     a.reps = a.reps or (1 if a.quick else 3)
     a.thread_list = [int(t) for t in a.threads.split(",")]
     a.dtype_list = a.dtypes.split(",")
-    if any(d not in DTYPES for d in a.dtype_list) or min(a.thread_list) < 1 or a.rounds < 1:
-        ap.error("--dtypes from bf16,f16,f32; --threads and --rounds >= 1")
+    if any(d not in KINDS for d in a.dtype_list) or min(a.thread_list) < 1 or a.rounds < 1:
+        ap.error("--dtypes from %s; --threads and --rounds >= 1" % ",".join(KINDS))
     return a
 
 
@@ -392,14 +420,14 @@ def main(argv):
     print(md)
     out = Path(args.out) if args.out else (cache / "quick" if args.quick else REPO / "docs")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "side_by_side.md").write_text(md)
-    plot(out / "side_by_side.png", samples, bw, wbytes, thread_list, dtypes, cpu, date)
-    (out / "side_by_side.json").write_text(json.dumps(
+    (out / f"{args.name}.md").write_text(md)
+    plot(out / f"{args.name}.png", samples, bw, wbytes, thread_list, dtypes, cpu, date)
+    (out / f"{args.name}.json").write_text(json.dumps(
         {"cpu": cpu, "date": date, "llama_cpp": LLAMA_CPP_COMMIT,
          "llama_cpp_python": LLAMA_CPP_PYTHON, "rounds": args.rounds, "steps": args.steps,
          "llama_bench_reps": args.reps, "read_bw_gbs": bw, "weight_bytes": wbytes,
          "samples": samples}, indent=1) + "\n")
-    log(f"wrote {out}/side_by_side.md, .png and .json")
+    log(f"wrote {out}/{args.name}.md, .png and .json")
     return 0
 
 
