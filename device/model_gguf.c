@@ -37,6 +37,7 @@ static const struct {
     {"llama", "LlamaForCausalLM"},
     {"qwen2", "Qwen2ForCausalLM"},
     {"qwen3", "Qwen3ForCausalLM"},
+    {"granite", "GraniteForCausalLM"},
 };
 
 /* The unsigned metadata value ARCH.key into obj[field]; absent and not
@@ -117,7 +118,7 @@ devio_status devio_gguf_model_config(const devio_gguf_file *f, json_t **out, dev
     if (!hf)
         return devio_fail(err, DEVIO_E_MODEL,
                           "%.100s: architecture '%.*s' is not one devio computes "
-                          "(llama, qwen2, qwen3)",
+                          "(llama, qwen2, qwen3, granite)",
                           label, (int)(len > 40 ? 40 : len), a);
     const devio_gguf_tensor *embd = devio_gguf_find_tensor(f, "token_embd.weight");
     if (!embd || embd->ndim != 2)
@@ -145,7 +146,12 @@ devio_status devio_gguf_model_config(const devio_gguf_file *f, json_t **out, dev
         (st = put_u(f, arch, "attention.key_length", false, c, "head_dim", err)) ||
         (st = put_u(f, arch, "context_length", true, c, "max_position_embeddings", err)) ||
         (st = put_f(f, arch, "rope.freq_base", c, "rope_theta", err)) ||
-        (st = put_f(f, arch, "attention.layer_norm_rms_epsilon", c, "rms_norm_eps", err))) {
+        (st = put_f(f, arch, "attention.layer_norm_rms_epsilon", c, "rms_norm_eps", err)) ||
+        /* Granite's four multipliers (absent in the other families). */
+        (st = put_f(f, arch, "embedding_scale", c, "embedding_multiplier", err)) ||
+        (st = put_f(f, arch, "residual_scale", c, "residual_multiplier", err)) ||
+        (st = put_f(f, arch, "attention.scale", c, "attention_multiplier", err)) ||
+        (st = put_f(f, arch, "logit_scale", c, "logits_scaling", err))) {
         json_decref(c);
         return st;
     }
@@ -212,7 +218,8 @@ static bool gguf_name(const char *hf, char *buf, size_t n)
  * interleaved: per head, Hugging Face's row j * hd/2 + i is its 2i + j. */
 static bool interleaved(const devio_model_config *c, const char *hf)
 {
-    return strcmp(c->architecture, "LlamaForCausalLM") == 0 &&
+    return (strcmp(c->architecture, "LlamaForCausalLM") == 0 ||
+            strcmp(c->architecture, "GraniteForCausalLM") == 0) &&
            (strstr(hf, ".q_proj.") || strstr(hf, ".k_proj."));
 }
 

@@ -10,7 +10,8 @@
 # and the 1b preset) and reference vs CUDA bit for bit on 1b and on the tiny
 # and small Bamba and Mamba2 and on models with each new feature (Mistral's
 # sliding window, Granite's multipliers, Qwen3's q/k norms, yarn and llama3
-# RoPE scaling), the GPU's read bandwidth, then decode at batch
+# RoPE scaling) and on GGUF files of every quantized weight type (made by
+# tools/gguf/quantize.py, numpy only), the GPU's read bandwidth, then decode at batch
 # 1/8/64, two groups at depth 1 vs 2, and a prefill on 1b. It writes OUT_DIR/gpu-check.json and OUT_DIR/gpu-check.md
 # and ends with the Markdown table; exit status 0 when every check passed.
 #

@@ -8,8 +8,8 @@ where steps that need hardware are skipped and the bench runs the tiny model
 Steps run in the order of what they tell per second: a tiny Llama and a tiny
 Bamba bit for bit against the reference first, then the CUDA unit tests,
 compute-sanitizer, the read bandwidth and the 1b bench, Hugging Face
-agreement, every model feature and hybrid model bit for bit, and the
-conformance suites last. One overall deadline (--deadline) is shared out: a
+agreement, every model feature, hybrid model and quantized GGUF weight type
+bit for bit, and the conformance suites last. One overall deadline (--deadline) is shared out: a
 step gets at most its own limit and never more than what is left. Each step
 is recorded as ok, FAIL or skipped with its figures, and the report
 (OUT/gpu-check.json, OUT/gpu-check.md) is rewritten after every step and on
@@ -223,12 +223,14 @@ def locate(want, got):
 
 
 def versus_reference(c, tmp, cases):
-    """cases: (label, model_dir, n). Bit for bit, each mismatch located."""
+    """cases: (label, model_dir, n) or (label, model_dir, n, model): the model (a GGUF
+    file) made from model_dir. Bit for bit, each mismatch located."""
     fig, ok = {}, True
-    for label, model_dir, n in cases:
+    for label, model_dir, n, *model in cases:
         tokens = prompt(model_dir, n)
-        r = locate(devio_logits(c, model_dir, tokens, "ref", tmp),
-                   devio_logits(c, model_dir, tokens, c.backend, tmp))
+        model = model[0] if model else model_dir
+        r = locate(devio_logits(c, model, tokens, "ref", tmp),
+                   devio_logits(c, model, tokens, c.backend, tmp))
         fig[label] = r["bits"] if r["bits"] == "identical" else r
         ok = ok and r["bits"] == "identical"
     return ("ok" if ok else "FAIL"), fig
@@ -269,6 +271,25 @@ def feature_bits(c, tmp):
         ("%s_%s" % (name, preset),
          make_model(c, tmp, preset, flags=flags, tag="feature-%s-%s" % (name, preset)), n)
         for name, flags in FEATURES for preset, n in (("tiny", 64), ("small", 24))])
+
+
+# Every quantized weight type devio reads, and llama.cpp's usual mix.
+QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
+
+
+def quant_bits(c, tmp):
+    """A Llama whose rows are whole 256-element blocks, as GGUF files of each quantized
+    type (tools/gguf/quantize.py, numpy only), vs the reference."""
+    d = make_model(c, tmp, "tiny", flags=["--hidden", "256", "--ffn", "512", "--heads", "4",
+                                          "--kv-heads", "2", "--head-dim", "64"],
+                   tag="quant-base")
+    cases = []
+    for t in QUANT_TYPES:
+        g = os.path.join(tmp, "quant-%s.gguf" % t)
+        c.sh([sys.executable, os.path.join(ROOT, "tools", "gguf", "quantize.py"), "from-hf", d,
+              g, "--type", t], 240, check=True)
+        cases.append((t, d, 48, g))
+    return versus_reference(c, tmp, cases)
 
 
 # ---- the other steps -----------------------------------------------------------
@@ -531,6 +552,8 @@ def main():
                lambda: hybrid_bits(c, tmp))
         c.step("model features (window, Granite, Qwen3, yarn, llama3) vs the reference, "
                "bit for bit", lambda: feature_bits(c, tmp))
+        c.step("quantized GGUF weights (Q8_0 ... Q6_K, Q4_K_M) vs the reference, bit for bit",
+               lambda: quant_bits(c, tmp))
         c.step("conformance suites on --backend %s, depth 2 and 1" % c.backend,
                lambda: conformance(c))
     print(markdown(c))

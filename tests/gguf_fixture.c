@@ -109,8 +109,11 @@ static uint64_t tensor_bytes(const devio_tensor *t)
 void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *path)
 {
     const devio_model_config *c = &m->cfg;
-    bool llama = strcmp(c->architecture, "LlamaForCausalLM") == 0;
+    bool granite = strcmp(c->architecture, "GraniteForCausalLM") == 0;
+    /* llama.cpp's converter interleaves q and k of llama and granite alike. */
+    bool llama = granite || strcmp(c->architecture, "LlamaForCausalLM") == 0;
     const char *arch = e && e->arch ? e->arch
+                       : granite    ? "granite"
                        : llama      ? "llama"
                        : c->qk_norm ? "qwen3"
                                     : "qwen2";
@@ -160,7 +163,7 @@ void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *pat
         {"context_length", c->max_position_embeddings},
         {"rope.dimension_count", c->rotary_dim},
     };
-    uint32_t n_kv = 1 + 2 + (e && e->extra_key ? 1 : 0);
+    uint32_t n_kv = 1 + 2 + (e && e->extra_key ? 1 : 0) + (granite ? 4 : 0);
     for (size_t i = 0; i < sizeof u / sizeof *u; i++)
         n_kv += KEPT(u[i].k);
     gb_put(&b, "GGUF", 4);
@@ -173,6 +176,12 @@ void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *pat
             gb_kv_u32(&b, KEY(u[i].k), u[i].v);
     gb_kv_f32(&b, KEY("rope.freq_base"), c->rope_theta);
     gb_kv_f32(&b, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps);
+    if (granite) {
+        gb_kv_f32(&b, KEY("embedding_scale"), c->embedding_multiplier);
+        gb_kv_f32(&b, KEY("residual_scale"), c->residual_multiplier);
+        gb_kv_f32(&b, KEY("attention.scale"), c->attention_multiplier);
+        gb_kv_f32(&b, KEY("logit_scale"), c->logits_scaling);
+    }
     if (e && e->extra_key)
         gb_kv_str(&b, KEY(e->extra_key), e->extra_val);
 #undef KEY

@@ -58,6 +58,10 @@ static void round_trip(const fixture *fx)
     assert_int_equal(a->attention_bias, b->attention_bias);
     assert_int_equal(a->qk_norm, b->qk_norm);
     assert_int_equal(a->rotary_dim, b->rotary_dim);
+    assert_true(a->embedding_multiplier == b->embedding_multiplier);
+    assert_true(a->residual_multiplier == b->residual_multiplier);
+    assert_true(a->attention_multiplier == b->attention_multiplier);
+    assert_true(a->logits_scaling == b->logits_scaling);
     same_tensor(&hf->embed, &g->embed, "embed", 0);
     same_tensor(&hf->norm, &g->norm, "norm", 0);
     same_tensor(&hf->lm_head, &g->lm_head, "lm_head", 0);
@@ -113,6 +117,19 @@ static void test_qwen2_and_qwen3(void **state)
     round_trip(fx);
 }
 
+/* Granite: its four multipliers from granite.* metadata, q and k interleaved
+ * as for llama. */
+static void test_granite(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = arch_opts("granite", "tiny", fx->dir);
+    write_model(&o);
+    devio_model *hf = load_ok(fx->dir);
+    assert_true(hf->cfg.embedding_multiplier != 1.0f && hf->cfg.logits_scaling != 1.0f);
+    devio_model_free(hf);
+    round_trip(fx);
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 static void expect_refused(const fixture *fx, const gguf_edits *e, devio_status want,
@@ -131,7 +148,7 @@ static void test_refusals(void **state)
     devio_mkmodel_opts o = tiny_opts(fx->dir);
     write_model(&o);
     expect_refused(fx, &(gguf_edits){.arch = "gpt2"}, DEVIO_E_MODEL,
-                   "architecture 'gpt2' is not one devio computes (llama, qwen2, qwen3)");
+                   "architecture 'gpt2' is not one devio computes (llama, qwen2, qwen3, granite)");
     expect_refused(fx, &(gguf_edits){.drop_key = "block_count"}, DEVIO_E_MODEL,
                    "metadata 'llama.block_count' is missing");
     expect_refused(fx, &(gguf_edits){.retype = "blk.1.ffn_up.weight", .type = DEVIO_GGML_Q2_K},
@@ -168,6 +185,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_llama_f32, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_llama_bf16_tied, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_qwen2_and_qwen3, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_granite, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_refusals, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_not_a_model, fx_setup, fx_teardown),
     };

@@ -20,6 +20,7 @@ short script on cuda-emu."""
 import argparse
 import importlib.util
 import json
+import os
 import pathlib
 import struct
 import subprocess
@@ -38,6 +39,7 @@ Q = gguf.GGMLQuantizationType
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 K_BYTES = {Q.Q4_K: (144, [0, 2]), Q.Q5_K: (176, [0, 2]), Q.Q6_K: (210, [208])}
 SCRIPT = ROOT / "tests" / "conformance" / "chunks.jsonl"
+ISA_PATHS = ("avx512", "avx2", "baseline")
 LORA_SCRIPT = ROOT / "tests" / "conformance" / "lora_batch.jsonl"
 # The adapters of tests/conformance/adapters.txt: name, base, devio-mkmodel arguments.
 ADAPTERS = [[c.strip() for c in line.split("|")]
@@ -109,8 +111,8 @@ def quantizer(typ, rng):
     return convert
 
 
-def run(cmd):
-    p = subprocess.run(cmd, capture_output=True, timeout=600)
+def run(cmd, env=None):
+    p = subprocess.run(cmd, capture_output=True, timeout=600, env=env)
     return p.returncode, p.stdout, p.stderr.decode(errors="replace")[-400:]
 
 
@@ -141,12 +143,27 @@ def same(label, bin_dir, a, b, wasi, tmp=None, script=SCRIPT, flags=()):
     ok = ra[0] == 0 and rb[0] == 0 and ra[1] == rb[1] and len(ra[1]) > 0 and \
         b'"ok":false' not in ra[1]
     what = "native"
+    # The reference's other instruction-set paths (other vector widths, another
+    # micro-kernel each), where this binary and CPU have them.
+    for isa in ISA_PATHS:
+        if not ok:
+            break
+        ri = run([native, "--model", str(a), *flags, str(script)],
+                 env=dict(os.environ, DEVIO_REF_ISA=isa))
+        if ri[0] != 0 and "DEVIO_REF_ISA=" in ri[2]:
+            continue
+        ok = ri[0] == 0 and ri[1] == ra[1]
+        what += ", " + isa
+        if not ok:
+            print("FAIL %s: DEVIO_REF_ISA=%s differs from native: exit %d %s"
+                  % (label, isa, ri[0], ri[2]))
+            return False
     if ok and wasi:
         wasm = str(pathlib.Path(bin_dir) / "ref" / "wasm" / "devio-ref.wasm")
         rw = run(["node", "--no-warnings", str(ROOT / "ref" / "wasm" / "run-node.mjs"), wasm,
                   "--model", str(a), str(SCRIPT)])
         ok = rw[0] == 0 and rw[1] == ra[1]
-        what = "native and WASI"
+        what += " and WASI"
         if not ok:
             print("FAIL %s: WASI (node) differs from native: exit %d %s" % (label, rw[0], rw[2]))
             return False
