@@ -76,29 +76,63 @@ static devio_status put_f(const devio_gguf_file *f, const char *arch, const char
                : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
 }
 
-/* What the metadata may ask of RoPE that devio does not compute. */
-static devio_status rope_supported(const devio_gguf_file *f, const char *arch, uint32_t hd,
-                                   devio_error *err)
+/* RoPE scaling as config.json's rope_scaling: ARCH.rope.scaling.type
+ * "linear" (its factor) or "yarn" (factor, original_context_length as
+ * original_max_position_embeddings, yarn_beta_fast and yarn_beta_slow when
+ * given; the attention factor by transformers' rule from the factor). What
+ * devio does not compute is refused: another type, a yarn attn_factor other
+ * than 1 (llama.cpp multiplies its own by it; transformers' config has no
+ * such product), per-frequency factors (rope_freqs.weight, which stand for
+ * llama3's parameters without giving them) and a partial rotary dimension. */
+static devio_status put_rope(const devio_gguf_file *f, const char *arch, uint32_t hd, json_t *c,
+                             devio_error *err)
 {
     char name[128];
+    const char *label = devio_gguf_label(f);
     uint64_t len = 0;
-    snprintf(name, sizeof name, "%s.rope.scaling.type", arch);
-    const char *t = devio_gguf_get_str(f, name, &len);
-    if (t && !(len == 4 && memcmp(t, "none", 4) == 0))
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "%.100s: %s '%.*s' is not supported in GGUF files yet",
-                          devio_gguf_label(f), name, (int)(len > 40 ? 40 : len), t);
     if (devio_gguf_find_tensor(f, "rope_freqs.weight"))
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "%.100s: rope_freqs.weight (per-frequency RoPE factors) is not "
-                          "supported in GGUF files yet",
-                          devio_gguf_label(f));
+                          "%.100s: rope_freqs.weight (per-frequency RoPE factors, llama3's "
+                          "scaling without its parameters) is not supported in GGUF files; "
+                          "serve the Hugging Face directory",
+                          label);
     uint32_t dims;
     snprintf(name, sizeof name, "%s.rope.dimension_count", arch);
     if (devio_gguf_get_u32(f, name, &dims) && dims != hd)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "%.100s: %s %u turns part of a head of %u; devio turns whole heads",
-                          devio_gguf_label(f), name, dims, hd);
+                          label, name, dims, hd);
+    snprintf(name, sizeof name, "%s.rope.scaling.type", arch);
+    const char *t = devio_gguf_get_str(f, name, &len);
+    if (!t || (len == 4 && memcmp(t, "none", 4) == 0))
+        return DEVIO_OK;
+    bool yarn = len == 4 && memcmp(t, "yarn", 4) == 0;
+    if (!yarn && !(len == 6 && memcmp(t, "linear", 6) == 0))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "%.100s: %s '%.*s' is not supported (none, linear and yarn are)",
+                          label, name, (int)(len > 40 ? 40 : len), t);
+    float attn = 1.0f;
+    snprintf(name, sizeof name, "%s.rope.scaling.attn_factor", arch);
+    if (yarn && devio_gguf_get_f32(f, name, &attn) && attn != 1.0f)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "%.100s: %s %g is not supported (1 is: transformers' attention factor "
+                          "from the scaling factor)",
+                          label, name, (double)attn);
+    snprintf(name, sizeof name, "%s.rope.scaling.factor", arch);
+    if (!devio_gguf_find_kv(f, name))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is missing", label, name);
+    json_t *rs = json_object(); /* c owns it from here, whatever follows */
+    devio_status st = DEVIO_OK;
+    if (json_object_set_new(c, "rope_scaling", rs) ||
+        json_object_set_new(rs, "rope_type", json_string(yarn ? "yarn" : "linear")))
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+    if ((st = put_f(f, arch, "rope.scaling.factor", rs, "factor", err)) || !yarn)
+        return st;
+    if ((st = put_u(f, arch, "rope.scaling.original_context_length", false, rs,
+                    "original_max_position_embeddings", err)) ||
+        (st = put_f(f, arch, "rope.scaling.yarn_beta_fast", rs, "beta_fast", err)) ||
+        (st = put_f(f, arch, "rope.scaling.yarn_beta_slow", rs, "beta_slow", err)))
+        return st;
     return DEVIO_OK;
 }
 
@@ -159,7 +193,7 @@ devio_status devio_gguf_model_config(const devio_gguf_file *f, json_t **out, dev
     json_int_t h = json_integer_value(json_object_get(c, "num_attention_heads"));
     const json_t *kd = json_object_get(c, "head_dim");
     uint32_t hd = kd ? (uint32_t)json_integer_value(kd) : h ? (uint32_t)(d / h) : 0;
-    if ((st = rope_supported(f, arch, hd, err))) {
+    if ((st = put_rope(f, arch, hd, c, err))) {
         json_decref(c);
         return st;
     }

@@ -163,7 +163,10 @@ void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *pat
         {"context_length", c->max_position_embeddings},
         {"rope.dimension_count", c->rotary_dim},
     };
-    uint32_t n_kv = 1 + 2 + (e && e->extra_key ? 1 : 0) + (granite ? 4 : 0);
+    const devio_rope_scaling *rs = &c->rope_scaling;
+    bool linear = rs->type == DEVIO_ROPE_LINEAR, yarn = rs->type == DEVIO_ROPE_YARN;
+    uint32_t n_kv = 1 + 2 + (e && e->extra_key ? 1 : 0) + (granite ? 4 : 0) +
+                    (linear ? 2 : yarn ? 5 : 0);
     for (size_t i = 0; i < sizeof u / sizeof *u; i++)
         n_kv += KEPT(u[i].k);
     gb_put(&b, "GGUF", 4);
@@ -176,6 +179,16 @@ void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *pat
             gb_kv_u32(&b, KEY(u[i].k), u[i].v);
     gb_kv_f32(&b, KEY("rope.freq_base"), c->rope_theta);
     gb_kv_f32(&b, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps);
+    if (linear || yarn) { /* as llama.cpp's converter writes them */
+        gb_kv_str(&b, KEY("rope.scaling.type"), yarn ? "yarn" : "linear");
+        gb_kv_f32(&b, KEY("rope.scaling.factor"), rs->factor);
+    }
+    if (yarn) {
+        gb_kv_u32(&b, KEY("rope.scaling.original_context_length"),
+                  (uint32_t)rs->original_max_positions);
+        gb_kv_f32(&b, KEY("rope.scaling.yarn_beta_fast"), rs->beta_fast);
+        gb_kv_f32(&b, KEY("rope.scaling.yarn_beta_slow"), rs->beta_slow);
+    }
     if (granite) {
         gb_kv_f32(&b, KEY("embedding_scale"), c->embedding_multiplier);
         gb_kv_f32(&b, KEY("residual_scale"), c->residual_multiplier);

@@ -58,6 +58,12 @@ static void round_trip(const fixture *fx)
     assert_int_equal(a->attention_bias, b->attention_bias);
     assert_int_equal(a->qk_norm, b->qk_norm);
     assert_int_equal(a->rotary_dim, b->rotary_dim);
+    const devio_rope_scaling *ra = &a->rope_scaling, *rb = &b->rope_scaling;
+    assert_int_equal(ra->type, rb->type);
+    assert_true(ra->factor == rb->factor && ra->attention_factor == rb->attention_factor);
+    assert_true(ra->original_max_positions == rb->original_max_positions);
+    assert_true(ra->beta_fast == rb->beta_fast && ra->beta_slow == rb->beta_slow);
+    assert_int_equal(ra->truncate, rb->truncate);
     assert_true(a->embedding_multiplier == b->embedding_multiplier);
     assert_true(a->residual_multiplier == b->residual_multiplier);
     assert_true(a->attention_multiplier == b->attention_multiplier);
@@ -130,6 +136,26 @@ static void test_granite(void **state)
     round_trip(fx);
 }
 
+/* RoPE scaling from rope.scaling.*: linear and yarn as their config.json
+ * forms give them. */
+static void test_rope_scaling(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    o.rope_scaling = DEVIO_MKMODEL_ROPE_LINEAR;
+    o.rope_factor = 2.0;
+    write_model(&o);
+    round_trip(fx);
+    o.rope_scaling = DEVIO_MKMODEL_ROPE_YARN;
+    o.rope_factor = 4.0; /* original_max_position_embeddings: the declared context / 4 */
+    write_model(&o);
+    devio_model *hf = load_ok(fx->dir);
+    assert_int_equal(hf->cfg.rope_scaling.type, DEVIO_ROPE_YARN);
+    assert_true(hf->cfg.rope_scaling.attention_factor > 1.0f);
+    devio_model_free(hf);
+    round_trip(fx);
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 static void expect_refused(const fixture *fx, const gguf_edits *e, devio_status want,
@@ -161,8 +187,10 @@ static void test_refusals(void **state)
     expect_refused(fx, &(gguf_edits){.reshape = "blk.0.ffn_down.weight"}, DEVIO_E_MODEL,
                    "tensor 'blk.0.ffn_down.weight' has 2 dimensions (64, 128), expected rows "
                    "of 128 x 64");
+    expect_refused(fx, &(gguf_edits){.extra_key = "rope.scaling.type", .extra_val = "longrope"},
+                   DEVIO_E_UNSUPPORTED, "llama.rope.scaling.type 'longrope' is not supported");
     expect_refused(fx, &(gguf_edits){.extra_key = "rope.scaling.type", .extra_val = "linear"},
-                   DEVIO_E_UNSUPPORTED, "llama.rope.scaling.type 'linear' is not supported");
+                   DEVIO_E_MODEL, "metadata 'llama.rope.scaling.factor' is missing");
     expect_refused(fx, &(gguf_edits){.rope_freqs = true}, DEVIO_E_UNSUPPORTED,
                    "rope_freqs.weight");
     /* A value the config rules refuse: said as the metadata's. */
@@ -186,6 +214,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_llama_bf16_tied, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_qwen2_and_qwen3, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_granite, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_rope_scaling, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_refusals, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_not_a_model, fx_setup, fx_teardown),
     };
