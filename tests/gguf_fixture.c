@@ -106,6 +106,65 @@ static uint64_t tensor_bytes(const devio_tensor *t)
     return n * devio_dtype_size(t->dtype);
 }
 
+/* The header and the metadata of gguf_write_model: n tensors follow. */
+static void put_meta(gbuf *b, const devio_model_config *c, const gguf_edits *e, const char *arch,
+                     bool granite, int n)
+{
+    char key[128];
+#define KEY(k) (snprintf(key, sizeof key, "%s.%s", arch, k), key)
+#define KEPT(k) (!e || !e->drop_key || strcmp(e->drop_key, k) != 0)
+    struct {
+        const char *k;
+        uint32_t v;
+    } u[] = {
+        {"block_count", c->n_layers},
+        {"embedding_length", c->hidden_size},
+        {"feed_forward_length", c->intermediate_size},
+        {"attention.head_count", e && e->heads ? e->heads : c->n_heads},
+        {"attention.head_count_kv", c->n_kv_heads},
+        {"attention.key_length", c->head_dim},
+        {"attention.value_length", c->head_dim},
+        {"context_length", c->max_position_embeddings},
+        {"rope.dimension_count", c->rotary_dim},
+    };
+    const devio_rope_scaling *rs = &c->rope_scaling;
+    bool linear = rs->type == DEVIO_ROPE_LINEAR, yarn = rs->type == DEVIO_ROPE_YARN;
+    uint32_t n_kv = 1 + 2 + (e && e->extra_key ? 1 : 0) + (granite ? 4 : 0) +
+                    (linear ? 2 : yarn ? 5 : 0);
+    for (size_t i = 0; i < sizeof u / sizeof *u; i++)
+        n_kv += KEPT(u[i].k);
+    gb_put(b, "GGUF", 4);
+    gb_u(b, 3, 4);
+    gb_u(b, (uint64_t)n, 8);
+    gb_u(b, n_kv, 8);
+    gb_kv_str(b, "general.architecture", arch);
+    for (size_t i = 0; i < sizeof u / sizeof *u; i++)
+        if (KEPT(u[i].k))
+            gb_kv_u32(b, KEY(u[i].k), u[i].v);
+    gb_kv_f32(b, KEY("rope.freq_base"), c->rope_theta);
+    gb_kv_f32(b, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps);
+    if (linear || yarn) { /* as llama.cpp's converter writes them */
+        gb_kv_str(b, KEY("rope.scaling.type"), yarn ? "yarn" : "linear");
+        gb_kv_f32(b, KEY("rope.scaling.factor"), rs->factor);
+    }
+    if (yarn) {
+        gb_kv_u32(b, KEY("rope.scaling.original_context_length"),
+                  (uint32_t)rs->original_max_positions);
+        gb_kv_f32(b, KEY("rope.scaling.yarn_beta_fast"), rs->beta_fast);
+        gb_kv_f32(b, KEY("rope.scaling.yarn_beta_slow"), rs->beta_slow);
+    }
+    if (granite) {
+        gb_kv_f32(b, KEY("embedding_scale"), c->embedding_multiplier);
+        gb_kv_f32(b, KEY("residual_scale"), c->residual_multiplier);
+        gb_kv_f32(b, KEY("attention.scale"), c->attention_multiplier);
+        gb_kv_f32(b, KEY("logit_scale"), c->logits_scaling);
+    }
+    if (e && e->extra_key)
+        gb_kv_str(b, KEY(e->extra_key), e->extra_val);
+#undef KEY
+#undef KEPT
+}
+
 void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *path)
 {
     const devio_model_config *c = &m->cfg;
@@ -146,59 +205,7 @@ void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *pat
         add(ts, &n, &freqs, false, "rope_freqs.weight", 0);
 
     gbuf b = {0};
-    char key[128];
-#define KEY(k) (snprintf(key, sizeof key, "%s.%s", arch, k), key)
-#define KEPT(k) (!e || !e->drop_key || strcmp(e->drop_key, k) != 0)
-    struct {
-        const char *k;
-        uint32_t v;
-    } u[] = {
-        {"block_count", c->n_layers},
-        {"embedding_length", c->hidden_size},
-        {"feed_forward_length", c->intermediate_size},
-        {"attention.head_count", e && e->heads ? e->heads : c->n_heads},
-        {"attention.head_count_kv", c->n_kv_heads},
-        {"attention.key_length", c->head_dim},
-        {"attention.value_length", c->head_dim},
-        {"context_length", c->max_position_embeddings},
-        {"rope.dimension_count", c->rotary_dim},
-    };
-    const devio_rope_scaling *rs = &c->rope_scaling;
-    bool linear = rs->type == DEVIO_ROPE_LINEAR, yarn = rs->type == DEVIO_ROPE_YARN;
-    uint32_t n_kv = 1 + 2 + (e && e->extra_key ? 1 : 0) + (granite ? 4 : 0) +
-                    (linear ? 2 : yarn ? 5 : 0);
-    for (size_t i = 0; i < sizeof u / sizeof *u; i++)
-        n_kv += KEPT(u[i].k);
-    gb_put(&b, "GGUF", 4);
-    gb_u(&b, 3, 4);
-    gb_u(&b, (uint64_t)n, 8);
-    gb_u(&b, n_kv, 8);
-    gb_kv_str(&b, "general.architecture", arch);
-    for (size_t i = 0; i < sizeof u / sizeof *u; i++)
-        if (KEPT(u[i].k))
-            gb_kv_u32(&b, KEY(u[i].k), u[i].v);
-    gb_kv_f32(&b, KEY("rope.freq_base"), c->rope_theta);
-    gb_kv_f32(&b, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps);
-    if (linear || yarn) { /* as llama.cpp's converter writes them */
-        gb_kv_str(&b, KEY("rope.scaling.type"), yarn ? "yarn" : "linear");
-        gb_kv_f32(&b, KEY("rope.scaling.factor"), rs->factor);
-    }
-    if (yarn) {
-        gb_kv_u32(&b, KEY("rope.scaling.original_context_length"),
-                  (uint32_t)rs->original_max_positions);
-        gb_kv_f32(&b, KEY("rope.scaling.yarn_beta_fast"), rs->beta_fast);
-        gb_kv_f32(&b, KEY("rope.scaling.yarn_beta_slow"), rs->beta_slow);
-    }
-    if (granite) {
-        gb_kv_f32(&b, KEY("embedding_scale"), c->embedding_multiplier);
-        gb_kv_f32(&b, KEY("residual_scale"), c->residual_multiplier);
-        gb_kv_f32(&b, KEY("attention.scale"), c->attention_multiplier);
-        gb_kv_f32(&b, KEY("logit_scale"), c->logits_scaling);
-    }
-    if (e && e->extra_key)
-        gb_kv_str(&b, KEY(e->extra_key), e->extra_val);
-#undef KEY
-#undef KEPT
+    put_meta(&b, c, e, arch, granite, n);
     uint64_t off = 0, offs[MAX_T], sizes[MAX_T];
     for (int i = 0; i < n; i++) {
         const devio_tensor *t = ts[i].t;
