@@ -1,5 +1,6 @@
-/* sampler.c - the token sampler defined in sampler.h: greedy, top-k, top-p,
- * min-p and Philox-keyed Gumbel-max. Never allocates after create, never uses libm. */
+/* sampler.c - the token sampler defined in sampler.h: logit processing (bias,
+ * masks, penalties), top logprobs, greedy, top-k, top-p, min-p and Philox-keyed
+ * Gumbel-max. Never allocates after create, never uses libm. */
 #include <float.h>
 #include <math.h> /* INFINITY only: no libm function is called */
 #include <stdbool.h>
@@ -23,6 +24,8 @@ struct devio_sampler {
     uint32_t *tmp_idx;  /* step 6: radix scatter space */
     uint32_t *tmp_key;
     uint8_t *mark;      /* step 4: membership, to list K in id order */
+    float *w;           /* step 0b: the processed logits l'' */
+    uint32_t *count;    /* step 0b: penalties' counts, all zero between calls */
     float cap1[256];    /* step 8: bounds on g, see gumbel_caps_init */
     float cap2[256];
     float cap_max;
@@ -85,7 +88,10 @@ devio_status devio_sampler_create(uint32_t vocab, devio_sampler **out)
     s->tmp_idx = malloc(n * sizeof *s->tmp_idx);
     s->tmp_key = malloc(n * sizeof *s->tmp_key);
     s->mark = malloc(n * sizeof *s->mark);
-    if (!s->z || !s->e || !s->idx || !s->key || !s->tmp_idx || !s->tmp_key || !s->mark)
+    s->w = malloc(n * sizeof *s->w);
+    s->count = calloc(n, sizeof *s->count);
+    if (!s->z || !s->e || !s->idx || !s->key || !s->tmp_idx || !s->tmp_key || !s->mark ||
+        !s->w || !s->count)
         goto out_free;
     gumbel_caps_init(s);
     *out = s;
@@ -106,6 +112,8 @@ void devio_sampler_free(devio_sampler *s)
     free(s->tmp_idx);
     free(s->tmp_key);
     free(s->mark);
+    free(s->w);
+    free(s->count);
     free(s);
 }
 
@@ -381,13 +389,145 @@ static uint32_t gumbel_pick(const devio_sampler *s, const uint32_t *ids, uint32_
     return best_id;
 }
 
+/* Step 0b's rule for a value an operation gave: NaN -> -inf, +inf -> FLT_MAX. */
+static inline float settle(float x)
+{
+    return clean_logit(x);
+}
+
+static bool proc_active(const devio_logit_proc *q)
+{
+    return q && (q->n_bias || q->allowed || q->n_banned ||
+                 (q->n_history && (q->repetition_penalty != 1.0f ||
+                                   q->presence_penalty != 0.0f ||
+                                   q->frequency_penalty != 0.0f)));
+}
+
+devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab, devio_error *err)
+{
+    if (!q)
+        return DEVIO_OK;
+    for (uint32_t k = 0; k < q->n_bias; k++)
+        if (q->bias_ids[k] < 0 || (uint32_t)q->bias_ids[k] >= vocab || q->bias[k] != q->bias[k])
+            return devio_fail(err, DEVIO_E_INVALID,
+                              "logit_bias: entry %u (token %d) is outside the vocabulary of "
+                              "%u or not a number", k, q->bias_ids[k], vocab);
+    if (q->allowed && q->allowed_words != (vocab + 31u) / 32u)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "allowed_tokens: %u words, the vocabulary of %u needs %u",
+                          q->allowed_words, vocab, (vocab + 31u) / 32u);
+    for (uint32_t k = 0; k < q->n_banned; k++)
+        if (q->banned[k] < 0 || (uint32_t)q->banned[k] >= vocab)
+            return devio_fail(err, DEVIO_E_INVALID,
+                              "banned_tokens: entry %u (token %d) is outside the vocabulary "
+                              "of %u", k, q->banned[k], vocab);
+    for (uint32_t k = 0; k < q->n_history; k++)
+        if (q->history[k] < 0 || (uint32_t)q->history[k] >= vocab)
+            return devio_fail(err, DEVIO_E_INVALID,
+                              "penalty history: token %d is outside the vocabulary of %u",
+                              q->history[k], vocab);
+    if (!(q->repetition_penalty > 0.0f) || q->repetition_penalty > FLT_MAX)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "repetition_penalty must be finite and > 0 (1 = off)");
+    if (!(q->presence_penalty == q->presence_penalty) ||
+        q->presence_penalty > FLT_MAX || q->presence_penalty < -FLT_MAX ||
+        !(q->frequency_penalty == q->frequency_penalty) ||
+        q->frequency_penalty > FLT_MAX || q->frequency_penalty < -FLT_MAX)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "presence_penalty and frequency_penalty must be finite (0 = off)");
+    return DEVIO_OK;
+}
+
+/* Step 0b into s->w from the cleaned logits; false when it leaves every
+ * value -inf. *argmax: the first largest of l''. */
+static bool process(devio_sampler *s, const float *logits, const devio_logit_proc *q,
+                    uint32_t *argmax)
+{
+    const uint32_t V = s->vocab;
+    float *w = s->w;
+    for (uint32_t i = 0; i < V; i++)
+        w[i] = clean_logit(logits[i]);
+    for (uint32_t k = 0; k < q->n_bias; k++)
+        w[q->bias_ids[k]] = settle(w[q->bias_ids[k]] + q->bias[k]);
+    if (q->allowed)
+        for (uint32_t i = 0; i < V; i++)
+            if (!((q->allowed[i >> 5] >> (i & 31u)) & 1u))
+                w[i] = NEG_INF;
+    for (uint32_t k = 0; k < q->n_banned; k++)
+        w[q->banned[k]] = NEG_INF;
+    const float rp = q->repetition_penalty, pp = q->presence_penalty,
+                fp = q->frequency_penalty;
+    if (rp != 1.0f || pp != 0.0f || fp != 0.0f) {
+        for (uint32_t k = 0; k < q->n_history; k++)
+            s->count[q->history[k]]++;
+        /* Each distinct id once: the first time it is met, its count then zeroed. */
+        for (uint32_t k = 0; k < q->n_history; k++) {
+            uint32_t i = (uint32_t)q->history[k], c = s->count[i];
+            if (c == 0)
+                continue;
+            s->count[i] = 0;
+            float x = w[i];
+            if (x == NEG_INF)
+                continue;
+            if (rp != 1.0f)
+                x = settle(x > 0.0f ? x / rp : x * rp);
+            if (fp != 0.0f && x != NEG_INF)
+                x = settle(x - fp * (float)c);
+            if (pp != 0.0f && x != NEG_INF)
+                x = settle(x - pp);
+            w[i] = x;
+        }
+    }
+    float m = NEG_INF;
+    for (uint32_t i = 0; i < V; i++)
+        if (w[i] > m) {
+            m = w[i];
+            *argmax = i;
+        }
+    return m != NEG_INF;
+}
+
+/* The top n (id, logprob) of step 1's log-softmax, largest first, equal
+ * values lower id first. clean: the cleaned raw logits (s->z, about to be
+ * overwritten by step 3). */
+static void top_logprobs(devio_sampler *s, uint32_t n, float m, float log_z, int32_t *ids,
+                         float *lps)
+{
+    const float *x = s->z;
+    top_k_select(x, s->vocab, n, s->idx);
+    for (uint32_t a = 1; a < n; a++) {
+        uint32_t id = s->idx[a], b = a;
+        while (b > 0 && (x[s->idx[b - 1]] < x[id] ||
+                         (x[s->idx[b - 1]] == x[id] && s->idx[b - 1] > id))) {
+            s->idx[b] = s->idx[b - 1];
+            b--;
+        }
+        s->idx[b] = id;
+    }
+    for (uint32_t a = 0; a < n; a++) {
+        ids[a] = (int32_t)s->idx[a];
+        lps[a] = (x[s->idx[a]] - m) - log_z;
+    }
+}
+
 devio_status devio_sampler_run(devio_sampler *s, const float *logits,
                                const devio_sample_params *p, uint64_t position,
                                int32_t *token, float *logprob)
 {
+    return devio_sampler_run_ex(s, logits, p, NULL, position, token, logprob, NULL);
+}
+
+devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
+                                  const devio_sample_params *p, const devio_logit_proc *q,
+                                  uint64_t position, int32_t *token, float *logprob,
+                                  devio_top_logprobs *top)
+{
     if (!s || !logits || !p || !token || !logprob)
         return DEVIO_E_INVALID;
-    if (devio_sampler_check(p, NULL) != DEVIO_OK)
+    if (devio_sampler_check(p, NULL) != DEVIO_OK ||
+        devio_logit_proc_check(q, s->vocab, NULL) != DEVIO_OK ||
+        (top && top->n &&
+         (!top->ids || !top->logprobs || top->n > DEVIO_TOP_LOGPROBS_MAX || top->n > s->vocab)))
         return DEVIO_E_INVALID;
     const uint32_t V = s->vocab;
 
@@ -404,16 +544,30 @@ devio_status devio_sampler_run(devio_sampler *s, const float *logits,
     if (m == NEG_INF)
         return DEVIO_E_INVALID;
 
-    /* Step 1, and step 3 in the same pass when sampling. */
+    /* Step 1 on the raw logits, and step 3 in the same pass when sampling
+     * them as they are. */
     const float t = p->temperature;
+    const bool processed = proc_active(q);
+    const bool keep_raw = top && top->n;
     for (uint32_t i = 0; i < V; i++) {
         float x = clean_logit(logits[i]);
         s->e[i] = x;
-        if (t != 0.0f)
+        if (keep_raw)
+            s->z[i] = x;
+        else if (t != 0.0f && !processed)
             s->z[i] = temper(x, t);
     }
     devio_expf_sub_n(s->e, s->e, m, V); /* devio_expf(x - m), eight at a time */
     const float log_z = devio_logf(devio_lane_sum(s->e, V));
+    if (keep_raw)
+        top_logprobs(s, top->n, m, log_z, top->ids, top->logprobs);
+
+    /* Step 0b: steps 2 to 8 read l'' in place of l'. */
+    if (processed && !process(s, logits, q, &argmax))
+        return DEVIO_E_INVALID;
+    if (t != 0.0f && (processed || keep_raw))
+        for (uint32_t i = 0; i < V; i++)
+            s->z[i] = temper(processed ? s->w[i] : clean_logit(logits[i]), t);
 
     uint32_t tok;
     if (t == 0.0f) {

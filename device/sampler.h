@@ -14,12 +14,34 @@
  *    result l'. If every l' is -inf the call fails with DEVIO_E_INVALID
  *    (there is nothing to sample).
  *
+ * 0b. Logit processing (devio_logit_proc; skipped when it asks for
+ *    nothing), on l' giving l''; every operation's result read as in step 0
+ *    (NaN -> -inf, +inf -> FLT_MAX):
+ *    a. logit_bias: for each entry (i, b) in order, l''_i = l''_i + b
+ *       (b may be +-inf: -inf bans i, +inf makes it FLT_MAX);
+ *    b. allowed_tokens: with a mask, every i whose bit (word i / 32, bit
+ *       i % 32, least significant first) is clear becomes -inf;
+ *    c. banned_tokens: each listed i becomes -inf;
+ *    d. penalties, for each distinct id i of the history with count c_i,
+ *       unless l''_i is -inf: repetition r != 1: l''_i = l''_i / r when
+ *       l''_i > 0, else l''_i * r; then frequency f != 0:
+ *       l''_i = l''_i - f * (float)c_i (product rounded, then the
+ *       difference); then presence q != 0: l''_i = l''_i - q. (The order
+ *       of HF's and vLLM's: repetition, then frequency, then presence.)
+ *    If every l''_i is -inf the call fails with DEVIO_E_INVALID (no token
+ *    is allowed). Steps 2 to 8 then read l'' wherever they say l'.
+ *
  * 1. logprob (always, whatever the params): m = max_i l'_i;
  *    a_i = devio_expf(l'_i - m); Z = devio_lane_sum(a, V);
  *    logprob = (l'_tok - m) - devio_logf(Z).
  *    This is the log-softmax of the RAW logits (temperature 1, no filters)
  *    at the chosen token, which is what vLLM returns by default as the
  *    sampled token's logprob.
+ *
+ * 1b. top logprobs (when asked for n of them, n <= DEVIO_TOP_LOGPROBS_MAX):
+ *    the n ids first in the order "l'_i descending, equal l' lower id
+ *    first", each with (l'_i - m) - devio_logf(Z) of step 1: the raw
+ *    log-softmax, like the sampled token's.
  *
  * 2. T == 0: greedy. tok = argmax_i l'_i, ties to the lowest id. No random
  *    numbers, no filters (top_k, top_p, min_p, seed are ignored).
@@ -101,6 +123,37 @@ uint32_t devio_sampler_vocab(const devio_sampler *s);
  * a message naming the field (err may be NULL). Does not depend on the vocab. */
 devio_status devio_sampler_check(const devio_sample_params *p, devio_error *err);
 
+/* Step 0b's inputs, every array borrowed for the call. A zeroed struct
+ * with repetition_penalty 1 asks for nothing. */
+typedef struct devio_logit_proc {
+    const int32_t *bias_ids; /* logit_bias: n_bias (token id, bias) pairs */
+    const float *bias;
+    uint32_t n_bias;
+    const uint32_t *allowed; /* allowed_tokens bitmask, (vocab + 31) / 32 words; NULL = all */
+    uint32_t allowed_words;
+    const int32_t *banned;   /* banned_tokens */
+    uint32_t n_banned;
+    float repetition_penalty; /* > 0, finite; 1 = off */
+    float presence_penalty;   /* finite; 0 = off */
+    float frequency_penalty;  /* finite; 0 = off */
+    const int32_t *history;   /* the tokens the penalties count (any order, repeats count) */
+    uint32_t n_history;
+} devio_logit_proc;
+
+/* Step 1b's output: n ids and logprobs into caller-owned arrays of n. */
+#define DEVIO_TOP_LOGPROBS_MAX 20u
+typedef struct devio_top_logprobs {
+    uint32_t n;
+    int32_t *ids;
+    float *logprobs;
+} devio_top_logprobs;
+
+/* Step 0b's inputs against the ranges above and the vocab: token ids in
+ * [0, vocab), biases not NaN, a mask of exactly (vocab + 31) / 32 words.
+ * DEVIO_OK (q NULL included), or DEVIO_E_INVALID naming the field. */
+devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab,
+                                    devio_error *err);
+
 /* Sample one token from `logits` (vocab floats, borrowed for the call).
  * `position` is the sequence position the sampled token will occupy. Writes
  * *token and *logprob on DEVIO_OK; leaves them untouched otherwise.
@@ -109,6 +162,15 @@ devio_status devio_sampler_check(const devio_sample_params *p, devio_error *err)
 devio_status devio_sampler_run(devio_sampler *s, const float *logits,
                                const devio_sample_params *p, uint64_t position,
                                int32_t *token, float *logprob);
+
+/* devio_sampler_run with step 0b (q may be NULL) and step 1b (top may be
+ * NULL or ask for 0). DEVIO_E_INVALID also for q that
+ * devio_logit_proc_check refuses, top->n over DEVIO_TOP_LOGPROBS_MAX or
+ * the vocab, and processing that allows no token. */
+devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
+                                  const devio_sample_params *p, const devio_logit_proc *q,
+                                  uint64_t position, int32_t *token, float *logprob,
+                                  devio_top_logprobs *top);
 
 /* Philox4x32-10 (Salmon et al., SC'11). With M0 = 0xD2511F53,
  * M1 = 0xCD9E8D57 and hi/lo the halves of a 32x32->64-bit product, one round
