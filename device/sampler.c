@@ -510,81 +510,14 @@ static void top_logprobs(devio_sampler *s, uint32_t n, float m, float log_z, int
     }
 }
 
-devio_status devio_sampler_run(devio_sampler *s, const float *logits,
-                               const devio_sample_params *p, uint64_t position,
-                               int32_t *token, float *logprob)
+/* Steps 4 to 8 with at least one of top_k, top_p and min_p on, given z. */
+static uint32_t filtered_draw(devio_sampler *s, const devio_sample_params *p,
+                              uint64_t position)
 {
-    return devio_sampler_run_ex(s, logits, p, NULL, position, token, logprob, NULL);
-}
-
-devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
-                                  const devio_sample_params *p, const devio_logit_proc *q,
-                                  uint64_t position, int32_t *token, float *logprob,
-                                  devio_top_logprobs *top)
-{
-    if (!s || !logits || !p || !token || !logprob)
-        return DEVIO_E_INVALID;
-    if (devio_sampler_check(p, NULL) != DEVIO_OK ||
-        devio_logit_proc_check(q, s->vocab, NULL) != DEVIO_OK ||
-        (top && top->n &&
-         (!top->ids || !top->logprobs || top->n > DEVIO_TOP_LOGPROBS_MAX || top->n > s->vocab)))
-        return DEVIO_E_INVALID;
     const uint32_t V = s->vocab;
-
-    /* Steps 0 and 2: the raw max, first occurrence, is also the greedy pick. */
-    float m = NEG_INF;
-    uint32_t argmax = 0;
-    for (uint32_t i = 0; i < V; i++) {
-        float x = clean_logit(logits[i]);
-        if (x > m) {
-            m = x;
-            argmax = i;
-        }
-    }
-    if (m == NEG_INF)
-        return DEVIO_E_INVALID;
-
-    /* Step 1 on the raw logits, and step 3 in the same pass when sampling
-     * them as they are. */
-    const float t = p->temperature;
-    const bool processed = proc_active(q);
-    const bool keep_raw = top && top->n;
-    for (uint32_t i = 0; i < V; i++) {
-        float x = clean_logit(logits[i]);
-        s->e[i] = x;
-        if (keep_raw)
-            s->z[i] = x;
-        else if (t != 0.0f && !processed)
-            s->z[i] = temper(x, t);
-    }
-    devio_expf_sub_n(s->e, s->e, m, V); /* devio_expf(x - m), eight at a time */
-    const float log_z = devio_logf(devio_lane_sum(s->e, V));
-    if (keep_raw)
-        top_logprobs(s, top->n, m, log_z, top->ids, top->logprobs);
-
-    /* Step 0b: steps 2 to 8 read l'' in place of l'. */
-    if (processed && !process(s, logits, q, &argmax))
-        return DEVIO_E_INVALID;
-    if (t != 0.0f && (processed || keep_raw))
-        for (uint32_t i = 0; i < V; i++)
-            s->z[i] = temper(processed ? s->w[i] : clean_logit(logits[i]), t);
-
-    uint32_t tok;
-    if (t == 0.0f) {
-        tok = argmax;
-        goto out;
-    }
-
     const bool use_k = p->top_k > 0 && (uint32_t)p->top_k < V;
     const bool use_p = p->top_p < 1.0f;
     const bool use_min = p->min_p > 0.0f;
-    /* Tempering is monotone, so the raw argmax has the largest z (ties
-     * aside): a good start for the draw. */
-    if (!use_k && !use_p && !use_min) {
-        tok = gumbel_pick(s, NULL, V, argmax, p->seed, position);
-        goto out;
-    }
-
     /* K as a list s->idx[0..n). Step 6 needs it in increasing id order (its
      * stable sort turns that into the tie rule); the others take any order. */
     uint32_t n = V;
@@ -648,9 +581,75 @@ devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
     for (uint32_t j = 1; j < n; j++)
         if (s->z[s->idx[j]] > s->z[start])
             start = s->idx[j];
-    tok = gumbel_pick(s, s->idx, n, start, p->seed, position);
+    return gumbel_pick(s, s->idx, n, start, p->seed, position);
+}
 
-out:
+devio_status devio_sampler_run(devio_sampler *s, const float *logits,
+                               const devio_sample_params *p, uint64_t position,
+                               int32_t *token, float *logprob)
+{
+    return devio_sampler_run_ex(s, logits, p, NULL, position, token, logprob, NULL);
+}
+
+devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
+                                  const devio_sample_params *p, const devio_logit_proc *q,
+                                  uint64_t position, int32_t *token, float *logprob,
+                                  devio_top_logprobs *top)
+{
+    if (!s || !logits || !p || !token || !logprob)
+        return DEVIO_E_INVALID;
+    if (devio_sampler_check(p, NULL) != DEVIO_OK ||
+        devio_logit_proc_check(q, s->vocab, NULL) != DEVIO_OK ||
+        (top && top->n &&
+         (!top->ids || !top->logprobs || top->n > DEVIO_TOP_LOGPROBS_MAX || top->n > s->vocab)))
+        return DEVIO_E_INVALID;
+    const uint32_t V = s->vocab;
+
+    /* Steps 0 and 2: the raw max, first occurrence, is also the greedy pick. */
+    float m = NEG_INF;
+    uint32_t argmax = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        float x = clean_logit(logits[i]);
+        if (x > m) {
+            m = x;
+            argmax = i;
+        }
+    }
+    if (m == NEG_INF)
+        return DEVIO_E_INVALID;
+
+    /* Step 1 on the raw logits, and step 3 in the same pass when sampling
+     * them as they are. */
+    const float t = p->temperature;
+    const bool processed = proc_active(q);
+    const bool keep_raw = top && top->n;
+    for (uint32_t i = 0; i < V; i++) {
+        float x = clean_logit(logits[i]);
+        s->e[i] = x;
+        if (keep_raw)
+            s->z[i] = x;
+        else if (t != 0.0f && !processed)
+            s->z[i] = temper(x, t);
+    }
+    devio_expf_sub_n(s->e, s->e, m, V); /* devio_expf(x - m), eight at a time */
+    const float log_z = devio_logf(devio_lane_sum(s->e, V));
+    if (keep_raw)
+        top_logprobs(s, top->n, m, log_z, top->ids, top->logprobs);
+
+    /* Step 0b: steps 2 to 8 read l'' in place of l'. */
+    if (processed && !process(s, logits, q, &argmax))
+        return DEVIO_E_INVALID;
+    if (t != 0.0f && (processed || keep_raw))
+        for (uint32_t i = 0; i < V; i++)
+            s->z[i] = temper(processed ? s->w[i] : clean_logit(logits[i]), t);
+
+    /* Tempering is monotone, so the argmax has the largest z (ties aside):
+     * a good start for the draw. */
+    const bool filtered = (p->top_k > 0 && (uint32_t)p->top_k < V) || p->top_p < 1.0f ||
+                          p->min_p > 0.0f;
+    uint32_t tok = t == 0.0f ? argmax
+                   : filtered ? filtered_draw(s, p, position)
+                              : gumbel_pick(s, NULL, V, argmax, p->seed, position);
     *token = (int32_t)tok;
     *logprob = (clean_logit(logits[tok]) - m) - log_z;
     return DEVIO_OK;
