@@ -389,12 +389,6 @@ static uint32_t gumbel_pick(const devio_sampler *s, const uint32_t *ids, uint32_
     return best_id;
 }
 
-/* Step 0b's rule for a value an operation gave: NaN -> -inf, +inf -> FLT_MAX. */
-static inline float settle(float x)
-{
-    return clean_logit(x);
-}
-
 static bool proc_active(const devio_logit_proc *q)
 {
     return q && (q->n_bias || q->allowed || q->n_banned ||
@@ -407,6 +401,12 @@ devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab, d
 {
     if (!q)
         return DEVIO_OK;
+    if ((q->n_bias && (!q->bias_ids || !q->bias)) || (q->n_banned && !q->banned) ||
+        (q->n_history && !q->history))
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "logit_bias, banned_tokens and the penalty history: a count of "
+                          "%u, %u and %u with no array",
+                          q->n_bias, q->n_banned, q->n_history);
     for (uint32_t k = 0; k < q->n_bias; k++)
         if (q->bias_ids[k] < 0 || (uint32_t)q->bias_ids[k] >= vocab || q->bias[k] != q->bias[k])
             return devio_fail(err, DEVIO_E_INVALID,
@@ -438,7 +438,8 @@ devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab, d
     return DEVIO_OK;
 }
 
-/* Step 0b into s->w from the cleaned logits; false when it leaves every
+/* Step 0b into s->w from the cleaned logits, every result read by
+ * clean_logit (NaN -> -inf, +inf -> FLT_MAX); false when it leaves every
  * value -inf. *argmax: the first largest of l''. */
 static bool process(devio_sampler *s, const float *logits, const devio_logit_proc *q,
                     uint32_t *argmax)
@@ -448,7 +449,7 @@ static bool process(devio_sampler *s, const float *logits, const devio_logit_pro
     for (uint32_t i = 0; i < V; i++)
         w[i] = clean_logit(logits[i]);
     for (uint32_t k = 0; k < q->n_bias; k++)
-        w[q->bias_ids[k]] = settle(w[q->bias_ids[k]] + q->bias[k]);
+        w[q->bias_ids[k]] = clean_logit(w[q->bias_ids[k]] + q->bias[k]);
     if (q->allowed)
         for (uint32_t i = 0; i < V; i++)
             if (!((q->allowed[i >> 5] >> (i & 31u)) & 1u))
@@ -470,11 +471,11 @@ static bool process(devio_sampler *s, const float *logits, const devio_logit_pro
             if (x == NEG_INF)
                 continue;
             if (rp != 1.0f)
-                x = settle(x > 0.0f ? x / rp : x * rp);
+                x = clean_logit(x > 0.0f ? x / rp : x * rp);
             if (fp != 0.0f && x != NEG_INF)
-                x = settle(x - fp * (float)c);
+                x = clean_logit(x - fp * (float)c);
             if (pp != 0.0f && x != NEG_INF)
-                x = settle(x - pp);
+                x = clean_logit(x - pp);
             w[i] = x;
         }
     }
@@ -488,8 +489,8 @@ static bool process(devio_sampler *s, const float *logits, const devio_logit_pro
 }
 
 /* The top n (id, logprob) of step 1's log-softmax, largest first, equal
- * values lower id first. clean: the cleaned raw logits (s->z, about to be
- * overwritten by step 3). */
+ * values lower id first, from the cleaned raw logits in s->z (which step 3
+ * overwrites next). */
 static void top_logprobs(devio_sampler *s, uint32_t n, float m, float log_z, int32_t *ids,
                          float *lps)
 {

@@ -38,8 +38,7 @@ __device__ __forceinline__ float ld(const void *p, size_t i)
         return static_cast<const float *>(p)[i];
     if (ggml_type(DT)) {
         constexpr uint32_t G = ggml_type(DT);
-        constexpr uint32_t blk = G == DEVIO_QT_Q4_K || G == DEVIO_QT_Q5_K || G == DEVIO_QT_Q6_K
-                                     ? 256u : 32u;
+        const uint32_t blk = devio_quant_block(G);
         const uint8_t *b = static_cast<const uint8_t *>(p) + (i / blk) * devio_quant_block_bytes(G);
         return devio_quant_elem(G, b, (uint32_t)(i % blk));
     }

@@ -152,24 +152,46 @@ static ALWAYS_INLINE vf ldq(const int8_t *p)
 #endif
 }
 
+/* What the micro-kernel reads weights from: a panel of dtype F32, BF16 or
+ * F16, or a quantized panel (int8 quants) with the scales (and offsets) of
+ * its groups (qscale_at). */
+typedef struct wsrc {
+    const void *pan;
+    const float *qs, *qo; /* quantized: [k32][groups][16 rows]; qo NULL without offsets */
+    uint32_t qgroups;
+} wsrc;
+
+/* Panel p of the quantized w: its quants and its scales (and offsets). */
+static wsrc qsrc(const ref_panels *w, uint32_t p)
+{
+    size_t sbase = (size_t)p * w->k32 * w->qgroups * REF_PANEL_ROWS;
+    return (wsrc){.pan = (const int8_t *)w->data + (size_t)p * REF_PANEL_ROWS * w->k32 * 32u,
+                  .qs = w->qscale + sbase,
+                  .qo = w->qoffset ? w->qoffset + sbase : NULL,
+                  .qgroups = w->qgroups};
+}
+
+/* Where the 16 rows' scales of step kk and lane are in a wsrc's qs (qo). */
+static ALWAYS_INLINE size_t qscale_at(const wsrc *q, uint32_t kk, uint32_t lane)
+{
+    return ((size_t)kk * q->qgroups + (q->qgroups == 2 ? lane / 16u : 0u)) * REF_PANEL_ROWS;
+}
+
 /* A quantized panel widened into dst as a binary32 panel (the same order):
  * S * q (+ M), each element's value (device/quant.h), VL rows at a time. */
 static void widen_qpanel(const ref_panels *p, uint32_t panel, float *dst)
 {
-    uint32_t k32 = p->k32, ng = p->qgroups;
-    const int8_t *q = (const int8_t *)p->data + (size_t)panel * REF_PANEL_ROWS * k32 * 32u;
-    size_t sbase = (size_t)panel * k32 * ng * REF_PANEL_ROWS;
+    const wsrc src = qsrc(p, panel);
+    const int8_t *q = src.pan;
     size_t at = 0; /* storage order: [lane quads][k32][4 lanes][16 rows] */
     for (uint32_t lq = 0; lq < 32u / REF_LANE_QUAD; lq++)
-        for (uint32_t kk = 0; kk < k32; kk++)
+        for (uint32_t kk = 0; kk < p->k32; kk++)
             for (uint32_t li = 0; li < REF_LANE_QUAD; li++, at += REF_PANEL_ROWS) {
-                uint32_t lane = lq * REF_LANE_QUAD + li;
-                size_t sat = sbase + ((size_t)kk * ng + (ng == 2 ? lane / 16u : 0)) *
-                                         REF_PANEL_ROWS;
+                size_t sat = qscale_at(&src, kk, lq * REF_LANE_QUAD + li);
                 for (uint32_t v = 0; v < REF_PANEL_ROWS; v += VL) {
-                    vf w = ldv(p->qscale + sat + v) * ldq(q + at + v);
-                    if (p->qoffset)
-                        w = w + ldv(p->qoffset + sat + v);
+                    vf w = ldv(src.qs + sat + v) * ldq(q + at + v);
+                    if (src.qo)
+                        w = w + ldv(src.qo + sat + v);
                     stv(dst + at + v, w);
                 }
             }
@@ -250,16 +272,6 @@ static void xpack_run(void *ctx, uint32_t g, uint32_t thread)
 
 /* ---- the micro-kernel -------------------------------------------------- */
 
-/* What the micro-kernel reads weights from: a panel of dtype F32, BF16 or
- * F16, or a quantized panel (int8 quants) with the scales (and offsets) of
- * its groups, qstride floats per 32-input step, a lane's group qgroup(lane)
- * floats in. */
-typedef struct wsrc {
-    const void *pan;
-    const float *qs, *qo; /* quantized: [k32][groups][16 rows]; qo NULL without offsets */
-    uint32_t qgroups;
-} wsrc;
-
 /* Pseudo-dtypes of the micro-kernel for a quantized panel, widened in
  * registers as S * q (MK_QO: then + M), device/quant.h's value. */
 enum { MK_Q = 100, MK_QO = 101 };
@@ -288,11 +300,10 @@ static ALWAYS_INLINE void panel_dots(int dt, int TN, const wsrc *src, uint32_t k
 #pragma GCC unroll 4
                 for (int v = 0; v < PV; v++)
                     acc[b][t][v] = (vf){0};
-        size_t sgroup = quant && src->qgroups == 2 ? l / 16u : 0u;
         for (uint32_t kk = 0; kk < k32; kk++) {
             vf S[PV], M[PV];
             if (quant) {
-                size_t sat = ((size_t)kk * src->qgroups + sgroup) * REF_PANEL_ROWS;
+                size_t sat = qscale_at(src, kk, l);
 #pragma GCC unroll 4
                 for (int v = 0; v < PV; v++) {
                     S[v] = ldv(src->qs + sat + v * VL);
@@ -436,15 +447,6 @@ static void epilogue(const ref_matmul *mm, uint32_t o0, uint32_t rn, uint32_t t0
     }
 }
 
-/* The scales (and offsets) of quantized panel p of w into src. */
-static void qsrc(const ref_panels *w, uint32_t p, wsrc *src)
-{
-    size_t sbase = (size_t)p * w->k32 * w->qgroups * REF_PANEL_ROWS;
-    src->qs = w->qscale + sbase;
-    src->qo = w->qoffset ? w->qoffset + sbase : NULL;
-    src->qgroups = w->qgroups;
-}
-
 /* Panels [p0, p1) of one projection for every token: token blocks of
  * packed x that fit L2, each swept by every panel of the job in turn. */
 static void matmul_panels(const ref_matmul *mm, uint32_t p0, uint32_t p1, ref_scratch *s,
@@ -476,9 +478,9 @@ static void matmul_panels(const ref_matmul *mm, uint32_t p0, uint32_t p1, ref_sc
             wsrc wb = {.pan = mm->w2 ? (const char *)mm->w2->data + (size_t)p * panel_bytes
                                      : NULL};
             if (quant && !widen) {
-                qsrc(w, p, &wa);
+                wa = qsrc(w, p);
                 if (wb.pan)
-                    qsrc(mm->w2, p, &wb);
+                    wb = qsrc(mm->w2, p);
             } else if (quant) {
                 widen_qpanel(w, p, s->wide);
                 wa.pan = s->wide;

@@ -291,10 +291,11 @@ static void test_checks(void **state)
         {.repetition_penalty = INFINITY},
         {.repetition_penalty = 1.0f, .presence_penalty = NAN},
         {.repetition_penalty = 1.0f, .frequency_penalty = -INFINITY},
+        {.n_bias = 2, .repetition_penalty = 1.0f},
     };
     const char *words[] = {"logit_bias", "logit_bias", "allowed_tokens", "banned_tokens",
                            "history", "repetition_penalty", "repetition_penalty",
-                           "presence_penalty", "frequency_penalty"};
+                           "presence_penalty", "frequency_penalty", "no array"};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         memset(&err, 0, sizeof err);
         assert_int_equal(devio_logit_proc_check(&cases[i], 40, &err), DEVIO_E_INVALID);
