@@ -1,5 +1,6 @@
 /* codec.c - JSON codecs for ids, plans, effects, results, facts, sequences and errors.
  * Pure translation: it must never call the device or accept a value it cannot represent. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,15 +44,15 @@ devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
     devio_status s = devio_json_check_object(j, keys, "sample params", err);
     uint64_t k = 0, seed = 0;
     if (s == DEVIO_OK)
-        s = devio_json_get_float(j, "temperature", &out->temperature, err);
+        s = devio_json_get_float(j, "temperature", 0.0, false, FLT_MAX, &out->temperature, err);
     if (s == DEVIO_OK)
         s = devio_json_get_uint(j, "top_k", INT32_MAX, false, &k, err);
     if (s == DEVIO_OK)
-        s = devio_json_get_float(j, "top_p", &out->top_p, err);
+        s = devio_json_get_float(j, "top_p", 0.0, true, 1.0, &out->top_p, err);
     if (s == DEVIO_OK)
-        s = devio_json_get_float(j, "min_p", &out->min_p, err);
+        s = devio_json_get_float(j, "min_p", 0.0, false, 1.0, &out->min_p, err);
     if (s == DEVIO_OK)
-        s = devio_json_get_uint(j, "seed", UINT64_MAX, false, &seed, err);
+        s = devio_json_get_uint(j, "seed", INT64_MAX, false, &seed, err);
     out->top_k = (int32_t)k;
     out->seed = seed;
     return s;
@@ -370,6 +371,8 @@ json_t *devio_json_error(const devio_error *e)
     json_t *details = json_object();
     if (details && e->detail_key[0])
         json_object_set_new(details, e->detail_key, json_integer((json_int_t)e->detail_val));
+    if (details && e->ticket)
+        json_object_set_new(details, "ticket", json_integer((json_int_t)e->ticket));
     return json_pack("{s:{s:s,s:s,s:o}}", "error", "code", devio_status_str(e->status), "message",
                      e->message, "details", details);
 }

@@ -1,5 +1,6 @@
 /* json_fields.c - the field readers every decoder in api/ uses: object, keys, integers, numbers, text.
  * Each failure names the field; a reader must never accept a value its target cannot hold. */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -40,15 +41,25 @@ devio_status devio_json_get_uint(const json_t *obj, const char *key, uint64_t ma
     return DEVIO_OK;
 }
 
-devio_status devio_json_get_float(const json_t *obj, const char *key, float *out,
-                                  devio_error *err)
+devio_status devio_json_get_float(const json_t *obj, const char *key, double lo, bool lo_open,
+                                  double hi, float *out, devio_error *err)
 {
     const json_t *v = json_object_get(obj, key);
     if (!v)
         return DEVIO_OK;
-    if (!json_is_number(v) || !isfinite(json_number_value(v)))
-        return devio_fail(err, DEVIO_E_INVALID, "field '%s' must be a finite number", key);
-    *out = (float)json_number_value(v);
+    double d = json_is_number(v) ? json_number_value(v) : NAN;
+    /* Written as !(in range) so that NaN fails. */
+    if (!((lo_open ? d > lo : d >= lo) && d <= hi)) {
+        if (!json_is_number(v))
+            return devio_fail(err, DEVIO_E_INVALID, "field '%s' must be a number in %c%.9g, %.9g]",
+                              key, lo_open ? '(' : '[', lo, hi);
+        return devio_fail(err, DEVIO_E_INVALID, "field '%s' must be a number in %c%.9g, %.9g]"
+                          " (got %.17g)", key, lo_open ? '(' : '[', lo, hi, d);
+    }
+    float f = (float)d;
+    if (f == 0.0f && d != 0.0)
+        f = copysignf(FLT_TRUE_MIN, (float)d);
+    *out = f;
     return DEVIO_OK;
 }
 

@@ -21,9 +21,13 @@ devio_status devio_json_check_object(const json_t *j, const char *const *allowed
 devio_status devio_json_get_uint(const json_t *obj, const char *key, uint64_t max, bool required,
                                  uint64_t *out, devio_error *err);
 
-/* Optional finite number field as binary32; absent leaves *out untouched. */
-devio_status devio_json_get_float(const json_t *obj, const char *key, float *out,
-                                  devio_error *err);
+/* Optional number field as binary32; absent leaves *out untouched. The range
+ * is checked on the JSON value (a double) before it is narrowed: [lo, hi],
+ * lo excluded when lo_open, the message naming the field and the range. A
+ * value in range that is not 0 stays not 0 (1e-300 becomes the smallest
+ * float rather than 0). */
+devio_status devio_json_get_float(const json_t *obj, const char *key, double lo, bool lo_open,
+                                  double hi, float *out, devio_error *err);
 
 /* Optional boolean field; absent leaves *out untouched. */
 devio_status devio_json_get_bool(const json_t *obj, const char *key, bool *out, devio_error *err);

@@ -56,6 +56,8 @@ typedef enum devio_status {
     DEVIO_E_BAD_FRAMING,      /* Content-Length or Transfer-Encoding headers that disagree (400) */
     DEVIO_E_TOO_MANY_CONNECTIONS, /* connection limit reached, in all or from one address (503) */
     DEVIO_E_MEDIA_TYPE,       /* a body whose Content-Type is not JSON (415) */
+    DEVIO_E_TICKET_REAPED,    /* the server settled the ticket for nobody: its lease ran out
+                                 or its /v1/step connection closed (410) */
     DEVIO_STATUS_COUNT
 } devio_status;
 
@@ -71,6 +73,8 @@ typedef struct devio_error {
     char message[256];
     char detail_key[32]; /* "" when none, e.g. "row" */
     int64_t detail_val;
+    uint64_t ticket;     /* beside detail_key: the ticket an answer names (seq_busy's
+                            blocking ticket), 0 when none; details.ticket on the wire */
 } devio_error;
 
 typedef struct devio_model devio_model;   /* device/model.h */
@@ -357,16 +361,23 @@ devio_status devio_launch_reserve(devio_device *d, const devio_plan *plan, uint6
 devio_status devio_launch_commit(devio_device *d, uint64_t ticket, devio_error *err);
 void devio_launch_cancel(devio_device *d, uint64_t ticket);
 
+/* How devio_await_end leaves a held ticket. */
+typedef enum devio_await_ending {
+    DEVIO_AWAIT_KEEP = 0, /* settled and awaitable again; the caller frees the result it got */
+    DEVIO_AWAIT_CONSUME,  /* ended as devio_await ends it */
+    DEVIO_AWAIT_DROP,     /* ended, and the logits handles its rows made released: the
+                             answer goes to nobody (a server reaping an abandoned ticket) */
+} devio_await_ending;
+
 /* devio_await in two halves, so that a caller can make the result durable
  * before the ticket ends: begin waits as devio_await and, once the ticket has
  * settled, gives this caller its result (or the step's failure and err)
  * without ending it: *held is then true and other awaits of the ticket wait
- * (or time out pending). end(consume = true) ends the ticket as devio_await
- * would have; end(consume = false) leaves it settled and awaitable again (the
- * caller frees the result it got). Call end exactly once when *held. */
+ * (or time out pending). end then leaves it as `how` says. Call end exactly
+ * once when *held. */
 devio_status devio_await_begin(devio_device *d, uint64_t ticket, int64_t timeout_ms,
                                devio_step_result *out, bool *held, devio_error *err);
-void devio_await_end(devio_device *d, uint64_t ticket, bool consume);
+void devio_await_end(devio_device *d, uint64_t ticket, devio_await_ending how);
 
 /* Apply one effect after every launched step has run. All or nothing. */
 devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *out,

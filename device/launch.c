@@ -60,10 +60,14 @@ static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t
                 return devio_fail_at(err, DEVIO_E_INVALID, "row", r,
                                      "row %u: sequence %llu appears twice in the plan", r,
                                      (unsigned long long)row->seq);
-        if (q->busy)
-            return devio_fail_at(err, DEVIO_E_SEQ_BUSY, "row", r,
-                                 "row %u: sequence %llu is busy in ticket %llu", r,
-                                 (unsigned long long)row->seq, (unsigned long long)q->busy);
+        if (q->busy) {
+            devio_fail_at(err, DEVIO_E_SEQ_BUSY, "row", r,
+                          "row %u: sequence %llu is busy in ticket %llu", r,
+                          (unsigned long long)row->seq, (unsigned long long)q->busy);
+            if (err)
+                err->ticket = q->busy;
+            return DEVIO_E_SEQ_BUSY;
+        }
         if (row->n_tokens == 0 || !row->tokens)
             return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u has no tokens", r);
         for (uint32_t i = 0; i < row->n_tokens; i++)

@@ -621,7 +621,8 @@ devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
 
     /* Step 1 on the raw logits, and step 3 in the same pass when sampling
      * them as they are. */
-    const float t = p->temperature;
+    /* Below DEVIO_GREEDY_BELOW a temperature is greedy (sampler.h). */
+    const float t = p->temperature < DEVIO_GREEDY_BELOW ? 0.0f : p->temperature;
     const bool processed = proc_active(q);
     const bool keep_raw = top && top->n;
     for (uint32_t i = 0; i < V; i++) {

@@ -43,8 +43,11 @@
  *    first", each with (l'_i - m) - devio_logf(Z) of step 1: the raw
  *    log-softmax, like the sampled token's.
  *
- * 2. T == 0: greedy. tok = argmax_i l'_i, ties to the lowest id. No random
- *    numbers, no filters (top_k, top_p, min_p, seed are ignored).
+ * 2. T < DEVIO_GREEDY_BELOW (0 included): greedy. tok = argmax_i l'_i, ties
+ *    to the lowest id. No random numbers, no filters (top_k, top_p, min_p,
+ *    seed are ignored). Dividing by a temperature that small can take
+ *    quotients past FLT_MAX, where they clamp and tie (1e-40 would sample
+ *    the lowest of the tied ids, not the largest logit).
  *
  * 3. T > 0: z_i = -inf when l'_i = -inf; otherwise z_i = l'_i / T (one
  *    rounded division), a quotient that overflowed to +inf or -inf being
@@ -139,6 +142,9 @@ typedef struct devio_logit_proc {
     const int32_t *history;   /* the tokens the penalties count (any order, repeats count) */
     uint32_t n_history;
 } devio_logit_proc;
+
+/* Temperatures below this are greedy (step 2). */
+#define DEVIO_GREEDY_BELOW 1e-5f
 
 /* Step 1b's output: n ids and logprobs into caller-owned arrays of n. */
 #define DEVIO_TOP_LOGPROBS_MAX 20u

@@ -40,6 +40,7 @@ static const char *const status_names[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_BAD_FRAMING] = "bad_framing",
     [DEVIO_E_TOO_MANY_CONNECTIONS] = "too_many_connections",
     [DEVIO_E_MEDIA_TYPE] = "unsupported_media_type",
+    [DEVIO_E_TICKET_REAPED] = "ticket_reaped",
 };
 
 devio_status devio_status_parse(const char *code)
@@ -64,6 +65,7 @@ devio_status devio_fail(devio_error *err, devio_status s, const char *fmt, ...)
     err->status = s;
     err->detail_key[0] = '\0';
     err->detail_val = 0;
+    err->ticket = 0;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof err->message, fmt, ap);
@@ -79,6 +81,7 @@ devio_status devio_fail_at(devio_error *err, devio_status s, const char *key, in
     err->status = s;
     snprintf(err->detail_key, sizeof err->detail_key, "%s", key);
     err->detail_val = val;
+    err->ticket = 0;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof err->message, fmt, ap);

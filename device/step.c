@@ -223,7 +223,19 @@ out:
     return s;
 }
 
-void devio_await_end(devio_device *d, uint64_t ticket, bool consume)
+/* A settled step's logits handles, released before its answer is dropped. */
+static void drop_handles(devio_device *d, const dv_ticket *t)
+{
+    if (t->status != DEVIO_OK)
+        return; /* a failed step's undo releases them */
+    for (uint32_t r = 0; r < t->n_rows; r++) {
+        dv_handle *h = dv_handle_find(d, t->rows[r].handle);
+        if (h)
+            dv_handle_release(d, h);
+    }
+}
+
+void devio_await_end(devio_device *d, uint64_t ticket, devio_await_ending how)
 {
     dv_lock(d);
     dv_ticket *t = ticket_find(d, ticket);
@@ -231,10 +243,12 @@ void devio_await_end(devio_device *d, uint64_t ticket, bool consume)
     if (t && t->state == DV_T_HELD) {
         tell = t->held_seen;
         t->held_seen = false;
-        if (consume)
-            await_finish(d, t);
-        else
+        if (how == DEVIO_AWAIT_DROP)
+            drop_handles(d, t);
+        if (how == DEVIO_AWAIT_KEEP)
             t->state = DV_T_DONE;
+        else
+            await_finish(d, t);
 #ifndef DEVIO_NO_THREADS
         pthread_cond_broadcast(&d->cv_done);
 #endif
@@ -255,7 +269,7 @@ devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
     bool held = false;
     devio_status s = devio_await_begin(d, ticket, timeout_ms, out, &held, err);
     if (held)
-        devio_await_end(d, ticket, true);
+        devio_await_end(d, ticket, DEVIO_AWAIT_CONSUME);
     return s;
 }
 

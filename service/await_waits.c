@@ -6,6 +6,7 @@
 #include "common/clock.h"
 #include "device/status.h"
 #include "service/await_waits.h"
+#include "service/monotonic_wait.h"
 
 static void unlist(devio_waits *ws, devio_wait *w)
 {
@@ -28,11 +29,6 @@ static void wake(devio_waits *ws, devio_wait *w)
     ws->ops->resume(w->conn);
 }
 
-static struct timespec abs_time(int64_t us)
-{
-    return (struct timespec){.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
-}
-
 /* Resume every suspended wait whose deadline passed; sleep until the next. */
 static void *timer_main(void *arg)
 {
@@ -53,7 +49,7 @@ static void *timer_main(void *arg)
         if (due == INT64_MAX) {
             pthread_cond_wait(&ws->cv, &ws->mu);
         } else {
-            struct timespec at = abs_time(due);
+            struct timespec at = devio_monotonic_at(due);
             pthread_cond_timedwait(&ws->cv, &ws->mu, &at);
         }
     }
@@ -65,12 +61,7 @@ devio_status devio_waits_start(devio_waits *ws, const devio_waits_ops *ops, devi
 {
     *ws = (devio_waits){.ops = ops, .timer_due = INT64_MAX};
     pthread_mutex_init(&ws->mu, NULL);
-    /* Deadlines are devio_clock_us() times, which is CLOCK_MONOTONIC. */
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&ws->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    devio_cond_init_monotonic(&ws->cv); /* deadlines are devio_clock_us() times */
     if (pthread_create(&ws->timer, NULL, timer_main, ws) != 0) {
         pthread_cond_destroy(&ws->cv);
         pthread_mutex_destroy(&ws->mu);
@@ -104,17 +95,27 @@ void devio_waits_stop(devio_waits *ws)
     pthread_mutex_destroy(&ws->mu);
 }
 
-void devio_waits_enter(devio_waits *ws, devio_wait *w, void *conn, uint64_t ticket,
-                       int64_t deadline_us)
+static void enter(devio_waits *ws, devio_wait *w, devio_wait v)
 {
-    *w = (devio_wait){.conn = conn, .ticket = ticket, .deadline_us = deadline_us,
-                      .listed = true};
+    *w = v;
+    w->listed = true;
     pthread_mutex_lock(&ws->mu);
     w->next = ws->head;
     if (ws->head)
         ws->head->prev = w;
     ws->head = w;
     pthread_mutex_unlock(&ws->mu);
+}
+
+void devio_waits_enter(devio_waits *ws, devio_wait *w, void *conn, uint64_t ticket,
+                       int64_t deadline_us)
+{
+    enter(ws, w, (devio_wait){.conn = conn, .ticket = ticket, .deadline_us = deadline_us});
+}
+
+void devio_waits_enter_write(devio_waits *ws, devio_wait *w, void *conn, uint64_t write)
+{
+    enter(ws, w, (devio_wait){.conn = conn, .write = write, .deadline_us = -1});
 }
 
 devio_wait_park devio_waits_park(devio_waits *ws, devio_wait *w)
@@ -147,13 +148,14 @@ void devio_waits_leave(devio_waits *ws, devio_wait *w)
     pthread_mutex_unlock(&ws->mu);
 }
 
-void devio_waits_settled(void *arg, uint64_t ticket)
+/* Resume (or mark woken) every listed wait that `hit` picks. */
+static void wake_matching(devio_waits *ws, bool (*hit)(const devio_wait *, uint64_t),
+                          uint64_t key)
 {
-    devio_waits *ws = arg;
     pthread_mutex_lock(&ws->mu);
     for (devio_wait *w = ws->head, *next; w; w = next) {
         next = w->next;
-        if (w->ticket != ticket)
+        if (!hit(w, key))
             continue;
         if (w->suspended)
             wake(ws, w);
@@ -161,6 +163,36 @@ void devio_waits_settled(void *arg, uint64_t ticket)
             w->woken = true;
     }
     pthread_mutex_unlock(&ws->mu);
+}
+
+static bool settles(const devio_wait *w, uint64_t ticket)
+{
+    return w->write == 0 && w->ticket == ticket;
+}
+
+static bool written(const devio_wait *w, uint64_t done)
+{
+    return w->write != 0 && w->write <= done;
+}
+
+void devio_waits_settled(void *ws, uint64_t ticket)
+{
+    wake_matching(ws, settles, ticket);
+}
+
+void devio_waits_written(void *ws, uint64_t done)
+{
+    wake_matching(ws, written, done);
+}
+
+bool devio_waits_watching(devio_waits *ws, uint64_t ticket)
+{
+    pthread_mutex_lock(&ws->mu);
+    bool found = false;
+    for (const devio_wait *w = ws->head; w && !found; w = w->next)
+        found = settles(w, ticket);
+    pthread_mutex_unlock(&ws->mu);
+    return found;
 }
 
 uint32_t devio_waits_suspended(devio_waits *ws)

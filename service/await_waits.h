@@ -23,6 +23,7 @@ typedef struct devio_waits_ops {
 typedef struct devio_wait {
     void *conn;
     uint64_t ticket;
+    uint64_t write;             /* > 0: waits for this history write instead of a settle */
     int64_t deadline_us;        /* devio_clock_us() time to give up at; < 0: none */
     bool listed, suspended;
     bool woken;                 /* the ticket settled between enter and park */
@@ -54,6 +55,11 @@ void devio_waits_stop(devio_waits *ws);
 void devio_waits_enter(devio_waits *ws, devio_wait *w, void *conn, uint64_t ticket,
                        int64_t deadline_us);
 
+/* List w for history write `write` (> 0) before devio_store_done is asked,
+ * so that a batch written between the look and the park is not missed. No
+ * deadline: the writer always finishes a write, committed or failed. */
+void devio_waits_enter_write(devio_waits *ws, devio_wait *w, void *conn, uint64_t write);
+
 typedef enum devio_wait_park {
     DEVIO_WAIT_PARKED = 0, /* suspended: return without an answer; resume comes once */
     DEVIO_WAIT_RECHECK,    /* the ticket settled meanwhile: unlisted, look again */
@@ -70,6 +76,13 @@ void devio_waits_leave(devio_waits *ws, devio_wait *w);
 /* `ticket` settled: resume its suspended waits (unlisting them), mark the
  * others woken. The device's on_settled hook. */
 void devio_waits_settled(void *ws, uint64_t ticket);
+
+/* Every history write <= done is done: resume the waits for one of them,
+ * mark the others woken. The store's on_written hook. */
+void devio_waits_written(void *ws, uint64_t done);
+
+/* Whether a wait for `ticket`'s settle is listed (an await is looking). */
+bool devio_waits_watching(devio_waits *ws, uint64_t ticket);
 
 /* Waits suspended now. */
 uint32_t devio_waits_suspended(devio_waits *ws);

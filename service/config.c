@@ -51,6 +51,9 @@ static const devio_opt opts[] = {
      .help = "ticket rows kept in history, 0 = all [100000]"},
     {.flag = "drain-ms", .type = DEVIO_OPT_U32, .offset = S(drain_ms), .metavar = "N",
      .help = "how long SIGTERM waits for in-flight steps [10000]"},
+    {.flag = "ticket-lease-ms", .type = DEVIO_OPT_U32, .offset = S(ticket_lease_ms), .metavar = "N",
+     .help = "a settled ticket not awaited within this is reaped: its sequences and logits handles "
+             "freed, its history row 'reaped'; 0 = never [30000]"},
     {.flag = "auth-health", .type = DEVIO_OPT_BOOL, .offset = S(auth_health),
      .help = "require the token on /healthz, /readyz, /metrics"},
     {.flag = "log-format", .type = DEVIO_OPT_CHOICE, .offset = S(log_format), .metavar = "F",
@@ -95,6 +98,7 @@ void devio_server_config_default(devio_server_config *c)
     c->http_threads = 2;
     c->retention = 100000;
     c->drain_ms = 10000;
+    c->ticket_lease_ms = 30000;
     c->log_format = DEVIO_LOG_TEXT;
     c->log_level = DEVIO_LOG_INFO;
     c->device = devio_config_default();

@@ -30,6 +30,8 @@ typedef struct devio_server_config {
     uint32_t http_threads;  /* --http-threads: libmicrohttpd's polling threads, default 2 */
     uint32_t retention;     /* --retention ticket rows kept, default 100000 */
     uint32_t drain_ms;      /* --drain-ms on SIGTERM, default 10000 */
+    uint32_t ticket_lease_ms; /* --ticket-lease-ms: a settled ticket nobody awaits this long
+                                 is reaped, 0 = never; default 30000 */
     bool auth_health;       /* --auth-health: token needed for /healthz /readyz /metrics too */
     int log_format;         /* --log-format: a devio_log_format (common/log.h), default text */
     int log_level;          /* --log-level: a devio_log_level, default info */

@@ -125,3 +125,36 @@ void devio_http_log_access(struct MHD_Connection *c, const char *method, const c
     devio_logf(DEVIO_LOG_INFO, "access", f, sizeof f / sizeof *f, "%s %s %u",
                method ? method : "-", url ? url : "-", code);
 }
+
+/* The query's keys seen so far; a key seen again stops the walk. */
+typedef struct query_keys {
+    const char *seen[32];
+    unsigned n;
+    const char *twice;
+} query_keys;
+
+static enum MHD_Result note_key(void *cls, enum MHD_ValueKind kind, const char *key,
+                                const char *value)
+{
+    query_keys *q = cls;
+    (void)kind;
+    (void)value;
+    for (unsigned i = 0; i < q->n; i++)
+        if (strcmp(q->seen[i], key) == 0) {
+            q->twice = key;
+            return MHD_NO;
+        }
+    if (q->n < sizeof q->seen / sizeof *q->seen)
+        q->seen[q->n++] = key;
+    return MHD_YES;
+}
+
+devio_status devio_http_query_once(struct MHD_Connection *c, devio_error *err)
+{
+    query_keys q = {.n = 0};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, note_key, &q);
+    if (q.twice)
+        return devio_fail(err, DEVIO_E_INVALID, "query argument '%.64s' is given more than once",
+                          q.twice);
+    return DEVIO_OK;
+}

@@ -14,6 +14,10 @@
 #include "device/devio.h"
 #include "service/route.h"
 
+/* A query argument given more than once (?top=5&top=6), whose meaning would
+ * be a guess: DEVIO_E_INVALID naming it, else DEVIO_OK. */
+devio_status devio_http_query_once(struct MHD_Connection *c, devio_error *err);
+
 /* Nesting depth of a JSON text, counting brackets outside strings. */
 unsigned devio_http_json_depth(const char *p, size_t n);
 

@@ -38,6 +38,7 @@ static const unsigned short http_codes[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_BAD_FRAMING] = 400,
     [DEVIO_E_TOO_MANY_CONNECTIONS] = 503,
     [DEVIO_E_MEDIA_TYPE] = 415,
+    [DEVIO_E_TICKET_REAPED] = 410,
 };
 
 unsigned devio_http_code(devio_status s)

@@ -1,12 +1,30 @@
 /* main.c - devio-server: configuration, signals, start and orderly stop.
  * Signals are taken by sigwait in this thread only; handlers never run in request threads. */
+#define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "service/config.h"
 #include "service/server.h"
+
+/* Wait for SIGTERM, SIGINT or SIGQUIT (each drains). SIGHUP, SIGUSR1 and
+ * SIGUSR2 are logged and the server goes on serving: logs go to stderr,
+ * which nothing here reopens, and no other meaning is given to them. */
+static int wait_for_stop(const sigset_t *set)
+{
+    for (;;) {
+        int sig = 0;
+        if (sigwait(set, &sig) != 0)
+            continue;
+        if (sig == SIGTERM || sig == SIGINT || sig == SIGQUIT)
+            return sig;
+        devio_log(DEVIO_LOG_INFO, "signal", "signal %d (SIG%s) ignored: still serving; SIGTERM,"
+                  " SIGINT or SIGQUIT drain and stop", sig, sigabbrev_np(sig));
+    }
+}
 
 int main(int argc, char **argv)
 {
@@ -18,11 +36,14 @@ int main(int argc, char **argv)
     devio_log_configure("devio-server", (devio_log_format)cfg.log_format,
                         (devio_log_level)cfg.log_level);
 
-    /* Block SIGTERM/SIGINT before any thread starts, so every thread inherits the mask. */
+    /* Block the signals a process manager or a terminal sends before any
+     * thread starts, so every thread inherits the mask and only sigwait
+     * below sees them. */
     sigset_t set;
     sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
+    const int taken[] = {SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof taken / sizeof *taken; i++)
+        sigaddset(&set, taken[i]);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     /* A file-size limit (RLIMIT_FSIZE) reached by the store is a failed write
@@ -60,10 +81,9 @@ int main(int argc, char **argv)
                srv.model->cfg.max_position_embeddings, (unsigned long long)kv_tokens, kv_mib);
     printf("listening %u\n", srv.port);
     fflush(stdout);
-    int sig = 0;
-    sigwait(&set, &sig);
-    devio_log(DEVIO_LOG_INFO, "stop", "signal %d: draining (launches refused, up to %u ms)", sig,
-              cfg.drain_ms);
+    int sig = wait_for_stop(&set);
+    devio_log(DEVIO_LOG_INFO, "stop", "signal %d (SIG%s): draining (launches refused, up to %u ms)",
+              sig, sigabbrev_np(sig), cfg.drain_ms);
     devio_server_stop(&srv);
     devio_log(DEVIO_LOG_INFO, "stop", "stopped");
     return 0;

@@ -67,15 +67,21 @@ void devio_metrics_http(devio_metrics *m, const char *route, unsigned code, doub
     pthread_mutex_unlock(&m->mu);
 }
 
-void devio_metrics_launched(devio_metrics *m, uint64_t ticket, const devio_plan *plan)
+devio_metrics_pending devio_metrics_shape(const devio_plan *plan)
 {
-    devio_metrics_pending p = {.ticket = ticket};
+    devio_metrics_pending p = {0};
     for (uint32_t i = 0; i < plan->n_rows; i++) {
         if (plan->rows[i].n_tokens == 1)
             p.decode++;
         else
             p.prefill += plan->rows[i].n_tokens;
     }
+    return p;
+}
+
+void devio_metrics_launched(devio_metrics *m, const devio_metrics_pending *shape)
+{
+    devio_metrics_pending p = *shape;
     pthread_mutex_lock(&m->mu);
     m->tickets_launched++;
     /* A free slot always exists while tickets in flight stay within the
@@ -99,6 +105,18 @@ static bool take_pending(devio_metrics *m, uint64_t ticket, devio_metrics_pendin
             return true;
         }
     return false;
+}
+
+void devio_metrics_reaped(devio_metrics *m, uint64_t ticket, bool closed)
+{
+    pthread_mutex_lock(&m->mu);
+    devio_metrics_pending p;
+    take_pending(m, ticket, &p);
+    if (closed)
+        m->reaped_closed++;
+    else
+        m->reaped_lease++;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void devio_metrics_settled(devio_metrics *m, uint64_t ticket, const devio_step_result *r)
@@ -197,10 +215,18 @@ static void put_counted(FILE *o, const devio_metrics *m)
     family(o, "devio_tickets_launched_total", "counter", "Tickets the device took at launch.");
     put_counter(o, "devio_tickets_launched_total", "", m->tickets_launched);
     family(o, "devio_tickets_settled_total", "counter",
-           "Tickets by how they ended: ok, failed (awaited with an error), aborted (teardown).");
+           "Tickets by how they ended: ok, failed (awaited with an error), aborted (teardown),"
+           " reaped (settled by the server for nobody).");
     put_counter(o, "devio_tickets_settled_total", "status=\"ok\"", m->tickets_ok);
     put_counter(o, "devio_tickets_settled_total", "status=\"failed\"", m->tickets_failed);
     put_counter(o, "devio_tickets_settled_total", "status=\"aborted\"", m->tickets_aborted);
+    put_counter(o, "devio_tickets_settled_total", "status=\"reaped\"",
+                m->reaped_lease + m->reaped_closed);
+    family(o, "devio_tickets_reaped_total", "counter",
+           "Tickets the server settled for nobody, by why: lease (not awaited within"
+           " --ticket-lease-ms of settling), closed (the /v1/step connection closed first).");
+    put_counter(o, "devio_tickets_reaped_total", "reason=\"lease\"", m->reaped_lease);
+    put_counter(o, "devio_tickets_reaped_total", "reason=\"closed\"", m->reaped_closed);
 
     family(o, "devio_tokens_processed_total", "counter",
            "Tokens computed by steps settled ok, by row shape: prefill (rows of two or more "

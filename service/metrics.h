@@ -33,6 +33,7 @@ typedef struct devio_metrics_pending {
 typedef struct devio_metrics {
     pthread_mutex_t mu;
     uint64_t tickets_launched, tickets_ok, tickets_failed, tickets_aborted;
+    uint64_t reaped_lease, reaped_closed; /* tickets the server settled for nobody */
     uint64_t tokens_prefill, tokens_decode;              /* of steps settled ok */
     uint64_t tokens_sampled_step, tokens_sampled_effect; /* sampled tokens handed out */
     devio_hist step_seconds;  /* compute_us of steps settled ok */
@@ -54,12 +55,18 @@ void devio_metrics_set_backend(devio_metrics *m, const char *backend);
 /* One answer: its route label, status code and the seconds from the
  * request's first access-handler call to its response being queued. */
 void devio_metrics_http(devio_metrics *m, const char *route, unsigned code, double seconds);
-/* A launch the device took: counts it and keeps its tokens by row shape
- * (a row of one token is decode, a longer row prefill) until it settles. */
-void devio_metrics_launched(devio_metrics *m, uint64_t ticket, const devio_plan *plan);
+/* A plan's tokens by row shape: a row of one token is decode, a longer row
+ * prefill (ticket 0: the caller sets it). */
+devio_metrics_pending devio_metrics_shape(const devio_plan *plan);
+/* A launch the device took (p->ticket): counts it and keeps its shape until
+ * it settles. */
+void devio_metrics_launched(devio_metrics *m, const devio_metrics_pending *p);
 /* An await that settled `ticket`: r is the result when it settled ok, NULL
  * when it failed. */
 void devio_metrics_settled(devio_metrics *m, uint64_t ticket, const devio_step_result *r);
+/* The server settled `ticket` for nobody: its lease ran out (closed false)
+ * or the connection of its /v1/step closed before the answer (closed true). */
+void devio_metrics_reaped(devio_metrics *m, uint64_t ticket, bool closed);
 /* n tickets aborted at teardown: every ticket in flight. */
 void devio_metrics_aborted(devio_metrics *m, uint32_t n);
 /* n tokens sampled by a sample effect. */

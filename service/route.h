@@ -13,6 +13,7 @@
 
 typedef struct devio_server devio_server; /* service/server.h */
 typedef struct devio_wait devio_wait;     /* service/await_waits.h */
+typedef struct devio_ticket_op devio_ticket_op; /* service/tickets.h */
 
 /* Who may call a route. */
 typedef enum devio_route_auth {
@@ -51,6 +52,8 @@ typedef struct devio_request {
     devio_wait *wait;   /* the request's place among parked awaits, kept across the calls of
                            its handler (zeroed before the first); owned by the server.
                            NULL: the handler may not suspend */
+    devio_ticket_op *op; /* the launch or await under way, kept like wait; the server
+                            finishes what it holds when the connection ends first */
 } devio_request;
 
 /* What a handler answers on success. */

@@ -1,22 +1,64 @@
 /* routes_tickets.c - the step routes (launch, step, await) over service/tickets.c, and the history of GET /v1/tickets.
  * Decode with api/, run the typed step, encode; the history's JSON is spelled here, never in the store.
- * An await never blocks its thread on a step: it parks the connection (service/await_waits.h). */
+ * No handler blocks its thread on a step or on the history: it parks the connection (service/await_waits.h)
+ * until the step settles or its history row is written, and runs again. */
+#include <inttypes.h>
 #include <string.h>
 
 #include "api/codec.h"
 #include "common/clock.h"
 #include "device/status.h"
+#include "service/leases.h"
 #include "service/request.h"
 #include "service/routes.h"
 #include "service/server.h"
 
-/* Long polls are capped at one hour; clients retry on ticket_pending. */
+/* Long polls are capped at one hour; clients ask again while pending. */
 #define AWAIT_CAP_MS 3600000u
 
-/* The request's plan, sized by the device's limits, then launch (step: and await). */
-static devio_status run_plan(devio_server *s, const json_t *body, const char *request_id,
-                             bool await_it, uint64_t *ticket, devio_step_result *res,
-                             devio_error *err)
+/* Wait without a thread until `done` says so: park the connection until the
+ * store's writer has written rq->op->write. True: parked (answer nothing
+ * now); false: done, or the server is stopping or the request cannot park
+ * (the caller then ends the op on this thread). */
+static bool parked_until(devio_server *s, const devio_request *rq, devio_reply *out,
+                         bool (*done)(devio_server *, devio_ticket_op *))
+{
+    devio_wait *w = rq->wait;
+    if (!w)
+        return false;
+    for (;;) {
+        /* Listed before the look, so that a batch written after it is not missed. */
+        devio_waits_enter_write(&s->waits, w, rq->conn, rq->op->write);
+        if (done(s, rq->op)) {
+            devio_waits_leave(&s->waits, w);
+            return false;
+        }
+        switch (devio_waits_park(&s->waits, w)) {
+        case DEVIO_WAIT_PARKED:
+            out->suspended = true;
+            return true;
+        case DEVIO_WAIT_RECHECK:
+            continue;
+        case DEVIO_WAIT_CLOSED:
+            return false;
+        }
+    }
+}
+
+static bool row_written(devio_server *s, devio_ticket_op *op)
+{
+    return devio_store_done(s->store, op->write);
+}
+
+/* The store's writer ended the launch (launches.c). */
+static bool launch_ended(devio_server *s, devio_ticket_op *op)
+{
+    return !devio_launches_pending(s, op);
+}
+
+/* The request's plan, sized by the device's limits, then its launch begun:
+ * op LAUNCHING. Counted in s->launching until its end half runs. */
+static devio_status launch_begin(devio_server *s, const devio_request *rq, devio_error *err)
 {
     devio_device *dev;
     devio_plan_buf buf;
@@ -24,66 +66,80 @@ static devio_status run_plan(devio_server *s, const json_t *body, const char *re
     if (st != DEVIO_OK)
         return st;
     const devio_config *c = devio_config_of(dev);
-    st = devio_json_plan_decode(body, c->max_rows, c->max_batch_tokens, &buf, err);
+    st = devio_json_plan_decode(rq->body, c->max_rows, c->max_batch_tokens, &buf, err);
     if (st == DEVIO_OK) {
-        st = await_it
-                 ? devio_tickets_step(&s->tickets, dev, &buf.plan, request_id, res, err)
-                 : devio_tickets_launch(&s->tickets, dev, &buf.plan, request_id, ticket, err);
+        atomic_fetch_add(&s->launching, 1);
+        if (atomic_load(&s->tearing))
+            st = devio_fail(err, DEVIO_E_TORN_DOWN, "the device is being torn down");
+        else
+            st = devio_tickets_launch_begin(&s->tickets, dev, &buf.plan, rq->request_id, rq->op,
+                                            err);
+        if (st != DEVIO_OK)
+            atomic_fetch_sub(&s->launching, 1);
         devio_plan_buf_free(&buf);
     }
     devio_server_release(s);
+    if (st == DEVIO_OK)
+        devio_launches_track(s, rq->op);
     return st;
 }
 
-/* Answer a settled step and free it. */
-static devio_status reply_result(devio_reply *out, devio_step_result *res, devio_error *err)
+/* The launch's outcome once its end half ran: the writer's, or this
+ * thread's when the request could not park (waiting here for the row). */
+static devio_status launch_outcome(devio_server *s, devio_ticket_op *op, devio_error *err)
 {
-    devio_status st = devio_reply_json(out, 200, devio_json_step_result(res), err);
-    devio_step_result_free(res);
-    return st;
+    if (devio_launches_untrack(s, op)) {
+        devio_device *dev;
+        devio_status st = devio_server_hold(s, &dev, err);
+        if (st == DEVIO_OK) {
+            st = devio_tickets_launch_end(&s->tickets, dev, op, err);
+            devio_server_release(s);
+        }
+        atomic_fetch_sub(&s->launching, 1);
+        return st;
+    }
+    if (op->st != DEVIO_OK && err)
+        *err = op->err;
+    return op->st;
 }
 
-devio_status devio_route_launch(devio_server *s, const devio_request *rq, devio_reply *out,
-                                devio_error *err)
-{
-    uint64_t ticket = 0;
-    devio_status st = run_plan(s, rq->body, rq->request_id, false, &ticket, NULL, err);
-    return st == DEVIO_OK ? devio_reply_json(out, 202, devio_json_ticket_ref(ticket), err) : st;
-}
-
-/* The handler runs again after its connection was parked and resumed: the
- * wait then holds the ticket and the deadline of the first call. */
-static bool resumed(const devio_request *rq)
-{
-    return rq->wait && rq->wait->conn;
-}
-
-/* One look at the ticket, without waiting. */
-static devio_status await_now(devio_server *s, uint64_t ticket, int64_t timeout_ms,
-                              devio_step_result *res, devio_error *err)
+/* One look at the ticket, without waiting: op SETTLING once it settled. A
+ * ticket the server reaped is named as such. */
+static devio_status await_now(devio_server *s, devio_ticket_op *op, devio_error *err)
 {
     devio_device *dev;
     devio_status st = devio_server_hold(s, &dev, err);
     if (st != DEVIO_OK)
         return st;
-    st = devio_tickets_await(&s->tickets, dev, ticket, timeout_ms, res, err);
+    st = devio_tickets_await_begin(&s->tickets, dev, op, 0, NULL, err);
     devio_server_release(s);
+    bool closed = false;
+    if (st == DEVIO_E_TICKET_CONSUMED && devio_leases_was_reaped(&s->leases, op->ticket, &closed))
+        st = devio_fail_at(err, DEVIO_E_TICKET_REAPED, "ticket", (int64_t)op->ticket,
+                           closed ? "ticket %" PRIu64 " was settled by the server for nobody:"
+                                    " the connection of its /v1/step or /v1/launch closed before the answer"
+                                  : "ticket %" PRIu64 " was settled by the server for nobody:"
+                                    " it was not awaited within --ticket-lease-ms of settling;"
+                                    " its logits handles were released",
+                           op->ticket);
     return st;
 }
 
-/* Look at the ticket until it answers, the deadline passes or the connection parks. */
-static devio_status await_look(devio_server *s, const devio_request *rq, uint64_t ticket,
-                               int64_t deadline_us, devio_step_result *res, devio_reply *out,
+/* Look at the ticket until it settles (op SETTLING), the deadline passes or
+ * the connection parks. */
+static devio_status await_look(devio_server *s, const devio_request *rq, devio_reply *out,
                                devio_error *err)
 {
     devio_wait *w = rq->wait;
+    devio_ticket_op *op = rq->op;
     for (;;) {
-        /* Listed before the look, so that a settle after it is not missed. */
-        devio_waits_enter(&s->waits, w, rq->conn, ticket, deadline_us);
-        devio_status st = await_now(s, ticket, 0, res, err);
-        if (st != DEVIO_E_TICKET_PENDING ||
-            (deadline_us >= 0 && (int64_t)devio_clock_us() >= deadline_us)) {
-            devio_waits_leave(&s->waits, w);
+        if (w) /* listed before the look, so that a settle after it is not missed */
+            devio_waits_enter(&s->waits, w, rq->conn, op->ticket, op->deadline_us);
+        devio_status st = await_now(s, op, err);
+        if (!w || st != DEVIO_E_TICKET_PENDING ||
+            (op->deadline_us >= 0 && (int64_t)devio_clock_us() >= op->deadline_us)) {
+            if (w)
+                devio_waits_leave(&s->waits, w);
             return st;
         }
         switch (devio_waits_park(&s->waits, w)) {
@@ -98,67 +154,141 @@ static devio_status await_look(devio_server *s, const devio_request *rq, uint64_
     }
 }
 
-/* The await's wait, without holding a thread: look at the ticket; while it
- * is pending and the deadline is ahead, park the connection until the step
- * settles or the deadline passes, then look again (the handler runs anew).
- * s->awaiting counts the request from its first look to its answer. */
-static devio_status await_parked(devio_server *s, const devio_request *rq, uint64_t ticket,
-                                 int64_t deadline_us, devio_step_result *res, devio_reply *out,
-                                 devio_error *err)
+/* The end half of an await whose settled row is written. */
+static devio_status await_end(devio_server *s, devio_ticket_op *op, devio_step_result *res,
+                              devio_error *err)
 {
-    devio_wait *w = rq->wait;
-    if (!w->conn)
-        atomic_fetch_add(&s->awaiting, 1);
-    devio_status st = await_look(s, rq, ticket, deadline_us, res, out, err);
-    if (!out->suspended)
-        atomic_fetch_sub(&s->awaiting, 1);
+    devio_device *dev;
+    devio_status st = devio_server_hold(s, &dev, err);
+    if (st != DEVIO_OK) {
+        devio_step_result_free(&op->res);
+        op->phase = DEVIO_OP_NONE;
+        return st;
+    }
+    st = devio_tickets_await_end(&s->tickets, dev, op, DEVIO_AWAIT_CONSUME, res, err);
+    devio_server_release(s);
     return st;
+}
+
+/* Take rq->op as far as it goes without waiting on a thread: the launch's
+ * row (LAUNCHING), then, when `settle`, the step (AWAITING) and its row
+ * (SETTLING). DEVIO_OK with out->suspended: parked, the handler runs again
+ * with the same op; DEVIO_OK otherwise: *res is the step's result (settle)
+ * or op->ticket the launched ticket. s->awaiting counts the request from its
+ * first look at the ticket to its answer. */
+static devio_status drive(devio_server *s, const devio_request *rq, bool settle,
+                          devio_step_result *res, devio_reply *out, devio_error *err)
+{
+    devio_ticket_op *op = rq->op;
+    devio_status st = DEVIO_OK;
+    while (st == DEVIO_OK && !out->suspended) {
+        switch (op->phase) {
+        case DEVIO_OP_LAUNCHING:
+            if (parked_until(s, rq, out, launch_ended))
+                break;
+            st = launch_outcome(s, op, err);
+            if (st == DEVIO_OK && !settle)
+                return DEVIO_OK;
+            break;
+        case DEVIO_OP_AWAITING:
+            if (!settle)
+                return DEVIO_OK; /* launched: ended by the store's writer while parked */
+            if (!op->counted) {
+                op->counted = true;
+                atomic_fetch_add(&s->awaiting, 1);
+            }
+            st = await_look(s, rq, out, err);
+            break;
+        case DEVIO_OP_SETTLING:
+            if (parked_until(s, rq, out, row_written))
+                break;
+            return await_end(s, op, res, err);
+        case DEVIO_OP_NONE:
+            /* The store's writer ended the launch while parked, and it failed. */
+            if (op->st != DEVIO_OK && err)
+                *err = op->err;
+            return op->st;
+        }
+    }
+    return st;
+}
+
+/* The answer is decided: the request no longer counts among awaits under way. */
+static void uncount(devio_server *s, devio_ticket_op *op)
+{
+    if (op->counted)
+        atomic_fetch_sub(&s->awaiting, 1);
+    op->counted = false;
+}
+
+/* Answer a settled step and free it. */
+static devio_status reply_result(devio_reply *out, devio_step_result *res, devio_error *err)
+{
+    devio_status st = devio_reply_json(out, 200, devio_json_step_result(res), err);
+    devio_step_result_free(res);
+    return st;
+}
+
+devio_status devio_route_launch(devio_server *s, const devio_request *rq, devio_reply *out,
+                                devio_error *err)
+{
+    devio_ticket_op *op = rq->op;
+    devio_status st = DEVIO_OK;
+    if (op->phase == DEVIO_OP_NONE) {
+        op->owned = true;
+        st = launch_begin(s, rq, err);
+    }
+    if (st == DEVIO_OK)
+        st = drive(s, rq, false, NULL, out, err);
+    if (st != DEVIO_OK || out->suspended)
+        return st;
+    op->phase = DEVIO_OP_NONE; /* launched: the ticket is the client's */
+    return devio_reply_json(out, 202, devio_json_ticket_ref(op->ticket), err);
 }
 
 devio_status devio_route_await(devio_server *s, const devio_request *rq, devio_reply *out,
                                devio_error *err)
 {
-    devio_step_result res;
-    devio_status st;
-    if (resumed(rq)) {
-        st = await_parked(s, rq, rq->wait->ticket, rq->wait->deadline_us, &res, out, err);
-    } else {
+    devio_ticket_op *op = rq->op;
+    if (op->phase == DEVIO_OP_NONE) {
         uint64_t t = 0;
         bool present = false;
-        st = devio_request_query_u64(rq, "timeout_ms", &t, &present, err);
+        devio_status st = devio_request_query_u64(rq, "timeout_ms", &t, &present, err);
         if (st != DEVIO_OK)
             return st;
         int64_t timeout = present ? (int64_t)(t > AWAIT_CAP_MS ? AWAIT_CAP_MS : t) : -1;
-        if (rq->wait)
-            st = await_parked(s, rq, rq->params.id,
-                              timeout < 0 ? -1 : (int64_t)devio_clock_us() + timeout * 1000,
-                              &res, out, err);
-        else
-            st = await_now(s, rq->params.id, timeout, &res, err);
+        *op = (devio_ticket_op){.phase = DEVIO_OP_AWAITING, .ticket = rq->params.id,
+                                .deadline_us = timeout < 0 ? -1
+                                                           : (int64_t)devio_clock_us() +
+                                                                 timeout * 1000};
     }
-    if (st != DEVIO_OK || out->suspended)
+    devio_step_result res = {0};
+    devio_status st = drive(s, rq, true, &res, out, err);
+    if (out->suspended)
         return st;
-    return reply_result(out, &res, err);
+    op->phase = DEVIO_OP_NONE;
+    uncount(s, op);
+    return st == DEVIO_OK ? reply_result(out, &res, err) : st;
 }
 
 devio_status devio_route_step(devio_server *s, const devio_request *rq, devio_reply *out,
                               devio_error *err)
 {
-    devio_step_result res;
-    devio_status st;
-    uint64_t ticket = 0;
-    if (resumed(rq)) {
-        st = await_parked(s, rq, rq->wait->ticket, -1, &res, out, err);
-    } else if (rq->wait) {
-        st = run_plan(s, rq->body, rq->request_id, false, &ticket, NULL, err);
-        if (st == DEVIO_OK)
-            st = await_parked(s, rq, ticket, -1, &res, out, err);
-    } else {
-        st = run_plan(s, rq->body, rq->request_id, true, NULL, &res, err);
+    devio_ticket_op *op = rq->op;
+    devio_status st = DEVIO_OK;
+    if (op->phase == DEVIO_OP_NONE && !op->owned) {
+        op->owned = true;
+        op->deadline_us = -1;
+        st = launch_begin(s, rq, err);
     }
-    if (st != DEVIO_OK || out->suspended)
+    devio_step_result res = {0};
+    if (st == DEVIO_OK)
+        st = drive(s, rq, true, &res, out, err);
+    if (out->suspended)
         return st;
-    return reply_result(out, &res, err);
+    op->phase = DEVIO_OP_NONE;
+    uncount(s, op);
+    return st == DEVIO_OK ? reply_result(out, &res, err) : st;
 }
 
 /* ---- history ------------------------------------------------------------------ */
@@ -221,7 +351,11 @@ devio_status devio_route_tickets(devio_server *s, const devio_request *rq, devio
     q.until_ms = (int64_t)until;
     q.status = devio_request_query(rq, "status");
     devio_ticket_page page;
+    st = devio_server_store_enter(s, err);
+    if (st != DEVIO_OK)
+        return st;
     st = devio_store_tickets_query(s->store, &q, &page, err);
+    devio_server_store_leave(s);
     if (st != DEVIO_OK)
         return st;
     st = devio_reply_json(out, 200, ticket_page_json(&page), err);

@@ -103,43 +103,11 @@ typedef struct req {
     bool answered;              /* refused on its headers; the body is not read */
     devio_conn *conn;           /* the listener's count of this connection, or NULL */
     devio_wait wait;            /* an await's place among the parked ones (await_waits.h) */
+    devio_ticket_op op;         /* the launch or await under way (tickets.h) */
     uint64_t start_us;          /* the first access-handler call, for the latency metric */
     const char *method, *url;   /* libmicrohttpd's, valid until the request completes */
     char request_id[DEVIO_REQUEST_ID_MAX + 1]; /* X-Request-Id as received, or generated */
 } req;
-
-/* ---- the device, shared by the routes ---------------------------------------- */
-
-devio_status devio_server_hold(devio_server *s, devio_device **dev, devio_error *err)
-{
-    pthread_rwlock_rdlock(&s->dev_lock);
-    *dev = s->dev;
-    if (*dev)
-        return DEVIO_OK;
-    pthread_rwlock_unlock(&s->dev_lock);
-    return devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
-}
-
-void devio_server_release(devio_server *s)
-{
-    pthread_rwlock_unlock(&s->dev_lock);
-}
-
-bool devio_server_teardown(devio_server *s, const char *reason, uint32_t *aborted)
-{
-    *aborted = 0;
-    pthread_rwlock_wrlock(&s->dev_lock);
-    bool was_up = s->dev != NULL;
-    if (was_up)
-        devio_teardown(s->dev, aborted);
-    s->dev = NULL;
-    pthread_rwlock_unlock(&s->dev_lock);
-    if (!was_up)
-        return false;
-    atomic_store(&s->ready, false);
-    devio_tickets_aborted(&s->tickets, *aborted, reason);
-    return true;
-}
 
 /* ---- before a route runs ------------------------------------------------------- */
 
@@ -157,7 +125,8 @@ static devio_status parse_body(const devio_server *s, const req *q, json_t **out
     if (!*out && json_error_code(&je) == json_error_numeric_overflow)
         return devio_fail(err, DEVIO_E_INVALID,
                           "number out of range at line %d column %d: integers must lie in "
-                          "[-9223372036854775808, 9223372036854775807] (%s)",
+                          "[-9223372036854775808, 9223372036854775807] and other numbers within"
+                          " +-1.7976931348623157e308 (%s)",
                           je.line, je.column, je.text);
     if (!*out)
         return devio_fail(err, DEVIO_E_INVALID, "malformed JSON at line %d column %d: %s",
@@ -208,12 +177,15 @@ static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const ch
                           "9223372036854775807",
                           (int)(q->params.id_len > 64 ? 64 : q->params.id_len),
                           q->params.id_text);
+    devio_status once = devio_http_query_once(c, err);
+    if (once != DEVIO_OK)
+        return once;
     if (q->route->refused_while_draining && atomic_load(&s->draining)) {
         r->close = true;
         return devio_fail(err, DEVIO_E_NOT_READY, "server is draining; launch elsewhere");
     }
     devio_request rq = {.method = method, .url = url, .params = q->params, .conn = c,
-                        .wait = &q->wait, .request_id = q->request_id};
+                        .wait = &q->wait, .op = &q->op, .request_id = q->request_id};
     json_t *body = NULL;
     devio_status st = DEVIO_OK;
     if (q->route->body == DEVIO_ROUTE_JSON_BODY) {
@@ -274,6 +246,8 @@ static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, dev
         MHD_add_response_header(resp, "Connection", "close");
     if (r->allow[0])
         MHD_add_response_header(resp, "Allow", r->allow);
+    if (r->code == 503) /* not ready, draining, store unavailable: worth asking again */
+        MHD_add_response_header(resp, "Retry-After", "1");
     MHD_add_response_header(resp, "X-Request-Id", q->request_id);
     enum MHD_Result ret = MHD_queue_response(c, r->code, resp);
     MHD_destroy_response(resp);
@@ -400,6 +374,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
     if (!q)
         return;
     devio_listener_headers(&s->listener, q->conn, false);
+    /* A request that ends holding a launch or an await (its client went)
+     * leaves no ticket without an owner. */
+    devio_server_abandon(s, &q->op);
     free(q->body);
     free(q);
     *req_cls = NULL;
@@ -539,6 +516,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     memset(s, 0, sizeof *s);
     s->cfg = *cfg;
     pthread_rwlock_init(&s->dev_lock, NULL);
+    pthread_mutex_init(&s->launch_mu, NULL);
     devio_metrics_init(&s->metrics);
     devio_adapters_init(&s->adapters);
     s->tickets.metrics = &s->metrics;
@@ -561,8 +539,13 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         st = devio_model_load_with(cfg->model, &mp, &s->model, err);
     if (st == DEVIO_OK)
         st = devio_waits_start(&s->waits, &mhd_waits, err);
+    if (st == DEVIO_OK)
+        st = devio_leases_start(&s->leases, cfg->ticket_lease_ms, &devio_server_reaper, s, err);
+    s->tickets.leases = &s->leases;
     devio_store_options so = devio_store_options_default();
     so.retention = cfg->retention;
+    so.on_written = devio_server_written;
+    so.on_written_ctx = s;
     if (st == DEVIO_OK)
         st = devio_store_open(cfg->db, &so, &s->store, err);
     s->tickets.store = s->store;
@@ -570,8 +553,8 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         dc.epoch = devio_store_epoch(s->store);
         dc.first_ticket_id = devio_store_next_ticket_id(s->store);
         dc.use_worker_thread = true;
-        dc.on_settled = devio_waits_settled;
-        dc.on_settled_ctx = &s->waits;
+        dc.on_settled = devio_server_settled;
+        dc.on_settled_ctx = s;
         st = adapters_root(cfg, &dc.adapters_root, err);
     }
     if (st == DEVIO_OK) {
@@ -686,10 +669,14 @@ void devio_server_stop(devio_server *s)
     if (s->listening)
         devio_listener_free(&s->listener);
     s->listening = false;
-    devio_waits_stop(&s->waits);
-    devio_registry_close(&s->registry);
+    /* The daemon's last completions may have queued jobs for the reaper,
+     * which find the device gone; the store's last batches resume nothing
+     * (no connection is left), then the table stops. */
+    devio_leases_stop(&s->leases);
     devio_store_close(s->store);
     s->store = NULL;
+    devio_waits_stop(&s->waits);
+    devio_registry_close(&s->registry);
     devio_model_free(s->model);
     s->model = NULL;
     free(s->token);
@@ -697,4 +684,5 @@ void devio_server_stop(devio_server *s)
     devio_adapters_fini(&s->adapters);
     devio_metrics_fini(&s->metrics);
     pthread_rwlock_destroy(&s->dev_lock);
+    pthread_mutex_destroy(&s->launch_mu);
 }

@@ -14,6 +14,7 @@
 #include "service/adapters.h"
 #include "service/await_waits.h"
 #include "service/config.h"
+#include "service/leases.h"
 #include "service/listener.h"
 #include "service/metrics.h"
 #include "service/route.h"
@@ -31,8 +32,15 @@ typedef struct devio_server {
     devio_adapters adapters;   /* adapter commands: device table + store rows */
     devio_tickets tickets;     /* steps: device + history rows + metrics */
     devio_metrics metrics;
-    devio_waits waits;         /* awaits parked until their ticket settles; the device's
-                                  on_settled hook resumes them */
+    devio_waits waits;         /* requests parked until their ticket settles (the device's
+                                  on_settled hook) or their history row is written (the
+                                  store's on_written hook) */
+    devio_leases leases;       /* launched tickets until taken; the reaper (abandoned.c) */
+    atomic_int launching;      /* launches between their begin and end halves */
+    atomic_int store_callers;  /* requests in SQLite on an HTTP thread (devio_server_store) */
+    pthread_mutex_t launch_mu; /* guards launches and every end half run from the list */
+    devio_ticket_op *launches; /* LAUNCHING ops whose row is being written (launches.c) */
+    atomic_bool tearing;       /* a teardown waits for them: new launches refused */
     struct MHD_Daemon *mhd;
     devio_listener listener;   /* accepts, applies the connection limits and the header
                                   deadline; hands sockets to mhd */
@@ -67,11 +75,51 @@ void devio_server_stop(devio_server *s);
 devio_status devio_server_hold(devio_server *s, devio_device **dev, devio_error *err);
 void devio_server_release(devio_server *s);
 
+/* A request about to call SQLite on its HTTP thread (adapter commands, history
+ * pages; launches and awaits never do): at most --http-threads - 1 (at least
+ * 1) at once, so that a locked history file cannot take every thread and
+ * stall health checks. DEVIO_OK: enter, and leave with
+ * devio_server_store_leave; DEVIO_E_STORE_UNAVAILABLE (503, Retry-After)
+ * past the bound. */
+devio_status devio_server_store_enter(devio_server *s, devio_error *err);
+void devio_server_store_leave(devio_server *s);
+
 /* The route table: *n entries, static. */
 const devio_route *devio_server_routes(size_t *n);
 
 /* Tear the device down under the write lock, then record its unawaited
- * tickets as aborted with `reason`. False when it was already torn down. */
+ * tickets as aborted with `reason`. Launches half made are let finish first
+ * (their rows are being written; new ones are refused meanwhile). False when
+ * it was already torn down. */
 bool devio_server_teardown(devio_server *s, const char *reason, uint32_t *aborted);
+
+/* ---- launches whose row is being written (launches.c) ------------------------
+
+ * The end half of a launch (commit or cancel) runs on the store's writer
+ * thread as soon as its row is written, never on an HTTP thread: a thread
+ * blocked in an effect that waits for reserved tickets (devio_apply) could
+ * otherwise hold up the very launch it waits for. */
+
+/* op (LAUNCHING) is listed; ended at once when its row is already written. */
+void devio_launches_track(devio_server *s, devio_ticket_op *op);
+/* Whether op is still listed, its end half not yet run. */
+bool devio_launches_pending(devio_server *s, devio_ticket_op *op);
+/* Unlist op when it is listed (true): its request ends without it. */
+bool devio_launches_untrack(devio_server *s, devio_ticket_op *op);
+/* The store's on_written hook: end every listed launch whose row is done,
+ * then resume the requests parked on those writes. */
+void devio_server_written(void *s, uint64_t done);
+
+/* ---- tickets nobody will take (abandoned.c) ---------------------------------- */
+
+/* The reaper's ops (leases.h), with the server as ctx. */
+extern const devio_leases_ops devio_server_reaper;
+/* A request ends (its connection closed, or it was answered) holding `op`:
+ * finish what it holds without waiting on this thread. A /v1/step's ticket
+ * is reaped once it settles; an await's stays awaitable. */
+void devio_server_abandon(devio_server *s, devio_ticket_op *op);
+/* The device's on_settled hook: resume the awaits parked on `ticket` and
+ * start its lease. */
+void devio_server_settled(void *s, uint64_t ticket);
 
 #endif

@@ -104,6 +104,11 @@ devio_status devio_store_open(const char *path, const devio_store_options *o,
         s->opt.busy_timeout_ms = 5000;
 
     devio_status st = store_connect(path, s->opt.busy_timeout_ms, &s->wdb, err);
+    struct stat sb;
+    if (st == DEVIO_OK && stat(path, &sb) == 0) {
+        s->file_dev = sb.st_dev;
+        s->file_ino = sb.st_ino;
+    }
     if (st == DEVIO_OK)
         st = store_schema_open(s, err);
     if (st == DEVIO_OK)

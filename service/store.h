@@ -16,6 +16,12 @@ typedef struct devio_store devio_store;
 typedef struct devio_store_options {
     uint32_t retention;    /* keep at most this many ticket rows (oldest deleted); 0 = all */
     uint32_t busy_timeout_ms; /* SQLite busy timeout, default 5000 */
+    /* Called on the writer thread each time a batch of writes has committed or
+     * failed, outside the store's locks, so that callers parked on a write
+     * number (devio_store_done) look again; may be NULL. It must not wait
+     * on the store. */
+    void (*on_written)(void *ctx, uint64_t done); /* every write <= done is done */
+    void *on_written_ctx;
 } devio_store_options;
 
 devio_store_options devio_store_options_default(void);
@@ -75,6 +81,9 @@ uint64_t devio_store_abort_in_flight(devio_store *s, const char *reason);
 /* Block until write `n` is committed (0 returns at once). DEVIO_E_IO when
  * the write failed; the store logs failures itself, rate-limited (store_health.c). */
 devio_status devio_store_wait(devio_store *s, uint64_t n, devio_error *err);
+/* Whether write `n` has committed or failed, so that devio_store_wait(n)
+ * answers at once; never blocks on SQLite. */
+bool devio_store_done(devio_store *s, uint64_t n);
 
 /* ---- health (store_health.c) ---------------------------------------------- */
 
@@ -92,7 +101,11 @@ typedef struct devio_store_health {
 
 /* Fill *out; never blocks on SQLite. While unwritable the writer retries a
  * tiny heartbeat write about once a second, so the store becomes writable
- * again by itself once the file can take writes. */
+ * again by itself once the file can take writes.
+ * The file is watched: before each batch the writer checks that the path
+ * still names the file it opened. Once it does not (unlinked, replaced) the
+ * store stays unwritable for good, with the reason, and every later write
+ * fails: history written into a file nobody can open again would be lost. */
 void devio_store_health_get(devio_store *s, devio_store_health *out);
 /* devio_store_health_get(s).writable, cheaper. */
 bool devio_store_writable(devio_store *s);

@@ -1,11 +1,13 @@
 /* store_health.c - whether the store can write: the writer's record of commits and failures, its heartbeat, its log line.
  * Read by /readyz, /metrics and launch; it must never log once per failed write, nor block a reader on SQLite. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
-#include "common/log.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "service/store_internal.h"
 
 /* Upper bounds (seconds) of the commit-time buckets: 25 us to 1 s. */
@@ -67,7 +69,7 @@ void store_health_note(devio_store *s, bool committed, uint64_t failed, const ch
 {
     s->errors += failed;
     s->last_beat_us = devio_clock_us();
-    if (committed) {
+    if (committed && !s->gone) {
         s->last_success_ms = devio_unix_ms();
         if (s->unwritable)
             devio_log(DEVIO_LOG_INFO, "store",
@@ -104,8 +106,32 @@ bool store_health_beat_due(devio_store *s, struct timespec *at)
     return false;
 }
 
+bool store_health_file_gone(devio_store *s, char *msg, size_t len)
+{
+    struct stat sb;
+    bool gone = false;
+    if (stat(s->path, &sb) != 0) {
+        gone = errno == ENOENT || errno == ENOTDIR;
+        if (gone)
+            snprintf(msg, len, "the history file %s was removed under the running server;"
+                               " restart it to open a new one", s->path);
+    } else if (sb.st_dev != s->file_dev || sb.st_ino != s->file_ino) {
+        gone = true;
+        snprintf(msg, len, "the history file %s was replaced by another file under the running"
+                           " server; restart it to open that one", s->path);
+    }
+    if (gone) {
+        pthread_mutex_lock(&s->mu);
+        s->gone = true;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return gone;
+}
+
 bool store_health_beat(devio_store *s, char *msg, size_t len)
 {
+    if (store_health_file_gone(s, msg, len))
+        return false;
     char txt[32];
     snprintf(txt, sizeof txt, "%" PRId64, devio_unix_ms());
     int rc = store_step_reset(s->st_begin);

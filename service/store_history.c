@@ -89,7 +89,7 @@ static int read_row(sqlite3_stmt *st, devio_ticket_row *r)
     bool oom = false;
     r->id = (uint64_t)sqlite3_column_int64(st, 0);
     r->epoch = (uint64_t)sqlite3_column_int64(st, 1);
-    r->status = store_find_name(store_ticket_statuses, 4, (const char *)sqlite3_column_text(st, 2));
+    r->status = store_find_name(store_ticket_statuses, STORE_N_STATUSES, (const char *)sqlite3_column_text(st, 2));
     if (!r->status) /* the schema's CHECK keeps this from happening */
         r->status = "failed";
     r->launched_ms = sqlite3_column_int64(st, 3);
@@ -137,7 +137,7 @@ static devio_status check_query(const devio_ticket_query *q, const char **status
                              "ticket query: limit must be 1..%u", QUERY_LIMIT_MAX);
     *status = NULL;
     if (q->status) {
-        *status = store_find_name(store_ticket_statuses, 4, q->status);
+        *status = store_find_name(store_ticket_statuses, STORE_N_STATUSES, q->status);
         if (!*status)
             return devio_fail(err, DEVIO_E_INVALID,
                               "ticket query: status must be in_flight, ok, failed or aborted");

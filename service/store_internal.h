@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include <sqlite3.h>
@@ -22,7 +23,8 @@
 #define STORE_LOG_EVERY_US 10000000u
 
 /* The ticket statuses of the schema's CHECK; [0] is "in_flight". */
-extern const char *const store_ticket_statuses[4];
+#define STORE_N_STATUSES 5
+extern const char *const store_ticket_statuses[STORE_N_STATUSES];
 
 typedef enum store_wkind { STORE_W_LAUNCH, STORE_W_SETTLE, STORE_W_ABORT } store_wkind;
 
@@ -69,6 +71,7 @@ struct devio_store {
     bool stopping;
     /* Health (store_health.c), written by the writer under mu. */
     bool unwritable;       /* the last transaction or heartbeat failed */
+    bool gone;             /* the path no longer names the opened file: unwritable for good */
     uint64_t errors;       /* writes and heartbeats that failed since open */
     int64_t last_success_ms; /* unix ms of the last commit (open's included) */
     char why[STORE_FAIL_MSG_LEN]; /* SQLite's message of the last failure */
@@ -80,6 +83,8 @@ struct devio_store {
 
     /* Writer thread only (after open). */
     pthread_t thread;
+    dev_t file_dev;        /* the opened file, as stat(path) found it at open */
+    ino_t file_ino;
     sqlite3 *wdb;
     sqlite3_stmt *st_begin, *st_commit, *st_rollback;
     sqlite3_stmt *st_launch, *st_settle, *st_abort, *st_trim, *st_high, *st_beat;
@@ -149,6 +154,9 @@ bool store_health_beat_due(devio_store *s, struct timespec *at);
 /* One tiny transaction (meta 'store_heartbeat_ms'); caller does not hold mu.
  * Returns whether it committed, with SQLite's message in msg when not. */
 bool store_health_beat(devio_store *s, char *msg, size_t len);
+/* Whether the path no longer names the file opened (unlinked or replaced);
+ * then msg says so. Once true, s->gone stays set (under mu). Writer thread. */
+bool store_health_file_gone(devio_store *s, char *msg, size_t len);
 
 /* ---- history (store_history.c) -------------------------------------------- */
 

@@ -49,6 +49,28 @@ static const char *const migrations[] = {
     "INSERT INTO meta(key, value) VALUES('epoch', '0'), ('ticket_id_high', '0');",
     /* 1 -> 2: the request id of the launch (X-Request-Id), NULL for rows before it */
     "ALTER TABLE tickets ADD COLUMN request_id TEXT;",
+    /* 2 -> 3: status 'reaped' (settled by the server for nobody). SQLite cannot
+     * change a CHECK in place: the table is copied into one that allows it. */
+    "CREATE TABLE tickets_v3("
+    "  id INTEGER PRIMARY KEY,"
+    "  epoch INTEGER NOT NULL,"
+    "  status TEXT NOT NULL CHECK(status IN ('in_flight','ok','failed','aborted','reaped')),"
+    "  launched_ms INTEGER NOT NULL,"
+    "  settled_ms INTEGER,"
+    "  rows INTEGER NOT NULL DEFAULT 0,"
+    "  tokens INTEGER NOT NULL DEFAULT 0,"
+    "  seqs TEXT,"
+    "  queued_us INTEGER,"
+    "  compute_us INTEGER,"
+    "  error_code TEXT,"
+    "  error_message TEXT,"
+    "  request_id TEXT);"
+    "INSERT INTO tickets_v3 SELECT id, epoch, status, launched_ms, settled_ms, rows, tokens, seqs,"
+    "  queued_us, compute_us, error_code, error_message, request_id FROM tickets;"
+    "DROP TABLE tickets;"
+    "ALTER TABLE tickets_v3 RENAME TO tickets;"
+    "CREATE INDEX tickets_status_id ON tickets(status, id);"
+    "CREATE INDEX tickets_launched ON tickets(launched_ms);",
 };
 #define SCHEMA_LATEST ((uint32_t)(sizeof migrations / sizeof migrations[0]))
 

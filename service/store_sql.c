@@ -6,7 +6,8 @@
 #include "device/status.h"
 #include "service/store_internal.h"
 
-const char *const store_ticket_statuses[4] = {"in_flight", "ok", "failed", "aborted"};
+const char *const store_ticket_statuses[STORE_N_STATUSES] = {"in_flight", "ok", "failed", "aborted",
+                                                             "reaped"};
 
 devio_status store_sql_fail(devio_error *err, sqlite3 *db, const char *path, const char *what)
 {

@@ -10,7 +10,7 @@
 #include "device/status.h"
 #include "service/store_internal.h"
 
-#define FIND_STATUS(v) store_find_name(store_ticket_statuses, 4, (v))
+#define FIND_STATUS(v) store_find_name(store_ticket_statuses, STORE_N_STATUSES, (v))
 
 devio_status store_writer_prepare(devio_store *s, devio_error *err)
 {
@@ -210,6 +210,16 @@ devio_status devio_store_wait(devio_store *s, uint64_t n, devio_error *err)
     }
     pthread_mutex_unlock(&s->mu);
     return st;
+}
+
+bool devio_store_done(devio_store *s, uint64_t n)
+{
+    if (!s || n == 0)
+        return true;
+    pthread_mutex_lock(&s->mu);
+    bool done = s->committed >= n;
+    pthread_mutex_unlock(&s->mu);
+    return done;
 }
 
 /* ---- writer thread ----------------------------------------------------- */
@@ -454,8 +464,12 @@ void *store_writer_main(void *arg)
 
         bool committed = false;
         uint64_t t0 = devio_clock_us();
-        for (store_wrec *from = batch; from;)
-            from = run_txn(s, from, &committed);
+        char gone[STORE_FAIL_MSG_LEN];
+        if (store_health_file_gone(s, gone, sizeof gone))
+            mark_failed(batch, NULL, gone);
+        else
+            for (store_wrec *from = batch; from;)
+                from = run_txn(s, from, &committed);
         double took_s = (double)(devio_clock_us() - t0) / 1e6;
         const char *msg;
         uint64_t failed = count_failed(batch, &msg);
@@ -471,6 +485,8 @@ void *store_writer_main(void *arg)
         s->committed = last;
         pthread_cond_broadcast(&s->done);
         pthread_mutex_unlock(&s->mu);
+        if (s->opt.on_written)
+            s->opt.on_written(s->opt.on_written_ctx, last);
 
         while (batch) {
             store_wrec *next = batch->next;

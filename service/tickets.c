@@ -4,10 +4,12 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "common/clock.h"
 #include "device/status.h"
+#include "service/leases.h"
 #include "service/tickets.h"
 
 /* Queue history write n (0: the queue could not take it) and wait for it. */
@@ -20,16 +22,20 @@ static bool written(const devio_tickets *t, uint64_t n, devio_error *werr)
     return devio_store_wait(t->store, n, werr) == DEVIO_OK;
 }
 
-devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
-                                  const devio_plan *plan, const char *request_id,
-                                  uint64_t *ticket, devio_error *err)
+static devio_status unwritable(devio_error *err, const char *why)
+{
+    return devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
+                      "the ticket history cannot be written, nothing was launched: %s", why);
+}
+
+devio_status devio_tickets_launch_begin(const devio_tickets *t, devio_device *dev,
+                                        const devio_plan *plan, const char *request_id,
+                                        devio_ticket_op *op, devio_error *err)
 {
     devio_store_health h;
     devio_store_health_get(t->store, &h);
     if (!h.writable)
-        return devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
-                          "the ticket history cannot be written, nothing was launched: %s",
-                          h.reason);
+        return unwritable(err, h.reason);
     uint64_t id = 0;
     devio_status st = devio_launch_reserve(dev, plan, &id, err);
     if (st != DEVIO_OK)
@@ -46,62 +52,152 @@ devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
     }
     rec.seqs = seqs;
     rec.n_seqs = seqs ? plan->n_rows : 0;
-    devio_error werr = {0};
-    /* The device lock is not held here: launches of other clients reserve
-     * meanwhile and their rows share this one's transaction. */
-    bool ok = written(t, devio_store_ticket_launched(t->store, &rec), &werr);
+    uint64_t n = devio_store_ticket_launched(t->store, &rec);
     free(seqs);
-    if (!ok) {
+    if (n == 0) {
         devio_launch_cancel(dev, id);
-        return devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
-                          "the ticket history cannot be written, nothing was launched: %s",
-                          werr.message);
+        return unwritable(err, "the history write could not be queued");
     }
-    st = devio_launch_commit(dev, id, err);
+    op->phase = DEVIO_OP_LAUNCHING;
+    op->ticket = id;
+    /* Watched from before its commit, so that a settle right after is seen. */
+    if (t->leases)
+        devio_leases_add(t->leases, id);
+    op->write = n;
+    op->shape = devio_metrics_shape(plan);
+    op->shape.ticket = id;
+    return DEVIO_OK;
+}
+
+devio_status devio_tickets_launch_end(const devio_tickets *t, devio_device *dev,
+                                      devio_ticket_op *op, devio_error *err)
+{
+    uint64_t id = op->ticket;
+    devio_error werr = {0};
+    op->phase = DEVIO_OP_NONE;
+    /* The device lock was not held while the row was written: launches of
+     * other clients reserved meanwhile and their rows shared its transaction. */
+    if (!written(t, op->write, &werr)) {
+        devio_launch_cancel(dev, id);
+        if (t->leases)
+            devio_leases_taken(t->leases, id);
+        return unwritable(err, werr.message);
+    }
+    devio_status st = devio_launch_commit(dev, id, err);
     if (st != DEVIO_OK) {
+        if (t->leases)
+            devio_leases_taken(t->leases, id);
         /* The backend refused the step after its row was written: the row
          * says so (best effort; the store logs a failure itself). */
         devio_ticket_record f = {.id = id, .status = "failed", .settled_ms = devio_unix_ms(),
                                  .error_code = devio_status_str(st),
                                  .error_message = err ? err->message : ""};
-        written(t, devio_store_ticket_settled(t->store, &f), &werr);
+        devio_store_ticket_settled(t->store, &f);
         return st;
     }
-    devio_metrics_launched(t->metrics, id, plan);
-    *ticket = id;
+    devio_metrics_launched(t->metrics, &op->shape);
+    op->phase = DEVIO_OP_AWAITING;
     return DEVIO_OK;
 }
 
-devio_status devio_tickets_await(const devio_tickets *t, devio_device *dev, uint64_t ticket,
-                                 int64_t timeout_ms, devio_step_result *out, devio_error *err)
+devio_status devio_tickets_await_begin(const devio_tickets *t, devio_device *dev,
+                                       devio_ticket_op *op, int64_t timeout_ms,
+                                       const char *reaped, devio_error *err)
 {
     bool held = false;
-    devio_status st = devio_await_begin(dev, ticket, timeout_ms, out, &held, err);
-    if (!held)
+    devio_step_result res;
+    devio_error step_err = {0};
+    devio_status st = devio_await_begin(dev, op->ticket, timeout_ms, &res, &held, &step_err);
+    if (!held) {
+        if (err)
+            *err = step_err;
         return st; /* pending, consumed, unknown, torn down: nothing to write */
-    devio_ticket_record rec = {.id = ticket, .settled_ms = devio_unix_ms()};
+    }
+    devio_ticket_record rec = {.id = op->ticket, .settled_ms = devio_unix_ms()};
     if (st == DEVIO_OK) {
         rec.status = "ok";
-        rec.queued_us = out->queued_us;
-        rec.compute_us = out->compute_us;
+        rec.queued_us = res.queued_us;
+        rec.compute_us = res.compute_us;
     } else {
         rec.status = "failed";
         rec.error_code = devio_status_str(st);
-        rec.error_message = err ? err->message : "";
+        rec.error_message = step_err.message;
     }
+    if (reaped) {
+        rec.status = "reaped";
+        rec.error_code = devio_status_str(DEVIO_E_TICKET_REAPED);
+        rec.error_message = reaped;
+    }
+    op->write = devio_store_ticket_settled(t->store, &rec);
+    op->phase = DEVIO_OP_SETTLING;
+    op->st = st;
+    op->err = step_err;
+    op->res = res;
+    return DEVIO_OK;
+}
+
+devio_status devio_tickets_await_end(const devio_tickets *t, devio_device *dev,
+                                     devio_ticket_op *op, devio_await_ending how,
+                                     devio_step_result *out, devio_error *err)
+{
+    uint64_t ticket = op->ticket;
     devio_error werr = {0};
-    if (!written(t, devio_store_ticket_settled(t->store, &rec), &werr)) {
-        devio_await_end(dev, ticket, false);
-        if (st == DEVIO_OK)
-            devio_step_result_free(out);
+    op->phase = DEVIO_OP_NONE;
+    if (!written(t, op->write, &werr)) {
+        devio_await_end(dev, ticket, DEVIO_AWAIT_KEEP);
+        devio_step_result_free(&op->res);
         return devio_fail_at(err, DEVIO_E_STORE_UNAVAILABLE, "ticket", (int64_t)ticket,
                              "ticket %" PRIu64 " settled but its result cannot be written to"
                              " the history; it stays awaitable: %s",
                              ticket, werr.message);
     }
-    devio_await_end(dev, ticket, true);
-    devio_metrics_settled(t->metrics, ticket, st == DEVIO_OK ? out : NULL);
+    devio_await_end(dev, ticket, how);
+    if (t->leases && how != DEVIO_AWAIT_KEEP)
+        devio_leases_taken(t->leases, ticket);
+    if (how != DEVIO_AWAIT_DROP) /* a reaped ticket is counted by its reaper */
+        devio_metrics_settled(t->metrics, ticket, op->st == DEVIO_OK ? &op->res : NULL);
+    if (op->st != DEVIO_OK) {
+        if (err)
+            *err = op->err;
+        return op->st;
+    }
+    *out = op->res;
+    op->res = (devio_step_result){0};
+    return DEVIO_OK;
+}
+
+void devio_tickets_op_release(devio_device *dev, devio_ticket_op *op)
+{
+    if (op->phase == DEVIO_OP_SETTLING) {
+        devio_await_end(dev, op->ticket, DEVIO_AWAIT_KEEP);
+        devio_step_result_free(&op->res);
+        op->phase = DEVIO_OP_AWAITING;
+    }
+}
+
+/* ---- whole ------------------------------------------------------------------ */
+
+devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
+                                  const devio_plan *plan, const char *request_id,
+                                  uint64_t *ticket, devio_error *err)
+{
+    devio_ticket_op op = {0};
+    devio_status st = devio_tickets_launch_begin(t, dev, plan, request_id, &op, err);
+    if (st == DEVIO_OK)
+        st = devio_tickets_launch_end(t, dev, &op, err);
+    if (st == DEVIO_OK)
+        *ticket = op.ticket;
     return st;
+}
+
+devio_status devio_tickets_await(const devio_tickets *t, devio_device *dev, uint64_t ticket,
+                                 int64_t timeout_ms, devio_step_result *out, devio_error *err)
+{
+    devio_ticket_op op = {.phase = DEVIO_OP_AWAITING, .ticket = ticket};
+    memset(out, 0, sizeof *out);
+    devio_status st = devio_tickets_await_begin(t, dev, &op, timeout_ms, NULL, err);
+    return st == DEVIO_OK ? devio_tickets_await_end(t, dev, &op, DEVIO_AWAIT_CONSUME, out, err)
+                          : st;
 }
 
 devio_status devio_tickets_step(const devio_tickets *t, devio_device *dev,

@@ -1,5 +1,6 @@
 /* api_test.c - JSON codecs (adapter records included), SHA-256, dispatch and the script runner in process.
  * Uses the real device over the reference backend on a written tiny model. */
+#include <float.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 #include "api/codec.h"
 #include "api/dispatch.h"
 #include "api/script.h"
+#include "device/sampler.h"
 #include "device/sha256.h"
 #include "ref/inproc.h"
 #include "ref/ref_backend.h"
@@ -448,6 +450,42 @@ static void test_id_and_await_bodies(void **state)
     json_decref(j);
 }
 
+/* Sample numbers are checked as JSON gives them (doubles) before they are
+ * narrowed to float: out of range names the field and the range; in range
+ * and not 0 stays not 0. */
+static void test_sample_ranges(void **state)
+{
+    (void)state;
+    devio_sample_params p;
+    devio_error err = {0};
+    json_t *j = parse("{\"temperature\":1e308}");
+    assert_int_equal(devio_json_sample_decode(j, &p, &err), DEVIO_E_INVALID);
+    assert_non_null(strstr(err.message, "'temperature'"));
+    assert_non_null(strstr(err.message, "3.40282347e+38"));
+    json_decref(j);
+    j = parse("{\"top_p\":1e-300,\"min_p\":1e-300,\"temperature\":1e-40}");
+    assert_int_equal(devio_json_sample_decode(j, &p, &err), DEVIO_OK);
+    assert_true(p.top_p == FLT_TRUE_MIN && p.min_p == FLT_TRUE_MIN);
+    assert_true(p.temperature > 0.0f && p.temperature < DEVIO_GREEDY_BELOW);
+    json_decref(j);
+    j = parse("{\"top_p\":0}");
+    assert_int_equal(devio_json_sample_decode(j, &p, &err), DEVIO_E_INVALID);
+    assert_non_null(strstr(err.message, "(0, 1]"));
+    json_decref(j);
+    j = parse("{\"seed\":-1}");
+    assert_int_equal(devio_json_sample_decode(j, &p, &err), DEVIO_E_INVALID);
+    assert_non_null(strstr(err.message, "[0, 9223372036854775807]"));
+    json_decref(j);
+    /* seq_busy's ticket travels beside its row. */
+    devio_error e = {.status = DEVIO_E_SEQ_BUSY, .message = "busy", .detail_key = "row",
+                     .detail_val = 0, .ticket = 12};
+    j = devio_json_error(&e);
+    json_t *d = json_object_get(json_object_get(j, "error"), "details");
+    assert_int_equal(json_object_size(d), 2);
+    assert_int_equal(json_integer_value(json_object_get(d, "ticket")), 12);
+    json_decref(j);
+}
+
 static void test_error_shape(void **state)
 {
     (void)state;
@@ -574,7 +612,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sha256_vectors),     cmocka_unit_test(test_digest_canonicalises_nan),
         cmocka_unit_test(test_plan_decode),        cmocka_unit_test(test_effect_decode),
-        cmocka_unit_test(test_error_shape),        cmocka_unit_test(test_script_runner),
+        cmocka_unit_test(test_error_shape),        cmocka_unit_test(test_sample_ranges),
+               cmocka_unit_test(test_script_runner),
        
         cmocka_unit_test(test_script_as_reference),
         cmocka_unit_test(test_adapter_record_round_trip),

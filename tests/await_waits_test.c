@@ -138,9 +138,49 @@ static void test_close_resumes_all_and_refuses(void **state)
     devio_waits_stop(&ws);
 }
 
+/* A write wait is resumed by the batch that writes it or a later one, never by
+ * a settle; a wait for ticket 9 is not resumed by write 9. */
+static void test_write_waits(void **state)
+{
+    (void)state;
+    devio_waits ws;
+    assert_int_equal(devio_waits_start(&ws, &rec, NULL), DEVIO_OK);
+    conn a = {0}, b = {0}, t = {0};
+    devio_wait wa, wb, wt;
+    devio_waits_enter_write(&ws, &wa, &a, 5);
+    devio_waits_enter_write(&ws, &wb, &b, 9);
+    devio_waits_enter(&ws, &wt, &t, 9, -1);
+    assert_int_equal(devio_waits_park(&ws, &wa), DEVIO_WAIT_PARKED);
+    assert_int_equal(devio_waits_park(&ws, &wb), DEVIO_WAIT_PARKED);
+    assert_int_equal(devio_waits_park(&ws, &wt), DEVIO_WAIT_PARKED);
+    assert_true(devio_waits_watching(&ws, 9));
+    assert_false(devio_waits_watching(&ws, 5));
+    devio_waits_settled(&ws, 5);
+    assert_int_equal(resumes(&a), 0);
+    devio_waits_written(&ws, 8);
+    assert_int_equal(resumes(&a), 1);
+    assert_int_equal(resumes(&b), 0);
+    assert_int_equal(resumes(&t), 0);
+    devio_waits_written(&ws, 20);
+    assert_int_equal(resumes(&b), 1);
+    assert_int_equal(resumes(&t), 0);
+    /* Written between enter and park: the park says look again. */
+    conn c = {0};
+    devio_wait wc;
+    devio_waits_enter_write(&ws, &wc, &c, 21);
+    devio_waits_written(&ws, 21);
+    assert_int_equal(devio_waits_park(&ws, &wc), DEVIO_WAIT_RECHECK);
+    assert_int_equal(c.suspends, 0);
+    devio_waits_settled(&ws, 9);
+    assert_int_equal(resumes(&t), 1);
+    assert_false(devio_waits_watching(&ws, 9));
+    devio_waits_stop(&ws);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_write_waits),
         cmocka_unit_test(test_settle_resumes_its_ticket_only),
         cmocka_unit_test(test_settle_before_park_is_a_recheck),
         cmocka_unit_test(test_timer_resumes_at_the_deadline),

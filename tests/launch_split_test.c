@@ -193,7 +193,7 @@ static void test_await_given_back(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, await_main, &aw), 0);
     sleep_ms(100);
-    devio_await_end(c->dev, t, false);
+    devio_await_end(c->dev, t, DEVIO_AWAIT_KEEP);
     pthread_join(th, NULL);
     assert_int_equal(aw.st, DEVIO_OK);
     assert_int_equal(aw.len, 3);
@@ -205,12 +205,46 @@ static void test_await_given_back(void **state)
     assert_int_equal(info.len, 3);
 }
 
+/* A dropped answer ends the ticket and releases the logits handles its rows
+ * made; the sequence keeps the tokens the step appended. */
+static void test_await_dropped(void **state)
+{
+    ctx *c = *state;
+    uint64_t a = 0, t = 0;
+    assert_int_equal(devio_seq_create(c->dev, &a, NULL), DEVIO_OK);
+    devio_row ra = {.seq = a, .tokens = toks, .n_tokens = 3, .logits = DEVIO_LOGITS_ALL};
+    devio_plan pa = {.rows = &ra, .n_rows = 1};
+    assert_int_equal(devio_launch(c->dev, &pa, &t, NULL), DEVIO_OK);
+    devio_step_result r;
+    bool held = false;
+    assert_int_equal(devio_await_begin(c->dev, t, -1, &r, &held, NULL), DEVIO_OK);
+    assert_true(held);
+    uint64_t h = r.rows[0].logits;
+    assert_true(h != 0);
+    devio_step_result_free(&r);
+    assert_int_equal(devio_facts_get(c->dev).logits_live, 1);
+    devio_await_end(c->dev, t, DEVIO_AWAIT_DROP);
+    devio_facts f = devio_facts_get(c->dev);
+    assert_int_equal(f.logits_live, 0);
+    assert_int_equal(f.tickets_in_flight, 0);
+    float row[1];
+    uint32_t n = 0;
+    assert_int_equal(devio_logits_read(c->dev, h, 0, 0, row, &n, NULL), DEVIO_E_UNKNOWN_LOGITS);
+    devio_seq_info info;
+    assert_int_equal(devio_seq_info_get(c->dev, a, &info, NULL), DEVIO_OK);
+    assert_int_equal(info.len, 3);
+    assert_int_equal(info.busy_ticket, 0);
+    devio_error err = {0};
+    assert_int_equal(devio_await(c->dev, t, 0, &r, &err), DEVIO_E_TICKET_CONSUMED);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_reserve_cancel_changes_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_effect_waits_for_reservation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_await_given_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_await_dropped, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

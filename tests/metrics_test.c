@@ -70,8 +70,8 @@ static void test_tickets_and_tokens(void **state)
                         {.seq = 2, .tokens = toks, .n_tokens = 1},
                         {.seq = 3, .tokens = toks, .n_tokens = 1}};
     devio_plan plan = {.rows = rows, .n_rows = 3};
-    devio_metrics_launched(&m, 11, &plan);
-    devio_metrics_launched(&m, 12, &plan);
+    devio_metrics_launched(&m, &(devio_metrics_pending){.ticket = 11, .prefill = devio_metrics_shape(&plan).prefill, .decode = devio_metrics_shape(&plan).decode});
+    devio_metrics_launched(&m, &(devio_metrics_pending){.ticket = 12, .prefill = devio_metrics_shape(&plan).prefill, .decode = devio_metrics_shape(&plan).decode});
     devio_row_result rr[3] = {{.seq = 1, .sampled = true}, {.seq = 2}, {.seq = 3, .sampled = true}};
     devio_step_result r = {.ticket = 11, .n_rows = 3, .rows = rr, .queued_us = 1500,
                            .compute_us = 45000000, .n_tokens = 7};
@@ -90,7 +90,7 @@ static void test_tickets_and_tokens(void **state)
 
     /* Aborted tickets leave nothing pending; one settling anyway (never, in
      * the server) is classified from its result alone. */
-    devio_metrics_launched(&m, 13, &plan);
+    devio_metrics_launched(&m, &(devio_metrics_pending){.ticket = 13, .prefill = devio_metrics_shape(&plan).prefill, .decode = devio_metrics_shape(&plan).decode});
     devio_metrics_aborted(&m, 1);
     assert_int_equal(m.tickets_aborted, 1);
     for (uint32_t i = 0; i < DEVIO_METRICS_PENDING; i++)

@@ -149,11 +149,11 @@ static void test_migrate_from_version_0(void **state)
     /* A database with something in it but no devio schema (version 0). */
     sql_exec(c->path, "CREATE TABLE other(a); INSERT INTO other VALUES(42);");
     devio_store *s = open_store(c, 0);
-    assert_int_equal(devio_store_schema_version(s), 2);
+    assert_int_equal(devio_store_schema_version(s), 3);
     assert_int_equal(devio_store_epoch(s), 1);
     wait_ok(s, launch(s, 1, 1));
     devio_store_close(s);
-    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 2);
+    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 3);
     assert_int_equal(sql_int(c->path, "SELECT a FROM other"), 42);
 
     /* An empty (zero-byte) file is version 0 as well. */
@@ -165,12 +165,12 @@ static void test_migrate_from_version_0(void **state)
     devio_store *s2 = NULL;
     devio_error err = {0};
     assert_int_equal(devio_store_open(p2, NULL, &s2, &err), DEVIO_OK);
-    assert_int_equal(devio_store_schema_version(s2), 2);
+    assert_int_equal(devio_store_schema_version(s2), 3);
     devio_store_close(s2);
     assert_true(integrity_ok(p2));
 }
 
-/* A version-1 file (tickets without request_id) moves to version 2 keeping
+/* A version-1 file (tickets without request_id) moves to version 3 keeping
  * its rows, whose request_id reads back as none; new rows keep theirs. */
 static void test_migrate_from_version_1(void **state)
 {
@@ -182,7 +182,7 @@ static void test_migrate_from_version_1(void **state)
     sql_exec(c->path, "ALTER TABLE tickets DROP COLUMN request_id; PRAGMA user_version=1;"
                       " UPDATE meta SET value='1' WHERE key='schema_version';");
     s = open_store(c, 0);
-    assert_int_equal(devio_store_schema_version(s), 2);
+    assert_int_equal(devio_store_schema_version(s), 3);
     devio_ticket_record r = {.id = 2, .status = "in_flight", .launched_ms = 2, .rows = 1,
                              .request_id = "req-\"7\""};
     wait_ok(s, devio_store_ticket_launched(s, &r));
@@ -193,8 +193,17 @@ static void test_migrate_from_version_1(void **state)
     assert_int_equal(page.rows[1].id, 1);
     assert_null(page.rows[1].request_id);
     devio_ticket_page_free(&page);
+    /* Version 3 allows 'reaped', on the rows carried over as on new ones. */
+    devio_ticket_record rp = {.id = 1, .status = "reaped", .error_code = "ticket_reaped",
+                              .error_message = "lease"};
+    wait_ok(s, devio_store_ticket_settled(s, &rp));
+    page = query(s, "reaped", 0, 0, 0, 10);
+    assert_int_equal(page.n, 1);
+    assert_int_equal(page.rows[0].id, 1);
+    assert_string_equal(page.rows[0].status, "reaped");
+    devio_ticket_page_free(&page);
     devio_store_close(s);
-    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 2);
+    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 3);
     assert_true(integrity_ok(c->path));
 }
 

@@ -34,7 +34,7 @@ static void test_new_db(void **state)
     devio_store *s = open_store(c, 0);
     assert_int_equal(devio_store_epoch(s), 1);
     assert_int_equal(devio_store_next_ticket_id(s), 1);
-    assert_int_equal(devio_store_schema_version(s), 2);
+    assert_int_equal(devio_store_schema_version(s), 3);
 
     char buf[32];
     bool found = false;
@@ -42,7 +42,7 @@ static void test_new_db(void **state)
     assert_int_equal(devio_store_meta_get(s, "schema_version", buf, sizeof buf, &found, &err),
                      DEVIO_OK);
     assert_true(found);
-    assert_string_equal(buf, "2");
+    assert_string_equal(buf, "3");
     assert_int_equal(devio_store_meta_get(s, "epoch", buf, sizeof buf, &found, &err), DEVIO_OK);
     assert_string_equal(buf, "1");
 
@@ -52,7 +52,7 @@ static void test_new_db(void **state)
     devio_ticket_page_free(&page);
     devio_store_close(s);
 
-    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 2);
+    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 3);
     assert_int_equal(sql_int(c->path, "SELECT count(*) FROM sqlite_master WHERE type='table'"
                                       " AND name IN ('meta','tickets','adapters')"),
                      3);

@@ -5,11 +5,11 @@ The device is the stream test backend told to make each step last STEP_MS
 (STREAM_BACKEND_STEP_MS), so that a ticket is reliably pending for a known time.
 """
 import signal
-import sqlite3
 import threading
 import time
 
 import pytest
+from history import db_rows
 
 STEP_MS = 600
 
@@ -52,13 +52,6 @@ def timed(fn):
     r = fn()
     return r, time.monotonic() - t0
 
-
-def db_rows(path, sql):
-    con = sqlite3.connect(str(path), timeout=10)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def test_parked_await_resumed_by_its_step(slow):

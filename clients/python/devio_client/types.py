@@ -2,7 +2,7 @@
 Answers are the server's JSON as decoded; these types only name their keys for type checkers and readers."""
 from typing import List, Literal, Optional, TypedDict, Union
 
-TicketStatus = Literal["in_flight", "ok", "failed", "aborted"]
+TicketStatus = Literal["in_flight", "ok", "failed", "aborted", "reaped"]
 
 
 class SampleParams(TypedDict, total=False):
