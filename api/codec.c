@@ -36,28 +36,6 @@ json_t *devio_json_float(float x)
 
 /* ---- decoders --------------------------------------------------------- */
 
-devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
-                                      devio_error *err)
-{
-    static const char *const keys[] = {"temperature", "top_k", "top_p", "min_p", "seed", NULL};
-    *out = devio_sample_params_default();
-    devio_status s = devio_json_check_object(j, keys, "sample params", err);
-    uint64_t k = 0, seed = 0;
-    if (s == DEVIO_OK)
-        s = devio_json_get_float(j, "temperature", 0.0, false, FLT_MAX, &out->temperature, err);
-    if (s == DEVIO_OK)
-        s = devio_json_get_uint(j, "top_k", INT32_MAX, false, &k, err);
-    if (s == DEVIO_OK)
-        s = devio_json_get_float(j, "top_p", 0.0, true, 1.0, &out->top_p, err);
-    if (s == DEVIO_OK)
-        s = devio_json_get_float(j, "min_p", 0.0, false, 1.0, &out->min_p, err);
-    if (s == DEVIO_OK)
-        s = devio_json_get_uint(j, "seed", INT64_MAX, false, &seed, err);
-    out->top_k = (int32_t)k;
-    out->seed = seed;
-    return s;
-}
-
 /* A nested decoder's failure, pinned to plan row r (its message kept). */
 static devio_status in_row(devio_error *err, uint32_t r, devio_status s)
 {
@@ -130,9 +108,10 @@ static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf
     const json_t *js = json_object_get(jr, "sample");
     if (js && !json_is_null(js)) {
         row->has_sample = true;
-        s = devio_json_sample_decode(js, &row->sample, err);
+        s = devio_json_sample_decode(js, &row->sample, &buf->procs[r], err);
         if (s != DEVIO_OK)
             return in_row(err, r, s);
+        row->proc = &buf->procs[r].proc;
     }
     const json_t *jn = json_object_get(jr, "snapshot");
     if (jn && !json_is_null(jn)) {
@@ -172,7 +151,8 @@ devio_status devio_json_plan_decode(const json_t *j, uint32_t max_rows, uint32_t
     buf->rows = calloc(n, sizeof *buf->rows);
     buf->tokens = calloc(total ? total : 1, sizeof *buf->tokens);
     buf->adapters = calloc(n, sizeof *buf->adapters);
-    if (!buf->rows || !buf->tokens || !buf->adapters) {
+    buf->procs = calloc(n, sizeof *buf->procs);
+    if (!buf->rows || !buf->tokens || !buf->adapters || !buf->procs) {
         devio_plan_buf_free(buf);
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory decoding the plan");
     }
@@ -194,6 +174,10 @@ void devio_plan_buf_free(devio_plan_buf *buf)
     if (buf->adapters)
         for (uint32_t r = 0; r < buf->plan.n_rows; r++)
             free(buf->adapters[r]);
+    if (buf->procs)
+        for (uint32_t r = 0; r < buf->plan.n_rows; r++)
+            devio_sample_proc_buf_free(&buf->procs[r]);
+    free(buf->procs);
     free(buf->adapters);
     free(buf->rows);
     free(buf->tokens);
@@ -218,10 +202,12 @@ devio_status devio_json_await_decode(const json_t *j, uint64_t *ticket, int64_t 
     return s;
 }
 
-devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_error *err)
+devio_status devio_json_effect_decode(const json_t *j, devio_effect *out,
+                                      devio_sample_proc_buf *pb, devio_error *err)
 {
     static const char *const keys[] = {"kind", "seq", "len", "logits", "row", "params", NULL};
     memset(out, 0, sizeof *out);
+    *pb = (devio_sample_proc_buf){.proc = {.repetition_penalty = 1.0f}};
     devio_status s = devio_json_check_object(j, keys, "the effect", err);
     if (s != DEVIO_OK)
         return s;
@@ -243,8 +229,10 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out, devio_
         }
         const json_t *jp = json_object_get(j, "params");
         out->params = devio_sample_params_default();
-        if (s == DEVIO_OK && jp)
-            s = devio_json_sample_decode(jp, &out->params, err);
+        if (s == DEVIO_OK && jp) {
+            s = devio_json_sample_decode(jp, &out->params, pb, err);
+            out->proc = &pb->proc;
+        }
         return s;
     }
     case DEVIO_EFFECT_TRUNCATE:
@@ -294,6 +282,10 @@ json_t *devio_json_step_result(const devio_step_result *r)
         if (o && x->sampled) {
             json_object_set_new(o, "tokens", json_pack("[i]", x->token));
             json_object_set_new(o, "logprobs", json_pack("[o]", devio_json_float(x->logprob)));
+            if (x->n_top)
+                json_object_set_new(o, "top_logprobs",
+                                    json_pack("[o]", devio_json_top_logprobs(
+                                                         x->top_ids, x->top_logprobs, x->n_top)));
         }
         json_array_append_new(rows, o);
     }
@@ -316,6 +308,14 @@ json_t *devio_json_outcome(const devio_effect *e, const devio_outcome *o)
         }
         json_object_set_new(j, "tokens", t);
         json_object_set_new(j, "logprobs", l);
+        if (o->n_top) {
+            json_t *top = json_array();
+            for (uint32_t i = 0; i < o->n_tokens; i++)
+                json_array_append_new(top, devio_json_top_logprobs(
+                                               o->top_ids + (size_t)i * o->n_top,
+                                               o->top_logprobs + (size_t)i * o->n_top, o->n_top));
+            json_object_set_new(j, "top_logprobs", top);
+        }
         break;
     }
     case DEVIO_EFFECT_FORK:

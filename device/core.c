@@ -245,6 +245,10 @@ static void ticket_bufs_free(dv_ticket *t)
     free(t->copy_dst);
     free(t->samples);
     free(t->snap_slots);
+    free(t->procs);
+    free(t->proc_buf);
+    free(t->top_ids);
+    free(t->top_lps);
 }
 
 static void device_free(devio_device *d)
@@ -269,6 +273,8 @@ static void device_free(devio_device *d)
     free(d->read_buf);
     free(d->step_buf);
     free(d->row_free);
+    for (uint32_t i = 0; d->seqs && i < d->cfg.max_seqs; i++)
+        free(d->seqs[i].toks);
     free(d->seqs);
     free(d->block_tables);
     free(d->rope_cos);
@@ -339,7 +345,9 @@ static bool alloc_ticket(dv_ticket *t, const devio_config *c)
            ALLOC_N(t->tok_row, c->max_batch_tokens) && ALLOC_N(t->out_tok, c->max_batch_tokens) &&
            ALLOC_N(t->out_slot, c->max_batch_tokens) && ALLOC_N(t->copy_src, c->max_rows) &&
            ALLOC_N(t->copy_dst, c->max_rows) && ALLOC_N(t->samples, c->max_rows) &&
-           ALLOC_N(t->snap_slots, c->max_batch_tokens);
+           ALLOC_N(t->snap_slots, c->max_batch_tokens) && ALLOC_N(t->procs, c->max_rows) &&
+           ALLOC_N(t->top_ids, (size_t)c->max_rows * DEVIO_TOP_LOGPROBS_MAX) &&
+           ALLOC_N(t->top_lps, (size_t)c->max_rows * DEVIO_TOP_LOGPROBS_MAX);
 }
 
 static devio_status alloc_tables(devio_device *d)

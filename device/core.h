@@ -31,6 +31,9 @@ typedef struct dv_seq {
     uint64_t busy;    /* ticket id while inside an unawaited ticket, else 0 */
     int32_t slot;     /* SSM state slot (hybrid models, length > 0), else -1 */
     bool state_lost;  /* a failed step left the slot's state undefined */
+    int32_t *toks;    /* the token at each position [0, len): the penalties' history;
+                         owned, toks_cap entries (4 bytes per token, grown as needed) */
+    uint32_t toks_cap;
 } dv_seq;
 
 typedef struct dv_handle {
@@ -39,6 +42,7 @@ typedef struct dv_handle {
     bool ready;       /* the step that fills it has run */
     uint32_t *slots;  /* logits slot of each row, logits_rows entries */
     uint32_t *pos;    /* sequence position of the token of each row */
+    uint64_t seq;     /* the sequence whose positions these are */
 } dv_handle;
 
 /* What a launched row changed, so that a failed step can be undone exactly. */
@@ -54,6 +58,7 @@ typedef struct dv_trow {
     int32_t lora_slot;    /* adapter table entry, -1 = none */
     uint32_t lora_gen;    /* the entry's generation at launch */
     bool took_slot;       /* the launch gave the sequence its SSM state slot */
+    bool proc;            /* the sample has processing or top logprobs: ticket procs[row] */
     uint32_t n_snaps;     /* snapshots the row takes: ticket snap_slots[tok_start ..] */
 } dv_trow;
 
@@ -76,6 +81,10 @@ typedef struct dv_ticket {
     uint32_t *out_tok, *out_slot; /* max_batch_tokens */
     uint32_t *copy_src, *copy_dst; /* max_rows */
     devio_batch_sample *samples;/* max_rows */
+    devio_sample_proc *procs;   /* max_rows: each sampled row's processing, arrays in proc_buf */
+    char *proc_buf;             /* owned: the arrays of procs, remade at each reserve */
+    int32_t *top_ids;           /* max_rows * DEVIO_TOP_LOGPROBS_MAX: top logprobs by row */
+    float *top_lps;
     int32_t *snap_slots;        /* max_batch_tokens: each row's snapshot slots at its tok_start */
     uint32_t sample_slot0;      /* first of this ticket's max_rows scratch logits slots */
     bool device_sampled;        /* the backend's sample slot took the batch's samples */
@@ -167,6 +176,24 @@ dv_handle *dv_handle_find(devio_device *d, uint64_t id);
  * (vocab floats) read back from a backend that keeps its logits. */
 devio_status dv_logits_row(devio_device *d, uint32_t slot, float *buf, const float **out,
                            devio_error *err);
+
+/* ---- a sample's processing (sample_proc.c) ------------------------------- */
+
+/* p asks for processing or top logprobs (NULL: no). */
+bool dv_proc_asks(const devio_sample_proc *p);
+/* p asks for a penalty. */
+bool dv_proc_penalised(const devio_sample_proc *p);
+/* The sampler's view of p for a token drawn at `position` of q: the
+ * penalties' history is q's tokens at [penalty_from, position). q NULL: none. */
+devio_logit_proc dv_logit_proc(const devio_sample_proc *p, const dv_seq *q, uint64_t position);
+/* p against the vocab and the ranges; a p that leaves no token is refused. */
+devio_status dv_proc_check(const devio_device *d, const devio_sample_proc *p, devio_error *err);
+/* Bytes of p's arrays, and p copied with its arrays placed at *buf (advanced). */
+size_t dv_proc_bytes(const devio_sample_proc *p);
+void dv_proc_copy(devio_sample_proc *dst, const devio_sample_proc *p, char **buf);
+/* Room in q's token record for `need` positions; false when out of memory
+ * (q unchanged). */
+bool dv_seq_toks_reserve(const devio_device *d, dv_seq *q, uint32_t need);
 
 /* Allocate a handle of n rows; caller checked capacity. */
 dv_handle *dv_handle_alloc(devio_device *d, uint32_t n);

@@ -91,6 +91,30 @@ typedef struct devio_sample_params {
 
 devio_sample_params devio_sample_params_default(void);
 
+/* Top logprobs a sample may ask for with each token. */
+#define DEVIO_TOP_LOGPROBS_MAX 20u
+
+/* What a sample does besides its params (device/sampler.h, steps 0b and 1b):
+ * logit processing before the draw, and the top logprobs reported with it.
+ * Every pointer is borrowed for the call that takes it (a launch copies
+ * them). A zeroed struct asks for nothing. */
+typedef struct devio_sample_proc {
+    const int32_t *bias_ids;  /* logit_bias: n_bias (token id, additive bias) pairs */
+    const float *bias;
+    uint32_t n_bias;
+    const uint32_t *allowed;  /* allowed_tokens: (vocab + 31) / 32 words, bit i % 32 of word
+                                 i / 32 set when token i may be drawn; NULL: every token */
+    uint32_t allowed_words;
+    const int32_t *banned;    /* banned_tokens */
+    uint32_t n_banned;
+    float repetition_penalty; /* > 0; 1 or 0 (unset) = off */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    uint32_t penalty_from;    /* the penalties count the sequence's tokens at positions
+                                 >= this one (0: the prompt too) */
+    uint32_t logprobs;        /* top-n logprobs with each sampled token, <= DEVIO_TOP_LOGPROBS_MAX */
+} devio_sample_proc;
+
 /* Which SSM snapshots a plan row takes. Attention-only models accept both
  * and hold nothing (their KV cache is the whole state). */
 typedef enum devio_snapshot {
@@ -120,6 +144,7 @@ typedef struct devio_row {
     const char *adapter; /* NULL = base model */
     bool has_sample;     /* sample the last position with `sample` */
     devio_sample_params sample;
+    const devio_sample_proc *proc; /* with has_sample: processing and top logprobs; NULL = none */
     devio_snapshot snapshot; /* SSM snapshots this row takes (hybrid models) */
 } devio_row;
 
@@ -136,6 +161,9 @@ typedef struct devio_row_result {
     bool sampled;
     int32_t token;       /* valid when sampled */
     float logprob;       /* log-softmax of the raw logits at the token */
+    uint32_t n_top;      /* proc->logprobs: the top ids by raw logit, with their logprobs */
+    int32_t top_ids[DEVIO_TOP_LOGPROBS_MAX];
+    float top_logprobs[DEVIO_TOP_LOGPROBS_MAX];
 } devio_row_result;
 
 /* Result of devio_await. Caller frees with devio_step_result_free(). */
@@ -167,6 +195,9 @@ typedef struct devio_effect {
     bool has_row;        /* sample: one position; otherwise every position */
     uint32_t row;        /* sample: position index inside the handle */
     devio_sample_params params; /* sample */
+    const devio_sample_proc *proc; /* sample: processing and top logprobs; NULL = none. The
+                                      penalties count the tokens of the handle's sequence
+                                      before each sampled position */
 } devio_effect;
 
 /* Outcome of devio_apply. Caller frees with devio_outcome_free(). */
@@ -180,6 +211,9 @@ typedef struct devio_outcome {
     uint32_t n_tokens;     /* sample */
     int32_t *tokens;       /* sample; owned by the outcome */
     float *logprobs;       /* sample; owned by the outcome */
+    uint32_t n_top;        /* sample: top logprobs per token (proc->logprobs) */
+    int32_t *top_ids;      /* sample: n_tokens * n_top, token-major; owned; NULL when n_top 0 */
+    float *top_logprobs;
 } devio_outcome;
 
 void devio_outcome_free(devio_outcome *o);

@@ -35,13 +35,26 @@ static devio_status apply_sample(devio_device *d, const devio_effect *e, devio_o
         return devio_fail_at(err, DEVIO_E_INVALID, "row", e->row,
                              "row %u outside the handle's %u rows", e->row, h->n_rows);
     devio_status s = devio_sampler_check(&e->params, err);
+    if (s == DEVIO_OK)
+        s = dv_proc_check(d, e->proc, err);
     if (s != DEVIO_OK)
         return s;
     uint32_t first = e->has_row ? e->row : 0;
     uint32_t n = e->has_row ? 1 : h->n_rows;
+    /* The penalties count the handle's sequence's tokens before each position. */
+    const dv_seq *q = dv_proc_penalised(e->proc) ? dv_seq_find(d, h->seq) : NULL;
+    if (dv_proc_penalised(e->proc) && (!q || q->len <= h->pos[first + n - 1]))
+        return devio_fail_at(err, DEVIO_E_INVALID, "logits", (int64_t)e->logits,
+                             "penalties need the tokens of the handle's sequence %llu, which no "
+                             "longer holds the handle's positions", (unsigned long long)h->seq);
+    uint32_t n_top = e->proc ? e->proc->logprobs : 0;
     o->tokens = malloc(n * sizeof *o->tokens);
     o->logprobs = malloc(n * sizeof *o->logprobs);
-    if (!o->tokens || !o->logprobs) {
+    if (n_top) {
+        o->top_ids = malloc((size_t)n * n_top * sizeof *o->top_ids);
+        o->top_logprobs = malloc((size_t)n * n_top * sizeof *o->top_logprobs);
+    }
+    if (!o->tokens || !o->logprobs || (n_top && (!o->top_ids || !o->top_logprobs))) {
         devio_outcome_free(o);
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory sampling");
     }
@@ -54,14 +67,21 @@ static devio_status apply_sample(devio_device *d, const devio_effect *e, devio_o
             return s;
         }
         /* The sampled token would follow the token whose logits these are. */
-        s = devio_sampler_run(d->fx_sampler, logits, &e->params, (uint64_t)h->pos[r] + 1,
-                              &o->tokens[i], &o->logprobs[i]);
+        uint64_t at = (uint64_t)h->pos[r] + 1;
+        devio_logit_proc l = dv_logit_proc(e->proc, q, at);
+        devio_top_logprobs top = {.n = n_top,
+                                  .ids = n_top ? o->top_ids + (size_t)i * n_top : NULL,
+                                  .logprobs = n_top ? o->top_logprobs + (size_t)i * n_top : NULL};
+        s = devio_sampler_run_ex(d->fx_sampler, logits, &e->params, e->proc ? &l : NULL, at,
+                                 &o->tokens[i], &o->logprobs[i], &top);
         if (s != DEVIO_OK) {
             devio_outcome_free(o);
-            return devio_fail(err, s, "sampling failed");
+            return devio_fail(err, s, "cannot sample position %u: every logit is NaN or -inf "
+                                      "or the logit processing left none", r);
         }
     }
     o->n_tokens = n;
+    o->n_top = n_top;
     return DEVIO_OK;
 }
 
@@ -99,6 +119,8 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
     if (!c)
         return devio_fail_at(err, DEVIO_E_OUT_OF_SEQS, "max_seqs", d->cfg.max_seqs,
                              "all %u sequence slots are in use", d->cfg.max_seqs);
+    if (!dv_seq_toks_reserve(d, c, p->len))
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the child's token record");
     c->slot = -1;
     c->state_lost = false;
     if (p->slot >= 0) {
@@ -113,6 +135,8 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
     }
     c->id = d->next_seq_id++;
     c->len = p->len;
+    if (p->len)
+        memcpy(c->toks, p->toks, (size_t)p->len * sizeof *c->toks);
     c->busy = 0;
     c->n_blocks = p->n_blocks;
     /* The child shares the blocks the parent holds and inherits its
@@ -220,6 +244,9 @@ static devio_status apply_free(devio_device *d, const devio_effect *e, devio_out
     o->freed_blocks = dv_seq_shrink(d, q, 0);
     o->freed_snapshots = dv_ssm_release(d, q);
     q->id = 0;
+    free(q->toks);
+    q->toks = NULL;
+    q->toks_cap = 0;
     return DEVIO_OK;
 }
 
@@ -277,7 +304,12 @@ void devio_outcome_free(devio_outcome *o)
         return;
     free(o->tokens);
     free(o->logprobs);
+    free(o->top_ids);
+    free(o->top_logprobs);
     o->tokens = NULL;
     o->logprobs = NULL;
+    o->top_ids = NULL;
+    o->top_logprobs = NULL;
     o->n_tokens = 0;
+    o->n_top = 0;
 }

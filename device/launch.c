@@ -1,6 +1,7 @@
 /* launch.c - devio_launch as reserve (validate a plan, take what it needs and its id, lay out the batch) then commit (submit it).
  * A plan is refused whole before anything changes; a cancelled reservation or a submit the backend refuses is undone exactly. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/clock.h"
@@ -38,8 +39,31 @@ static devio_status validate_ssm(devio_device *d, const devio_plan *p, devio_err
     return DEVIO_OK;
 }
 
+/* A sampled row's processing and the room its sequence's token record needs. */
+static devio_status validate_proc(devio_device *d, const devio_row *row, uint32_t r, dv_seq *q,
+                                  size_t *proc_bytes, devio_error *err)
+{
+    if (row->has_sample && dv_proc_asks(row->proc)) {
+        devio_status s = dv_proc_check(d, row->proc, err);
+        if (s != DEVIO_OK) {
+            devio_error_prefix(err, "row %u: ", r);
+            if (err) {
+                err->detail_val = r;
+                snprintf(err->detail_key, sizeof err->detail_key, "row");
+            }
+            return s;
+        }
+        *proc_bytes += dv_proc_bytes(row->proc);
+    }
+    if (!dv_seq_toks_reserve(d, q, q->len + row->n_tokens))
+        return devio_fail_at(err, DEVIO_E_NOMEM, "row", r,
+                             "row %u: out of memory for the sequence's token record", r);
+    return DEVIO_OK;
+}
+
 static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t *kv_need,
-                                  uint32_t *handles_need, uint32_t *rows_need, devio_error *err)
+                                  uint32_t *handles_need, uint32_t *rows_need,
+                                  size_t *proc_bytes, devio_error *err)
 {
     const devio_config *c = &d->cfg;
     if (!p || p->n_rows == 0 || !p->rows)
@@ -49,6 +73,7 @@ static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t
                              "plan has %u rows, max_rows is %u", p->n_rows, c->max_rows);
     uint64_t total = 0;
     *kv_need = *handles_need = *rows_need = 0;
+    *proc_bytes = 0;
     for (uint32_t r = 0; r < p->n_rows; r++) {
         const devio_row *row = &p->rows[r];
         dv_seq *q = dv_seq_find(d, row->seq);
@@ -94,6 +119,9 @@ static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t
                 return s;
             }
         }
+        devio_status ps = validate_proc(d, row, r, q, proc_bytes, err);
+        if (ps != DEVIO_OK)
+            return ps;
         total += row->n_tokens;
         uint32_t bs = c->block_size;
         /* Entries, held or released: a released entry lies below the
@@ -203,8 +231,10 @@ static void commit_ssm(devio_device *d, dv_ticket *t, const devio_row *row, dv_s
     br->snap_slots = tr->n_snaps ? snaps : NULL;
 }
 
-/* Reserve and lay out one validated row in ticket slot t. Cannot fail. */
-static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_row *row)
+/* Reserve and lay out one validated row in ticket slot t; its processing's
+ * arrays are copied to *buf (advanced). Cannot fail. */
+static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_row *row,
+                       char **buf)
 {
     dv_seq *q = dv_seq_find(d, row->seq);
     dv_trow *tr = &t->rows[r];
@@ -225,8 +255,15 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
     dv_handle *h = NULL;
     if (row->logits != DEVIO_LOGITS_NONE) {
         h = dv_handle_alloc(d, row->logits == DEVIO_LOGITS_ALL ? row->n_tokens : 1);
+        h->seq = row->seq;
         tr->handle = h->id;
     }
+    if (row->has_sample && dv_proc_asks(row->proc)) {
+        dv_proc_copy(&t->procs[r], row->proc, buf);
+        tr->proc = true;
+    }
+    /* validate_proc made the room. */
+    memcpy(q->toks + q->len, row->tokens, (size_t)row->n_tokens * sizeof *row->tokens);
     t->brows[r] = (devio_batch_row){.pos0 = q->len, .n_tokens = row->n_tokens,
                                     .tok_start = t->batch.n_tokens, .blocks = q->blocks,
                                     .adapter = tr->lora_slot, .adapter_gen = tr->lora_gen,
@@ -292,8 +329,13 @@ static dv_ticket *ticket_take(devio_device *d, uint32_t *slot_out)
 static devio_status submit(devio_device *d, dv_ticket *t, devio_error *err)
 {
     devio_status s = devio_backend_submit(d->ops, d->backend, &d->bcfg, &t->batch, err);
+    /* A backend samples with the plain params only: processing and top
+     * logprobs are the host's (run_step). */
+    bool plain = true;
+    for (uint32_t r = 0; r < t->n_rows; r++)
+        plain = plain && !t->rows[r].proc;
     if (s == DEVIO_OK && t->batch.n_samples > 0 && d->cfg.numerics == DEVIO_NUMERICS_FAST &&
-        devio_backend_has_sample(d->ops)) {
+        plain && devio_backend_has_sample(d->ops)) {
         s = devio_backend_sample(d->ops, d->backend, &t->batch, err);
         t->device_sampled = s == DEVIO_OK;
     }
@@ -316,14 +358,22 @@ devio_status devio_launch_reserve(devio_device *d, const devio_plan *plan, uint6
         goto out;
     }
     uint32_t kv_need, handles_need, rows_need;
-    s = validate_plan(d, plan, &kv_need, &handles_need, &rows_need, err);
+    size_t proc_bytes = 0;
+    s = validate_plan(d, plan, &kv_need, &handles_need, &rows_need, &proc_bytes, err);
     if (s != DEVIO_OK)
         goto out;
+    char *buf = proc_bytes ? malloc(proc_bytes) : NULL;
+    if (proc_bytes && !buf) {
+        s = devio_fail(err, DEVIO_E_NOMEM, "out of memory for the plan's sample processing");
+        goto out;
+    }
     uint32_t slot;
     dv_ticket *t = ticket_take(d, &slot);
+    free(t->proc_buf);
+    t->proc_buf = buf;
     t->n_rows = plan->n_rows;
     for (uint32_t r = 0; r < plan->n_rows; r++)
-        commit_row(d, t, r, &plan->rows[r]);
+        commit_row(d, t, r, &plan->rows[r], &buf);
     t->batch.n_rows = plan->n_rows;
     /* The id is taken now and never handed out again, committed or not. */
     d->next_ticket_id++;

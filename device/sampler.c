@@ -438,6 +438,34 @@ devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab, d
     return DEVIO_OK;
 }
 
+devio_status devio_logit_proc_excludes_all(const devio_logit_proc *q, uint32_t vocab,
+                                           bool *none)
+{
+    *none = false;
+    if (!q || (!q->allowed && !q->n_banned && !q->n_bias))
+        return DEVIO_OK;
+    const uint32_t words = (vocab + 31u) / 32u;
+    uint32_t *open = malloc(words * sizeof *open);
+    if (!open)
+        return DEVIO_E_NOMEM;
+    for (uint32_t w = 0; w < words; w++)
+        open[w] = q->allowed ? q->allowed[w] : ~0u;
+    if (vocab % 32u) /* ids past the vocab are no tokens */
+        open[words - 1] &= (1u << (vocab % 32u)) - 1u;
+    for (uint32_t k = 0; k < q->n_banned; k++)
+        open[(uint32_t)q->banned[k] >> 5] &= ~(1u << ((uint32_t)q->banned[k] & 31u));
+    /* A -inf bias bans its token whatever else is added to it. */
+    for (uint32_t k = 0; k < q->n_bias; k++)
+        if (q->bias[k] == NEG_INF)
+            open[(uint32_t)q->bias_ids[k] >> 5] &= ~(1u << ((uint32_t)q->bias_ids[k] & 31u));
+    bool any = false;
+    for (uint32_t w = 0; w < words && !any; w++)
+        any = open[w] != 0;
+    free(open);
+    *none = !any;
+    return DEVIO_OK;
+}
+
 /* Step 0b into s->w from the cleaned logits, every result read by
  * clean_logit (NaN -> -inf, +inf -> FLT_MAX); false when it leaves every
  * value -inf. *argmax: the first largest of l''. */

@@ -146,8 +146,8 @@ typedef struct devio_logit_proc {
 /* Temperatures below this are greedy (step 2). */
 #define DEVIO_GREEDY_BELOW 1e-5f
 
-/* Step 1b's output: n ids and logprobs into caller-owned arrays of n. */
-#define DEVIO_TOP_LOGPROBS_MAX 20u
+/* Step 1b's output: n ids and logprobs into caller-owned arrays of n
+ * (n <= DEVIO_TOP_LOGPROBS_MAX, device/devio.h). */
 typedef struct devio_top_logprobs {
     uint32_t n;
     int32_t *ids;
@@ -159,6 +159,13 @@ typedef struct devio_top_logprobs {
  * DEVIO_OK (q NULL included), or DEVIO_E_INVALID naming the field. */
 devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab,
                                     devio_error *err);
+
+/* Whether q's mask, banned tokens and -inf biases exclude every token of
+ * the vocab whatever the logits (q checked; NULL excludes none). Then step
+ * 0b would fail for any row: a caller can refuse such q before a step runs.
+ * DEVIO_E_NOMEM when its scratch cannot be had; else DEVIO_OK and *none. */
+devio_status devio_logit_proc_excludes_all(const devio_logit_proc *q, uint32_t vocab,
+                                           bool *none);
 
 /* Sample one token from `logits` (vocab floats, borrowed for the call).
  * `position` is the sequence position the sampled token will occupy. Writes

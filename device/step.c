@@ -9,6 +9,25 @@
 #include "device/core.h"
 #include "device/status.h"
 
+/* One sampled row on the host, with its processing and top logprobs. The
+ * penalties read the row's sequence's token record, which nothing changes
+ * while the sequence is busy in t. */
+static devio_status sample_row(devio_device *d, dv_ticket *t, devio_batch_sample *sm,
+                               const float *logits)
+{
+    const dv_trow *tr = &t->rows[sm->row];
+    if (!tr->proc)
+        return devio_sampler_run(d->sampler, logits, &sm->params, sm->position, &sm->token,
+                                 &sm->logprob);
+    const devio_sample_proc *p = &t->procs[sm->row];
+    devio_logit_proc l = dv_logit_proc(p, &d->seqs[tr->seq_index], sm->position);
+    devio_top_logprobs top = {.n = p->logprobs,
+                              .ids = t->top_ids + (size_t)sm->row * DEVIO_TOP_LOGPROBS_MAX,
+                              .logprobs = t->top_lps + (size_t)sm->row * DEVIO_TOP_LOGPROBS_MAX};
+    return devio_sampler_run_ex(d->sampler, logits, &sm->params, &l, sm->position, &sm->token,
+                                &sm->logprob, &top);
+}
+
 /* Wait for the step of t, then sample its rows on the host unless the
  * backend sampled them. Runs without the device lock. */
 static void run_step(devio_device *d, dv_ticket *t)
@@ -24,10 +43,10 @@ static void run_step(devio_device *d, dv_ticket *t)
         t->status = dv_logits_row(d, sm->slot, d->step_buf, &logits, &t->err);
         if (t->status != DEVIO_OK)
             break;
-        if (devio_sampler_run(d->sampler, logits, &sm->params, sm->position, &sm->token,
-                              &sm->logprob) != DEVIO_OK)
+        if (sample_row(d, t, sm, logits) != DEVIO_OK)
             t->status = devio_fail_at(&t->err, DEVIO_E_DEVICE, "row", sm->row,
-                                      "row %u: cannot sample, every logit is NaN or -inf",
+                                      "row %u: cannot sample, every logit is NaN or -inf "
+                                      "or the logit processing left none",
                                       sm->row);
     }
     t->t_end = devio_clock_us();
@@ -147,6 +166,14 @@ static devio_status result_of(devio_device *d, dv_ticket *t, devio_step_result *
                                      .logits = tr->handle, .sampled = sm != NULL,
                                      .token = sm ? sm->token : 0,
                                      .logprob = sm ? sm->logprob : 0.0f};
+        if (sm && tr->proc && t->procs[r].logprobs) {
+            uint32_t n = t->procs[r].logprobs;
+            rows[r].n_top = n;
+            memcpy(rows[r].top_ids, t->top_ids + (size_t)r * DEVIO_TOP_LOGPROBS_MAX,
+                   n * sizeof *rows[r].top_ids);
+            memcpy(rows[r].top_logprobs, t->top_lps + (size_t)r * DEVIO_TOP_LOGPROBS_MAX,
+                   n * sizeof *rows[r].top_logprobs);
+        }
     }
     *out = (devio_step_result){.ticket = t->id, .n_rows = t->n_rows, .rows = rows,
                                .queued_us = t->t_start - t->t_launch,

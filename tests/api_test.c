@@ -165,28 +165,30 @@ static void test_effect_decode(void **state)
 {
     (void)state;
     devio_effect e;
+    devio_sample_proc_buf pb;
     devio_error err = {0};
     json_t *j = parse("{\"kind\":\"sample\",\"logits\":31,\"row\":0,\"params\":{\"temperature\":0}}");
-    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_OK);
+    assert_int_equal(devio_json_effect_decode(j, &e, &pb, &err), DEVIO_OK);
     assert_int_equal(e.kind, DEVIO_EFFECT_SAMPLE);
     assert_int_equal(e.logits, 31);
     assert_true(e.has_row);
     assert_true(e.params.temperature == 0.0f);
+    devio_sample_proc_buf_free(&pb);
     json_decref(j);
     j = parse("{\"kind\":\"truncate\",\"seq\":7,\"len\":2}");
-    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_OK);
+    assert_int_equal(devio_json_effect_decode(j, &e, &pb, &err), DEVIO_OK);
     assert_int_equal(e.seq, 7);
     assert_int_equal(e.len, 2);
     json_decref(j);
     /* release: a logits handle, or every snapshot of a sequence. */
     j = parse("{\"kind\":\"release\",\"logits\":31}");
-    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_OK);
+    assert_int_equal(devio_json_effect_decode(j, &e, &pb, &err), DEVIO_OK);
     assert_int_equal(e.kind, DEVIO_EFFECT_RELEASE);
     assert_int_equal(e.logits, 31);
     assert_int_equal(e.seq, 0);
     json_decref(j);
     j = parse("{\"kind\":\"release\",\"seq\":7}");
-    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_OK);
+    assert_int_equal(devio_json_effect_decode(j, &e, &pb, &err), DEVIO_OK);
     assert_int_equal(e.kind, DEVIO_EFFECT_RELEASE);
     assert_int_equal(e.seq, 7);
     assert_int_equal(e.logits, 0);
@@ -204,13 +206,13 @@ static void test_effect_decode(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = parse(bad[i]);
         memset(&err, 0, sizeof err);
-        assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_E_INVALID);
+        assert_int_equal(devio_json_effect_decode(j, &e, &pb, &err), DEVIO_E_INVALID);
         assert_true(err.message[0] != '\0');
         json_decref(j);
     }
     /* Both or neither of logits and seq: the message says what release takes. */
     j = parse("{\"kind\":\"release\",\"logits\":31,\"seq\":7}");
-    assert_int_equal(devio_json_effect_decode(j, &e, &err), DEVIO_E_INVALID);
+    assert_int_equal(devio_json_effect_decode(j, &e, &pb, &err), DEVIO_E_INVALID);
     assert_non_null(strstr(err.message, "exactly one of 'logits'"));
     json_decref(j);
 }
@@ -219,10 +221,12 @@ static void test_effect_decode(void **state)
 static char *outcome_text(const char *effect, const devio_outcome *o)
 {
     devio_effect e;
+    devio_sample_proc_buf pb;
     devio_error err = {0};
     json_t *je = parse(effect);
-    assert_int_equal(devio_json_effect_decode(je, &e, &err), DEVIO_OK);
+    assert_int_equal(devio_json_effect_decode(je, &e, &pb, &err), DEVIO_OK);
     json_decref(je);
+    devio_sample_proc_buf_free(&pb);
     json_t *j = devio_json_outcome(&e, o);
     assert_non_null(j);
     char *t = json_dumps(j, DEVIO_JSON_FLAGS);
@@ -457,23 +461,24 @@ static void test_sample_ranges(void **state)
 {
     (void)state;
     devio_sample_params p;
+    devio_sample_proc_buf pb;
     devio_error err = {0};
     json_t *j = parse("{\"temperature\":1e308}");
-    assert_int_equal(devio_json_sample_decode(j, &p, &err), DEVIO_E_INVALID);
+    assert_int_equal(devio_json_sample_decode(j, &p, &pb, &err), DEVIO_E_INVALID);
     assert_non_null(strstr(err.message, "'temperature'"));
     assert_non_null(strstr(err.message, "3.40282347e+38"));
     json_decref(j);
     j = parse("{\"top_p\":1e-300,\"min_p\":1e-300,\"temperature\":1e-40}");
-    assert_int_equal(devio_json_sample_decode(j, &p, &err), DEVIO_OK);
+    assert_int_equal(devio_json_sample_decode(j, &p, &pb, &err), DEVIO_OK);
     assert_true(p.top_p == FLT_TRUE_MIN && p.min_p == FLT_TRUE_MIN);
     assert_true(p.temperature > 0.0f && p.temperature < DEVIO_GREEDY_BELOW);
     json_decref(j);
     j = parse("{\"top_p\":0}");
-    assert_int_equal(devio_json_sample_decode(j, &p, &err), DEVIO_E_INVALID);
+    assert_int_equal(devio_json_sample_decode(j, &p, &pb, &err), DEVIO_E_INVALID);
     assert_non_null(strstr(err.message, "(0, 1]"));
     json_decref(j);
     j = parse("{\"seed\":-1}");
-    assert_int_equal(devio_json_sample_decode(j, &p, &err), DEVIO_E_INVALID);
+    assert_int_equal(devio_json_sample_decode(j, &p, &pb, &err), DEVIO_E_INVALID);
     assert_non_null(strstr(err.message, "[0, 9223372036854775807]"));
     json_decref(j);
     /* seq_busy's ticket travels beside its row. */

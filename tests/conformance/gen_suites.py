@@ -284,6 +284,66 @@ def suite_sampling():
     return s
 
 
+def mask_b64(ids):
+    """allowed_tokens of the tiny vocabulary allowing exactly ids."""
+    import base64
+    import struct
+    words = [0] * ((VOCAB + 31) // 32)
+    for i in ids:
+        words[i >> 5] |= 1 << (i & 31)
+    return base64.b64encode(struct.pack("<%dI" % len(words), *words)).decode()
+
+
+def suite_sampling_proc():
+    s = Script("logit processing and top logprobs: bias, masks, bans, penalties over the "
+               "sequence's own tokens, fused in the step and as an effect")
+    s.create("a")
+    s.step([row("a", toks(12, 21), "all")], "r")
+    params = [
+        {"temperature": 0, "logprobs": 5},
+        {"temperature": 0, "logit_bias": {"17": 3.5, "200": "-inf", "3": "inf"}, "logprobs": 2},
+        {"temperature": 1.0, "seed": 3, "allowed_tokens": mask_b64(range(0, VOCAB, 3))},
+        {"temperature": 1.0, "seed": 4, "allowed_tokens": mask_b64([9])},
+        {"temperature": 0.8, "seed": 5, "banned_tokens": list(range(0, 128)), "top_k": 10},
+        {"temperature": 0, "repetition_penalty": 1.5},
+        {"temperature": 0.9, "seed": 6, "frequency_penalty": 0.7, "presence_penalty": 0.4,
+         "penalty_from": 4, "logprobs": 3},
+        {"temperature": 1.2, "seed": 7, "top_p": 0.9, "min_p": 0.05,
+         "logit_bias": {"5": -1.25}, "repetition_penalty": 0.8, "logprobs": 20},
+    ]
+    for p in params:
+        s.op(op="apply", effect={"kind": "sample", "logits": "$r.rows[0].logits", "row": 11,
+                                 "params": p})
+    s.op(op="apply", effect={"kind": "sample", "logits": "$r.rows[0].logits",
+                             "params": params[6]})
+    s.note("fused: the same draws as the effects on the last position")
+    s.create("b")
+    s.step([row("b", toks(12, 21), "none", sample=params[6])], "fb")
+    s.create("c")
+    s.step([row("c", toks(12, 21), "none", sample=params[7])], "fc")
+    s.note("generation with feedback: the penalties see every token fed so far")
+    for k in range(2):
+        s.create("g%d" % k)
+    gen = [{"temperature": 0.7, "seed": k, "repetition_penalty": 1.3, "frequency_penalty": 0.5,
+            "penalty_from": 6, "logprobs": 2} for k in range(2)]
+    s.step([row("g%d" % k, toks(6, 22), sample=gen[k]) for k in range(2)], "s0")
+    for i in range(1, 6):
+        s.step([row("g%d" % k, ["$s%d.rows[%d].tokens[0]" % (i - 1, k)], sample=gen[k])
+                for k in range(2)], "s%d" % i)
+    s.note("a fork carries the record, a truncate cuts it")
+    s.op(op="apply", effect={"kind": "fork", "seq": "$g0"}, **{"as": "f"})
+    s.op(op="apply", effect={"kind": "truncate", "seq": "$g1", "len": 7})
+    s.step([row("f.seq", [1], sample=gen[0]), row("g1", [1], sample=gen[1])], "t0")
+    s.note("refused: no token left, a mask of the wrong size, too many logprobs")
+    s.op(op="launch", plan={"rows": [{"seq": "$b", "tokens": [1], "sample": {
+        "allowed_tokens": mask_b64([4]), "banned_tokens": [4]}}]})
+    s.op(op="launch", plan={"rows": [{"seq": "$b", "tokens": [1], "sample": {
+        "allowed_tokens": "AAAAAA=="}}]})
+    s.op(op="apply", effect={"kind": "sample", "logits": "$r.rows[0].logits",
+                             "params": {"logprobs": 21}})
+    return s
+
+
 def suite_long():
     s = Script("a long sequence crossing many blocks: chunked prefill and decode equal "
                "one prefill of the same tokens")
@@ -1375,6 +1435,7 @@ SUITES = {
     "truncate": (suite_truncate, "tiny", ""),
     "free_reuse": (suite_free_reuse, "tiny", "--kv-blocks 12 --block-size 4"),
     "sampling": (suite_sampling, "tiny", ""),
+    "sampling_proc": (suite_sampling_proc, "tiny", ""),
     "long": (suite_long, "tiny", ""),
     "kv_exhaustion": (suite_kv_exhaustion, "tiny", "--kv-blocks 8 --block-size 4"),
     "errors": (suite_errors, "tiny", "--max-depth 2 --max-rows 4 --max-batch-tokens 64 "

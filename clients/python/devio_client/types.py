@@ -1,16 +1,29 @@
 """types.py - the wire shapes of api/openapi.yaml as typed dictionaries.
 Answers are the server's JSON as decoded; these types only name their keys for type checkers and readers."""
-from typing import List, Literal, Optional, TypedDict, Union
+from typing import Dict, List, Literal, Optional, TypedDict, Union
 
 TicketStatus = Literal["in_flight", "ok", "failed", "aborted", "reaped"]
 
 
 class SampleParams(TypedDict, total=False):
-    temperature: float  # 0 is greedy
+    temperature: float  # below 1e-5 (0 included) is greedy
     top_k: int          # 0 is off
     top_p: float        # 1 is off
     min_p: float        # 0 is off
     seed: int
+    logit_bias: Dict[str, Union[float, str]]  # token id -> bias; "-inf" bans
+    allowed_tokens: str       # base64 of the vocabulary bitmask (32-bit little-endian words)
+    banned_tokens: List[int]
+    repetition_penalty: float  # 1 is off
+    frequency_penalty: float   # 0 is off
+    presence_penalty: float    # 0 is off
+    penalty_from: int          # first position the penalties count
+    logprobs: int              # top (id, logprob) pairs with each sampled token, 0 to 20
+
+
+class TopLogprob(TypedDict):
+    id: int
+    logprob: float
 
 
 class _RowRequired(TypedDict):
@@ -38,6 +51,7 @@ class RowResult(_RowResultRequired, total=False):
     logits: int             # handle, when the row asked for logits
     tokens: List[int]       # the sampled token, when the row had `sample`
     logprobs: List[float]
+    top_logprobs: List[List[TopLogprob]]  # when the sample asked for logprobs
 
 
 class Timing(TypedDict):
@@ -67,6 +81,7 @@ class Outcome(TypedDict, total=False):
     kind: str
     tokens: List[int]
     logprobs: List[float]
+    top_logprobs: List[List[TopLogprob]]
     seq: int
     shared_blocks: int
     len: int
