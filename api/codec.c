@@ -50,7 +50,7 @@ static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf
                                uint32_t *tok, uint32_t max_tokens, devio_error *err)
 {
     static const char *const keys[] = {"seq", "tokens", "logits", "adapter", "sample",
-                                       "snapshot", NULL};
+                                       "snapshot", "prompt_logprobs", NULL};
     devio_row *row = &buf->rows[r];
     if (!json_is_object(jr))
         return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u must be an object", r);
@@ -105,6 +105,9 @@ static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf
             return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
         row->adapter = buf->adapters[r];
     }
+    s = devio_json_get_bool(jr, "prompt_logprobs", &row->prompt_logprobs, err);
+    if (s != DEVIO_OK)
+        return in_row(err, r, s);
     const json_t *js = json_object_get(jr, "sample");
     if (js && !json_is_null(js)) {
         row->has_sample = true;
@@ -279,6 +282,12 @@ json_t *devio_json_step_result(const devio_step_result *r)
         json_t *o = json_pack("{s:I,s:I}", "seq", (json_int_t)x->seq, "len", (json_int_t)x->len);
         if (o && x->logits)
             json_object_set_new(o, "logits", json_integer((json_int_t)x->logits));
+        if (o && x->prompt_logprobs) {
+            json_t *pl = json_array();
+            for (uint32_t k = 0; pl && k < x->n_prompt; k++)
+                json_array_append_new(pl, devio_json_float(x->prompt_logprobs[k]));
+            json_object_set_new(o, "prompt_logprobs", pl);
+        }
         if (o && x->sampled) {
             json_object_set_new(o, "tokens", json_pack("[i]", x->token));
             json_object_set_new(o, "logprobs", json_pack("[o]", devio_json_float(x->logprob)));

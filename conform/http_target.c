@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -29,6 +30,7 @@ struct devio_http_target {
     bool buf_oom;
     long code;
     char ctype[128];
+    bool replayed;          /* the answer carried Idempotent-Replayed: read again from history */
     /* Sticky transport / protocol failure. */
     bool failed;
     char failure[512];
@@ -55,6 +57,17 @@ static devio_status broken(devio_http_target *h, devio_error *err, const char *f
     va_end(ap);
     h->failed = true;
     return devio_fail(err, DEVIO_E_IO, "%s", h->failure);
+}
+
+/* One header line of the answer: notes Idempotent-Replayed. */
+static size_t on_header(char *line, size_t size, size_t n, void *arg)
+{
+    devio_http_target *h = arg;
+    static const char name[] = "idempotent-replayed:";
+    size_t len = size * n;
+    if (len >= sizeof name - 1 && strncasecmp(line, name, sizeof name - 1) == 0)
+        h->replayed = true;
+    return len;
 }
 
 static size_t on_body(char *p, size_t size, size_t n, void *cls)
@@ -121,7 +134,10 @@ static devio_status exchange(devio_http_target *h, const char *method, const cha
     h->curl_err[0] = '\0';
     h->code = 0;
     h->ctype[0] = '\0';
+    h->replayed = false;
     curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, h);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, h->curl_err);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "devio-conform");
@@ -237,6 +253,20 @@ static devio_status request_json(devio_http_target *h, const char *method, const
     return DEVIO_OK;
 }
 
+/* An answer the server read again from its history is the in-process
+ * device's ticket_consumed: the runner compares what the device did. */
+static devio_status consumed_if_replayed(devio_http_target *h, uint64_t id, devio_status s,
+                                         json_t **result, devio_error *err)
+{
+    if (s != DEVIO_OK || !h->replayed)
+        return s;
+    json_decref(*result);
+    *result = NULL;
+    return devio_fail_at(err, DEVIO_E_TICKET_CONSUMED, "ticket", (int64_t)id,
+                         "ticket %llu was already awaited (the server replayed its answer)",
+                         (unsigned long long)id);
+}
+
 static devio_status op_await(devio_http_target *h, const json_t *body, json_t **result,
                              devio_error *err)
 {
@@ -252,7 +282,9 @@ static devio_status op_await(devio_http_target *h, const json_t *body, json_t **
                  (unsigned long long)id, (long long)t);
         /* The server caps one long poll at an hour; the transfer may take that long. */
         long wait_ms = t > 3600000 ? 3600000 : (long)t;
-        return request_json(h, "POST", path, NULL, wait_ms, result, err);
+        return consumed_if_replayed(h, id, request_json(h, "POST", path, NULL, wait_ms, result,
+                                                        err),
+                                    result, err);
     }
     /* No timeout: wait, as in process, in bounded long polls. */
     snprintf(path, sizeof path, "/v1/tickets/%llu/await?timeout_ms=%u", (unsigned long long)id,
@@ -261,7 +293,7 @@ static devio_status op_await(devio_http_target *h, const json_t *body, json_t **
     for (;;) {
         s = request_json(h, "POST", path, NULL, (long)h->opt.await_slice_ms, result, err);
         if (s != DEVIO_E_TICKET_PENDING)
-            return s;
+            return consumed_if_replayed(h, id, s, result, err);
         if (devio_clock_s() >= deadline) {
             fprintf(stderr,
                     "devio-conform: ticket %llu still pending after %u s; answering "

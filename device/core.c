@@ -249,6 +249,7 @@ static void ticket_bufs_free(dv_ticket *t)
     free(t->proc_buf);
     free(t->top_ids);
     free(t->top_lps);
+    free(t->prompt_lps);
 }
 
 static void device_free(devio_device *d)
@@ -347,7 +348,8 @@ static bool alloc_ticket(dv_ticket *t, const devio_config *c)
            ALLOC_N(t->copy_dst, c->max_rows) && ALLOC_N(t->samples, c->max_rows) &&
            ALLOC_N(t->snap_slots, c->max_batch_tokens) && ALLOC_N(t->procs, c->max_rows) &&
            ALLOC_N(t->top_ids, (size_t)c->max_rows * DEVIO_TOP_LOGPROBS_MAX) &&
-           ALLOC_N(t->top_lps, (size_t)c->max_rows * DEVIO_TOP_LOGPROBS_MAX);
+           ALLOC_N(t->top_lps, (size_t)c->max_rows * DEVIO_TOP_LOGPROBS_MAX) &&
+           ALLOC_N(t->prompt_lps, c->max_batch_tokens);
 }
 
 static devio_status alloc_tables(devio_device *d)
@@ -626,74 +628,4 @@ devio_facts devio_facts_get(devio_device *d)
     };
     dv_unlock(d);
     return f;
-}
-
-devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
-{
-    devio_status s = DEVIO_OK;
-    dv_lock(d);
-    if (d->torn_down) {
-        s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
-        goto out;
-    }
-    for (uint32_t i = 0; i < d->cfg.max_seqs; i++) {
-        dv_seq *q = &d->seqs[i];
-        if (q->id)
-            continue;
-        q->id = d->next_seq_id++;
-        q->len = 0;
-        q->n_blocks = 0;
-        q->n_released = 0;
-        q->busy = 0;
-        q->slot = -1;
-        q->state_lost = false;
-        *seq = q->id;
-        goto out;
-    }
-    s = devio_fail_at(err, DEVIO_E_OUT_OF_SEQS, "max_seqs", d->cfg.max_seqs,
-                      "all %u sequence slots are in use", d->cfg.max_seqs);
-out:
-    dv_unlock(d);
-    return s;
-}
-
-/* A sequence's state, its snapshots' lengths ascending. */
-static void seq_info_fill(const devio_device *d, const dv_seq *q, devio_seq_info *out)
-{
-    /* blocks: those the sequence holds, not the entries its window released. */
-    *out = (devio_seq_info){.seq = q->id, .len = q->len, .blocks = dv_seq_blocks_held(q),
-                            .busy_ticket = q->busy, .ssm_slot = q->slot >= 0};
-    int32_t owner = (int32_t)(q - d->seqs);
-    uint32_t cap = sizeof out->snapshots / sizeof *out->snapshots;
-    for (uint32_t i = 0; i < d->bcfg.ssm_snapshots; i++) {
-        if (d->snap_owner[i] != owner)
-            continue;
-        uint32_t len = d->snap_len[i], k = out->n_snapshots < cap ? out->n_snapshots : cap;
-        /* Insertion into the first cap lengths, kept ascending. */
-        while (k > 0 && out->snapshots[k - 1] > len) {
-            if (k < cap)
-                out->snapshots[k] = out->snapshots[k - 1];
-            k--;
-        }
-        if (k < cap)
-            out->snapshots[k] = len;
-        out->n_snapshots++;
-    }
-}
-
-devio_status devio_seq_info_get(devio_device *d, uint64_t seq, devio_seq_info *out,
-                                devio_error *err)
-{
-    devio_status s = DEVIO_OK;
-    dv_lock(d);
-    dv_seq *q = d->torn_down ? NULL : dv_seq_find(d, seq);
-    if (d->torn_down)
-        s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
-    else if (!q)
-        s = devio_fail_at(err, DEVIO_E_UNKNOWN_SEQ, "seq", (int64_t)seq, "no sequence %llu",
-                          (unsigned long long)seq);
-    else
-        seq_info_fill(d, q, out);
-    dv_unlock(d);
-    return s;
 }

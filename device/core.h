@@ -59,6 +59,12 @@ typedef struct dv_trow {
     uint32_t lora_gen;    /* the entry's generation at launch */
     bool took_slot;       /* the launch gave the sequence its SSM state slot */
     bool proc;            /* the sample has processing or top logprobs: ticket procs[row] */
+    bool prompt;          /* prompt logprobs: ticket prompt_lps[tok_start ..] */
+    uint64_t prompt_handle; /* a handle of its own holding positions 0..n-2 for them (the
+                               row did not ask for every position's logits), 0 = none;
+                               released when the step settles */
+    const uint32_t *prompt_slots; /* the logits slots of positions 0..n-2 (that handle's, or
+                                     the row's own handle's with logits "all") */
     uint32_t n_snaps;     /* snapshots the row takes: ticket snap_slots[tok_start ..] */
 } dv_trow;
 
@@ -85,6 +91,7 @@ typedef struct dv_ticket {
     char *proc_buf;             /* owned: the arrays of procs, remade at each reserve */
     int32_t *top_ids;           /* max_rows * DEVIO_TOP_LOGPROBS_MAX: top logprobs by row */
     float *top_lps;
+    float *prompt_lps;          /* max_batch_tokens: prompt logprobs by batch token */
     int32_t *snap_slots;        /* max_batch_tokens: each row's snapshot slots at its tok_start */
     uint32_t sample_slot0;      /* first of this ticket's max_rows scratch logits slots */
     bool device_sampled;        /* the backend's sample slot took the batch's samples */

@@ -145,6 +145,8 @@ typedef struct devio_row {
     bool has_sample;     /* sample the last position with `sample` */
     devio_sample_params sample;
     const devio_sample_proc *proc; /* with has_sample: processing and top logprobs; NULL = none */
+    bool prompt_logprobs; /* the raw logprob of each token of the row given those before it
+                             (the first token's is NaN: its context is not in this step) */
     devio_snapshot snapshot; /* SSM snapshots this row takes (hybrid models) */
 } devio_row;
 
@@ -161,6 +163,9 @@ typedef struct devio_row_result {
     bool sampled;
     int32_t token;       /* valid when sampled */
     float logprob;       /* log-softmax of the raw logits at the token */
+    const float *prompt_logprobs; /* row.prompt_logprobs: n_prompt values, [0] NaN; into the
+                                     result's prompt_buf; NULL otherwise */
+    uint32_t n_prompt;
     uint32_t n_top;      /* proc->logprobs: the top ids by raw logit, with their logprobs */
     int32_t top_ids[DEVIO_TOP_LOGPROBS_MAX];
     float top_logprobs[DEVIO_TOP_LOGPROBS_MAX];
@@ -174,6 +179,7 @@ typedef struct devio_step_result {
     uint64_t queued_us;  /* launch to start of compute */
     uint64_t compute_us; /* compute of the step */
     uint32_t n_tokens;   /* tokens processed by the step */
+    float *prompt_buf;   /* owned: the rows' prompt_logprobs */
 } devio_step_result;
 
 void devio_step_result_free(devio_step_result *r);

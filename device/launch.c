@@ -39,6 +39,13 @@ static devio_status validate_ssm(devio_device *d, const devio_plan *p, devio_err
     return DEVIO_OK;
 }
 
+/* Prompt logprobs read the logits of positions 0..n-2: a row that does not
+ * keep every position's logits takes a handle of its own for them. */
+static bool needs_prompt_handle(const devio_row *row)
+{
+    return row->prompt_logprobs && row->n_tokens > 1 && row->logits != DEVIO_LOGITS_ALL;
+}
+
 /* A sampled row's processing and the room its sequence's token record needs. */
 static devio_status validate_proc(devio_device *d, const devio_row *row, uint32_t r, dv_seq *q,
                                   size_t *proc_bytes, devio_error *err)
@@ -139,6 +146,10 @@ static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t
             *handles_need += 1;
             *rows_need += row->logits == DEVIO_LOGITS_ALL ? row->n_tokens : 1;
         }
+        if (needs_prompt_handle(row)) {
+            *handles_need += 1;
+            *rows_need += row->n_tokens - 1;
+        }
     }
     if (total > c->max_batch_tokens)
         return devio_fail_at(err, DEVIO_E_TOO_LARGE, "max_batch_tokens", c->max_batch_tokens,
@@ -176,7 +187,7 @@ static void cow_last_block(devio_device *d, dv_ticket *t, dv_seq *q, dv_trow *tr
 /* Lay out the tokens of row r: positions, rows, and which want logits
  * (every one for "all", the last for "last" or for a sample). */
 static void layout_tokens(dv_ticket *t, uint32_t r, const devio_row *row, const dv_seq *q,
-                          dv_handle *h)
+                          dv_handle *h, dv_handle *ph)
 {
     devio_batch *b = &t->batch;
     dv_trow *tr = &t->rows[r];
@@ -193,6 +204,9 @@ static void layout_tokens(dv_ticket *t, uint32_t r, const devio_row *row, const 
             slot = h->slots[hr];
         } else if (last && row->has_sample) {
             slot = t->sample_slot0 + r;
+        } else if (ph && !last) {
+            ph->pos[i] = q->len + i;
+            slot = ph->slots[i];
         }
         if (slot >= 0) {
             t->out_tok[b->n_out] = ti;
@@ -258,6 +272,14 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
         h->seq = row->seq;
         tr->handle = h->id;
     }
+    dv_handle *ph = NULL;
+    if (needs_prompt_handle(row)) {
+        ph = dv_handle_alloc(d, row->n_tokens - 1);
+        ph->seq = row->seq;
+        tr->prompt_handle = ph->id;
+    }
+    tr->prompt = row->prompt_logprobs;
+    tr->prompt_slots = ph ? ph->slots : row->logits == DEVIO_LOGITS_ALL && h ? h->slots : NULL;
     if (row->has_sample && dv_proc_asks(row->proc)) {
         dv_proc_copy(&t->procs[r], row->proc, buf);
         tr->proc = true;
@@ -269,7 +291,7 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
                                     .adapter = tr->lora_slot, .adapter_gen = tr->lora_gen,
                                     .ssm_slot = -1, .snapshot = DEVIO_SNAP_NONE};
     commit_ssm(d, t, row, q, tr, &t->brows[r]);
-    layout_tokens(t, r, row, q, h);
+    layout_tokens(t, r, row, q, h, ph);
     q->len += row->n_tokens;
     q->busy = t->id;
 }
@@ -301,6 +323,9 @@ void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran)
         dv_handle *h = dv_handle_find(d, tr->handle);
         if (h)
             dv_handle_release(d, h);
+        dv_handle *ph = dv_handle_find(d, tr->prompt_handle);
+        if (ph)
+            dv_handle_release(d, ph);
         q->busy = 0;
         devio_lora_table_release(&d->lora, tr->lora_slot, tr->lora_gen);
     }

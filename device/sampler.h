@@ -167,6 +167,12 @@ devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab,
 devio_status devio_logit_proc_excludes_all(const devio_logit_proc *q, uint32_t vocab,
                                            bool *none);
 
+/* Step 1 alone: the raw log-softmax of `logits` at `token`, the value a
+ * sample of that token reports. DEVIO_E_INVALID for a bad token or when every
+ * logit is NaN or -inf. */
+devio_status devio_sampler_logprob(devio_sampler *s, const float *logits, int32_t token,
+                                   float *out);
+
 /* Sample one token from `logits` (vocab floats, borrowed for the call).
  * `position` is the sequence position the sampled token will occupy. Writes
  * *token and *logprob on DEVIO_OK; leaves them untouched otherwise.

@@ -1,6 +1,7 @@
 /* step.c - the step runner (backend wait, then host sampling), await, logits reads and LoRA commands.
  * It never changes a sequence while a step runs, and a failed step is undone before its ticket ends;
  * a step that succeeded gives back, when awaited, the KV blocks its rows left below the sliding window. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,6 +29,31 @@ static devio_status sample_row(devio_device *d, dv_ticket *t, devio_batch_sample
                                 &sm->logprob, &top);
 }
 
+/* The prompt logprobs of t's rows that asked: token i's raw logprob read
+ * from the logits of position i - 1 (NaN for the first token, and for a row
+ * whose logits are all NaN or -inf there). */
+static devio_status prompt_logprobs(devio_device *d, dv_ticket *t)
+{
+    for (uint32_t r = 0; r < t->n_rows; r++) {
+        const dv_trow *tr = &t->rows[r];
+        if (!tr->prompt)
+            continue;
+        uint32_t t0 = t->brows[r].tok_start;
+        t->prompt_lps[t0] = NAN;
+        for (uint32_t i = 1; i < tr->n_tokens; i++) {
+            const float *logits;
+            devio_status s = dv_logits_row(d, tr->prompt_slots[i - 1], d->step_buf, &logits,
+                                           &t->err);
+            if (s != DEVIO_OK)
+                return s;
+            if (devio_sampler_logprob(d->sampler, logits, t->tokens[t0 + i],
+                                      &t->prompt_lps[t0 + i]) != DEVIO_OK)
+                t->prompt_lps[t0 + i] = NAN;
+        }
+    }
+    return DEVIO_OK;
+}
+
 /* Wait for the step of t, then sample its rows on the host unless the
  * backend sampled them. Runs without the device lock. */
 static void run_step(devio_device *d, dv_ticket *t)
@@ -49,6 +75,8 @@ static void run_step(devio_device *d, dv_ticket *t)
                                       "or the logit processing left none",
                                       sm->row);
     }
+    if (t->status == DEVIO_OK)
+        t->status = prompt_logprobs(d, t);
     t->t_end = devio_clock_us();
 }
 
@@ -66,9 +94,16 @@ void dv_run_queue_head(devio_device *d)
     d->q_head = (d->q_head + 1) % d->cfg.max_depth;
     d->q_len--;
     for (uint32_t r = 0; r < t->n_rows; r++) {
-        dv_handle *h = dv_handle_find(d, t->rows[r].handle);
+        dv_trow *tr = &t->rows[r];
+        dv_handle *h = dv_handle_find(d, tr->handle);
         if (h)
             h->ready = true;
+        /* The prompt logprobs are read: their handle goes back. */
+        dv_handle *ph = dv_handle_find(d, tr->prompt_handle);
+        if (ph)
+            dv_handle_release(d, ph);
+        tr->prompt_handle = 0;
+        tr->prompt_slots = NULL;
     }
 #ifndef DEVIO_NO_THREADS
     pthread_cond_broadcast(&d->cv_done);
@@ -156,8 +191,16 @@ static devio_status result_of(devio_device *d, dv_ticket *t, devio_step_result *
         return t->status;
     }
     devio_row_result *rows = calloc(t->n_rows, sizeof *rows);
-    if (!rows)
+    size_t n_prompt = 0;
+    for (uint32_t r = 0; r < t->n_rows; r++)
+        n_prompt += t->rows[r].prompt ? t->rows[r].n_tokens : 0;
+    float *prompt = n_prompt ? malloc(n_prompt * sizeof *prompt) : NULL;
+    if (!rows || (n_prompt && !prompt)) {
+        free(rows);
+        free(prompt);
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the step result");
+    }
+    size_t at = 0;
     for (uint32_t r = 0; r < t->n_rows; r++) {
         const dv_trow *tr = &t->rows[r];
         const dv_seq *q = &d->seqs[tr->seq_index];
@@ -166,6 +209,13 @@ static devio_status result_of(devio_device *d, dv_ticket *t, devio_step_result *
                                      .logits = tr->handle, .sampled = sm != NULL,
                                      .token = sm ? sm->token : 0,
                                      .logprob = sm ? sm->logprob : 0.0f};
+        if (tr->prompt) {
+            memcpy(prompt + at, t->prompt_lps + t->brows[r].tok_start,
+                   tr->n_tokens * sizeof *prompt);
+            rows[r].prompt_logprobs = prompt + at;
+            rows[r].n_prompt = tr->n_tokens;
+            at += tr->n_tokens;
+        }
         if (sm && tr->proc && t->procs[r].logprobs) {
             uint32_t n = t->procs[r].logprobs;
             rows[r].n_top = n;
@@ -176,6 +226,7 @@ static devio_status result_of(devio_device *d, dv_ticket *t, devio_step_result *
         }
     }
     *out = (devio_step_result){.ticket = t->id, .n_rows = t->n_rows, .rows = rows,
+                               .prompt_buf = prompt,
                                .queued_us = t->t_start - t->t_launch,
                                .compute_us = t->t_end - t->t_start,
                                .n_tokens = t->batch.n_tokens};
@@ -305,7 +356,9 @@ void devio_step_result_free(devio_step_result *r)
     if (!r)
         return;
     free(r->rows);
+    free(r->prompt_buf);
     r->rows = NULL;
+    r->prompt_buf = NULL;
     r->n_rows = 0;
 }
 

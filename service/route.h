@@ -66,6 +66,7 @@ typedef struct devio_reply {
     char allow[48];    /* a 405's Allow header ("GET, HEAD"), or "" */
     bool suspended;    /* no answer yet: the handler parked the connection (rq->wait) and
                           runs again, with the same rq->wait, once it is resumed */
+    bool replayed;     /* an answer read again from the history: Idempotent-Replayed */
 } devio_reply;
 
 /* A route handler (a function type, so that handlers are declared with it):

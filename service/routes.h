@@ -13,7 +13,12 @@ devio_route_handler devio_route_seq_create, devio_route_seq_get, devio_route_seq
     devio_route_teardown;
 
 /* routes_tickets.c: launch, step, await, the history */
-devio_route_handler devio_route_launch, devio_route_step, devio_route_await, devio_route_tickets;
+devio_route_handler devio_route_launch, devio_route_step, devio_route_await, devio_route_tickets,
+    devio_route_ticket;
+
+/* The answer text of a settled step, byte for byte what the await sends
+ * (malloc'd; NULL when out of memory): kept with the ticket's history row. */
+char *devio_step_answer_text(const devio_step_result *r);
 
 /* routes_adapters.c: list, get, load, unload, pin, unpin */
 devio_route_handler devio_route_adapters_list, devio_route_adapter_get, devio_route_adapter_put,

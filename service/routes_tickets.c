@@ -221,6 +221,58 @@ static void uncount(devio_server *s, devio_ticket_op *op)
     op->counted = false;
 }
 
+char *devio_step_answer_text(const devio_step_result *r)
+{
+    json_t *j = devio_json_step_result(r);
+    char *text = j ? json_dumps(j, DEVIO_JSON_FLAGS) : NULL;
+    json_decref(j);
+    return text;
+}
+
+/* What the history says of a ticket this process cannot answer from the
+ * device (awaited already, reaped, or launched by an earlier process): the
+ * answer it settled with, read again; its failure; or, with no row to say
+ * more, st as the device answered it. */
+static devio_status from_history(devio_server *s, uint64_t ticket, devio_status st,
+                                 devio_reply *out, devio_error *err)
+{
+    devio_error herr = {0};
+    devio_ticket_page p = {0};
+    if (devio_server_store_enter(s, &herr) != DEVIO_OK)
+        return st; /* the device's own answer stands */
+    devio_status hs = devio_store_ticket_get(s->store, ticket, &p, &herr);
+    devio_server_store_leave(s);
+    if (hs != DEVIO_OK || p.n == 0) {
+        devio_ticket_page_free(&p);
+        return st;
+    }
+    const devio_ticket_row *row = &p.rows[0];
+    if (st != DEVIO_E_TICKET_REAPED && strcmp(row->status, "ok") == 0 && row->answer) {
+        size_t n = strlen(row->answer);
+        char *body = malloc(n + 1);
+        st = body ? DEVIO_OK : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+        if (body) {
+            memcpy(body, row->answer, n + 1);
+            devio_reply_bytes(out, 200, "application/json", body, n);
+            out->replayed = true;
+        }
+    } else if (strcmp(row->status, "failed") == 0 && st != DEVIO_E_TICKET_REAPED) {
+        st = devio_fail_at(err, devio_status_parse(row->error_code), "ticket", (int64_t)ticket,
+                           "%s", row->error_message ? row->error_message : "");
+    } else if (strcmp(row->status, "reaped") == 0) {
+        st = devio_fail_at(err, DEVIO_E_TICKET_REAPED, "ticket", (int64_t)ticket,
+                           "ticket %" PRIu64 " was settled by the server for nobody: %s%s",
+                           ticket, row->error_message ? row->error_message : "",
+                           row->answer ? "; its answer is in GET /v1/tickets/{id}" : "");
+    } else if (strcmp(row->status, "aborted") == 0) {
+        st = devio_fail_at(err, DEVIO_E_UNKNOWN_TICKET, "ticket", (int64_t)ticket,
+                           "ticket %" PRIu64 " was aborted: %s", ticket,
+                           row->error_message ? row->error_message : "");
+    }
+    devio_ticket_page_free(&p);
+    return st;
+}
+
 /* Answer a settled step and free it. */
 static devio_status reply_result(devio_reply *out, devio_step_result *res, devio_error *err)
 {
@@ -268,7 +320,14 @@ devio_status devio_route_await(devio_server *s, const devio_request *rq, devio_r
         return st;
     op->phase = DEVIO_OP_NONE;
     uncount(s, op);
-    return st == DEVIO_OK ? reply_result(out, &res, err) : st;
+    if (st == DEVIO_OK)
+        return reply_result(out, &res, err);
+    /* Awaited before (its answer lost on the way, say), reaped, or launched
+     * by an earlier process: the history answers again. */
+    if (st == DEVIO_E_TICKET_CONSUMED || st == DEVIO_E_UNKNOWN_TICKET ||
+        st == DEVIO_E_TICKET_REAPED)
+        return from_history(s, op->ticket, st, out, err);
+    return st;
 }
 
 devio_status devio_route_step(devio_server *s, const devio_request *rq, devio_reply *out,
@@ -361,4 +420,30 @@ devio_status devio_route_tickets(devio_server *s, const devio_request *rq, devio
     st = devio_reply_json(out, 200, ticket_page_json(&page), err);
     devio_ticket_page_free(&page);
     return st;
+}
+
+/* One ticket's history row, with the answer it settled with: GET /v1/tickets/{id}. */
+devio_status devio_route_ticket(devio_server *s, const devio_request *rq, devio_reply *out,
+                                devio_error *err)
+{
+    devio_ticket_page p = {0};
+    devio_status st = devio_server_store_enter(s, err);
+    if (st != DEVIO_OK)
+        return st;
+    st = devio_store_ticket_get(s->store, rq->params.id, &p, err);
+    devio_server_store_leave(s);
+    if (st == DEVIO_OK && p.n == 0)
+        st = devio_fail_at(err, DEVIO_E_UNKNOWN_TICKET, "ticket", (int64_t)rq->params.id,
+                           "no ticket %" PRIu64 " in the history (never launched, or trimmed by"
+                           " --retention)", rq->params.id);
+    if (st != DEVIO_OK) {
+        devio_ticket_page_free(&p);
+        return st;
+    }
+    json_t *j = ticket_row_json(&p.rows[0]);
+    json_t *answer = p.rows[0].answer ? json_loads(p.rows[0].answer, 0, NULL) : NULL;
+    if (j)
+        json_object_set_new(j, "answer", answer ? answer : json_null());
+    devio_ticket_page_free(&p);
+    return devio_reply_json(out, 200, j, err);
 }

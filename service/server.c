@@ -70,6 +70,7 @@ static const devio_route routes[] = {
     ROUTE("POST", "/v1/step", devio_route_step, TOKEN, JSON_BODY, true),
     ROUTE("POST", "/v1/tickets/{id}/await", devio_route_await, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/tickets", devio_route_tickets, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/tickets/{id}", devio_route_ticket, TOKEN, NO_BODY, false),
     ROUTE("POST", "/v1/effects", devio_route_effects, TOKEN, JSON_BODY, false),
     ROUTE("GET", "/v1/logits/{id}", devio_route_logits, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/facts", devio_route_facts, TOKEN, NO_BODY, false),
@@ -248,6 +249,8 @@ static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, dev
         MHD_add_response_header(resp, "Allow", r->allow);
     if (r->code == 503) /* not ready, draining, store unavailable: worth asking again */
         MHD_add_response_header(resp, "Retry-After", "1");
+    if (r->replayed)
+        MHD_add_response_header(resp, "Idempotent-Replayed", "true");
     MHD_add_response_header(resp, "X-Request-Id", q->request_id);
     enum MHD_Result ret = MHD_queue_response(c, r->code, resp);
     MHD_destroy_response(resp);
@@ -520,6 +523,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     devio_metrics_init(&s->metrics);
     devio_adapters_init(&s->adapters);
     s->tickets.metrics = &s->metrics;
+    s->tickets.answer = devio_step_answer_text;
     devio_listen_addr sa;
     devio_status st = devio_listen_addr_parse(cfg->listen, &sa, err);
     if (st == DEVIO_OK)

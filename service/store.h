@@ -66,6 +66,7 @@ typedef struct devio_ticket_record {
     const char *error_code;    /* NULL unless failed/aborted */
     const char *error_message; /* NULL unless failed/aborted */
     const char *request_id;    /* launch: the HTTP request's id, or NULL */
+    const char *answer;        /* settle: the answer as sent (text), or NULL */
 } devio_ticket_record;
 
 /* Queue an insert (launch) or an update (settle: status, settled_ms, timings,
@@ -137,6 +138,7 @@ typedef struct devio_ticket_row {
     char *error_code;     /* NULL when the ticket did not fail */
     char *error_message;  /* "" when failed without a message; NULL when not failed */
     char *request_id;     /* the launch's request id; NULL when it had none */
+    char *answer;         /* the settle's answer text; NULL when none was kept */
 } devio_ticket_row;
 
 /* A page of history, newest first. Release with devio_ticket_page_free(). */
@@ -152,6 +154,11 @@ typedef struct devio_ticket_page {
 devio_status devio_store_tickets_query(devio_store *s, const devio_ticket_query *q,
                                        devio_ticket_page *out, devio_error *err);
 void devio_ticket_page_free(devio_ticket_page *p);
+
+/* The row of ticket `id` into *out (a page of at most one row: out->n is 0
+ * when the history holds none). Release with devio_ticket_page_free(). */
+devio_status devio_store_ticket_get(devio_store *s, uint64_t id, devio_ticket_page *out,
+                                    devio_error *err);
 
 /* ---- adapter records (store_adapters.c; synchronous, never on the step path) ---- */
 

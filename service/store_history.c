@@ -17,7 +17,7 @@ static sqlite3_stmt *query_stmt(devio_store *s, unsigned mask)
     char sql[512];
     snprintf(sql, sizeof sql,
              "SELECT id, epoch, status, launched_ms, settled_ms, rows, tokens, seqs,"
-             " queued_us, compute_us, error_code, error_message, request_id FROM tickets"
+             " queued_us, compute_us, error_code, error_message, request_id, answer FROM tickets"
              " WHERE 1%s%s%s%s"
              " ORDER BY id DESC LIMIT :limit",
              (mask & STORE_QF_STATUS) ? " AND status = :status" : "",
@@ -112,6 +112,8 @@ static int read_row(sqlite3_stmt *st, devio_ticket_row *r)
     }
     if (sqlite3_column_type(st, 12) != SQLITE_NULL)
         r->request_id = column_dup(st, 12, &oom);
+    if (sqlite3_column_type(st, 13) != SQLITE_NULL)
+        r->answer = column_dup(st, 13, &oom);
     return oom ? -1 : 0;
 }
 
@@ -124,6 +126,7 @@ void devio_ticket_page_free(devio_ticket_page *p)
         free(p->rows[i].error_code);
         free(p->rows[i].error_message);
         free(p->rows[i].request_id);
+        free(p->rows[i].answer);
     }
     free(p->rows);
     memset(p, 0, sizeof *p);
@@ -140,7 +143,8 @@ static devio_status check_query(const devio_ticket_query *q, const char **status
         *status = store_find_name(store_ticket_statuses, STORE_N_STATUSES, q->status);
         if (!*status)
             return devio_fail(err, DEVIO_E_INVALID,
-                              "ticket query: status must be in_flight, ok, failed or aborted");
+                              "ticket query: status must be in_flight, ok, failed, aborted or "
+                              "reaped");
     }
     if (q->since_ms < 0 || q->until_ms < 0)
         return devio_fail(err, DEVIO_E_INVALID, "ticket query: times must not be negative");
@@ -211,4 +215,22 @@ out_unlock:
     if (rs != DEVIO_OK)
         devio_ticket_page_free(out);
     return rs;
+}
+
+devio_status devio_store_ticket_get(devio_store *s, uint64_t id, devio_ticket_page *out,
+                                    devio_error *err)
+{
+    if (id == 0 || id >= INT64_MAX) {
+        memset(out, 0, sizeof *out);
+        return DEVIO_OK;
+    }
+    devio_ticket_query q = {.before_id = id + 1, .limit = 1};
+    devio_status st = devio_store_tickets_query(s, &q, out, err);
+    if (st == DEVIO_OK && out->n == 1 && out->rows[0].id != id) {
+        devio_ticket_page_free(out); /* the newest row below id + 1 is another ticket's */
+        memset(out, 0, sizeof *out);
+    }
+    if (st == DEVIO_OK)
+        out->has_next = false;
+    return st;
 }

@@ -38,7 +38,7 @@ typedef struct store_wrec {
     int64_t id, launched_ms, settled_ms;
     uint32_t rows, tokens;
     int64_t queued_us, compute_us;
-    const char *seqs, *error_code, *error_message, *request_id; /* into buf, or NULL */
+    const char *seqs, *error_code, *error_message, *request_id, *answer; /* into buf, or NULL */
     char *fail;  /* SQLite's message when this write failed (malloc'd), or NULL */
     bool failed;
     char buf[];

@@ -71,6 +71,8 @@ static const char *const migrations[] = {
     "ALTER TABLE tickets_v3 RENAME TO tickets;"
     "CREATE INDEX tickets_status_id ON tickets(status, id);"
     "CREATE INDEX tickets_launched ON tickets(launched_ms);",
+    /* 3 -> 4: the answer a settle gave (the step result's JSON), NULL before */
+    "ALTER TABLE tickets ADD COLUMN answer TEXT;",
 };
 #define SCHEMA_LATEST ((uint32_t)(sizeof migrations / sizeof migrations[0]))
 

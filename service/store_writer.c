@@ -23,11 +23,11 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
         {&s->st_rollback, "ROLLBACK"},
         {&s->st_launch,
          "INSERT INTO tickets(id, epoch, status, launched_ms, settled_ms, rows, tokens, seqs,"
-         " queued_us, compute_us, error_code, error_message, request_id)"
-         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"},
+         " queued_us, compute_us, error_code, error_message, request_id, answer)"
+         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"},
         {&s->st_settle,
          "UPDATE tickets SET status=?2, settled_ms=?3, queued_us=?4, compute_us=?5,"
-         " error_code=?6, error_message=?7 WHERE id=?1"},
+         " error_code=?6, error_message=?7, answer=coalesce(?8, answer) WHERE id=?1"},
         {&s->st_abort,
          "UPDATE tickets SET status='aborted', settled_ms=?1, error_code='aborted',"
          " error_message=?2 WHERE status='in_flight' AND epoch=?3"},
@@ -120,7 +120,7 @@ static store_wrec *make_rec(store_wkind kind, const devio_ticket_record *r, cons
 {
     bool has_seqs = kind == STORE_W_LAUNCH && r->seqs; /* no seqs: NULL in the row */
     size_t extra = (has_seqs ? seqs_len(r->n_seqs) : 0) + slen(r->error_code) +
-                   slen(r->error_message) + slen(r->request_id);
+                   slen(r->error_message) + slen(r->request_id) + slen(r->answer);
     store_wrec *w = calloc(1, sizeof *w + extra);
     if (!w)
         return NULL;
@@ -138,6 +138,7 @@ static store_wrec *make_rec(store_wkind kind, const devio_ticket_record *r, cons
     w->error_code = put_str(w, &pos, r->error_code);
     w->error_message = put_str(w, &pos, r->error_message);
     w->request_id = put_str(w, &pos, r->request_id);
+    w->answer = put_str(w, &pos, r->answer);
     return w;
 }
 
@@ -246,6 +247,7 @@ static int insert_row(devio_store *s, const store_wrec *w, bool settled)
     store_bind_text_or_null(st, 11, w->error_code);
     store_bind_text_or_null(st, 12, w->error_message);
     store_bind_text_or_null(st, 13, w->request_id);
+    store_bind_text_or_null(st, 14, w->answer);
     return store_step_reset(st);
 }
 
@@ -287,6 +289,7 @@ static int apply(devio_store *s, store_wrec *w, int64_t *added, int64_t *reserve
         sqlite3_bind_int64(st, 5, w->compute_us);
         store_bind_text_or_null(st, 6, w->error_code);
         store_bind_text_or_null(st, 7, w->error_message);
+        store_bind_text_or_null(st, 8, w->answer);
         rc = store_step_reset(st);
         if (rc != SQLITE_DONE || sqlite3_changes(s->wdb) > 0)
             return rc;

@@ -128,7 +128,10 @@ devio_status devio_tickets_await_begin(const devio_tickets *t, devio_device *dev
         rec.error_code = devio_status_str(DEVIO_E_TICKET_REAPED);
         rec.error_message = reaped;
     }
+    char *answer = st == DEVIO_OK && t->answer ? t->answer(&res) : NULL;
+    rec.answer = answer;
     op->write = devio_store_ticket_settled(t->store, &rec);
+    free(answer);
     op->phase = DEVIO_OP_SETTLING;
     op->st = st;
     op->err = step_err;

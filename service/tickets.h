@@ -11,11 +11,16 @@
 
 typedef struct devio_leases devio_leases; /* service/leases.h */
 
+/* The answer text of a settled step as it is sent (malloc'd; NULL: none),
+ * kept with its history row so that the answer can be read again. */
+typedef char *devio_answer_text(const devio_step_result *r);
+
 /* What a step touches besides the device. All borrowed; they outlive every call. */
 typedef struct devio_tickets {
     devio_store *store;
     devio_metrics *metrics;
     devio_leases *leases; /* NULL: tickets are not watched (in-process callers) */
+    devio_answer_text *answer; /* NULL: no answer is kept */
 } devio_tickets;
 
 /* In every call `dev` is borrowed: the caller keeps it alive for the call

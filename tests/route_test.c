@@ -75,7 +75,7 @@ static void test_table_404_405(void **state)
     /* The e2e suite's unknown paths, every one 404 for GET and POST. */
     static const char *const unknown[] = {
         "/", "/v2/facts", "/v1", "/v1/nothing", "/v1/sequences/1/extra",
-        "/v1/tickets/1/await/more", "/v1/tickets/1", "/healthz/x", "/v1/facts/1",
+        "/v1/tickets/1/await/more", "/v1/tickets/1/x", "/healthz/x", "/v1/facts/1",
         "/v1/a/b/c/d/e/f/g"};
     for (size_t i = 0; i < sizeof unknown / sizeof *unknown; i++) {
         assert_int_equal(lookup("GET", unknown[i], &label, &r), 404);
@@ -93,6 +93,7 @@ static void test_table_404_405(void **state)
         {"PUT", "/v1/sequences/1", "/v1/sequences/{id}"},
         {"GET", "/v1/tickets/1/await", "/v1/tickets/{id}/await"},
         {"POST", "/v1/tickets", "/v1/tickets"},
+        {"POST", "/v1/tickets/1", "/v1/tickets/{id}"},
         {"DELETE", "/v1/logits/1", "/v1/logits/{id}"},
         {"GET", "/v1/teardown", "/v1/teardown"},
         {"POST", "/v1/openapi.yaml", "/v1/openapi.yaml"},

@@ -34,7 +34,7 @@ static void test_new_db(void **state)
     devio_store *s = open_store(c, 0);
     assert_int_equal(devio_store_epoch(s), 1);
     assert_int_equal(devio_store_next_ticket_id(s), 1);
-    assert_int_equal(devio_store_schema_version(s), 3);
+    assert_int_equal(devio_store_schema_version(s), 4);
 
     char buf[32];
     bool found = false;
@@ -42,7 +42,7 @@ static void test_new_db(void **state)
     assert_int_equal(devio_store_meta_get(s, "schema_version", buf, sizeof buf, &found, &err),
                      DEVIO_OK);
     assert_true(found);
-    assert_string_equal(buf, "3");
+    assert_string_equal(buf, "4");
     assert_int_equal(devio_store_meta_get(s, "epoch", buf, sizeof buf, &found, &err), DEVIO_OK);
     assert_string_equal(buf, "1");
 
@@ -52,7 +52,7 @@ static void test_new_db(void **state)
     devio_ticket_page_free(&page);
     devio_store_close(s);
 
-    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 3);
+    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 4);
     assert_int_equal(sql_int(c->path, "SELECT count(*) FROM sqlite_master WHERE type='table'"
                                       " AND name IN ('meta','tickets','adapters')"),
                      3);
@@ -115,6 +115,38 @@ static void test_launch_settle_query(void **state)
     assert_int_equal(t1->seqs[1], 8);
     assert_null(t1->error_code);
     devio_ticket_page_free(&page);
+    devio_store_close(s);
+}
+
+/* A settle's answer is kept with its row and read back by id; a second
+ * settle without one keeps it; an id with no row reads as none. */
+static void test_answer_by_id(void **state)
+{
+    ctx *c = *state;
+    devio_store *s = open_store(c, 0);
+    launch(s, 1, 1000);
+    launch(s, 3, 1001);
+    devio_ticket_record r = {.id = 1, .status = "ok", .settled_ms = 5, .answer = "{\"ticket\":1}"};
+    wait_ok(s, devio_store_ticket_settled(s, &r));
+    devio_ticket_record again = {.id = 1, .status = "reaped", .error_code = "ticket_reaped",
+                                 .error_message = "lease"};
+    wait_ok(s, devio_store_ticket_settled(s, &again));
+    devio_ticket_page p;
+    devio_error err = {0};
+    assert_int_equal(devio_store_ticket_get(s, 1, &p, &err), DEVIO_OK);
+    assert_int_equal(p.n, 1);
+    assert_string_equal(p.rows[0].answer, "{\"ticket\":1}");
+    assert_string_equal(p.rows[0].status, "reaped");
+    devio_ticket_page_free(&p);
+    assert_int_equal(devio_store_ticket_get(s, 3, &p, &err), DEVIO_OK);
+    assert_int_equal(p.n, 1);
+    assert_null(p.rows[0].answer);
+    devio_ticket_page_free(&p);
+    for (uint64_t id = 2; id <= 4; id += 2) {
+        assert_int_equal(devio_store_ticket_get(s, id, &p, &err), DEVIO_OK);
+        assert_int_equal(p.n, 0);
+        devio_ticket_page_free(&p);
+    }
     devio_store_close(s);
 }
 
@@ -520,6 +552,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_new_db, setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch_settle_query, setup, teardown),
         cmocka_unit_test_setup_teardown(test_status_filter, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_answer_by_id, setup, teardown),
         cmocka_unit_test_setup_teardown(test_time_window, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pagination, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limit_bounds, setup, teardown),

@@ -334,6 +334,11 @@ def suite_sampling_proc():
     s.op(op="apply", effect={"kind": "fork", "seq": "$g0"}, **{"as": "f"})
     s.op(op="apply", effect={"kind": "truncate", "seq": "$g1", "len": 7})
     s.step([row("f.seq", [1], sample=gen[0]), row("g1", [1], sample=gen[1])], "t0")
+    s.note("prompt logprobs, with and without logits of the row's own")
+    s.create("p")
+    s.step([row("p", toks(9, 23), "all", prompt_logprobs=True),
+            row("b", toks(5, 24), "none", prompt_logprobs=True, sample={"temperature": 0})],
+           "pl")
     s.note("refused: no token left, a mask of the wrong size, too many logprobs")
     s.op(op="launch", plan={"rows": [{"seq": "$b", "tokens": [1], "sample": {
         "allowed_tokens": mask_b64([4]), "banned_tokens": [4]}}]})

@@ -153,7 +153,9 @@ def test_kill9_restart_keeps_history(servers, tiny_model, tmp_path):
         assert hist[t]["queued_us"] is not None and hist[t]["settled_ms"] is not None
     bad_abort = {t: hist.get(t, {}).get("status") for t in told_launched
                  if hist.get(t, {}).get("status") != "aborted"}
-    assert not bad_abort, "tickets launched, never awaited, not aborted: %s" % bad_abort
+    assert not bad_abort, "tickets launched, never awaited, not aborted: %s %s" % (
+        bad_abort, [(hist[t].get("error"), hist[t].get("request_id"), hist[t].get("launched_ms"),
+                     hist[t].get("settled_ms")) for t in bad_abort if t in hist])
     for t in told_launched:
         assert hist[t]["error"]["code"] == "aborted" and hist[t]["settled_ms"] is None
     # An await in progress at the kill may have committed either way.

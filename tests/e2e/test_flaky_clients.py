@@ -336,3 +336,48 @@ def test_input_edges(servers, tiny_model):
     assert r.status == 400 and "'top'" in r.json["error"]["message"], r
     assert cl.request("GET", "/v1/logits/%d?top=5" % h).status == 200
     assert res["rows"][0]["len"] == 1
+
+
+def test_a_lost_await_answer_is_read_again(stream):
+    """The client sends its await and goes before reading the answer: a new connection's await
+    answers the same tokens, byte for byte, from the history; GET /v1/tickets/{id} shows it."""
+    sv = stream(step_ms=200)
+    cl = sv.client()
+    s = cl.create()
+    t = cl.launch(plan1(s, [5, 6, 7], sample={"temperature": 0, "logprobs": 2}))
+    # The await parks until the step settles; the client waits past that, never reads, closes.
+    raw = socket.create_connection(("127.0.0.1", sv.port), timeout=5)
+    raw.sendall(b"POST /v1/tickets/%d/await HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" % t)
+    time.sleep(0.6)
+    raw.close()
+    assert wait_until(lambda: cl.facts()["tickets_in_flight"] == 0)
+    a = cl.request("POST", "/v1/tickets/%d/await" % t)
+    assert a.status == 200, a
+    assert a.json["ticket"] == t and a.json["rows"][0]["tokens"][0] >= 0
+    b = cl.request("POST", "/v1/tickets/%d/await" % t)
+    assert b.status == 200 and b.raw == a.raw
+    rec = cl.call("GET", "/v1/tickets/%d" % t).json
+    assert rec["status"] == "ok" and rec["answer"] == a.json
+    # The sequence moved on once: the answer was taken, not the step run twice.
+    assert cl.seq(s)["len"] == 3 and cl.seq(s)["busy"] is None
+    r = cl.request("GET", "/v1/tickets/%d" % (t + 1000))
+    assert r.status == 404 and r.code == "unknown_ticket", r
+
+
+def test_answers_survive_a_restart(servers, tiny_model, tmp_path):
+    """An answer settled by one process is read again by the next on the same file; a ticket the
+    first left in flight answers that it was aborted."""
+    db = tmp_path / "keep.db"
+    sv = servers.start(tiny_model, db=db)
+    cl = sv.client()
+    s = cl.create()
+    t = cl.launch(plan1(s, [1, 2], sample={"temperature": 0}))
+    first = cl.request("POST", "/v1/tickets/%d/await" % t)
+    left = cl.launch(plan1(cl.create(), [3]))
+    sv.kill()
+    sv2 = servers.start(tiny_model, db=db)
+    c2 = sv2.client()
+    again = c2.request("POST", "/v1/tickets/%d/await" % t)
+    assert again.status == 200 and again.raw == first.raw
+    r = c2.request("POST", "/v1/tickets/%d/await" % left)
+    assert r.status == 404 and r.code == "unknown_ticket" and "aborted" in r.json["error"]["message"]

@@ -149,3 +149,34 @@ def test_forks_carry_the_token_record(c):
                                                                              prompt[200]])}}]})
     # After the truncate the record holds positions 0..100: prompt[200] is no longer counted.
     assert r["rows"][0]["tokens"] == [prompt[200]]
+
+
+def test_prompt_logprobs(c):
+    """Each token's raw logprob given those before it: what a sample of that token at the
+    previous position reports, bit for bit, and numpy's log-softmax of the raw logits."""
+    import numpy as np
+    tokens = [9, 200, 31, 4, 4, 77]
+    s = c.create()
+    r = c.step({"rows": [{"seq": s, "tokens": tokens, "logits": "all",
+                          "prompt_logprobs": True}]})["rows"][0]
+    pl = r["prompt_logprobs"]
+    assert len(pl) == len(tokens) and pl[0] is None
+    raw = np.frombuffer(c.logits_raw(r["logits"]), dtype="<f4").reshape(len(tokens), VOCAB)
+    for i in range(1, len(tokens)):
+        x = raw[i - 1].astype(np.float64)
+        want = x[tokens[i]] - x.max() - np.log(np.exp(x - x.max()).sum())
+        assert abs(pl[i] - want) < 1e-5, (i, pl[i], want)
+        # The sample effect reports the same raw logprob for the same token at that position.
+        got = c.effect({"kind": "sample", "logits": r["logits"], "row": i - 1,
+                        "params": {"temperature": 0,
+                                   "allowed_tokens": allowed_tokens(VOCAB, [tokens[i]])}})
+        assert got["tokens"] == [tokens[i]] and got["logprobs"] == [pl[i]]
+    # A row keeping no logits gives the same values, and its borrowed handle goes back.
+    live = c.facts()["logits_live"]
+    s2 = c.create()
+    r2 = c.step({"rows": [{"seq": s2, "tokens": tokens, "prompt_logprobs": True,
+                           "sample": {"temperature": 0}}]})["rows"][0]
+    assert r2["prompt_logprobs"] == pl and "logits" not in r2
+    assert c.facts()["logits_live"] == live
+    one = c.step({"rows": [{"seq": s2, "tokens": [5], "prompt_logprobs": True}]})["rows"][0]
+    assert one["prompt_logprobs"] == [None]

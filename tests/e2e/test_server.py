@@ -144,7 +144,7 @@ def test_request_schemas_refuse_what_the_server_refuses(srv, c):
 
 def test_unknown_routes_404(c):
     for path in ("/", "/v2/facts", "/v1", "/v1/nothing", "/v1/sequences/1/extra",
-                 "/v1/tickets/1/await/more", "/v1/tickets/1",
+                 "/v1/tickets/1/await/more", "/v1/tickets/1/x",
                  "/healthz/x", "/v1/facts/1", "/v1/a/b/c/d/e/f/g"):
         for method in ("GET", "POST"):
             a = c.call(method, path, expect=404, code="not_found")
@@ -271,9 +271,10 @@ def test_launch_await_consume_once(c):
     # The greedy token is the top logit.
     top = c.logits_top(rr["logits"], top=1)
     assert top["shape"] == [1, VOCAB] and top["top"][0][0] == rr["tokens"][0]
-    e = c.call("POST", "/v1/tickets/%d/await" % t, expect=409, code="ticket_consumed")
-    assert e.details == {"ticket": t}
-    c.call("POST", "/v1/tickets/%d/await?timeout_ms=0" % t, expect=409, code="ticket_consumed")
+    # Awaited again: the same answer, read from the history and marked so.
+    again = c.call("POST", "/v1/tickets/%d/await" % t)
+    assert again.json == r and again.headers.get("Idempotent-Replayed") == "true"
+    assert c.call("POST", "/v1/tickets/%d/await?timeout_ms=0" % t).json == r
     e = c.call("POST", "/v1/tickets/%d/await" % (t + 1000000), expect=404, code="unknown_ticket")
     assert e.details == {"ticket": t + 1000000}
     c.call("POST", "/v1/tickets/0/await", expect=404, code="unknown_ticket")
@@ -301,8 +302,9 @@ def test_step_route(c):
     assert r["rows"][0]["len"] == 3 and r["tokens"] == 3
     h = c.logits_top(r["rows"][0]["logits"], top=2, row=2)
     assert h["shape"] == [3, VOCAB] and h["row"] == 2
-    # The step's ticket is consumed and recorded ok.
-    c.call("POST", "/v1/tickets/%d/await" % r["ticket"], expect=409, code="ticket_consumed")
+    # The step's ticket is recorded ok with its answer, which an await reads again.
+    again = c.call("POST", "/v1/tickets/%d/await" % r["ticket"])
+    assert again.json == r and again.headers.get("Idempotent-Replayed") == "true"
     assert any(x["id"] == r["ticket"] and x["status"] == "ok" for x in c.tickets("?limit=10")["tickets"])
     c.effect({"kind": "release", "logits": r["rows"][0]["logits"]})
     # Launch errors come back from step as they do from launch.

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 from urllib.parse import quote, urlencode, urlsplit
 
 from .types import (AdapterRecord, Device, Facts, LogitsTop, Model, Outcome, Plan, SampleParams,
-                    Sequence, StepResult, Teardown, TicketHistory, TicketStatus)
+                    Sequence, StepResult, Teardown, TicketHistory, TicketRecord, TicketStatus)
 
 __all__ = ["Client", "Response", "DevioError", "ConnectionLost"]
 
@@ -227,13 +227,18 @@ class Client:
         return self._json("POST", "/v1/launch", plan, expect=(202,))["ticket"]
 
     def await_ticket(self, ticket: int, timeout_ms: Optional[int] = None) -> StepResult:
-        """The step's result; DevioError ticket_pending (408) when timeout_ms passes first."""
+        """The step's result; DevioError ticket_pending (408) when timeout_ms passes first.
+        Safe to repeat: a ticket awaited already answers its result again from the history."""
         q = "" if timeout_ms is None else "?timeout_ms=%d" % timeout_ms
         return self._json("POST", "/v1/tickets/%d/await%s" % (ticket, q))
 
     def step(self, plan: Plan) -> StepResult:
         """launch and await in one round trip."""
         return self._json("POST", "/v1/step", plan)
+
+    def ticket(self, ticket: int) -> TicketRecord:
+        """One ticket's history record with the answer it settled with (`answer`)."""
+        return self._json("GET", "/v1/tickets/%d" % ticket)
 
     def tickets(self, limit: int = 50, before: Optional[int] = None,
                 since_ms: Optional[int] = None, until_ms: Optional[int] = None,

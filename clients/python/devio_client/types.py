@@ -36,6 +36,7 @@ class Row(_RowRequired, total=False):
     adapter: Optional[str]
     sample: Optional[SampleParams]
     snapshot: Optional[Literal["end", "each"]]
+    prompt_logprobs: bool   # answer each token's raw logprob given the ones before
 
 
 class Plan(TypedDict):
@@ -52,6 +53,7 @@ class RowResult(_RowResultRequired, total=False):
     tokens: List[int]       # the sampled token, when the row had `sample`
     logprobs: List[float]
     top_logprobs: List[List[TopLogprob]]  # when the sample asked for logprobs
+    prompt_logprobs: List[Optional[float]]  # when the row asked: one per token, the first None
 
 
 class Timing(TypedDict):
@@ -168,6 +170,8 @@ class TicketRecord(TypedDict):
     queued_us: Optional[int]
     compute_us: Optional[int]
     error: Optional[TicketError]
+    request_id: Optional[str]
+    answer: Optional["StepResult"]  # GET /v1/tickets/{id} only
 
 
 class TicketHistory(TypedDict):
