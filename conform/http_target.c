@@ -253,11 +253,19 @@ static devio_status request_json(devio_http_target *h, const char *method, const
     return DEVIO_OK;
 }
 
-/* An answer the server read again from its history is the in-process
- * device's ticket_consumed: the runner compares what the device did. */
+/* An await's answer as the in-process device gives it: 202 pending is its
+ * ticket_pending, an answer the server read again from its history its
+ * ticket_consumed (the runner compares what the device did). */
 static devio_status consumed_if_replayed(devio_http_target *h, uint64_t id, devio_status s,
                                          json_t **result, devio_error *err)
 {
+    /* 202 {"status":"pending"}: the in-process device's ticket_pending. */
+    if (s == DEVIO_OK && h->code == 202) {
+        json_decref(*result);
+        *result = NULL;
+        return devio_fail_at(err, DEVIO_E_TICKET_PENDING, "ticket", (int64_t)id,
+                             "ticket %llu has not settled yet", (unsigned long long)id);
+    }
     if (s != DEVIO_OK || !h->replayed)
         return s;
     json_decref(*result);
@@ -291,9 +299,11 @@ static devio_status op_await(devio_http_target *h, const json_t *body, json_t **
              h->opt.await_slice_ms);
     double deadline = devio_clock_s() + h->opt.request_timeout_s;
     for (;;) {
-        s = request_json(h, "POST", path, NULL, (long)h->opt.await_slice_ms, result, err);
+        s = consumed_if_replayed(
+            h, id, request_json(h, "POST", path, NULL, (long)h->opt.await_slice_ms, result, err),
+            result, err);
         if (s != DEVIO_E_TICKET_PENDING)
-            return consumed_if_replayed(h, id, s, result, err);
+            return s;
         if (devio_clock_s() >= deadline) {
             fprintf(stderr,
                     "devio-conform: ticket %llu still pending after %u s; answering "

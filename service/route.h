@@ -67,6 +67,7 @@ typedef struct devio_reply {
     bool suspended;    /* no answer yet: the handler parked the connection (rq->wait) and
                           runs again, with the same rq->wait, once it is resumed */
     bool replayed;     /* an answer read again from the history: Idempotent-Replayed */
+    unsigned retry_after_s; /* > 0: a Retry-After header (every 503 has 1) */
 } devio_reply;
 
 /* A route handler (a function type, so that handlers are declared with it):

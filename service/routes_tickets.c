@@ -322,6 +322,14 @@ devio_status devio_route_await(devio_server *s, const devio_request *rq, devio_r
     uncount(s, op);
     if (st == DEVIO_OK)
         return reply_result(out, &res, err);
+    /* Not yet: a success that says so, with when to ask again (408 would
+     * blame the client, and some clients retry a 408 by themselves). */
+    if (st == DEVIO_E_TICKET_PENDING) {
+        out->retry_after_s = 1;
+        return devio_reply_json(out, 202, json_pack("{s:I,s:s}", "ticket",
+                                                    (json_int_t)op->ticket, "status", "pending"),
+                                err);
+    }
     /* Awaited before (its answer lost on the way, say), reaped, or launched
      * by an earlier process: the history answers again. */
     if (st == DEVIO_E_TICKET_CONSUMED || st == DEVIO_E_UNKNOWN_TICKET ||

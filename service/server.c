@@ -247,8 +247,13 @@ static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, dev
         MHD_add_response_header(resp, "Connection", "close");
     if (r->allow[0])
         MHD_add_response_header(resp, "Allow", r->allow);
-    if (r->code == 503) /* not ready, draining, store unavailable: worth asking again */
-        MHD_add_response_header(resp, "Retry-After", "1");
+    if (r->code == 503 && !r->retry_after_s) /* not ready, draining, store unavailable */
+        r->retry_after_s = 1;
+    if (r->retry_after_s) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%u", r->retry_after_s);
+        MHD_add_response_header(resp, "Retry-After", ra);
+    }
     if (r->replayed)
         MHD_add_response_header(resp, "Idempotent-Replayed", "true");
     MHD_add_response_header(resp, "X-Request-Id", q->request_id);

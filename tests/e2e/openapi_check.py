@@ -541,7 +541,7 @@ def _self_test(api):
         ("POST", "/v1/step", 200, J, json.dumps(step)),
         ("POST", "/v1/tickets/12/await?timeout_ms=5000", 200, J, json.dumps(step)),
         ("POST", "/v1/tickets/{id}/await", 200, "application/json; charset=utf-8", json.dumps(step)),
-        ("POST", "/v1/tickets/12/await", 408, J, err("ticket_pending", {"ticket": 12})),
+        ("POST", "/v1/tickets/12/await", 202, J, json.dumps({"ticket": 12, "status": "pending"})),
         ("POST", "/v1/tickets/12/await", 409, J, err("ticket_consumed", {"ticket": 12})),
         ("POST", "/v1/tickets/12/await", 503, J, err("torn_down")),
         ("GET", "/v1/tickets?limit=50&status=ok", 200, J, json.dumps(history)),

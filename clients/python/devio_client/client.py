@@ -10,7 +10,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from .types import (AdapterRecord, Device, Facts, LogitsTop, Model, Outcome, Plan, SampleParams,
                     Sequence, StepResult, Teardown, TicketHistory, TicketRecord, TicketStatus)
 
-__all__ = ["Client", "Response", "DevioError", "ConnectionLost"]
+__all__ = ["Client", "Response", "DevioError", "ConnectionLost", "TicketPending"]
 
 
 class DevioError(Exception):
@@ -45,6 +45,14 @@ class Response:
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
+
+
+class TicketPending(DevioError):
+    """An await whose timeout passed before the step settled (HTTP 202, "pending"): ask again."""
+
+    def __init__(self, ticket: int):
+        super().__init__(202, "ticket_pending", "ticket %d has not settled yet" % ticket,
+                         {"ticket": ticket})
 
 
 def _error_of(r: Response) -> DevioError:
@@ -227,10 +235,14 @@ class Client:
         return self._json("POST", "/v1/launch", plan, expect=(202,))["ticket"]
 
     def await_ticket(self, ticket: int, timeout_ms: Optional[int] = None) -> StepResult:
-        """The step's result; DevioError ticket_pending (408) when timeout_ms passes first.
+        """The step's result; TicketPending (a DevioError, code ticket_pending) when timeout_ms
+        passes first (the server answers 202 {"status": "pending"}).
         Safe to repeat: a ticket awaited already answers its result again from the history."""
         q = "" if timeout_ms is None else "?timeout_ms=%d" % timeout_ms
-        return self._json("POST", "/v1/tickets/%d/await%s" % (ticket, q))
+        r = self._call("POST", "/v1/tickets/%d/await%s" % (ticket, q), expect=(200, 202))
+        if r.status == 202:
+            raise TicketPending(ticket)
+        return r.json()
 
     def step(self, plan: Plan) -> StepResult:
         """launch and await in one round trip."""
