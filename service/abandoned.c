@@ -48,14 +48,9 @@ static devio_reap reap(void *ctx, uint64_t ticket, bool closed)
 static void finish(void *ctx, devio_ticket_op *op)
 {
     devio_server *s = ctx;
-    devio_device *dev;
-    devio_error err = {0};
-    if (devio_server_hold(s, &dev, &err) == DEVIO_OK) {
-        if (devio_tickets_launch_end(&s->tickets, dev, op, &err) == DEVIO_OK)
-            devio_leases_closed(&s->leases, op->ticket);
-        devio_server_release(s);
-    }
-    atomic_fetch_sub(&s->launching, 1);
+    devio_launches_end(s, op);
+    if (op->st == DEVIO_OK)
+        devio_leases_closed(&s->leases, op->ticket);
 }
 
 const devio_leases_ops devio_server_reaper = {.reap = reap, .finish = finish};

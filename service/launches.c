@@ -3,8 +3,7 @@
 #include "device/status.h"
 #include "service/server.h"
 
-/* Run op's end half: its outcome lands in op (phase, st, err). Lock held. */
-static void end_half(devio_server *s, devio_ticket_op *op)
+void devio_launches_end(devio_server *s, devio_ticket_op *op)
 {
     devio_device *dev;
     devio_error err = {0};
@@ -41,7 +40,7 @@ void devio_launches_track(devio_server *s, devio_ticket_op *op)
     /* Written before it was listed: the writer's hook has passed it by. */
     if (devio_store_done(s->store, op->write)) {
         unlink_op(s, op);
-        end_half(s, op);
+        devio_launches_end(s, op);
     }
     pthread_mutex_unlock(&s->launch_mu);
 }
@@ -75,7 +74,7 @@ void devio_server_written(void *ctx, uint64_t done)
         }
         *at = op->next_launch;
         op->next_launch = NULL;
-        end_half(s, op);
+        devio_launches_end(s, op);
     }
     pthread_mutex_unlock(&s->launch_mu);
     devio_waits_written(&s->waits, done);

@@ -8,7 +8,6 @@
 #include "service/leases.h"
 #include "service/monotonic_wait.h"
 
-#define CLOSED_BIT (UINT64_C(1) << 63)
 /* A reap that could not finish is tried again this much later. */
 #define RETRY_US 1000000
 
@@ -38,12 +37,6 @@ static void schedule(devio_leases *ls, devio_lease *l, int64_t settled_us)
     pthread_cond_signal(&ls->cv);
 }
 
-static void remember(devio_leases *ls, uint64_t ticket, bool closed)
-{
-    ls->reaped[ls->reaped_pos] = ticket | (closed ? CLOSED_BIT : 0);
-    ls->reaped_pos = (ls->reaped_pos + 1) % DEVIO_LEASES_REMEMBERED;
-}
-
 /* The first lease due by `now` and not being reaped, or NULL with *next the
  * earliest due time. Lock held. */
 static devio_lease *due(devio_leases *ls, int64_t now, int64_t *next)
@@ -71,8 +64,6 @@ static void reap_one(devio_leases *ls, devio_lease *l)
     devio_reap r = ls->ops->reap(ls->ctx, ticket, closed);
     pthread_mutex_lock(&ls->mu);
     l = find(ls, ticket); /* the table may have moved */
-    if (r == DEVIO_REAP_DONE)
-        remember(ls, ticket, closed);
     if (!l)
         return;
     if (r == DEVIO_REAP_RETRY) {
@@ -221,17 +212,4 @@ void devio_leases_clear(devio_leases *ls)
         if (!ls->tab[i].busy)
             drop(ls, &ls->tab[i]);
     pthread_mutex_unlock(&ls->mu);
-}
-
-bool devio_leases_was_reaped(devio_leases *ls, uint64_t ticket, bool *closed)
-{
-    bool found = false;
-    pthread_mutex_lock(&ls->mu);
-    for (uint32_t i = 0; i < DEVIO_LEASES_REMEMBERED && !found; i++)
-        if (ticket && (ls->reaped[i] & ~CLOSED_BIT) == ticket) {
-            found = true;
-            *closed = (ls->reaped[i] & CLOSED_BIT) != 0;
-        }
-    pthread_mutex_unlock(&ls->mu);
-    return found;
 }

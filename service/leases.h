@@ -25,9 +25,6 @@ typedef struct devio_leases_ops {
     void (*finish)(void *ctx, devio_ticket_op *op);
 } devio_leases_ops;
 
-/* The last reaped ids kept to name a reaped ticket in an await's error. */
-#define DEVIO_LEASES_REMEMBERED 1024u
-
 typedef struct devio_lease {
     uint64_t ticket;
     int64_t due_us;   /* devio_clock_us() time to reap at; INT64_MAX: not due */
@@ -50,8 +47,6 @@ typedef struct devio_leases {
     devio_lease *tab;             /* owned; n used of cap */
     uint32_t n, cap;
     devio_leases_job *jobs;       /* owned; finished in order */
-    uint64_t reaped[DEVIO_LEASES_REMEMBERED]; /* ring; 0 = empty; the top bit: closed */
-    uint32_t reaped_pos;
 } devio_leases;
 
 /* Start the table and its reaper thread. lease_ms 0: no lease (tickets of
@@ -75,7 +70,5 @@ void devio_leases_closed(devio_leases *ls, uint64_t ticket);
 bool devio_leases_finish(devio_leases *ls, const devio_ticket_op *op);
 /* Forget every ticket (teardown aborted them). */
 void devio_leases_clear(devio_leases *ls);
-/* Whether `ticket` is among the last DEVIO_LEASES_REMEMBERED reaped, and why. */
-bool devio_leases_was_reaped(devio_leases *ls, uint64_t ticket, bool *closed);
 
 #endif

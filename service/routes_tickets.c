@@ -8,7 +8,6 @@
 #include "api/codec.h"
 #include "common/clock.h"
 #include "device/status.h"
-#include "service/leases.h"
 #include "service/request.h"
 #include "service/routes.h"
 #include "service/server.h"
@@ -88,23 +87,16 @@ static devio_status launch_begin(devio_server *s, const devio_request *rq, devio
  * thread's when the request could not park (waiting here for the row). */
 static devio_status launch_outcome(devio_server *s, devio_ticket_op *op, devio_error *err)
 {
-    if (devio_launches_untrack(s, op)) {
-        devio_device *dev;
-        devio_status st = devio_server_hold(s, &dev, err);
-        if (st == DEVIO_OK) {
-            st = devio_tickets_launch_end(&s->tickets, dev, op, err);
-            devio_server_release(s);
-        }
-        atomic_fetch_sub(&s->launching, 1);
-        return st;
-    }
+    if (devio_launches_untrack(s, op))
+        devio_launches_end(s, op);
     if (op->st != DEVIO_OK && err)
         *err = op->err;
     return op->st;
 }
 
-/* One look at the ticket, without waiting: op SETTLING once it settled. A
- * ticket the server reaped is named as such. */
+/* One look at the ticket, without waiting: op SETTLING once it settled.
+ * (A ticket already taken, by an await or the reaper, is the history's to
+ * answer: from_history.) */
 static devio_status await_now(devio_server *s, devio_ticket_op *op, devio_error *err)
 {
     devio_device *dev;
@@ -113,15 +105,6 @@ static devio_status await_now(devio_server *s, devio_ticket_op *op, devio_error 
         return st;
     st = devio_tickets_await_begin(&s->tickets, dev, op, 0, NULL, err);
     devio_server_release(s);
-    bool closed = false;
-    if (st == DEVIO_E_TICKET_CONSUMED && devio_leases_was_reaped(&s->leases, op->ticket, &closed))
-        st = devio_fail_at(err, DEVIO_E_TICKET_REAPED, "ticket", (int64_t)op->ticket,
-                           closed ? "ticket %" PRIu64 " was settled by the server for nobody:"
-                                    " the connection of its /v1/step or /v1/launch closed before the answer"
-                                  : "ticket %" PRIu64 " was settled by the server for nobody:"
-                                    " it was not awaited within --ticket-lease-ms of settling;"
-                                    " its logits handles were released",
-                           op->ticket);
     return st;
 }
 
@@ -247,7 +230,7 @@ static devio_status from_history(devio_server *s, uint64_t ticket, devio_status 
         return st;
     }
     const devio_ticket_row *row = &p.rows[0];
-    if (st != DEVIO_E_TICKET_REAPED && strcmp(row->status, "ok") == 0 && row->answer) {
+    if (strcmp(row->status, "ok") == 0 && row->answer) {
         size_t n = strlen(row->answer);
         char *body = malloc(n + 1);
         st = body ? DEVIO_OK : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
@@ -256,7 +239,7 @@ static devio_status from_history(devio_server *s, uint64_t ticket, devio_status 
             devio_reply_bytes(out, 200, "application/json", body, n);
             out->replayed = true;
         }
-    } else if (strcmp(row->status, "failed") == 0 && st != DEVIO_E_TICKET_REAPED) {
+    } else if (strcmp(row->status, "failed") == 0) {
         st = devio_fail_at(err, devio_status_parse(row->error_code), "ticket", (int64_t)ticket,
                            "%s", row->error_message ? row->error_message : "");
     } else if (strcmp(row->status, "reaped") == 0) {
@@ -332,8 +315,7 @@ devio_status devio_route_await(devio_server *s, const devio_request *rq, devio_r
     }
     /* Awaited before (its answer lost on the way, say), reaped, or launched
      * by an earlier process: the history answers again. */
-    if (st == DEVIO_E_TICKET_CONSUMED || st == DEVIO_E_UNKNOWN_TICKET ||
-        st == DEVIO_E_TICKET_REAPED)
+    if (st == DEVIO_E_TICKET_CONSUMED || st == DEVIO_E_UNKNOWN_TICKET)
         return from_history(s, op->ticket, st, out, err);
     return st;
 }

@@ -106,6 +106,10 @@ void devio_launches_track(devio_server *s, devio_ticket_op *op);
 bool devio_launches_pending(devio_server *s, devio_ticket_op *op);
 /* Unlist op when it is listed (true): its request ends without it. */
 bool devio_launches_untrack(devio_server *s, devio_ticket_op *op);
+/* Run the end half of op (LAUNCHING, listed under the list's lock or no
+ * longer listed): waits for its row, commits or cancels; the outcome lands in
+ * op (phase, st, err) and s->launching drops. */
+void devio_launches_end(devio_server *s, devio_ticket_op *op);
 /* The store's on_written hook: end every listed launch whose row is done,
  * then resume the requests parked on those writes. */
 void devio_server_written(void *s, uint64_t done);
