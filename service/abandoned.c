@@ -32,6 +32,7 @@ static devio_reap reap(void *ctx, uint64_t ticket, bool closed)
         devio_step_result res = {0};
         st = devio_tickets_await_end(&s->tickets, dev, &op, DEVIO_AWAIT_DROP, &res, &err);
         devio_step_result_free(&res);
+        free(op.answer);
         /* Unwritten, the ticket stays settled and awaitable: try again. */
         r = st == DEVIO_E_STORE_UNAVAILABLE ? DEVIO_REAP_RETRY : DEVIO_REAP_DONE;
     }
@@ -90,6 +91,8 @@ void devio_server_abandon(devio_server *s, devio_ticket_op *op)
             devio_server_release(s);
         } else {
             devio_step_result_free(&op->res);
+            free(op->answer);
+            op->answer = NULL;
         }
         /* fall through */
     case DEVIO_OP_AWAITING:

@@ -145,6 +145,8 @@ static devio_status await_end(devio_server *s, devio_ticket_op *op, devio_step_r
     devio_status st = devio_server_hold(s, &dev, err);
     if (st != DEVIO_OK) {
         devio_step_result_free(&op->res);
+        free(op->answer);
+        op->answer = NULL;
         op->phase = DEVIO_OP_NONE;
         return st;
     }
@@ -256,10 +258,17 @@ static devio_status from_history(devio_server *s, uint64_t ticket, devio_status 
     return st;
 }
 
-/* Answer a settled step and free it. */
-static devio_status reply_result(devio_reply *out, devio_step_result *res, devio_error *err)
+/* Answer a settled step and free it: the answer text the history keeps
+ * when there is one (the same bytes a replay sends), else encoded now. */
+static devio_status reply_result(devio_reply *out, devio_ticket_op *op, devio_step_result *res,
+                                 devio_error *err)
 {
-    devio_status st = devio_reply_json(out, 200, devio_json_step_result(res), err);
+    devio_status st = DEVIO_OK;
+    if (op->answer)
+        devio_reply_bytes(out, 200, "application/json", op->answer, strlen(op->answer));
+    else
+        st = devio_reply_json(out, 200, devio_json_step_result(res), err);
+    op->answer = NULL;
     devio_step_result_free(res);
     return st;
 }
@@ -304,7 +313,7 @@ devio_status devio_route_await(devio_server *s, const devio_request *rq, devio_r
     op->phase = DEVIO_OP_NONE;
     uncount(s, op);
     if (st == DEVIO_OK)
-        return reply_result(out, &res, err);
+        return reply_result(out, op, &res, err);
     /* Not yet: a success that says so, with when to ask again (408 would
      * blame the client, and some clients retry a 408 by themselves). */
     if (st == DEVIO_E_TICKET_PENDING) {
@@ -337,7 +346,7 @@ devio_status devio_route_step(devio_server *s, const devio_request *rq, devio_re
         return st;
     op->phase = DEVIO_OP_NONE;
     uncount(s, op);
-    return st == DEVIO_OK ? reply_result(out, &res, err) : st;
+    return st == DEVIO_OK ? reply_result(out, op, &res, err) : st;
 }
 
 /* ---- history ------------------------------------------------------------------ */

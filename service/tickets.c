@@ -131,7 +131,7 @@ devio_status devio_tickets_await_begin(const devio_tickets *t, devio_device *dev
     char *answer = st == DEVIO_OK && t->answer ? t->answer(&res) : NULL;
     rec.answer = answer;
     op->write = devio_store_ticket_settled(t->store, &rec);
-    free(answer);
+    op->answer = answer; /* the reply sends these very bytes: encoded once */
     op->phase = DEVIO_OP_SETTLING;
     op->st = st;
     op->err = step_err;
@@ -149,6 +149,8 @@ devio_status devio_tickets_await_end(const devio_tickets *t, devio_device *dev,
     if (!written(t, op->write, &werr)) {
         devio_await_end(dev, ticket, DEVIO_AWAIT_KEEP);
         devio_step_result_free(&op->res);
+        free(op->answer);
+        op->answer = NULL;
         return devio_fail_at(err, DEVIO_E_STORE_UNAVAILABLE, "ticket", (int64_t)ticket,
                              "ticket %" PRIu64 " settled but its result cannot be written to"
                              " the history; it stays awaitable: %s",
@@ -174,6 +176,8 @@ void devio_tickets_op_release(devio_device *dev, devio_ticket_op *op)
     if (op->phase == DEVIO_OP_SETTLING) {
         devio_await_end(dev, op->ticket, DEVIO_AWAIT_KEEP);
         devio_step_result_free(&op->res);
+        free(op->answer);
+        op->answer = NULL;
         op->phase = DEVIO_OP_AWAITING;
     }
 }
@@ -199,8 +203,10 @@ devio_status devio_tickets_await(const devio_tickets *t, devio_device *dev, uint
     devio_ticket_op op = {.phase = DEVIO_OP_AWAITING, .ticket = ticket};
     memset(out, 0, sizeof *out);
     devio_status st = devio_tickets_await_begin(t, dev, &op, timeout_ms, NULL, err);
-    return st == DEVIO_OK ? devio_tickets_await_end(t, dev, &op, DEVIO_AWAIT_CONSUME, out, err)
-                          : st;
+    if (st == DEVIO_OK)
+        st = devio_tickets_await_end(t, dev, &op, DEVIO_AWAIT_CONSUME, out, err);
+    free(op.answer);
+    return st;
 }
 
 devio_status devio_tickets_step(const devio_tickets *t, devio_device *dev,

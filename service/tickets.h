@@ -47,6 +47,9 @@ typedef struct devio_ticket_op {
     devio_status st;         /* SETTLING: the step's own outcome, and err when it failed */
     devio_error err;
     devio_step_result res;   /* SETTLING with st DEVIO_OK: the result, owned by the op */
+    char *answer;            /* SETTLING with st DEVIO_OK: the answer text the history keeps
+                                (tickets.answer), malloc'd, NULL without; after a successful
+                                await_end the caller's, to send as it is or free */
     /* What the server keeps across a parked request's calls (service/server.c). */
     struct devio_ticket_op *next_launch; /* LAUNCHING: the server's list (launches.c) */
     bool tracked;            /* LAUNCHING: on that list, to be ended by the store's writer */
