@@ -342,6 +342,7 @@ json_t *devio_json_outcome(const devio_effect *e, const devio_outcome *o)
     case DEVIO_EFFECT_FREE:
         json_object_set_new(j, "freed_blocks", json_integer(o->freed_blocks));
         json_object_set_new(j, "freed_snapshots", json_integer(o->freed_snapshots));
+        json_object_set_new(j, "freed_logits", json_integer(o->freed_logits));
         break;
     case DEVIO_EFFECT_RELEASE:
         /* Releasing a logits handle answers its kind only; a sequence's snapshots, their count. */
@@ -354,13 +355,29 @@ json_t *devio_json_outcome(const devio_effect *e, const devio_outcome *o)
 
 json_t *devio_json_facts(const devio_facts *f)
 {
-    return json_pack("{s:{s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i},s:i,s:i,s:i,s:I}", "kv",
+    return json_pack("{s:{s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i},s:i,s:i,s:i,s:i,s:I}", "kv",
                      "block_size", f->block_size, "blocks_total", f->blocks_total, "blocks_free",
                      f->blocks_free, "blocks_shared", f->blocks_shared, "ssm", "slots_total",
                      f->ssm_slots_total, "slots_used", f->ssm_slots_used, "snapshots_total",
                      f->ssm_snapshots_total, "snapshots_used", f->ssm_snapshots_used,
                      "tickets_in_flight", f->tickets_in_flight, "logits_live", f->logits_live,
-                     "adapters_loaded", f->adapters_loaded, "epoch", (json_int_t)f->epoch);
+                     "logits_rows_live", f->logits_rows_live, "adapters_loaded", f->adapters_loaded, "epoch", (json_int_t)f->epoch);
+}
+
+json_t *devio_json_logits_list(const devio_logits_info *h, uint32_t n)
+{
+    static const char *const states[] = {"pending", "ready", "failed"};
+    json_t *list = json_array();
+    for (uint32_t i = 0; list && i < n; i++)
+        if (json_array_append_new(
+                list, json_pack("{s:I,s:I,s:I,s:i,s:i,s:s}", "logits", (json_int_t)h[i].logits,
+                                "seq", (json_int_t)h[i].seq, "ticket", (json_int_t)h[i].ticket,
+                                "rows", h[i].rows, "position", h[i].pos0, "state",
+                                states[h[i].state])) != 0) {
+            json_decref(list);
+            list = NULL;
+        }
+    return json_pack("{s:o}", "handles", list);
 }
 
 json_t *devio_json_seq_info(const devio_seq_info *s)
@@ -373,6 +390,17 @@ json_t *devio_json_seq_info(const devio_seq_info *s)
                      s->busy_ticket ? json_integer((json_int_t)s->busy_ticket) : json_null(),
                      "ssm_slot", s->ssm_slot, "snapshots_held", s->n_snapshots, "snapshots",
                      snaps);
+}
+
+json_t *devio_json_seq_list(const devio_seq_info *s, uint32_t n)
+{
+    json_t *list = json_array();
+    for (uint32_t i = 0; list && i < n; i++)
+        if (json_array_append_new(list, devio_json_seq_info(&s[i])) != 0) {
+            json_decref(list);
+            list = NULL;
+        }
+    return json_pack("{s:o}", "sequences", list);
 }
 
 json_t *devio_json_error(const devio_error *e)

@@ -64,7 +64,11 @@ json_t *devio_json_step_result(const devio_step_result *r);
  * its kind only). */
 json_t *devio_json_outcome(const devio_effect *e, const devio_outcome *o);
 json_t *devio_json_facts(const devio_facts *f);
+/* {"handles":[{"logits","seq","ticket","rows","position","state"}...]}: GET /v1/logits. */
+json_t *devio_json_logits_list(const devio_logits_info *h, uint32_t n);
 json_t *devio_json_seq_info(const devio_seq_info *s);
+/* {"sequences":[seq_info...]}: GET /v1/sequences. */
+json_t *devio_json_seq_list(const devio_seq_info *s, uint32_t n);
 /* {"error":{"code":..., "message":..., "details":{...}}} */
 json_t *devio_json_error(const devio_error *e);
 

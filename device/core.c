@@ -623,6 +623,7 @@ devio_facts devio_facts_get(devio_device *d)
         .ssm_snapshots_used = d->bcfg.ssm_snapshots - d->n_snap_free,
         .tickets_in_flight = d->in_flight,
         .logits_live = d->n_handles_live,
+        .logits_rows_live = d->cfg.logits_rows - d->n_row_free,
         .adapters_loaded = d->lora.n_loaded,
         .epoch = d->cfg.epoch,
     };

@@ -42,7 +42,9 @@ typedef struct dv_handle {
     bool ready;       /* the step that fills it has run */
     uint32_t *slots;  /* logits slot of each row, logits_rows entries */
     uint32_t *pos;    /* sequence position of the token of each row */
-    uint64_t seq;     /* the sequence whose positions these are */
+    uint64_t seq;     /* the sequence whose positions these are: freed with it */
+    uint64_t ticket;  /* the step that fills it */
+    bool internal;    /* a step's own (prompt logprobs): never named to a client */
 } dv_handle;
 
 /* What a launched row changed, so that a failed step can be undone exactly. */
@@ -172,6 +174,12 @@ void dv_unlock(devio_device *d);
 /* Wait until every launched step has settled (steps still unawaited are fine)
  * and no ticket is reserved (its plan may use what the caller is about to change). */
 void dv_drain(devio_device *d);
+/* Wait until no ticket is reserved (a sequence effect may give back blocks
+ * that a reserved plan copies from); launched steps keep running. */
+void dv_wait_reserved(devio_device *d);
+/* Wait until the step that fills logits handle `logits` has settled (at
+ * once for an unknown handle); later steps keep running. */
+void dv_wait_handle(devio_device *d, uint64_t logits);
 
 /* Settle the oldest submitted step; the lock is dropped during the backend wait. */
 void dv_run_queue_head(devio_device *d);

@@ -58,6 +58,8 @@ typedef enum devio_status {
     DEVIO_E_MEDIA_TYPE,       /* a body whose Content-Type is not JSON (415) */
     DEVIO_E_TICKET_REAPED,    /* the server settled the ticket for nobody: its lease ran out
                                  or its /v1/step connection closed (410) */
+    DEVIO_E_KEY_IN_USE,       /* a request with the same Idempotency-Key is under way (409) */
+    DEVIO_E_KEY_REUSED,       /* an Idempotency-Key already answered a different request (422) */
     DEVIO_STATUS_COUNT
 } devio_status;
 
@@ -214,6 +216,7 @@ typedef struct devio_outcome {
     uint32_t shared_blocks;/* fork */
     uint32_t freed_blocks; /* truncate, free */
     uint32_t freed_snapshots; /* truncate, free, release of a sequence's snapshots */
+    uint32_t freed_logits; /* free: the sequence's logits handles released with it */
     uint32_t n_tokens;     /* sample */
     int32_t *tokens;       /* sample; owned by the outcome */
     float *logprobs;       /* sample; owned by the outcome */
@@ -228,6 +231,7 @@ typedef struct devio_facts {
     uint32_t block_size, blocks_total, blocks_free, blocks_shared;
     uint32_t ssm_slots_total, ssm_slots_used, ssm_snapshots_total, ssm_snapshots_used;
     uint32_t tickets_in_flight, logits_live, adapters_loaded;
+    uint32_t logits_rows_live; /* positions the live handles hold, of logits_rows */
     uint64_t epoch;
 } devio_facts;
 
@@ -369,6 +373,10 @@ uint32_t devio_max_depth(const devio_device *d);
 devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err);
 devio_status devio_seq_info_get(devio_device *d, uint64_t seq, devio_seq_info *out,
                                 devio_error *err);
+/* Every live sequence, by id: the first cap of them into out (may be NULL
+ * with cap 0), their count into *n. For a scheduler that lost its own record. */
+devio_status devio_seq_list(devio_device *d, devio_seq_info *out, uint32_t cap, uint32_t *n,
+                            devio_error *err);
 
 /* Validate `plan`, reserve every KV block and logits handle it needs, and
  * queue it. On failure nothing is reserved. `plan` is copied; the caller may
@@ -419,7 +427,10 @@ devio_status devio_await_begin(devio_device *d, uint64_t ticket, int64_t timeout
                                devio_step_result *out, bool *held, devio_error *err);
 void devio_await_end(devio_device *d, uint64_t ticket, devio_await_ending how);
 
-/* Apply one effect after every launched step has run. All or nothing. */
+/* Apply one effect. It waits for the step that fills a logits handle it
+ * reads or releases, for launches being reserved when it changes a
+ * sequence, and on hybrid models for every launched step before it copies
+ * SSM state; steps of other sequences keep running. All or nothing. */
 devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *out,
                          devio_error *err);
 
@@ -427,6 +438,25 @@ devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *
  * *n_rows_out receives the handle's number of positions. */
 devio_status devio_logits_read(devio_device *d, uint64_t logits, uint32_t row, uint32_t n,
                                float *dst, uint32_t *n_rows_out, devio_error *err);
+
+typedef enum devio_logits_state {
+    DEVIO_LOGITS_PENDING = 0, /* its step has not settled */
+    DEVIO_LOGITS_READY,       /* filled: readable and samplable */
+    DEVIO_LOGITS_FAILED,      /* its step failed: released when the ticket is awaited */
+} devio_logits_state;
+
+/* One live logits handle, for GET /v1/logits. */
+typedef struct devio_logits_info {
+    uint64_t logits, seq, ticket; /* the handle, the sequence that owns it, its step */
+    uint32_t rows;                /* positions it holds */
+    uint32_t pos0;                /* the sequence position of its first row */
+    devio_logits_state state;
+} devio_logits_info;
+
+/* The live logits handles a client can name, by id: the first cap of them
+ * into out (may be NULL with cap 0), their count into *n. */
+devio_status devio_logits_list(devio_device *d, devio_logits_info *out, uint32_t cap,
+                               uint32_t *n, devio_error *err);
 
 /* LoRA command at quiescence. */
 devio_status devio_lora(devio_device *d, const devio_lora_cmd *cmd, devio_lora_ack *ack,

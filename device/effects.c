@@ -243,6 +243,12 @@ static devio_status apply_free(devio_device *d, const devio_effect *e, devio_out
         return s;
     o->freed_blocks = dv_seq_shrink(d, q, 0);
     o->freed_snapshots = dv_ssm_release(d, q);
+    /* Its logits handles go with it: every one of them is settled (q is idle). */
+    for (uint32_t i = 0; i < d->cfg.logits_handles; i++)
+        if (d->handles[i].id && d->handles[i].seq == q->id) {
+            dv_handle_release(d, &d->handles[i]);
+            o->freed_logits++;
+        }
     q->id = 0;
     free(q->toks);
     q->toks = NULL;
@@ -271,6 +277,23 @@ static devio_status apply_release(devio_device *d, const devio_effect *e, devio_
     return DEVIO_OK;
 }
 
+/* What an effect waits for, and no more, so that steps of other sequences
+ * keep running: the step that fills the logits handle it reads or releases;
+ * for a sequence effect (its sequence is idle, or it is refused busy), the
+ * launches being reserved, whose plans may copy from blocks it gives back;
+ * and on hybrid models every launched step before an effect that may copy
+ * SSM state (a backend copies state only with no batch in flight). */
+static void effect_wait(devio_device *d, const devio_effect *e)
+{
+    if (e->logits)
+        dv_wait_handle(d, e->logits);
+    else if (d->hybrid && (e->kind == DEVIO_EFFECT_FORK || e->kind == DEVIO_EFFECT_TRUNCATE ||
+                           e->kind == DEVIO_EFFECT_SNAPSHOT))
+        dv_drain(d);
+    else
+        dv_wait_reserved(d);
+}
+
 devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *out,
                          devio_error *err)
 {
@@ -282,8 +305,7 @@ devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *
         s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
         goto out;
     }
-    /* Effects are ordered after every launched step. */
-    dv_drain(d);
+    effect_wait(d, e);
     switch (e->kind) {
     case DEVIO_EFFECT_SAMPLE: s = apply_sample(d, e, out, err); break;
     case DEVIO_EFFECT_FORK: s = apply_fork(d, e, out, err); break;

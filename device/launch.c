@@ -270,12 +270,16 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
     if (row->logits != DEVIO_LOGITS_NONE) {
         h = dv_handle_alloc(d, row->logits == DEVIO_LOGITS_ALL ? row->n_tokens : 1);
         h->seq = row->seq;
+        h->ticket = t->id;
+        h->internal = false;
         tr->handle = h->id;
     }
     dv_handle *ph = NULL;
     if (needs_prompt_handle(row)) {
         ph = dv_handle_alloc(d, row->n_tokens - 1);
         ph->seq = row->seq;
+        ph->ticket = t->id;
+        ph->internal = true;
         tr->prompt_handle = ph->id;
     }
     tr->prompt = row->prompt_logprobs;

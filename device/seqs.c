@@ -1,5 +1,7 @@
-/* seqs.c - the sequences' public face: create one, describe one.
+/* seqs.c - the sequences' public face: create one, describe one, list them.
  * Every change of a sequence's length or blocks is launch.c's or effects.c's; this file never takes a block. */
+#include <stdlib.h>
+
 #include "device/core.h"
 #include "device/status.h"
 
@@ -70,5 +72,32 @@ devio_status devio_seq_info_get(devio_device *d, uint64_t seq, devio_seq_info *o
     else
         seq_info_fill(d, q, out);
     dv_unlock(d);
+    return s;
+}
+
+static int by_seq(const void *a, const void *b)
+{
+    uint64_t x = ((const devio_seq_info *)a)->seq, y = ((const devio_seq_info *)b)->seq;
+    return (x > y) - (x < y);
+}
+
+devio_status devio_seq_list(devio_device *d, devio_seq_info *out, uint32_t cap, uint32_t *n,
+                            devio_error *err)
+{
+    devio_status s = DEVIO_OK;
+    *n = 0;
+    dv_lock(d);
+    if (d->torn_down)
+        s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
+    for (uint32_t i = 0; s == DEVIO_OK && i < d->cfg.max_seqs; i++) {
+        if (!d->seqs[i].id)
+            continue;
+        if (*n < cap)
+            seq_info_fill(d, &d->seqs[i], &out[*n]);
+        (*n)++;
+    }
+    dv_unlock(d);
+    if (out)
+        qsort(out, *n < cap ? *n : cap, sizeof *out, by_seq);
     return s;
 }

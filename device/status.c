@@ -41,6 +41,8 @@ static const char *const status_names[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_TOO_MANY_CONNECTIONS] = "too_many_connections",
     [DEVIO_E_MEDIA_TYPE] = "unsupported_media_type",
     [DEVIO_E_TICKET_REAPED] = "ticket_reaped",
+    [DEVIO_E_KEY_IN_USE] = "key_in_use",
+    [DEVIO_E_KEY_REUSED] = "key_reused",
 };
 
 devio_status devio_status_parse(const char *code)

@@ -110,20 +110,59 @@ void dv_run_queue_head(devio_device *d)
 #endif
 }
 
-void dv_drain(devio_device *d)
+/* Wait until busy(d, arg) is false, running the queue on this thread when
+ * no worker runs it. A reserved ticket ends (commit or cancel) on its
+ * launcher's thread, which tells cv_done. */
+static void wait_while(devio_device *d, bool (*busy)(devio_device *, uint64_t), uint64_t arg)
 {
 #ifndef DEVIO_NO_THREADS
-    /* A reserved ticket ends (commit or cancel) on its launcher's thread. */
-    while (d->q_len > 0 || d->n_reserved > 0) {
+    while (busy(d, arg)) {
         if (d->worker_started || d->q_len == 0)
             pthread_cond_wait(&d->cv_done, &d->mu);
         else
             dv_run_queue_head(d);
     }
 #else
-    while (d->q_len > 0)
+    while (busy(d, arg) && d->q_len > 0)
         dv_run_queue_head(d);
 #endif
+}
+
+static bool any_step(devio_device *d, uint64_t unused)
+{
+    (void)unused;
+    return d->q_len > 0 || d->n_reserved > 0;
+}
+
+static bool any_reserved(devio_device *d, uint64_t unused)
+{
+    (void)unused;
+    return d->n_reserved > 0;
+}
+
+static dv_ticket *ticket_find(devio_device *d, uint64_t id);
+
+static bool ticket_running(devio_device *d, uint64_t id)
+{
+    const dv_ticket *t = ticket_find(d, id);
+    return t && (t->state == DV_T_RESERVED || t->state == DV_T_SUBMITTED);
+}
+
+void dv_drain(devio_device *d)
+{
+    wait_while(d, any_step, 0);
+}
+
+void dv_wait_reserved(devio_device *d)
+{
+    wait_while(d, any_reserved, 0);
+}
+
+void dv_wait_handle(devio_device *d, uint64_t logits)
+{
+    const dv_handle *h = dv_handle_find(d, logits);
+    if (h)
+        wait_while(d, ticket_running, h->ticket);
 }
 
 /* ---- await ------------------------------------------------------------ */
@@ -369,7 +408,8 @@ devio_status devio_logits_read(devio_device *d, uint64_t logits, uint32_t row, u
 {
     devio_status s = DEVIO_OK;
     dv_lock(d);
-    dv_drain(d);
+    if (!d->torn_down)
+        dv_wait_handle(d, logits); /* its own step only: later ones keep running */
     dv_handle *h = d->torn_down ? NULL : dv_handle_find(d, logits);
     if (d->torn_down) {
         s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
@@ -394,6 +434,39 @@ devio_status devio_logits_read(devio_device *d, uint64_t logits, uint32_t row, u
         }
     }
     dv_unlock(d);
+    return s;
+}
+
+static int by_id(const void *a, const void *b)
+{
+    uint64_t x = ((const devio_logits_info *)a)->logits, y = ((const devio_logits_info *)b)->logits;
+    return (x > y) - (x < y);
+}
+
+devio_status devio_logits_list(devio_device *d, devio_logits_info *out, uint32_t cap,
+                               uint32_t *n, devio_error *err)
+{
+    devio_status s = DEVIO_OK;
+    *n = 0;
+    dv_lock(d);
+    if (d->torn_down)
+        s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
+    for (uint32_t i = 0; s == DEVIO_OK && i < d->cfg.logits_handles; i++) {
+        const dv_handle *h = &d->handles[i];
+        if (!h->id || h->internal)
+            continue;
+        if (*n < cap)
+            out[*n] = (devio_logits_info){
+                .logits = h->id, .seq = h->seq, .ticket = h->ticket, .rows = h->n_rows,
+                .pos0 = h->pos[0],
+                .state = h->ready                         ? DEVIO_LOGITS_READY
+                         : ticket_running(d, h->ticket) ? DEVIO_LOGITS_PENDING
+                                                          : DEVIO_LOGITS_FAILED};
+        (*n)++;
+    }
+    dv_unlock(d);
+    if (out)
+        qsort(out, *n < cap ? *n : cap, sizeof *out, by_id);
     return s;
 }
 

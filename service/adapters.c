@@ -1,8 +1,10 @@
 /* adapters.c - adapter commands over the device's LoRA table with their SQLite rows, and the reload at start.
  * It must never answer before the rows of a device change are written, nor let a failure overwrite a loaded adapter's row. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/log.h"
 #include "common/clock.h"
@@ -429,4 +431,29 @@ out:
     if (out)
         *out = n;
     return st;
+}
+
+/* ---- the root ------------------------------------------------------------------ */
+
+devio_status devio_adapters_root(const char *path, bool given, const char **root,
+                                 devio_error *err)
+{
+    struct stat sb;
+    *root = path;
+    bool found = stat(path, &sb) == 0;
+    if (found && S_ISDIR(sb.st_mode))
+        return DEVIO_OK;
+    if (!found && errno == ENOENT && given && mkdir(path, 0750) == 0) {
+        devio_log(DEVIO_LOG_INFO, "adapters", "adapters root '%s' created (it was missing)",
+                  path);
+        return DEVIO_OK;
+    }
+    const char *why = found ? "not a directory" : strerror(errno);
+    if (given)
+        return devio_fail(err, DEVIO_E_INVALID, "--adapters '%s': %s", path, why);
+    devio_log(DEVIO_LOG_WARN, "adapters",
+              "adapters root '%s': %s; loading adapters is off (give --adapters DIR)",
+              path, why);
+    *root = NULL;
+    return DEVIO_OK;
 }

@@ -19,6 +19,14 @@ typedef struct devio_adapters {
     devio_store *store; /* borrowed; NULL until devio_adapters_start */
 } devio_adapters;
 
+/* The adapters root, checked before anything listens. A root that was given
+ * must be a directory; when it is missing but its parent exists (a fresh
+ * volume) it is created, empty, mode 0750. The default one may be missing,
+ * which turns adapter loading off (*root NULL: loads answer unsupported)
+ * with a warning, rather than a 400 blaming the first client that loads one. */
+devio_status devio_adapters_root(const char *path, bool given, const char **root,
+                                 devio_error *err);
+
 void devio_adapters_init(devio_adapters *a);
 void devio_adapters_fini(devio_adapters *a);
 

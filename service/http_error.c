@@ -39,6 +39,8 @@ static const unsigned short http_codes[DEVIO_STATUS_COUNT] = {
     [DEVIO_E_TOO_MANY_CONNECTIONS] = 503,
     [DEVIO_E_MEDIA_TYPE] = 415,
     [DEVIO_E_TICKET_REAPED] = 410,
+    [DEVIO_E_KEY_IN_USE] = 409,
+    [DEVIO_E_KEY_REUSED] = 422,
 };
 
 unsigned devio_http_code(devio_status s)

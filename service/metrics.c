@@ -279,6 +279,8 @@ static void put_facts(FILE *o, const devio_facts *f)
         {"devio_tickets_in_flight", "Tickets launched and not yet awaited.",
          f->tickets_in_flight},
         {"devio_logits_live", "Live logits handles.", f->logits_live},
+        {"devio_logits_rows_live", "Logits positions held by live handles.",
+         f->logits_rows_live},
         {"devio_adapters_loaded", "LoRA adapters loaded.", f->adapters_loaded},
         {"devio_epoch", "Process epoch (bumped per start).", f->epoch},
     };

@@ -85,6 +85,7 @@ typedef struct devio_route {
     devio_route_auth auth;
     devio_route_body body;
     bool refused_while_draining; /* 503 not_ready, connection closed, once SIGTERM is seen */
+    bool keyed;           /* takes an Idempotency-Key: a retry gets the first answer (keys.h) */
 } devio_route;
 
 /* Decimal id: 1 to 19 digits, at most INT64_MAX (JSON integers are signed). */

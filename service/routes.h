@@ -8,8 +8,8 @@
 /* Each is a devio_route_handler (service/route.h). */
 
 /* routes_device.c: sequences, effects, logits, facts, the device, the model, teardown */
-devio_route_handler devio_route_seq_create, devio_route_seq_get, devio_route_seq_delete,
-    devio_route_effects, devio_route_logits, devio_route_facts, devio_route_device, devio_route_model,
+devio_route_handler devio_route_seq_create, devio_route_seq_list, devio_route_seq_get, devio_route_seq_delete,
+    devio_route_effects, devio_route_logits, devio_route_logits_list, devio_route_facts, devio_route_device, devio_route_model,
     devio_route_teardown;
 
 /* routes_tickets.c: launch, step, await, the history */

@@ -55,6 +55,22 @@ static devio_status seq_info(devio_server *s, const devio_request *rq, devio_dev
     return st;
 }
 
+static devio_status seqs_listed(devio_server *s, const devio_request *rq, devio_device *dev,
+                                json_t **j, devio_error *err)
+{
+    (void)s;
+    (void)rq;
+    uint32_t cap = devio_config_of(dev)->max_seqs, n = 0;
+    devio_seq_info *v = calloc(cap ? cap : 1, sizeof *v);
+    if (!v)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory listing sequences");
+    devio_status st = devio_seq_list(dev, v, cap, &n, err);
+    if (st == DEVIO_OK)
+        *j = devio_json_seq_list(v, n < cap ? n : cap);
+    free(v);
+    return st;
+}
+
 static devio_status outcome_of(devio_server *s, devio_device *dev, const devio_effect *e,
                                json_t **j, devio_error *err)
 {
@@ -104,6 +120,12 @@ devio_status devio_route_seq_create(devio_server *s, const devio_request *rq, de
                                     devio_error *err)
 {
     return answer(s, rq, seq_created, 201, out, err);
+}
+
+devio_status devio_route_seq_list(devio_server *s, const devio_request *rq, devio_reply *out,
+                                  devio_error *err)
+{
+    return answer(s, rq, seqs_listed, 200, out, err);
 }
 
 devio_status devio_route_seq_get(devio_server *s, const devio_request *rq, devio_reply *out,
@@ -224,6 +246,28 @@ devio_status devio_route_logits(devio_server *s, const devio_request *rq, devio_
                               err);
     free(data);
     return st;
+}
+
+static devio_status logits_listed(devio_server *s, const devio_request *rq, devio_device *dev,
+                                  json_t **j, devio_error *err)
+{
+    (void)s;
+    (void)rq;
+    uint32_t cap = devio_config_of(dev)->logits_handles, n = 0;
+    devio_logits_info *h = calloc(cap ? cap : 1, sizeof *h);
+    if (!h)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory listing logits handles");
+    devio_status st = devio_logits_list(dev, h, cap, &n, err);
+    if (st == DEVIO_OK)
+        *j = devio_json_logits_list(h, n < cap ? n : cap);
+    free(h);
+    return st;
+}
+
+devio_status devio_route_logits_list(devio_server *s, const devio_request *rq, devio_reply *out,
+                                     devio_error *err)
+{
+    return answer(s, rq, logits_listed, 200, out, err);
 }
 
 /* ---- the device ---------------------------------------------------------------- */

@@ -21,24 +21,16 @@
 #include "ref/builtin.h"
 #include "service/framing.h"
 #include "service/http_edges.h"
+#include "service/keys.h"
 #include "service/request.h"
 #include "service/routes.h"
 #include "service/server.h"
 
 /* libmicrohttpd's threading: --http-threads internal threads, each an epoll
  * loop over its share of the connections, with suspend and resume so that an
- * await waiting for its step holds no thread (await_waits.h).
- * Measured side by side with the thread per connection it replaced
- * (tests/bench/server_bench.py --n 2000, 3 interleaved rounds on 2 busy
- * cores, medians): one client's launch+await p50 391, 428 and 389 us with 1,
- * 2 and 4 loop threads against 427 us; four clients 1971, 2146 and 2251
- * steps/s against 2247. The same within this machine's noise: neither model
- * is where the time goes (the history's two SQLite commits per step and the
- * thread handoffs are). Chosen for what it bounds: threads no longer grow
- * with connections, and awaits in any number wait on none of them. Two
- * threads by default, so that a request waiting on its history write (done
- * by the store's writer thread) does not hold up every other connection.
- * The listening socket is devio's own (listener.h): it answers 503 when a
+ * await waiting for its step holds no thread (await_waits.h). Chosen for what
+ * it bounds, not for speed (docs/http.md, Threads, has the side-by-side
+ * figures against a thread per connection). The listening socket is devio's own (listener.h): it answers 503 when a
  * connection limit is reached, where libmicrohttpd would close the socket
  * without a word, and it cuts connections whose headers are late, which
  * libmicrohttpd's idle timeout (restarted by every byte) cannot. */
@@ -53,6 +45,10 @@
 #define ROUTE(m, p, h, a, b, d)                                                                 \
     {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
      .refused_while_draining = d}
+/* A route that changes state and takes an Idempotency-Key (keys.h). */
+#define KEYED(m, p, h, a, b, d)                                                                 \
+    {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
+     .refused_while_draining = d, .keyed = true}
 
 /* Every route of the contract (api/openapi.yaml): method, path template, handler, who may call
  * it, its body, and whether it is refused while the server drains. Metrics label each answer with
@@ -63,15 +59,17 @@ static const devio_route routes[] = {
     ROUTE("GET", "/readyz", devio_route_readyz, HEALTH, NO_BODY, false),
     ROUTE("GET", "/metrics", devio_route_metrics, HEALTH, NO_BODY, false),
     ROUTE("GET", "/v1/openapi.yaml", devio_route_openapi, TOKEN, NO_BODY, false),
-    ROUTE("POST", "/v1/sequences", devio_route_seq_create, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/sequences", devio_route_seq_list, TOKEN, NO_BODY, false),
+    KEYED("POST", "/v1/sequences", devio_route_seq_create, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/sequences/{id}", devio_route_seq_get, TOKEN, NO_BODY, false),
-    ROUTE("DELETE", "/v1/sequences/{id}", devio_route_seq_delete, TOKEN, NO_BODY, false),
-    ROUTE("POST", "/v1/launch", devio_route_launch, TOKEN, JSON_BODY, true),
-    ROUTE("POST", "/v1/step", devio_route_step, TOKEN, JSON_BODY, true),
+    KEYED("DELETE", "/v1/sequences/{id}", devio_route_seq_delete, TOKEN, NO_BODY, false),
+    KEYED("POST", "/v1/launch", devio_route_launch, TOKEN, JSON_BODY, true),
+    KEYED("POST", "/v1/step", devio_route_step, TOKEN, JSON_BODY, true),
     ROUTE("POST", "/v1/tickets/{id}/await", devio_route_await, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/tickets", devio_route_tickets, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/tickets/{id}", devio_route_ticket, TOKEN, NO_BODY, false),
-    ROUTE("POST", "/v1/effects", devio_route_effects, TOKEN, JSON_BODY, false),
+    KEYED("POST", "/v1/effects", devio_route_effects, TOKEN, JSON_BODY, false),
+    ROUTE("GET", "/v1/logits", devio_route_logits_list, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/logits/{id}", devio_route_logits, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/facts", devio_route_facts, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/device", devio_route_device, TOKEN, NO_BODY, false),
@@ -85,6 +83,7 @@ static const devio_route routes[] = {
     ROUTE("POST", "/v1/adapters/{name}/unpin", devio_route_adapter_unpin, TOKEN, NO_BODY, false),
 };
 #undef ROUTE
+#undef KEYED
 
 const devio_route *devio_server_routes(size_t *n)
 {
@@ -105,6 +104,7 @@ typedef struct req {
     devio_conn *conn;           /* the listener's count of this connection, or NULL */
     devio_wait wait;            /* an await's place among the parked ones (await_waits.h) */
     devio_ticket_op op;         /* the launch or await under way (tickets.h) */
+    devio_keyed keyed;          /* its Idempotency-Key (keys.h) */
     uint64_t start_us;          /* the first access-handler call, for the latency metric */
     const char *method, *url;   /* libmicrohttpd's, valid until the request completes */
     char request_id[DEVIO_REQUEST_ID_MAX + 1]; /* X-Request-Id as received, or generated */
@@ -196,8 +196,15 @@ static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const ch
             st = parse_body(s, q, &body, err);
     }
     rq.body = body;
-    if (st == DEVIO_OK)
+    bool answered = false;
+    if (st == DEVIO_OK && q->route->keyed)
+        st = devio_keyed_before(s, &rq,
+                                MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key"),
+                                &q->keyed, r, &answered, err);
+    if (st == DEVIO_OK && !answered)
         st = q->route->handler(s, &rq, r, err);
+    if (!answered && q->route->keyed)
+        devio_keyed_after(s, &rq, &q->keyed, st, r);
     json_decref(body);
     return st;
 }
@@ -385,6 +392,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
     /* A request that ends holding a launch or an await (its client went)
      * leaves no ticket without an owner. */
     devio_server_abandon(s, &q->op);
+    devio_keyed_end(s, &q->keyed);
     free(q->body);
     free(q);
     *req_cls = NULL;
@@ -489,35 +497,6 @@ static devio_status read_token(devio_server *s, devio_error *err)
     return DEVIO_OK;
 }
 
-/* The adapters root, checked before anything listens. A root that was given
- * must be a directory; when it is missing but its parent exists (a fresh
- * volume) it is created, empty, mode 0750. The default one ("adapters") may
- * be missing, which turns adapter loading off (*root NULL: loads answer
- * unsupported) with a warning, rather than a 400 blaming the first client
- * that loads one. */
-static devio_status adapters_root(const devio_server_config *cfg, const char **root,
-                                  devio_error *err)
-{
-    struct stat sb;
-    *root = cfg->adapters;
-    bool found = stat(cfg->adapters, &sb) == 0;
-    if (found && S_ISDIR(sb.st_mode))
-        return DEVIO_OK;
-    if (!found && errno == ENOENT && cfg->adapters_given && mkdir(cfg->adapters, 0750) == 0) {
-        devio_log(DEVIO_LOG_INFO, "adapters", "adapters root '%s' created (it was missing)",
-                  cfg->adapters);
-        return DEVIO_OK;
-    }
-    const char *why = found ? "not a directory" : strerror(errno);
-    if (cfg->adapters_given)
-        return devio_fail(err, DEVIO_E_INVALID, "--adapters '%s': %s", cfg->adapters, why);
-    devio_log(DEVIO_LOG_WARN, "adapters",
-              "adapters root '%s': %s; loading adapters is off (give --adapters DIR)",
-              cfg->adapters, why);
-    *root = NULL;
-    return DEVIO_OK;
-}
-
 devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
                                 devio_error *err)
 {
@@ -527,6 +506,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     pthread_mutex_init(&s->launch_mu, NULL);
     devio_metrics_init(&s->metrics);
     devio_adapters_init(&s->adapters);
+    devio_keys_init(&s->keys);
     s->tickets.metrics = &s->metrics;
     s->tickets.answer = devio_step_answer_text;
     devio_listen_addr sa;
@@ -564,7 +544,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         dc.use_worker_thread = true;
         dc.on_settled = devio_server_settled;
         dc.on_settled_ctx = s;
-        st = adapters_root(cfg, &dc.adapters_root, err);
+        st = devio_adapters_root(cfg->adapters, cfg->adapters_given, &dc.adapters_root, err);
     }
     if (st == DEVIO_OK) {
         st = devio_open(s->model, ops, &dc, &s->dev, err);
@@ -691,6 +671,7 @@ void devio_server_stop(devio_server *s)
     free(s->token);
     s->token = NULL;
     devio_adapters_fini(&s->adapters);
+    devio_keys_destroy(&s->keys);
     devio_metrics_fini(&s->metrics);
     pthread_rwlock_destroy(&s->dev_lock);
     pthread_mutex_destroy(&s->launch_mu);

@@ -17,6 +17,7 @@
 #include "service/leases.h"
 #include "service/listener.h"
 #include "service/metrics.h"
+#include "service/keys.h"
 #include "service/route.h"
 #include "service/store.h"
 #include "service/tickets.h"
@@ -35,6 +36,7 @@ typedef struct devio_server {
     devio_waits waits;         /* requests parked until their ticket settles (the device's
                                   on_settled hook) or their history row is written (the
                                   store's on_written hook) */
+    devio_keys keys;           /* Idempotency-Keys of requests under way (keys.h) */
     devio_leases leases;       /* launched tickets until taken; the reaper (abandoned.c) */
     atomic_int launching;      /* launches between their begin and end halves */
     atomic_int store_callers;  /* requests in SQLite on an HTTP thread (devio_server_store) */

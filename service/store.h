@@ -1,4 +1,4 @@
-/* store.h - devio's SQLite file: ticket history, adapter records, process metadata.
+/* store.h - devio's SQLite file: ticket history, idempotency keys, adapter records, process metadata.
  * Writes go through one writer thread in batched transactions; callers never run SQL on the step path, and nothing here speaks JSON. */
 #ifndef DEVIO_STORE_H
 #define DEVIO_STORE_H
@@ -159,6 +159,32 @@ void devio_ticket_page_free(devio_ticket_page *p);
  * when the history holds none). Release with devio_ticket_page_free(). */
 devio_status devio_store_ticket_get(devio_store *s, uint64_t id, devio_ticket_page *out,
                                     devio_error *err);
+
+/* ---- idempotency keys (store_writer.c, store_history.c) --------------------- */
+
+/* How long a key's answer is kept: a day, after which the key may be used again. */
+#define DEVIO_KEY_KEEP_MS (24LL * 3600 * 1000)
+
+/* The answer a request with an Idempotency-Key was given. Borrowed for the call. */
+typedef struct devio_key_record {
+    const char *key;      /* the Idempotency-Key as sent */
+    const char *request;  /* "METHOD /path" */
+    const char *digest;   /* hex SHA-256 of the request (method, path, canonical body) */
+    uint32_t code;        /* the answer's HTTP status */
+    const char *answer;   /* the answer's body, as sent */
+    int64_t created_ms;   /* unix ms; 0: now */
+} devio_key_record;
+
+/* Queue the key's row (the first one written wins; rows older than
+ * DEVIO_KEY_KEEP_MS are deleted as new ones come). A write number for
+ * devio_store_done, or 0 when the queue could not take it. */
+uint64_t devio_store_key_put(devio_store *s, const devio_key_record *r);
+
+/* The committed row of `key`: *found false when none. On success with
+ * *found, the strings of *out are malloc'd (devio_key_record_free). */
+devio_status devio_store_key_get(devio_store *s, const char *key, devio_key_record *out,
+                                 bool *found, devio_error *err);
+void devio_key_record_free(devio_key_record *r);
 
 /* ---- adapter records (store_adapters.c; synchronous, never on the step path) ---- */
 

@@ -1,10 +1,11 @@
-/* store_history.c - ticket history pages: the filtered, newest-first reads behind GET /v1/tickets.
+/* store_history.c - ticket history pages (the filtered, newest-first reads behind GET /v1/tickets) and idempotency keys read back.
  * Reads committed rows into structs on the caller's connection; it never writes and never speaks JSON. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "device/status.h"
 #include "service/store_internal.h"
 
@@ -233,4 +234,58 @@ devio_status devio_store_ticket_get(devio_store *s, uint64_t id, devio_ticket_pa
     if (st == DEVIO_OK)
         out->has_next = false;
     return st;
+}
+
+/* ---- idempotency keys --------------------------------------------------------- */
+
+static char *dup_column(sqlite3_stmt *st, int i)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    return t ? strdup((const char *)t) : NULL;
+}
+
+devio_status devio_store_key_get(devio_store *s, const char *key, devio_key_record *out,
+                                 bool *found, devio_error *err)
+{
+    memset(out, 0, sizeof *out);
+    *found = false;
+    sqlite3_stmt *st = NULL;
+    pthread_mutex_lock(&s->rmu);
+    devio_status rs = store_prepare(s,
+                                    "SELECT request, digest, code, answer, created_ms"
+                                    " FROM idempotency_keys WHERE key = ?1 AND created_ms >= ?2",
+                                    &st, "idempotency key", err);
+    if (rs == DEVIO_OK) {
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, devio_unix_ms() - DEVIO_KEY_KEEP_MS);
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+            out->key = strdup(key);
+            out->request = dup_column(st, 0);
+            out->digest = dup_column(st, 1);
+            out->code = (uint32_t)sqlite3_column_int64(st, 2);
+            out->answer = dup_column(st, 3);
+            out->created_ms = sqlite3_column_int64(st, 4);
+            *found = true;
+            if (!out->key || !out->request || !out->digest || !out->answer) {
+                devio_key_record_free(out);
+                *found = false;
+                rs = devio_fail(err, DEVIO_E_NOMEM, "out of memory reading a key");
+            }
+        } else if (rc != SQLITE_DONE) {
+            rs = store_sql_fail(err, s->rdb, s->path, "cannot read an idempotency key");
+        }
+    }
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&s->rmu);
+    return rs;
+}
+
+void devio_key_record_free(devio_key_record *r)
+{
+    free((char *)r->key);
+    free((char *)r->request);
+    free((char *)r->digest);
+    free((char *)r->answer);
+    memset(r, 0, sizeof *r);
 }

@@ -26,7 +26,7 @@
 #define STORE_N_STATUSES 5
 extern const char *const store_ticket_statuses[STORE_N_STATUSES];
 
-typedef enum store_wkind { STORE_W_LAUNCH, STORE_W_SETTLE, STORE_W_ABORT } store_wkind;
+typedef enum store_wkind { STORE_W_LAUNCH, STORE_W_SETTLE, STORE_W_ABORT, STORE_W_KEY } store_wkind;
 
 /* One queued write. Strings are copied into buf so the caller's record may
  * die as soon as the enqueue returns. */
@@ -39,6 +39,8 @@ typedef struct store_wrec {
     uint32_t rows, tokens;
     int64_t queued_us, compute_us;
     const char *seqs, *error_code, *error_message, *request_id, *answer; /* into buf, or NULL */
+    const char *key, *request, *digest; /* STORE_W_KEY (answer too), into buf */
+    uint32_t code;                      /* STORE_W_KEY: the answer's HTTP status */
     char *fail;  /* SQLite's message when this write failed (malloc'd), or NULL */
     bool failed;
     char buf[];
@@ -88,6 +90,7 @@ struct devio_store {
     sqlite3 *wdb;
     sqlite3_stmt *st_begin, *st_commit, *st_rollback;
     sqlite3_stmt *st_launch, *st_settle, *st_abort, *st_trim, *st_high, *st_beat;
+    sqlite3_stmt *st_key, *st_key_trim;
     int64_t rows_estimate;  /* ticket rows in the file, for retention */
     int64_t id_reserved;    /* ticket_id_high in meta as committed: every id written
                              * lies at or below it (advanced STORE_ID_RANGE at a time) */

@@ -73,6 +73,15 @@ static const char *const migrations[] = {
     "CREATE INDEX tickets_launched ON tickets(launched_ms);",
     /* 3 -> 4: the answer a settle gave (the step result's JSON), NULL before */
     "ALTER TABLE tickets ADD COLUMN answer TEXT;",
+    /* 4 -> 5: the answers given to requests that carried an Idempotency-Key */
+    "CREATE TABLE idempotency_keys("
+    "  key TEXT PRIMARY KEY,"
+    "  request TEXT NOT NULL,"
+    "  digest TEXT NOT NULL,"
+    "  code INTEGER NOT NULL,"
+    "  answer TEXT NOT NULL,"
+    "  created_ms INTEGER NOT NULL);"
+    "CREATE INDEX idempotency_keys_created ON idempotency_keys(created_ms);",
 };
 #define SCHEMA_LATEST ((uint32_t)(sizeof migrations / sizeof migrations[0]))
 

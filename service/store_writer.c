@@ -1,4 +1,4 @@
-/* store_writer.c - ticket writes: the queue callers fill, the writer thread that group-commits it, retention.
+/* store_writer.c - ticket and key writes: the queue callers fill, the writer thread that group-commits it, retention.
  * Never runs SQL on a caller's thread; never holds the queue lock while SQLite works. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -39,6 +39,11 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
         {&s->st_high, "UPDATE meta SET value=?1 WHERE key='ticket_id_high'"},
         {&s->st_beat,
          "INSERT OR REPLACE INTO meta(key, value) VALUES('store_heartbeat_ms', ?1)"},
+        /* The first answer stays: a key is never recorded twice. */
+        {&s->st_key,
+         "INSERT OR IGNORE INTO idempotency_keys(key, request, digest, code, answer, created_ms)"
+         " VALUES(?1, ?2, ?3, ?4, ?5, ?6)"},
+        {&s->st_key_trim, "DELETE FROM idempotency_keys WHERE created_ms < ?1"},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (sqlite3_prepare_v3(s->wdb, tab[i].sql, -1, SQLITE_PREPARE_PERSISTENT, tab[i].st,
@@ -49,8 +54,9 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
 
 void store_writer_finalize(devio_store *s)
 {
-    sqlite3_stmt *w[] = {s->st_begin,  s->st_commit, s->st_rollback, s->st_launch, s->st_settle,
-                         s->st_abort,  s->st_trim,   s->st_high,     s->st_beat};
+    sqlite3_stmt *w[] = {s->st_begin, s->st_commit, s->st_rollback, s->st_launch,
+                         s->st_settle, s->st_abort,  s->st_trim,    s->st_high,
+                         s->st_beat,  s->st_key,    s->st_key_trim};
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
         sqlite3_finalize(w[i]);
 }
@@ -182,6 +188,25 @@ uint64_t devio_store_abort_in_flight(devio_store *s, const char *reason)
     return w ? enqueue(s, w) : 0;
 }
 
+uint64_t devio_store_key_put(devio_store *s, const devio_key_record *r)
+{
+    if (!s || !r || !r->key || !r->request || !r->digest || !r->answer)
+        return 0;
+    store_wrec *w = calloc(1, sizeof *w + slen(r->key) + slen(r->request) + slen(r->digest) +
+                                  slen(r->answer));
+    if (!w)
+        return 0;
+    size_t pos = 0;
+    w->kind = STORE_W_KEY;
+    w->key = put_str(w, &pos, r->key);
+    w->request = put_str(w, &pos, r->request);
+    w->digest = put_str(w, &pos, r->digest);
+    w->answer = put_str(w, &pos, r->answer);
+    w->code = r->code;
+    w->launched_ms = r->created_ms ? r->created_ms : devio_unix_ms();
+    return enqueue(s, w);
+}
+
 /* ---- wait -------------------------------------------------------------- */
 
 devio_status devio_store_wait(devio_store *s, uint64_t n, devio_error *err)
@@ -296,6 +321,21 @@ static int apply(devio_store *s, store_wrec *w, int64_t *added, int64_t *reserve
         /* No row (its launch write failed or was never made): record the
          * outcome anyway rather than lose it. */
         return insert_counted(s, w, true, added, reserved);
+    }
+    case STORE_W_KEY: {
+        /* Keys past their time go as new ones come (the index walks only them). */
+        sqlite3_bind_int64(s->st_key_trim, 1, w->launched_ms - DEVIO_KEY_KEEP_MS);
+        rc = store_step_reset(s->st_key_trim);
+        if (rc != SQLITE_DONE)
+            return rc;
+        sqlite3_stmt *st = s->st_key;
+        sqlite3_bind_text(st, 1, w->key, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, w->request, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, w->digest, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 4, w->code);
+        sqlite3_bind_text(st, 5, w->answer, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 6, w->launched_ms);
+        return store_step_reset(st);
     }
     case STORE_W_ABORT: {
         sqlite3_stmt *st = s->st_abort;

@@ -474,6 +474,76 @@ static void test_adapter_slots(void **state)
     devio_teardown(d, NULL);
 }
 
+/* ---- effects wait for what they touch, no more -------------------------- */
+
+/* A step of one sequence held on the stream: sampling, reading and
+ * releasing another step's logits, freeing, forking and truncating other
+ * sequences all answer while it waits, and its answer is then the same. */
+static void test_effects_pass_held_steps(void **state)
+{
+    ctx *c = *state;
+    devio_backend_ops ops = stream_ops();
+    devio_device *d = open_with(c, &ops, cfg_of(c, DEVIO_NUMERICS_STRICT));
+    void *st = captured;
+    uint64_t s[3] = {devio_test_seq(d), devio_test_seq(d), devio_test_seq(d)};
+    int32_t tok[9];
+    devio_test_tokens(tok, 9, 3, c->vocab);
+    devio_error err = {0};
+    uint64_t t0, t1;
+    devio_step_result r;
+    assert_int_equal(launch_one(d, s[0], tok, 9, NULL, &t0), DEVIO_OK);
+    assert_int_equal(devio_await(d, t0, -1, &r, &err), DEVIO_OK);
+    uint64_t handle = r.rows[0].logits;
+    devio_step_result_free(&r);
+    /* s[2] gets a length, so that fork and truncate have work. */
+    assert_int_equal(launch_one(d, s[2], tok, 9, NULL, &t0), DEVIO_OK);
+    assert_int_equal(devio_await(d, t0, -1, &r, &err), DEVIO_OK);
+    uint64_t handle2 = r.rows[0].logits;
+    devio_step_result_free(&r);
+    /* The stream holds the next step until a second one is queued (5 s at most). */
+    devio_stream_hold(st, 2);
+    assert_int_equal(launch_one(d, s[1], tok, 9, NULL, &t1), DEVIO_OK);
+    devio_effect e[] = {
+        {.kind = DEVIO_EFFECT_SAMPLE, .logits = handle, .params = {.temperature = 0, .top_p = 1}},
+        {.kind = DEVIO_EFFECT_FORK, .seq = s[2]},
+        {.kind = DEVIO_EFFECT_TRUNCATE, .seq = s[2], .len = 4},
+        {.kind = DEVIO_EFFECT_RELEASE, .logits = handle},
+        {.kind = DEVIO_EFFECT_FREE, .seq = s[2]},
+    };
+    float row[512];
+    assert_true(c->vocab <= 512);
+    assert_int_equal(devio_logits_read(d, handle2, 0, 1, row, NULL, &err), DEVIO_OK);
+    for (size_t i = 0; i < sizeof e / sizeof *e; i++) {
+        devio_outcome o;
+        devio_status got = devio_apply(d, &e[i], &o, &err);
+        if (got != DEVIO_OK)
+            fail_msg("effect %zu: %s", i, err.message);
+        if (e[i].kind == DEVIO_EFFECT_FREE)
+            assert_int_equal(o.freed_logits, 1); /* handle2 went with s[2] */
+        devio_outcome_free(&o);
+    }
+    /* An effect on the held step's sequence is refused busy, at once. */
+    devio_effect busy = {.kind = DEVIO_EFFECT_TRUNCATE, .seq = s[1], .len = 0};
+    devio_outcome o;
+    assert_int_equal(devio_apply(d, &busy, &o, &err), DEVIO_E_SEQ_BUSY);
+    /* None of it waited for the held step. */
+    devio_stream_stats stats;
+    devio_stream_stats_get(st, &stats);
+    assert_int_equal(stats.hold_timeouts, 0);
+    assert_int_equal(devio_await(d, t1, 0, &r, &err), DEVIO_E_TICKET_PENDING);
+    /* A second step meets the hold: both run. */
+    uint64_t t2;
+    assert_int_equal(launch_one(d, s[0], tok, 1, NULL, &t2), DEVIO_OK);
+    assert_int_equal(devio_await(d, t1, -1, &r, &err), DEVIO_OK);
+    devio_step_result_free(&r);
+    assert_int_equal(devio_await(d, t2, -1, &r, &err), DEVIO_OK);
+    devio_step_result_free(&r);
+    devio_stream_stats_get(st, &stats);
+    assert_int_equal(stats.hold_timeouts, 0);
+    assert_int_equal(stats.held, 1);
+    devio_teardown(d, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -487,6 +557,7 @@ int main(void)
         cmocka_unit_test(test_broken_device),
         cmocka_unit_test(test_kv_blocks_fit),
         cmocka_unit_test(test_adapter_slots),
+        cmocka_unit_test(test_effects_pass_held_steps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

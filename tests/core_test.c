@@ -390,6 +390,58 @@ static void test_logits_capacity(void **state)
     devio_teardown(d, NULL);
 }
 
+/* A sequence's logits handles are listed with it and freed with it. */
+static void test_handles_belong_to_their_sequence(void **state)
+{
+    ctx *c = *state;
+    devio_device *d = open_dev(c, small_cfg());
+    uint64_t s[2] = {devio_test_seq(d), devio_test_seq(d)};
+    int32_t tok[5];
+    devio_test_tokens(tok, 5, 2, c->vocab);
+    devio_error err = {0};
+    uint64_t t, h[2];
+    devio_step_result r;
+    for (int i = 0; i < 2; i++) {
+        devio_row row = {.seq = s[i], .tokens = tok, .n_tokens = 3 + (uint32_t)i,
+                         .logits = i ? DEVIO_LOGITS_ALL : DEVIO_LOGITS_LAST};
+        devio_plan plan = {.rows = &row, .n_rows = 1};
+        assert_int_equal(devio_launch(d, &plan, &t, &err), DEVIO_OK);
+        assert_int_equal(devio_await(d, t, -1, &r, &err), DEVIO_OK);
+        h[i] = r.rows[0].logits;
+        devio_step_result_free(&r);
+    }
+    devio_logits_info l[4];
+    uint32_t n = 0;
+    assert_int_equal(devio_logits_list(d, l, 4, &n, &err), DEVIO_OK);
+    assert_int_equal(n, 2);
+    assert_true(l[0].logits == h[0] && l[0].seq == s[0] && l[0].rows == 1 && l[0].pos0 == 2);
+    assert_true(l[1].logits == h[1] && l[1].seq == s[1] && l[1].rows == 4 && l[1].pos0 == 0);
+    assert_int_equal(l[0].state, DEVIO_LOGITS_READY);
+    devio_facts f = devio_facts_get(d);
+    assert_int_equal(f.logits_live, 2);
+    assert_int_equal(f.logits_rows_live, 5);
+    devio_effect fr = {.kind = DEVIO_EFFECT_FREE, .seq = s[1]};
+    devio_outcome o;
+    assert_int_equal(devio_apply(d, &fr, &o, &err), DEVIO_OK);
+    assert_int_equal(o.freed_logits, 1);
+    f = devio_facts_get(d);
+    assert_int_equal(f.logits_live, 1);
+    assert_int_equal(f.logits_rows_live, 1);
+    devio_effect rel = {.kind = DEVIO_EFFECT_RELEASE, .logits = h[1]};
+    assert_int_equal(devio_apply(d, &rel, &o, &err), DEVIO_E_UNKNOWN_LOGITS);
+    /* The sequences left, by id, in the shape of one sequence's info. */
+    devio_seq_info q[2];
+    assert_int_equal(devio_seq_list(d, q, 2, &n, &err), DEVIO_OK);
+    assert_int_equal(n, 1);
+    assert_true(q[0].seq == s[0] && q[0].len == 3 && q[0].busy_ticket == 0);
+    assert_int_equal(devio_seq_list(d, NULL, 0, &n, &err), DEVIO_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(devio_logits_list(d, l, 4, &n, &err), DEVIO_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(l[0].logits, h[0]);
+    devio_teardown(d, NULL);
+}
+
 /* ---- effects ------------------------------------------------------------ */
 
 static void test_fork_cow_truncate_free(void **state)
@@ -848,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_out_of_kv_blocks_changes_nothing),
         cmocka_unit_test(test_depth_and_busy),
         cmocka_unit_test(test_logits_capacity),
+        cmocka_unit_test(test_handles_belong_to_their_sequence),
         cmocka_unit_test(test_fork_cow_truncate_free),
         cmocka_unit_test(test_sample_effect_and_fused),
         cmocka_unit_test(test_chunk_and_thread_invariance),

@@ -149,11 +149,11 @@ static void test_migrate_from_version_0(void **state)
     /* A database with something in it but no devio schema (version 0). */
     sql_exec(c->path, "CREATE TABLE other(a); INSERT INTO other VALUES(42);");
     devio_store *s = open_store(c, 0);
-    assert_int_equal(devio_store_schema_version(s), 4);
+    assert_int_equal(devio_store_schema_version(s), 5);
     assert_int_equal(devio_store_epoch(s), 1);
     wait_ok(s, launch(s, 1, 1));
     devio_store_close(s);
-    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 4);
+    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 5);
     assert_int_equal(sql_int(c->path, "SELECT a FROM other"), 42);
 
     /* An empty (zero-byte) file is version 0 as well. */
@@ -165,7 +165,7 @@ static void test_migrate_from_version_0(void **state)
     devio_store *s2 = NULL;
     devio_error err = {0};
     assert_int_equal(devio_store_open(p2, NULL, &s2, &err), DEVIO_OK);
-    assert_int_equal(devio_store_schema_version(s2), 4);
+    assert_int_equal(devio_store_schema_version(s2), 5);
     devio_store_close(s2);
     assert_true(integrity_ok(p2));
 }
@@ -178,11 +178,12 @@ static void test_migrate_from_version_1(void **state)
     devio_store *s = open_store(c, 0);
     wait_ok(s, launch(s, 1, 1));
     devio_store_close(s);
-    /* Back to what a version-1 build wrote: the column dropped, version 1. */
-    sql_exec(c->path, "ALTER TABLE tickets DROP COLUMN request_id; PRAGMA user_version=1;"
+    /* Back to what a version-1 build wrote: the column and the keys dropped, version 1. */
+    sql_exec(c->path, "ALTER TABLE tickets DROP COLUMN request_id; DROP TABLE idempotency_keys;"
+                      " PRAGMA user_version=1;"
                       " UPDATE meta SET value='1' WHERE key='schema_version';");
     s = open_store(c, 0);
-    assert_int_equal(devio_store_schema_version(s), 4);
+    assert_int_equal(devio_store_schema_version(s), 5);
     devio_ticket_record r = {.id = 2, .status = "in_flight", .launched_ms = 2, .rows = 1,
                              .request_id = "req-\"7\""};
     wait_ok(s, devio_store_ticket_launched(s, &r));
@@ -203,7 +204,7 @@ static void test_migrate_from_version_1(void **state)
     assert_string_equal(page.rows[0].status, "reaped");
     devio_ticket_page_free(&page);
     devio_store_close(s);
-    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 4);
+    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 5);
     assert_true(integrity_ok(c->path));
 }
 

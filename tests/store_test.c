@@ -24,6 +24,7 @@
 
 #include <sqlite3.h>
 
+#include "common/clock.h"
 #include "tests/store_fixture.h"
 
 /* ---- tests ------------------------------------------------------------- */
@@ -34,7 +35,7 @@ static void test_new_db(void **state)
     devio_store *s = open_store(c, 0);
     assert_int_equal(devio_store_epoch(s), 1);
     assert_int_equal(devio_store_next_ticket_id(s), 1);
-    assert_int_equal(devio_store_schema_version(s), 4);
+    assert_int_equal(devio_store_schema_version(s), 5);
 
     char buf[32];
     bool found = false;
@@ -42,7 +43,7 @@ static void test_new_db(void **state)
     assert_int_equal(devio_store_meta_get(s, "schema_version", buf, sizeof buf, &found, &err),
                      DEVIO_OK);
     assert_true(found);
-    assert_string_equal(buf, "4");
+    assert_string_equal(buf, "5");
     assert_int_equal(devio_store_meta_get(s, "epoch", buf, sizeof buf, &found, &err), DEVIO_OK);
     assert_string_equal(buf, "1");
 
@@ -52,7 +53,7 @@ static void test_new_db(void **state)
     devio_ticket_page_free(&page);
     devio_store_close(s);
 
-    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 4);
+    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 5);
     assert_int_equal(sql_int(c->path, "SELECT count(*) FROM sqlite_master WHERE type='table'"
                                       " AND name IN ('meta','tickets','adapters')"),
                      3);
@@ -331,6 +332,48 @@ static void test_bad_records_and_waits(void **state)
     devio_store_close(s);
 }
 
+/* A key's answer is written once (the first wins), read back with what it
+ * answered, and forgotten after DEVIO_KEY_KEEP_MS; across a reopen too. */
+static void test_idempotency_keys(void **state)
+{
+    ctx *c = *state;
+    devio_store *s = open_store(c, 0);
+    devio_error err = {0};
+    devio_key_record a = {.key = "k1", .request = "POST /v1/sequences", .digest = "d1",
+                          .code = 201, .answer = "{\"seq\":7}"};
+    wait_ok(s, devio_store_key_put(s, &a));
+    devio_key_record b = a;
+    b.answer = "{\"seq\":8}";
+    wait_ok(s, devio_store_key_put(s, &b));
+    devio_key_record old = {.key = "k0", .request = "POST /v1/effects", .digest = "d0",
+                            .code = 200, .answer = "{}",
+                            .created_ms = devio_unix_ms() - DEVIO_KEY_KEEP_MS - 1000};
+    wait_ok(s, devio_store_key_put(s, &old));
+    devio_key_record none = {0};
+    assert_int_equal(devio_store_key_put(s, &none), 0);
+    devio_store_close(s);
+    s = open_store(c, 0);
+    devio_key_record got;
+    bool found = false;
+    assert_int_equal(devio_store_key_get(s, "k1", &got, &found, &err), DEVIO_OK);
+    assert_true(found);
+    assert_string_equal(got.answer, "{\"seq\":7}");
+    assert_string_equal(got.request, "POST /v1/sequences");
+    assert_string_equal(got.digest, "d1");
+    assert_int_equal(got.code, 201);
+    devio_key_record_free(&got);
+    assert_int_equal(devio_store_key_get(s, "k0", &got, &found, &err), DEVIO_OK);
+    assert_false(found);
+    assert_int_equal(devio_store_key_get(s, "nope", &got, &found, &err), DEVIO_OK);
+    assert_false(found);
+    /* A newer key's write deletes the expired one from the file. */
+    devio_key_record d = {.key = "k2", .request = "POST /v1/launch", .digest = "d2", .code = 202,
+                          .answer = "{\"ticket\":1}"};
+    wait_ok(s, devio_store_key_put(s, &d));
+    devio_store_close(s);
+    assert_int_equal(sql_int(c->path, "SELECT count(*) FROM idempotency_keys"), 2);
+}
+
 static void test_reopen(void **state)
 {
     ctx *c = *state;
@@ -558,6 +601,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_limit_bounds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_records_and_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idempotency_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_flushes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retention, setup, teardown),

@@ -78,3 +78,48 @@ def test_errors_raise_with_code(srv):
     bad.close()
     with pytest.raises(ValueError):
         devio_client.Client("ftp://x")
+
+
+class _LosesFirstAnswer(devio_client.Client):
+    """The first answer of each keyed request reaches the server's side of the wire and no
+    further: the request ran, the client sees a lost connection."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.lost = set()
+
+    def request(self, method, path, body=None, headers=None, **kw):
+        r = super().request(method, path, body, headers=headers, **kw)
+        key = (headers or {}).get("Idempotency-Key")
+        if key and key not in self.lost:
+            self.lost.add(key)
+            raise devio_client.ConnectionLost("%s %s: the answer was lost" % (method, path))
+        return r
+
+
+def test_retries_are_safe(srv):
+    """Every keyed call whose answer is lost is retried with its key and gets the first answer:
+    one sequence made, one step run, one fork."""
+    url = "http://127.0.0.1:%d" % srv.port
+    with _LosesFirstAnswer(url, token=TOKEN, timeout=30, retry_delay=0.01) as c, \
+            devio_client.Client(url, token=TOKEN, timeout=30) as plain:
+        seq = c.create_sequence()
+        assert plain.create_sequence() == seq + 1
+        r = c.step({"rows": [{"seq": seq, "tokens": [1, 2, 3], "sample": {"temperature": 0}}]})
+        assert plain.sequence(seq)["len"] == 3 and r["rows"][0]["len"] == 3
+        t = c.launch({"rows": [{"seq": seq, "tokens": r["rows"][0]["tokens"]}]})
+        assert plain.facts()["tickets_in_flight"] == 1
+        assert c.await_ticket(t)["rows"][0]["len"] == 4
+        child = c.fork(seq)
+        assert plain.create_sequence() == child + 1
+        assert c.free(child)["freed_blocks"] >= 0
+        with pytest.raises(devio_client.DevioError) as e:
+            plain.sequence(child)
+        assert e.value.code == "unknown_seq"
+        # A key given by the caller is the key sent: the same key twice is one request.
+        k = "caller-key"
+        assert plain.create_sequence(key=k) == plain.create_sequence(key=k)
+        # Without retries a lost answer is the caller's to handle.
+        c.retries = 0
+        with pytest.raises(devio_client.ConnectionLost):
+            c.create_sequence()

@@ -124,11 +124,15 @@ def test_sample_effect_takes_the_same_processing(c):
                     "params": {"temperature": 0, "presence_penalty": 1e30,
                                "allowed_tokens": allowed_tokens(VOCAB, PROMPT + [g[-1]])}})
     assert pen["tokens"] == [g[-1]] if g[-1] not in PROMPT else pen["tokens"][0] in PROMPT
-    c.call("DELETE", "/v1/sequences/%d" % s)
+    c.effect({"kind": "truncate", "seq": s, "len": 2})
     r = c.request("POST", "/v1/effects", {"kind": "sample", "logits": h,
                                           "params": {"presence_penalty": 1.0}})
     assert r.status == 400 and "no longer holds" in r.json["error"]["message"], r
     assert c.effect({"kind": "sample", "logits": h, "params": {"temperature": 0}})["tokens"] == g
+    # The handle belongs to the sequence: freeing it releases the handle.
+    assert c.call("DELETE", "/v1/sequences/%d" % s).json["freed_logits"] == 1
+    c.call("POST", "/v1/effects", {"kind": "sample", "logits": h}, expect=404,
+           code="unknown_logits")
 
 
 def test_forks_carry_the_token_record(c):

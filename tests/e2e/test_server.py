@@ -185,10 +185,10 @@ def test_bearer_scheme_any_case(servers, tiny_model):
 def test_method_not_allowed_405(c):
     cases = [("GET", "/v1/launch"), ("PUT", "/v1/launch"), ("GET", "/v1/step"),
              ("DELETE", "/v1/facts"), ("POST", "/v1/facts"), ("POST", "/v1/device"),
-             ("GET", "/v1/effects"), ("GET", "/v1/sequences"), ("PATCH", "/v1/sequences"),
+             ("GET", "/v1/effects"), ("DELETE", "/v1/sequences"), ("PATCH", "/v1/sequences"),
              ("POST", "/v1/sequences/1"), ("PUT", "/v1/sequences/1"),
              ("GET", "/v1/tickets/1/await"), ("POST", "/v1/tickets"), ("DELETE", "/v1/tickets"),
-             ("PUT", "/v1/logits/1"), ("DELETE", "/v1/logits/1"), ("GET", "/v1/teardown"),
+             ("PUT", "/v1/logits/1"), ("DELETE", "/v1/logits/1"), ("POST", "/v1/logits"), ("GET", "/v1/teardown"),
              ("POST", "/v1/openapi.yaml"), ("POST", "/v1/adapters"), ("DELETE", "/v1/adapters"),
              ("POST", "/v1/adapters/x"), ("PATCH", "/v1/adapters/x"),
              ("POST", "/healthz"), ("DELETE", "/readyz"), ("POST", "/metrics")]
@@ -238,10 +238,16 @@ def test_sequence_create_get_delete(c):
     info = c.seq(a)
     assert (info["len"], info["blocks"], info["busy"]) == (20, 2, None)
     assert c.facts()["kv"]["blocks_free"] == f0["kv"]["blocks_free"] - 2
+    listed = {q["seq"]: q for q in c.call("GET", "/v1/sequences").json["sequences"]}
+    assert listed[a] == c.seq(a) and listed[b] == c.seq(b)
     assert c.call("DELETE", "/v1/sequences/%d" % a).json == {"kind": "free", "freed_blocks": 2,
-                                                              "freed_snapshots": 0}
+                                                              "freed_snapshots": 0,
+                                                              "freed_logits": 0}
     assert c.call("DELETE", "/v1/sequences/%d" % b).json == {"kind": "free", "freed_blocks": 0,
-                                                              "freed_snapshots": 0}
+                                                              "freed_snapshots": 0,
+                                                              "freed_logits": 0}
+    ids = [q["seq"] for q in c.call("GET", "/v1/sequences").json["sequences"]]
+    assert a not in ids and b not in ids and ids == sorted(ids)
     for s in (a, b):
         e = c.call("GET", "/v1/sequences/%d" % s, expect=404, code="unknown_seq")
         assert e.details == {"seq": s}
@@ -641,8 +647,9 @@ def test_effect_fork_truncate_snapshot_free(c):
     # s wrote into the full block it shared with the child: it copied it, nothing is shared now.
     assert c.facts()["kv"]["blocks_shared"] == f0["kv"]["blocks_shared"]
     fr = c.effect({"kind": "free", "seq": ch})
-    assert fr == {"kind": "free", "freed_blocks": 2, "freed_snapshots": 0}
-    assert c.effect({"kind": "free", "seq": s}) == {"kind": "free", "freed_blocks": 1, "freed_snapshots": 0}
+    assert fr == {"kind": "free", "freed_blocks": 2, "freed_snapshots": 0, "freed_logits": 0}
+    assert c.effect({"kind": "free", "seq": s}) == {"kind": "free", "freed_blocks": 1, "freed_snapshots": 0,
+                                                    "freed_logits": 0}
     c.effect({"kind": "free", "seq": other})
     assert c.facts()["kv"] == f0["kv"]
     # Unknown sequences.
@@ -673,6 +680,27 @@ def test_effect_release(c):
     c.call("GET", "/v1/logits/%d" % h, expect=404, code="unknown_logits")
     c.call("GET", "/v1/logits/%d" % h, headers={"Accept": "application/octet-stream"}, expect=404,
            code="unknown_logits")
+
+
+def test_logits_belong_to_their_sequence(c):
+    """GET /v1/logits lists the live handles; freeing a sequence releases its handles."""
+    s, t = c.create(), c.create()
+    h1 = c.step(plan(row(s, [1, 2, 3], logits="all")))["rows"][0]["logits"]
+    h2 = c.step(plan(row(t, [4], logits="last")))["rows"][0]["logits"]
+    listed = {h["logits"]: h for h in c.call("GET", "/v1/logits").json["handles"]}
+    assert listed[h1]["seq"] == s and listed[h1]["rows"] == 3 and listed[h1]["position"] == 0
+    assert listed[h2]["seq"] == t and listed[h2]["rows"] == 1 and listed[h2]["state"] == "ready"
+    f = c.facts()
+    assert f["logits_rows_live"] >= 4, f
+    out = c.call("DELETE", "/v1/sequences/%d" % s).json
+    assert out["freed_logits"] == 1, out
+    after = c.facts()
+    assert after["logits_live"] == f["logits_live"] - 1
+    assert after["logits_rows_live"] == f["logits_rows_live"] - 3
+    listed = {h["logits"] for h in c.call("GET", "/v1/logits").json["handles"]}
+    assert h1 not in listed and h2 in listed
+    c.call("GET", "/v1/logits/%d" % h1, expect=404, code="unknown_logits")
+    assert c.effect({"kind": "free", "seq": t})["freed_logits"] == 1
 
 
 # ---- logits ---------------------------------------------------------------------------------

@@ -4,11 +4,13 @@ import http.client
 import json
 import socket
 import ssl
+import time
+import uuid
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 from urllib.parse import quote, urlencode, urlsplit
 
-from .types import (AdapterRecord, Device, Facts, LogitsTop, Model, Outcome, Plan, SampleParams,
-                    Sequence, StepResult, Teardown, TicketHistory, TicketRecord, TicketStatus)
+from .types import (AdapterRecord, Device, Facts, LogitsHandle, LogitsTop, Model, Outcome, Plan,
+                    SampleParams, Sequence, StepResult, Teardown, TicketHistory, TicketRecord, TicketStatus)
 
 __all__ = ["Client", "Response", "DevioError", "ConnectionLost", "TicketPending"]
 
@@ -90,8 +92,13 @@ class Client:
         r = c.step({"rows": [{"seq": seq, "tokens": [1, 2, 3], "sample": {"temperature": 0}}]})
 
     Not thread-safe: give each thread its own Client. A dropped connection is
-    reopened once for GET and HEAD only; any other request raises
-    ConnectionLost, so nothing is ever sent twice behind the caller's back.
+    reopened once for GET and HEAD. The calls that change state (create and
+    delete a sequence, launch, step, effects) carry an Idempotency-Key, new
+    for each call (or the `key` given), and are retried up to `retries` times
+    with the same key on a lost connection, a 503 or a 409 key_in_use: the
+    server answers a retry with the first answer, so nothing runs twice. An
+    await is retried the same way (a settled ticket answers again). Other
+    requests are never sent twice behind the caller's back.
     `url` is http://host:port, http://[::1]:port, https://host:port (then
     `tls_context`, or the system's default context, checks the server), or
     unix:///path/to/socket. `source_address` is the local address to connect
@@ -100,7 +107,8 @@ class Client:
 
     def __init__(self, url: str = "http://127.0.0.1:8080", token: Optional[str] = None,
                  timeout: float = 60.0, tls_context: Optional[ssl.SSLContext] = None,
-                 source_address: Optional[str] = None):
+                 source_address: Optional[str] = None, retries: int = 3,
+                 retry_delay: float = 0.1):
         u = urlsplit(url)
         self.unix_path = u.path if u.scheme == "unix" and not u.netloc and u.path else None
         if self.unix_path is None and (u.scheme not in ("http", "https") or not u.hostname):
@@ -113,6 +121,8 @@ class Client:
         self.timeout = timeout
         self.tls_context = tls_context
         self.source = (source_address, 0) if source_address else None
+        self.retries = retries
+        self.retry_delay = retry_delay
         self._conn: Optional[http.client.HTTPConnection] = None
 
     # ---- transport ----------------------------------------------------------
@@ -187,6 +197,36 @@ class Client:
               expect: Tuple[int, ...] = (200,)) -> Any:
         return self._call(method, path, value, expect).json()
 
+    def _retrying(self, method: str, path: str, value: Any = None,
+                  expect: Tuple[int, ...] = (200,), key: Optional[str] = None) -> Response:
+        """A request that is safe to send again: with an Idempotency-Key when `key`, or one
+        whose answer the server gives again (an await). Retried on a lost connection, a 503
+        and a 409 key_in_use, after Retry-After (at most 5 s) or a doubling delay."""
+        body = None if value is None else json.dumps(value)
+        headers = {"Idempotency-Key": key} if key else None
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                r = self.request(method, path, body, headers=headers)
+            except ConnectionLost:
+                if last:
+                    raise
+                time.sleep(self.retry_delay * 2 ** attempt)
+                continue
+            if r.status in expect:
+                return r
+            err = _error_of(r)
+            if last or not (r.status == 503 or err.code == "key_in_use"):
+                raise err
+            after = r.header("Retry-After")
+            time.sleep(min(5.0, float(after)) if after and after.isdigit()
+                       else self.retry_delay * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _keyed(self, method: str, path: str, value: Any = None,
+               expect: Tuple[int, ...] = (200,), key: Optional[str] = None) -> Any:
+        return self._retrying(method, path, value, expect, key or uuid.uuid4().hex).json()
+
     # ---- health and operations ----------------------------------------------
 
     def healthz(self) -> bool:
@@ -219,34 +259,38 @@ class Client:
 
     # ---- sequences ----------------------------------------------------------
 
-    def create_sequence(self) -> int:
-        return self._json("POST", "/v1/sequences", expect=(201,))["seq"]
+    def create_sequence(self, key: Optional[str] = None) -> int:
+        return self._keyed("POST", "/v1/sequences", expect=(201,), key=key)["seq"]
+
+    def sequences(self) -> List[Sequence]:
+        """Every live sequence, by id."""
+        return self._json("GET", "/v1/sequences")["sequences"]
 
     def sequence(self, seq: int) -> Sequence:
         return self._json("GET", "/v1/sequences/%d" % seq)
 
-    def delete_sequence(self, seq: int) -> Outcome:
-        return self._json("DELETE", "/v1/sequences/%d" % seq)
+    def delete_sequence(self, seq: int, key: Optional[str] = None) -> Outcome:
+        return self._keyed("DELETE", "/v1/sequences/%d" % seq, key=key)
 
     # ---- steps --------------------------------------------------------------
 
-    def launch(self, plan: Plan) -> int:
+    def launch(self, plan: Plan, key: Optional[str] = None) -> int:
         """Queue a step; returns its ticket at once."""
-        return self._json("POST", "/v1/launch", plan, expect=(202,))["ticket"]
+        return self._keyed("POST", "/v1/launch", plan, expect=(202,), key=key)["ticket"]
 
     def await_ticket(self, ticket: int, timeout_ms: Optional[int] = None) -> StepResult:
         """The step's result; TicketPending (a DevioError, code ticket_pending) when timeout_ms
         passes first (the server answers 202 {"status": "pending"}).
         Safe to repeat: a ticket awaited already answers its result again from the history."""
         q = "" if timeout_ms is None else "?timeout_ms=%d" % timeout_ms
-        r = self._call("POST", "/v1/tickets/%d/await%s" % (ticket, q), expect=(200, 202))
+        r = self._retrying("POST", "/v1/tickets/%d/await%s" % (ticket, q), expect=(200, 202))
         if r.status == 202:
             raise TicketPending(ticket)
         return r.json()
 
-    def step(self, plan: Plan) -> StepResult:
+    def step(self, plan: Plan, key: Optional[str] = None) -> StepResult:
         """launch and await in one round trip."""
-        return self._json("POST", "/v1/step", plan)
+        return self._keyed("POST", "/v1/step", plan, key=key)
 
     def ticket(self, ticket: int) -> TicketRecord:
         """One ticket's history record with the answer it settled with (`answer`)."""
@@ -262,8 +306,8 @@ class Client:
 
     # ---- effects ------------------------------------------------------------
 
-    def effect(self, effect: Mapping[str, Any]) -> Outcome:
-        return self._json("POST", "/v1/effects", dict(effect))
+    def effect(self, effect: Mapping[str, Any], key: Optional[str] = None) -> Outcome:
+        return self._keyed("POST", "/v1/effects", dict(effect), key=key)
 
     def sample(self, logits: int, params: Optional[SampleParams] = None,
                row: Optional[int] = None) -> Outcome:
@@ -294,6 +338,10 @@ class Client:
         return self.effect({"kind": "release", "seq": seq})
 
     # ---- logits -------------------------------------------------------------
+
+    def logits_list(self) -> List[LogitsHandle]:
+        """The live logits handles, by id (each belongs to its sequence)."""
+        return self._json("GET", "/v1/logits")["handles"]
 
     def logits_top(self, logits: int, top: int = 5, row: int = 0) -> LogitsTop:
         return self._json("GET", "/v1/logits/%d?top=%d&row=%d" % (logits, top, row))

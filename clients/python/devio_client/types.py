@@ -97,6 +97,15 @@ class LogitsTop(TypedDict):
     top: List[List[Union[int, float]]]
 
 
+class LogitsHandle(TypedDict):
+    logits: int
+    seq: int
+    ticket: int
+    rows: int
+    position: int
+    state: str  # "pending", "ready" or "failed"
+
+
 class KvFacts(TypedDict):
     block_size: int
     blocks_total: int
@@ -116,6 +125,7 @@ class Facts(TypedDict):
     ssm: SsmFacts
     tickets_in_flight: int
     logits_live: int
+    logits_rows_live: int
     adapters_loaded: int
     epoch: int
 

@@ -1,0 +1,256 @@
+/* keys.c - Idempotency-Key: claims of the keys under way, the first answer looked up and replayed, a new answer recorded before it is sent.
+ * Only 2xx answers are recorded: a failed request changed nothing, so running its retry again is right. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/sha256.h"
+#include "device/status.h"
+#include "service/keys.h"
+#include "service/request.h"
+#include "service/server.h"
+
+void devio_keys_init(devio_keys *k)
+{
+    pthread_mutex_init(&k->mu, NULL);
+    k->head = NULL;
+}
+
+void devio_keys_destroy(devio_keys *k)
+{
+    while (k->head) {
+        devio_key_claim *c = k->head;
+        k->head = c->next;
+        free(c);
+    }
+    pthread_mutex_destroy(&k->mu);
+}
+
+static bool key_ok(const char *key)
+{
+    size_t n = strlen(key);
+    if (n == 0 || n > DEVIO_KEY_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (key[i] < 0x21 || key[i] > 0x7e)
+            return false;
+    return true;
+}
+
+/* The request as a key answers it: method and path, and the body with its
+ * keys sorted and no spaces, so that a retry need not send the same bytes. */
+static void digest_of(const devio_request *rq, devio_keyed *k)
+{
+    const char *q = strchr(rq->url, '?');
+    int path_len = q ? (int)(q - rq->url) : (int)strlen(rq->url);
+    snprintf(k->request, sizeof k->request, "%s %.*s", rq->method, path_len, rq->url);
+    char *body = rq->body ? json_dumps(rq->body, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    devio_sha256 h;
+    uint8_t d[32];
+    devio_sha256_init(&h);
+    devio_sha256_update(&h, k->request, strlen(k->request) + 1);
+    if (body)
+        devio_sha256_update(&h, body, strlen(body));
+    devio_sha256_final(&h, d);
+    devio_sha256_hex(d, k->digest);
+    free(body);
+}
+
+/* Whether a claim still stands for its key: its request runs, or its row is
+ * not yet written. Orphans whose row is written are dropped (lock held). */
+static bool claim_stands(devio_server *s, devio_key_claim **link)
+{
+    devio_key_claim *c = *link;
+    bool written = c->write && devio_store_done(s->store, c->write);
+    if (c->orphan && written) {
+        *link = c->next;
+        free(c);
+        return false;
+    }
+    return !written;
+}
+
+/* Claim key: NULL when another request holds it. */
+static devio_key_claim *claim(devio_server *s, const char *key)
+{
+    devio_keys *t = &s->keys;
+    pthread_mutex_lock(&t->mu);
+    bool held = false;
+    for (devio_key_claim **l = &t->head; *l;) {
+        devio_key_claim *c = *l;
+        bool stands = claim_stands(s, l);
+        if (*l != c)
+            continue; /* dropped: *l is already the next one */
+        held = held || (stands && strcmp(c->key, key) == 0);
+        l = &c->next;
+    }
+    devio_key_claim *c = held ? NULL : calloc(1, sizeof *c);
+    if (c) {
+        snprintf(c->key, sizeof c->key, "%s", key);
+        c->next = t->head;
+        t->head = c;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return c;
+}
+
+/* Drop claim c; an orphan (its row still being written) stays until written. */
+static void unclaim(devio_server *s, devio_key_claim *c, bool orphan)
+{
+    devio_keys *t = &s->keys;
+    pthread_mutex_lock(&t->mu);
+    if (orphan && c->write && !devio_store_done(s->store, c->write)) {
+        c->orphan = true;
+        c = NULL;
+    }
+    for (devio_key_claim **l = &t->head; c && *l; l = &(*l)->next)
+        if (*l == c) {
+            *l = c->next;
+            free(c);
+            break;
+        }
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* The history's answer for the key, when it has one: replayed if it was
+ * given to this same request, else key_reused. */
+static devio_status look_up(devio_server *s, const char *key, devio_keyed *k, devio_reply *r,
+                            bool *found, devio_error *err)
+{
+    devio_key_record rec;
+    devio_status st = devio_server_store_enter(s, err);
+    if (st != DEVIO_OK)
+        return st;
+    st = devio_store_key_get(s->store, key, &rec, found, err);
+    devio_server_store_leave(s);
+    if (st != DEVIO_OK || !*found)
+        return st;
+    if (strcmp(rec.digest, k->digest) != 0) {
+        st = devio_fail(err, DEVIO_E_KEY_REUSED,
+                        "Idempotency-Key '%s' already answered another request (%s, or the "
+                        "same route with another body); use a new key for a new request",
+                        key, rec.request);
+    } else {
+        size_t n = strlen(rec.answer);
+        devio_reply_bytes(r, rec.code, "application/json", (char *)rec.answer, n);
+        rec.answer = NULL; /* the reply's now */
+        r->replayed = true;
+    }
+    devio_key_record_free(&rec);
+    return st;
+}
+
+/* Park until k's row is written: true when parked. */
+static bool park_until_written(devio_server *s, const devio_request *rq, devio_keyed *k)
+{
+    if (!rq->wait)
+        return false;
+    for (;;) {
+        devio_waits_enter_write(&s->waits, rq->wait, rq->conn, k->claim->write);
+        if (devio_store_done(s->store, k->claim->write)) {
+            devio_waits_leave(&s->waits, rq->wait);
+            return false;
+        }
+        devio_wait_park p = devio_waits_park(&s->waits, rq->wait);
+        if (p == DEVIO_WAIT_PARKED)
+            return true;
+        if (p == DEVIO_WAIT_CLOSED)
+            return false;
+    }
+}
+
+/* Send k's recorded answer now. */
+static void give_answer(devio_server *s, devio_keyed *k, devio_reply *r)
+{
+    *r = k->answer;
+    memset(&k->answer, 0, sizeof k->answer);
+    unclaim(s, k->claim, false);
+    k->claim = NULL;
+    k->phase = DEVIO_KEYED_NONE;
+}
+
+devio_status devio_keyed_before(devio_server *s, const devio_request *rq, const char *key,
+                                devio_keyed *k, devio_reply *r, bool *answered, devio_error *err)
+{
+    *answered = false;
+    if (k->phase == DEVIO_KEYED_RUNNING)
+        return DEVIO_OK; /* the handler runs again after parking */
+    if (k->phase == DEVIO_KEYED_RECORDING) {
+        *answered = true;
+        if (park_until_written(s, rq, k))
+            r->suspended = true;
+        else
+            give_answer(s, k, r);
+        return DEVIO_OK;
+    }
+    if (!key)
+        return DEVIO_OK;
+    if (!key_ok(key))
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "Idempotency-Key must be 1 to %d visible ASCII characters",
+                          DEVIO_KEY_MAX);
+    digest_of(rq, k);
+    k->claim = claim(s, key);
+    if (!k->claim) {
+        r->retry_after_s = 1;
+        return devio_fail(err, DEVIO_E_KEY_IN_USE,
+                          "a request with Idempotency-Key '%s' is under way; ask again when it"
+                          " has answered",
+                          key);
+    }
+    bool found = false;
+    devio_status st = look_up(s, key, k, r, &found, err);
+    if (st != DEVIO_OK || found) {
+        unclaim(s, k->claim, false);
+        k->claim = NULL;
+        *answered = st == DEVIO_OK;
+        return st;
+    }
+    k->phase = DEVIO_KEYED_RUNNING;
+    return DEVIO_OK;
+}
+
+void devio_keyed_after(devio_server *s, const devio_request *rq, devio_keyed *k, devio_status st,
+                       devio_reply *r)
+{
+    if (k->phase != DEVIO_KEYED_RUNNING || r->suspended)
+        return;
+    uint64_t write = 0;
+    if (st == DEVIO_OK && r->code >= 200 && r->code < 300 && r->body) {
+        /* The body is text: every keyed route answers JSON. */
+        char *text = malloc(r->len + 1);
+        if (text) {
+            memcpy(text, r->body, r->len);
+            text[r->len] = '\0';
+            devio_key_record rec = {.key = k->claim->key, .request = k->request,
+                                    .digest = k->digest, .code = r->code, .answer = text};
+            write = devio_store_key_put(s->store, &rec);
+            free(text);
+        }
+    }
+    if (write == 0) { /* not recorded: a retry runs again */
+        unclaim(s, k->claim, false);
+        k->claim = NULL;
+        k->phase = DEVIO_KEYED_NONE;
+        return;
+    }
+    pthread_mutex_lock(&s->keys.mu);
+    k->claim->write = write;
+    pthread_mutex_unlock(&s->keys.mu);
+    k->answer = *r;
+    memset(r, 0, sizeof *r);
+    k->phase = DEVIO_KEYED_RECORDING;
+    if (park_until_written(s, rq, k))
+        r->suspended = true;
+    else
+        give_answer(s, k, r);
+}
+
+void devio_keyed_end(devio_server *s, devio_keyed *k)
+{
+    if (k->claim)
+        unclaim(s, k->claim, true);
+    k->claim = NULL;
+    devio_reply_free(&k->answer);
+    k->phase = DEVIO_KEYED_NONE;
+}
