@@ -8,6 +8,7 @@
 #include "device/status.h"
 #include "service/keys.h"
 #include "service/request.h"
+#include "service/routes.h"
 #include "service/server.h"
 
 void devio_keys_init(devio_keys *k)
@@ -130,6 +131,12 @@ static devio_status look_up(devio_server *s, const char *key, devio_keyed *k, de
                         "Idempotency-Key '%s' already answered another request (%s, or the "
                         "same route with another body); use a new key for a new request",
                         key, rec.request);
+    } else if (rec.code == DEVIO_KEY_TICKET) {
+        json_t *j = json_loads(rec.answer, 0, NULL);
+        json_int_t t = json_integer_value(json_object_get(j, "ticket"));
+        json_decref(j);
+        bool launch = strncmp(k->request, "POST /v1/launch", 15) == 0;
+        st = devio_ticket_replay(s, (uint64_t)t, launch, r, found, err);
     } else {
         size_t n = strlen(rec.answer);
         devio_reply_bytes(r, rec.code, "application/json", (char *)rec.answer, n);
@@ -159,12 +166,13 @@ static bool park_until_written(devio_server *s, const devio_request *rq, devio_k
     }
 }
 
-/* Send k's recorded answer now. */
+/* Send k's recorded answer now. Its claim stands until the row is written
+ * (it is, unless the server is stopping or the request cannot park). */
 static void give_answer(devio_server *s, devio_keyed *k, devio_reply *r)
 {
     *r = k->answer;
     memset(&k->answer, 0, sizeof k->answer);
-    unclaim(s, k->claim, false);
+    unclaim(s, k->claim, true);
     k->claim = NULL;
     k->phase = DEVIO_KEYED_NONE;
 }
@@ -246,8 +254,23 @@ void devio_keyed_after(devio_server *s, const devio_request *rq, devio_keyed *k,
         give_answer(s, k, r);
 }
 
-void devio_keyed_end(devio_server *s, devio_keyed *k)
+/* k's client went while its launch or step ran: its key names the ticket. */
+static void point_at_ticket(devio_server *s, devio_keyed *k, uint64_t ticket)
 {
+    char text[48];
+    snprintf(text, sizeof text, "{\"ticket\":%llu}", (unsigned long long)ticket);
+    devio_key_record rec = {.key = k->claim->key, .request = k->request, .digest = k->digest,
+                            .code = DEVIO_KEY_TICKET, .answer = text};
+    uint64_t write = devio_store_key_put(s->store, &rec);
+    pthread_mutex_lock(&s->keys.mu);
+    k->claim->write = write;
+    pthread_mutex_unlock(&s->keys.mu);
+}
+
+void devio_keyed_end(devio_server *s, devio_keyed *k, const devio_ticket_op *op)
+{
+    if (k->phase == DEVIO_KEYED_RUNNING && op->owned && op->phase != DEVIO_OP_NONE && op->ticket)
+        point_at_ticket(s, k, op->ticket);
     if (k->claim)
         unclaim(s, k->claim, true);
     k->claim = NULL;

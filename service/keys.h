@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "service/route.h"
+#include "service/tickets.h"
 
 /* Longest key taken (visible ASCII, 1 to this many bytes). */
 #define DEVIO_KEY_MAX 128
@@ -59,7 +60,15 @@ devio_status devio_keyed_before(devio_server *s, const devio_request *rq, const 
 void devio_keyed_after(devio_server *s, const devio_request *rq, devio_keyed *k, devio_status st,
                        devio_reply *r);
 
-/* The request ended (answered, or its client went): drop what k holds. */
-void devio_keyed_end(devio_server *s, devio_keyed *k);
+/* The request ended (answered, or its client went): drop what k holds.
+ * A launch or step whose client went while it ran (op holds its ticket)
+ * leaves the key pointing at the ticket (DEVIO_KEY_TICKET), so that the
+ * retry gets the ticket (launch) or its settled answer (step) instead of
+ * running again. Called before the server hands op to the reaper. */
+void devio_keyed_end(devio_server *s, devio_keyed *k, const devio_ticket_op *op);
+
+/* The code a key's row has when its answer is "the answer of ticket N"
+ * (its text {"ticket":N}), read from the ticket's history row. */
+#define DEVIO_KEY_TICKET 0
 
 #endif

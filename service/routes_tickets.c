@@ -258,6 +258,46 @@ static devio_status from_history(devio_server *s, uint64_t ticket, devio_status 
     return st;
 }
 
+devio_status devio_ticket_replay(devio_server *s, uint64_t ticket, bool launch, devio_reply *out,
+                                 bool *found, devio_error *err)
+{
+    devio_ticket_page p = {0};
+    devio_status st = devio_server_store_enter(s, err);
+    if (st != DEVIO_OK)
+        return st;
+    st = devio_store_ticket_get(s->store, ticket, &p, err);
+    devio_server_store_leave(s);
+    *found = st == DEVIO_OK && p.n == 1;
+    if (!*found) {
+        devio_ticket_page_free(&p);
+        return st;
+    }
+    const devio_ticket_row *row = &p.rows[0];
+    if (launch) {
+        st = devio_reply_json(out, 202, devio_json_ticket_ref(ticket), err);
+    } else if (strcmp(row->status, "in_flight") == 0) {
+        out->retry_after_s = 1;
+        st = devio_fail_at(err, DEVIO_E_KEY_IN_USE, "ticket", (int64_t)ticket,
+                           "the step of this Idempotency-Key (ticket %" PRIu64 ") is still "
+                           "running; ask again",
+                           ticket);
+    } else if (row->answer) {
+        /* ok, or reaped when its client went: the answer it settled with */
+        size_t n = strlen(row->answer);
+        char *body = malloc(n + 1);
+        st = body ? DEVIO_OK : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+        if (body) {
+            memcpy(body, row->answer, n + 1);
+            devio_reply_bytes(out, 200, "application/json", body, n);
+        }
+    } else {
+        st = from_history(s, ticket, DEVIO_E_UNKNOWN_TICKET, out, err);
+    }
+    out->replayed = st == DEVIO_OK;
+    devio_ticket_page_free(&p);
+    return st;
+}
+
 /* Answer a settled step and free it: the answer text the history keeps
  * when there is one (the same bytes a replay sends), else encoded now. */
 static devio_status reply_result(devio_reply *out, devio_ticket_op *op, devio_step_result *res,

@@ -391,8 +391,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
     devio_listener_headers(&s->listener, q->conn, false);
     /* A request that ends holding a launch or an await (its client went)
      * leaves no ticket without an owner. */
+    devio_keyed_end(s, &q->keyed, &q->op);
     devio_server_abandon(s, &q->op);
-    devio_keyed_end(s, &q->keyed);
     free(q->body);
     free(q);
     *req_cls = NULL;

@@ -123,6 +123,59 @@ def test_key_in_use(servers, tiny_model, bins):
     assert c.seq(s)["len"] == len(PROMPT)
 
 
+def _retry_until_answered(c, method, path, key, body, deadline_s=20):
+    """Retry with the key while it says key_in_use (bounded)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        a = c.request(method, path, body, headers={"Idempotency-Key": key})
+        if a.status != 409 or a.code != "key_in_use" or time.monotonic() > deadline:
+            return a
+        time.sleep(0.05)
+
+
+def _send_and_go(port, route, key, body, wait_busy=None):
+    """Send a keyed request and close the connection by RST, at once or once `wait_busy()`."""
+    raw = json.dumps(body)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  "Idempotency-Key: %s\r\nContent-Length: %d\r\n\r\n%s"
+                  % (route, key, len(raw), raw)).encode())
+    if wait_busy:
+        deadline = time.monotonic() + 10
+        while not wait_busy() and time.monotonic() < deadline:
+            time.sleep(0.005)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sock.close()
+
+
+@pytest.mark.parametrize("when", ["at_once", "mid_step"])
+def test_client_gone(servers, tiny_model, bins, when):
+    """A keyed /v1/step or /v1/launch whose client goes (right after sending, or while the step
+    runs): the retry gets the step's answer once it settles, or the launch's ticket, instead of
+    running a second step."""
+    srv = servers.start(tiny_model, ["--backend", "stream", "--backend-path",
+                                     bins.root / "tests" / "backend"],
+                        env={"STREAM_BACKEND_STEP_MS": "300"})
+    c = srv.client()
+    for route in ("/v1/step", "/v1/launch"):
+        key = "gone-%s-%s" % (when, route)
+        s = c.create()
+        body = plan1(s, PROMPT, sample={"temperature": 0})
+        _send_and_go(srv.port, route, key, body,
+                     (lambda: c.seq(s)["busy"] is not None) if when == "mid_step" else None)
+        a = _retry_until_answered(c, "POST", route, key, body)
+        # Gone at once, the request may never have reached a handler: the retry then runs.
+        assert a.status in (200, 202) and (replayed(a) or when == "at_once"), a
+        ticket = a.json["ticket"]
+        if route == "/v1/step":
+            assert a.json["rows"][0]["len"] == len(PROMPT)
+        else:
+            assert a.json == {"ticket": ticket}
+        # One step ran: the sequence grew once, in that ticket.
+        assert c.seq(s)["len"] == len(PROMPT)
+        assert [t["id"] for t in c.all_tickets() if s in t["seqs"]] == [ticket]
+
+
 def test_keys_survive_a_restart(servers, tiny_model, tmp_path):
     db = tmp_path / "keys.db"
     srv = servers.start(tiny_model, db=db)
