@@ -214,6 +214,19 @@ char *devio_step_answer_text(const devio_step_result *r)
     return text;
 }
 
+/* 200 with an answer the history kept, byte for byte: Idempotent-Replayed. */
+static devio_status replay_answer(devio_reply *out, const char *answer, devio_error *err)
+{
+    size_t n = strlen(answer);
+    char *body = malloc(n + 1);
+    if (!body)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+    memcpy(body, answer, n + 1);
+    devio_reply_bytes(out, 200, "application/json", body, n);
+    out->replayed = true;
+    return DEVIO_OK;
+}
+
 /* What the history says of a ticket this process cannot answer from the
  * device (awaited already, reaped, or launched by an earlier process): the
  * answer it settled with, read again; its failure; or, with no row to say
@@ -233,14 +246,7 @@ static devio_status from_history(devio_server *s, uint64_t ticket, devio_status 
     }
     const devio_ticket_row *row = &p.rows[0];
     if (strcmp(row->status, "ok") == 0 && row->answer) {
-        size_t n = strlen(row->answer);
-        char *body = malloc(n + 1);
-        st = body ? DEVIO_OK : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-        if (body) {
-            memcpy(body, row->answer, n + 1);
-            devio_reply_bytes(out, 200, "application/json", body, n);
-            out->replayed = true;
-        }
+        st = replay_answer(out, row->answer, err);
     } else if (strcmp(row->status, "failed") == 0) {
         st = devio_fail_at(err, devio_status_parse(row->error_code), "ticket", (int64_t)ticket,
                            "%s", row->error_message ? row->error_message : "");
@@ -283,13 +289,7 @@ devio_status devio_ticket_replay(devio_server *s, uint64_t ticket, bool launch, 
                            ticket);
     } else if (row->answer) {
         /* ok, or reaped when its client went: the answer it settled with */
-        size_t n = strlen(row->answer);
-        char *body = malloc(n + 1);
-        st = body ? DEVIO_OK : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-        if (body) {
-            memcpy(body, row->answer, n + 1);
-            devio_reply_bytes(out, 200, "application/json", body, n);
-        }
+        st = replay_answer(out, row->answer, err);
     } else {
         st = from_history(s, ticket, DEVIO_E_UNKNOWN_TICKET, out, err);
     }
