@@ -66,6 +66,9 @@ SCRIPTS = [
     ["bash", "deploy/image/build.sh"],
     ["python3", "tests/python/deploy_check.py"],
     ["python3", "kernels/gpu_check.py"],
+    ["python3", "examples/openai/serve.py"],
+    ["python3", "tests/bench/openai_example_bench.py"],
+    ["python3", "tests/bench/depth_bench.py"],
 ]
 
 # Flags of tools outside the repository that the docs show, and whose they are.

@@ -1,0 +1,342 @@
+"""engine.py - continuous batching over devio-server: one scheduler thread plans every step.
+
+A step's plan holds one decode row for every running request (the token the step before
+sampled), then chunks of the prompts not yet prefilled, oldest request first, within a
+per-step token budget; the last chunk of a prompt samples the request's first token. New
+requests join the running batch between steps, as soon as the KV blocks they may need are
+free. The scheduler launches step n+1 as soon as step n is awaited, and only then turns step
+n's tokens into text (stop strings, streaming), so that work overlaps the device computing.
+"""
+import collections
+import logging
+import math
+import pathlib
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+from devio_client import Client, ConnectionLost, DevioError, TicketPending  # noqa: E402
+
+log = logging.getLogger("devio.openai")
+
+AWAIT_SLICE_MS = 1000   # one await's wait; the scheduler asks again while the step runs
+AWAIT_LIMIT_S = 300     # a step not settled after this is given up on
+IDLE_WAIT_S = 0.5       # how long the idle scheduler sleeps when nothing wakes it
+
+
+@dataclass
+class Event:
+    """What a request's client gets: new text and the sampled tokens that carry it
+    ((id, logprob, top) each, top a list of (id, logprob)); the last event has `finish`
+    ("stop", "length" or "error", with `error` the reason) and the token counts. offsets[i]
+    is where tokens[i]'s text begins in the whole output text."""
+    text: str
+    tokens: List[Tuple[int, float, list]]
+    offsets: List[int]
+    finish: Optional[str] = None
+    error: Optional[str] = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Job:
+    """One request's generation. `sample` is devio's sample object for every sampled row;
+    `stream` the request's TextStream; `sink` is called on the scheduler thread with each
+    Event."""
+    prompt: List[int]
+    sample: dict
+    max_tokens: int
+    stream: object
+    sink: object
+    seq: Optional[int] = None
+    blocks: int = 0                 # KV blocks reserved for it
+    fed: int = 0                    # prompt tokens launched so far
+    pending: Optional[int] = None   # the last sampled token, input of its next decode row
+    tokens: list = field(default_factory=list)      # every sampled (id, logprob, top), EOS too
+    published: int = 0              # of `tokens`, those turned into text
+    text_tokens: list = field(default_factory=list)  # of those, the ones in the text (no EOS)
+    tokens_out: int = 0             # of `text_tokens`, those sent in events
+    finish: Optional[str] = None
+    error: Optional[str] = None
+    cancelled: bool = False
+    done: bool = False              # its last event was sent
+
+
+class Engine:
+    """The scheduler. submit() and cancel() may be called from any thread; everything else
+    runs on the engine's own thread, which alone talks to devio-server."""
+
+    def __init__(self, url, token=None, step_tokens=512, max_running=0):
+        self.client = Client(url, token=token, timeout=60.0)
+        self.model = self.client.model()
+        dev = self.client.device()
+        lim = dev["limits"]
+        self.eos = self.model["eos_token_id"]
+        self.vocab_size = self.model["vocab_size"]
+        self.max_seq_len = lim["max_seq_len"]
+        self.block_size = lim["block_size"]
+        self.kv_blocks = lim["kv_blocks"]
+        self.max_rows = lim["max_rows"]
+        self.step_tokens = min(step_tokens, lim["max_batch_tokens"])
+        self.max_running = min(max_running or min(lim["max_rows"], self.step_tokens),
+                               lim["max_rows"], lim["max_seqs"])
+        if self.step_tokens < self.max_running:
+            raise ValueError("--step-tokens %d is below the %d decode rows a step may carry"
+                             % (self.step_tokens, self.max_running))
+        self.waiting = collections.deque()
+        self.running: List[Job] = []
+        self.reserved = 0
+        self.touched: List[Job] = []    # jobs with something to tell their client
+        self.steps = 0
+        self._cond = threading.Condition()
+        self._woken = False
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    # ---- any thread -----------------------------------------------------------------------
+
+    def blocks_for(self, prompt_len, max_tokens):
+        return math.ceil((prompt_len + max_tokens) / self.block_size)
+
+    def check(self, prompt_len, max_tokens):
+        """Why a request of this size can never run, or None."""
+        if prompt_len + max_tokens > self.max_seq_len:
+            return ("the prompt (%d tokens) and max_tokens (%d) exceed the context of %d tokens"
+                    % (prompt_len, max_tokens, self.max_seq_len))
+        if self.blocks_for(prompt_len, max_tokens) > self.kv_blocks:
+            return "the request needs more KV cache than devio-server has"
+        return None
+
+    def submit(self, job):
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the server is shutting down")
+            self.waiting.append(job)
+            self._woken = True
+            self._cond.notify()
+
+    def cancel(self, job):
+        """The client went away: the job ends at the next step without another event."""
+        job.cancelled = True
+        with self._cond:
+            self._woken = True
+            self._cond.notify()
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self, timeout=30.0):
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # ---- the scheduler thread ---------------------------------------------------------------
+
+    def _run(self):
+        step = None
+        while True:
+            with self._cond:
+                stopping = self._stopping
+            try:
+                if step is not None:
+                    self._await(step)
+                if stopping:
+                    break
+                self._retire()
+                self._admit()
+                step = self._launch()
+                busy = bool(self.touched) or step is not None
+                self._publish()
+            except Exception as e:  # keep serving: fail what was running, start afresh
+                log.exception("scheduler")
+                self._fail(self.running, "scheduler error: %s" % e)
+                step, busy = self._settle(step), True
+                self._publish()
+            if not busy:
+                self._idle()
+        self._shutdown()
+
+    def _settle(self, step):
+        """After a failure, wait for the step still in flight so that its sequences can be freed."""
+        try:
+            if step is not None:
+                self._await(step)
+        except Exception:
+            log.exception("awaiting step %s after a failure", step[0])
+        return None
+
+    def _idle(self):
+        with self._cond:
+            if not self._woken and not self._stopping:
+                self._cond.wait(IDLE_WAIT_S)
+            self._woken = False
+
+    def _await(self, step):
+        """Wait for a step and record each sampled row's token; a failed step fails its jobs."""
+        ticket, jobs = step
+        waited = 0
+        while True:
+            try:
+                result = self.client.await_ticket(ticket, timeout_ms=AWAIT_SLICE_MS)
+                break
+            except TicketPending:
+                waited += AWAIT_SLICE_MS / 1000.0
+                if waited >= AWAIT_LIMIT_S:
+                    self._fail([j for j, _ in jobs], "devio step %d did not settle" % ticket)
+                    return
+            except ConnectionLost as e:
+                self._fail(self.running, "devio-server: %s" % e)
+                return
+            except DevioError as e:
+                self._fail([j for j, _ in jobs], "devio step failed: %s" % e)
+                return
+        self.steps += 1
+        for (job, sampled), row in zip(jobs, result["rows"]):
+            if sampled and job.finish is None and not job.cancelled:
+                self._record(job, row)
+
+    def _record(self, job, row):
+        token = row["tokens"][0]
+        top = [(t["id"], t["logprob"]) for t in row.get("top_logprobs", [[]])[0]
+               if t["logprob"] is not None]
+        job.tokens.append((token, row["logprobs"][0], top))
+        job.pending = token
+        if token == self.eos:
+            job.finish = "stop"
+        elif len(job.tokens) >= job.max_tokens:
+            job.finish = "length"
+        self.touched.append(job)
+
+    def _retire(self):
+        """Free the sequences of jobs that ended (nothing is in flight now)."""
+        keep = []
+        for job in self.running:
+            if job.finish is None and not job.cancelled:
+                keep.append(job)
+                continue
+            self.reserved -= job.blocks
+            try:
+                self.client.free(job.seq)
+            except (DevioError, ConnectionLost) as e:
+                log.warning("freeing sequence %s: %s", job.seq, e)
+        self.running = keep
+
+    def _admit(self):
+        """Waiting jobs join the batch, oldest first, while rows and KV blocks allow."""
+        while len(self.running) < self.max_running:
+            with self._cond:
+                if not self.waiting:
+                    return
+                job = self.waiting.popleft()
+            if job.cancelled:
+                continue
+            need = self.blocks_for(len(job.prompt), job.max_tokens)
+            if self.reserved + need > self.kv_blocks:
+                self._requeue(job)
+                return
+            try:
+                job.seq = self.client.create_sequence()
+            except DevioError as e:
+                if e.code == "out_of_seqs":   # held by another client of devio: wait
+                    self._requeue(job)
+                    return
+                self._fail([job], "devio-server: %s" % e)
+                continue
+            except ConnectionLost as e:
+                self._fail([job], "devio-server: %s" % e)
+                continue
+            job.blocks = need
+            self.reserved += need
+            self.running.append(job)
+
+    def _requeue(self, job):
+        with self._cond:
+            self.waiting.appendleft(job)
+
+    def _plan(self):
+        """(rows, [(job, sampled)]): decode rows first, then prompt chunks within the budget."""
+        rows, jobs, budget = [], [], self.step_tokens
+        for job in self.running:
+            if job.pending is not None:
+                rows.append({"seq": job.seq, "tokens": [job.pending], "sample": job.sample})
+                jobs.append((job, True))
+                budget -= 1
+        for job in self.running:
+            left = len(job.prompt) - job.fed
+            if left <= 0 or budget <= 0 or len(rows) >= self.max_rows:
+                continue
+            n = min(left, budget)
+            row = {"seq": job.seq, "tokens": job.prompt[job.fed:job.fed + n]}
+            if n == left:
+                row["sample"] = job.sample
+            rows.append(row)
+            jobs.append((job, n == left))
+            budget -= n
+        return rows, jobs
+
+    def _launch(self):
+        rows, jobs = self._plan()
+        if not rows:
+            return None
+        try:
+            ticket = self.client.launch({"rows": rows})
+        except ConnectionLost as e:
+            self._fail(self.running, "devio-server: %s" % e)
+            return None
+        except DevioError as e:
+            row = e.details.get("row")
+            bad = [jobs[row][0]] if row is not None and 0 <= row < len(jobs) else [j for j, _ in jobs]
+            self._fail(bad, "devio-server refused the step: %s" % e)
+            return None
+        for (job, _), row in zip(jobs, rows):
+            if job.fed == len(job.prompt):   # a decode row: its pending token is in
+                job.pending = None
+            else:
+                job.fed += len(row["tokens"])
+        return ticket, jobs
+
+    def _fail(self, jobs, reason):
+        for job in jobs:
+            if job.finish is None:
+                job.finish, job.error = "error", reason
+                self.touched.append(job)
+
+    def _publish(self):
+        """Turn new tokens into text and hand each touched job its event."""
+        touched, self.touched = self.touched, []
+        for job in touched:
+            if job.done or job.cancelled:
+                continue
+            for token in job.tokens[job.published:]:
+                if token[0] != self.eos and not job.stream.stopped:
+                    job.text_tokens.append(token)
+                    if job.stream.add(token[0]):
+                        job.finish = "stop"
+            job.published = len(job.tokens)
+            final = job.finish is not None
+            text = job.stream.take(final)
+            n = job.stream.tokens_sent(final)
+            ends = job.stream.ends
+            event = Event(text, job.text_tokens[job.tokens_out:n],
+                          [ends[i - 1] if i else 0 for i in range(job.tokens_out, n)])
+            job.tokens_out = max(job.tokens_out, n)
+            if final:
+                event.finish, event.error = job.finish, job.error
+                event.prompt_tokens, event.completion_tokens = len(job.prompt), len(job.tokens)
+                job.done = True
+            if event.text or event.tokens or final:
+                job.sink(event)
+
+    def _shutdown(self):
+        with self._cond:
+            left = list(self.waiting)
+            self.waiting.clear()
+        self._fail(self.running + left, "the server is shutting down")
+        self._publish()
+        self._retire()
+        self.client.close()
