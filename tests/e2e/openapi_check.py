@@ -467,6 +467,7 @@ def _self_test(api):
         "ssm": {"slots_total": 0, "slots_used": 0, "snapshots_total": 0, "snapshots_used": 0},
         "tickets_in_flight": 0,
         "logits_live": 1,
+        "logits_rows_live": 1,
         "adapters_loaded": 0,
         "epoch": 3,
     }
@@ -529,7 +530,7 @@ def _self_test(api):
          '{"seq":7,"len":3,"blocks":1,"busy":12,"ssm_slot":true,"snapshots_held":1,'
          '"snapshots":[3]}'),
         ("GET", "/v1/sequences/99", 404, J, err("unknown_seq", {"seq": 99})),
-        ("DELETE", "/v1/sequences/7", 200, J, '{"kind":"free","freed_blocks":1,"freed_snapshots":0}'),
+        ("DELETE", "/v1/sequences/7", 200, J, '{"kind":"free","freed_blocks":1,"freed_snapshots":0,"freed_logits":0}'),
         ("DELETE", "/v1/sequences/7", 409, J, err("seq_busy", {"ticket": 12})),
         ("POST", "/v1/launch", 202, J, '{"ticket":12}'),
         ("POST", "/v1/launch", 409, J, err("out_of_kv_blocks", {"needed": 3})),
@@ -553,7 +554,7 @@ def _self_test(api):
         ("POST", "/v1/effects", 200, J,
          '{"kind":"truncate","len":2,"freed_blocks":0,"freed_snapshots":1}'),
         ("POST", "/v1/effects", 200, J, '{"kind":"snapshot","len":3}'),
-        ("POST", "/v1/effects", 200, J, '{"kind":"free","freed_blocks":1,"freed_snapshots":2}'),
+        ("POST", "/v1/effects", 200, J, '{"kind":"free","freed_blocks":1,"freed_snapshots":2,"freed_logits":1}'),
         ("POST", "/v1/effects", 200, J, '{"kind":"release"}'),
         ("POST", "/v1/effects", 200, J, '{"kind":"release","freed_snapshots":3}'),
         ("POST", "/v1/effects", 409, J, err("no_snapshot", {"len": 2})),
