@@ -27,6 +27,7 @@ NVCC_FLAGS = " ".join([
 # The host glue of the backend, compiled for the real plugin and the emulated one.
 GLUE = [
     "cuda_backend.c",
+    "cuda_gemm.h",
     "cuda_mixer.c",
     "cuda_state.h",
     "cuda_step.c",
@@ -67,14 +68,19 @@ def cuda_emu_targets():
     native.cc_library(
         name = "cuda_kernels_emu",
         srcs = [
+            "cuda_gemm.h",
+            "emu/emu_fast.cc",
+            "emu/emu_gemm.cc",
             "emu/emu_kernels.cc",
             "emu/emu_ssm.cc",
         ],
         hdrs = [
+            "cuda_fast.h",
             "cuda_kernels.h",
             "cuda_ssm.h",
         ],
         textual_hdrs = [
+            "cuda_fast.cu",
             "cuda_kernels.cu",
             "cuda_ssm.cu",
             "cuda_warp.cuh",
@@ -124,12 +130,15 @@ def cuda_emu_mutants():
         )
         native.cc_library(
             name = "cuda_kernels_emu_" + m,
-            srcs = [d + "emu_kernels.cc", d + "emu_ssm.cc"],
+            srcs = [d + "emu_kernels.cc", d + "emu_ssm.cc", "cuda_gemm.h", "emu/emu_fast.cc",
+                    "emu/emu_gemm.cc"],
             hdrs = [
+                "cuda_fast.h",
                 "cuda_kernels.h",
                 "cuda_ssm.h",
             ],
-            textual_hdrs = [d + "cuda_kernels.cu", d + "cuda_ssm.cu", d + "cuda_warp.cuh"],
+            textual_hdrs = [d + "cuda_kernels.cu", d + "cuda_ssm.cu", d + "cuda_warp.cuh",
+                            "cuda_fast.cu", "cuda_warp.cuh"],
             copts = EMU_CXX,
             deps = [":emu_runtime"],
         )
@@ -164,16 +173,17 @@ def cuda_backend_targets():
     )
     if not HAS_NVCC:
         return
-    for unit, hdr in (("cuda_kernels", "cuda_kernels.h"), ("cuda_ssm", "cuda_ssm.h")):
+    for unit, hdr in (("cuda_kernels", "cuda_kernels.h"), ("cuda_ssm", "cuda_ssm.h"),
+                      ("cuda_fast", "cuda_fast.h")):
         native.genrule(
             name = unit + "_obj",
             srcs = [
                 unit + ".cu",
-                hdr,
+                "cuda_kernels.h",
                 "cuda_warp.cuh",
                 "//device:numerics.h",
                 "//device:quant.h",
-            ],
+            ] + ([hdr] if hdr != "cuda_kernels.h" else []),
             outs = [unit + ".pic.o"],
             cmd = "%s %s -I. -c $(location %s.cu) -o $@" % (NVCC, NVCC_FLAGS, unit),
             # nvcc keeps its intermediate files under TMPDIR.
@@ -182,15 +192,18 @@ def cuda_backend_targets():
     native.cc_library(
         name = "cuda_backend",
         srcs = GLUE + [
+            "cuda_gemm_lt.c",
+            ":cuda_fast_obj",
             ":cuda_kernels_obj",
             ":cuda_ssm_obj",
         ],
         hdrs = [
             "cuda_backend.h",
+            "cuda_fast.h",
             "cuda_kernels.h",
         ],
         alwayslink = True,
-        linkopts = ["-lstdc++"],
+        linkopts = ["-lstdc++", "-ldl"],
         deps = [
             ":cuda_plan",
             "//device",

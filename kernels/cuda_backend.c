@@ -13,6 +13,7 @@
 #include "device/numerics.h"
 #include "device/status.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/cuda_gemm.h"
 #include "kernels/cuda_state.h"
 
 /* The same sources build the real plugin and the emulated one
@@ -124,8 +125,8 @@ static void lane_major_rows(const devio_tensor *t, void *dst)
 /* A tensor uploaded as loaded, or, as_matrix, a weight whose rows are
  * lane-major when cuda_lane_major says so (a copy is made on the host for
  * the permutation, one tensor at a time). */
-static devio_status upload(cuda_state *st, const devio_tensor *t, bool as_matrix, const void **dev,
-                           int *dt, devio_error *err)
+static devio_status upload(cuda_state *st, const devio_tensor *t, bool as_matrix,
+                           bool lane_major, const void **dev, int *dt, devio_error *err)
 {
     *dev = NULL;
     *dt = (int)t->dtype;
@@ -136,7 +137,7 @@ static devio_status upload(cuda_state *st, const devio_tensor *t, bool as_matrix
     devio_status s = cuda_dalloc(st, &p, bytes, err);
     const void *src = t->data;
     char *tmp = NULL;
-    if (s == DEVIO_OK && as_matrix && t->ndim == 2 &&
+    if (s == DEVIO_OK && as_matrix && lane_major && t->ndim == 2 &&
         cuda_lane_major((uint32_t)t->shape[1], (int)t->dtype)) {
         if (!(tmp = malloc(bytes ? bytes : 1)))
             s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory laying out a weight");
@@ -155,7 +156,13 @@ static devio_status upload(cuda_state *st, const devio_tensor *t, bool as_matrix
 devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
                          devio_error *err)
 {
-    return upload(st, t, true, dev, dt, err);
+    return upload(st, t, true, !st->fast, dev, dt, err);
+}
+
+devio_status cuda_upload_strict(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
+                                devio_error *err)
+{
+    return upload(st, t, true, true, dev, dt, err);
 }
 
 /* Host: n elements of t widened to f32 into dst (numspec's widening). */
@@ -198,8 +205,8 @@ static devio_status create_weights(cuda_state *st, devio_error *err)
     uint32_t L = st->sh.n_layers;
     /* Tied, the one copy is lm_head's, lane-major; the embedding reads it so. */
     bool tied = m->lm_head.data == m->embed.data;
-    devio_status s = upload(st, &m->embed, tied, &st->embed, &st->dt_embed, err);
-    st->embed_lane_major = tied && cuda_lane_major(st->sh.d, st->dt_embed);
+    devio_status s = upload(st, &m->embed, tied, !st->fast, &st->embed, &st->dt_embed, err);
+    st->embed_lane_major = tied && !st->fast && cuda_lane_major(st->sh.d, st->dt_embed);
     if (s == DEVIO_OK && tied) {
         st->lm_head = st->embed;
         st->dt_lm = st->dt_embed;
@@ -358,13 +365,28 @@ static devio_status create_device(cuda_state *st, devio_error *err)
 
 static void cuda_destroy(void *sp);
 
+/* Fast numerics: the GEMM library and the 16-bit staging of its inputs. */
+static devio_status create_fast(cuda_state *st, devio_error *err)
+{
+    if (!st->fast)
+        return DEVIO_OK;
+    char why[200] = "";
+    if (!(st->gemm = cuda_gemm_open(why, sizeof why)))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED, "--numerics fast on the CUDA backend: %s",
+                          why);
+    const devio_model_shape *sh = &st->sh;
+    uint64_t widest = sh->d;
+    uint64_t ins[] = {sh->q_dim, sh->f, sh->ssm_inner};
+    for (size_t i = 0; i < sizeof ins / sizeof *ins; i++)
+        widest = ins[i] > widest ? ins[i] : widest;
+    return DALLOC(st, st->x16, (uint64_t)st->cfg.max_batch_tokens * widest * sizeof(uint16_t),
+                  err);
+}
+
 static devio_status cuda_create(const devio_model *model, const devio_backend_config *cfg,
                                 void **state, devio_error *err)
 {
     *state = NULL;
-    if (cfg->numerics != DEVIO_NUMERICS_STRICT)
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "the CUDA backend computes strict numerics only in this version");
     devio_status s = cuda_mixer_supported(cfg->shape, err);
     if (s != DEVIO_OK)
         return s;
@@ -382,13 +404,15 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
     st->cfg = *cfg;
     st->sh = *cfg->shape;
     st->cfg.shape = &st->sh;
+    st->fast = cfg->numerics == DEVIO_NUMERICS_FAST;
     st->layers = calloc(st->sh.n_layers ? st->sh.n_layers : 1, sizeof *st->layers);
     if (!st->layers)
         s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
     else if (!cuda_plan_make(&st->cfg, cuda_plan_weight_bytes(model), &st->plan))
         s = devio_fail(err, DEVIO_E_INVALID, "the CUDA backend's memory plan overflows");
     if (s == DEVIO_OK && !(s = create_device(st, err)) && !(s = create_weights(st, err)) &&
-        !(s = create_small(st, err)) && !(s = create_buffers(st, err)))
+        !(s = create_small(st, err)) && !(s = create_buffers(st, err)) &&
+        !(s = create_fast(st, err)))
         s = cuda_mixer_create(st, err);
     /* Every upload and memset of create went through the default stream,
      * which the (non-blocking) step stream does not wait for. */
@@ -430,6 +454,7 @@ static void cuda_destroy(void *sp)
         cudaFree(st->allocs[i]);
     if (st->stream)
         cudaStreamDestroy(st->stream);
+    cuda_gemm_close(st->gemm);
     free(st->allocs);
     free(st->layers);
     free(st->slots);

@@ -91,6 +91,7 @@ typedef struct cuda_matvec {
     uint32_t ldx, n_tok;
     float *y;           /* [n_tok, ldy] */
     uint32_t ldy;
+    int strict;         /* fast numerics keep this one on the strict kernel (cuda_step.c) */
 } cuda_matvec;
 
 int cuda_project(const cuda_matvec *mv, void *stream);

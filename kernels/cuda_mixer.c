@@ -81,8 +81,11 @@ static devio_status layer_create(cuda_state *st, const devio_mixer *x, cuda_mixe
 {
     const devio_model_shape *sh = &st->sh;
     devio_status s;
-    if ((s = cuda_upload(st, &x->in_proj, &w->in_proj, &w->dt_in, err)) ||
-        (s = cuda_upload(st, &x->out_proj, &w->out_proj, &w->dt_out, err)))
+    /* Strict's kernel and layout under fast numerics too: 16-bit inputs to
+     * in_proj and out_proj move a Mamba-2 model's logits past the fast
+     * tolerance (docs/backends.md, Fast numerics). */
+    if ((s = cuda_upload_strict(st, &x->in_proj, &w->in_proj, &w->dt_in, err)) ||
+        (s = cuda_upload_strict(st, &x->out_proj, &w->out_proj, &w->dt_out, err)))
         return s;
     memset(tmp, 0, lay->total * sizeof *tmp);
     widen(&x->conv_w, tmp + lay->conv_w, (size_t)sh->conv_dim * sh->ssm_conv);
@@ -170,7 +173,7 @@ devio_status cuda_mixer_first(cuda_step *sp, uint32_t li, uint32_t n)
     uint32_t d = sh->d;
     CHECK(sp, cuda_rmsnorm(st->x, st->attn_norm + (size_t)li * d, st->h, d, sh->eps, n, st->stream),
           "rmsnorm");
-    cuda_matvec in = {.w = w->in_proj, .dtype = w->dt_in, .m = sh->in_dim, .n = d,
+    cuda_matvec in = {.strict = 1, .w = w->in_proj, .dtype = w->dt_in, .m = sh->in_dim, .n = d,
                       .bias = w->in_bias, .epi = w->in_bias ? CUDA_EPI_BIAS : CUDA_EPI_STORE,
                       .x = st->h, .ldx = d, .n_tok = n, .y = st->zx, .ldy = sh->in_dim};
     devio_status s;
@@ -198,7 +201,8 @@ devio_status cuda_mixer_out(cuda_step *sp, uint32_t li, uint32_t n, float *x, co
 {
     const devio_model_shape *sh = &sp->st->sh;
     const cuda_mixer_w *w = &sp->st->layers[li].mx;
-    cuda_matvec o = {.w = w->out_proj, .dtype = w->dt_out, .m = sh->d, .n = sh->ssm_inner,
+    cuda_matvec o = {.strict = 1, .w = w->out_proj, .dtype = w->dt_out, .m = sh->d,
+                     .n = sh->ssm_inner,
                      .bias = w->out_bias, .x = y, .ldx = sh->ssm_inner, .n_tok = n, .y = x,
                      .ldy = sh->d};
     return step_residual(sp, li, DEVIO_LORA_OUT_PROJ, o, t, "out_proj");

@@ -62,8 +62,16 @@ typedef struct cuda_state {
     atomic_bool failed;
     char failure[200];
 
+    /* Fast numerics (--numerics fast): f32, f16 and bf16 projections are GEMMs
+     * (cuda_gemm.h) on row-major weights, their inputs rounded to the weight's
+     * type into x16 ([max_batch_tokens, widest input] 16-bit words); quantized
+     * ones keep the strict kernel. Strict numerics: fast false, gemm NULL. */
+    bool fast;
+    struct cuda_gemm *gemm;
+    void *x16;
+
     /* Weights, uploaded once as loaded. */
-    const void *embed, *lm_head; /* projections lane-major (cuda_kernels.h) */
+    const void *embed, *lm_head; /* projections lane-major (cuda_kernels.h), row-major when fast */
     int dt_embed, dt_lm;
     bool embed_lane_major;       /* tied: the embedding is lm_head's copy */
     cuda_layer *layers;        /* host: [n_layers] of device pointers */
@@ -127,9 +135,13 @@ devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err);
 /* cudaMalloc of `bytes`, zeroed, remembered for destroy (cuda_backend.c). */
 devio_status cuda_dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err);
 /* A projection weight uploaded, its rows lane-major where cuda_lane_major
- * says (cuda_kernels.h); *dev is NULL for an absent tensor. */
+ * says (cuda_kernels.h), row-major under fast numerics (a GEMM's); *dev is
+ * NULL for an absent tensor. cuda_upload_strict: lane-major always, for a
+ * projection fast numerics keep on the strict kernel (cuda_matvec.strict). */
 devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
                          devio_error *err);
+devio_status cuda_upload_strict(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
+                                devio_error *err);
 
 /* Hybrid models (cuda_mixer.c). What the mixer kernels cannot compute,
  * refused before anything is allocated: DEVIO_E_UNSUPPORTED naming it. */

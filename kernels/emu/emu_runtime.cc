@@ -700,6 +700,19 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
     return ret(sticky);
 }
 
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *data)
+{
+    ENTER();
+    CUstream_st *s = nullptr;
+    cudaError_t e = get_stream(stream, &s);
+    if (e != cudaSuccess)
+        return e;
+    if (!fn)
+        return refuse(cudaErrorInvalidValue, "cudaLaunchHostFunc: no function");
+    enqueue_fn(s, [fn, data] { fn(data); });
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t stream)
 {
     ENTER();

@@ -30,7 +30,6 @@ import os
 import re
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO / "clients" / "python"))
 sys.path.insert(0, str(REPO / "examples" / "openai"))
+sys.path.insert(0, str(REPO / "tests" / "bench"))
 from devio_client import Client  # noqa: E402
+from server_bench import stop_server as stop  # noqa: E402
 
 QUESTIONS = ["Tell me a fact about the number %d.", "Write a sentence about a city, number %d.",
              "Describe an animal in a few words (request %d).", "Explain a color to a child (%d)."]
@@ -70,18 +71,6 @@ def start(cmd, log_path, env=None):
     finally:
         sel.close()
     return proc, int(buf.split(b"\n")[0].split()[1])
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-    if proc.stdout:
-        proc.stdout.close()
 
 
 def fetch(model):

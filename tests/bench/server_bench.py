@@ -45,8 +45,9 @@ def percentile(sorted_values, p):
 # ---- the server ---------------------------------------------------------------------------
 
 
-def start_server(server_bin, model, workdir, threads, depth, extra=()):
+def start_server(server_bin, model, workdir, threads, depth, extra=(), env_extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEVIO_")}
+    env.update(env_extra or {})
     log = open(workdir / "server.log", "wb")
     proc = subprocess.Popen(
         [str(server_bin), "--model", str(model), "--listen", "127.0.0.1:0",

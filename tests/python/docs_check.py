@@ -69,6 +69,7 @@ SCRIPTS = [
     ["python3", "examples/openai/serve.py"],
     ["python3", "tests/bench/openai_example_bench.py"],
     ["python3", "tests/bench/depth_bench.py"],
+    ["python3", "tests/python/fast_numerics_check.py"],
 ]
 
 # Flags of tools outside the repository that the docs show, and whose they are.
