@@ -512,6 +512,27 @@ def conformance(c):
     return ("ok" if ok else "FAIL"), fig
 
 
+def conformance_fast(c):
+    """Every suite in fast numerics (cuBLASLt on a GPU), judged by tolerance against the
+    reference (tests/conformance/tolerance.py): logits within 1e-2, every other field exact."""
+    cmd = [sys.executable, os.path.join(ROOT, "tests", "conformance", "run.py"), "--bin",
+           c.bin, "--gpu", "--gpu-backend", c.backend, "--fast", "--jobs",
+           "2" if c.emulated else "4"]
+    if c.emulated:
+        cmd += ["--suite", ",".join(EMULATED_SUITES)]
+    p = c.sh(cmd, 300)
+    m = re.search(r"conformance: (\d+) passed, (\d+) failed, (\d+) skipped", p.stdout)
+    t = re.search(r"fast numerics: (.*)", p.stdout)
+    fig = {"passed": int(m.group(1)) if m else 0, "failed": int(m.group(2)) if m else -1,
+           "skipped": int(m.group(3)) if m else 0, "tally": t.group(1) if t else ""}
+    ok = p.returncode == 0 and fig["failed"] == 0 and fig["skipped"] == 0 and fig["passed"] > 0
+    if not ok:
+        fig["log"] = "\n".join(l for l in p.stdout.splitlines()
+                               if l.startswith(("FAIL", "skip", "conformance:")))[-2500:]
+        fig["log"] += p.stderr[-500:]
+    return ("ok" if ok else "FAIL"), fig
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -556,6 +577,8 @@ def main():
                lambda: quant_bits(c, tmp))
         c.step("conformance suites on --backend %s, depth 2 and 1" % c.backend,
                lambda: conformance(c))
+        c.step("conformance suites on --backend %s in fast numerics, by tolerance" % c.backend,
+               lambda: conformance_fast(c))
     print(markdown(c))
     print("gpu-check: %d steps, %d failed" % (len(c.steps), c.failed()))
     sys.exit(1 if c.failed() else 0)

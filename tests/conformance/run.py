@@ -14,6 +14,11 @@ tests/conformance/expected/SUITE.out, and every `compare` line must say
     python3 tests/conformance/run.py --bin bazel-bin --only native --suite chunks
     python3 tests/conformance/run.py --bin bazel-bin --isa --only isa-   # each ISA path
     python3 tests/conformance/run.py --bin bazel-bin --gpu --gpu-backend cuda-emu --jobs 2
+    python3 tests/conformance/run.py --bin bazel-bin --gpu --gpu-backend cuda-emu --fast --jobs 2
+
+With --fast (and --gpu) the backend runs in fast numerics (--numerics fast) and each suite is
+judged by tolerance against the reference's run of the same script with every logits value
+printed, not against the expected file byte for byte: tests/conformance/tolerance.py says how.
 
 Ends with "N passed, M failed, K skipped, J not applicable in Xs" and a
 non-zero status on any failure. Not applicable: a suite that keeps two tickets
@@ -44,10 +49,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TIMEOUT_S = 600
+sys.path.insert(0, HERE)
+import tolerance  # noqa: E402
 
 # Targets that load a backend plugin, which may keep no recurrent state.
 PLUGIN_TARGETS = ("plugin-stream", "plugin-stream-fast", "cuda", "cuda-depth1", "cuda-emu",
-                  "cuda-emu-depth1")
+                  "cuda-emu-depth1", "cuda-fast", "cuda-emu-fast")
 NO_SSM = "keeps no recurrent state"
 # The reference backend's instruction-set paths (ref/isa.bzl, DEVIO_REF_ISA).
 ISA_PATHS = ("baseline", "avx2", "avx512", "native")
@@ -185,6 +192,9 @@ def targets(args, bin_dir):
             return f if "--kv-blocks" in f else ["--kv-blocks", ref_kv_blocks(ref, m, f, t, pools)] + f
 
         gb = args.gpu_backend
+        if args.fast:
+            return {gb + "-fast": lambda m, f, s, t: run(
+                cuda + ["--model", m, "--numerics", "fast"] + pinned(m, f, t) + [s])}
         out = {
             gb: lambda m, f, s, t: run(cuda + ["--model", m] + pinned(m, f, t) + [s]),
             gb + "-depth1": lambda m, f, s, t: run(cuda + ["--model", m, "--max-depth", "1"]
@@ -312,8 +322,15 @@ def main():
                     help="runs at once (each suite on each target is one run)")
     ap.add_argument("--gpu-backend", default="cuda",
                     help="the backend the --gpu targets load (default cuda)")
+    ap.add_argument("--fast", action="store_true",
+                    help="with --gpu: the backend in fast numerics, each suite judged by "
+                         "tolerance against the reference (tests/conformance/tolerance.py)")
     args = ap.parse_args()
     bin_dir = os.path.abspath(args.bin)
+    if args.fast and not args.gpu:
+        ap.error("--fast needs --gpu")
+    ref = os.path.join(bin_dir, "ref", "devio-ref")
+    tallies = tolerance.Tally()
 
     t0 = time.time()
     passed = failed = skipped = not_applicable = 0
@@ -350,6 +367,13 @@ def main():
                 print("regen %s: %d lines" % (name, out.count(b"\n")))
                 continue
             expected = open(exp_path, "rb").read()
+            if args.fast:
+                # The reference's own run of the same full script is what a fast run must
+                # hold to (a future, judged with the run).
+                script = tolerance.full_script(script, tmp)
+                expected = pool.submit(timed, lambda m, f, s, t: run(
+                    [ref, "--model", m, "--threads", "1"] + f + [s]), models[model], flags,
+                    script, tmp)
             for tname, fn in tg.items():
                 why = None
                 if tname in PLUGIN_TARGETS:
@@ -376,7 +400,11 @@ def main():
             expected, why = what, None
             got, err, secs = fut.result()
             timings[tname] += secs
-            if err is not None:  # a crash or a non-zero exit is a failure
+            if args.fast:
+                want, werr, _ = expected.result()
+                why = err or (("the reference: " + werr) if werr else None) or \
+                    tolerance.difference(want, got, tallies)
+            elif err is not None:  # a crash or a non-zero exit is a failure
                 why = err
             elif got != expected:
                 why = first_difference(expected, got)
@@ -394,6 +422,12 @@ def main():
                 passed += 1
                 print("ok   %s on %s" % (name, tname), flush=True)
         pool.shutdown()
+    if args.fast:
+        print("fast numerics: " + tallies.summary())
+        why = tolerance.agreement_failure(tallies)
+        if why:
+            failed += 1
+            print("FAIL fast numerics over every suite: " + why)
     if not args.regen:
         print("wall time by target: " + ", ".join("%s %.2fs" % kv for kv in timings.items()))
     print("conformance: %d passed, %d failed, %d skipped, %d not applicable in %.1fs"
