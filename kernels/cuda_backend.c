@@ -197,6 +197,72 @@ static devio_status upload_widened(cuda_state *st, float **dst, const devio_tens
     return s;
 }
 
+/* Fast numerics: n weights of one 16-bit or f32 type and one row length
+ * stacked into one row-major matrix (*dev), each in its own rows; false
+ * (nothing uploaded) when their types or row lengths differ or one is
+ * quantized or absent. ptrs[i] receives where weight i's rows start. */
+static devio_status upload_stacked(cuda_state *st, const devio_tensor *const *t, int n,
+                                   const void **dev, const void **ptrs, int *dt, bool *done,
+                                   devio_error *err)
+{
+    *done = false;
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        if (!t[i]->data || t[i]->ndim != 2 || t[i]->dtype != t[0]->dtype ||
+            t[i]->shape[1] != t[0]->shape[1] || (int)t[i]->dtype > CUDA_BF16)
+            return DEVIO_OK;
+        bytes += devio_tensor_bytes(t[i]);
+    }
+    void *p;
+    devio_status s = cuda_dalloc(st, &p, bytes, err);
+    uint64_t off = 0;
+    for (int i = 0; i < n && s == DEVIO_OK; i++) {
+        ptrs[i] = (char *)p + off;
+        s = cuda_check(st, cudaMemcpy((char *)p + off, t[i]->data, devio_tensor_bytes(t[i]),
+                                      cudaMemcpyHostToDevice),
+                       "uploading a weight", err);
+        off += devio_tensor_bytes(t[i]);
+    }
+    *dev = p;
+    *dt = (int)t[0]->dtype;
+    *done = s == DEVIO_OK;
+    return s;
+}
+
+/* A layer's q/k/v and gate/up projections: stacked under fast numerics when
+ * they can be (one GEMM each), else one by one. */
+static devio_status upload_layer(cuda_state *st, const devio_layer *l, cuda_layer *c,
+                                 devio_error *err)
+{
+    bool qkv = false, gu = false;
+    const void *p[3];
+    devio_status s = DEVIO_OK;
+    if (st->fast) {
+        const devio_tensor *a[3] = {&l->wq, &l->wk, &l->wv}, *b[2] = {&l->w_gate, &l->w_up};
+        if ((s = upload_stacked(st, a, 3, &c->w_qkv, p, &c->dt_q, &qkv, err)))
+            return s;
+        if (qkv) {
+            c->wq = p[0], c->wk = p[1], c->wv = p[2];
+            c->dt_k = c->dt_v = c->dt_q;
+        }
+        if ((s = upload_stacked(st, b, 2, &c->w_gu, p, &c->dt_mlp, &gu, err)))
+            return s;
+        if (gu)
+            c->w_gate = p[0], c->w_up = p[1];
+    }
+    int dt_up; /* the shape check made it dt_mlp */
+    if (!qkv && ((s = cuda_upload(st, &l->wq, &c->wq, &c->dt_q, err)) ||
+                 (s = cuda_upload(st, &l->wk, &c->wk, &c->dt_k, err)) ||
+                 (s = cuda_upload(st, &l->wv, &c->wv, &c->dt_v, err))))
+        return s;
+    if (!gu && ((s = cuda_upload(st, &l->w_gate, &c->w_gate, &c->dt_mlp, err)) ||
+                (s = cuda_upload(st, &l->w_up, &c->w_up, &dt_up, err))))
+        return s;
+    if ((s = cuda_upload(st, &l->wo, &c->wo, &c->dt_o, err)))
+        return s;
+    return cuda_upload(st, &l->w_down, &c->w_down, &c->dt_down, err);
+}
+
 /* The embedding, lm_head and every attention and MLP projection as loaded;
  * each layer's kind and, for attention, its KV pool. */
 static devio_status create_weights(cuda_state *st, devio_error *err)
@@ -219,14 +285,7 @@ static devio_status create_weights(cuda_state *st, devio_error *err)
         c->mixer = l->kind == DEVIO_LAYER_MIXER;
         if (!c->mixer)
             c->kv = st->n_attn++;
-        int dt_up; /* the shape check made it dt_mlp */
-        if ((s = cuda_upload(st, &l->wq, &c->wq, &c->dt_q, err)) ||
-            (s = cuda_upload(st, &l->wk, &c->wk, &c->dt_k, err)) ||
-            (s = cuda_upload(st, &l->wv, &c->wv, &c->dt_v, err)) ||
-            (s = cuda_upload(st, &l->wo, &c->wo, &c->dt_o, err)) ||
-            (s = cuda_upload(st, &l->w_gate, &c->w_gate, &c->dt_mlp, err)) ||
-            (s = cuda_upload(st, &l->w_up, &c->w_up, &dt_up, err)) ||
-            (s = cuda_upload(st, &l->w_down, &c->w_down, &c->dt_down, err)))
+        if ((s = upload_layer(st, l, c, err)))
             break;
     }
     return s;
@@ -379,8 +438,31 @@ static devio_status create_fast(cuda_state *st, devio_error *err)
     uint64_t ins[] = {sh->q_dim, sh->f, sh->ssm_inner};
     for (size_t i = 0; i < sizeof ins / sizeof *ins; i++)
         widest = ins[i] > widest ? ins[i] : widest;
-    return DALLOC(st, st->x16, (uint64_t)st->cfg.max_batch_tokens * widest * sizeof(uint16_t),
-                  err);
+    uint64_t T = st->cfg.max_batch_tokens, F = sizeof(float), qkv = sh->q_dim + 2ull * sh->kv_dim;
+    devio_status s;
+    if ((s = DALLOC(st, st->x16, T * widest * sizeof(uint16_t), err)) ||
+        (s = DALLOC(st, st->qkv, T * qkv * F, err)) ||
+        (s = DALLOC(st, st->gu, T * 2 * sh->f * F, err)) || !sh->has_bias)
+        return s;
+    /* bq, bk and bv of each layer side by side, for the stacked q/k/v GEMM. */
+    float *row = calloc(qkv, F);
+    if (!row)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of host memory stacking biases");
+    s = DALLOC(st, st->bqkv, sh->n_layers * qkv * F, err);
+    for (uint32_t i = 0; i < sh->n_layers && s == DEVIO_OK; i++) {
+        const devio_layer *l = &st->model->layers[i];
+        const devio_tensor *b[3] = {&l->bq, &l->bk, &l->bv};
+        uint32_t at[3] = {0, sh->q_dim, sh->q_dim + sh->kv_dim}, n[3] = {sh->q_dim, sh->kv_dim,
+                                                                          sh->kv_dim};
+        memset(row, 0, qkv * F);
+        for (int k = 0; k < 3; k++)
+            if (b[k]->data)
+                widen_host(b[k], row + at[k], n[k]);
+        s = cuda_check(st, cudaMemcpy(st->bqkv + i * qkv, row, qkv * F, cudaMemcpyHostToDevice),
+                       "uploading biases", err);
+    }
+    free(row);
+    return s;
 }
 
 static devio_status cuda_create(const devio_model *model, const devio_backend_config *cfg,

@@ -45,3 +45,45 @@ int cuda_bias_rows(float *y, uint32_t ldy, const float *bias, uint32_t m, uint32
     LAUNCH((k_bias_rows), grid, 256, 0, (cudaStream_t)stream, y, ldy, bias, m);
     return cuda_launched();
 }
+
+__global__ void k_split3(const float *src, uint32_t a, uint32_t b, uint32_t c, float *da,
+                         float *db, float *dc)
+{
+    uint32_t t = blockIdx.y, w = a + b + c;
+    const float *row = src + (size_t)t * w;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < w; i += gridDim.x * blockDim.x) {
+        if (i < a)
+            da[(size_t)t * a + i] = row[i];
+        else if (i < a + b)
+            db[(size_t)t * b + i - a] = row[i];
+        else
+            dc[(size_t)t * c + i - a - b] = row[i];
+    }
+}
+
+int cuda_split3(const float *src, uint32_t a, uint32_t b, uint32_t c, float *da, float *db,
+                float *dc, uint32_t n_tok, void *stream)
+{
+    if (n_tok == 0 || a + b + c == 0)
+        return 0;
+    dim3 grid(cuda_blocks_for(a + b + c, 256), n_tok);
+    LAUNCH((k_split3), grid, 256, 0, (cudaStream_t)stream, src, a, b, c, da, db, dc);
+    return cuda_launched();
+}
+
+__global__ void k_silu_mul_pairs(const float *gu, float *act, uint32_t f)
+{
+    uint32_t t = blockIdx.y;
+    const float *g = gu + (size_t)t * 2 * f, *u = g + f;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < f; i += gridDim.x * blockDim.x)
+        act[(size_t)t * f + i] = DEVIO_MUL(devio_siluf(g[i]), u[i]);
+}
+
+int cuda_silu_mul_pairs(const float *gu, float *act, uint32_t f, uint32_t n_tok, void *stream)
+{
+    if (n_tok == 0 || f == 0)
+        return 0;
+    dim3 grid(cuda_blocks_for(f, 256), n_tok);
+    LAUNCH((k_silu_mul_pairs), grid, 256, 0, (cudaStream_t)stream, gu, act, f);
+    return cuda_launched();
+}

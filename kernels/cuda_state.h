@@ -35,6 +35,10 @@ typedef struct cuda_layer {
     uint32_t kv;
     const void *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
     int dt_q, dt_k, dt_v, dt_o, dt_mlp, dt_down;
+    /* Fast numerics: q, k and v stacked in one [q_dim + 2 kv_dim, d] weight,
+     * gate and up in one [2f, d] (wq.. and w_gate, w_up point into them), so
+     * that each is one GEMM; NULL when the types differ or are quantized. */
+    const void *w_qkv, *w_gu;
     cuda_mixer_w mx;
 } cuda_layer;
 
@@ -69,6 +73,8 @@ typedef struct cuda_state {
     bool fast;
     struct cuda_gemm *gemm;
     void *x16;
+    float *qkv, *gu;  /* [max_batch_tokens, q_dim + 2 kv_dim], [.., 2 f]: fused GEMM outputs */
+    float *bqkv;      /* [L, q_dim + 2 kv_dim]: bq, bk, bv side by side, or NULL */
 
     /* Weights, uploaded once as loaded. */
     const void *embed, *lm_head; /* projections lane-major (cuda_kernels.h), row-major when fast */

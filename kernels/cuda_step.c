@@ -186,9 +186,22 @@ static devio_status layer_qkv(cuda_step *sp, uint32_t li, uint32_t n)
         v.bias = st->bv + (size_t)li * sh->kv_dim;
     }
     devio_status s;
-    if ((s = step_project(sp, q, "q_proj")) || (s = step_project(sp, k, "k_proj")) ||
-        (s = step_project(sp, v, "v_proj")) ||
-        (s = step_lora(sp, li, DEVIO_LORA_Q, &sp->all, st->h, d, st->q, sh->q_dim, sh->q_dim,
+    if (l->w_qkv) {
+        /* Fast numerics: q, k and v as one GEMM on the stacked weight, then split. */
+        uint32_t w = sh->q_dim + 2 * sh->kv_dim;
+        cuda_matvec qkv = base;
+        qkv.w = l->w_qkv, qkv.dtype = l->dt_q, qkv.m = w, qkv.y = st->qkv, qkv.ldy = w;
+        qkv.bias = st->bqkv ? st->bqkv + (size_t)li * w : NULL;
+        if ((s = step_project(sp, qkv, "q_proj, k_proj and v_proj")))
+            return s;
+        CHECK(sp, cuda_split3(st->qkv, sh->q_dim, sh->kv_dim, sh->kv_dim, st->q, st->k, st->v, n,
+                              st->stream),
+              "splitting q, k and v");
+    } else if ((s = step_project(sp, q, "q_proj")) || (s = step_project(sp, k, "k_proj")) ||
+               (s = step_project(sp, v, "v_proj"))) {
+        return s;
+    }
+    if ((s = step_lora(sp, li, DEVIO_LORA_Q, &sp->all, st->h, d, st->q, sh->q_dim, sh->q_dim,
                        n)) ||
         (s = step_lora(sp, li, DEVIO_LORA_K, &sp->all, st->h, d, st->k, sh->kv_dim, sh->kv_dim,
                        n)) ||
@@ -276,6 +289,14 @@ static devio_status mlp(cuda_step *sp, uint32_t li, uint32_t n, float *x, const 
             (s = step_lora(sp, li, DEVIO_LORA_UP, t, st->h, d, st->u_tmp, f, f, n)))
             return s;
         CHECK(sp, cuda_silu_mul(st->g_tmp, st->u_tmp, st->act, f, n, st->stream), "silu");
+    } else if (l->w_gu) {
+        /* Fast numerics: gate and up as one GEMM on the stacked weight. */
+        cuda_matvec both = gu;
+        both.w = l->w_gu, both.w2 = NULL, both.m = 2 * f, both.epi = CUDA_EPI_STORE;
+        both.y = st->gu, both.ldy = 2 * f;
+        if ((s = step_project(sp, both, "gate_proj and up_proj")))
+            return s;
+        CHECK(sp, cuda_silu_mul_pairs(st->gu, st->act, f, n, st->stream), "silu");
     } else if ((s = step_project(sp, gu, "gate_proj and up_proj"))) {
         return s;
     }
