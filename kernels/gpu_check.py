@@ -409,6 +409,32 @@ def bench(c, tmp, read_gbs):
     return ("ok" if ok else "FAIL"), fig
 
 
+def bench_fast(c, tmp, read_gbs, strict):
+    """Decode and prefill in fast numerics (projections on cuBLASLt) beside the strict figures
+    of the step before: the same devio-bench run with --numerics fast. Reported, not judged
+    against a target yet (the issue's targets need the fused kernels not built)."""
+    preset, extra = ("tiny", ["--batches", "1,8", "--steps", "4", "--prefill", "16"]) \
+        if c.emulated else ("1b", ["--batches", "1,8,64", "--steps", "32", "--prefill", "512"])
+    cmd = [c.path("tests", "bench", "devio-bench"), "--model", make_model(c, tmp, preset),
+           "--backend", c.backend, "--backend-path", c.path("kernels"), "--numerics", "fast"]
+    if read_gbs and not c.emulated:
+        cmd += ["--device-bw", str(read_gbs)]
+    p = c.sh(cmd + extra, 150, check=True)
+    fig = {"output": p.stdout.strip()}
+    pre = "emulated_fast_" if c.emulated else "fast_"  # the emulator's timings say so
+    for b, tps in re.findall(r"decode batch +(\d+): +([\d.]+) tokens/s", p.stdout):
+        fig["%sdecode_b%s_tok_s" % (pre, b)] = float(tps)
+        want = (strict or {}).get("decode_b%s_tok_s" % b) or \
+            (strict or {}).get("emulated_decode_b%s_tok_s" % b)
+        if want:
+            fig["%sover_strict_b%s" % (pre, b)] = round(float(tps) / want, 3)
+    m = re.search(r"prefill (\d+) tokens: ([\d.]+) tokens/s", p.stdout)
+    if m:
+        fig["%sprefill_%s_tok_s" % (pre, m.group(1))] = float(m.group(2))
+    ok = "(fast numerics)" in p.stdout and any("decode_b" in k for k in fig)
+    return ("ok" if ok else "FAIL"), fig
+
+
 def find_tool(name):
     for d in [None, "/usr/local/cuda/bin"]:
         path = shutil.which(name) if d is None else os.path.join(d, name)
@@ -561,8 +587,11 @@ def main():
         c.step("CUDA unit tests (cuda_test)", lambda: unit_tests(c))
         c.step("compute-sanitizer memcheck and racecheck, tiny", lambda: sanitizer(c, tmp))
         bw = c.step("GPU read bandwidth (devio-gpu-bw)", lambda: bandwidth(c))
-        c.step("decode and prefill on %s (devio-bench)" % ("tiny" if c.emulated else "1b"),
-               lambda: bench(c, tmp, bw.get("read_gbs")))
+        strict = c.step("decode and prefill on %s (devio-bench)" % ("tiny" if c.emulated else "1b"),
+                        lambda: bench(c, tmp, bw.get("read_gbs")))
+        c.step("decode and prefill on %s in fast numerics (devio-bench --numerics fast)" %
+               ("tiny" if c.emulated else "1b"),
+               lambda: bench_fast(c, tmp, bw.get("read_gbs"), strict))
         c.step("kernel times of a decode step on 1b (ncu)", lambda: kernel_profile(c, tmp))
         hf = (("tiny", 48, True), ("small", 16, False)) if c.emulated else (
             ("tiny", 48, False), ("small", 48, False), ("1b", 16, True))

@@ -268,6 +268,7 @@ static double bench_prefill(devio_device *d, uint32_t n, uint32_t reps, uint32_t
 typedef struct flags {
     const char *model, *preset, *arch, *backend, *backend_path;
     int dtype; /* index into dtypes */
+    int numerics; /* index into numerics_names: strict, fast */
     uint32_t threads, steps, overlap;
     double device_bw; /* GB/s measured elsewhere (the GPU check's probe), or 0 */
     uint32_t batches[4]; /* [0] = how many */
@@ -277,6 +278,7 @@ typedef struct flags {
 } flags;
 
 static const char *const dtypes[] = {"bf16", "f16", "f32", NULL};
+static const char *const numerics_names[] = {"strict", "fast", NULL};
 
 /* "1,8,32": up to three numbers in lo..hi into b[1..], their count into b[0]. */
 static bool parse_list(const char *v, uint32_t *b, unsigned long lo, unsigned long hi)
@@ -320,6 +322,9 @@ static const devio_opt opts[] = {
      .help = "ref, auto, or a plugin's name [ref]"},
     {.flag = "backend-path", .type = DEVIO_OPT_STR, .offset = F(backend_path), .metavar = "DIR",
      .help = "where backend plugins are [next to this binary]"},
+    {.flag = "numerics", .type = DEVIO_OPT_CHOICE, .offset = F(numerics),
+     .metavar = "strict|fast", .help = "the backend's numerics [strict]",
+     .choices = numerics_names},
     {.flag = "threads", .type = DEVIO_OPT_U32, .offset = F(threads), .metavar = "N",
      .help = "compute threads, 1..64 [2]"},
     {.flag = "steps", .type = DEVIO_OPT_U32, .offset = F(steps), .metavar = "N",
@@ -449,6 +454,7 @@ int main(int argc, char **argv)
     cfg.max_seq_len = longest + 64 > 1024 ? 1024 : longest + 64;
     cfg.kv_blocks = 64 * ((cfg.max_seq_len + 15) / 16);
     cfg.max_batch_tokens = longest > 64 ? longest : 64;
+    cfg.numerics = f.numerics == 1 ? DEVIO_NUMERICS_FAST : DEVIO_NUMERICS_STRICT;
     devio_device *d = NULL;
     devio_registry reg;
     const devio_backend_ops *ops = NULL;
