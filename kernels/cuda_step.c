@@ -143,7 +143,8 @@ static devio_status fast_project(cuda_step *sp, const cuda_matvec *mv, const cha
     case CUDA_EPI_ADD: return gemm(sp, mv, mv->w, x, ldx, 1.0f, 1.0f, mv->y, mv->ldy, what);
     case CUDA_EPI_ADD_SCALED:
         return gemm(sp, mv, mv->w, x, ldx, mv->scale, 1.0f, mv->y, mv->ldy, what);
-    case CUDA_EPI_DIV: return gemm(sp, mv, mv->w, x, ldx, 1.0f / mv->scale, 0.0f, mv->y, mv->ldy, what);
+    case CUDA_EPI_DIV:
+        return gemm(sp, mv, mv->w, x, ldx, 1.0f / mv->scale, 0.0f, mv->y, mv->ldy, what);
     case CUDA_EPI_SILU_MUL:
         if ((s = gemm(sp, mv, mv->w, x, ldx, 1.0f, 0.0f, st->g_tmp, mv->m, what)) ||
             (s = gemm(sp, mv, mv->w2, x, ldx, 1.0f, 0.0f, st->u_tmp, mv->m, what)))
