@@ -26,6 +26,7 @@ NVCC_FLAGS = " ".join([
 
 # The host glue of the backend, compiled for the real plugin and the emulated one.
 GLUE = [
+    "cuda_adapters.c",
     "cuda_backend.c",
     "cuda_gemm.h",
     "cuda_mixer.c",
@@ -107,8 +108,10 @@ def cuda_emu_targets():
 
 # The negative control's mutants (kernels/emu/mutate.py): each a cuda-emu plugin
 # built from kernels with one deliberate defect, at
-# kernels/mutants/NAME/libdevio-backend-cuda-emu.so.
-MUTANTS = ["fold", "barrier", "offbyone", "fma"]
+# kernels/mutants/NAME/libdevio-backend-cuda-emu.so. "combine" breaks a fast
+# numerics kernel: strict numerics never run it, the fast tolerance check must
+# catch it.
+MUTANTS = ["fold", "barrier", "offbyone", "fma", "combine"]
 
 def cuda_emu_mutants():
     for m in MUTANTS:
@@ -116,29 +119,32 @@ def cuda_emu_mutants():
         native.genrule(
             name = "mutant_%s_src" % m,
             srcs = [
+                "cuda_fast.cu",
                 "cuda_kernels.cu",
                 "cuda_ssm.cu",
                 "cuda_warp.cuh",
                 "emu/mutate.py",
             ],
-            outs = [d + f for f in ("cuda_kernels.cu", "cuda_ssm.cu", "cuda_warp.cuh",
-                                    "emu_kernels.cc", "emu_ssm.cc")],
+            outs = [d + f for f in ("cuda_fast.cu", "cuda_kernels.cu", "cuda_ssm.cu",
+                                    "cuda_warp.cuh", "emu_fast.cc", "emu_kernels.cc",
+                                    "emu_ssm.cc")],
             cmd = ("python3 $(location emu/mutate.py) {m} $(@D)/{d} $(location cuda_kernels.cu) " +
-                   "$(location cuda_ssm.cu) $(location cuda_warp.cuh) && " +
+                   "$(location cuda_ssm.cu) $(location cuda_fast.cu) $(location cuda_warp.cuh) && " +
+                   "echo '#include \"cuda_fast.cu\"' > $(@D)/{d}emu_fast.cc && " +
                    "echo '#include \"cuda_kernels.cu\"' > $(@D)/{d}emu_kernels.cc && " +
                    "echo '#include \"cuda_ssm.cu\"' > $(@D)/{d}emu_ssm.cc").format(m = m, d = d),
         )
         native.cc_library(
             name = "cuda_kernels_emu_" + m,
-            srcs = [d + "emu_kernels.cc", d + "emu_ssm.cc", "cuda_gemm.h", "emu/emu_fast.cc",
+            srcs = [d + "emu_fast.cc", d + "emu_kernels.cc", d + "emu_ssm.cc", "cuda_gemm.h",
                     "emu/emu_gemm.cc"],
             hdrs = [
                 "cuda_fast.h",
                 "cuda_kernels.h",
                 "cuda_ssm.h",
             ],
-            textual_hdrs = [d + "cuda_kernels.cu", d + "cuda_ssm.cu", d + "cuda_warp.cuh",
-                            "cuda_fast.cu", "cuda_warp.cuh"],
+            textual_hdrs = [d + "cuda_fast.cu", d + "cuda_kernels.cu", d + "cuda_ssm.cu",
+                            d + "cuda_warp.cuh"],
             copts = EMU_CXX,
             deps = [":emu_runtime"],
         )
@@ -164,7 +170,11 @@ def cuda_backend_targets():
     cuda_emu_mutants()
     native.cc_library(
         name = "cuda_plan",
-        srcs = ["cuda_plan.c"],
+        srcs = [
+            "cuda_fast.h",
+            "cuda_kernels.h",
+            "cuda_plan.c",
+        ],
         hdrs = [
             "cuda_plan.h",
             "cuda_ssm.h",

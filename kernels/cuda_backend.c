@@ -13,6 +13,7 @@
 #include "device/numerics.h"
 #include "device/status.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/cuda_fast.h"
 #include "kernels/cuda_gemm.h"
 #include "kernels/cuda_state.h"
 
@@ -166,7 +167,7 @@ devio_status cuda_upload_strict(cuda_state *st, const devio_tensor *t, const voi
 }
 
 /* Host: n elements of t widened to f32 into dst (numspec's widening). */
-static void widen_host(const devio_tensor *t, float *dst, size_t n)
+void cuda_widen_host(const devio_tensor *t, float *dst, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         dst[i] = devio_tensor_get(t, i);
@@ -188,7 +189,7 @@ static devio_status upload_widened(cuda_state *st, float **dst, const devio_tens
             one ? one : (const devio_tensor *)((const char *)&st->model->layers[i] + member);
         memset(tmp, 0, n * sizeof *tmp);
         if (t->data)
-            widen_host(t, tmp, n);
+            cuda_widen_host(t, tmp, n);
         s = cuda_check(st, cudaMemcpy(*dst + i * n, tmp, n * sizeof *tmp,
                                       cudaMemcpyHostToDevice),
                        "uploading norms", err);
@@ -336,8 +337,9 @@ static devio_status create_buffers(cuda_state *st, devio_error *err)
     const devio_model_shape *sh = &st->sh;
     uint64_t T = st->cfg.max_batch_tokens, F = sizeof(float);
     uint64_t d = T * sh->d * F, q = T * sh->q_dim * F, kv = T * sh->kv_dim * F, f = T * sh->f * F;
-    st->block_floats = st->cfg.block_size * sh->kv_dim;
-    st->layer_floats = (uint64_t)st->cfg.kv_blocks * st->block_floats;
+    st->kv_elem = cuda_plan_kv_elem(&st->cfg);
+    st->block_elems = st->cfg.block_size * sh->kv_dim;
+    st->layer_elems = (uint64_t)st->cfg.kv_blocks * st->block_elems;
     uint64_t pool = st->plan.kv / 2;
     devio_status s;
     if ((s = DALLOC(st, st->k_cache, pool, err)) || (s = DALLOC(st, st->v_cache, pool, err)) ||
@@ -373,6 +375,9 @@ static devio_status create_buffers(cuda_state *st, devio_error *err)
     return DEVIO_OK;
 }
 
+static devio_status attention_fits(cuda_state *st, const struct cudaDeviceProp *p,
+                                   devio_error *err);
+
 /* The device, its fit for the plan, and the attention kernel's shared memory. */
 static devio_status create_device(cuda_state *st, devio_error *err)
 {
@@ -397,29 +402,38 @@ static devio_status create_device(cuda_state *st, devio_error *err)
                           (unsigned long long)(st->plan.kv >> 20),
                           (unsigned long long)(budget >> 20), st->name,
                           cuda_plan_kv_fit(&st->plan, budget));
-    /* Attention's shared memory, a score per key a token reads: at most
-     * max_seq_len, or the sliding window; a model without attention layers
-     * needs none. */
+    if ((s = cuda_check(st, cuda_rmsnorm_prepare(st->sh.d), "preparing rmsnorm", err)) ||
+        (st->sh.n_mixers < st->sh.n_layers && (s = attention_fits(st, &p, err))))
+        return s;
+    return cuda_check(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking),
+                      "cudaStreamCreate", err);
+}
+
+/* What attention asks of the device. Fast attention stages chunks of keys,
+ * so its shared memory does not grow with them; strict attention keeps a
+ * score per key a token reads (max_seq_len, or the sliding window). */
+static devio_status attention_fits(cuda_state *st, const struct cudaDeviceProp *p,
+                                   devio_error *err)
+{
+    if (st->fast && (st->sh.head_dim % 2 != 0 || st->sh.head_dim > CUDA_ATTN16_MAX_HD))
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "--numerics fast on the CUDA backend takes an even head_dim of at "
+                          "most %u, not %u",
+                          CUDA_ATTN16_MAX_HD, st->sh.head_dim);
+    if (st->fast)
+        return DEVIO_OK;
     uint32_t keys = st->cfg.max_seq_len;
     if (st->sh.window > 0 && st->sh.window < keys)
         keys = st->sh.window;
     st->smem = cuda_attention_smem(keys, st->sh.head_dim);
-    if ((s = cuda_check(st, cuda_rmsnorm_prepare(st->sh.d), "preparing rmsnorm", err)))
-        return s;
-    if (st->sh.n_mixers == st->sh.n_layers)
-        return cuda_check(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking),
-                          "cudaStreamCreate", err);
-    if (st->smem > p.sharedMemPerBlockOptin)
+    if (st->smem > p->sharedMemPerBlockOptin)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "%s %u needs %u KiB of shared memory per attention block, "
                           "%s has %zu KiB",
                           keys < st->cfg.max_seq_len ? "the sliding window of" : "--max-seq-len",
                           keys, st->smem >> 10, st->name,
-                          (size_t)p.sharedMemPerBlockOptin >> 10);
-    if ((s = cuda_check(st, cuda_attention_prepare(st->smem), "preparing attention", err)))
-        return s;
-    return cuda_check(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking),
-                      "cudaStreamCreate", err);
+                          (size_t)p->sharedMemPerBlockOptin >> 10);
+    return cuda_check(st, cuda_attention_prepare(st->smem), "preparing attention", err);
 }
 
 static void cuda_destroy(void *sp);
@@ -434,21 +448,19 @@ static devio_status create_fast(cuda_state *st, devio_error *err)
         return devio_fail(err, DEVIO_E_UNSUPPORTED, "--numerics fast on the CUDA backend: %s",
                           why);
     const devio_model_shape *sh = &st->sh;
-    uint64_t widest = sh->d;
-    uint64_t ins[] = {sh->q_dim, sh->f, sh->ssm_inner};
-    for (size_t i = 0; i < sizeof ins / sizeof *ins; i++)
-        widest = ins[i] > widest ? ins[i] : widest;
-    uint64_t T = st->cfg.max_batch_tokens, F = sizeof(float), qkv = sh->q_dim + 2ull * sh->kv_dim;
+    uint64_t F = sizeof(float), qkv = sh->q_dim + 2ull * sh->kv_dim;
     devio_status s;
-    if ((s = DALLOC(st, st->x16, T * widest * sizeof(uint16_t), err)) ||
-        (s = DALLOC(st, st->qkv, T * qkv * F, err)) ||
-        (s = DALLOC(st, st->gu, T * 2 * sh->f * F, err)) || !sh->has_bias)
+    if ((s = DALLOC(st, st->x16, st->plan.fast_buf.x16, err)) ||
+        (s = DALLOC(st, st->qkv, st->plan.fast_buf.qkv, err)) ||
+        (s = DALLOC(st, st->gu, st->plan.fast_buf.gu, err)) ||
+        (st->plan.fast_buf.part && (s = DALLOC(st, st->part, st->plan.fast_buf.part, err))) ||
+        !sh->has_bias)
         return s;
     /* bq, bk and bv of each layer side by side, for the stacked q/k/v GEMM. */
     float *row = calloc(qkv, F);
     if (!row)
         return devio_fail(err, DEVIO_E_NOMEM, "out of host memory stacking biases");
-    s = DALLOC(st, st->bqkv, sh->n_layers * qkv * F, err);
+    s = DALLOC(st, st->bqkv, st->plan.fast_buf.bqkv, err);
     for (uint32_t i = 0; i < sh->n_layers && s == DEVIO_OK; i++) {
         const devio_layer *l = &st->model->layers[i];
         const devio_tensor *b[3] = {&l->bq, &l->bk, &l->bv};
@@ -457,7 +469,7 @@ static devio_status create_fast(cuda_state *st, devio_error *err)
         memset(row, 0, qkv * F);
         for (int k = 0; k < 3; k++)
             if (b[k]->data)
-                widen_host(b[k], row + at[k], n[k]);
+                cuda_widen_host(b[k], row + at[k], n[k]);
         s = cuda_check(st, cudaMemcpy(st->bqkv + i * qkv, row, qkv * F, cudaMemcpyHostToDevice),
                        "uploading biases", err);
     }
@@ -487,6 +499,8 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
     st->sh = *cfg->shape;
     st->cfg.shape = &st->sh;
     st->fast = cfg->numerics == DEVIO_NUMERICS_FAST;
+    const char *graphs = getenv("DEVIO_CUDA_GRAPHS");
+    st->graphs_on = !(graphs && strcmp(graphs, "0") == 0);
     st->layers = calloc(st->sh.n_layers ? st->sh.n_layers : 1, sizeof *st->layers);
     if (!st->layers)
         s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
@@ -524,6 +538,9 @@ static void cuda_destroy(void *sp)
         return;
     if (st->stream)
         cudaStreamSynchronize(st->stream);
+    for (int i = 0; i < CUDA_GRAPHS; i++)
+        if (st->graphs[i].exec)
+            cudaGraphExecDestroy(st->graphs[i].exec);
     if (st->logits_pinned)
         cudaHostUnregister(st->cfg.logits_host);
     for (uint32_t i = 0; st->host_meta && i < st->cfg.max_depth; i++)
@@ -576,89 +593,6 @@ static void cuda_info(void *sp, devio_device_info *out)
         snprintf(out->failure, sizeof out->failure, "%s", st->failure);
         pthread_mutex_unlock(&st->fail_mu);
     }
-}
-
-/* ---- adapter slots -------------------------------------------------------- */
-
-/* An adapter naming a target this backend does not apply (one that
- * device/adapter.h gains before cuda_plan_lora_dims knows it) is refused
- * rather than run without it. */
-static devio_status targets_known(const cuda_state *st, const devio_adapter *a, devio_error *err)
-{
-    for (uint32_t t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
-        uint32_t in, out;
-        if ((a->targets & (1u << t)) && !cuda_plan_lora_dims(&st->sh, t, &in, &out))
-            return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                              "adapter '%s': the CUDA backend does not apply LoRA to %s", a->name,
-                              devio_lora_target_name((devio_lora_target)t));
-    }
-    return DEVIO_OK;
-}
-
-/* Host: the slot's modules widened into one host image, then one upload. */
-static devio_status cuda_adapter_add(void *sp, uint32_t slot, uint32_t generation,
-                                     const devio_adapter *a, devio_error *err)
-{
-    cuda_state *st = sp;
-    uint32_t L = st->sh.n_layers, R = st->cfg.max_lora_rank;
-    if (slot >= st->cfg.adapter_slots)
-        return devio_fail(err, DEVIO_E_INVALID, "adapter slot %u of %u", slot,
-                          st->cfg.adapter_slots);
-    if (a->rank == 0 || a->rank > R || a->n_layers != L)
-        return devio_fail(err, DEVIO_E_INVALID, "adapter '%s' of rank %u does not fit this backend",
-                          a->name, a->rank);
-    devio_status s = cuda_refuse_if_failed(st, err);
-    if (s == DEVIO_OK)
-        s = targets_known(st, a, err);
-    if (s != DEVIO_OK)
-        return s;
-    float *img = calloc(st->plan.lora_slot / sizeof(float) + 1, sizeof(float));
-    cuda_lora_mod *mods = st->host_mods + (size_t)slot * L * DEVIO_LORA_N_TARGETS;
-    if (!img)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of host memory copying adapter '%s'", a->name);
-    float *dev = st->slots[slot].mem;
-    size_t off = 0;
-    for (uint32_t l = 0; l < L; l++)
-        for (uint32_t t = 0; t < DEVIO_LORA_N_TARGETS; t++) {
-            uint32_t in, out;
-            cuda_plan_lora_dims(&st->sh, t, &in, &out);
-            const devio_lora_module *m = &a->mods[(size_t)l * DEVIO_LORA_N_TARGETS + t];
-            cuda_lora_mod *cm = &mods[l * DEVIO_LORA_N_TARGETS + t];
-            *cm = (cuda_lora_mod){0};
-            if ((a->targets & (1u << t)) && m->a.data) {
-                widen_host(&m->a, img + off, (size_t)a->rank * in);
-                widen_host(&m->b, img + off + (size_t)R * in, (size_t)out * a->rank);
-                *cm = (cuda_lora_mod){.a = dev + off, .b = dev + off + (size_t)R * in,
-                                      .rank = a->rank, .in = in, .out = out, .scale = a->scale};
-            }
-            off += (size_t)R * (in + out);
-        }
-    s = cuda_check(st, cudaMemcpy(dev, img, off * sizeof(float), cudaMemcpyHostToDevice),
-                   "uploading an adapter", err);
-    free(img);
-    if (s == DEVIO_OK)
-        s = cuda_check(st, cudaMemcpy(st->mods + (size_t)slot * L * DEVIO_LORA_N_TARGETS, mods,
-                                      (size_t)L * DEVIO_LORA_N_TARGETS * sizeof *mods,
-                                      cudaMemcpyHostToDevice),
-                       "uploading an adapter", err);
-    /* The uploads went through the default stream, which the step stream
-     * does not wait for: they must have landed before a step reads them. */
-    if (s == DEVIO_OK)
-        s = cuda_check(st, cudaDeviceSynchronize(), "uploading an adapter", err);
-    if (s != DEVIO_OK)
-        return s;
-    st->slots[slot].held = true;
-    st->slots[slot].generation = generation;
-    return DEVIO_OK;
-}
-
-static void cuda_adapter_remove(void *sp, uint32_t slot, uint32_t generation)
-{
-    cuda_state *st = sp;
-    /* Rows never name a freed slot (the core and cuda_submit check); the
-     * copy stays until the slot is filled again. */
-    if (slot < st->cfg.adapter_slots && st->slots[slot].generation == generation)
-        st->slots[slot].held = false;
 }
 
 /* The most KV blocks the GPU holds beside everything else cfg asks for. */

@@ -1,7 +1,9 @@
 /* cuda_fast.cu - the kernels of the CUDA backend's fast numerics (--numerics fast), around the
- * GEMMs of cuda_gemm.h: the 16-bit rounding of a GEMM's input and the bias rows it adds to.
+ * GEMMs of cuda_gemm.h: the 16-bit rounding of a GEMM's input, the bias rows it adds to, the
+ * split and SiLU of fused outputs, and paged attention over 16-bit K and V split along the keys.
  * Strict numerics never launch them; fast numerics promise a tolerance, not bits. */
 #include <cuda_runtime.h>
+#include <float.h>
 #include <stdint.h>
 
 #include "device/numerics.h"
@@ -85,5 +87,193 @@ int cuda_silu_mul_pairs(const float *gu, float *act, uint32_t f, uint32_t n_tok,
         return 0;
     dim3 grid(cuda_blocks_for(f, 256), n_tok);
     LAUNCH((k_silu_mul_pairs), grid, 256, 0, (cudaStream_t)stream, gu, act, f);
+    return cuda_launched();
+}
+
+/* ---- paged attention over 16-bit pools, split along the keys (flash-decoding) ---- */
+
+#define A16_KEYS 32      /* keys a block stages in shared memory at once: one per lane, so 32 */
+#define A16_WARPS 8      /* heads of a GQA group one block computes, at most */
+#define A16_SPLIT_MIN 64 /* keys per range, at least */
+#define A16_PAIRS (CUDA_ATTN16_MAX_HD / 64) /* column pairs a lane holds */
+
+/* Keys per range when n_keys are cut into `splits`: whole chunks of A16_KEYS. */
+__host__ __device__ inline uint32_t a16_per(uint32_t n_keys, uint32_t splits)
+{
+    uint32_t per = (n_keys + splits - 1) / splits;
+    return (per + A16_KEYS - 1) / A16_KEYS * A16_KEYS;
+}
+
+/* The first key a token at pos reads (a sliding window's) and how many. */
+__device__ inline uint32_t a16_keys(const cuda_kv &kv, uint32_t pos, uint32_t *j0)
+{
+    *j0 = kv.window && pos + 1 > kv.window ? pos + 1 - kv.window : 0;
+    return pos + 1 - *j0;
+}
+
+/* The two 16-bit K or V elements of a 32-bit word, element 2i in the low half. */
+__device__ inline float kv_lo(uint32_t u) { return kv16_load((uint16_t)(u & 0xffffu)); }
+__device__ inline float kv_hi(uint32_t u) { return kv16_load((uint16_t)(u >> 16)); }
+
+__device__ inline float warp_max(float v)
+{
+#pragma unroll
+    for (int w = 16; w >= 1; w >>= 1) {
+        float o = __shfl_xor_sync(FULL, v, w);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+
+__device__ inline float warp_sum(float v)
+{
+#pragma unroll
+    for (int w = 16; w >= 1; w >>= 1)
+        v = v + __shfl_xor_sync(FULL, v, w);
+    return v;
+}
+
+/* Block (token t, heads of group g, range s). Every thread stages the chunk's keys and values
+ * (as pairs of 16-bit elements, rows padded by one word); warp w is one head: lane j scores key j, then the
+ * running max, sum and output columns move on by the online softmax. Lane l holds the column
+ * pairs l, l + 32, ... of the output. */
+__global__ void __launch_bounds__(32 * A16_WARPS) k_attention16(cuda_kv kv, const float *q,
+                                                                float scale, float *out,
+                                                                float *part, uint32_t splits)
+{
+    DEVIO_DYN_SHARED(float, sm);
+    uint32_t t = blockIdx.x, s = blockIdx.z, hd = kv.hd, hw = hd / 2, row = hw + 1;
+    uint32_t nw = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    uint32_t G = kv.n_heads / kv.n_kv, per_g = (G + nw - 1) / nw;
+    uint32_t g = blockIdx.y / per_g, hg = (blockIdx.y % per_g) * nw + w, h = g * G + hg;
+    bool active = hg < G;
+    uint32_t j0, n_keys = a16_keys(kv, kv.pos[t], &j0), per = a16_per(n_keys, splits);
+    uint32_t k0 = s * per, k1 = k0 + per < n_keys ? k0 + per : n_keys;
+    if (k0 >= k1)
+        return; /* the whole block: this token has fewer ranges */
+    const uint32_t *bt = kv.bt + kv.bt_off[t];
+    const uint32_t *kw = reinterpret_cast<const uint32_t *>(kv.k16);
+    const uint32_t *vw = reinterpret_cast<const uint32_t *>(kv.v16);
+    auto qs = sm + w * hd;
+    DEVIO_SHARED_VIEW(uint32_t, ks, sm, nw * hd);
+    auto vs = ks + A16_KEYS * row;
+    if (active)
+        for (uint32_t i = lane; i < hd; i += 32)
+            qs[i] = q[((size_t)t * kv.n_heads + h) * hd + i];
+    float m = -FLT_MAX, l = 0.0f, acc[2 * A16_PAIRS];
+#pragma unroll
+    for (uint32_t r = 0; r < 2 * A16_PAIRS; r++)
+        acc[r] = 0.0f;
+    for (uint32_t c0 = k0; c0 < k1; c0 += A16_KEYS) {
+        uint32_t nk = k1 - c0 < A16_KEYS ? k1 - c0 : A16_KEYS;
+        __syncthreads(); /* the last chunk's readers are done */
+        for (uint32_t idx = threadIdx.x; idx < nk * hw; idx += blockDim.x) {
+            uint32_t j = idx / hw, i = idx % hw;
+            size_t at = cuda_kv_slot(&kv, bt, j0 + c0 + j, g) / 2 + i;
+            ks[j * row + i] = kw[at];
+            vs[j * row + i] = vw[at];
+        }
+        __syncthreads();
+        if (!active)
+            continue;
+        bool valid = lane < nk;
+        float sc = -FLT_MAX;
+        if (valid) {
+            float d = 0.0f;
+            for (uint32_t i = 0; i < hw; i++) {
+                uint32_t u = ks[lane * row + i];
+                d = d + qs[2 * i] * kv_lo(u) + qs[2 * i + 1] * kv_hi(u);
+            }
+            sc = d * scale;
+        }
+        float mn = warp_max(sc);
+        mn = m > mn ? m : mn;
+        float alpha = devio_expf(m - mn), e = valid ? devio_expf(sc - mn) : 0.0f;
+        l = l * alpha + warp_sum(e);
+        m = mn;
+#pragma unroll
+        for (uint32_t r = 0; r < 2 * A16_PAIRS; r++)
+            acc[r] = acc[r] * alpha;
+        for (uint32_t j = 0; j < nk; j++) {
+            float ej = __shfl_sync(FULL, e, (int)j);
+#pragma unroll
+            for (uint32_t r = 0; r < A16_PAIRS; r++) {
+                uint32_t p = lane + 32 * r;
+                if (p < hw) {
+                    uint32_t u = vs[j * row + p];
+                    acc[2 * r] = acc[2 * r] + ej * kv_lo(u);
+                    acc[2 * r + 1] = acc[2 * r + 1] + ej * kv_hi(u);
+                }
+            }
+        }
+    }
+    if (!active)
+        return;
+    float *o = splits == 1 ? out + ((size_t)t * kv.n_heads + h) * hd
+                           : part + (((size_t)t * kv.n_heads + h) * splits + s) * (hd + 2);
+    if (splits > 1) {
+        if (lane == 0) {
+            o[0] = m;
+            o[1] = l;
+        }
+        o += 2;
+    }
+#pragma unroll
+    for (uint32_t r = 0; r < A16_PAIRS; r++) {
+        uint32_t p = lane + 32 * r;
+        if (p < hw) {
+            o[2 * p] = splits == 1 ? acc[2 * r] / l : acc[2 * r];
+            o[2 * p + 1] = splits == 1 ? acc[2 * r + 1] / l : acc[2 * r + 1];
+        }
+    }
+}
+
+/* Block (token t, head h): the token's ranges, each [m, l, sums over hd], brought to their
+ * common max and added in range order. */
+__global__ void k_attention16_combine(cuda_kv kv, const float *part, uint32_t splits, float *out)
+{
+    uint32_t t = blockIdx.x, h = blockIdx.y, hd = kv.hd;
+    uint32_t j0, n_keys = a16_keys(kv, kv.pos[t], &j0), per = a16_per(n_keys, splits);
+    uint32_t used = (n_keys + per - 1) / per;
+    const float *pt = part + ((size_t)t * kv.n_heads + h) * splits * (hd + 2);
+    float M = -FLT_MAX, L = 0.0f;
+    for (uint32_t s = 0; s < used; s++)
+        M = pt[s * (hd + 2)] > M ? pt[s * (hd + 2)] : M;
+    for (uint32_t s = 0; s < used; s++)
+        L = L + pt[s * (hd + 2) + 1] * devio_expf(pt[s * (hd + 2)] - M);
+    for (uint32_t c = threadIdx.x; c < hd; c += blockDim.x) {
+        float o = 0.0f;
+        for (uint32_t s = 0; s < used; s++) {
+            const float *rng = pt + s * (hd + 2);
+            o = o + rng[2 + c] * devio_expf(rng[0] - M);
+        }
+        out[((size_t)t * kv.n_heads + h) * hd + c] = o / L;
+    }
+}
+
+uint32_t cuda_attn16_splits(uint32_t n_tok, uint32_t max_keys)
+{
+    if (n_tok == 0 || n_tok > CUDA_ATTN16_PART_ROWS / 2)
+        return 1;
+    uint32_t z = (max_keys + A16_SPLIT_MIN - 1) / A16_SPLIT_MIN, cap = CUDA_ATTN16_PART_ROWS / n_tok;
+    z = z < cap ? z : cap;
+    z = z < 32 ? z : 32;
+    return z ? z : 1;
+}
+
+int cuda_attention16(const cuda_kv *kv, const float *q, float scale, float *out, uint32_t n_tok,
+                     uint32_t splits, float *part, void *stream)
+{
+    if (n_tok == 0)
+        return 0;
+    uint32_t G = kv->n_heads / kv->n_kv, nw = G < A16_WARPS ? G : A16_WARPS;
+    uint32_t per_g = (G + nw - 1) / nw;
+    size_t smem = ((size_t)nw * kv->hd + 2u * A16_KEYS * (kv->hd / 2 + 1)) * sizeof(float);
+    dim3 grid(n_tok, kv->n_kv * per_g, splits);
+    cudaStream_t st = (cudaStream_t)stream;
+    LAUNCH((k_attention16), grid, 32 * nw, smem, st, *kv, q, scale, out, part, splits);
+    if (splits > 1 && cudaPeekAtLastError() == cudaSuccess)
+        LAUNCH((k_attention16_combine), dim3(n_tok, kv->n_heads), 64, 0, st, *kv, part, splits,
+               out);
     return cuda_launched();
 }

@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "kernels/cuda_kernels.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -24,6 +26,21 @@ int cuda_split3(const float *src, uint32_t a, uint32_t b, uint32_t c, float *da,
 /* act[t, i] = silu(gu[t, i]) * gu[t, f + i]: SiLU-and-multiply on a fused gate/up GEMM's
  * output [n_tok, 2 f]. */
 int cuda_silu_mul_pairs(const float *gu, float *act, uint32_t f, uint32_t n_tok, void *stream);
+
+/* Paged attention over f16 K and V pools (kv->k16, kv->v16): rule 6's softmax and sums, in an
+ * order of its own. A block serves up to 8 heads of one GQA group, so each key of the group is
+ * read once for all of them. A token's keys are cut into `splits` contiguous ranges computed
+ * apart (flash-decoding) and then combined in range order: the same step always gives the same
+ * bits. splits 1 writes out directly; more need part, CUDA_ATTN16_PART_ROWS * n_heads * (hd + 2)
+ * floats. head_dim even and at most CUDA_ATTN16_MAX_HD. */
+#define CUDA_ATTN16_MAX_HD 256u
+#define CUDA_ATTN16_PART_ROWS 64u /* n_tok * splits at most, when splits > 1 */
+/* The ranges a step of n_tok tokens, the longest reading max_keys keys, is cut into: 1 for
+ * batches past half of CUDA_ATTN16_PART_ROWS tokens (they fill the GPU as they are), else one
+ * per 64 keys, at most 32 and at most CUDA_ATTN16_PART_ROWS / n_tok. */
+uint32_t cuda_attn16_splits(uint32_t n_tok, uint32_t max_keys);
+int cuda_attention16(const cuda_kv *kv, const float *q, float scale, float *out, uint32_t n_tok,
+                     uint32_t splits, float *part, void *stream);
 
 #ifdef __cplusplus
 }

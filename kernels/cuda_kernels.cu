@@ -340,8 +340,7 @@ int cuda_project(const cuda_matvec *mv, void *stream)
 __device__ __forceinline__ size_t kv_slot(const cuda_kv &kv, const uint32_t *bt, uint32_t pos,
                                           uint32_t g)
 {
-    size_t blk = bt[pos / kv.block_size];
-    return ((blk * kv.n_kv + g) * kv.block_size + pos % kv.block_size) * kv.hd;
+    return cuda_kv_slot(&kv, bt, pos, g);
 }
 
 /* Rule 4 on n_heads heads of hd floats at x, turning dimensions [0, rd) of
@@ -373,8 +372,14 @@ __global__ void k_rope_store(cuda_kv kv, float *q, float *k, const float *v, con
     const uint32_t *bt = kv.bt + kv.bt_off[t];
     for (uint32_t idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
         size_t slot = kv_slot(kv, bt, pos, idx / hd) + idx % hd;
-        kv.k[slot] = k[(size_t)t * kv_dim + idx];
-        kv.v[slot] = v[(size_t)t * kv_dim + idx];
+        float kx = k[(size_t)t * kv_dim + idx], vx = v[(size_t)t * kv_dim + idx];
+        if (kv.k16) {
+            kv.k16[slot] = kv16_store(kx);
+            kv.v16[slot] = kv16_store(vx);
+        } else {
+            kv.k[slot] = kx;
+            kv.v[slot] = vx;
+        }
     }
 }
 
@@ -651,24 +656,24 @@ int cuda_gather(float *dst, const float *src, const uint32_t *idx, uint32_t widt
     return cuda_launched();
 }
 
-__global__ void k_copy_block(float *k, float *v, uint64_t layer_floats, uint32_t block_floats,
-                             uint32_t src, uint32_t dst)
+__global__ void k_copy_block(uint16_t *k, uint16_t *v, uint64_t layer_words,
+                             uint32_t block_words, uint32_t src, uint32_t dst)
 {
-    size_t base = (size_t)blockIdx.y * layer_floats;
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < block_floats;
+    size_t base = (size_t)blockIdx.y * layer_words;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < block_words;
          i += gridDim.x * blockDim.x) {
-        k[base + (size_t)dst * block_floats + i] = k[base + (size_t)src * block_floats + i];
-        v[base + (size_t)dst * block_floats + i] = v[base + (size_t)src * block_floats + i];
+        k[base + (size_t)dst * block_words + i] = k[base + (size_t)src * block_words + i];
+        v[base + (size_t)dst * block_words + i] = v[base + (size_t)src * block_words + i];
     }
 }
 
-int cuda_copy_block(float *k, float *v, uint32_t n_layers, uint64_t layer_floats,
-                    uint32_t block_floats, uint32_t src, uint32_t dst, void *stream)
+int cuda_copy_block(void *k, void *v, uint32_t n_layers, uint64_t layer_words,
+                    uint32_t block_words, uint32_t src, uint32_t dst, void *stream)
 {
     if (src == dst || n_layers == 0)
         return 0;
-    dim3 grid(cuda_blocks_for(block_floats, 256), n_layers);
-    LAUNCH((k_copy_block), grid, 256, 0, (cudaStream_t)stream, k, v, layer_floats, block_floats,
-           src, dst);
+    dim3 grid(cuda_blocks_for(block_words, 256), n_layers);
+    LAUNCH((k_copy_block), grid, 256, 0, (cudaStream_t)stream, (uint16_t *)k, (uint16_t *)v,
+           layer_words, block_words, src, dst);
     return cuda_launched();
 }

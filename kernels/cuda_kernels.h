@@ -10,6 +10,7 @@
 #ifndef DEVIO_CUDA_KERNELS_H
 #define DEVIO_CUDA_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -101,15 +102,26 @@ int cuda_project(const cuda_matvec *mv, void *stream);
  * block table bt + bt_off[t]. */
 typedef struct cuda_kv {
     float *k, *v;
+    uint16_t *k16, *v16; /* fast numerics: the pools in f16 instead (k and v NULL) */
     uint32_t block_size, n_heads, n_kv, hd;
     uint32_t rd; /* rotary_dim: RoPE turns dimensions [0, rd) of a head */
     uint32_t window; /* attention reads keys pos - window < j <= pos; 0 = all */
     const uint32_t *pos, *bt_off, *bt;
 } cuda_kv;
 
+/* The element where head g of the key at position pos starts, in a pool
+ * of kv whose token's block table is bt. */
+static inline CUDA_HD size_t cuda_kv_slot(const cuda_kv *kv, const uint32_t *bt, uint32_t pos,
+                                          uint32_t g)
+{
+    size_t blk = bt[pos / kv->block_size];
+    return ((blk * kv->n_kv + g) * kv->block_size + pos % kv->block_size) * kv->hd;
+}
+
 /* Rules 4 and 5: RoPE on the first rd dimensions of every q and k head of
  * n_tok tokens (in place, with the tables cos/sin [max_seq_len, rd/2];
- * dimensions [rd, hd) are left as they are), then K and V into the cache. */
+ * dimensions [rd, hd) are left as they are), then K and V into the cache
+ * (rounded to f16, to nearest even, when the pools are k16 and v16). */
 int cuda_rope_store(const cuda_kv *kv, float *q, float *k, const float *v, const float *cos_t,
                     const float *sin_t, uint32_t n_tok, void *stream);
 
@@ -150,10 +162,11 @@ int cuda_silu_mul(const float *g, const float *u, float *act, uint32_t n, uint32
 /* dst[i, 0..width) = src[idx[i], 0..width) for n rows (dst and src distinct). */
 int cuda_gather(float *dst, const float *src, const uint32_t *idx, uint32_t width, uint32_t n,
                 void *stream);
-/* Block dst <- block src in every layer of the K and V pools (layer_floats
- * apart), block_floats each. */
-int cuda_copy_block(float *k, float *v, uint32_t n_layers, uint64_t layer_floats,
-                    uint32_t block_floats, uint32_t src, uint32_t dst, void *stream);
+/* Block dst <- block src in every layer of the K and V pools, counted in
+ * 16-bit words whatever the pools hold: layers layer_words apart, blocks
+ * block_words each. */
+int cuda_copy_block(void *k, void *v, uint32_t n_layers, uint64_t layer_words,
+                    uint32_t block_words, uint32_t src, uint32_t dst, void *stream);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
 #include "kernels/cuda_plan.h"
 
 #include "device/adapter.h"
+#include "kernels/cuda_fast.h"
 #include "kernels/cuda_ssm.h"
 
 /* a * b, or false when it overflows. */
@@ -76,6 +77,33 @@ static bool mixer_small_floats(const devio_model_shape *s, uint64_t *out)
     return true;
 }
 
+uint32_t cuda_plan_kv_elem(const devio_backend_config *cfg)
+{
+    return cfg->numerics == DEVIO_NUMERICS_FAST ? 2u : 4u;
+}
+
+/* The buffers only fast numerics take (cuda_backend.c's create_fast). */
+static bool fast_bytes(const devio_backend_config *cfg, cuda_plan *p)
+{
+    const devio_model_shape *s = cfg->shape;
+    uint64_t T = cfg->max_batch_tokens, F = sizeof(float), widest = s->d;
+    uint64_t ins[] = {s->q_dim, s->f, s->ssm_inner};
+    for (size_t i = 0; i < sizeof ins / sizeof *ins; i++)
+        widest = ins[i] > widest ? ins[i] : widest;
+    uint64_t qkv = s->q_dim + 2ull * s->kv_dim;
+    if (cfg->numerics != DEVIO_NUMERICS_FAST)
+        return true;
+    if (!mul3(T, widest, 2, &p->fast_buf.x16) || !mul3(T, qkv, F, &p->fast_buf.qkv) ||
+        !mul3(T, 2ull * s->f, F, &p->fast_buf.gu) ||
+        (s->has_bias && !mul3(s->n_layers, qkv, F, &p->fast_buf.bqkv)) ||
+        (s->n_mixers < s->n_layers && !mul3((uint64_t)CUDA_ATTN16_PART_ROWS * s->n_heads,
+                                            s->head_dim + 2ull, F, &p->fast_buf.part)))
+        return false;
+    return add(&p->fast, p->fast_buf.x16) && add(&p->fast, p->fast_buf.qkv) &&
+           add(&p->fast, p->fast_buf.gu) && add(&p->fast, p->fast_buf.bqkv) &&
+           add(&p->fast, p->fast_buf.part);
+}
+
 bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda_plan *p)
 {
     const devio_model_shape *s = cfg->shape;
@@ -98,9 +126,9 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
         !add(&small, mixers) || !mul(small, F, &p->small))
         return false;
 
-    uint64_t block_floats;
-    if (!mul(cfg->block_size, s->kv_dim, &block_floats) ||
-        !mul3(block_floats, F * 2, attn, &p->kv_block) ||
+    uint64_t block_elems;
+    if (!mul(cfg->block_size, s->kv_dim, &block_elems) ||
+        !mul3(block_elems, cuda_plan_kv_elem(cfg) * 2, attn, &p->kv_block) ||
         !mul(p->kv_block, cfg->kv_blocks, &p->kv))
         return false;
 
@@ -138,11 +166,13 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
         return false;
     p->meta_words = (uint32_t)words;
     p->meta = words * 4;
+    if (!fast_bytes(cfg, p))
+        return false;
 
     uint64_t total = 0;
     if (!add(&total, p->weights) || !add(&total, p->small) || !add(&total, p->kv) ||
         !add(&total, p->ssm) || !add(&total, p->activations) || !add(&total, p->logits) ||
-        !add(&total, p->lora) || !add(&total, p->meta))
+        !add(&total, p->lora) || !add(&total, p->meta) || !add(&total, p->fast))
         return false;
     p->total = total;
     return true;

@@ -21,8 +21,8 @@ typedef struct cuda_plan {
     uint64_t small;       /* norms, biases and the mixers' small tensors widened to f32,
                              RoPE tables */
     uint64_t kv;          /* K and V pools: 2 * attention layers * kv_blocks * block bytes */
-    uint64_t kv_block;    /* bytes one KV block takes over the attention layers, K and V;
-                             0 when the model has none (Mamba2) */
+    uint64_t kv_block;    /* bytes one KV block takes over the attention layers, K and V
+                             (f32, or f16 under fast numerics); 0 when the model has none */
     uint64_t ssm;         /* recurrent state: (ssm_slots + ssm_snapshots) slots */
     uint64_t ssm_slot;    /* one slot: slot_floats binary32 */
     uint64_t activations; /* the step's f32 buffers */
@@ -31,6 +31,13 @@ typedef struct cuda_plan {
     uint64_t lora_slot;   /* one adapter slot */
     uint64_t meta;        /* one step's uploaded tables (tokens, positions, block tables,
                              hybrid models' rows and snapshots) */
+    uint64_t fast;        /* fast numerics' buffers, the sum of fast_buf; 0 in strict */
+    struct {
+        uint64_t x16;     /* GEMM inputs in 16 bits: [T, widest input] */
+        uint64_t qkv, gu; /* fused q/k/v and gate/up outputs: [T, q_dim + 2 kv_dim], [T, 2 f] */
+        uint64_t bqkv;    /* bq, bk, bv side by side per layer, when the model has biases */
+        uint64_t part;    /* attention's ranges before they are combined (cuda_fast.h) */
+    } fast_buf;
     uint64_t total;
     uint32_t meta_words;  /* meta / 4 */
     uint32_t logits_rows; /* rows of the staging buffer */
@@ -40,6 +47,10 @@ typedef struct cuda_plan {
 /* The plan for `cfg` (with cfg->kv_blocks as asked) and `weight_bytes` of
  * weights; false when a size overflows 64 bits. */
 bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda_plan *out);
+
+/* Bytes of one K or V element: 4 (f32) in strict numerics, 2 (f16) in fast,
+ * so that the same memory holds twice the tokens. */
+uint32_t cuda_plan_kv_elem(const devio_backend_config *cfg);
 
 /* The device memory the plan may use when `free_bytes` are free of `total_bytes`. */
 uint64_t cuda_plan_budget(uint64_t free_bytes, uint64_t total_bytes);

@@ -42,6 +42,23 @@ typedef struct cuda_layer {
     cuda_mixer_w mx;
 } cuda_layer;
 
+/* CUDA Graphs (cuda_step.c): a step of at most CUDA_GRAPH_MAX_TOKENS tokens
+ * whose outputs fit the logits staging runs as a graph, captured the first
+ * time its key is seen and replayed after; CUDA_GRAPHS are kept, the least
+ * recently used dropped for a new one. The key holds everything the step's
+ * kernels take from the host: table offsets, grid sizes, which LoRA targets
+ * run and how attention splits its keys. */
+#define CUDA_GRAPHS 32
+#define CUDA_GRAPH_MAX_TOKENS 64u
+typedef struct cuda_graph_key {
+    uint32_t n_tokens, n_rows, n_out, n_snaps, lora_targets, splits_all, splits_out;
+} cuda_graph_key;
+typedef struct cuda_graph {
+    cuda_graph_key key;
+    cudaGraphExec_t exec; /* NULL: the entry is free */
+    uint64_t used;        /* graph_clock at its last launch */
+} cuda_graph;
+
 /* What an adapter slot holds, host side. */
 typedef struct cuda_adapter_slot {
     bool held;
@@ -75,6 +92,7 @@ typedef struct cuda_state {
     void *x16;
     float *qkv, *gu;  /* [max_batch_tokens, q_dim + 2 kv_dim], [.., 2 f]: fused GEMM outputs */
     float *bqkv;      /* [L, q_dim + 2 kv_dim]: bq, bk, bv side by side, or NULL */
+    float *part;      /* attention's ranges before they are combined (cuda_fast.h) */
 
     /* Weights, uploaded once as loaded. */
     const void *embed, *lm_head; /* projections lane-major (cuda_kernels.h), row-major when fast */
@@ -91,10 +109,11 @@ typedef struct cuda_state {
     float *q_norm, *k_norm;                   /* [L, head_dim] (Qwen3) or NULL */
     float *rope_cos, *rope_sin;               /* [max_seq_len, rotary_dim / 2] */
 
-    /* KV pools of the attention layers: [n_attn][kv_blocks][n_kv][block_size][hd] f32. */
-    float *k_cache, *v_cache;
-    uint64_t layer_floats;
-    uint32_t block_floats, n_attn;
+    /* KV pools of the attention layers: [n_attn][kv_blocks][n_kv][block_size][hd]
+     * elements, f32 in strict numerics, f16 in fast (kv_elem bytes each). */
+    void *k_cache, *v_cache;
+    uint64_t layer_elems;
+    uint32_t block_elems, kv_elem, n_attn;
 
     /* Recurrent state (hybrid models): state slots then snapshots,
      * [ssm_slots + ssm_snapshots, slot_floats] f32, zeroed at create. */
@@ -119,6 +138,11 @@ typedef struct cuda_state {
     cuda_lora_mod *host_mods;  /* host: [adapter_slots * L * DEVIO_LORA_N_TARGETS] */
     cuda_lora_mod *mods;       /* the same on the device */
 
+    /* Graphs, used unless DEVIO_CUDA_GRAPHS=0; touched only by submit. */
+    bool graphs_on;
+    cuda_graph graphs[CUDA_GRAPHS];
+    uint64_t graph_clock, graph_captures, graph_launches;
+
     bool logits_pinned;        /* cfg.logits_host registered with cudaHostRegister */
     uint64_t bytes;            /* device memory create took */
     char name[128];            /* the GPU's name */
@@ -137,6 +161,14 @@ devio_status cuda_refuse_if_failed(cuda_state *st, devio_error *err);
 /* The backend's submit and wait (cuda_step.c). */
 devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err);
 devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err);
+
+/* The backend's adapter_add and adapter_remove (cuda_adapters.c). */
+devio_status cuda_adapter_add(void *state, uint32_t slot, uint32_t generation,
+                              const struct devio_adapter *a, devio_error *err);
+void cuda_adapter_remove(void *state, uint32_t slot, uint32_t generation);
+
+/* n elements of host tensor t widened to f32 at dst (cuda_backend.c). */
+void cuda_widen_host(const devio_tensor *t, float *dst, size_t n);
 
 /* cudaMalloc of `bytes`, zeroed, remembered for destroy (cuda_backend.c). */
 devio_status cuda_dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err);

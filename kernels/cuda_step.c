@@ -33,9 +33,10 @@ static devio_status check_adapters(const cuda_state *st, const devio_batch *b, d
 }
 
 /* The batch's tables into host words w, laid out as
- *   tokens[n] pos[n] bt_off[n] slot[n] out_tok[o] out_pos[o] out_bt[o] out_slot[o] bt[...]
- * then, for hybrid models, the mixer's row tables (cuda_mixer_pack), and
- * the device views of them. Returns the words used. */
+ *   tokens[n] pos[n] bt_off[n] slot[n] out_tok[o] out_pos[o] out_bt[o] out_slot[o]
+ * then, for hybrid models, the mixer's row tables (cuda_mixer_pack), then
+ * the rows' block tables bt[...] last (so that every offset before follows
+ * from a graph's key), and the device views of them. Returns the words used. */
 static uint32_t pack(cuda_step *sp, uint32_t *w)
 {
     cuda_state *st = sp->st;
@@ -43,11 +44,18 @@ static uint32_t pack(cuda_step *sp, uint32_t *w)
     uint32_t n = b->n_tokens, o = b->n_out, bs = st->cfg.block_size;
     uint32_t *tok = w, *pos = w + n, *bt_off = w + 2 * n, *slot = w + 3 * n;
     uint32_t *out_tok = w + 4 * n, *out_pos = out_tok + o, *out_bt = out_pos + o;
-    uint32_t *out_slot = out_bt + o, *bt = out_slot + o;
-    uint32_t used = 4 * n + 4 * o, nb = 0;
+    uint32_t *out_slot = out_bt + o, used = 4 * n + 4 * o, nb = 0;
+    const uint32_t *d = st->meta;
+    sp->mixer_words = st->sh.n_mixers > 0 ? cuda_mixer_pack(sp, w + used, d + used) : 0;
+    used += sp->mixer_words;
+    uint32_t *bt = w + used;
     for (uint32_t r = 0; r < b->n_rows; r++) {
         const devio_batch_row *row = &b->rows[r];
         uint32_t blocks = (row->pos0 + row->n_tokens + bs - 1) / bs;
+        uint32_t keys = row->pos0 + row->n_tokens;
+        if (st->sh.window && keys > st->sh.window)
+            keys = st->sh.window;
+        sp->max_keys = keys > sp->max_keys ? keys : sp->max_keys;
         memcpy(bt + nb, row->blocks, blocks * sizeof *bt);
         for (uint32_t i = 0; i < row->n_tokens; i++) {
             uint32_t t = row->tok_start + i;
@@ -65,27 +73,29 @@ static uint32_t pack(cuda_step *sp, uint32_t *w)
         out_bt[i] = bt_off[t];
         out_slot[i] = slot[t];
     }
-    const uint32_t *d = st->meta;
     sp->all = (step_tables){.tokens = (const int32_t *)d, .pos = d + n, .bt_off = d + 2 * n,
                             .slot = (const int32_t *)(d + 3 * n), .bt = d + used};
     sp->out = (step_tables){.pos = d + 4 * n + o, .bt_off = d + 4 * n + 2 * o,
                             .slot = (const int32_t *)(d + 4 * n + 3 * o), .bt = d + used,
                             .out_tok = d + 4 * n};
-    used += nb;
-    if (st->sh.n_mixers > 0)
-        used += cuda_mixer_pack(sp, w + used, d + used);
-    return used;
+    return used + nb;
 }
 
-/* The KV pool of attention layer li. */
+/* The KV pool of attention layer li: f32, or f16 under fast numerics. */
 static cuda_kv layer_kv(const cuda_state *st, uint32_t li, const step_tables *t)
 {
-    uint64_t off = (uint64_t)st->layers[li].kv * st->layer_floats;
-    return (cuda_kv){.k = st->k_cache + off, .v = st->v_cache + off,
-                     .block_size = st->cfg.block_size, .n_heads = st->sh.n_heads,
-                     .n_kv = st->sh.n_kv_heads, .hd = st->sh.head_dim,
-                     .rd = st->sh.rotary_dim, .window = st->sh.window, .pos = t->pos,
-                     .bt_off = t->bt_off, .bt = t->bt};
+    uint64_t off = (uint64_t)st->layers[li].kv * st->layer_elems;
+    cuda_kv kv = {.block_size = st->cfg.block_size, .n_heads = st->sh.n_heads,
+                  .n_kv = st->sh.n_kv_heads, .hd = st->sh.head_dim, .rd = st->sh.rotary_dim,
+                  .window = st->sh.window, .pos = t->pos, .bt_off = t->bt_off, .bt = t->bt};
+    if (st->fast) {
+        kv.k16 = (uint16_t *)st->k_cache + off;
+        kv.v16 = (uint16_t *)st->v_cache + off;
+    } else {
+        kv.k = (float *)st->k_cache + off;
+        kv.v = (float *)st->v_cache + off;
+    }
+    return kv;
 }
 
 static bool lora_on(const cuda_step *sp, int target)
@@ -256,8 +266,14 @@ static devio_status attn_out(cuda_step *sp, uint32_t li, uint32_t n, float *x, c
     const cuda_layer *l = &st->layers[li];
     const devio_model_shape *sh = &st->sh;
     cuda_kv kv = layer_kv(st, li, t);
-    CHECK(sp, cuda_attention(&kv, q, sh->attn_scale, st->att, n, st->smem, st->stream),
-          "attention");
+    if (st->fast)
+        CHECK(sp,
+              cuda_attention16(&kv, q, sh->attn_scale, st->att, n,
+                               cuda_attn16_splits(n, sp->max_keys), st->part, st->stream),
+              "attention");
+    else
+        CHECK(sp, cuda_attention(&kv, q, sh->attn_scale, st->att, n, st->smem, st->stream),
+              "attention");
     cuda_matvec o = {.w = l->wo, .dtype = l->dt_o, .m = sh->d, .n = sh->q_dim, .x = st->att,
                      .ldx = sh->q_dim, .n_tok = n, .y = x, .ldy = sh->d};
     return step_residual(sp, li, DEVIO_LORA_O, o, t, "o_proj");
@@ -330,14 +346,12 @@ static devio_status layer_second(cuda_step *sp, uint32_t li, uint32_t n, float *
 
 /* Past the last layer's state (K and V, or the mixer's state) only the
  * tokens whose logits are wanted go on, gathered in batch order; then the
- * final norm, lm_head (divided by Granite's logits_scaling, rule 8), and
- * each output's logits copied into its slot of the host arena. */
+ * final norm. */
 static devio_status outputs(cuda_step *sp)
 {
     cuda_state *st = sp->st;
-    const devio_batch *b = sp->b;
     const devio_model_shape *sh = &st->sh;
-    uint32_t o = b->n_out, L = sh->n_layers;
+    uint32_t o = sp->b->n_out, L = sh->n_layers;
     bool mixer = st->layers[L - 1].mixer;
     float *carry = mixer ? st->my2 : st->q2;
     CHECK(sp, cuda_gather(st->x2, st->x, sp->out.out_tok, sh->d, o, st->stream), "gather");
@@ -350,41 +364,43 @@ static devio_status outputs(cuda_step *sp)
         return s;
     CHECK(sp, cuda_rmsnorm(st->x2, st->final_norm, st->h, sh->d, sh->eps, o, st->stream),
           "rmsnorm");
-    size_t row = (size_t)sh->vocab * sizeof(float);
-    for (uint32_t i0 = 0; i0 < o; i0 += st->plan.logits_rows) {
-        uint32_t k = o - i0 < st->plan.logits_rows ? o - i0 : st->plan.logits_rows;
-        cuda_matvec lm = {.w = st->lm_head, .dtype = st->dt_lm, .m = sh->vocab, .n = sh->d,
-                          .x = st->h + (size_t)i0 * sh->d, .ldx = sh->d, .n_tok = k,
-                          .y = st->logits, .ldy = sh->vocab,
-                          .epi = sh->logit_scale != 1.0f ? CUDA_EPI_DIV : CUDA_EPI_STORE,
-                          .scale = sh->logit_scale};
-        if ((s = step_project(sp, lm, "lm_head")))
-            return s;
-        for (uint32_t i = 0; i < k; i++)
-            CHECK(sp,
-                  cudaMemcpyAsync(st->cfg.logits_host + (size_t)b->out_slot[i0 + i] * sh->vocab,
-                                  (const char *)st->logits + i * row, row, cudaMemcpyDeviceToHost,
-                                  st->stream),
-                  "copying logits");
-    }
     return DEVIO_OK;
 }
 
-static devio_status enqueue(cuda_step *sp, uint32_t ring)
+/* lm_head (divided by Granite's logits_scaling, rule 8) for outputs i0 ..
+ * i0 + k into the staging rows. */
+static devio_status lm_head(cuda_step *sp, uint32_t i0, uint32_t k)
+{
+    const cuda_state *st = sp->st;
+    const devio_model_shape *sh = &st->sh;
+    cuda_matvec lm = {.w = st->lm_head, .dtype = st->dt_lm, .m = sh->vocab, .n = sh->d,
+                      .x = st->h + (size_t)i0 * sh->d, .ldx = sh->d, .n_tok = k,
+                      .y = st->logits, .ldy = sh->vocab,
+                      .epi = sh->logit_scale != 1.0f ? CUDA_EPI_DIV : CUDA_EPI_STORE,
+                      .scale = sh->logit_scale};
+    return step_project(sp, lm, "lm_head");
+}
+
+/* Outputs i0 .. i0 + k from the staging rows into their slots of the host arena. */
+static devio_status copy_logits(cuda_step *sp, uint32_t i0, uint32_t k)
 {
     cuda_state *st = sp->st;
-    const devio_batch *b = sp->b;
-    uint32_t L = st->sh.n_layers, n = b->n_tokens;
-    uint32_t words = pack(sp, st->host_meta[ring]);
-    CHECK(sp, cudaMemcpyAsync(st->meta, st->host_meta[ring], (size_t)words * 4,
-                              cudaMemcpyHostToDevice, st->stream),
-          "uploading the step");
-    for (uint32_t c = 0; c < b->n_copies; c++)
-        CHECK(sp, cuda_copy_block(st->k_cache, st->v_cache, st->n_attn, st->layer_floats,
-                                  st->block_floats, b->copy_src[c], b->copy_dst[c], st->stream),
-              "copying a KV block");
-    if (n == 0)
-        return DEVIO_OK;
+    size_t row = (size_t)st->sh.vocab * sizeof(float);
+    for (uint32_t i = 0; i < k; i++)
+        CHECK(sp,
+              cudaMemcpyAsync(st->cfg.logits_host + (size_t)sp->b->out_slot[i0 + i] * st->sh.vocab,
+                              (const char *)st->logits + i * row, row, cudaMemcpyDeviceToHost,
+                              st->stream),
+              "copying logits");
+    return DEVIO_OK;
+}
+
+/* The step's computation from the embedding to the outputs' final norm,
+ * and lm_head for the first `first_lm` outputs (what a graph holds). */
+static devio_status forward(cuda_step *sp, uint32_t first_lm)
+{
+    cuda_state *st = sp->st;
+    uint32_t L = st->sh.n_layers, n = sp->b->n_tokens;
     CHECK(sp,
           cuda_embed(st->embed, st->dt_embed, st->embed_lane_major, st->sh.d, sp->all.tokens, n,
                      st->sh.emb_mult, st->x, st->stream),
@@ -395,8 +411,90 @@ static devio_status enqueue(cuda_step *sp, uint32_t ring)
             s = layer_second(sp, li, n, st->x, st->layers[li].mixer ? st->my : st->q, &sp->all);
     if (s == DEVIO_OK)
         s = layer_first(sp, L - 1, n);
-    if (s == DEVIO_OK && b->n_out > 0)
+    if (s == DEVIO_OK && sp->b->n_out > 0)
         s = outputs(sp);
+    if (s == DEVIO_OK && first_lm > 0)
+        s = lm_head(sp, 0, first_lm);
+    return s;
+}
+
+static cuda_graph_key graph_key(const cuda_step *sp)
+{
+    const devio_batch *b = sp->b;
+    bool fast = sp->st->fast;
+    return (cuda_graph_key){
+        .n_tokens = b->n_tokens, .n_rows = b->n_rows, .n_out = b->n_out,
+        .n_snaps = sp->mixer_words, .lora_targets = b->lora_targets,
+        .splits_all = fast ? cuda_attn16_splits(b->n_tokens, sp->max_keys) : 0,
+        .splits_out = fast ? cuda_attn16_splits(b->n_out, sp->max_keys) : 0};
+}
+
+/* The step as a graph: the one captured for its key, or captured now into
+ * the least recently used entry. With at most max_depth steps in flight
+ * that entry's graph is not among theirs (CUDA_GRAPHS > max_depth). */
+static devio_status graph_step(cuda_step *sp)
+{
+    cuda_state *st = sp->st;
+    cuda_graph_key key = graph_key(sp);
+    cuda_graph *g = NULL, *lru = &st->graphs[0];
+    for (int i = 0; i < CUDA_GRAPHS && !g; i++) {
+        cuda_graph *e = &st->graphs[i];
+        if (e->exec && memcmp(&e->key, &key, sizeof key) == 0)
+            g = e;
+        else if (e->used < lru->used)
+            lru = e;
+    }
+    if (!g) {
+        g = lru;
+        if (g->exec) {
+            CHECK(sp, cudaGraphExecDestroy(g->exec), "dropping a graph");
+            g->exec = NULL;
+        }
+        cudaGraph_t graph = NULL;
+        CHECK(sp, cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal),
+              "capturing a graph");
+        devio_status s = forward(sp, sp->b->n_out);
+        int e = cudaStreamEndCapture(st->stream, &graph);
+        if (s == DEVIO_OK && e == 0)
+            e = cudaGraphInstantiate(&g->exec, graph, 0);
+        if (graph)
+            cudaGraphDestroy(graph);
+        if (s != DEVIO_OK)
+            return s;
+        CHECK(sp, e, "capturing a graph");
+        g->key = key;
+        st->graph_captures++;
+    }
+    g->used = ++st->graph_clock;
+    st->graph_launches++;
+    CHECK(sp, cudaGraphLaunch(g->exec, st->stream), "launching a graph");
+    return copy_logits(sp, 0, sp->b->n_out);
+}
+
+static devio_status enqueue(cuda_step *sp, uint32_t ring)
+{
+    cuda_state *st = sp->st;
+    const devio_batch *b = sp->b;
+    uint32_t words = pack(sp, st->host_meta[ring]);
+    CHECK(sp, cudaMemcpyAsync(st->meta, st->host_meta[ring], (size_t)words * 4,
+                              cudaMemcpyHostToDevice, st->stream),
+          "uploading the step");
+    for (uint32_t c = 0; c < b->n_copies; c++)
+        CHECK(sp, cuda_copy_block(st->k_cache, st->v_cache, st->n_attn,
+                                  st->layer_elems * st->kv_elem / 2,
+                                  st->block_elems * st->kv_elem / 2, b->copy_src[c],
+                                  b->copy_dst[c], st->stream),
+              "copying a KV block");
+    if (b->n_tokens == 0)
+        return DEVIO_OK;
+    if (st->graphs_on && b->n_tokens <= CUDA_GRAPH_MAX_TOKENS && b->n_out <= st->plan.logits_rows)
+        return graph_step(sp);
+    devio_status s = forward(sp, 0);
+    for (uint32_t i0 = 0; i0 < b->n_out && s == DEVIO_OK; i0 += st->plan.logits_rows) {
+        uint32_t k = b->n_out - i0 < st->plan.logits_rows ? b->n_out - i0 : st->plan.logits_rows;
+        if (!(s = lm_head(sp, i0, k)))
+            s = copy_logits(sp, i0, k);
+    }
     return s;
 }
 

@@ -22,6 +22,8 @@ typedef struct cuda_step {
     step_tables all, out;
     const cuda_ssm_row *ssm_rows; /* device: [b->n_rows] (hybrid models) */
     const uint32_t *ssm_snaps;    /* device: the rows' snapshot slots, state array indices */
+    uint32_t max_keys;            /* the most keys a token of the step attends to */
+    uint32_t mixer_words;         /* the hybrid tables' words in the upload */
     devio_error *err;
 } cuda_step;
 

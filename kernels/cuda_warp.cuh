@@ -27,8 +27,11 @@
 
 /* extern __shared__ T name[]: in the emulated build a checked pointer
  * (bounds, races between barriers), so kernels hold it with auto. */
+/* DEVIO_SHARED_VIEW(T, name, base, off): the shared memory from base + off
+ * (in base's elements) seen as T, checked the same way in the emulated build. */
 #if !defined(DEVIO_CUDA_EMULATED)
 #define DEVIO_DYN_SHARED(T, name) extern __shared__ T name[]
+#define DEVIO_SHARED_VIEW(T, name, base, off) T *name = reinterpret_cast<T *>((base) + (off))
 #endif
 
 /* Lane l adds lane l ^ w, which is l + w for l < w; lane 0 ends holding the
@@ -56,6 +59,15 @@ __device__ __forceinline__ uint4 ld16(const void *p)
 #endif
     return *static_cast<const uint4 *>(p);
 }
+
+/* Fast numerics' KV cache element: binary16, rounded to nearest even, a
+ * value past its range kept at +-65504 rather than made infinite. */
+__device__ __forceinline__ uint16_t kv16_store(float v)
+{
+    v = v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
+    return devio_f32_to_f16_rne(v);
+}
+__device__ __forceinline__ float kv16_load(uint16_t h) { return devio_f16_to_f32(h); }
 
 /* The cudaError_t of the launch just made, as an int. */
 static inline int cuda_launched(void)

@@ -295,16 +295,23 @@ def quant_bits(c, tmp):
 # ---- the other steps -----------------------------------------------------------
 
 def unit_tests(c):
-    # cwd: the plugin is found as kernels/ beside the test, as in its runfiles.
-    p = c.sh([c.path("tests", "cuda_emu_test" if c.emulated else "cuda_test")], 200, cwd=c.bin)
-    out = p.stdout + p.stderr
-    count = lambda what: int((re.findall(r"\[  %s  ?\] (\d+) test" % what, out) or ["0"])[-1])
-    passed, failed, skipped = count("PASSED"), count("FAILED"), count("SKIPPED")
-    ok = p.returncode == 0 and failed == 0 and skipped == 0 and passed > 0
-    fig = {"passed": passed, "failed": failed, "skipped": skipped}
-    if not ok:
-        fig["log"] = "\n".join(l for l in out.splitlines()
-                               if re.search(r"FAIL|SKIP|rror|differ|cuda_test:", l))[-2500:]
+    """cuda_test (the backend against the reference) and cuda_fast_kernels_test (fast
+    attention against float64), their cmocka counts added up."""
+    fig, ok, logs = {"passed": 0, "failed": 0, "skipped": 0}, True, []
+    for name in ("cuda_test", "cuda_fast_kernels_test"):
+        if c.emulated:
+            name = name.replace("_test", "_emu_test")
+        # cwd: the plugin is found as kernels/ beside the test, as in its runfiles.
+        p = c.sh([c.path("tests", name)], 200, cwd=c.bin)
+        out = p.stdout + p.stderr
+        count = lambda what: int((re.findall(r"\[  %s  ?\] (\d+) test" % what, out) or ["0"])[-1])
+        for k in fig:
+            fig[k] += count(k.upper())
+        ok = ok and p.returncode == 0 and count("FAILED") == 0 and count("SKIPPED") == 0 \
+            and count("PASSED") > 0
+        logs += [l for l in out.splitlines()
+                 if re.search(r"FAIL|SKIP|rror|differ|cuda_test:|graphs:", l)]
+    fig["log"] = "\n".join(logs)[-2500:]
     return ("ok" if ok else "FAIL"), fig
 
 
@@ -433,6 +440,24 @@ def bench_fast(c, tmp, read_gbs, strict):
         fig["%sprefill_%s_tok_s" % (pre, m.group(1))] = float(m.group(2))
     ok = "(fast numerics)" in p.stdout and any("decode_b" in k for k in fig)
     return ("ok" if ok else "FAIL"), fig
+
+
+def bench_graphs(c, tmp, strict):
+    """Strict decode with CUDA Graphs off (DEVIO_CUDA_GRAPHS=0) beside the bench step's
+    figures, which had them on: the ratio per batch size. Reported, not judged."""
+    preset, extra = ("tiny", ["--batches", "1,8", "--steps", "4", "--prefill", "16"]) \
+        if c.emulated else ("1b", ["--batches", "1,8,64", "--steps", "32", "--prefill", "16"])
+    cmd = [c.path("tests", "bench", "devio-bench"), "--model", make_model(c, tmp, preset),
+           "--backend", c.backend, "--backend-path", c.path("kernels")]
+    p = c.sh(cmd + extra, 150, check=True, env=dict(os.environ, DEVIO_CUDA_GRAPHS="0"))
+    fig = {"output": p.stdout.strip()}
+    pre = "emulated_" if c.emulated else ""
+    for b, tps in re.findall(r"decode batch +(\d+): +([\d.]+) tokens/s", p.stdout):
+        fig["%sno_graphs_decode_b%s_tok_s" % (pre, b)] = float(tps)
+        want = (strict or {}).get("%sdecode_b%s_tok_s" % (pre, b))
+        if want:
+            fig["%sgraphs_over_no_graphs_b%s" % (pre, b)] = round(want / float(tps), 3)
+    return ("ok" if any("no_graphs_decode" in k for k in fig) else "FAIL"), fig
 
 
 def find_tool(name):
@@ -584,7 +609,7 @@ def main():
     c.write()
     with tempfile.TemporaryDirectory() as tmp:
         c.step("tiny Llama and Bamba vs the reference, bit for bit", lambda: first_bits(c, tmp))
-        c.step("CUDA unit tests (cuda_test)", lambda: unit_tests(c))
+        c.step("CUDA unit tests (cuda_test, cuda_fast_kernels_test)", lambda: unit_tests(c))
         c.step("compute-sanitizer memcheck and racecheck, tiny", lambda: sanitizer(c, tmp))
         bw = c.step("GPU read bandwidth (devio-gpu-bw)", lambda: bandwidth(c))
         strict = c.step("decode and prefill on %s (devio-bench)" % ("tiny" if c.emulated else "1b"),
@@ -592,6 +617,8 @@ def main():
         c.step("decode and prefill on %s in fast numerics (devio-bench --numerics fast)" %
                ("tiny" if c.emulated else "1b"),
                lambda: bench_fast(c, tmp, bw.get("read_gbs"), strict))
+        c.step("decode without CUDA Graphs (DEVIO_CUDA_GRAPHS=0), against the bench step",
+               lambda: bench_graphs(c, tmp, strict))
         c.step("kernel times of a decode step on 1b (ncu)", lambda: kernel_profile(c, tmp))
         hf = (("tiny", 48, True), ("small", 16, False)) if c.emulated else (
             ("tiny", 48, False), ("small", 48, False), ("1b", 16, True))

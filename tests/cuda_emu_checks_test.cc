@@ -4,7 +4,8 @@
  * memory, a freed buffer, a shared-memory race, a collective part of a warp never reaches,
  * a bad mask, a misaligned vector load, launch configurations an sm_90 part refuses, a
  * destroyed stream or event), while the same kernels written correctly pass; collectives
- * give the GPU's results; streams keep their asynchronous semantics; faults come on request.
+ * give the GPU's results; streams keep their asynchronous semantics; captured graphs replay
+ * their work and a capture refuses what the toolkit's does; faults come on request.
  * Long because each check has its faulty kernel and its correct twin side by side. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -392,6 +393,62 @@ static void test_async_semantics(void **state)
     cudaFree(d2);
 }
 
+/* ---- graphs ---- */
+
+__global__ void k_add_one(float *p) { p[threadIdx.x] = p[threadIdx.x] + 1.0f; }
+
+/* A captured stream runs nothing; each launch of the graph runs its kernels again with the
+ * arguments they were captured with; what a capture forbids invalidates it. */
+static void test_graphs(void **state)
+{
+    (void)state;
+    cudaStream_t s;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float *d = dev_floats(32), host[32];
+    assert_int_equal(cudaMemset(d, 0, 32 * sizeof(float)), cudaSuccess);
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    LAUNCH((k_add_one), 1, 32, 0, s, d);
+    LAUNCH((k_add_one), 1, 32, 0, s, d);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t x = nullptr;
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    assert_int_equal(cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_true(host[0] == 0.0f); /* captured, not run */
+    assert_int_equal(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+    assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(cudaGraphLaunch(x, s), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    assert_int_equal(cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_true(host[0] == 6.0f && host[31] == 6.0f);
+    /* A synchronisation inside a capture is refused and spoils it. */
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    LAUNCH((k_add_one), 1, 32, 0, s, d);
+    assert_int_equal(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    assert_null(g);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorIllegalState);
+    /* So is a copy from pageable memory, and the legacy stream cannot be captured. */
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(d, host, sizeof host, cudaMemcpyHostToDevice, s),
+                     cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    assert_int_equal(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal),
+                     cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+    /* A destroyed graph is refused, and its launch counts for injected faults. */
+    assert_int_equal(cudaGraphExecDestroy(x), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(x, s), cudaErrorInvalidResourceHandle);
+    (void)cudaGetLastError();
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    assert_int_equal(cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_true(host[0] == 6.0f); /* nothing of the spoiled captures ran */
+    cudaStreamDestroy(s);
+    cudaFree(d);
+}
+
 /* ---- faults on request ---- */
 
 static void test_faults_on_request(void **state)
@@ -435,7 +492,7 @@ int main(void)
         cmocka_unit_test(test_collective_results), cmocka_unit_test(test_collective_misuse),
         cmocka_unit_test(test_misaligned),       cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_dead_handles),     cmocka_unit_test(test_async_semantics),
-        cmocka_unit_test(test_faults_on_request),
+        cmocka_unit_test(test_graphs),           cmocka_unit_test(test_faults_on_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,6 +69,34 @@ static void test_regions(void **state)
     assert_int_equal(p.logits_rows, 5);
 }
 
+/* Fast numerics: K and V in f16, half the bytes a block, so the same budget
+ * holds about twice the blocks; the fast path's own buffers counted. */
+static void test_fast_regions(void **state)
+{
+    (void)state;
+    devio_backend_config cfg = small_cfg();
+    cuda_plan strict, fast;
+    assert_true(cuda_plan_make(&cfg, 1000, &strict));
+    cfg.numerics = DEVIO_NUMERICS_FAST;
+    assert_true(cuda_plan_make(&cfg, 1000, &fast));
+    assert_int_equal(cuda_plan_kv_elem(&cfg), 2);
+    assert_int_equal(strict.fast, 0);
+    assert_int_equal(fast.kv_block, 1024);
+    assert_int_equal(fast.kv, 10 * 1024);
+    /* GEMM inputs: 16 tokens of the widest input (f = 128) in 16 bits */
+    assert_int_equal(fast.fast_buf.x16, 16 * 128 * 2);
+    assert_int_equal(fast.fast_buf.qkv, 16 * (64 + 2 * 32) * 4);
+    assert_int_equal(fast.fast_buf.gu, 16 * 2 * 128 * 4);
+    assert_int_equal(fast.fast_buf.bqkv, 0); /* no biases */
+    /* attention's ranges: 64 token-ranges of every head, hd + 2 floats each */
+    assert_int_equal(fast.fast_buf.part, 64 * 4 * 18 * 4);
+    assert_int_equal(fast.fast, 4096 + 8192 + 16384 + 18432);
+    assert_int_equal(fast.total, strict.total - 10 * 1024 + fast.fast);
+    uint64_t budget = strict.total - strict.kv + 10000ull * 2048;
+    assert_int_equal(cuda_plan_kv_fit(&strict, budget), 10000);
+    assert_int_equal(cuda_plan_kv_fit(&fast, budget), (10000 * 2048 - fast.fast) / 1024);
+}
+
 /* Qwen3's q_norm and k_norm take head_dim floats each per layer, widened;
  * the sliding window and Granite's multipliers take no memory (the window
  * changes the attention kernel's shared memory, which is no plan region). */
@@ -268,6 +296,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regions),
+        cmocka_unit_test(test_fast_regions),
         cmocka_unit_test(test_hybrid_regions),
         cmocka_unit_test(test_mamba2),
         cmocka_unit_test(test_lora_dims),

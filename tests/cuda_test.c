@@ -37,6 +37,10 @@
 #include "ref/ref_backend.h"
 #include "tests/testutil.h"
 
+#if defined(DEVIO_CUDA_TEST_EMU)
+#include <cuda_runtime_api.h> /* the emulator's: devio_emu_fault, devio_emu_counts */
+#endif
+
 /* Where Bazel puts //kernels:libdevio-backend-cuda.so (or -cuda-emu.so) in this test's
  * runfiles. Built as cuda_emu_test, every case runs on the SIMT emulator (kernels/emu/),
  * whose one device always answers. */
@@ -572,6 +576,55 @@ static void test_host_weights_released(void **state)
     devio_fixture_free(&fx);
 }
 
+/* The workload on the CUDA backend at depth 2 with CUDA Graphs on or off
+ * (DEVIO_CUDA_GRAPHS, read at create); under the emulator, the kernel
+ * launches it took (a graph's launch counts as one). */
+static run_out graphs_run(const devio_fixture *fx, const char *adapters, const char *graphs,
+                          unsigned long *launches)
+{
+    setenv("DEVIO_CUDA_GRAPHS", graphs, 1);
+    *launches = 0;
+#if defined(DEVIO_CUDA_TEST_EMU)
+    devio_emu_fault(NULL); /* counters from zero */
+#endif
+    run_out out = workload(fx, &devio_cuda_backend, 2, adapters);
+#if defined(DEVIO_CUDA_TEST_EMU)
+    unsigned long mallocs, syncs;
+    devio_emu_counts(&mallocs, launches, &syncs);
+#endif
+    unsetenv("DEVIO_CUDA_GRAPHS");
+    return out;
+}
+
+/* Decode steps replay captured graphs: the same bits as launching every
+ * kernel (and as the reference), in far fewer launches. */
+static void test_graphs(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    devio_fixture fx;
+    char adapters[300];
+    fixture_with(&fx, DEVIO_BF16, true, adapters, sizeof adapters);
+    uint32_t V = fx.model->cfg.vocab_size;
+    run_out want = workload(&fx, &devio_ref_backend, 1, adapters);
+    unsigned long with, without;
+    run_out on = graphs_run(&fx, adapters, "1", &with), off = graphs_run(&fx, adapters, "0",
+                                                                          &without);
+    assert_int_equal(on.n, want.n);
+    assert_int_equal(off.n, want.n);
+    assert_memory_equal(on.logits, want.logits, (size_t)want.n * V * sizeof(float));
+    assert_memory_equal(off.logits, want.logits, (size_t)want.n * V * sizeof(float));
+    assert_memory_equal(on.tokens, want.tokens, want.n * sizeof(int32_t));
+    print_message("cuda_test: graphs: %lu launches with, %lu without\n", with, without);
+#if defined(DEVIO_CUDA_TEST_EMU)
+    assert_true(with * 2 < without);
+#endif
+    free_run(&on);
+    free_run(&off);
+    free_run(&want);
+    devio_fixture_free(&fx);
+}
+
 static void test_strict_f32(void **state) { (void)state; strict_case(DEVIO_F32, false); }
 static void test_strict_bf16(void **state) { (void)state; strict_case(DEVIO_BF16, false); }
 
@@ -936,6 +989,7 @@ int main(void)
         cmocka_unit_test(test_strict_f16_lora),
         cmocka_unit_test(test_fast_bf16_lora),
         cmocka_unit_test(test_fast_f32),
+        cmocka_unit_test(test_graphs),
         cmocka_unit_test(test_wide_bf16_tied),
         cmocka_unit_test(test_wide_f32),
         cmocka_unit_test(test_wide_f16),

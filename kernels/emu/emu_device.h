@@ -135,6 +135,7 @@ inline T from32(uint32_t u)
 struct call {
     virtual ~call() {}
     virtual void run() = 0;
+    virtual call *clone() const = 0; /* the same kernel and arguments, for a graph's replays */
 };
 template <class... P>
 struct call_of : call {
@@ -145,6 +146,7 @@ struct call_of : call {
     {
     }
     void run() override { std::apply(k, args); }
+    call *clone() const override { return new call_of(*this); }
 };
 
 /* Checks the configuration as an sm_90 part would (a refusal is returned
@@ -178,6 +180,8 @@ inline cudaError_t cudaFuncSetAttribute(void (*k)(P...), enum cudaFuncAttribute 
 
 /* extern __shared__ T name[] and __shared__ T name[n]. */
 #define DEVIO_DYN_SHARED(T, name) ::devio_emu::sptr<T> name = ::devio_emu::dyn_shared<T>()
+#define DEVIO_SHARED_VIEW(T, name, base, off)                                                      \
+    ::devio_emu::sptr<T> name { reinterpret_cast<T *>(((base) + (off)).p) }
 #define DEVIO_SHARED(T, name, n)                                                                   \
     ::devio_emu::sptr<T> name{static_cast<T *>(::devio_emu::static_shared(                         \
         sizeof(T) * (n), alignof(T), [] {                                                          \

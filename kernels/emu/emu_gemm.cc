@@ -1,6 +1,6 @@
-/* kernels/emu/emu_gemm.cc - cuda_gemm.h under the emulator: a host GEMM enqueued on the
- * stream like any kernel, so that it runs in stream order after the work that wrote its
- * inputs. f16 and bf16 inputs widen exactly; products and sums in f32, in the plain order
+/* kernels/emu/emu_gemm.cc - cuda_gemm.h under the emulator: a host GEMM launched on the
+ * stream as a kernel of one thread, so that it runs in stream order after the work that wrote
+ * its inputs and a captured graph replays it like any kernel. f16 and bf16 inputs widen exactly; products and sums in f32, in the plain order
  * (fast numerics promise a tolerance, not an order). DEVIO_EMU_GEMM_BREAK=1 leaves the last
  * input column out of every sum: the negative control a tolerance check must catch. */
 #include <stdio.h>
@@ -36,19 +36,17 @@ float elem(int dtype, const void *p, size_t i)
     }
 }
 
-void run(void *arg)
+void k_gemm(job j)
 {
-    job *j = static_cast<job *>(arg);
-    for (uint32_t t = 0; t < j->n_tok; t++)
-        for (uint32_t o = 0; o < j->m; o++) {
+    for (uint32_t t = 0; t < j.n_tok; t++)
+        for (uint32_t o = 0; o < j.m; o++) {
             float acc = 0.0f;
-            for (uint32_t i = 0; i < j->cols; i++)
-                acc += elem(j->dtype, j->w, (size_t)o * j->n + i) *
-                       elem(j->dtype, j->x, (size_t)t * j->ldx + i);
-            float *y = j->y + (size_t)t * j->ldy + o;
-            *y = j->beta == 0.0f ? j->alpha * acc : j->alpha * acc + j->beta * *y;
+            for (uint32_t i = 0; i < j.cols; i++)
+                acc += elem(j.dtype, j.w, (size_t)o * j.n + i) *
+                       elem(j.dtype, j.x, (size_t)t * j.ldx + i);
+            float *y = j.y + (size_t)t * j.ldy + o;
+            *y = j.beta == 0.0f ? j.alpha * acc : j.alpha * acc + j.beta * *y;
         }
-    free(j);
 }
 
 } // namespace
@@ -79,14 +77,9 @@ int cuda_gemm_run(cuda_gemm *g, int dtype, const void *w, uint32_t m, uint32_t n
 {
     if (dtype != CUDA_F32 && dtype != CUDA_F16 && dtype != CUDA_BF16)
         return (int)cudaErrorInvalidValue;
-    job *j = static_cast<job *>(malloc(sizeof *j));
-    if (!j)
-        return (int)cudaErrorMemoryAllocation;
-    *j = job{dtype, w, x, m, n, ldx, n_tok, ldy, g->broken && n > 1 ? n - 1 : n, alpha, beta, y};
-    cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), run, j);
-    if (e != cudaSuccess)
-        free(j);
-    return (int)e;
+    job j{dtype, w, x, m, n, ldx, n_tok, ldy, g->broken && n > 1 ? n - 1 : n, alpha, beta, y};
+    return (int)::devio_emu::launch("k_gemm (the host GEMM)", k_gemm, dim3(1), dim3(1), 0,
+                                    static_cast<cudaStream_t>(stream), j);
 }
 
 } // extern "C"

@@ -19,6 +19,11 @@
  * memory is copied as the toolkit does (staged at once, or synchronously).
  * The legacy default stream waits for blocking streams and they for it.
  *
+ * Graphs: a stream being captured records its work in a graph instead of
+ * queueing it; an instantiated graph queues copies of that work (the same
+ * kernels with the same arguments, the same host functions) each time it is
+ * launched. What the toolkit refuses during a capture is refused here too.
+ *
  * Errors: a refused call sets the calling thread's last error; a fault of
  * device code (emu_block.cc) or an injected synchronisation fault is the
  * context's sticky error, which every later call answers, as on hardware.
@@ -37,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "kernels/emu/emu_internal.h"
@@ -51,6 +57,7 @@ using namespace devio_emu;
 namespace {
 
 const uint32_t STREAM_MAGIC = 0x53545245u, EVENT_MAGIC = 0x45564e54u, DEAD = 0xdeadbeefu;
+const uint32_t GRAPH_MAGIC = 0x47525048u, EXEC_MAGIC = 0x47455845u;
 const size_t ALIGN = 256;           /* cudaMalloc's alignment */
 const unsigned char CANARY = 0xa5;  /* the bytes between a buffer's end and its guard page */
 const size_t SMEM_DEFAULT = 48 * 1024, SMEM_OPTIN = 232448; /* sm_90 */
@@ -70,17 +77,33 @@ enum op_kind { OP_FN, OP_LAUNCH, OP_RECORD };
 struct CUevent_st;
 
 struct op {
-    uint64_t seq;
+    uint64_t seq = 0;
     op_kind kind;
     std::function<void()> fn;
     std::unique_ptr<launch_rec> L;
     CUevent_st *ev;
 };
 
+struct CUgraph_st;
+
 struct CUstream_st {
     uint32_t magic;
     bool blocking;
     std::deque<op> q;
+    CUgraph_st *capture = nullptr; /* recording into it, not queueing */
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    std::thread::id capturer;
+};
+
+/* A captured graph, and an instantiated one (the same ops, copied). */
+struct CUgraph_st {
+    uint32_t magic;
+    std::vector<op> ops;
+    bool invalid; /* something refused during the capture */
+};
+struct CUgraphExec_st {
+    uint32_t magic;
+    std::vector<op> ops;
 };
 
 struct CUevent_st {
@@ -117,6 +140,13 @@ std::map<uintptr_t, size_t> &pinned()
 }
 std::vector<CUstream_st *> *streams_;
 std::vector<CUevent_st *> *events_;
+std::vector<void *> *graphs_; /* graphs and instantiated graphs, kept as streams are */
+void keep_graph(void *g)
+{
+    if (!graphs_)
+        graphs_ = new std::vector<void *>;
+    graphs_->push_back(g);
+}
 std::vector<CUstream_st *> &streams()
 {
     if (!streams_) /* made at first use: a plugin only probed allocates nothing */
@@ -129,7 +159,7 @@ std::vector<CUevent_st *> &events()
         events_ = new std::vector<CUevent_st *>;
     return *events_;
 }
-CUstream_st legacy = {STREAM_MAGIC, true, {}};
+CUstream_st legacy = {STREAM_MAGIC, true, {}, nullptr, cudaStreamCaptureModeGlobal, {}};
 uint64_t seq_next = 1;
 
 enum { F_NONE, F_MALLOC, F_LAUNCH, F_SYNC };
@@ -308,6 +338,10 @@ void drain_all()
 
 uint64_t enqueue(CUstream_st *s, op o)
 {
+    if (s->capture) {
+        s->capture->ops.push_back(std::move(o));
+        return 0;
+    }
     o.seq = seq_next++;
     uint64_t seq = o.seq;
     s->q.push_back(std::move(o));
@@ -335,6 +369,42 @@ cudaError_t get_stream(cudaStream_t h, CUstream_st **out)
         return refuse(cudaErrorInvalidResourceHandle, "%p is not a stream", (void *)h);
     *out = h;
     return cudaSuccess;
+}
+
+/* The same work as o, for a graph's instantiation or launch. */
+op clone_op(const op &o)
+{
+    op c;
+    c.seq = 0;
+    c.kind = o.kind;
+    c.fn = o.fn;
+    c.ev = nullptr;
+    if (o.L)
+        c.L.reset(new launch_rec{o.L->name, o.L->func, o.L->grid, o.L->block, o.L->smem,
+                                 std::unique_ptr<call>(o.L->args->clone())});
+    return c;
+}
+
+/* What a capture forbids: `what` on stream s while it captures, or (s NULL)
+ * a blocking call while a capture in Global mode, or one of this thread in
+ * ThreadLocal mode, is under way. Refused, the capture invalidated. */
+cudaError_t capture_guard(CUstream_st *s, const char *what)
+{
+    std::vector<CUstream_st *> hit;
+    if (s && s->capture)
+        hit.push_back(s);
+    if (!s)
+        for (CUstream_st *c : streams())
+            if (c->magic == STREAM_MAGIC && c->capture &&
+                (c->mode == cudaStreamCaptureModeGlobal ||
+                 (c->mode == cudaStreamCaptureModeThreadLocal &&
+                  c->capturer == std::this_thread::get_id())))
+                hit.push_back(c);
+    if (hit.empty())
+        return cudaSuccess;
+    for (CUstream_st *c : hit)
+        c->capture->invalid = true;
+    return refuse(cudaErrorStreamCaptureUnsupported, "%s while a stream is being captured", what);
 }
 
 cudaError_t get_event(cudaEvent_t h)
@@ -671,6 +741,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     if (e != cudaSuccess || n == 0)
         return e;
     bool to_host = !device_range(dst, n), from_host = !device_range(src, n);
+    if (((from_host && !is_pinned(src, n)) || (to_host && !is_pinned(dst, n))) &&
+        (e = capture_guard(s, "cudaMemcpyAsync with pageable host memory")) != cudaSuccess)
+        return e;
     if (from_host && !is_pinned(src, n)) {
         /* Pageable source: staged now, so the host may reuse it on return. */
         auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
@@ -693,6 +766,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 {
     ENTER();
     cudaError_t e = check_copy(dst, src, n, kind, "cudaMemcpy");
+    if (e == cudaSuccess)
+        e = capture_guard(nullptr, "cudaMemcpy");
     if (e != cudaSuccess || n == 0)
         return e;
     uint64_t seq = enqueue_fn(&legacy, [dst, src, n] { memmove(dst, src, n); });
@@ -730,7 +805,9 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t stream)
 cudaError_t cudaMemset(void *dst, int value, size_t n)
 {
     ENTER();
-    cudaError_t e = cudaMemsetAsync(dst, value, n, nullptr);
+    cudaError_t e = capture_guard(nullptr, "cudaMemset");
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(dst, value, n, nullptr);
     if (e != cudaSuccess)
         return e;
     drain(&legacy, UINT64_MAX);
@@ -741,7 +818,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
 {
     *stream = nullptr;
     ENTER();
-    CUstream_st *s = new CUstream_st{STREAM_MAGIC, !(flags & cudaStreamNonBlocking), {}};
+    CUstream_st *s = new CUstream_st{STREAM_MAGIC, !(flags & cudaStreamNonBlocking), {},
+                                     nullptr, cudaStreamCaptureModeGlobal, {}};
     streams().push_back(s);
     *stream = s;
     return cudaSuccess;
@@ -761,6 +839,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
         return e;
     if (s == &legacy)
         return refuse(cudaErrorInvalidResourceHandle, "cudaStreamDestroy of the default stream");
+    if ((e = capture_guard(s, "cudaStreamDestroy of it")) != cudaSuccess)
+        return e;
     drain(s, UINT64_MAX); /* its work completes, as on the GPU */
     s->magic = DEAD;      /* kept, so that a later use is recognised */
     return ret(sticky);
@@ -771,6 +851,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
     ENTER();
     CUstream_st *s = nullptr;
     cudaError_t e = get_stream(stream, &s);
+    if (e == cudaSuccess)
+        e = capture_guard(s, "cudaStreamSynchronize of it");
+    if (e == cudaSuccess)
+        e = capture_guard(nullptr, "cudaStreamSynchronize");
     if (e != cudaSuccess || (e = sync_point("cudaStreamSynchronize")) != cudaSuccess)
         return e;
     drain(s, UINT64_MAX);
@@ -780,8 +864,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 cudaError_t cudaDeviceSynchronize(void)
 {
     ENTER();
-    cudaError_t e = sync_point("cudaDeviceSynchronize");
-    if (e != cudaSuccess)
+    cudaError_t e = capture_guard(nullptr, "cudaDeviceSynchronize");
+    if (e != cudaSuccess || (e = sync_point("cudaDeviceSynchronize")) != cudaSuccess)
         return e;
     drain_all();
     return after_sync();
@@ -820,6 +904,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     cudaError_t e = get_event(event);
     if (e == cudaSuccess)
         e = get_stream(stream, &s);
+    if (e == cudaSuccess)
+        e = capture_guard(s, "cudaEventRecord on it (the emulator keeps events out of graphs)");
     if (e != cudaSuccess)
         return e;
     op o;
@@ -869,6 +955,115 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
     return cudaSuccess;
 }
 
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    ENTER();
+    CUstream_st *s = nullptr;
+    cudaError_t e = get_stream(stream, &s);
+    if (e != cudaSuccess)
+        return e;
+    if (s == &legacy)
+        return refuse(cudaErrorStreamCaptureUnsupported, "capture of the legacy default stream");
+    if (s->capture)
+        return refuse(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream is already "
+                                             "being captured");
+    if (mode > cudaStreamCaptureModeRelaxed)
+        return refuse(cudaErrorInvalidValue, "cudaStreamBeginCapture: mode %d", (int)mode);
+    s->capture = new CUgraph_st{GRAPH_MAGIC, {}, false};
+    keep_graph(s->capture);
+    s->mode = mode;
+    s->capturer = std::this_thread::get_id();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph)
+{
+    *graph = nullptr;
+    ENTER();
+    CUstream_st *s = nullptr;
+    cudaError_t e = get_stream(stream, &s);
+    if (e != cudaSuccess)
+        return e;
+    if (!s->capture)
+        return refuse(cudaErrorIllegalState, "cudaStreamEndCapture: the stream is not being "
+                                             "captured");
+    CUgraph_st *g = s->capture;
+    s->capture = nullptr;
+    if (s->capturer != std::this_thread::get_id())
+        g->invalid = true;
+    if (g->invalid) {
+        g->magic = DEAD;
+        g->ops.clear();
+        return refuse(cudaErrorStreamCaptureInvalidated,
+                      "cudaStreamEndCapture: the capture was invalidated by a call it forbids "
+                      "(or ended by another thread)");
+    }
+    *graph = g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags)
+{
+    *exec = nullptr;
+    ENTER();
+    if (!graph || graph->magic != GRAPH_MAGIC)
+        return refuse(cudaErrorInvalidResourceHandle, "%p is not a graph", (void *)graph);
+    if (flags)
+        return refuse(cudaErrorInvalidValue, "cudaGraphInstantiate: flags %llu", flags);
+    CUgraphExec_st *x = new CUgraphExec_st{EXEC_MAGIC, {}};
+    keep_graph(x);
+    for (const op &o : graph->ops)
+        x->ops.push_back(clone_op(o));
+    *exec = x;
+    return cudaSuccess;
+}
+
+/* Counted as one launch for injected faults. */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream)
+{
+    ENTER();
+    CUstream_st *s = nullptr;
+    cudaError_t e = get_stream(stream, &s);
+    if (e != cudaSuccess)
+        return e;
+    if (!exec || exec->magic != EXEC_MAGIC)
+        return refuse(cudaErrorInvalidResourceHandle, "%p is not an instantiated graph",
+                      (void *)exec);
+    if (s->capture)
+        return refuse(cudaErrorStreamCaptureUnsupported,
+                      "cudaGraphLaunch into a stream being captured (the emulator does not "
+                      "nest graphs)");
+    if (fires(F_LAUNCH, ++n_launch))
+        return refuse(cudaErrorLaunchOutOfResources, "injected refusal of launch %lu (a graph)",
+                      n_launch);
+    for (const op &o : exec->ops)
+        enqueue(s, clone_op(o));
+    return cudaSuccess;
+}
+
+/* Work already launched from it still runs: it was queued as copies. */
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    ENTER();
+    if (!exec || exec->magic != EXEC_MAGIC)
+        return refuse(cudaErrorInvalidResourceHandle, "%p is not an instantiated graph",
+                      (void *)exec);
+    exec->magic = DEAD;
+    exec->ops.clear();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    ENTER();
+    if (!graph || graph->magic != GRAPH_MAGIC)
+        return refuse(cudaErrorInvalidResourceHandle, "%p is not a graph", (void *)graph);
+    graph->magic = DEAD;
+    graph->ops.clear();
+    return cudaSuccess;
+}
+
 cudaError_t cudaGetLastError(void)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
@@ -897,6 +1092,9 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorUnknown: return "cudaErrorUnknown";
     }
     return "cudaErrorUnknown";
@@ -921,6 +1119,11 @@ static const char *base_string(cudaError_t e)
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorMisalignedAddress: return "misaligned address";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorIllegalState: return "the operation is not permitted in this state";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
     case cudaErrorUnknown: return "unknown error";
     }
     return "unrecognized error code";

@@ -3,10 +3,11 @@
 copies of the CUDA kernels with one deliberate defect each, which the emulated
 target must catch by a differing byte or a report.
 
-    mutate.py NAME OUT_DIR kernels/cuda_kernels.cu kernels/cuda_ssm.cu kernels/cuda_warp.cuh
+    mutate.py NAME OUT_DIR kernels/cuda_kernels.cu kernels/cuda_ssm.cu kernels/cuda_fast.cu
+              kernels/cuda_warp.cuh
 
-writes OUT_DIR/cuda_kernels.cu, cuda_ssm.cu and cuda_warp.cuh, the two .cu
-including the copy of cuda_warp.cuh beside them, with mutation NAME applied
+writes OUT_DIR/cuda_kernels.cu, cuda_ssm.cu, cuda_fast.cu and cuda_warp.cuh, the
+.cu files including the copy of cuda_warp.cuh beside them, with mutation NAME applied
 (each must match its text exactly once, so that a mutant never silently
 equals the original). Mutations:
   fold       the lane fold's tree in the other order (w = 1, 2, .., 16)
@@ -14,6 +15,9 @@ equals the original). Mutations:
   offbyone   rmsnorm's sum of squares runs to i <= d (one element past the
              row: shared memory that no thread wrote)
   fma        the projections' multiply and add fused into one rounding
+  combine    fast numerics' attention adds its ranges without bringing them to
+             their common max (strict numerics never run it: the fast
+             tolerance check, tests/python/fast_numerics_check.py, catches it)
 """
 import os
 import sys
@@ -28,6 +32,8 @@ MUTATIONS = {
                  "i <= d; i += 32)\n            p = DEVIO_ADD(p, DEVIO_MUL(sm[i]"),
     "fma": ("cuda_kernels.cu", "acc[tt] = DEVIO_ADD(acc[tt], DEVIO_MUL(w[u], xv[u]));",
             "acc[tt] = __fmaf_rn(w[u], xv[u], acc[tt]);"),
+    "combine": ("cuda_fast.cu", "o = o + rng[2 + c] * devio_expf(rng[0] - M);",
+                "o = o + rng[2 + c];"),
 }
 
 

@@ -7,7 +7,8 @@ its values. Then, line by line:
   reference's in the 2-norm over the vocabulary (relative to the reference's norm); its argmax
   counted as agreeing or not;
 - a sampled token list (rows[i].tokens, a sample effect's tokens): counted as agreeing or not
-  (a temperature draw may fall the other way on logits that moved by a rounding);
+  (a temperature draw may fall the other way on logits that moved by a rounding); where the
+  tokens differ, the logprobs beside them are of other tokens and are not compared;
 - a logprob (a non-integer number): within 5e-2 of the reference's, or 5e-2 of its magnitude;
 - top-n logprobs: the same count (ties among nearly equal logits may order differently);
 - a compare line's "equal" and digests: not compared (fast numerics promise no batch or chunk
@@ -95,6 +96,12 @@ def _walk(a, b, path, op, t):
         if not isinstance(b, dict):
             return "%s: an object expected" % path
         skip = ("equal", "sha256", "sha256_b") if op == "compare" else ()
+        if a.get("tokens") != b.get("tokens"):
+            skip += ("logprobs", "top_logprobs")
+            why = _walk(a.get("tokens"), b.get("tokens"), path + ".tokens", op, t)
+            if why:
+                return why
+            skip += ("tokens",)
         keys = set(a) | set(b)
         for k in sorted(keys - set(skip)):
             if k not in a or k not in b:

@@ -1,0 +1,186 @@
+/* cuda_fast_kernels_test.c - the fast numerics' paged attention (kernels/cuda_fast.h) against
+ * a float64 computation of the same softmax over the same f16 keys and values: GQA groups
+ * narrower and wider than a block's 8 warps, head sizes with a lane's second column pair, a
+ * sliding window, keys past several chunks and every split count from one to the most a step
+ * takes, blocks scattered over the pool. Built twice: on the SIMT emulator (every machine) and,
+ * where nvcc is, on the GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "device/numerics.h"
+#include "kernels/cuda_fast.h"
+
+/* A deterministic stream of uniform floats in [-1, 1). */
+static float uniform(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*s >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+typedef struct attn_case {
+    uint32_t n_heads, n_kv, hd, block_size, window, n_tok;
+    uint32_t pos[6];
+} attn_case;
+
+/* bytes of host in device memory (zeros when host is NULL). */
+static void *dev_copy(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    assert_int_equal(cudaMalloc(&d, bytes ? bytes : 4), cudaSuccess);
+    if (host)
+        assert_int_equal(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    else
+        assert_int_equal(cudaMemset(d, 0, bytes ? bytes : 4), cudaSuccess);
+    return d;
+}
+
+/* Every (token, head) of c through cuda_attention16 with `splits` (0: what the step would
+ * choose), each output within 1e-5 of the float64 result's largest magnitude. */
+static void check_case(const attn_case *c, uint32_t splits)
+{
+    uint32_t bs = c->block_size, hd = c->hd, G = c->n_heads / c->n_kv, n = c->n_tok;
+    uint32_t off[6], n_bt = 0, max_keys = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        off[t] = n_bt;
+        n_bt += c->pos[t] / bs + 1;
+        uint32_t keys = c->pos[t] + 1;
+        if (c->window && keys > c->window)
+            keys = c->window;
+        max_keys = keys > max_keys ? keys : max_keys;
+    }
+    if (splits == 0)
+        splits = cuda_attn16_splits(n, max_keys);
+    /* The pool holds every token's blocks in a scattered order, plus two never read. */
+    uint32_t n_blocks = n_bt + 2, *bt = malloc(n_bt * sizeof *bt);
+    for (uint32_t i = 0; i < n_bt; i++)
+        bt[i] = (i * 7 + 3) % n_blocks;
+    size_t pool = (size_t)n_blocks * c->n_kv * bs * hd, qn = (size_t)n * c->n_heads * hd;
+    uint16_t *k = malloc(pool * 2), *v = malloc(pool * 2);
+    float *q = malloc(qn * 4), *out = malloc(qn * 4);
+    uint64_t seed = 0x1234u + hd * 31u + splits;
+    for (size_t i = 0; i < pool; i++) {
+        k[i] = devio_f32_to_f16_rne(uniform(&seed) * 2.0f);
+        v[i] = devio_f32_to_f16_rne(uniform(&seed));
+    }
+    for (size_t i = 0; i < qn; i++)
+        q[i] = uniform(&seed);
+    cuda_kv kv = {.k16 = dev_copy(k, pool * 2), .v16 = dev_copy(v, pool * 2), .block_size = bs,
+                  .n_heads = c->n_heads, .n_kv = c->n_kv, .hd = hd, .rd = hd,
+                  .window = c->window, .pos = dev_copy(c->pos, n * 4),
+                  .bt_off = dev_copy(off, n * 4), .bt = dev_copy(bt, n_bt * 4)};
+    float *dq = dev_copy(q, qn * 4), *dout = dev_copy(NULL, qn * 4), *part = NULL;
+    if (splits > 1)
+        part = dev_copy(NULL, (size_t)CUDA_ATTN16_PART_ROWS * c->n_heads * (hd + 2) * 4);
+    float scale = 1.0f / sqrtf((float)hd);
+    assert_int_equal(cuda_attention16(&kv, dq, scale, dout, n, splits, part, NULL), 0);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(cudaMemcpy(out, dout, qn * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+
+    double *s = malloc((c->pos[n - 1] + 1 + 4096) * sizeof *s), *o = malloc(hd * sizeof *o);
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t pos = c->pos[t], j0 = c->window && pos + 1 > c->window ? pos + 1 - c->window : 0;
+        for (uint32_t h = 0; h < c->n_heads; h++) {
+            const float *qh = q + ((size_t)t * c->n_heads + h) * hd;
+            double m = -INFINITY, z = 0.0, big = 0.0, worst = 0.0;
+            for (uint32_t j = j0; j <= pos; j++) {
+                const uint16_t *kr = k + cuda_kv_slot(&kv, bt + off[t], j, h / G);
+                double d = 0.0;
+                for (uint32_t i = 0; i < hd; i++)
+                    d += (double)qh[i] * devio_f16_to_f32(kr[i]);
+                s[j - j0] = d * scale;
+                m = s[j - j0] > m ? s[j - j0] : m;
+            }
+            memset(o, 0, hd * sizeof *o);
+            for (uint32_t j = j0; j <= pos; j++) {
+                double e = exp(s[j - j0] - m);
+                const uint16_t *vr = v + cuda_kv_slot(&kv, bt + off[t], j, h / G);
+                z += e;
+                for (uint32_t i = 0; i < hd; i++)
+                    o[i] += e * devio_f16_to_f32(vr[i]);
+            }
+            const float *got = out + ((size_t)t * c->n_heads + h) * hd;
+            for (uint32_t i = 0; i < hd; i++) {
+                big = fabs(o[i] / z) > big ? fabs(o[i] / z) : big;
+                worst = fabs(got[i] - o[i] / z) > worst ? fabs(got[i] - o[i] / z) : worst;
+            }
+            if (!(worst <= 1e-5 * (big > 1e-3 ? big : 1e-3)))
+                fail_msg("token %u (pos %u) head %u, %u splits: off by %.3g of %.3g", t, pos, h,
+                         splits, worst, big);
+        }
+    }
+    free(s), free(o), free(bt), free(k), free(v), free(q), free(out);
+    cudaFree(kv.k16), cudaFree(kv.v16), cudaFree((void *)kv.pos), cudaFree((void *)kv.bt_off);
+    cudaFree((void *)kv.bt), cudaFree(dq), cudaFree(dout), cudaFree(part);
+}
+
+/* GQA 4 heads per group, keys across many chunks, every split count a step could take. */
+static void test_gqa_splits(void **state)
+{
+    (void)state;
+    attn_case c = {.n_heads = 8, .n_kv = 2, .hd = 64, .block_size = 16, .n_tok = 5,
+                   .pos = {0, 31, 32, 100, 640}};
+    uint32_t splits[] = {0, 1, 2, 3, 12};
+    for (size_t i = 0; i < sizeof splits / sizeof *splits; i++)
+        check_case(&c, splits[i]);
+}
+
+/* 12 heads on one KV head: two blocks per group, the second with idle warps. */
+static void test_wide_group(void **state)
+{
+    (void)state;
+    attn_case c = {.n_heads = 12, .n_kv = 1, .hd = 16, .block_size = 4, .n_tok = 3,
+                   .pos = {5, 70, 200}};
+    check_case(&c, 0);
+    check_case(&c, 1);
+}
+
+/* head_dim 80 (lanes 0..7 hold a second column pair) under a sliding window of 50. */
+static void test_window_odd_pairs(void **state)
+{
+    (void)state;
+    attn_case c = {.n_heads = 4, .n_kv = 4, .hd = 80, .block_size = 8, .window = 50, .n_tok = 4,
+                   .pos = {10, 49, 50, 300}};
+    check_case(&c, 0);
+    check_case(&c, 1);
+    check_case(&c, 5);
+}
+
+/* The largest head_dim the kernel takes. */
+static void test_head_dim_256(void **state)
+{
+    (void)state;
+    attn_case c = {.n_heads = 2, .n_kv = 1, .hd = CUDA_ATTN16_MAX_HD, .block_size = 16,
+                   .n_tok = 2, .pos = {3, 150}};
+    check_case(&c, 0);
+}
+
+static void test_split_counts(void **state)
+{
+    (void)state;
+    assert_int_equal(cuda_attn16_splits(0, 100), 1);
+    assert_int_equal(cuda_attn16_splits(1, 1), 1);
+    assert_int_equal(cuda_attn16_splits(1, 64), 1);
+    assert_int_equal(cuda_attn16_splits(1, 65), 2);
+    assert_int_equal(cuda_attn16_splits(1, 100000), 32);
+    assert_int_equal(cuda_attn16_splits(8, 100000), 8);
+    assert_int_equal(cuda_attn16_splits(32, 100000), 2);
+    assert_int_equal(cuda_attn16_splits(33, 100000), 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_counts),     cmocka_unit_test(test_gqa_splits),
+        cmocka_unit_test(test_wide_group),       cmocka_unit_test(test_window_odd_pairs),
+        cmocka_unit_test(test_head_dim_256),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
