@@ -438,6 +438,72 @@ static devio_status attention_fits(cuda_state *st, const struct cudaDeviceProp *
 
 static void cuda_destroy(void *sp);
 
+#if !defined(DEVIO_CUDA_EMULATED)
+/* Milliseconds of 20 products of nt tokens by w [m, n] (after one to warm
+ * up): the GEMV, or the GEMM with the rounding of its input; -1 on error. */
+static float time_product(cuda_state *st, bool gemv, uint32_t nt, const void *w, int dt,
+                          uint32_t m, uint32_t n, float *y)
+{
+    cudaEvent_t a = NULL, b = NULL;
+    float ms = -1.0f;
+    int e = cudaEventCreate(&a) || cudaEventCreate(&b);
+    for (int rep = 0; rep < 21 && !e; rep++) {
+        if (rep == 1)
+            e = cudaEventRecord(a, st->stream);
+        e = e || (gemv ? cuda_gemv(dt, w, m, n, st->h, n, nt, 1.0f, 0.0f, y, m, st->stream)
+                       : cuda_round16(st->h, n, st->x16, n, nt, dt, st->stream) ||
+                             cuda_gemm_run(st->gemm, dt, w, m, n, st->x16, n, nt, 1.0f, 0.0f, y,
+                                           m, st->stream));
+    }
+    if (!e && !cudaEventRecord(b, st->stream) && !cudaEventSynchronize(b))
+        cudaEventElapsedTime(&ms, a, b);
+    if (a)
+        cudaEventDestroy(a);
+    if (b)
+        cudaEventDestroy(b);
+    (void)cudaGetLastError();
+    return ms;
+}
+#endif
+
+/* How many tokens a batch may have to take the GEMV rather than the GEMM:
+ * DEVIO_CUDA_GEMV (0 to 8) when set; under the emulator otherwise 0 (its
+ * host GEMM stands for cuBLASLt, and no timing means anything); on a GPU
+ * the most tokens, of 8, 4, 2 and 1, for which the GEMV beats the GEMM on
+ * the first layer's widest 16-bit weight, timed here. */
+static uint32_t gemv_reach(cuda_state *st)
+{
+    const char *env = getenv("DEVIO_CUDA_GEMV");
+    if (env && *env) {
+        unsigned long v = strtoul(env, NULL, 10);
+        return v > CUDA_GEMV_MAX_TOK ? CUDA_GEMV_MAX_TOK : (uint32_t)v;
+    }
+#if defined(DEVIO_CUDA_EMULATED)
+    (void)st;
+    return 0;
+#else
+    for (uint32_t i = 0; i < st->sh.n_layers; i++) {
+        const cuda_layer *l = &st->layers[i];
+        bool gu = l->w_gu != NULL;
+        const void *w = gu ? l->w_gu : l->w_qkv;
+        uint32_t m = gu ? 2 * st->sh.f : st->sh.q_dim + 2 * st->sh.kv_dim;
+        int dt = gu ? l->dt_mlp : l->dt_q;
+        if (!w || dt == CUDA_F32 || !cuda_gemv_fits(dt, st->sh.d))
+            continue;
+        for (uint32_t nt = CUDA_GEMV_MAX_TOK; nt >= 1; nt /= 2) {
+            if (nt > st->cfg.max_batch_tokens) /* the buffers' rows */
+                continue;
+            float g = time_product(st, true, nt, w, dt, m, st->sh.d, gu ? st->gu : st->qkv);
+            float b = time_product(st, false, nt, w, dt, m, st->sh.d, gu ? st->gu : st->qkv);
+            if (g > 0 && b > 0 && g < b)
+                return nt;
+        }
+        return 0;
+    }
+    return 0;
+#endif
+}
+
 /* Fast numerics: the GEMM library and the 16-bit staging of its inputs. */
 static devio_status create_fast(cuda_state *st, devio_error *err)
 {
@@ -514,6 +580,8 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
      * which the (non-blocking) step stream does not wait for. */
     if (s == DEVIO_OK)
         s = cuda_check(st, cudaDeviceSynchronize(), "finishing the uploads", err);
+    if (s == DEVIO_OK && st->fast)
+        st->gemv_max = gemv_reach(st);
     if (s == DEVIO_OK) {
         /* Pinned, the host logits arena takes asynchronous copies; when it
          * cannot be pinned, copies into it are synchronous and still right. */

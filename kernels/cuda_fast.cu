@@ -90,6 +90,101 @@ int cuda_silu_mul_pairs(const float *gu, float *act, uint32_t f, uint32_t n_tok,
     return cuda_launched();
 }
 
+/* ---- warp reductions in an order of their own ---- */
+
+__device__ inline float warp_max(float v)
+{
+#pragma unroll
+    for (int w = 16; w >= 1; w >>= 1) {
+        float o = __shfl_xor_sync(FULL, v, w);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+
+__device__ inline float warp_sum(float v)
+{
+#pragma unroll
+    for (int w = 16; w >= 1; w >>= 1)
+        v = v + __shfl_xor_sync(FULL, v, w);
+    return v;
+}
+
+/* ---- GEMV for small batches ---- */
+
+#define GEMV_WARPS 4 /* output rows per block */
+
+template <int DT>
+__global__ void __launch_bounds__(32 * GEMV_WARPS)
+    k_gemv(const void *w, uint32_t m, uint32_t n, const float *x, uint32_t ldx, uint32_t n_tok,
+           float alpha, float beta, float *y, uint32_t ldy)
+{
+    constexpr uint32_t V = DT == CUDA_F32 ? 4 : 8; /* elements per 16-byte load */
+    constexpr uint32_t ES = 16 / V;
+    uint32_t o = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (o >= m)
+        return; /* the whole warp */
+    const char *row = static_cast<const char *>(w) + (size_t)o * n * ES;
+    float acc[CUDA_GEMV_MAX_TOK];
+#pragma unroll
+    for (uint32_t t = 0; t < CUDA_GEMV_MAX_TOK; t++)
+        acc[t] = 0.0f;
+    for (uint32_t i = lane * V; i < n; i += 32 * V) {
+        float wv[V];
+        widen16<DT>(ld16(row + (size_t)i * ES), wv);
+#pragma unroll
+        for (uint32_t t = 0; t < CUDA_GEMV_MAX_TOK; t++) {
+            if (t >= n_tok)
+                break;
+            const float *xt = x + (size_t)t * ldx + i;
+#pragma unroll
+            for (uint32_t v = 0; v < V; v++)
+                acc[t] = acc[t] + wv[v] * xt[v];
+        }
+    }
+#pragma unroll
+    for (uint32_t t = 0; t < CUDA_GEMV_MAX_TOK; t++) {
+        if (t >= n_tok)
+            break;
+        float d = warp_sum(acc[t]);
+        if (lane == 0) {
+            float *yt = y + (size_t)t * ldy + o;
+            *yt = beta == 0.0f ? alpha * d : alpha * d + beta * *yt;
+        }
+    }
+}
+
+int cuda_gemv_fits(int dtype, uint32_t n)
+{
+    return dtype <= CUDA_BF16 && n > 0 && (size_t)n * (dtype == CUDA_F32 ? 4 : 2) % 16 == 0;
+}
+
+template <int DT>
+static void gemv_dt(const void *w, uint32_t m, uint32_t n, const float *x, uint32_t ldx,
+                    uint32_t n_tok, float alpha, float beta, float *y, uint32_t ldy,
+                    cudaStream_t s)
+{
+    LAUNCH((k_gemv<DT>), cuda_blocks_for(m, GEMV_WARPS), 32 * GEMV_WARPS, 0, s, w, m, n, x, ldx,
+           n_tok, alpha, beta, y, ldy);
+}
+
+int cuda_gemv(int dtype, const void *w, uint32_t m, uint32_t n, const float *x, uint32_t ldx,
+              uint32_t n_tok, float alpha, float beta, float *y, uint32_t ldy, void *stream)
+{
+    if (!cuda_gemv_fits(dtype, n) || n_tok > CUDA_GEMV_MAX_TOK)
+        return (int)cudaErrorInvalidValue;
+    if (m == 0 || n_tok == 0)
+        return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (dtype == CUDA_F32)
+        gemv_dt<CUDA_F32>(w, m, n, x, ldx, n_tok, alpha, beta, y, ldy, s);
+    else if (dtype == CUDA_F16)
+        gemv_dt<CUDA_F16>(w, m, n, x, ldx, n_tok, alpha, beta, y, ldy, s);
+    else
+        gemv_dt<CUDA_BF16>(w, m, n, x, ldx, n_tok, alpha, beta, y, ldy, s);
+    return cuda_launched();
+}
+
 /* ---- paged attention over 16-bit pools, split along the keys (flash-decoding) ---- */
 
 #define A16_KEYS 32      /* keys a block stages in shared memory at once: one per lane, so 32 */
@@ -114,24 +209,6 @@ __device__ inline uint32_t a16_keys(const cuda_kv &kv, uint32_t pos, uint32_t *j
 /* The two 16-bit K or V elements of a 32-bit word, element 2i in the low half. */
 __device__ inline float kv_lo(uint32_t u) { return kv16_load((uint16_t)(u & 0xffffu)); }
 __device__ inline float kv_hi(uint32_t u) { return kv16_load((uint16_t)(u >> 16)); }
-
-__device__ inline float warp_max(float v)
-{
-#pragma unroll
-    for (int w = 16; w >= 1; w >>= 1) {
-        float o = __shfl_xor_sync(FULL, v, w);
-        v = o > v ? o : v;
-    }
-    return v;
-}
-
-__device__ inline float warp_sum(float v)
-{
-#pragma unroll
-    for (int w = 16; w >= 1; w >>= 1)
-        v = v + __shfl_xor_sync(FULL, v, w);
-    return v;
-}
 
 /* Block (token t, heads of group g, range s). Every thread stages the chunk's keys and values
  * (as pairs of 16-bit elements, rows padded by one word); warp w is one head: lane j scores key j, then the

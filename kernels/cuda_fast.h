@@ -27,6 +27,17 @@ int cuda_split3(const float *src, uint32_t a, uint32_t b, uint32_t c, float *da,
  * output [n_tok, 2 f]. */
 int cuda_silu_mul_pairs(const float *gu, float *act, uint32_t f, uint32_t n_tok, void *stream);
 
+/* The GEMV of small batches beside cuda_gemm.h's GEMM: for t < n_tok <= CUDA_GEMV_MAX_TOK,
+ *   y[t * ldy + o] = alpha * sum_i w[o * n + i] * x[t * ldx + i] + beta * y[t * ldy + o]
+ * with w row-major [m, n] of dtype (CUDA_F32, CUDA_F16 or CUDA_BF16) read 16 bytes per lane
+ * and widened exactly, x read as f32 (not rounded to 16 bits), products and sums in f32 in an
+ * order of its own; beta 0 never reads y. A warp per output row. cuda_gemv_fits: rows whose
+ * bytes are a multiple of 16 (the loads' alignment). */
+#define CUDA_GEMV_MAX_TOK 8u
+int cuda_gemv_fits(int dtype, uint32_t n);
+int cuda_gemv(int dtype, const void *w, uint32_t m, uint32_t n, const float *x, uint32_t ldx,
+              uint32_t n_tok, float alpha, float beta, float *y, uint32_t ldy, void *stream);
+
 /* Paged attention over f16 K and V pools (kv->k16, kv->v16): rule 6's softmax and sums, in an
  * order of its own. A block serves up to 8 heads of one GQA group, so each key of the group is
  * read once for all of them. A token's keys are cut into `splits` contiguous ranges computed

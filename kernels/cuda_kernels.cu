@@ -186,22 +186,6 @@ int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps
 #define UNROLL 8
 #define CHUNKS 4
 
-/* The V weights of one lane in a lane-major chunk, widened exactly. */
-template <int DT>
-__device__ __forceinline__ void widen16(uint4 q, float *w)
-{
-    uint32_t word[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int u = 0; u < (DT == CUDA_F32 ? 4 : 8); u++) {
-        if (DT == CUDA_F32) {
-            w[u] = devio_num_float(word[u]);
-        } else {
-            uint16_t h = (uint16_t)(word[u / 2] >> (16 * (u % 2)));
-            w[u] = DT == CUDA_F16 ? devio_f16_to_f32(h) : devio_bf16_to_f32(h);
-        }
-    }
-}
-
 /* Every token of the tile adds N more of its lane's terms, w[u] * x[i0 + 32 u]
  * (and w2[u] times the same into acc2 when TWO) in u order: the lane rule's
  * order, whichever path loaded the weights. */

@@ -93,6 +93,7 @@ typedef struct cuda_state {
     float *qkv, *gu;  /* [max_batch_tokens, q_dim + 2 kv_dim], [.., 2 f]: fused GEMM outputs */
     float *bqkv;      /* [L, q_dim + 2 kv_dim]: bq, bk, bv side by side, or NULL */
     float *part;      /* attention's ranges before they are combined (cuda_fast.h) */
+    uint32_t gemv_max;/* batches of at most this many tokens take the GEMV (cuda_fast.h) */
 
     /* Weights, uploaded once as loaded. */
     const void *embed, *lm_head; /* projections lane-major (cuda_kernels.h), row-major when fast */

@@ -118,52 +118,66 @@ devio_status step_lora(cuda_step *sp, uint32_t li, int target, const step_tables
     return DEVIO_OK;
 }
 
-/* One GEMM of fast numerics: y = alpha * x W^T + beta * y over mv's tokens. */
-static devio_status gemm(cuda_step *sp, const cuda_matvec *mv, const void *w, const void *x,
-                         uint32_t ldx, float alpha, float beta, float *y, uint32_t ldy,
-                         const char *what)
+/* One product of fast numerics: y = alpha * x W^T + beta * y over mv's
+ * tokens, by the GEMV (x is mv->x, f32) or the GEMM (x as fast_project laid
+ * it out). */
+typedef struct fast_in {
+    const void *x;
+    uint32_t ldx;
+    bool gemv;
+} fast_in;
+
+static devio_status gemm(cuda_step *sp, const cuda_matvec *mv, const void *w, fast_in in,
+                         float alpha, float beta, float *y, uint32_t ldy, const char *what)
 {
-    CHECK(sp,
-          cuda_gemm_run(sp->st->gemm, mv->dtype, w, mv->m, mv->n, x, ldx, mv->n_tok, alpha, beta,
-                        y, ldy, sp->st->stream),
-          what);
+    cuda_state *st = sp->st;
+    if (in.gemv)
+        CHECK(sp,
+              cuda_gemv(mv->dtype, w, mv->m, mv->n, mv->x, mv->ldx, mv->n_tok, alpha, beta, y,
+                        ldy, st->stream),
+              what);
+    else
+        CHECK(sp,
+              cuda_gemm_run(st->gemm, mv->dtype, w, mv->m, mv->n, in.x, in.ldx, mv->n_tok, alpha,
+                            beta, y, ldy, st->stream),
+              what);
     return DEVIO_OK;
 }
 
-/* Rule 3 under fast numerics: the input rounded to the weight's 16-bit type
- * (f32 weights take it as it is), one GEMM per weight with the epilogue
- * folded into alpha and beta (a bias is laid down first; SiLU-and-multiply
- * runs on the two GEMMs' outputs). */
+/* Rule 3 under fast numerics: batches up to st->gemv_max tokens on the
+ * GEMV, which reads the f32 input as it is; larger ones on the GEMM, the
+ * input rounded to the weight's 16-bit type (f32 weights take it as it is).
+ * One product per weight, the epilogue folded into alpha and beta (a bias
+ * is laid down first; SiLU-and-multiply runs on the two products). */
 static devio_status fast_project(cuda_step *sp, const cuda_matvec *mv, const char *what)
 {
     cuda_state *st = sp->st;
-    const void *x = mv->x;
-    uint32_t ldx = mv->ldx;
-    if (mv->dtype != CUDA_F32) {
+    fast_in in = {.x = mv->x, .ldx = mv->ldx,
+                  .gemv = mv->n_tok <= st->gemv_max && cuda_gemv_fits(mv->dtype, mv->n)};
+    if (mv->dtype != CUDA_F32 && !in.gemv) {
         CHECK(sp, cuda_round16(mv->x, mv->ldx, st->x16, mv->n, mv->n_tok, mv->dtype, st->stream),
               what);
-        x = st->x16;
-        ldx = mv->n;
+        in.x = st->x16;
+        in.ldx = mv->n;
     }
     devio_status s;
     switch (mv->epi) {
     case CUDA_EPI_BIAS:
         CHECK(sp, cuda_bias_rows(mv->y, mv->ldy, mv->bias, mv->m, mv->n_tok, st->stream), what);
-        return gemm(sp, mv, mv->w, x, ldx, 1.0f, 1.0f, mv->y, mv->ldy, what);
-    case CUDA_EPI_ADD: return gemm(sp, mv, mv->w, x, ldx, 1.0f, 1.0f, mv->y, mv->ldy, what);
-    case CUDA_EPI_ADD_SCALED:
-        return gemm(sp, mv, mv->w, x, ldx, mv->scale, 1.0f, mv->y, mv->ldy, what);
+        return gemm(sp, mv, mv->w, in, 1.0f, 1.0f, mv->y, mv->ldy, what);
+    case CUDA_EPI_ADD: return gemm(sp, mv, mv->w, in, 1.0f, 1.0f, mv->y, mv->ldy, what);
+    case CUDA_EPI_ADD_SCALED: return gemm(sp, mv, mv->w, in, mv->scale, 1.0f, mv->y, mv->ldy, what);
     case CUDA_EPI_DIV:
-        return gemm(sp, mv, mv->w, x, ldx, 1.0f / mv->scale, 0.0f, mv->y, mv->ldy, what);
+        return gemm(sp, mv, mv->w, in, 1.0f / mv->scale, 0.0f, mv->y, mv->ldy, what);
     case CUDA_EPI_SILU_MUL:
-        if ((s = gemm(sp, mv, mv->w, x, ldx, 1.0f, 0.0f, st->g_tmp, mv->m, what)) ||
-            (s = gemm(sp, mv, mv->w2, x, ldx, 1.0f, 0.0f, st->u_tmp, mv->m, what)))
+        if ((s = gemm(sp, mv, mv->w, in, 1.0f, 0.0f, st->g_tmp, mv->m, what)) ||
+            (s = gemm(sp, mv, mv->w2, in, 1.0f, 0.0f, st->u_tmp, mv->m, what)))
             return s;
         CHECK(sp, cuda_silu_mul(st->g_tmp, st->u_tmp, mv->y, mv->m, mv->n_tok, st->stream), what);
         return DEVIO_OK;
     case CUDA_EPI_STORE: break;
     }
-    return gemm(sp, mv, mv->w, x, ldx, 1.0f, 0.0f, mv->y, mv->ldy, what);
+    return gemm(sp, mv, mv->w, in, 1.0f, 0.0f, mv->y, mv->ldy, what);
 }
 
 devio_status step_project(cuda_step *sp, cuda_matvec mv, const char *what)

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "device/numerics.h"
+#include "kernels/cuda_kernels.h"
 
 #define FULL 0xffffffffu
 
@@ -68,6 +69,24 @@ __device__ __forceinline__ uint16_t kv16_store(float v)
     return devio_f32_to_f16_rne(v);
 }
 __device__ __forceinline__ float kv16_load(uint16_t h) { return devio_f16_to_f32(h); }
+
+/* The 16 bytes q of f32, f16 or bf16 elements (4 or 8, in memory order),
+ * widened exactly: a lane's V weights of a lane-major chunk, or a row-major
+ * weight's 16 bytes. */
+template <int DT>
+__device__ __forceinline__ void widen16(uint4 q, float *w)
+{
+    uint32_t word[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int u = 0; u < (DT == CUDA_F32 ? 4 : 8); u++) {
+        if (DT == CUDA_F32) {
+            w[u] = devio_num_float(word[u]);
+        } else {
+            uint16_t h = (uint16_t)(word[u / 2] >> (16 * (u % 2)));
+            w[u] = DT == CUDA_F16 ? devio_f16_to_f32(h) : devio_bf16_to_f32(h);
+        }
+    }
+}
 
 /* The cudaError_t of the launch just made, as an int. */
 static inline int cuda_launched(void)

@@ -438,6 +438,17 @@ def bench_fast(c, tmp, read_gbs, strict):
     m = re.search(r"prefill (\d+) tokens: ([\d.]+) tokens/s", p.stdout)
     if m:
         fig["%sprefill_%s_tok_s" % (pre, m.group(1))] = float(m.group(2))
+    # The GEMV against the GEMM on small batches, each forced (DEVIO_CUDA_GEMV); the run
+    # above used what the backend picked by timing both at start.
+    small = ["--batches", "1,8", "--steps", "4" if c.emulated else "32", "--prefill", "16"]
+    for reach in ("0", "8"):
+        q = c.sh(cmd + small, 120, check=True, env=dict(os.environ, DEVIO_CUDA_GEMV=reach))
+        for b, tps in re.findall(r"decode batch +(\d+): +([\d.]+) tokens/s", q.stdout):
+            fig["%s%s_decode_b%s_tok_s" % (pre, "gemv" if reach == "8" else "gemm", b)] = float(tps)
+    for b in ("1", "8"):
+        v, g = fig.get("%sgemv_decode_b%s_tok_s" % (pre, b)), fig.get("%sgemm_decode_b%s_tok_s" % (pre, b))
+        if v and g:
+            fig["%sgemv_over_gemm_b%s" % (pre, b)] = round(v / g, 3)
     ok = "(fast numerics)" in p.stdout and any("decode_b" in k for k in fig)
     return ("ok" if ok else "FAIL"), fig
 

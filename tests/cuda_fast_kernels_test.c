@@ -1,5 +1,6 @@
-/* cuda_fast_kernels_test.c - the fast numerics' paged attention (kernels/cuda_fast.h) against
- * a float64 computation of the same softmax over the same f16 keys and values: GQA groups
+/* cuda_fast_kernels_test.c - the fast numerics' kernels (kernels/cuda_fast.h) against float64:
+ * the GEMV of small batches over every token count it takes, and the paged attention against
+ * the same softmax over the same f16 keys and values: GQA groups
  * narrower and wider than a block's 8 warps, head sizes with a lane's second column pair, a
  * sliding window, keys past several chunks and every split count from one to the most a step
  * takes, blocks scattered over the pool. Built twice: on the SIMT emulator (every machine) and,
@@ -162,6 +163,74 @@ static void test_head_dim_256(void **state)
     check_case(&c, 0);
 }
 
+/* The GEMV against float64 over the same widened weights and f32 inputs, every token count it
+ * takes, with and without beta; rows whose bytes are not a multiple of 16 are refused. */
+static void gemv_case(int dtype, uint32_t m, uint32_t n)
+{
+    uint32_t es = dtype == CUDA_F32 ? 4 : 2, ldx = n + 3, ldy = m + 1;
+    uint64_t seed = 77u + n;
+    uint8_t *w = malloc((size_t)m * n * es);
+    float *wf = malloc((size_t)m * n * sizeof *wf), *x = malloc(8 * (size_t)ldx * 4);
+    float *y0 = malloc(8 * (size_t)ldy * 4), *y = malloc(8 * (size_t)ldy * 4);
+    for (size_t i = 0; i < (size_t)m * n; i++) {
+        float v = uniform(&seed);
+        if (dtype == CUDA_F32) {
+            memcpy(w + 4 * i, &v, 4);
+        } else {
+            uint16_t h = dtype == CUDA_F16 ? devio_f32_to_f16_rne(v) : devio_f32_to_bf16_rne(v);
+            memcpy(w + 2 * i, &h, 2);
+            v = dtype == CUDA_F16 ? devio_f16_to_f32(h) : devio_bf16_to_f32(h);
+        }
+        wf[i] = v;
+    }
+    for (size_t i = 0; i < 8 * (size_t)ldx; i++)
+        x[i] = uniform(&seed);
+    for (size_t i = 0; i < 8 * (size_t)ldy; i++)
+        y0[i] = uniform(&seed);
+    void *dw = dev_copy(w, (size_t)m * n * es);
+    float *dx = dev_copy(x, 8 * (size_t)ldx * 4), *dy = dev_copy(NULL, 8 * (size_t)ldy * 4);
+    for (uint32_t nt = 1; nt <= CUDA_GEMV_MAX_TOK; nt++)
+        for (int with_beta = 0; with_beta < 2; with_beta++) {
+            float alpha = 0.5f, beta = with_beta ? 2.0f : 0.0f;
+            assert_int_equal(cudaMemcpy(dy, y0, 8 * (size_t)ldy * 4, cudaMemcpyHostToDevice),
+                             cudaSuccess);
+            assert_int_equal(cuda_gemv(dtype, dw, m, n, dx, ldx, nt, alpha, beta, dy, ldy, NULL),
+                             0);
+            assert_int_equal(cudaMemcpy(y, dy, 8 * (size_t)ldy * 4, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            for (uint32_t t = 0; t < 8; t++)
+                for (uint32_t o = 0; o < ldy; o++) {
+                    size_t at = (size_t)t * ldy + o;
+                    double want = y0[at];
+                    if (t < nt && o < m) {
+                        double d = 0.0;
+                        for (uint32_t i = 0; i < n; i++)
+                            d += (double)wf[(size_t)o * n + i] * x[(size_t)t * ldx + i];
+                        want = alpha * d + beta * (double)y0[at];
+                    }
+                    if (fabs(y[at] - want) > 1e-5 * (1.0 + sqrt((double)n)))
+                        fail_msg("dtype %d, %u tokens, beta %g: y[%u][%u] %.9g, want %.9g", dtype,
+                                 nt, (double)beta, t, o, (double)y[at], want);
+                }
+        }
+    cudaFree(dw), cudaFree(dx), cudaFree(dy);
+    free(w), free(wf), free(x), free(y0), free(y);
+}
+
+static void test_gemv(void **state)
+{
+    (void)state;
+    gemv_case(CUDA_BF16, 37, 264);
+    gemv_case(CUDA_F16, 9, 1024);
+    gemv_case(CUDA_F32, 5, 36);
+    assert_false(cuda_gemv_fits(CUDA_BF16, 12));
+    assert_false(cuda_gemv_fits(CUDA_Q8_0, 256));
+    assert_int_equal(cuda_gemv(CUDA_BF16, NULL, 1, 12, NULL, 12, 1, 1.0f, 0.0f, NULL, 1, NULL),
+                     cudaErrorInvalidValue);
+    assert_int_equal(cuda_gemv(CUDA_BF16, NULL, 1, 16, NULL, 16, 9, 1.0f, 0.0f, NULL, 1, NULL),
+                     cudaErrorInvalidValue);
+}
+
 static void test_split_counts(void **state)
 {
     (void)state;
@@ -180,7 +249,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_counts),     cmocka_unit_test(test_gqa_splits),
         cmocka_unit_test(test_wide_group),       cmocka_unit_test(test_window_odd_pairs),
-        cmocka_unit_test(test_head_dim_256),
+        cmocka_unit_test(test_head_dim_256),     cmocka_unit_test(test_gemv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -642,6 +642,21 @@ static void test_fast_bf16_lora(void **state)
     devio_fixture_free(&fx);
 }
 
+/* The same with every batch of up to 8 tokens on the GEMV (DEVIO_CUDA_GEMV=8): decode rows
+ * take it, the prompts the GEMM. */
+static void test_fast_gemv(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    devio_fixture fx;
+    char adapters[300];
+    fixture_with(&fx, DEVIO_BF16, true, adapters, sizeof adapters);
+    setenv("DEVIO_CUDA_GEMV", "8", 1);
+    compare_fast(&fx, adapters, workload);
+    unsetenv("DEVIO_CUDA_GEMV");
+    devio_fixture_free(&fx);
+}
+
 static void test_fast_f32(void **state)
 {
     (void)state;
@@ -989,6 +1004,7 @@ int main(void)
         cmocka_unit_test(test_strict_f16_lora),
         cmocka_unit_test(test_fast_bf16_lora),
         cmocka_unit_test(test_fast_f32),
+        cmocka_unit_test(test_fast_gemv),
         cmocka_unit_test(test_graphs),
         cmocka_unit_test(test_wide_bf16_tied),
         cmocka_unit_test(test_wide_f32),

@@ -4,8 +4,8 @@ reference by tolerance: two devio-server processes on one model, the reference (
 CUDA backend in fast numerics (cuda-emu by default: the kernels and the GEMM interface run on the
 CPU), fed the same tokens, their logits read back as binary32 at every position.
 
-Usage: python3 tests/python/fast_numerics_check.py --bin bazel-bin [--model PATH | --preset small]
-           [--positions 512] [--backend cuda-emu] [--negative [--mutant NAME]]
+Usage: python3 tests/python/fast_numerics_check.py --bin bazel-bin [--model PATH|fetch | --preset small]
+           [--positions 512] [--backend cuda-emu] [--gemv N] [--negative [--mutant NAME]]
 
 A 16-token prompt, then --positions greedy decode positions, teacher-forced with the
 reference's greedy token so that both servers see the same sequence. It must hold that:
@@ -17,7 +17,9 @@ reference's greedy token so that both servers see the same sequence. It must hol
 column left out of every sum) and exits 0 only when the logits' tolerance fails on it: the control
 that shows the check can fail. --negative --mutant NAME runs mutant NAME's cuda-emu plugin instead
 (kernels/emu/mutate.py: "combine" adds attention's ranges without bringing them to a common max).
-Prints the figures; exit 0 when they hold, 1 when not.
+--gemv N runs batches of up to N tokens on the GEMV of kernels/cuda_fast.h (DEVIO_CUDA_GEMV=N)
+instead of the GEMM: every decode position here. Prints the figures; exit 0 when they hold,
+1 when not.
 """
 import argparse
 import pathlib
@@ -88,7 +90,8 @@ def run(bins, model, positions, backend, backend_path, env, tmp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default="bazel-bin")
-    ap.add_argument("--model", help="a GGUF file or model directory (default: --preset)")
+    ap.add_argument("--model", help="a GGUF file or model directory (default: --preset); "
+                    "'fetch': SmolLM2 by deploy/fetch-model.sh (exit 77 when it cannot be had)")
     ap.add_argument("--preset", default="small", help="devio-mkmodel preset without --model")
     ap.add_argument("--dtype", default="bf16", help="the preset's weight type")
     ap.add_argument("--arch", default="llama", help="the preset's architecture (devio-mkmodel --arch)")
@@ -97,9 +100,18 @@ def main():
     ap.add_argument("--negative", action="store_true",
                     help="the broken-GEMM control: succeed only when the check fails")
     ap.add_argument("--mutant", help="with --negative: this mutant's plugin, not the broken GEMM")
+    ap.add_argument("--gemv", type=int, help="DEVIO_CUDA_GEMV for the fast server")
     a = ap.parse_args()
     if a.mutant and not a.negative:
         ap.error("--mutant goes with --negative")
+    if a.model == "fetch":
+        p = subprocess.run(["bash", str(ROOT / "deploy" / "fetch-model.sh")], capture_output=True,
+                           text=True, timeout=900)
+        if p.returncode != 0:
+            print("fast_numerics_check: skipped, the model cannot be fetched: "
+                  + p.stderr.strip()[-300:])
+            return 77
+        a.model = p.stdout.strip().splitlines()[-1]
     bins = pathlib.Path(a.bin).resolve()
     backend_path = bins / "kernels" / "mutants" / a.mutant if a.mutant else bins / "kernels"
     broken = "mutant %s" % a.mutant if a.mutant else "broken GEMM"
@@ -113,12 +125,15 @@ def main():
                             "--arch", a.arch, "--dtype", a.dtype, "--out", str(model)], check=True,
                            capture_output=True, timeout=300)
         env = {"DEVIO_EMU_GEMM_BREAK": "1"} if a.negative and not a.mutant else {}
+        if a.gemv is not None:
+            env["DEVIO_CUDA_GEMV"] = str(a.gemv)
         dev, rel, peak, agree, differ = run(bins, model, a.positions, a.backend, backend_path,
                                             env, tmp)
     ok = rel.max() <= REL_TOL and agree >= AGREE and differ == 0
-    print("fast_numerics_check: %s on %s (%s), %d positions%s" % (
+    print("fast_numerics_check: %s on %s (%s), %d positions%s%s" % (
         dev["backend"], dev["model"]["architecture"], a.model or "%s %s %s" % (a.preset, a.arch, a.dtype),
-        len(rel), ", %s (negative control)" % broken if a.negative else ""))
+        len(rel), ", GEMV up to %d tokens" % a.gemv if a.gemv else "",
+        ", %s (negative control)" % broken if a.negative else ""))
     print("  logits: relative error (2-norm) at most %.3g (median %.3g), limit %g; largest "
           "difference over largest magnitude %.3g" % (rel.max(), float(np.median(rel)), REL_TOL,
                                                      peak.max()))
