@@ -82,6 +82,8 @@ OUTSIDE_FLAGS = {
 OTHER_ENV = {
     "DEVIO_TOKEN": "the bearer token of devio-server",
     "DEVIO_REF_ISA": "the reference's instruction-set path, any binary (docs/backends.md)",
+    "DEVIO_CUDA_GRAPHS": "0 turns the CUDA backend's graphs off (docs/backends.md)",
+    "DEVIO_CUDA_GEMV": "the CUDA backend's GEMV reach under fast numerics (docs/backends.md)",
 }
 
 # Files the docs cite that other changes are writing now; reported, not failed.
