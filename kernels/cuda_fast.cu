@@ -185,6 +185,103 @@ int cuda_gemv(int dtype, const void *w, uint32_t m, uint32_t n, const float *x, 
     return cuda_launched();
 }
 
+/* ---- grouped LoRA (SGMV) ---- */
+
+#define SG_TOK 8     /* tokens of one slot whose sums a thread holds at once */
+#define SG_WARPS 4   /* rank rows per shrink block */
+#define SG_OUT 128   /* output rows per expand block */
+
+__global__ void __launch_bounds__(32 * SG_WARPS)
+    k_sgmv_shrink(const cuda_lora_mod *mods, uint32_t per_slot, uint32_t idx, uint32_t n_slots,
+                  const uint32_t *seg, const float *x, uint32_t ldx, uint32_t max_rank,
+                  float *a_buf)
+{
+    uint32_t s = blockIdx.x, lane = threadIdx.x % 32;
+    uint32_t j = blockIdx.y * SG_WARPS + threadIdx.x / 32;
+    const uint32_t *list = seg + n_slots + 1;
+    uint32_t b = seg[s], e = seg[s + 1];
+    const cuda_lora_mod *md = &mods[(size_t)s * per_slot + idx];
+    if (b == e || !md->a || j >= md->rank)
+        return; /* the whole warp */
+    const float *ar = md->a + (size_t)j * md->in;
+    for (uint32_t t0 = b; t0 < e; t0 += SG_TOK) {
+        uint32_t nt = e - t0 < SG_TOK ? e - t0 : SG_TOK;
+        float acc[SG_TOK];
+#pragma unroll
+        for (uint32_t tt = 0; tt < SG_TOK; tt++)
+            acc[tt] = 0.0f;
+        for (uint32_t i = lane; i < md->in; i += 32) {
+            float a = ar[i];
+#pragma unroll
+            for (uint32_t tt = 0; tt < SG_TOK; tt++) {
+                if (tt >= nt)
+                    break;
+                acc[tt] = acc[tt] + a * x[(size_t)list[t0 + tt] * ldx + i];
+            }
+        }
+#pragma unroll
+        for (uint32_t tt = 0; tt < SG_TOK; tt++) {
+            if (tt >= nt)
+                break;
+            float d = warp_sum(acc[tt]);
+            if (lane == 0)
+                a_buf[(size_t)list[t0 + tt] * max_rank + j] = d;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(SG_OUT)
+    k_sgmv_expand(const cuda_lora_mod *mods, uint32_t per_slot, uint32_t idx, uint32_t n_slots,
+                  const uint32_t *seg, uint32_t max_rank, const float *a_buf, float *y,
+                  uint32_t ldy)
+{
+    uint32_t s = blockIdx.x, o = blockIdx.y * SG_OUT + threadIdx.x;
+    const uint32_t *list = seg + n_slots + 1;
+    uint32_t b = seg[s], e = seg[s + 1];
+    const cuda_lora_mod *md = &mods[(size_t)s * per_slot + idx];
+    if (b == e || !md->a || o >= md->out)
+        return;
+    const float *br = md->b + (size_t)o * md->rank;
+    for (uint32_t t0 = b; t0 < e; t0 += SG_TOK) {
+        uint32_t nt = e - t0 < SG_TOK ? e - t0 : SG_TOK;
+        float acc[SG_TOK];
+#pragma unroll
+        for (uint32_t tt = 0; tt < SG_TOK; tt++)
+            acc[tt] = 0.0f;
+        for (uint32_t r = 0; r < md->rank; r++) {
+            float bv = br[r];
+#pragma unroll
+            for (uint32_t tt = 0; tt < SG_TOK; tt++) {
+                if (tt >= nt)
+                    break;
+                acc[tt] = acc[tt] + bv * a_buf[(size_t)list[t0 + tt] * max_rank + r];
+            }
+        }
+#pragma unroll
+        for (uint32_t tt = 0; tt < SG_TOK; tt++) {
+            if (tt >= nt)
+                break;
+            float *yo = y + (size_t)list[t0 + tt] * ldy + o;
+            *yo = *yo + acc[tt] * md->scale;
+        }
+    }
+}
+
+int cuda_sgmv(const cuda_lora_mod *mods, uint32_t per_slot, uint32_t idx, uint32_t n_slots,
+              const uint32_t *seg, const float *x, uint32_t ldx, float *y, uint32_t ldy,
+              uint32_t max_rank, uint32_t max_out, float *a_buf, void *stream)
+{
+    if (n_slots == 0 || max_rank == 0 || max_out == 0)
+        return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    LAUNCH((k_sgmv_shrink), dim3(n_slots, cuda_blocks_for(max_rank, SG_WARPS)), 32 * SG_WARPS, 0,
+           s, mods, per_slot, idx, n_slots, seg, x, ldx, max_rank, a_buf);
+    if (cudaPeekAtLastError() == cudaSuccess)
+        LAUNCH((k_sgmv_expand), dim3(n_slots, cuda_blocks_for(max_out, SG_OUT)), SG_OUT, 0, s,
+               mods, per_slot, idx, n_slots, seg, max_rank, a_buf, y, ldy);
+    return cuda_launched();
+}
+
 /* ---- paged attention over 16-bit pools, split along the keys (flash-decoding) ---- */
 
 #define A16_KEYS 32      /* keys a block stages in shared memory at once: one per lane, so 32 */

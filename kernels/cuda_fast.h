@@ -38,6 +38,16 @@ int cuda_gemv_fits(int dtype, uint32_t n);
 int cuda_gemv(int dtype, const void *w, uint32_t m, uint32_t n, const float *x, uint32_t ldx,
               uint32_t n_tok, float alpha, float beta, float *y, uint32_t ldy, void *stream);
 
+/* Rule 3a's LoRA under fast numerics, grouped by adapter (SGMV): seg holds, for n_slots adapter
+ * slots, n_slots + 1 offsets into the token list that follows them (the tokens of slot s are
+ * list[seg[s] .. seg[s + 1])). For each slot with tokens whose module mods[s * per_slot + idx] is
+ * adapted, a[t] = A x[t] (shrink, the A rows read once per 8 tokens of the slot) then
+ * y[t] = y[t] + (B a[t]) * scale (expand, a thread per output row of B); a_buf holds
+ * [tokens, max_rank] floats. Products and sums in f32 in an order of their own. */
+int cuda_sgmv(const cuda_lora_mod *mods, uint32_t per_slot, uint32_t idx, uint32_t n_slots,
+              const uint32_t *seg, const float *x, uint32_t ldx, float *y, uint32_t ldy,
+              uint32_t max_rank, uint32_t max_out, float *a_buf, void *stream);
+
 /* Paged attention over f16 K and V pools (kv->k16, kv->v16): rule 6's softmax and sums, in an
  * order of its own. A block serves up to 8 heads of one GQA group, so each key of the group is
  * read once for all of them. A token's keys are cut into `splits` contiguous ranges computed

@@ -158,8 +158,12 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
 
     /* tokens, pos, bt_off, slot, out_tok, out_pos, out_bt_off, out_slot per
      * token, and every row's block table; with mixers, every row's
-     * cuda_ssm_row and its snapshot slots (EACH: one per token, END: one). */
+     * cuda_ssm_row and its snapshot slots (EACH: one per token, END: one);
+     * under fast numerics with adapter slots, the SGMV groups of all tokens
+     * and of the outputs. */
     uint64_t words = 8 * T + (uint64_t)cfg->max_rows * p->max_blocks_per_seq;
+    if (cfg->numerics == DEVIO_NUMERICS_FAST && cfg->adapter_slots > 0)
+        words += 2 * ((uint64_t)cfg->adapter_slots + 1) + 2 * T; /* SGMV groups */
     if (s->n_mixers > 0)
         words += (uint64_t)cfg->max_rows * (CUDA_SSM_ROW_WORDS + 1) + T;
     if (words > UINT32_MAX / 4)

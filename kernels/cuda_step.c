@@ -32,9 +32,25 @@ static devio_status check_adapters(const cuda_state *st, const devio_batch *b, d
     return DEVIO_OK;
 }
 
+/* The SGMV groups of n tokens whose adapter slots are slot[] (cuda_fast.h):
+ * n_slots + 1 offsets, then the tokens of slot 0, of slot 1, ... */
+static void pack_groups(uint32_t *w, const uint32_t *slot, uint32_t n, uint32_t n_slots)
+{
+    uint32_t *list = w + n_slots + 1, k = 0;
+    for (uint32_t s = 0; s < n_slots; s++) {
+        w[s] = k;
+        for (uint32_t t = 0; t < n; t++)
+            if (slot[t] == s)
+                list[k++] = t;
+    }
+    w[n_slots] = k;
+}
+
 /* The batch's tables into host words w, laid out as
  *   tokens[n] pos[n] bt_off[n] slot[n] out_tok[o] out_pos[o] out_bt[o] out_slot[o]
- * then, for hybrid models, the mixer's row tables (cuda_mixer_pack), then
+ * then, under fast numerics with adapter slots, the SGMV groups of all
+ * tokens and of the outputs (slots + 1 + n and slots + 1 + o words), then,
+ * for hybrid models, the mixer's row tables (cuda_mixer_pack), then
  * the rows' block tables bt[...] last (so that every offset before follows
  * from a graph's key), and the device views of them. Returns the words used. */
 static uint32_t pack(cuda_step *sp, uint32_t *w)
@@ -46,6 +62,14 @@ static uint32_t pack(cuda_step *sp, uint32_t *w)
     uint32_t *out_tok = w + 4 * n, *out_pos = out_tok + o, *out_bt = out_pos + o;
     uint32_t *out_slot = out_bt + o, used = 4 * n + 4 * o, nb = 0;
     const uint32_t *d = st->meta;
+    const uint32_t *groups_all = NULL, *groups_out = NULL; /* device */
+    if (st->fast && st->cfg.adapter_slots > 0) {
+        /* filled below, once slot[] and out_slot[] are */
+        groups_all = d + used;
+        used += st->cfg.adapter_slots + 1 + n;
+        groups_out = d + used;
+        used += st->cfg.adapter_slots + 1 + o;
+    }
     sp->mixer_words = st->sh.n_mixers > 0 ? cuda_mixer_pack(sp, w + used, d + used) : 0;
     used += sp->mixer_words;
     uint32_t *bt = w + used;
@@ -73,11 +97,16 @@ static uint32_t pack(cuda_step *sp, uint32_t *w)
         out_bt[i] = bt_off[t];
         out_slot[i] = slot[t];
     }
+    if (groups_all) {
+        pack_groups(w + (groups_all - d), slot, n, st->cfg.adapter_slots);
+        pack_groups(w + (groups_out - d), out_slot, o, st->cfg.adapter_slots);
+    }
     sp->all = (step_tables){.tokens = (const int32_t *)d, .pos = d + n, .bt_off = d + 2 * n,
-                            .slot = (const int32_t *)(d + 3 * n), .bt = d + used};
+                            .slot = (const int32_t *)(d + 3 * n), .bt = d + used,
+                            .groups = groups_all};
     sp->out = (step_tables){.pos = d + 4 * n + o, .bt_off = d + 4 * n + 2 * o,
                             .slot = (const int32_t *)(d + 4 * n + 3 * o), .bt = d + used,
-                            .out_tok = d + 4 * n};
+                            .out_tok = d + 4 * n, .groups = groups_out};
     return used + nb;
 }
 
@@ -111,7 +140,15 @@ devio_status step_lora(cuda_step *sp, uint32_t li, int target, const step_tables
     cuda_state *st = sp->st;
     if (!lora_on(sp, target))
         return DEVIO_OK;
-    CHECK(sp, cuda_lora(st->mods, st->sh.n_layers * DEVIO_LORA_N_TARGETS,
+    if (st->fast)
+        CHECK(sp,
+              cuda_sgmv(st->mods, st->sh.n_layers * DEVIO_LORA_N_TARGETS,
+                        li * DEVIO_LORA_N_TARGETS + (uint32_t)target, st->cfg.adapter_slots,
+                        t->groups, x, ldx, y, ldy, st->cfg.max_lora_rank, max_out, st->lora_a,
+                        st->stream),
+              "LoRA");
+    else
+        CHECK(sp, cuda_lora(st->mods, st->sh.n_layers * DEVIO_LORA_N_TARGETS,
                         li * DEVIO_LORA_N_TARGETS + (uint32_t)target, t->slot, x, ldx, y, ldy, n,
                         st->cfg.max_lora_rank, max_out, st->lora_a, st->stream),
           "LoRA");

@@ -14,6 +14,7 @@ typedef struct step_tables {
     const int32_t *tokens;
     const uint32_t *pos, *bt_off, *bt, *out_tok;
     const int32_t *slot;
+    const uint32_t *groups; /* fast numerics: the tokens grouped by adapter slot (SGMV) */
 } step_tables;
 
 typedef struct cuda_step {

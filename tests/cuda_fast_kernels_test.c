@@ -1,10 +1,10 @@
 /* cuda_fast_kernels_test.c - the fast numerics' kernels (kernels/cuda_fast.h) against float64:
- * the GEMV of small batches over every token count it takes, and the paged attention against
- * the same softmax over the same f16 keys and values: GQA groups
- * narrower and wider than a block's 8 warps, head sizes with a lane's second column pair, a
- * sliding window, keys past several chunks and every split count from one to the most a step
- * takes, blocks scattered over the pool. Built twice: on the SIMT emulator (every machine) and,
- * where nvcc is, on the GPU. */
+ * the GEMV of small batches over every token count it takes; grouped LoRA over slots with and
+ * without an adapter; and the paged attention against the same softmax over the same f16 keys
+ * and values: GQA groups narrower and wider than a block's 8 warps, head sizes with a lane's
+ * second column pair, a sliding window, keys past several chunks and every split count from
+ * one to the most a step takes, blocks scattered over the pool. Built twice: on the SIMT
+ * emulator (every machine) and, where nvcc is, on the GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -247,6 +247,70 @@ static void test_gemv(void **state)
                      cudaErrorInvalidValue);
 }
 
+/* Grouped LoRA over three slots (slot 1 not adapted, one token on no adapter) against float64:
+ * y = y + (B (A x)) * scale for each token of an adapted slot, the rest untouched. */
+static void test_sgmv(void **state)
+{
+    (void)state;
+    need_device();
+    enum { N = 11, IN = 40, OUT = 150, RANK = 6, MAXR = 8, SLOTS = 3 };
+    const int32_t slot[N] = {0, 2, -1, 0, 2, 2, 0, 1, 2, 0, 2};
+    uint64_t seed = 5;
+    float a[SLOTS][RANK * IN], b[SLOTS][OUT * RANK], x[N * IN], y0[N * OUT], y[N * OUT];
+    for (int s = 0; s < SLOTS; s++) {
+        for (int i = 0; i < RANK * IN; i++)
+            a[s][i] = uniform(&seed);
+        for (int i = 0; i < OUT * RANK; i++)
+            b[s][i] = uniform(&seed);
+    }
+    for (int i = 0; i < N * IN; i++)
+        x[i] = uniform(&seed);
+    for (int i = 0; i < N * OUT; i++)
+        y0[i] = uniform(&seed);
+    cuda_lora_mod mods[SLOTS];
+    for (int s = 0; s < SLOTS; s++)
+        mods[s] = (cuda_lora_mod){.a = s == 1 ? NULL : dev_copy(a[s], sizeof a[s]),
+                                  .b = s == 1 ? NULL : dev_copy(b[s], sizeof b[s]),
+                                  .rank = RANK, .in = IN, .out = OUT, .scale = 0.75f};
+    uint32_t groups[SLOTS + 1 + N], k = 0;
+    for (uint32_t s = 0; s < SLOTS; s++) {
+        groups[s] = k;
+        for (uint32_t t = 0; t < N; t++)
+            if (slot[t] == (int32_t)s)
+                groups[SLOTS + 1 + k++] = t;
+    }
+    groups[SLOTS] = k;
+    cuda_lora_mod *dmods = dev_copy(mods, sizeof mods);
+    uint32_t *dgroups = dev_copy(groups, sizeof groups);
+    float *dx = dev_copy(x, sizeof x), *dy = dev_copy(y0, sizeof y0);
+    float *abuf = dev_copy(NULL, N * MAXR * sizeof(float));
+    assert_int_equal(cuda_sgmv(dmods, 1, 0, SLOTS, dgroups, dx, IN, dy, OUT, MAXR, OUT, abuf,
+                               NULL),
+                     0);
+    assert_int_equal(cudaMemcpy(y, dy, sizeof y, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (uint32_t t = 0; t < N; t++)
+        for (uint32_t o = 0; o < OUT; o++) {
+            double want = y0[t * OUT + o];
+            int s = slot[t];
+            if (s == 0 || s == 2) {
+                double d = 0.0;
+                for (int r = 0; r < RANK; r++) {
+                    double ar = 0.0;
+                    for (int i = 0; i < IN; i++)
+                        ar += (double)a[s][r * IN + i] * x[t * IN + i];
+                    d += (double)b[s][o * RANK + r] * ar;
+                }
+                want += d * 0.75;
+            }
+            if (fabs(y[t * OUT + o] - want) > 1e-5 * 8.0)
+                fail_msg("token %u (slot %d) output %u: %.9g, want %.9g", t, s, o,
+                         (double)y[t * OUT + o], want);
+        }
+    for (int s = 0; s < SLOTS; s++)
+        cudaFree((void *)mods[s].a), cudaFree((void *)mods[s].b);
+    cudaFree(dmods), cudaFree(dgroups), cudaFree(dx), cudaFree(dy), cudaFree(abuf);
+}
+
 static void test_split_counts(void **state)
 {
     (void)state;
@@ -266,6 +330,7 @@ int main(void)
         cmocka_unit_test(test_split_counts),     cmocka_unit_test(test_gqa_splits),
         cmocka_unit_test(test_wide_group),       cmocka_unit_test(test_window_odd_pairs),
         cmocka_unit_test(test_head_dim_256),     cmocka_unit_test(test_gemv),
+        cmocka_unit_test(test_sgmv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

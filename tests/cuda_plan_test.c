@@ -91,10 +91,16 @@ static void test_fast_regions(void **state)
     /* attention's ranges: 64 token-ranges of every head, hd + 2 floats each */
     assert_int_equal(fast.fast_buf.part, 64 * 4 * 18 * 4);
     assert_int_equal(fast.fast, 4096 + 8192 + 16384 + 18432);
-    assert_int_equal(fast.total, strict.total - 10 * 1024 + fast.fast);
+    /* the SGMV groups of all tokens and of the outputs: slots + 1 offsets and a list each */
+    assert_int_equal(fast.meta_words, strict.meta_words + 2 * (2 + 1) + 2 * 16);
+    assert_int_equal(fast.total,
+                     strict.total - 10 * 1024 + fast.fast + 4 * (fast.meta_words - strict.meta_words));
     uint64_t budget = strict.total - strict.kv + 10000ull * 2048;
     assert_int_equal(cuda_plan_kv_fit(&strict, budget), 10000);
-    assert_int_equal(cuda_plan_kv_fit(&fast, budget), (10000 * 2048 - fast.fast) / 1024);
+    /* the rest of the fast plan is larger by its buffers and the groups' words */
+    uint64_t more = (fast.total - fast.kv) - (strict.total - strict.kv);
+    assert_int_equal(more, fast.fast + 4 * (fast.meta_words - strict.meta_words));
+    assert_int_equal(cuda_plan_kv_fit(&fast, budget), (10000 * 2048 - more) / 1024);
 }
 
 /* Qwen3's q_norm and k_norm take head_dim floats each per layer, widened;

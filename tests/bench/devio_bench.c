@@ -138,9 +138,47 @@ static void free_seqs(devio_device *d, const uint64_t *seqs, uint32_t n)
     }
 }
 
-/* Decode `steps` steps at batch `batch` after a short prefill; tokens/s. */
-static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint32_t vocab)
+/* n adapters a0.. of rank 16 on every projection of the model in model_dir,
+ * written under root; 0, or -1 with err filled. */
+static int write_adapters(const char *model_dir, const char *root, uint32_t n, devio_error *err)
 {
+    for (uint32_t i = 0; i < n; i++) {
+        char out[400];
+        snprintf(out, sizeof out, "%s/a%u", root, i);
+        devio_mkmodel_adapter_opts o = devio_mkmodel_adapter_opts_default();
+        o.model_dir = model_dir;
+        o.out_dir = out;
+        o.rank = 16;
+        o.alpha = 16;
+        o.targets = (1u << DEVIO_LORA_N_TARGETS) - 1;
+        o.seed = i + 1;
+        if (check(devio_mkmodel_write_adapter(&o, err), err, "write adapter") < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Loads adapters a0.. by their directories' names. */
+static int load_adapters(devio_device *d, uint32_t n, devio_error *err)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "a%u", i);
+        devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = name, .path = name};
+        devio_lora_ack ack;
+        if (check(devio_lora(d, &cmd, &ack, err), err, "load adapter") < 0)
+            return -1;
+        devio_lora_ack_free(&ack);
+    }
+    return 0;
+}
+
+/* Decode `steps` steps at batch `batch` after a short prefill; tokens/s.
+ * With n_adapters, row i runs adapter "a<i % n_adapters>". */
+static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint32_t vocab,
+                           uint32_t n_adapters)
+{
+    static const char *const names[] = {"a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7"};
     uint64_t seqs[64];
     int32_t tok[64];
     devio_row rows[64];
@@ -154,7 +192,8 @@ static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint
         for (int k = 0; k < 16; k++)
             prompt[k] = (int32_t)((i * 131u + (uint32_t)k * 7u + 1u) % vocab);
         rows[i] = (devio_row){.seq = seqs[i], .tokens = prompt, .n_tokens = 16,
-                              .has_sample = true, .sample = {.temperature = 0, .top_p = 1}};
+                              .has_sample = true, .sample = {.temperature = 0, .top_p = 1},
+                              .adapter = n_adapters ? names[i % n_adapters] : NULL};
         devio_plan p = {.rows = &rows[i], .n_rows = 1};
         if (check(devio_launch(d, &p, &t, &err), &err, "prefill") < 0 ||
             check(devio_await(d, t, -1, &r, &err), &err, "await") < 0)
@@ -166,7 +205,8 @@ static double bench_decode(devio_device *d, uint32_t batch, uint32_t steps, uint
     for (uint32_t s = 0; s < steps; s++) {
         for (uint32_t i = 0; i < batch; i++)
             rows[i] = (devio_row){.seq = seqs[i], .tokens = &tok[i], .n_tokens = 1,
-                                  .has_sample = true, .sample = {.temperature = 0, .top_p = 1}};
+                                  .has_sample = true, .sample = {.temperature = 0, .top_p = 1},
+                                  .adapter = n_adapters ? names[i % n_adapters] : NULL};
         devio_plan p = {.rows = rows, .n_rows = batch};
         if (check(devio_launch(d, &p, &t, &err), &err, "decode") < 0 ||
             check(devio_await(d, t, -1, &r, &err), &err, "await") < 0)
@@ -269,7 +309,7 @@ typedef struct flags {
     const char *model, *preset, *arch, *backend, *backend_path;
     int dtype; /* index into dtypes */
     int numerics; /* index into numerics_names: strict, fast */
-    uint32_t threads, steps, overlap;
+    uint32_t threads, steps, overlap, adapters;
     double device_bw; /* GB/s measured elsewhere (the GPU check's probe), or 0 */
     uint32_t batches[4]; /* [0] = how many */
     uint32_t prefill[4]; /* [0] = how many */
@@ -336,6 +376,9 @@ static const devio_opt opts[] = {
      .help = "decode batch sizes, up to three in 1..64 [1,8,32]", .parse = parse_batches},
     {.flag = "overlap", .type = DEVIO_OPT_U32, .offset = F(overlap), .metavar = "N",
      .help = "also decode two groups of N/2 at depth 1 and depth 2, 0 = not [0]"},
+    {.flag = "adapters", .type = DEVIO_OPT_U32, .offset = F(adapters), .metavar = "N",
+     .help = "also decode with N (up to 8) LoRA adapters of rank 16 on every projection, "
+             "rows spread over them, beside none (a model directory) [0]"},
     {.flag = "device-bw", .type = DEVIO_OPT_F64, .offset = F(device_bw), .metavar = "GBS",
      .help = "the device's read bandwidth, measured apart (a GPU): decode is compared with it"},
     {.flag = "json", .type = DEVIO_OPT_BOOL, .offset = F(json),
@@ -363,6 +406,7 @@ typedef struct results {
     double decode[3];  /* tokens/s at f->batches[1 + k] */
     double prefill[3]; /* tokens/s at f->prefill[1 + k] */
     double overlap[2]; /* depth 1, depth 2; when f->overlap >= 2 */
+    double adapted[3]; /* tokens/s at f->batches[1 + k] with f->adapters adapters */
 } results;
 
 /* A JSON string: quotes, backslashes and control characters escaped. */
@@ -402,6 +446,13 @@ static void print_json(const flags *f, const devio_device_info *info, const devi
         printf("%s{\"tokens\": %u, \"tok_s\": %.3f}", k ? ", " : "", f->prefill[1 + k],
                r->prefill[k]);
     printf("]");
+    if (f->adapters > 0) {
+        printf(", \"adapters\": %u, \"decode_adapted\": [", f->adapters);
+        for (uint32_t k = 0; k < f->batches[0]; k++)
+            printf("%s{\"batch\": %u, \"tok_s\": %.3f}", k ? ", " : "", f->batches[1 + k],
+                   r->adapted[k]);
+        printf("]");
+    }
     if (f->overlap >= 2)
         printf(", \"overlap\": {\"groups_of\": %u, \"depth1_tok_s\": %.3f, "
                "\"depth2_tok_s\": %.3f}",
@@ -416,8 +467,8 @@ int main(int argc, char **argv)
     devio_cli_result cr = devio_cli_parse(&cli, &f, argc, argv, NULL, NULL, stdout, stderr);
     if (cr != DEVIO_CLI_OK)
         return cr == DEVIO_CLI_EXIT ? 0 : 2;
-    if (f.threads == 0 || f.threads > 64 || f.steps == 0) {
-        fprintf(stderr, "devio-bench: --threads must be in 1..64, --steps > 0\n");
+    if (f.threads == 0 || f.threads > 64 || f.steps == 0 || f.adapters > 8) {
+        fprintf(stderr, "devio-bench: --threads must be in 1..64, --steps > 0, --adapters <= 8\n");
         return 2;
     }
     const char *model_dir = f.model, *preset = f.preset;
@@ -455,12 +506,22 @@ int main(int argc, char **argv)
     cfg.kv_blocks = 64 * ((cfg.max_seq_len + 15) / 16);
     cfg.max_batch_tokens = longest > 64 ? longest : 64;
     cfg.numerics = f.numerics == 1 ? DEVIO_NUMERICS_FAST : DEVIO_NUMERICS_STRICT;
+    char adapters[300] = "";
+    if (f.adapters > 0) {
+        snprintf(adapters, sizeof adapters, "/tmp/devio-bench-adapters-XXXXXX");
+        if (!mkdtemp(adapters) || write_adapters(model_dir, adapters, f.adapters, &err) < 0)
+            return 1;
+        cfg.adapters_root = adapters;
+        cfg.max_loras = f.adapters;
+        cfg.max_lora_rank = 16;
+    }
     devio_device *d = NULL;
     devio_registry reg;
     const devio_backend_ops *ops = NULL;
     devio_registry_builtin(&reg, f.backend_path);
     if (check(devio_registry_find(&reg, f.backend, &ops, &err), &err, "backend") < 0 ||
-        check(devio_open(m, ops, &cfg, &d, &err), &err, "open") < 0)
+        check(devio_open(m, ops, &cfg, &d, &err), &err, "open") < 0 ||
+        load_adapters(d, f.adapters, &err) < 0)
         return 1;
 
     results r = {0};
@@ -483,13 +544,20 @@ int main(int argc, char **argv)
                    threads);
     }
     for (uint32_t k = 0; k < n_batches; k++) {
-        double tps = r.decode[k] = bench_decode(d, batches[k], steps, m->cfg.vocab_size);
+        double tps = r.decode[k] = bench_decode(d, batches[k], steps, m->cfg.vocab_size, 0);
         double steps_s = tps / batches[k];
         double gbs = steps_s * (double)wb / 1e9;
         if (!f.json)
             printf("decode batch %2u: %8.1f tokens/s  %6.2f steps/s  weights %.2f GB/s = %.0f%% "
                    "of read bandwidth\n",
                    batches[k], tps, steps_s, gbs, 100.0 * gbs / bw);
+    }
+    for (uint32_t k = 0; k < n_batches && f.adapters > 0; k++) {
+        double tps = r.adapted[k] =
+            bench_decode(d, batches[k], steps, m->cfg.vocab_size, f.adapters);
+        if (!f.json)
+            printf("decode batch %2u, %u adapters: %8.1f tokens/s = %.2fx the time of none\n",
+                   batches[k], f.adapters, tps, tps > 0 ? r.decode[k] / tps : 0.0);
     }
     if (f.overlap >= 2) {
         uint32_t half = f.overlap / 2 > 32 ? 32 : f.overlap / 2;
@@ -519,5 +587,15 @@ int main(int argc, char **argv)
         }
         rmdir(tmp);
     }
+    for (uint32_t i = 0; adapters[0] && i < f.adapters; i++) {
+        char path[400];
+        const char *files[] = {"adapter_config.json", "adapter_model.safetensors", ""};
+        for (int k = 0; k < 3; k++) {
+            snprintf(path, sizeof path, "%s/a%u/%s", adapters, i, files[k]);
+            (k < 2 ? unlink : rmdir)(path);
+        }
+    }
+    if (adapters[0])
+        rmdir(adapters);
     return 0;
 }
