@@ -191,6 +191,26 @@ int cuda_gemv(int dtype, const void *w, uint32_t m, uint32_t n, const float *x, 
 #define SG_WARPS 4   /* rank rows per shrink block */
 #define SG_OUT 128   /* output rows per expand block */
 
+/* acc[tt] = sum of row[i] * src[toks[tt] * ld + i] over i = start, start + step, .. < len,
+ * for the nt <= SG_TOK tokens toks. */
+__device__ inline void sg_dots(const float *row, uint32_t len, uint32_t start, uint32_t step,
+                               const float *src, size_t ld, const uint32_t *toks, uint32_t nt,
+                               float *acc)
+{
+#pragma unroll
+    for (uint32_t tt = 0; tt < SG_TOK; tt++)
+        acc[tt] = 0.0f;
+    for (uint32_t i = start; i < len; i += step) {
+        float w = row[i];
+#pragma unroll
+        for (uint32_t tt = 0; tt < SG_TOK; tt++) {
+            if (tt >= nt)
+                break;
+            acc[tt] = acc[tt] + w * src[(size_t)toks[tt] * ld + i];
+        }
+    }
+}
+
 __global__ void __launch_bounds__(32 * SG_WARPS)
     k_sgmv_shrink(const cuda_lora_mod *mods, uint32_t per_slot, uint32_t idx, uint32_t n_slots,
                   const uint32_t *seg, const float *x, uint32_t ldx, uint32_t max_rank,
@@ -207,18 +227,7 @@ __global__ void __launch_bounds__(32 * SG_WARPS)
     for (uint32_t t0 = b; t0 < e; t0 += SG_TOK) {
         uint32_t nt = e - t0 < SG_TOK ? e - t0 : SG_TOK;
         float acc[SG_TOK];
-#pragma unroll
-        for (uint32_t tt = 0; tt < SG_TOK; tt++)
-            acc[tt] = 0.0f;
-        for (uint32_t i = lane; i < md->in; i += 32) {
-            float a = ar[i];
-#pragma unroll
-            for (uint32_t tt = 0; tt < SG_TOK; tt++) {
-                if (tt >= nt)
-                    break;
-                acc[tt] = acc[tt] + a * x[(size_t)list[t0 + tt] * ldx + i];
-            }
-        }
+        sg_dots(ar, md->in, lane, 32, x, ldx, list + t0, nt, acc);
 #pragma unroll
         for (uint32_t tt = 0; tt < SG_TOK; tt++) {
             if (tt >= nt)
@@ -245,18 +254,7 @@ __global__ void __launch_bounds__(SG_OUT)
     for (uint32_t t0 = b; t0 < e; t0 += SG_TOK) {
         uint32_t nt = e - t0 < SG_TOK ? e - t0 : SG_TOK;
         float acc[SG_TOK];
-#pragma unroll
-        for (uint32_t tt = 0; tt < SG_TOK; tt++)
-            acc[tt] = 0.0f;
-        for (uint32_t r = 0; r < md->rank; r++) {
-            float bv = br[r];
-#pragma unroll
-            for (uint32_t tt = 0; tt < SG_TOK; tt++) {
-                if (tt >= nt)
-                    break;
-                acc[tt] = acc[tt] + bv * a_buf[(size_t)list[t0 + tt] * max_rank + r];
-            }
-        }
+        sg_dots(br, md->rank, 0, 1, a_buf, max_rank, list + t0, nt, acc);
 #pragma unroll
         for (uint32_t tt = 0; tt < SG_TOK; tt++) {
             if (tt >= nt)

@@ -139,9 +139,19 @@ static void free_seqs(devio_device *d, const uint64_t *seqs, uint32_t n)
 }
 
 /* n adapters a0.. of rank 16 on every projection of the model in model_dir,
- * written under root; 0, or -1 with err filled. */
-static int write_adapters(const char *model_dir, const char *root, uint32_t n, devio_error *err)
+ * written under a new temporary directory root (300 bytes), which cfg then
+ * names; 0, or -1 with err filled. */
+static int write_adapters(const char *model_dir, char *root, uint32_t n, devio_config *cfg,
+                          devio_error *err)
 {
+    snprintf(root, 300, "/tmp/devio-bench-adapters-XXXXXX");
+    if (!mkdtemp(root)) {
+        root[0] = '\0';
+        return -1;
+    }
+    cfg->adapters_root = root;
+    cfg->max_loras = n;
+    cfg->max_lora_rank = 16;
     for (uint32_t i = 0; i < n; i++) {
         char out[400];
         snprintf(out, sizeof out, "%s/a%u", root, i);
@@ -156,6 +166,35 @@ static int write_adapters(const char *model_dir, const char *root, uint32_t n, d
             return -1;
     }
     return 0;
+}
+
+/* The preset main wrote into dir, removed (dir "" for none). */
+static void remove_model(const char *dir)
+{
+    if (!dir[0])
+        return;
+    char path[300];
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+/* What write_adapters wrote, removed (root "" for none). */
+static void remove_adapters(const char *root, uint32_t n)
+{
+    for (uint32_t i = 0; root[0] && i < n; i++) {
+        char path[400];
+        const char *files[] = {"adapter_config.json", "adapter_model.safetensors", ""};
+        for (int k = 0; k < 3; k++) {
+            snprintf(path, sizeof path, "%s/a%u/%s", root, i, files[k]);
+            (k < 2 ? unlink : rmdir)(path);
+        }
+    }
+    if (root[0])
+        rmdir(root);
 }
 
 /* Loads adapters a0.. by their directories' names. */
@@ -507,14 +546,8 @@ int main(int argc, char **argv)
     cfg.max_batch_tokens = longest > 64 ? longest : 64;
     cfg.numerics = f.numerics == 1 ? DEVIO_NUMERICS_FAST : DEVIO_NUMERICS_STRICT;
     char adapters[300] = "";
-    if (f.adapters > 0) {
-        snprintf(adapters, sizeof adapters, "/tmp/devio-bench-adapters-XXXXXX");
-        if (!mkdtemp(adapters) || write_adapters(model_dir, adapters, f.adapters, &err) < 0)
-            return 1;
-        cfg.adapters_root = adapters;
-        cfg.max_loras = f.adapters;
-        cfg.max_lora_rank = 16;
-    }
+    if (f.adapters > 0 && write_adapters(model_dir, adapters, f.adapters, &cfg, &err) < 0)
+        return 1;
     devio_device *d = NULL;
     devio_registry reg;
     const devio_backend_ops *ops = NULL;
@@ -578,24 +611,7 @@ int main(int argc, char **argv)
     devio_teardown(d, NULL);
     devio_registry_close(&reg);
     devio_model_free(m);
-    if (tmp[0]) {
-        char path[300];
-        const char *files[] = {"config.json", "model.safetensors"};
-        for (int i = 0; i < 2; i++) {
-            snprintf(path, sizeof path, "%s/%s", tmp, files[i]);
-            unlink(path);
-        }
-        rmdir(tmp);
-    }
-    for (uint32_t i = 0; adapters[0] && i < f.adapters; i++) {
-        char path[400];
-        const char *files[] = {"adapter_config.json", "adapter_model.safetensors", ""};
-        for (int k = 0; k < 3; k++) {
-            snprintf(path, sizeof path, "%s/a%u/%s", adapters, i, files[k]);
-            (k < 2 ? unlink : rmdir)(path);
-        }
-    }
-    if (adapters[0])
-        rmdir(adapters);
+    remove_model(tmp);
+    remove_adapters(adapters, f.adapters);
     return 0;
 }
