@@ -33,7 +33,7 @@
 #include "device/devio.h"
 #include "device/model.h"
 
-#define DEVIO_BACKEND_ABI 5u
+#define DEVIO_BACKEND_ABI 6u
 
 struct devio_adapter; /* device/adapter.h */
 
@@ -130,6 +130,8 @@ typedef struct devio_batch_sample {
     uint32_t slot;
     uint64_t position;
     devio_sample_params params;
+    bool sample_only; /* no handle holds the slot: only this sample reads those logits, so a
+                         backend that samples them need not bring them to the host */
     int32_t token;  /* output of the sample slot */
     float logprob;  /* output of the sample slot */
 } devio_batch_sample;
@@ -160,6 +162,8 @@ typedef struct devio_batch {
      * after wait unless it called the backend's sample slot for the batch. */
     uint32_t n_samples;
     devio_batch_sample *samples;
+    bool device_sampling; /* the core calls the backend's sample slot for this batch right
+                             after submit (fast numerics, plain params, the slot present) */
 } devio_batch;
 
 /* A state slot (snapshot false, index < ssm_slots) or a snapshot slot

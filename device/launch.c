@@ -215,7 +215,7 @@ static void layout_tokens(dv_ticket *t, uint32_t r, const devio_row *row, const 
         if (last && row->has_sample) {
             tr->sample = (int32_t)b->n_samples;
             t->samples[b->n_samples++] = (devio_batch_sample){
-                .row = r, .slot = (uint32_t)slot, .params = row->sample,
+                .row = r, .slot = (uint32_t)slot, .params = row->sample, .sample_only = !h,
                 /* The sampled token takes the position after the row's last token. */
                 .position = (uint64_t)q->len + row->n_tokens};
         }
@@ -357,14 +357,16 @@ static dv_ticket *ticket_take(devio_device *d, uint32_t *slot_out)
  * under fast numerics and when the backend has the slot. */
 static devio_status submit(devio_device *d, dv_ticket *t, devio_error *err)
 {
-    devio_status s = devio_backend_submit(d->ops, d->backend, &d->bcfg, &t->batch, err);
     /* A backend samples with the plain params only: processing and top
      * logprobs are the host's (run_step). */
     bool plain = true;
     for (uint32_t r = 0; r < t->n_rows; r++)
         plain = plain && !t->rows[r].proc;
-    if (s == DEVIO_OK && t->batch.n_samples > 0 && d->cfg.numerics == DEVIO_NUMERICS_FAST &&
-        plain && devio_backend_has_sample(d->ops)) {
+    t->batch.device_sampling = t->batch.n_samples > 0 &&
+                               d->cfg.numerics == DEVIO_NUMERICS_FAST && plain &&
+                               devio_backend_has_sample(d->ops);
+    devio_status s = devio_backend_submit(d->ops, d->backend, &d->bcfg, &t->batch, err);
+    if (s == DEVIO_OK && t->batch.device_sampling) {
         s = devio_backend_sample(d->ops, d->backend, &t->batch, err);
         t->device_sampled = s == DEVIO_OK;
     }

@@ -11,6 +11,7 @@
 #include "device/devio.h"
 #include "device/numerics.h"
 #include "device/numerics_vec.h"
+#include "device/sample_rule.h"
 #include "device/sampler.h"
 #include "device/status.h"
 
@@ -43,26 +44,7 @@ static void gumbel_caps_init(devio_sampler *s);
 
 void devio_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
 {
-    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
-    uint32_t k0 = key[0], k1 = key[1];
-    for (int round = 0; round < 10; round++) {
-        if (round > 0) {
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
-        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-        c0 = hi1 ^ c1 ^ k0;
-        c1 = lo1;
-        c2 = hi0 ^ c3 ^ k1;
-        c3 = lo0;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
+    devio_philox_block(ctr, key, out);
 }
 
 /* ------------------------------------------------------------------ */
@@ -287,37 +269,6 @@ static uint32_t top_p_cut(devio_sampler *s, uint32_t n, const float *p, float to
 /* ------------------------------------------------------------------ */
 /* Sampling                                                            */
 
-/* Step 0: NaN -> -inf, +inf -> FLT_MAX. */
-static inline float clean_logit(float x)
-{
-    if (x != x)
-        return NEG_INF;
-    if (x > FLT_MAX)
-        return FLT_MAX;
-    return x;
-}
-
-/* Step 3 for one logit already cleaned. */
-static inline float temper(float l, float t)
-{
-    if (l == NEG_INF)
-        return NEG_INF;
-    float q = l / t;
-    if (q > FLT_MAX)
-        return FLT_MAX;
-    if (q < -FLT_MAX)
-        return -FLT_MAX;
-    return q;
-}
-
-/* g of step 8 from the 32 random bits r. */
-static inline float gumbel_of_bits(uint32_t r)
-{
-    /* 2k+1 < 2^24 converts exactly; times 2^-24 is exact. */
-    float u = (float)(2u * (r >> 9) + 1u) * 0x1p-24f;
-    return -devio_logf(-devio_logf(u));
-}
-
 /* Upper bounds on g, so that most ids are ruled out without the two logs.
  * g rises with u, so the bound for a range of r is g at the range's top
  * plus a margin that absorbs any rounding wobble in the logs. Ranges: the
@@ -330,8 +281,8 @@ static void gumbel_caps_init(devio_sampler *s)
     for (uint32_t b = 0; b < 256; b++) {
         uint32_t top1 = (b << 24) | 0x00FFFFFFu;
         uint32_t top2 = 0xFF000000u | (b << 16) | 0x0000FFFFu;
-        s->cap1[b] = gumbel_of_bits(top1) + CAP_MARGIN;
-        s->cap2[b] = gumbel_of_bits(top2) + CAP_MARGIN;
+        s->cap1[b] = devio_gumbel_of_bits(top1) + CAP_MARGIN;
+        s->cap2[b] = devio_gumbel_of_bits(top2) + CAP_MARGIN;
     }
     s->cap_max = s->cap2[255];
 }
@@ -365,7 +316,7 @@ static uint32_t gumbel_pick(const devio_sampler *s, const uint32_t *ids, uint32_
     uint32_t ctr[4] = {start >> 2, 0u, pos_lo, pos_hi};
     devio_philox4x32_10(ctr, key, bits);
     cached = start >> 2;
-    float best = z[start] + gumbel_of_bits(bits[start & 3u]);
+    float best = z[start] + devio_gumbel_of_bits(bits[start & 3u]);
     uint32_t best_id = start;
     for (uint32_t j = 0; j < n; j++) {
         uint32_t id = ids ? ids[j] : j;
@@ -380,7 +331,7 @@ static uint32_t gumbel_pick(const devio_sampler *s, const uint32_t *ids, uint32_
         uint32_t r = bits[id & 3u];
         if (zi + gumbel_cap(s, r) < best)
             continue;
-        float v = zi + gumbel_of_bits(r);
+        float v = zi + devio_gumbel_of_bits(r);
         if (v > best || (v == best && id < best_id)) {
             best = v;
             best_id = id;
@@ -398,7 +349,7 @@ static bool proc_active(const devio_logit_proc *q)
 }
 
 /* Step 0b into s->w from the cleaned logits, every result read by
- * clean_logit (NaN -> -inf, +inf -> FLT_MAX); false when it leaves every
+ * devio_clean_logit (NaN -> -inf, +inf -> FLT_MAX); false when it leaves every
  * value -inf. *argmax: the first largest of l''. */
 static bool process(devio_sampler *s, const float *logits, const devio_logit_proc *q,
                     uint32_t *argmax)
@@ -406,9 +357,9 @@ static bool process(devio_sampler *s, const float *logits, const devio_logit_pro
     const uint32_t V = s->vocab;
     float *w = s->w;
     for (uint32_t i = 0; i < V; i++)
-        w[i] = clean_logit(logits[i]);
+        w[i] = devio_clean_logit(logits[i]);
     for (uint32_t k = 0; k < q->n_bias; k++)
-        w[q->bias_ids[k]] = clean_logit(w[q->bias_ids[k]] + q->bias[k]);
+        w[q->bias_ids[k]] = devio_clean_logit(w[q->bias_ids[k]] + q->bias[k]);
     if (q->allowed)
         for (uint32_t i = 0; i < V; i++)
             if (!((q->allowed[i >> 5] >> (i & 31u)) & 1u))
@@ -430,11 +381,11 @@ static bool process(devio_sampler *s, const float *logits, const devio_logit_pro
             if (x == NEG_INF)
                 continue;
             if (rp != 1.0f)
-                x = clean_logit(x > 0.0f ? x / rp : x * rp);
+                x = devio_clean_logit(x > 0.0f ? x / rp : x * rp);
             if (fp != 0.0f && x != NEG_INF)
-                x = clean_logit(x - fp * (float)c);
+                x = devio_clean_logit(x - fp * (float)c);
             if (pp != 0.0f && x != NEG_INF)
-                x = clean_logit(x - pp);
+                x = devio_clean_logit(x - pp);
             w[i] = x;
         }
     }
@@ -559,14 +510,14 @@ devio_status devio_sampler_logprob(devio_sampler *s, const float *logits, int32_
     const uint32_t V = s->vocab;
     float m = NEG_INF;
     for (uint32_t i = 0; i < V; i++) {
-        s->e[i] = clean_logit(logits[i]);
+        s->e[i] = devio_clean_logit(logits[i]);
         if (s->e[i] > m)
             m = s->e[i];
     }
     if (m == NEG_INF)
         return DEVIO_E_INVALID;
     devio_expf_sub_n(s->e, s->e, m, V);
-    *out = (clean_logit(logits[token]) - m) - devio_logf(devio_lane_sum(s->e, V));
+    *out = (devio_clean_logit(logits[token]) - m) - devio_logf(devio_lane_sum(s->e, V));
     return DEVIO_OK;
 }
 
@@ -588,7 +539,7 @@ devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
     float m = NEG_INF;
     uint32_t argmax = 0;
     for (uint32_t i = 0; i < V; i++) {
-        float x = clean_logit(logits[i]);
+        float x = devio_clean_logit(logits[i]);
         if (x > m) {
             m = x;
             argmax = i;
@@ -604,12 +555,12 @@ devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
     const bool processed = proc_active(q);
     const bool keep_raw = top && top->n;
     for (uint32_t i = 0; i < V; i++) {
-        float x = clean_logit(logits[i]);
+        float x = devio_clean_logit(logits[i]);
         s->e[i] = x;
         if (keep_raw)
             s->z[i] = x;
         else if (t != 0.0f && !processed)
-            s->z[i] = temper(x, t);
+            s->z[i] = devio_temper(x, t);
     }
     devio_expf_sub_n(s->e, s->e, m, V); /* devio_expf(x - m), eight at a time */
     const float log_z = devio_logf(devio_lane_sum(s->e, V));
@@ -621,7 +572,7 @@ devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
         return DEVIO_E_INVALID;
     if (t != 0.0f && (processed || keep_raw))
         for (uint32_t i = 0; i < V; i++)
-            s->z[i] = temper(processed ? s->w[i] : clean_logit(logits[i]), t);
+            s->z[i] = devio_temper(processed ? s->w[i] : devio_clean_logit(logits[i]), t);
 
     /* Tempering is monotone, so the argmax has the largest z (ties aside):
      * a good start for the draw. */
@@ -631,6 +582,6 @@ devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
                    : filtered ? filtered_draw(s, p, position)
                               : gumbel_pick(s, NULL, V, argmax, p->seed, position);
     *token = (int32_t)tok;
-    *logprob = (clean_logit(logits[tok]) - m) - log_z;
+    *logprob = (devio_clean_logit(logits[tok]) - m) - log_z;
     return DEVIO_OK;
 }

@@ -30,6 +30,7 @@ GLUE = [
     "cuda_backend.c",
     "cuda_gemm.h",
     "cuda_mixer.c",
+    "cuda_sampling.c",
     "cuda_state.h",
     "cuda_step.c",
     "cuda_step.h",
@@ -73,16 +74,19 @@ def cuda_emu_targets():
             "emu/emu_fast.cc",
             "emu/emu_gemm.cc",
             "emu/emu_kernels.cc",
+            "emu/emu_sample.cc",
             "emu/emu_ssm.cc",
         ],
         hdrs = [
             "cuda_fast.h",
             "cuda_kernels.h",
+            "cuda_sample.h",
             "cuda_ssm.h",
         ],
         textual_hdrs = [
             "cuda_fast.cu",
             "cuda_kernels.cu",
+            "cuda_sample.cu",
             "cuda_ssm.cu",
             "cuda_warp.cuh",
         ],
@@ -137,14 +141,15 @@ def cuda_emu_mutants():
         native.cc_library(
             name = "cuda_kernels_emu_" + m,
             srcs = [d + "emu_fast.cc", d + "emu_kernels.cc", d + "emu_ssm.cc", "cuda_gemm.h",
-                    "emu/emu_gemm.cc"],
+                    "emu/emu_gemm.cc", "emu/emu_sample.cc"],
             hdrs = [
                 "cuda_fast.h",
                 "cuda_kernels.h",
+                "cuda_sample.h",
                 "cuda_ssm.h",
             ],
             textual_hdrs = [d + "cuda_fast.cu", d + "cuda_kernels.cu", d + "cuda_ssm.cu",
-                            d + "cuda_warp.cuh"],
+                            d + "cuda_warp.cuh", "cuda_sample.cu", "cuda_warp.cuh"],
             copts = EMU_CXX,
             deps = [":emu_runtime"],
         )
@@ -174,6 +179,7 @@ def cuda_backend_targets():
             "cuda_fast.h",
             "cuda_kernels.h",
             "cuda_plan.c",
+            "cuda_sample.h",
         ],
         hdrs = [
             "cuda_plan.h",
@@ -184,7 +190,7 @@ def cuda_backend_targets():
     if not HAS_NVCC:
         return
     for unit, hdr in (("cuda_kernels", "cuda_kernels.h"), ("cuda_ssm", "cuda_ssm.h"),
-                      ("cuda_fast", "cuda_fast.h")):
+                      ("cuda_fast", "cuda_fast.h"), ("cuda_sample", "cuda_sample.h")):
         native.genrule(
             name = unit + "_obj",
             srcs = [
@@ -193,6 +199,7 @@ def cuda_backend_targets():
                 "cuda_warp.cuh",
                 "//device:numerics.h",
                 "//device:quant.h",
+                "//device:sample_rule.h",
             ] + ([hdr] if hdr != "cuda_kernels.h" else []),
             outs = [unit + ".pic.o"],
             cmd = "%s %s -I. -c $(location %s.cu) -o $@" % (NVCC, NVCC_FLAGS, unit),
@@ -205,12 +212,14 @@ def cuda_backend_targets():
             "cuda_gemm_lt.c",
             ":cuda_fast_obj",
             ":cuda_kernels_obj",
+            ":cuda_sample_obj",
             ":cuda_ssm_obj",
         ],
         hdrs = [
             "cuda_backend.h",
             "cuda_fast.h",
             "cuda_kernels.h",
+            "cuda_sample.h",
         ],
         alwayslink = True,
         linkopts = ["-lstdc++", "-ldl"],
@@ -231,6 +240,17 @@ def cuda_backend_targets():
         cmd = "%s -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 $(location bw_probe.cu) -o $@" % NVCC,
         executable = True,
         tags = ["no-sandbox"],
+    )
+    native.cc_binary(
+        name = "devio-gpu-gemm",
+        srcs = [
+            "cuda_gemm.h",
+            "cuda_gemm_lt.c",
+            "cuda_kernels.h",
+            "gemm_probe.c",
+        ],
+        linkopts = ["-lstdc++", "-ldl"],
+        deps = ["@cuda//:cudart"],
     )
 
 def devio_cuda_emu_test(name, src, deps = [], **kwargs):

@@ -574,7 +574,7 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
         s = devio_fail(err, DEVIO_E_INVALID, "the CUDA backend's memory plan overflows");
     if (s == DEVIO_OK && !(s = create_device(st, err)) && !(s = create_weights(st, err)) &&
         !(s = create_small(st, err)) && !(s = create_buffers(st, err)) &&
-        !(s = create_fast(st, err)))
+        !(s = create_fast(st, err)) && !(s = cuda_sampling_create(st, err)))
         s = cuda_mixer_create(st, err);
     /* Every upload and memset of create went through the default stream,
      * which the (non-blocking) step stream does not wait for. */
@@ -622,6 +622,7 @@ static void cuda_destroy(void *sp)
     if (st->stream)
         cudaStreamDestroy(st->stream);
     cuda_gemm_close(st->gemm);
+    cuda_sampling_destroy(st);
     free(st->allocs);
     free(st->layers);
     free(st->slots);
@@ -691,6 +692,7 @@ const devio_backend_ops devio_cuda_backend = {
     .adapter_remove = cuda_adapter_remove,
     .kv_blocks_fit = cuda_kv_blocks_fit,
     .ssm_copy = cuda_ssm_copy,
+    .sample = cuda_sample_batch,
 };
 
 const devio_backend_ops *devio_backend_plugin(void);

@@ -286,6 +286,7 @@ int cuda_sgmv(const cuda_lora_mod *mods, uint32_t per_slot, uint32_t idx, uint32
 #define A16_WARPS 8      /* heads of a GQA group one block computes, at most */
 #define A16_SPLIT_MIN 64 /* keys per range, at least */
 #define A16_PAIRS (CUDA_ATTN16_MAX_HD / 64) /* column pairs a lane holds */
+#define A16_QTILE 8 /* tokens a block of the tiled (prefill) kernel serves */
 
 /* Keys per range when n_keys are cut into `splits`: whole chunks of A16_KEYS. */
 __host__ __device__ inline uint32_t a16_per(uint32_t n_keys, uint32_t splits)
@@ -304,6 +305,46 @@ __device__ inline uint32_t a16_keys(const cuda_kv &kv, uint32_t pos, uint32_t *j
 /* The two 16-bit K or V elements of a 32-bit word, element 2i in the low half. */
 __device__ inline float kv_lo(uint32_t u) { return kv16_load((uint16_t)(u & 0xffffu)); }
 __device__ inline float kv_hi(uint32_t u) { return kv16_load((uint16_t)(u >> 16)); }
+
+/* One chunk of nk staged keys and values (ks, vs: rows of `row` words, hw pairs each) into a
+ * warp's online softmax: lane j scores key j with query qh when `valid`, then the running max
+ * m, sum l and output columns acc (P pairs a lane: l, l + 32, ...) move on. */
+template <uint32_t P, class Q, class S>
+__device__ __forceinline__ void a16_chunk(Q qh, S ks, S vs, uint32_t row, uint32_t hw,
+                                          uint32_t nk, bool valid, float scale, float *m,
+                                          float *l, float *acc)
+{
+    uint32_t lane = threadIdx.x % 32;
+    float sc = -FLT_MAX;
+    if (valid) {
+        float d = 0.0f;
+        for (uint32_t i = 0; i < hw; i++) {
+            uint32_t k2 = ks[lane * row + i];
+            d = d + qh[2 * i] * kv_lo(k2) + qh[2 * i + 1] * kv_hi(k2);
+        }
+        sc = d * scale;
+    }
+    float mn = warp_max(sc);
+    mn = *m > mn ? *m : mn;
+    float alpha = devio_expf(*m - mn), e = valid ? devio_expf(sc - mn) : 0.0f;
+    *l = *l * alpha + warp_sum(e);
+    *m = mn;
+#pragma unroll
+    for (uint32_t r = 0; r < 2 * P; r++)
+        acc[r] = acc[r] * alpha;
+    for (uint32_t j = 0; j < nk; j++) {
+        float ej = __shfl_sync(FULL, e, (int)j);
+#pragma unroll
+        for (uint32_t r = 0; r < P; r++) {
+            uint32_t p = lane + 32 * r;
+            if (p < hw) {
+                uint32_t v2 = vs[j * row + p];
+                acc[2 * r] = acc[2 * r] + ej * kv_lo(v2);
+                acc[2 * r + 1] = acc[2 * r + 1] + ej * kv_hi(v2);
+            }
+        }
+    }
+}
 
 /* Block (token t, heads of group g, range s). Every thread stages the chunk's keys and values
  * (as pairs of 16-bit elements, rows padded by one word); warp w is one head: lane j scores key j, then the
@@ -346,38 +387,8 @@ __global__ void __launch_bounds__(32 * A16_WARPS) k_attention16(cuda_kv kv, cons
             vs[j * row + i] = vw[at];
         }
         __syncthreads();
-        if (!active)
-            continue;
-        bool valid = lane < nk;
-        float sc = -FLT_MAX;
-        if (valid) {
-            float d = 0.0f;
-            for (uint32_t i = 0; i < hw; i++) {
-                uint32_t u = ks[lane * row + i];
-                d = d + qs[2 * i] * kv_lo(u) + qs[2 * i + 1] * kv_hi(u);
-            }
-            sc = d * scale;
-        }
-        float mn = warp_max(sc);
-        mn = m > mn ? m : mn;
-        float alpha = devio_expf(m - mn), e = valid ? devio_expf(sc - mn) : 0.0f;
-        l = l * alpha + warp_sum(e);
-        m = mn;
-#pragma unroll
-        for (uint32_t r = 0; r < 2 * A16_PAIRS; r++)
-            acc[r] = acc[r] * alpha;
-        for (uint32_t j = 0; j < nk; j++) {
-            float ej = __shfl_sync(FULL, e, (int)j);
-#pragma unroll
-            for (uint32_t r = 0; r < A16_PAIRS; r++) {
-                uint32_t p = lane + 32 * r;
-                if (p < hw) {
-                    uint32_t u = vs[j * row + p];
-                    acc[2 * r] = acc[2 * r] + ej * kv_lo(u);
-                    acc[2 * r + 1] = acc[2 * r + 1] + ej * kv_hi(u);
-                }
-            }
-        }
+        if (active)
+            a16_chunk<A16_PAIRS>(qs, ks, vs, row, hw, nk, lane < nk, scale, &m, &l, acc);
     }
     if (!active)
         return;
@@ -423,6 +434,90 @@ __global__ void k_attention16_combine(cuda_kv kv, const float *part, uint32_t sp
     }
 }
 
+/* Block (tile x: tokens x * A16_QTILE .. + A16_QTILE of the step, heads of group g), for
+ * prefill. The tile's tokens are taken in runs that share a block table (one row's); a run's
+ * keys, from the lowest any of its tokens reads to the highest, are staged a chunk at a time
+ * once for all of them, and warp w (head hg) moves each token's online softmax on over the
+ * chunk as k_attention16 does, keys outside the token's own range scoring nothing: the K and
+ * V reads of a row fall by up to A16_QTILE times. The query is read where it lies (every lane
+ * the same address). P: the column pairs a lane holds, hd <= 64 P (registers follow hd). */
+template <uint32_t P>
+__global__ void __launch_bounds__(32 * A16_WARPS) k_attention16_tiled(cuda_kv kv, const float *q,
+                                                                      float scale, float *out,
+                                                                      uint32_t n_tok)
+{
+    DEVIO_DYN_SHARED(uint32_t, ks);
+    uint32_t hd = kv.hd, hw = hd / 2, row = hw + 1;
+    uint32_t nw = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    uint32_t G = kv.n_heads / kv.n_kv, per_g = (G + nw - 1) / nw;
+    uint32_t g = blockIdx.y / per_g, hg = (blockIdx.y % per_g) * nw + w, h = g * G + hg;
+    bool active = hg < G;
+    uint32_t t_end = (blockIdx.x + 1) * A16_QTILE < n_tok ? (blockIdx.x + 1) * A16_QTILE : n_tok;
+    const uint32_t *kw = reinterpret_cast<const uint32_t *>(kv.k16);
+    const uint32_t *vw = reinterpret_cast<const uint32_t *>(kv.v16);
+    auto vs = ks + A16_KEYS * row;
+    for (uint32_t ta = blockIdx.x * A16_QTILE, tb; ta < t_end; ta = tb) {
+        uint32_t off = kv.bt_off[ta], lo = UINT32_MAX, hi = 0;
+        for (tb = ta + 1; tb < t_end && kv.bt_off[tb] == off;)
+            tb++;
+        uint32_t nq = tb - ta, j0[A16_QTILE], j1[A16_QTILE];
+        float m[A16_QTILE], l[A16_QTILE], acc[A16_QTILE][2 * P];
+#pragma unroll
+        for (uint32_t u = 0; u < A16_QTILE; u++) {
+            j0[u] = j1[u] = 0;
+            if (u < nq) {
+                uint32_t n_keys = a16_keys(kv, kv.pos[ta + u], &j0[u]);
+                j1[u] = j0[u] + n_keys;
+                lo = j0[u] < lo ? j0[u] : lo;
+                hi = j1[u] > hi ? j1[u] : hi;
+            }
+            m[u] = -FLT_MAX;
+            l[u] = 0.0f;
+#pragma unroll
+            for (uint32_t r = 0; r < 2 * P; r++)
+                acc[u][r] = 0.0f;
+        }
+        const uint32_t *bt = kv.bt + off;
+        for (uint32_t c0 = lo; c0 < hi; c0 += A16_KEYS) {
+            uint32_t nk = hi - c0 < A16_KEYS ? hi - c0 : A16_KEYS;
+            __syncthreads(); /* the last chunk's readers are done */
+            for (uint32_t idx = threadIdx.x; idx < nk * hw; idx += blockDim.x) {
+                uint32_t j = idx / hw, i = idx % hw;
+                size_t at = cuda_kv_slot(&kv, bt, c0 + j, g) / 2 + i;
+                ks[j * row + i] = kw[at];
+                vs[j * row + i] = vw[at];
+            }
+            __syncthreads();
+            if (!active)
+                continue;
+#pragma unroll
+            for (uint32_t u = 0; u < A16_QTILE; u++) {
+                if (u >= nq || c0 >= j1[u] || c0 + nk <= j0[u])
+                    continue; /* the whole warp: no key of this chunk is the token's */
+                const float *qh = q + ((size_t)(ta + u) * kv.n_heads + h) * hd;
+                bool valid = lane < nk && c0 + lane >= j0[u] && c0 + lane < j1[u];
+                a16_chunk<P>(qh, ks, vs, row, hw, nk, valid, scale, &m[u], &l[u], acc[u]);
+            }
+        }
+        if (!active)
+            continue;
+#pragma unroll
+        for (uint32_t u = 0; u < A16_QTILE; u++) {
+            if (u >= nq)
+                continue;
+            float *o = out + ((size_t)(ta + u) * kv.n_heads + h) * hd;
+#pragma unroll
+            for (uint32_t r = 0; r < P; r++) {
+                uint32_t p = lane + 32 * r;
+                if (p < hw) {
+                    o[2 * p] = acc[u][2 * r] / l[u];
+                    o[2 * p + 1] = acc[u][2 * r + 1] / l[u];
+                }
+            }
+        }
+    }
+}
+
 uint32_t cuda_attn16_splits(uint32_t n_tok, uint32_t max_keys)
 {
     if (n_tok == 0 || n_tok > CUDA_ATTN16_PART_ROWS / 2)
@@ -447,5 +542,30 @@ int cuda_attention16(const cuda_kv *kv, const float *q, float scale, float *out,
     if (splits > 1 && cudaPeekAtLastError() == cudaSuccess)
         LAUNCH((k_attention16_combine), dim3(n_tok, kv->n_heads), 64, 0, st, *kv, part, splits,
                out);
+    return cuda_launched();
+}
+
+bool cuda_attn16_tiled(uint32_t n_tok, uint32_t n_rows, uint32_t splits)
+{
+    return splits == 1 && n_tok >= CUDA_ATTN16_TILE_ROW_TOKENS * (n_rows ? n_rows : 1);
+}
+
+int cuda_attention16_tiled(const cuda_kv *kv, const float *q, float scale, float *out,
+                           uint32_t n_tok, void *stream)
+{
+    if (n_tok == 0)
+        return 0;
+    uint32_t G = kv->n_heads / kv->n_kv, nw = G < A16_WARPS ? G : A16_WARPS;
+    uint32_t per_g = (G + nw - 1) / nw;
+    size_t smem = 2u * A16_KEYS * (kv->hd / 2 + 1) * sizeof(uint32_t);
+    dim3 grid((n_tok + A16_QTILE - 1) / A16_QTILE, kv->n_kv * per_g);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (kv->hd <= 64)
+        LAUNCH((k_attention16_tiled<1>), grid, 32 * nw, smem, st, *kv, q, scale, out, n_tok);
+    else if (kv->hd <= 128)
+        LAUNCH((k_attention16_tiled<2>), grid, 32 * nw, smem, st, *kv, q, scale, out, n_tok);
+    else
+        LAUNCH((k_attention16_tiled<A16_PAIRS>), grid, 32 * nw, smem, st, *kv, q, scale, out,
+               n_tok);
     return cuda_launched();
 }

@@ -4,6 +4,7 @@
 #ifndef DEVIO_CUDA_FAST_H
 #define DEVIO_CUDA_FAST_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/cuda_kernels.h"
@@ -62,6 +63,16 @@ int cuda_sgmv(const cuda_lora_mod *mods, uint32_t per_slot, uint32_t idx, uint32
 uint32_t cuda_attn16_splits(uint32_t n_tok, uint32_t max_keys);
 int cuda_attention16(const cuda_kv *kv, const float *q, float scale, float *out, uint32_t n_tok,
                      uint32_t splits, float *part, void *stream);
+/* The same attention for prefill, tiled over queries as well as keys: a block serves up to 8
+ * tokens (each run of them that shares a block table, one row's, together) with the heads of a
+ * GQA group, so each chunk of a row's keys is read once for all of its tokens. One range per
+ * token (no combine); the same step gives the same bits. cuda_attn16_tiled: whether a step of
+ * n_tok tokens over n_rows rows takes it, that is with splits 1 and at least
+ * CUDA_ATTN16_TILE_ROW_TOKENS tokens a row on average (decode batches stay per token). */
+#define CUDA_ATTN16_TILE_ROW_TOKENS 4u
+bool cuda_attn16_tiled(uint32_t n_tok, uint32_t n_rows, uint32_t splits);
+int cuda_attention16_tiled(const cuda_kv *kv, const float *q, float scale, float *out,
+                           uint32_t n_tok, void *stream);
 
 #ifdef __cplusplus
 }

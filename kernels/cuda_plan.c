@@ -4,6 +4,7 @@
 
 #include "device/adapter.h"
 #include "kernels/cuda_fast.h"
+#include "kernels/cuda_sample.h"
 #include "kernels/cuda_ssm.h"
 
 /* a * b, or false when it overflows. */
@@ -82,7 +83,11 @@ uint32_t cuda_plan_kv_elem(const devio_backend_config *cfg)
     return cfg->numerics == DEVIO_NUMERICS_FAST ? 2u : 4u;
 }
 
-/* The buffers only fast numerics take (cuda_backend.c's create_fast). */
+/* Device bytes of one sampled row beside its scratch: a job and a result (cuda_sample.h). */
+#define CUDA_SAMPLE_ROW_BYTES (sizeof(cuda_sample_job) + sizeof(cuda_sample_out))
+
+/* The buffers only fast numerics take (cuda_backend.c's create_fast and
+ * cuda_sampling.c's cuda_sampling_create). */
 static bool fast_bytes(const devio_backend_config *cfg, cuda_plan *p)
 {
     const devio_model_shape *s = cfg->shape;
@@ -97,11 +102,13 @@ static bool fast_bytes(const devio_backend_config *cfg, cuda_plan *p)
         !mul3(T, 2ull * s->f, F, &p->fast_buf.gu) ||
         (s->has_bias && !mul3(s->n_layers, qkv, F, &p->fast_buf.bqkv)) ||
         (s->n_mixers < s->n_layers && !mul3((uint64_t)CUDA_ATTN16_PART_ROWS * s->n_heads,
-                                            s->head_dim + 2ull, F, &p->fast_buf.part)))
+                                            s->head_dim + 2ull, F, &p->fast_buf.part)) ||
+        !mul3(p->logits_rows, s->vocab + (uint64_t)CUDA_SAMPLE_ROW_BYTES / F, F,
+              &p->fast_buf.sample))
         return false;
     return add(&p->fast, p->fast_buf.x16) && add(&p->fast, p->fast_buf.qkv) &&
            add(&p->fast, p->fast_buf.gu) && add(&p->fast, p->fast_buf.bqkv) &&
-           add(&p->fast, p->fast_buf.part);
+           add(&p->fast, p->fast_buf.part) && add(&p->fast, p->fast_buf.sample);
 }
 
 bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda_plan *p)

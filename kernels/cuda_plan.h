@@ -37,6 +37,7 @@ typedef struct cuda_plan {
         uint64_t qkv, gu; /* fused q/k/v and gate/up outputs: [T, q_dim + 2 kv_dim], [T, 2 f] */
         uint64_t bqkv;    /* bq, bk, bv side by side per layer, when the model has biases */
         uint64_t part;    /* attention's ranges before they are combined (cuda_fast.h) */
+        uint64_t sample;  /* sampling's jobs, results and [logits_rows, vocab] scratch */
     } fast_buf;
     uint64_t total;
     uint32_t meta_words;  /* meta / 4 */

@@ -14,8 +14,10 @@
 
 #include "device/adapter.h"
 #include "device/backend.h"
+#include "device/sampler.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_plan.h"
+#include "kernels/cuda_sample.h"
 
 /* A mixer layer's weights: in_proj and out_proj as loaded, the rest
  * widened to f32 in one device buffer (cuda_mixer.c); a bias the model
@@ -66,6 +68,17 @@ typedef struct cuda_adapter_slot {
     float *mem; /* device: plan.lora_slot bytes */
 } cuda_adapter_slot;
 
+/* A submitted step's sampling under fast numerics (cuda_sampling.c), per ring slot: the jobs
+ * uploaded and their results copied back (host, pinned, plan.logits_rows each), and for each
+ * of the batch's samples its job or -1 (sampled on the host in wait). */
+typedef struct cuda_ring_samples {
+    cuda_sample_job *jobs;
+    cuda_sample_out *out;
+    int32_t *job_of; /* host: [max_rows] */
+    uint32_t n_jobs;
+    bool active;     /* the sample slot ran for the step in this ring slot */
+} cuda_ring_samples;
+
 typedef struct cuda_state {
     const devio_model *model;  /* borrowed */
     devio_backend_config cfg;  /* its pointers are borrowed from the core */
@@ -94,6 +107,11 @@ typedef struct cuda_state {
     float *bqkv;      /* [L, q_dim + 2 kv_dim]: bq, bk, bv side by side, or NULL */
     float *part;      /* attention's ranges before they are combined (cuda_fast.h) */
     uint32_t gemv_max;/* batches of at most this many tokens take the GEMV (cuda_fast.h) */
+    devio_sampler *sampler;            /* host: the samples the GPU does not take */
+    cuda_sample_job *sample_jobs;      /* [plan.logits_rows] */
+    cuda_sample_out *sample_out;       /* [plan.logits_rows] */
+    float *sample_scratch;             /* [plan.logits_rows, vocab] */
+    cuda_ring_samples *rings;          /* host: [max_depth] */
 
     /* Weights, uploaded once as loaded. */
     const void *embed, *lm_head; /* projections lane-major (cuda_kernels.h), row-major when fast */
@@ -162,6 +180,17 @@ devio_status cuda_refuse_if_failed(cuda_state *st, devio_error *err);
 /* The backend's submit and wait (cuda_step.c). */
 devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err);
 devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err);
+
+/* Sampling under fast numerics (cuda_sampling.c): its buffers (nothing in strict numerics);
+ * the backend's sample slot; whether submit leaves logits slot `slot` of b on the device (a
+ * sample the GPU takes is its only reader); and, in wait once step `ring` finished, each
+ * sample's token and logprob, those the GPU did not take sampled on the host. */
+devio_status cuda_sampling_create(cuda_state *st, devio_error *err);
+void cuda_sampling_destroy(cuda_state *st);
+devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *err);
+bool cuda_sampling_skips(const cuda_state *st, const devio_batch *b, uint32_t slot);
+devio_status cuda_sampling_finish(cuda_state *st, uint32_t ring, const devio_batch *b,
+                                  devio_error *err);
 
 /* The backend's adapter_add and adapter_remove (cuda_adapters.c). */
 devio_status cuda_adapter_add(void *state, uint32_t slot, uint32_t generation,

@@ -317,10 +317,13 @@ static devio_status attn_out(cuda_step *sp, uint32_t li, uint32_t n, float *x, c
     const cuda_layer *l = &st->layers[li];
     const devio_model_shape *sh = &st->sh;
     cuda_kv kv = layer_kv(st, li, t);
-    if (st->fast)
+    uint32_t splits = st->fast ? cuda_attn16_splits(n, sp->max_keys) : 0;
+    if (st->fast && cuda_attn16_tiled(n, sp->b->n_rows, splits))
+        CHECK(sp, cuda_attention16_tiled(&kv, q, sh->attn_scale, st->att, n, st->stream),
+              "attention");
+    else if (st->fast)
         CHECK(sp,
-              cuda_attention16(&kv, q, sh->attn_scale, st->att, n,
-                               cuda_attn16_splits(n, sp->max_keys), st->part, st->stream),
+              cuda_attention16(&kv, q, sh->attn_scale, st->att, n, splits, st->part, st->stream),
               "attention");
     else
         CHECK(sp, cuda_attention(&kv, q, sh->attn_scale, st->att, n, st->smem, st->stream),
@@ -432,13 +435,15 @@ static devio_status lm_head(cuda_step *sp, uint32_t i0, uint32_t k)
     return step_project(sp, lm, "lm_head");
 }
 
-/* Outputs i0 .. i0 + k from the staging rows into their slots of the host arena. */
+/* Outputs i0 .. i0 + k from the staging rows into their slots of the host
+ * arena, but those only a sample the GPU takes reads (cuda_sampling.c). */
 static devio_status copy_logits(cuda_step *sp, uint32_t i0, uint32_t k)
 {
     cuda_state *st = sp->st;
     size_t row = (size_t)st->sh.vocab * sizeof(float);
     for (uint32_t i = 0; i < k; i++)
-        CHECK(sp,
+        if (!cuda_sampling_skips(st, sp->b, sp->b->out_slot[i0 + i]))
+            CHECK(sp,
               cudaMemcpyAsync(st->cfg.logits_host + (size_t)sp->b->out_slot[i0 + i] * st->sh.vocab,
                               (const char *)st->logits + i * row, row, cudaMemcpyDeviceToHost,
                               st->stream),
@@ -561,6 +566,8 @@ devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err)
     if ((s = check_adapters(st, b, err)) != DEVIO_OK)
         return s;
     uint32_t ring = (uint32_t)(n % st->cfg.max_depth);
+    if (st->rings)
+        st->rings[ring].active = false; /* until the sample slot runs for this step */
     cuda_step sp = {.st = st, .b = b, .err = err};
     if ((s = enqueue(&sp, ring)) == DEVIO_OK)
         s = cuda_check(st, cudaEventRecord(st->done[ring], st->stream), "cudaEventRecord", err);
@@ -573,14 +580,15 @@ devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err)
 devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err)
 {
     cuda_state *st = state;
-    (void)b;
     uint64_t n = atomic_load(&st->waited);
     if (n >= atomic_load(&st->submitted))
         return devio_fail(err, DEVIO_E_DEVICE, "wait without a submitted step");
     /* The ring slot (and its pinned tables) is free for reuse only once
      * its step has finished: `waited` moves after the sync. */
-    devio_status s = cuda_check(st, cudaEventSynchronize(st->done[n % st->cfg.max_depth]),
-                                "the step", err);
+    uint32_t ring = (uint32_t)(n % st->cfg.max_depth);
+    devio_status s = cuda_check(st, cudaEventSynchronize(st->done[ring]), "the step", err);
+    if (s == DEVIO_OK)
+        s = cuda_sampling_finish(st, ring, b, err);
     atomic_store(&st->waited, n + 1);
     return s;
 }

@@ -7,7 +7,9 @@ where steps that need hardware are skipped and the bench runs the tiny model
 
 Steps run in the order of what they tell per second: a tiny Llama and a tiny
 Bamba bit for bit against the reference first, then the CUDA unit tests,
-compute-sanitizer, the read bandwidth and the 1b bench, Hugging Face
+compute-sanitizer, the read bandwidth and the 1b bench, the fast-numerics
+section (gpu_check_fast.py: the GEMM rate, the fast bench against its
+targets, fast against strict by tolerance, PyTorch side by side), Hugging Face
 agreement, every model feature, hybrid model and quantized GGUF weight type
 bit for bit, and the conformance suites last. One overall deadline (--deadline) is shared out: a
 step gets at most its own limit and never more than what is left. Each step
@@ -32,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import gpu_check_fast
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF_LIMIT = 1e-4
@@ -317,20 +321,23 @@ def unit_tests(c):
 
 def sanitizer(c, tmp):
     """compute-sanitizer's memcheck and racecheck over a conformance script on
-    a tiny Llama and a tiny Bamba (prefill chunks, decode, forks)."""
+    a tiny Llama and a tiny Bamba (prefill chunks, decode, forks), in strict and in fast
+    numerics."""
     if c.emulated:
         return "skipped", {"why": "compute-sanitizer needs a GPU; the emulator makes its own "
                            "checks in every step"}
     cs = find_tool("compute-sanitizer") or "compute-sanitizer"
     fig, ok = {}, True
-    runs = (("llama", make_model(c, tmp, "tiny"), "chunks.jsonl"),
-            ("bamba", make_model(c, tmp, "tiny", flags=["--arch", "bamba"], tag="bamba-tiny"),
-             "ssm_chunks.jsonl"))
+    llama = make_model(c, tmp, "tiny")
+    bamba = make_model(c, tmp, "tiny", flags=["--arch", "bamba"], tag="bamba-tiny")
+    runs = (("llama", llama, "chunks.jsonl", []), ("bamba", bamba, "ssm_chunks.jsonl", []),
+            ("llama_fast", llama, "chunks.jsonl", ["--numerics", "fast"]),
+            ("bamba_fast", bamba, "ssm_chunks.jsonl", ["--numerics", "fast"]))
     for tool in ("memcheck", "racecheck"):
-        for label, model, script in runs:
+        for label, model, script, flags in runs:
             p = c.sh([cs, "--tool", tool, "--error-exitcode", "9", c.path("ref", "devio-ref"),
-                      "--model", model, "--backend", c.backend, "--backend-path", c.path("kernels"),
-                      os.path.join(ROOT, "tests", "conformance", script)], 90)
+                      "--model", model, "--backend", c.backend, "--backend-path", c.path("kernels")]
+                     + flags + [os.path.join(ROOT, "tests", "conformance", script)], 90)
             summary = re.findall(r"(?:ERROR|RACECHECK) SUMMARY: [^\n]*", p.stdout + p.stderr)
             fig["%s_%s" % (tool, label)] = summary[-1] if summary else "exit %d" % p.returncode
             if p.returncode != 0:
@@ -413,52 +420,6 @@ def bench(c, tmp, read_gbs):
     # bandwidth, and depth 2 measurably faster than depth 1. Reported, and a
     # miss fails the step so that it is seen.
     ok = fig.get("decode_b1_of_bandwidth_pct", 0) >= 30 and fig.get("depth2_over_depth1", 0) > 1.0
-    return ("ok" if ok else "FAIL"), fig
-
-
-def bench_fast(c, tmp, read_gbs, strict):
-    """Decode and prefill in fast numerics (projections on cuBLASLt) beside the strict figures
-    of the step before: the same devio-bench run with --numerics fast. Reported, not judged
-    against a target yet (the issue's targets need the fused kernels not built)."""
-    preset, extra = ("tiny", ["--batches", "1,8", "--steps", "4", "--prefill", "16"]) \
-        if c.emulated else ("1b", ["--batches", "1,8,64", "--steps", "32", "--prefill", "512"])
-    cmd = [c.path("tests", "bench", "devio-bench"), "--model", make_model(c, tmp, preset),
-           "--backend", c.backend, "--backend-path", c.path("kernels"), "--numerics", "fast"]
-    if read_gbs and not c.emulated:
-        cmd += ["--device-bw", str(read_gbs)]
-    p = c.sh(cmd + extra, 150, check=True)
-    fig = {"output": p.stdout.strip()}
-    pre = "emulated_fast_" if c.emulated else "fast_"  # the emulator's timings say so
-    for b, tps in re.findall(r"decode batch +(\d+): +([\d.]+) tokens/s", p.stdout):
-        fig["%sdecode_b%s_tok_s" % (pre, b)] = float(tps)
-        want = (strict or {}).get("decode_b%s_tok_s" % b) or \
-            (strict or {}).get("emulated_decode_b%s_tok_s" % b)
-        if want:
-            fig["%sover_strict_b%s" % (pre, b)] = round(float(tps) / want, 3)
-    m = re.search(r"prefill (\d+) tokens: ([\d.]+) tokens/s", p.stdout)
-    if m:
-        fig["%sprefill_%s_tok_s" % (pre, m.group(1))] = float(m.group(2))
-    # The GEMV against the GEMM on small batches, each forced (DEVIO_CUDA_GEMV); the run
-    # above used what the backend picked by timing both at start.
-    small = ["--batches", "1,8", "--steps", "4" if c.emulated else "32", "--prefill", "16"]
-    for reach in ("0", "8"):
-        q = c.sh(cmd + small, 120, check=True, env=dict(os.environ, DEVIO_CUDA_GEMV=reach))
-        for b, tps in re.findall(r"decode batch +(\d+): +([\d.]+) tokens/s", q.stdout):
-            fig["%s%s_decode_b%s_tok_s" % (pre, "gemv" if reach == "8" else "gemm", b)] = float(tps)
-    for b in ("1", "8"):
-        v, g = fig.get("%sgemv_decode_b%s_tok_s" % (pre, b)), fig.get("%sgemm_decode_b%s_tok_s" % (pre, b))
-        if v and g:
-            fig["%sgemv_over_gemm_b%s" % (pre, b)] = round(v / g, 3)
-    # 8 LoRA adapters (rank 16, every projection) against none, rows spread over them: the
-    # time with them over the time without (the issue asks <= 1.3).
-    q = c.sh(cmd + ["--batches", "8" if c.emulated else "8,64", "--steps",
-                    "4" if c.emulated else "32", "--prefill", "16", "--adapters", "8"], 150,
-             check=True)
-    for b, tps, cost in re.findall(
-            r"decode batch +(\d+), 8 adapters: +([\d.]+) tokens/s = ([\d.]+)x", q.stdout):
-        fig["%sadapters8_decode_b%s_tok_s" % (pre, b)] = float(tps)
-        fig["%sadapters8_time_over_none_b%s" % (pre, b)] = float(cost)
-    ok = "(fast numerics)" in p.stdout and any("decode_b" in k for k in fig)
     return ("ok" if ok else "FAIL"), fig
 
 
@@ -634,9 +595,7 @@ def main():
         bw = c.step("GPU read bandwidth (devio-gpu-bw)", lambda: bandwidth(c))
         strict = c.step("decode and prefill on %s (devio-bench)" % ("tiny" if c.emulated else "1b"),
                         lambda: bench(c, tmp, bw.get("read_gbs")))
-        c.step("decode and prefill on %s in fast numerics (devio-bench --numerics fast)" %
-               ("tiny" if c.emulated else "1b"),
-               lambda: bench_fast(c, tmp, bw.get("read_gbs"), strict))
+        gpu_check_fast.steps(c, tmp, make_model, bw, strict)
         c.step("decode without CUDA Graphs (DEVIO_CUDA_GRAPHS=0), against the bench step",
                lambda: bench_graphs(c, tmp, strict))
         c.step("kernel times of a decode step on 1b (ncu)", lambda: kernel_profile(c, tmp))

@@ -3,10 +3,12 @@
  * without an adapter; and the paged attention against the same softmax over the same f16 keys
  * and values: GQA groups narrower and wider than a block's 8 warps, head sizes with a lane's
  * second column pair, a sliding window, keys past several chunks and every split count from
- * one to the most a step takes, blocks scattered over the pool. Built twice: on the SIMT
+ * one to the most a step takes, blocks scattered over the pool; prefill tiled over queries; and
+ * the sampler kernel against the host's sampler, bit for bit. Built twice: on the SIMT
  * emulator (every machine) and, where nvcc is, on the GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <math.h>
@@ -17,7 +19,9 @@
 #include <cuda_runtime_api.h>
 
 #include "device/numerics.h"
+#include "device/sampler.h"
 #include "kernels/cuda_fast.h"
+#include "kernels/cuda_sample.h"
 
 /* A deterministic stream of uniform floats in [-1, 1). */
 static float uniform(uint64_t *s)
@@ -28,8 +32,12 @@ static float uniform(uint64_t *s)
 
 typedef struct attn_case {
     uint32_t n_heads, n_kv, hd, block_size, window, n_tok;
-    uint32_t pos[6];
+    uint32_t pos[48];
+    uint8_t row[48]; /* with rows: the token's row; a row's tokens are adjacent, one block table */
+    bool rows;       /* else every token is a row of its own */
 } attn_case;
+
+#define TILED UINT32_MAX /* check_case's splits: the tiled (prefill) kernel */
 
 /* Built for the GPU, a case needs one; the emulated build always has its device. */
 static void need_device(void)
@@ -55,21 +63,31 @@ static void *dev_copy(const void *host, size_t bytes)
 }
 
 /* Every (token, head) of c through cuda_attention16 with `splits` (0: what the step would
- * choose), each output within 1e-5 of the float64 result's largest magnitude. */
+ * choose; TILED: cuda_attention16_tiled), each output within 1e-5 of the float64 result's
+ * largest magnitude. */
 static void check_case(const attn_case *c, uint32_t splits)
 {
     uint32_t bs = c->block_size, hd = c->hd, G = c->n_heads / c->n_kv, n = c->n_tok;
-    uint32_t off[6], n_bt = 0, max_keys = 0;
+    uint32_t off[48], n_bt = 0, max_keys = 0;
     for (uint32_t t = 0; t < n; t++) {
-        off[t] = n_bt;
-        n_bt += c->pos[t] / bs + 1;
+        bool fresh = !c->rows || t == 0 || c->row[t] != c->row[t - 1];
+        if (fresh) { /* the row's table holds the blocks of its last (highest) position */
+            uint32_t last = t;
+            while (c->rows && last + 1 < n && c->row[last + 1] == c->row[t])
+                last++;
+            off[t] = n_bt;
+            n_bt += c->pos[last] / bs + 1;
+        } else {
+            off[t] = off[t - 1];
+        }
         uint32_t keys = c->pos[t] + 1;
         if (c->window && keys > c->window)
             keys = c->window;
         max_keys = keys > max_keys ? keys : max_keys;
     }
-    if (splits == 0)
-        splits = cuda_attn16_splits(n, max_keys);
+    bool tiled = splits == TILED;
+    if (splits == 0 || tiled)
+        splits = tiled ? 1 : cuda_attn16_splits(n, max_keys);
     /* The pool holds every token's blocks in a scattered order, plus two never read. */
     uint32_t n_blocks = n_bt + 2, *bt = malloc(n_bt * sizeof *bt);
     for (uint32_t i = 0; i < n_bt; i++)
@@ -92,11 +110,17 @@ static void check_case(const attn_case *c, uint32_t splits)
     if (splits > 1)
         part = dev_copy(NULL, (size_t)CUDA_ATTN16_PART_ROWS * c->n_heads * (hd + 2) * 4);
     float scale = 1.0f / sqrtf((float)hd);
-    assert_int_equal(cuda_attention16(&kv, dq, scale, dout, n, splits, part, NULL), 0);
+    if (tiled)
+        assert_int_equal(cuda_attention16_tiled(&kv, dq, scale, dout, n, NULL), 0);
+    else
+        assert_int_equal(cuda_attention16(&kv, dq, scale, dout, n, splits, part, NULL), 0);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     assert_int_equal(cudaMemcpy(out, dout, qn * 4, cudaMemcpyDeviceToHost), cudaSuccess);
 
-    double *s = malloc((c->pos[n - 1] + 1 + 4096) * sizeof *s), *o = malloc(hd * sizeof *o);
+    uint32_t top = 0;
+    for (uint32_t t = 0; t < n; t++)
+        top = c->pos[t] > top ? c->pos[t] : top;
+    double *s = malloc((top + 1) * sizeof *s), *o = malloc(hd * sizeof *o);
     for (uint32_t t = 0; t < n; t++) {
         uint32_t pos = c->pos[t], j0 = c->window && pos + 1 > c->window ? pos + 1 - c->window : 0;
         for (uint32_t h = 0; h < c->n_heads; h++) {
@@ -124,8 +148,8 @@ static void check_case(const attn_case *c, uint32_t splits)
                 worst = fabs(got[i] - o[i] / z) > worst ? fabs(got[i] - o[i] / z) : worst;
             }
             if (!(worst <= 1e-5 * (big > 1e-3 ? big : 1e-3)))
-                fail_msg("token %u (pos %u) head %u, %u splits: off by %.3g of %.3g", t, pos, h,
-                         splits, worst, big);
+                fail_msg("token %u (pos %u) head %u, %u splits%s: off by %.3g of %.3g", t, pos,
+                         h, splits, tiled ? " (tiled)" : "", worst, big);
         }
     }
     free(s), free(o), free(bt), free(k), free(v), free(q), free(out);
@@ -311,6 +335,97 @@ static void test_sgmv(void **state)
     cudaFree(dmods), cudaFree(dgroups), cudaFree(dx), cudaFree(dy), cudaFree(abuf);
 }
 
+/* Prefill, tiled over queries: three rows of 21, 3 and 20 tokens (runs cut by the rows and
+ * by the tiles of 8), GQA 4 heads a group, keys over several chunks; then a window of 11
+ * narrower than a tile's spread of keys, and head_dim 256. Each also per token. */
+static void test_tiled_prefill(void **state)
+{
+    (void)state;
+    need_device();
+    attn_case c = {.n_heads = 8, .n_kv = 2, .hd = 64, .block_size = 16, .n_tok = 44, .rows = true};
+    for (uint32_t t = 0; t < 44; t++) {
+        c.row[t] = t < 21 ? 0 : t < 24 ? 1 : 2;
+        c.pos[t] = t < 21 ? t : t < 24 ? 70 + t : 30 + t;
+    }
+    check_case(&c, TILED);
+    check_case(&c, 1);
+    c.window = 11;
+    c.hd = 80;
+    c.n_kv = 8;
+    check_case(&c, TILED);
+    attn_case wide = {.n_heads = 12, .n_kv = 1, .hd = CUDA_ATTN16_MAX_HD, .block_size = 8,
+                      .n_tok = 10, .rows = true};
+    for (uint32_t t = 0; t < 10; t++)
+        wide.pos[t] = 40 + 3 * t; /* one row, positions not adjacent (outputs gathered) */
+    check_case(&wide, TILED);
+    assert_true(cuda_attn16_tiled(16, 1, 1));
+    assert_true(cuda_attn16_tiled(64, 16, 1));
+    assert_false(cuda_attn16_tiled(64, 64, 1)); /* decode */
+    assert_false(cuda_attn16_tiled(16, 1, 2));
+}
+
+/* The sampler kernel against device/sampler.c on the same rows of V logits: every token and
+ * logprob bit for bit, for greedy (ties among the largest included), a temperature below
+ * DEVIO_GREEDY_BELOW, temperatures with and without min_p, seeds and positions past 32 bits, a
+ * row with NaN and +-inf and a row with nothing to sample (token -1 where the host refuses). */
+static void sample_case(uint32_t V)
+{
+    enum { ROWS = 8 };
+    static const struct { float t, min_p; uint64_t seed, pos; } P[ROWS] = {
+        {0.0f, 0.0f, 1, 5},          {0.0f, 0.0f, 1, 5},     {5e-6f, 0.0f, 9, 7},
+        {0.7f, 0.0f, 42, 3},         {1.0f, 0.05f, 7, 100},  {2.5f, 0.3f, 1ull << 40, 1ull << 33},
+        {1.3f, 0.0f, 0xdeadbeefcafe, 12}, {1.0f, 0.0f, 3, 4},
+    };
+    uint64_t seed = 99u + V;
+    float *l = malloc((size_t)ROWS * V * sizeof *l);
+    for (uint32_t r = 0; r < ROWS; r++)
+        for (uint32_t i = 0; i < V; i++)
+            l[(size_t)r * V + i] = uniform(&seed) * 8.0f;
+    for (uint32_t i = 3; i < V; i += 97) /* row 1: the largest value at many ids */
+        l[V + i] = 9.5f;
+    l[6 * V + 2] = NAN, l[6 * V + 5] = INFINITY, l[6 * V + 11] = -INFINITY;
+    for (uint32_t i = 0; i < V; i++) /* row 7: nothing to sample */
+        l[7 * (size_t)V + i] = i % 2 ? NAN : -INFINITY;
+    cuda_sample_job jobs[ROWS];
+    for (uint32_t r = 0; r < ROWS; r++)
+        jobs[r] = (cuda_sample_job){.row = r, .temperature = P[r].t < DEVIO_GREEDY_BELOW ? 0 : P[r].t,
+                                    .min_p = P[r].min_p, .seed = P[r].seed, .position = P[r].pos};
+    float *dl = dev_copy(l, (size_t)ROWS * V * 4), *scratch = dev_copy(NULL, (size_t)ROWS * V * 4);
+    cuda_sample_job *dj = dev_copy(jobs, sizeof jobs);
+    cuda_sample_out got[ROWS], *dout = dev_copy(NULL, sizeof got);
+    assert_int_equal(cuda_sample(dl, V, dj, ROWS, scratch, dout, NULL), 0);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    devio_sampler *smp = NULL;
+    assert_int_equal(devio_sampler_create(V, &smp), DEVIO_OK);
+    for (uint32_t r = 0; r < ROWS; r++) {
+        devio_sample_params p = {.temperature = P[r].t, .top_p = 1.0f, .min_p = P[r].min_p,
+                                 .seed = P[r].seed};
+        int32_t tok = -1;
+        float lp = 0.0f;
+        devio_status st = devio_sampler_run(smp, l + (size_t)r * V, &p, P[r].pos, &tok, &lp);
+        if (st != DEVIO_OK) {
+            assert_int_equal(got[r].token, -1);
+            continue;
+        }
+        if (got[r].token != tok || memcmp(&got[r].logprob, &lp, 4) != 0)
+            fail_msg("vocab %u row %u: token %d logprob %.9g, the host's %d %.9g", V, r,
+                     got[r].token, (double)got[r].logprob, tok, (double)lp);
+    }
+    assert_int_equal(got[1].token, 3); /* the lowest of the tied ids */
+    devio_sampler_free(smp);
+    free(l);
+    cudaFree(dl), cudaFree(scratch), cudaFree(dj), cudaFree(dout);
+}
+
+static void test_sample(void **state)
+{
+    (void)state;
+    need_device();
+    sample_case(1000);
+    sample_case(49157);
+}
+
 static void test_split_counts(void **state)
 {
     (void)state;
@@ -330,7 +445,8 @@ int main(void)
         cmocka_unit_test(test_split_counts),     cmocka_unit_test(test_gqa_splits),
         cmocka_unit_test(test_wide_group),       cmocka_unit_test(test_window_odd_pairs),
         cmocka_unit_test(test_head_dim_256),     cmocka_unit_test(test_gemv),
-        cmocka_unit_test(test_sgmv),
+        cmocka_unit_test(test_sgmv),            cmocka_unit_test(test_tiled_prefill),
+        cmocka_unit_test(test_sample),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

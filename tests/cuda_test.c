@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "device/registry.h"
+#include "device/sampler.h"
 #include "device/shape.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_plan.h"
@@ -667,6 +668,99 @@ static void test_fast_f32(void **state)
     compare_fast(&fx, NULL, workload);
     devio_fixture_free(&fx);
 }
+/* One step of fast numerics over 10 rows, twins 2i and 2i + 1 with the same tokens and sample
+ * params P[i], 2i keeping its logits, 2i + 1 asking for the token only. Each token and logprob
+ * must be device/sampler.c's on row 2i's logits (the GPU samples greedy, temperature and min-p
+ * rows, the host top-k and top-p ones), the twins the same. Returns the emulator's launches. */
+static unsigned long sample_step(devio_device *d, const uint64_t *seqs, const int32_t *tokens,
+                                 uint32_t n, uint32_t len, devio_sampler *smp, uint32_t V)
+{
+    static const devio_sample_params P[5] = {
+        {.temperature = 0, .top_p = 1},
+        {.temperature = 0.8f, .top_p = 1, .seed = 1},
+        {.temperature = 1, .top_p = 1, .min_p = 0.1f, .seed = 7},
+        {.temperature = 1, .top_k = 5, .top_p = 1, .seed = 3},
+        {.temperature = 0.9f, .top_p = 0.8f, .seed = 1ull << 40},
+    };
+    devio_row rows[10];
+    for (uint32_t r = 0; r < 10; r++)
+        rows[r] = (devio_row){.seq = seqs[r], .tokens = tokens + (r / 2) * n, .n_tokens = n,
+                              .logits = r % 2 ? DEVIO_LOGITS_NONE : DEVIO_LOGITS_LAST,
+                              .has_sample = true, .sample = P[r / 2]};
+    devio_plan plan = {.rows = rows, .n_rows = 10};
+    devio_error err = {0};
+    uint64_t t;
+    devio_step_result res;
+    unsigned long launches = 0;
+#if defined(DEVIO_CUDA_TEST_EMU)
+    devio_emu_fault(NULL);
+#endif
+    assert_int_equal(devio_launch(d, &plan, &t, &err), DEVIO_OK);
+    assert_int_equal(devio_await(d, t, -1, &res, &err), DEVIO_OK);
+#if defined(DEVIO_CUDA_TEST_EMU)
+    unsigned long mallocs, syncs;
+    devio_emu_counts(&mallocs, &launches, &syncs);
+#endif
+    float *logits = malloc(V * sizeof *logits);
+    for (uint32_t i = 0; i < 5; i++) {
+        const devio_row_result *a = &res.rows[2 * i], *b = &res.rows[2 * i + 1];
+        assert_true(a->sampled && b->sampled);
+        assert_int_equal(devio_logits_read(d, a->logits, 0, 1, logits, NULL, &err), DEVIO_OK);
+        int32_t tok;
+        float lp;
+        assert_int_equal(devio_sampler_run(smp, logits, &P[i], len + n, &tok, &lp), DEVIO_OK);
+        if (a->token != tok || b->token != tok || memcmp(&a->logprob, &lp, 4) ||
+            memcmp(&b->logprob, &lp, 4))
+            fail_msg("params %u at %u: tokens %d and %d, logprobs %.9g and %.9g; the host "
+                     "sampler's %d %.9g", i, len + n, a->token, b->token, (double)a->logprob,
+                     (double)b->logprob, tok, (double)lp);
+        devio_effect rel = {.kind = DEVIO_EFFECT_RELEASE, .logits = a->logits};
+        devio_outcome eo;
+        assert_int_equal(devio_apply(d, &rel, &eo, NULL), DEVIO_OK);
+        devio_outcome_free(&eo);
+    }
+    free(logits);
+    devio_step_result_free(&res);
+    return launches;
+}
+
+/* Sampling under fast numerics, a prompt step and then decode steps (graphs). On the
+ * emulator a replayed decode step takes two launches: its graph and the sampler kernel. */
+static void test_fast_sampling(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    devio_fixture fx;
+    char adapters[300];
+    fixture_with(&fx, DEVIO_BF16, false, adapters, sizeof adapters);
+    uint32_t V = fx.model->cfg.vocab_size;
+    run_numerics = DEVIO_NUMERICS_FAST;
+    devio_device *d = open_dev(&fx, &devio_cuda_backend, 2, NULL);
+    run_numerics = DEVIO_NUMERICS_STRICT;
+    devio_sampler *smp = NULL;
+    assert_int_equal(devio_sampler_create(V, &smp), DEVIO_OK);
+    uint64_t seqs[10];
+    devio_error err = {0};
+    for (uint32_t r = 0; r < 10; r++)
+        assert_int_equal(devio_seq_create(d, &seqs[r], &err), DEVIO_OK);
+    int32_t tokens[5 * 6];
+    for (uint32_t i = 0; i < 5 * 6; i++)
+        tokens[i] = (int32_t)((i * 37u + 11u) % V);
+    sample_step(d, seqs, tokens, 6, 0, smp, V);
+    for (uint32_t k = 0; k < 4; k++) {
+        unsigned long launches = sample_step(d, seqs, tokens + k, 1, 6 + k, smp, V);
+#if defined(DEVIO_CUDA_TEST_EMU)
+        if (k > 0) /* the step's graph, replayed, and the sampler kernel */
+            assert_int_equal(launches, 2);
+#else
+        (void)launches;
+#endif
+    }
+    devio_sampler_free(smp);
+    devio_teardown(d, NULL);
+    devio_fixture_free(&fx);
+}
+
 static void test_strict_f16_lora(void **state) { (void)state; strict_case(DEVIO_F16, true); }
 
 /* ---- hybrid models ----------------------------------------------------------- */
@@ -1005,6 +1099,7 @@ int main(void)
         cmocka_unit_test(test_fast_bf16_lora),
         cmocka_unit_test(test_fast_f32),
         cmocka_unit_test(test_fast_gemv),
+        cmocka_unit_test(test_fast_sampling),
         cmocka_unit_test(test_graphs),
         cmocka_unit_test(test_wide_bf16_tied),
         cmocka_unit_test(test_wide_f32),

@@ -381,10 +381,10 @@ static bool parse_batches(const char *v, void *field)
     return parse_list(v, field, 1, 64);
 }
 
-/* The device is opened with at most 1024 positions. */
+/* The device is opened with at most 4096 positions. */
 static bool parse_prefill(const char *v, void *field)
 {
-    return parse_list(v, field, 1, 1024);
+    return parse_list(v, field, 1, 4032);
 }
 
 #define F(f) offsetof(flags, f)
@@ -409,7 +409,7 @@ static const devio_opt opts[] = {
     {.flag = "steps", .type = DEVIO_OPT_U32, .offset = F(steps), .metavar = "N",
      .help = "decode steps per batch size [32]"},
     {.flag = "prefill", .type = DEVIO_OPT_CUSTOM, .offset = F(prefill), .metavar = "LIST",
-     .help = "prompt tokens of each prefill run, up to three in 1..1024 [512]",
+     .help = "prompt tokens of each prefill run, up to three in 1..4032 [512]",
      .parse = parse_prefill},
     {.flag = "batches", .type = DEVIO_OPT_CUSTOM, .offset = F(batches), .metavar = "LIST",
      .help = "decode batch sizes, up to three in 1..64 [1,8,32]", .parse = parse_batches},
@@ -541,8 +541,13 @@ int main(int argc, char **argv)
     devio_config cfg = devio_config_default();
     cfg.threads = threads;
     cfg.max_seqs = 64;
-    cfg.max_seq_len = longest + 64 > 1024 ? 1024 : longest + 64;
-    cfg.kv_blocks = 64 * ((cfg.max_seq_len + 15) / 16);
+    /* Decode runs up to 64 sequences of at most 1024 positions; a prefill
+     * past them one more sequence of up to 4096. */
+    cfg.max_seq_len = longest + 64;
+    uint32_t short_len = cfg.max_seq_len > 1024 ? 1024 : cfg.max_seq_len;
+    cfg.kv_blocks = 64 * ((short_len + 15) / 16);
+    if (cfg.max_seq_len > 1024)
+        cfg.kv_blocks += (cfg.max_seq_len + 15) / 16;
     cfg.max_batch_tokens = longest > 64 ? longest : 64;
     cfg.numerics = f.numerics == 1 ? DEVIO_NUMERICS_FAST : DEVIO_NUMERICS_STRICT;
     char adapters[300] = "";

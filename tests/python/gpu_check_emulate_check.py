@@ -23,7 +23,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECK = os.path.join(ROOT, "kernels", "gpu-check.sh")
-HARDWARE = ("compute-sanitizer", "bandwidth", "ncu", "transformers")
+HARDWARE = ("compute-sanitizer", "bandwidth", "ncu", "transformers", "GEMM rate", "PyTorch")
 
 
 def report(out):
