@@ -520,6 +520,7 @@ static devio_status create_fast(cuda_state *st, devio_error *err)
         (s = DALLOC(st, st->qkv, st->plan.fast_buf.qkv, err)) ||
         (s = DALLOC(st, st->gu, st->plan.fast_buf.gu, err)) ||
         (st->plan.fast_buf.part && (s = DALLOC(st, st->part, st->plan.fast_buf.part, err))) ||
+        (st->plan.fast_buf.deq && (s = DALLOC(st, st->deq, st->plan.fast_buf.deq, err))) ||
         !sh->has_bias)
         return s;
     /* bq, bk and bv of each layer side by side, for the stacked q/k/v GEMM. */
@@ -570,7 +571,7 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
     st->layers = calloc(st->sh.n_layers ? st->sh.n_layers : 1, sizeof *st->layers);
     if (!st->layers)
         s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
-    else if (!cuda_plan_make(&st->cfg, cuda_plan_weight_bytes(model), &st->plan))
+    else if (!cuda_plan_for(model, &st->cfg, &st->plan))
         s = devio_fail(err, DEVIO_E_INVALID, "the CUDA backend's memory plan overflows");
     if (s == DEVIO_OK && !(s = create_device(st, err)) && !(s = create_weights(st, err)) &&
         !(s = create_small(st, err)) && !(s = create_buffers(st, err)) &&
@@ -671,7 +672,7 @@ static uint32_t cuda_kv_blocks_fit(const devio_model *model, const devio_backend
     size_t free_b = 0, total_b = 0;
     if (cuda_probe(NULL) != DEVIO_OK || cudaSetDevice(0) != cudaSuccess ||
         cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
-        !cuda_plan_make(cfg, cuda_plan_weight_bytes(model), &p)) {
+        !cuda_plan_for(model, cfg, &p)) {
         (void)cudaGetLastError();
         return 0;
     }

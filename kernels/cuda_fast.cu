@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "device/numerics.h"
+#include "device/quant.h"
 #include "kernels/cuda_fast.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_warp.cuh"
@@ -87,6 +88,38 @@ int cuda_silu_mul_pairs(const float *gu, float *act, uint32_t f, uint32_t n_tok,
         return 0;
     dim3 grid(cuda_blocks_for(f, 256), n_tok);
     LAUNCH((k_silu_mul_pairs), grid, 256, 0, (cudaStream_t)stream, gu, act, f);
+    return cuda_launched();
+}
+
+/* ---- quantized weights widened for the GEMM ---- */
+
+/* dst[i] = element i of the blocks at w of ggml type G, in f16 (saturating, as the KV cache). */
+template <uint32_t G>
+__global__ void k_dequant16(const uint8_t *w, uint64_t n, uint16_t *dst)
+{
+    const uint32_t blk = devio_quant_block(G), bytes = devio_quant_block_bytes(G);
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x)
+        dst[i] = kv16_store(devio_quant_elem(G, w + (i / blk) * bytes, (uint32_t)(i % blk)));
+}
+
+int cuda_dequant16(int dtype, const void *w, uint64_t n, uint16_t *dst, void *stream)
+{
+    const uint8_t *b = static_cast<const uint8_t *>(w);
+    uint64_t want = (n + 255) / 256;
+    uint32_t grid = want < 65535 ? (uint32_t)want : 65535u;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (dtype) {
+    case CUDA_Q8_0: LAUNCH((k_dequant16<DEVIO_QT_Q8_0>), grid, 256, 0, s, b, n, dst); break;
+    case CUDA_Q4_0: LAUNCH((k_dequant16<DEVIO_QT_Q4_0>), grid, 256, 0, s, b, n, dst); break;
+    case CUDA_Q4_1: LAUNCH((k_dequant16<DEVIO_QT_Q4_1>), grid, 256, 0, s, b, n, dst); break;
+    case CUDA_Q5_0: LAUNCH((k_dequant16<DEVIO_QT_Q5_0>), grid, 256, 0, s, b, n, dst); break;
+    case CUDA_Q5_1: LAUNCH((k_dequant16<DEVIO_QT_Q5_1>), grid, 256, 0, s, b, n, dst); break;
+    case CUDA_Q4_K: LAUNCH((k_dequant16<DEVIO_QT_Q4_K>), grid, 256, 0, s, b, n, dst); break;
+    case CUDA_Q5_K: LAUNCH((k_dequant16<DEVIO_QT_Q5_K>), grid, 256, 0, s, b, n, dst); break;
+    case CUDA_Q6_K: LAUNCH((k_dequant16<DEVIO_QT_Q6_K>), grid, 256, 0, s, b, n, dst); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
     return cuda_launched();
 }
 

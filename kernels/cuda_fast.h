@@ -28,6 +28,11 @@ int cuda_split3(const float *src, uint32_t a, uint32_t b, uint32_t c, float *da,
  * output [n_tok, 2 f]. */
 int cuda_silu_mul_pairs(const float *gu, float *act, uint32_t f, uint32_t n_tok, void *stream);
 
+/* dst[i] = element i (i < n) of w, a quantized weight (CUDA_Q8_0 ... CUDA_Q6_K, rows of whole
+ * blocks as uploaded) widened exactly and rounded to f16 (nearest even, past its range kept at
+ * +-65504): a quantized projection as the GEMM's f16 input. */
+int cuda_dequant16(int dtype, const void *w, uint64_t n, uint16_t *dst, void *stream);
+
 /* The GEMV of small batches beside cuda_gemm.h's GEMM: for t < n_tok <= CUDA_GEMV_MAX_TOK,
  *   y[t * ldy + o] = alpha * sum_i w[o * n + i] * x[t * ldx + i] + beta * y[t * ldy + o]
  * with w row-major [m, n] of dtype (CUDA_F32, CUDA_F16 or CUDA_BF16) read 16 bytes per lane

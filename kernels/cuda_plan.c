@@ -220,3 +220,33 @@ uint64_t cuda_plan_weight_bytes(const devio_model *m)
     }
     return total;
 }
+
+uint64_t cuda_plan_dequant_elems(const devio_model *m)
+{
+    uint64_t most = 0;
+    const devio_tensor *heads[] = {&m->embed, &m->lm_head};
+    for (size_t k = 0; k < 2; k++)
+        if (heads[k]->data && devio_dtype_quantized(heads[k]->dtype) &&
+            heads[k]->shape[0] * heads[k]->shape[1] > most)
+            most = heads[k]->shape[0] * heads[k]->shape[1];
+    for (uint32_t i = 0; i < m->cfg.n_layers; i++) {
+        const devio_layer *l = &m->layers[i];
+        const devio_tensor *big[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
+                                     &l->w_down};
+        for (size_t k = 0; k < sizeof big / sizeof *big; k++)
+            if (big[k]->data && devio_dtype_quantized(big[k]->dtype) &&
+                big[k]->shape[0] * big[k]->shape[1] > most)
+                most = big[k]->shape[0] * big[k]->shape[1];
+    }
+    return most;
+}
+
+bool cuda_plan_for(const devio_model *m, const devio_backend_config *cfg, cuda_plan *p)
+{
+    if (!cuda_plan_make(cfg, cuda_plan_weight_bytes(m), p))
+        return false;
+    if (cfg->numerics != DEVIO_NUMERICS_FAST)
+        return true;
+    return mul(cuda_plan_dequant_elems(m), 2, &p->fast_buf.deq) &&
+           add(&p->fast, p->fast_buf.deq) && add(&p->total, p->fast_buf.deq);
+}

@@ -38,6 +38,8 @@ typedef struct cuda_plan {
         uint64_t bqkv;    /* bq, bk, bv side by side per layer, when the model has biases */
         uint64_t part;    /* attention's ranges before they are combined (cuda_fast.h) */
         uint64_t sample;  /* sampling's jobs, results and [logits_rows, vocab] scratch */
+        uint64_t deq;     /* the largest quantized projection widened to f16 for a GEMM
+                             (cuda_plan_for; 0 when none is quantized) */
     } fast_buf;
     uint64_t total;
     uint32_t meta_words;  /* meta / 4 */
@@ -65,6 +67,14 @@ uint32_t cuda_plan_kv_fit(const cuda_plan *p, uint64_t budget);
  * of the shape (0 and 0 when the shape has no such module); false for a
  * target this backend does not apply. */
 bool cuda_plan_lora_dims(const devio_model_shape *s, uint32_t t, uint32_t *in, uint32_t *out);
+
+/* The plan for `cfg` and model m: cuda_plan_make with m's weight bytes and, under fast
+ * numerics, fast_buf.deq for its quantized projections. */
+bool cuda_plan_for(const devio_model *m, const devio_backend_config *cfg, cuda_plan *out);
+
+/* Elements of m's largest quantized projection (the embedding and lm_head included), 0 when
+ * none is quantized. */
+uint64_t cuda_plan_dequant_elems(const devio_model *m);
 
 /* Bytes of the tensors the backend uploads as they are: the embedding, lm_head
  * (when not tied), every layer's projections (attention, MLP, in_proj and

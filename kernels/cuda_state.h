@@ -106,6 +106,7 @@ typedef struct cuda_state {
     float *qkv, *gu;  /* [max_batch_tokens, q_dim + 2 kv_dim], [.., 2 f]: fused GEMM outputs */
     float *bqkv;      /* [L, q_dim + 2 kv_dim]: bq, bk, bv side by side, or NULL */
     float *part;      /* attention's ranges before they are combined (cuda_fast.h) */
+    uint16_t *deq;    /* a quantized projection widened to f16 for the GEMM, or NULL */
     uint32_t gemv_max;/* batches of at most this many tokens take the GEMV (cuda_fast.h) */
     devio_sampler *sampler;            /* host: the samples the GPU does not take */
     cuda_sample_job *sample_jobs;      /* [plan.logits_rows] */

@@ -155,44 +155,57 @@ devio_status step_lora(cuda_step *sp, uint32_t li, int target, const step_tables
     return DEVIO_OK;
 }
 
+static bool quantized(int dtype) { return dtype > CUDA_BF16; }
+
 /* One product of fast numerics: y = alpha * x W^T + beta * y over mv's
  * tokens, by the GEMV (x is mv->x, f32) or the GEMM (x as fast_project laid
- * it out). */
+ * it out, of type dtype: the weight's, f16 for a quantized one). */
 typedef struct fast_in {
     const void *x;
     uint32_t ldx;
+    int dtype;
     bool gemv;
 } fast_in;
 
+/* A quantized w is widened to f16 in st->deq first (in stream order, so the
+ * one buffer serves every projection). */
 static devio_status gemm(cuda_step *sp, const cuda_matvec *mv, const void *w, fast_in in,
                          float alpha, float beta, float *y, uint32_t ldy, const char *what)
 {
     cuda_state *st = sp->st;
-    if (in.gemv)
+    if (in.gemv) {
         CHECK(sp,
               cuda_gemv(mv->dtype, w, mv->m, mv->n, mv->x, mv->ldx, mv->n_tok, alpha, beta, y,
                         ldy, st->stream),
               what);
-    else
-        CHECK(sp,
-              cuda_gemm_run(st->gemm, mv->dtype, w, mv->m, mv->n, in.x, in.ldx, mv->n_tok, alpha,
-                            beta, y, ldy, st->stream),
+        return DEVIO_OK;
+    }
+    if (quantized(mv->dtype)) {
+        CHECK(sp, cuda_dequant16(mv->dtype, w, (uint64_t)mv->m * mv->n, st->deq, st->stream),
               what);
+        w = st->deq;
+    }
+    CHECK(sp,
+          cuda_gemm_run(st->gemm, in.dtype, w, mv->m, mv->n, in.x, in.ldx, mv->n_tok, alpha, beta,
+                        y, ldy, st->stream),
+          what);
     return DEVIO_OK;
 }
 
 /* Rule 3 under fast numerics: batches up to st->gemv_max tokens on the
  * GEMV, which reads the f32 input as it is; larger ones on the GEMM, the
- * input rounded to the weight's 16-bit type (f32 weights take it as it is).
+ * input rounded to the weight's 16-bit type (f32 weights take it as it is;
+ * a quantized weight is widened to f16 and the input rounded to f16).
  * One product per weight, the epilogue folded into alpha and beta (a bias
  * is laid down first; SiLU-and-multiply runs on the two products). */
 static devio_status fast_project(cuda_step *sp, const cuda_matvec *mv, const char *what)
 {
     cuda_state *st = sp->st;
     fast_in in = {.x = mv->x, .ldx = mv->ldx,
+                  .dtype = quantized(mv->dtype) ? CUDA_F16 : mv->dtype,
                   .gemv = mv->n_tok <= st->gemv_max && cuda_gemv_fits(mv->dtype, mv->n)};
-    if (mv->dtype != CUDA_F32 && !in.gemv) {
-        CHECK(sp, cuda_round16(mv->x, mv->ldx, st->x16, mv->n, mv->n_tok, mv->dtype, st->stream),
+    if (in.dtype != CUDA_F32 && !in.gemv) {
+        CHECK(sp, cuda_round16(mv->x, mv->ldx, st->x16, mv->n, mv->n_tok, in.dtype, st->stream),
               what);
         in.x = st->x16;
         in.ldx = mv->n;
@@ -217,9 +230,15 @@ static devio_status fast_project(cuda_step *sp, const cuda_matvec *mv, const cha
     return gemm(sp, mv, mv->w, in, 1.0f, 0.0f, mv->y, mv->ldy, what);
 }
 
+/* Fast numerics take f32, f16 and bf16 projections, and quantized ones for
+ * batches past CUDA_GEMV_MAX_TOK tokens (smaller ones read the blocks as they
+ * are in the strict kernel, a third to a half of the bytes of f16); never one marked
+ * strict. */
 devio_status step_project(cuda_step *sp, cuda_matvec mv, const char *what)
 {
-    if (sp->st->fast && !mv.strict && mv.dtype <= CUDA_BF16)
+    const cuda_state *st = sp->st;
+    if (st->fast && !mv.strict &&
+        (!quantized(mv.dtype) || (st->deq && mv.n_tok > CUDA_GEMV_MAX_TOK)))
         return fast_project(sp, &mv, what);
     CHECK(sp, cuda_project(&mv, sp->st->stream), what);
     return DEVIO_OK;

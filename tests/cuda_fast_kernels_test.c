@@ -3,8 +3,8 @@
  * without an adapter; and the paged attention against the same softmax over the same f16 keys
  * and values: GQA groups narrower and wider than a block's 8 warps, head sizes with a lane's
  * second column pair, a sliding window, keys past several chunks and every split count from
- * one to the most a step takes, blocks scattered over the pool; prefill tiled over queries; and
- * the sampler kernel against the host's sampler, bit for bit. Built twice: on the SIMT
+ * one to the most a step takes, blocks scattered over the pool; prefill tiled over queries; the
+ * sampler kernel against the host's sampler and quantized weights widened to f16, bit for bit. Built twice: on the SIMT
  * emulator (every machine) and, where nvcc is, on the GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "device/numerics.h"
+#include "device/quant.h"
 #include "device/sampler.h"
 #include "kernels/cuda_fast.h"
 #include "kernels/cuda_sample.h"
@@ -426,6 +427,39 @@ static void test_sample(void **state)
     sample_case(49157);
 }
 
+/* Quantized weights widened for the GEMM: every element of random blocks of each type is
+ * devio_quant_elem's value rounded to f16 (saturating at +-65504), bit for bit. */
+static void test_dequant16(void **state)
+{
+    (void)state;
+    need_device();
+    /* ggml's numbers of CUDA_Q8_0 ... CUDA_Q6_K, in that order */
+    static const uint32_t ggml[] = {8, 2, 3, 6, 7, 12, 13, 14};
+    uint64_t seed = 5;
+    for (int dt = CUDA_Q8_0; dt <= CUDA_Q6_K; dt++) {
+        uint32_t g = ggml[dt - CUDA_Q8_0], blk = devio_quant_block(g);
+        uint32_t bytes = devio_quant_block_bytes(g);
+        uint32_t nb = 6, n = nb * blk;
+        uint8_t *w = malloc((size_t)nb * bytes);
+        for (uint32_t i = 0; i < nb * bytes; i++)
+            w[i] = (uint8_t)(uniform(&seed) * 127.0f + 128.0f);
+        uint16_t *got = malloc(n * sizeof *got), *dw = dev_copy(w, (size_t)nb * bytes);
+        uint16_t *dd = dev_copy(NULL, n * sizeof *got);
+        assert_int_equal(cuda_dequant16(dt, dw, n, dd, NULL), 0);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        assert_int_equal(cudaMemcpy(got, dd, n * sizeof *got, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (uint32_t i = 0; i < n; i++) {
+            float v = devio_quant_elem(g, w + (i / blk) * bytes, i % blk);
+            v = v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
+            if (got[i] != devio_f32_to_f16_rne(v))
+                fail_msg("type %u element %u: f16 %04x, want %04x (%.9g)", g, i, got[i],
+                         devio_f32_to_f16_rne(v), (double)v);
+        }
+        free(w), free(got);
+        cudaFree(dw), cudaFree(dd);
+    }
+}
+
 static void test_split_counts(void **state)
 {
     (void)state;
@@ -446,7 +480,7 @@ int main(void)
         cmocka_unit_test(test_wide_group),       cmocka_unit_test(test_window_odd_pairs),
         cmocka_unit_test(test_head_dim_256),     cmocka_unit_test(test_gemv),
         cmocka_unit_test(test_sgmv),            cmocka_unit_test(test_tiled_prefill),
-        cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_sample),          cmocka_unit_test(test_dequant16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
