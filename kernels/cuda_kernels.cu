@@ -109,11 +109,13 @@ int cuda_embed(const void *embed, int dtype, int lane_major, uint32_t d, const i
 #define NORM_THREADS 256
 #define NORM_U 8
 __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(const float *x, const float *w,
-                                                          float *y, uint32_t d, float eps)
+                                                          float *y, uint32_t d, float eps,
+                                                          uint16_t *y16, int bf16)
 {
     DEVIO_DYN_SHARED(float, sm); /* d floats, then r */
     const float *xr = x + (size_t)blockIdx.x * d;
     float *yr = y + (size_t)blockIdx.x * d;
+    uint16_t *y16r = y16 ? y16 + (size_t)blockIdx.x * d : NULL;
     uint32_t step = blockDim.x;
     for (uint32_t i0 = threadIdx.x; i0 < d; i0 += step * NORM_U) {
         float v[NORM_U];
@@ -145,8 +147,13 @@ __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(const float *x, const 
                 g[u] = w[i0 + step * u];
 #pragma unroll
         for (int u = 0; u < NORM_U; u++)
-            if (i0 + step * u < d)
-                yr[i0 + step * u] = DEVIO_MUL(g[u], DEVIO_MUL(sm[i0 + step * u], r));
+            if (i0 + step * u < d) {
+                float v = DEVIO_MUL(g[u], DEVIO_MUL(sm[i0 + step * u], r));
+                yr[i0 + step * u] = v;
+                if (y16r)
+                    y16r[i0 + step * u] = bf16 ? devio_f32_to_bf16_rne(v)
+                                               : devio_f32_to_f16_rne(v);
+            }
     }
 }
 
@@ -161,14 +168,21 @@ int cuda_rmsnorm_prepare(uint32_t max_d)
                                      (int)norm_smem(max_d));
 }
 
-int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps, uint32_t n_tok,
-                 void *stream)
+int cuda_rmsnorm16(const float *x, const float *w, float *y, void *y16, int dtype16, uint32_t d,
+                   float eps, uint32_t n_tok, void *stream)
 {
     if (n_tok == 0)
         return 0;
     uint32_t threads = d < NORM_THREADS ? (d + 31u) & ~31u : NORM_THREADS;
-    LAUNCH((k_rmsnorm), n_tok, threads, norm_smem(d), (cudaStream_t)stream, x, w, y, d, eps);
+    LAUNCH((k_rmsnorm), n_tok, threads, norm_smem(d), (cudaStream_t)stream, x, w, y, d, eps,
+           (uint16_t *)y16, dtype16 == CUDA_BF16);
     return cuda_launched();
+}
+
+int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps, uint32_t n_tok,
+                 void *stream)
+{
+    return cuda_rmsnorm16(x, w, y, NULL, CUDA_F32, d, eps, n_tok, stream);
 }
 
 /* ---- rule 3: projections, one warp per output row ------------------------ */

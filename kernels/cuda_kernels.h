@@ -68,6 +68,11 @@ int cuda_embed(const void *embed, int dtype, int lane_major, uint32_t d, const i
 int cuda_rmsnorm_prepare(uint32_t max_d);
 int cuda_rmsnorm(const float *x, const float *w, float *y, uint32_t d, float eps, uint32_t n_tok,
                  void *stream);
+/* The same, and when y16 is not NULL each y also rounded (nearest even) to dtype16 (CUDA_F16
+ * or CUDA_BF16) into y16 [n_tok, d]: under fast numerics the norm lays down the GEMM's 16-bit
+ * input itself. */
+int cuda_rmsnorm16(const float *x, const float *w, float *y, void *y16, int dtype16, uint32_t d,
+                   float eps, uint32_t n_tok, void *stream);
 
 /* What a projection does with each dot product (rules 3 and 7). */
 typedef enum cuda_epi {
@@ -93,6 +98,8 @@ typedef struct cuda_matvec {
     float *y;           /* [n_tok, ldy] */
     uint32_t ldy;
     int strict;         /* fast numerics keep this one on the strict kernel (cuda_step.c) */
+    const void *x16;    /* fast numerics: x already rounded to the GEMM's 16-bit input type
+                           ([n_tok, n], by cuda_rmsnorm16), or NULL */
 } cuda_matvec;
 
 int cuda_project(const cuda_matvec *mv, void *stream);

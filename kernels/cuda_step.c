@@ -204,7 +204,10 @@ static devio_status fast_project(cuda_step *sp, const cuda_matvec *mv, const cha
     fast_in in = {.x = mv->x, .ldx = mv->ldx,
                   .dtype = quantized(mv->dtype) ? CUDA_F16 : mv->dtype,
                   .gemv = mv->n_tok <= st->gemv_max && cuda_gemv_fits(mv->dtype, mv->n)};
-    if (in.dtype != CUDA_F32 && !in.gemv) {
+    if (in.dtype != CUDA_F32 && !in.gemv && mv->x16) {
+        in.x = mv->x16; /* the norm laid it down (norm_for) */
+        in.ldx = mv->n;
+    } else if (in.dtype != CUDA_F32 && !in.gemv) {
         CHECK(sp, cuda_round16(mv->x, mv->ldx, st->x16, mv->n, mv->n_tok, in.dtype, st->stream),
               what);
         in.x = st->x16;
@@ -244,6 +247,37 @@ devio_status step_project(cuda_step *sp, cuda_matvec mv, const char *what)
     return DEVIO_OK;
 }
 
+/* The 16-bit type fast numerics round a projection's input to for the GEMM
+ * (step_project, fast_project), or -1 when it takes the GEMV, strict's kernel
+ * or the f32 input as it is. */
+static int gemm_input16(const cuda_state *st, const cuda_matvec *mv)
+{
+    bool q = quantized(mv->dtype);
+    if (!st->fast || mv->strict || (q && !(st->deq && mv->n_tok > CUDA_GEMV_MAX_TOK)) ||
+        (mv->n_tok <= st->gemv_max && cuda_gemv_fits(mv->dtype, mv->n)))
+        return -1;
+    return q ? CUDA_F16 : mv->dtype == CUDA_F32 ? -1 : mv->dtype;
+}
+
+/* h = rmsnorm(x) with weight w for the n_use projections users of h: when
+ * they all round h alike for the GEMM, the norm writes that rounding into
+ * st->x16 too and they take it from there (no rounding pass of their own). */
+static devio_status norm_for(cuda_step *sp, const float *x, const float *w, uint32_t n,
+                             cuda_matvec **users, uint32_t n_use)
+{
+    cuda_state *st = sp->st;
+    int t16 = gemm_input16(st, users[0]);
+    for (uint32_t i = 1; i < n_use; i++)
+        t16 = gemm_input16(st, users[i]) == t16 ? t16 : -1;
+    CHECK(sp,
+          cuda_rmsnorm16(x, w, st->h, t16 >= 0 ? st->x16 : NULL, t16, st->sh.d, st->sh.eps, n,
+                         st->stream),
+          "rmsnorm");
+    for (uint32_t i = 0; i < n_use && t16 >= 0; i++)
+        users[i]->x16 = st->x16;
+    return DEVIO_OK;
+}
+
 /* First half of layer li: norm, q/k/v (+ bias, + LoRA), Qwen3's q_norm and
  * k_norm (rule 4a: every head of q and of k is a row of hd floats, normed in
  * place), RoPE, K and V stored. */
@@ -253,8 +287,7 @@ static devio_status layer_qkv(cuda_step *sp, uint32_t li, uint32_t n)
     const cuda_layer *l = &st->layers[li];
     const devio_model_shape *sh = &st->sh;
     uint32_t d = sh->d;
-    CHECK(sp, cuda_rmsnorm(st->x, st->attn_norm + (size_t)li * d, st->h, d, sh->eps, n, st->stream),
-          "rmsnorm");
+    const float *norm_w = st->attn_norm + (size_t)li * d;
     cuda_epi epi = st->bq ? CUDA_EPI_BIAS : CUDA_EPI_STORE;
     cuda_matvec base = {.n = d, .epi = epi, .x = st->h, .ldx = d, .n_tok = n};
     cuda_matvec q = base, k = base, v = base;
@@ -273,14 +306,19 @@ static devio_status layer_qkv(cuda_step *sp, uint32_t li, uint32_t n)
         cuda_matvec qkv = base;
         qkv.w = l->w_qkv, qkv.dtype = l->dt_q, qkv.m = w, qkv.y = st->qkv, qkv.ldy = w;
         qkv.bias = st->bqkv ? st->bqkv + (size_t)li * w : NULL;
-        if ((s = step_project(sp, qkv, "q_proj, k_proj and v_proj")))
+        cuda_matvec *users[] = {&qkv};
+        if ((s = norm_for(sp, st->x, norm_w, n, users, 1)) ||
+            (s = step_project(sp, qkv, "q_proj, k_proj and v_proj")))
             return s;
         CHECK(sp, cuda_split3(st->qkv, sh->q_dim, sh->kv_dim, sh->kv_dim, st->q, st->k, st->v, n,
                               st->stream),
               "splitting q, k and v");
-    } else if ((s = step_project(sp, q, "q_proj")) || (s = step_project(sp, k, "k_proj")) ||
-               (s = step_project(sp, v, "v_proj"))) {
-        return s;
+    } else {
+        cuda_matvec *users[] = {&q, &k, &v};
+        if ((s = norm_for(sp, st->x, norm_w, n, users, 3)) ||
+            (s = step_project(sp, q, "q_proj")) || (s = step_project(sp, k, "k_proj")) ||
+            (s = step_project(sp, v, "v_proj")))
+            return s;
     }
     if ((s = step_lora(sp, li, DEVIO_LORA_Q, &sp->all, st->h, d, st->q, sh->q_dim, sh->q_dim,
                        n)) ||
@@ -359,9 +397,8 @@ static devio_status mlp(cuda_step *sp, uint32_t li, uint32_t n, float *x, const 
     const cuda_layer *l = &st->layers[li];
     const devio_model_shape *sh = &st->sh;
     uint32_t d = sh->d, f = sh->f;
+    const float *norm_w = st->ffn_norm + (size_t)li * d;
     devio_status s;
-    CHECK(sp, cuda_rmsnorm(x, st->ffn_norm + (size_t)li * d, st->h, d, sh->eps, n, st->stream),
-          "rmsnorm");
     cuda_matvec gu = {.w = l->w_gate, .w2 = l->w_up, .dtype = l->dt_mlp, .m = f, .n = d,
                       .epi = CUDA_EPI_SILU_MUL, .x = st->h, .ldx = d, .n_tok = n, .y = st->act,
                       .ldy = f};
@@ -374,7 +411,9 @@ static devio_status mlp(cuda_step *sp, uint32_t li, uint32_t n, float *x, const 
         u.w = l->w_up;
         g.y = st->g_tmp;
         u.y = st->u_tmp;
-        if ((s = step_project(sp, g, "gate_proj")) || (s = step_project(sp, u, "up_proj")) ||
+        cuda_matvec *users[] = {&g, &u};
+        if ((s = norm_for(sp, x, norm_w, n, users, 2)) ||
+            (s = step_project(sp, g, "gate_proj")) || (s = step_project(sp, u, "up_proj")) ||
             (s = step_lora(sp, li, DEVIO_LORA_GATE, t, st->h, d, st->g_tmp, f, f, n)) ||
             (s = step_lora(sp, li, DEVIO_LORA_UP, t, st->h, d, st->u_tmp, f, f, n)))
             return s;
@@ -384,11 +423,16 @@ static devio_status mlp(cuda_step *sp, uint32_t li, uint32_t n, float *x, const 
         cuda_matvec both = gu;
         both.w = l->w_gu, both.w2 = NULL, both.m = 2 * f, both.epi = CUDA_EPI_STORE;
         both.y = st->gu, both.ldy = 2 * f;
-        if ((s = step_project(sp, both, "gate_proj and up_proj")))
+        cuda_matvec *users[] = {&both};
+        if ((s = norm_for(sp, x, norm_w, n, users, 1)) ||
+            (s = step_project(sp, both, "gate_proj and up_proj")))
             return s;
         CHECK(sp, cuda_silu_mul_pairs(st->gu, st->act, f, n, st->stream), "silu");
-    } else if ((s = step_project(sp, gu, "gate_proj and up_proj"))) {
-        return s;
+    } else {
+        cuda_matvec *users[] = {&gu};
+        if ((s = norm_for(sp, x, norm_w, n, users, 1)) ||
+            (s = step_project(sp, gu, "gate_proj and up_proj")))
+            return s;
     }
     cuda_matvec down = {.w = l->w_down, .dtype = l->dt_down, .m = d, .n = f, .x = st->act,
                         .ldx = f, .n_tok = n, .y = x, .ldy = d};

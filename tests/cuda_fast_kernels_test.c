@@ -460,6 +460,38 @@ static void test_dequant16(void **state)
     }
 }
 
+/* The norm that lays down the GEMM's 16-bit input: its f32 rows are cuda_rmsnorm's, bit for
+ * bit, and its 16-bit rows those rounded, in f16 and in bf16. */
+static void test_rmsnorm16(void **state)
+{
+    (void)state;
+    need_device();
+    enum { D = 300, T = 3 };
+    uint64_t seed = 17;
+    float x[T * D], w[D], want[T * D], got[T * D];
+    for (uint32_t i = 0; i < T * D; i++)
+        x[i] = uniform(&seed) * 3.0f;
+    for (uint32_t i = 0; i < D; i++)
+        w[i] = uniform(&seed);
+    assert_int_equal(cuda_rmsnorm_prepare(D), 0);
+    float *dx = dev_copy(x, sizeof x), *dw = dev_copy(w, sizeof w);
+    float *dy = dev_copy(NULL, sizeof x), *dz = dev_copy(NULL, sizeof x);
+    uint16_t h[T * D], *dh = dev_copy(NULL, sizeof h);
+    assert_int_equal(cuda_rmsnorm(dx, dw, dy, D, 1e-5f, T, NULL), 0);
+    for (int dt = CUDA_F16; dt <= CUDA_BF16; dt++) {
+        assert_int_equal(cuda_rmsnorm16(dx, dw, dz, dh, dt, D, 1e-5f, T, NULL), 0);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        assert_int_equal(cudaMemcpy(want, dy, sizeof want, cudaMemcpyDeviceToHost), cudaSuccess);
+        assert_int_equal(cudaMemcpy(got, dz, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+        assert_int_equal(cudaMemcpy(h, dh, sizeof h, cudaMemcpyDeviceToHost), cudaSuccess);
+        assert_memory_equal(got, want, sizeof got);
+        for (uint32_t i = 0; i < T * D; i++)
+            assert_int_equal(h[i], dt == CUDA_F16 ? devio_f32_to_f16_rne(want[i])
+                                                  : devio_f32_to_bf16_rne(want[i]));
+    }
+    cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dz), cudaFree(dh);
+}
+
 static void test_split_counts(void **state)
 {
     (void)state;
@@ -481,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_head_dim_256),     cmocka_unit_test(test_gemv),
         cmocka_unit_test(test_sgmv),            cmocka_unit_test(test_tiled_prefill),
         cmocka_unit_test(test_sample),          cmocka_unit_test(test_dequant16),
+        cmocka_unit_test(test_rmsnorm16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
