@@ -136,6 +136,9 @@ devio_status cuda_mixer_create(cuda_state *st, devio_error *err)
     if (s != DEVIO_OK)
         return s;
     uint64_t T = st->cfg.max_batch_tokens, F = sizeof(float);
+    if (st->fast && ((s = cuda_dalloc(st, (void **)&st->ssm_cs, st->plan.fast_buf.ssm_cs, err)) ||
+                     (s = cuda_dalloc(st, (void **)&st->ssm_lam, st->plan.fast_buf.ssm_lam, err))))
+        return s;
     if ((s = cuda_dalloc(st, (void **)&st->ssm, st->plan.ssm, err)) ||
         (s = cuda_dalloc(st, (void **)&st->zx, T * sh->in_dim * F, err)) ||
         (s = cuda_dalloc(st, (void **)&st->xa, T * sh->conv_dim * F, err)) ||
@@ -162,6 +165,15 @@ uint32_t cuda_mixer_pack(cuda_step *sp, uint32_t *w, const uint32_t *dev)
     }
     sp->ssm_rows = (const cuda_ssm_row *)dev;
     sp->ssm_snaps = dev + (size_t)nr * CUDA_SSM_ROW_WORDS;
+    /* Fast numerics scan in chunks unless a row keeps a snapshot after each token. */
+    sp->ssm_chunks = 0;
+    for (uint32_t r = 0; r < nr && sp->st->fast; r++) {
+        if (b->rows[r].snapshot == DEVIO_SNAP_EACH) {
+            sp->ssm_chunks = 0;
+            break;
+        }
+        sp->ssm_chunks += (b->rows[r].n_tokens + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK;
+    }
     return nr * CUDA_SSM_ROW_WORDS + ns;
 }
 
@@ -191,7 +203,11 @@ devio_status cuda_mixer_first(cuda_step *sp, uint32_t li, uint32_t n)
         .d_skip = w->d_skip, .norm = w->norm, .zx = st->zx, .xa = st->xa, .y = st->my,
     };
     CHECK(sp, cuda_ssm_conv(&m, st->stream), "the mixer's conv");
-    CHECK(sp, cuda_ssm_scan(&m, st->stream), "the mixer's scan");
+    if (sp->ssm_chunks)
+        CHECK(sp, cuda_ssm_scan_chunked(&m, sp->ssm_chunks, st->ssm_cs, st->ssm_lam, st->stream),
+              "the mixer's scan");
+    else
+        CHECK(sp, cuda_ssm_scan(&m, st->stream), "the mixer's scan");
     CHECK(sp, cuda_ssm_gate_norm(&m, n, st->stream), "the mixer's gated norm");
     return DEVIO_OK;
 }

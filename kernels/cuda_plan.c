@@ -106,9 +106,16 @@ static bool fast_bytes(const devio_backend_config *cfg, cuda_plan *p)
         !mul3(p->logits_rows, s->vocab + (uint64_t)CUDA_SAMPLE_ROW_BYTES / F, F,
               &p->fast_buf.sample))
         return false;
+    /* A row of more than one chunk has at most twice its tokens / CUDA_SSM_CHUNK chunks. */
+    uint64_t chunks = 2 * ((T + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK), cs;
+    if (s->n_mixers > 0 &&
+        (!mul3(chunks, s->ssm_inner, s->ssm_state, &cs) || !mul(cs, F, &p->fast_buf.ssm_cs) ||
+         !mul3(T, s->ssm_heads, F, &p->fast_buf.ssm_lam)))
+        return false;
     return add(&p->fast, p->fast_buf.x16) && add(&p->fast, p->fast_buf.qkv) &&
            add(&p->fast, p->fast_buf.gu) && add(&p->fast, p->fast_buf.bqkv) &&
-           add(&p->fast, p->fast_buf.part) && add(&p->fast, p->fast_buf.sample);
+           add(&p->fast, p->fast_buf.part) && add(&p->fast, p->fast_buf.sample) &&
+           add(&p->fast, p->fast_buf.ssm_cs) && add(&p->fast, p->fast_buf.ssm_lam);
 }
 
 bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda_plan *p)

@@ -40,6 +40,9 @@ typedef struct cuda_plan {
         uint64_t sample;  /* sampling's jobs, results and [logits_rows, vocab] scratch */
         uint64_t deq;     /* the largest quantized projection widened to f16 for a GEMM
                              (cuda_plan_for; 0 when none is quantized) */
+        uint64_t ssm_cs;  /* hybrid models: the chunked scan's chunk states, I * N floats for
+                             each of 2 * ceil(T / CUDA_SSM_CHUNK) chunks (cuda_ssm.h) */
+        uint64_t ssm_lam; /* and its dA products, [T, H] floats */
     } fast_buf;
     uint64_t total;
     uint32_t meta_words;  /* meta / 4 */

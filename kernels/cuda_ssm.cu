@@ -191,6 +191,194 @@ int cuda_ssm_scan(const cuda_ssm *m, void *stream)
     return cuda_launched();
 }
 
+/* ---- the chunked scan (fast numerics) ------------------------------------- */
+
+/* Chunk c of the step: its row r, its index k in the row, the row's chunk count, and, for a
+ * row of more than one chunk, where its chunk k's state lies in the chunk states (rows of one
+ * chunk keep none). Found by walking the rows: a step has few. */
+struct chunk_at {
+    uint32_t r, k, n, at;
+};
+__device__ inline chunk_at chunk_of(const cuda_ssm &m, uint32_t c)
+{
+    uint32_t at = 0;
+    for (uint32_t r = 0; r < m.n_rows; r++) {
+        uint32_t n = (m.rows[r].n_tokens + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK;
+        if (c < n)
+            return chunk_at{r, c, n, at + c};
+        c -= n;
+        at += n > 1 ? n : 0;
+    }
+    return chunk_at{0, 0, 0, 0};
+}
+
+/* The dt and dA of token t, head h (the same in every lane). */
+__device__ inline void step_of(const cuda_ssm &m, size_t t, uint32_t h, float A, float dt_bias,
+                               float *dt, float *dA)
+{
+    float v = devio_softplusf(DEVIO_ADD(m.zx[t * m.in_dim + m.I + m.conv_dim + h], dt_bias));
+    v = v < m.dt_min ? m.dt_min : v;
+    *dt = v > m.dt_max ? m.dt_max : v;
+    *dA = devio_expf(DEVIO_MUL(*dt, A));
+}
+
+/* Phase 1, warp (chunk c, head h, channel p): the chunk's tokens from the row's state (chunk
+ * 0) or from zero (the others), y as the sequential scan writes it (exact for chunk 0, the
+ * part of the chunk's own tokens for the others) and lam[t][h] the product of dA over the
+ * chunk up to t. The chunk's last state goes to the slot (a row of one chunk) or to cs. */
+template <int NL>
+__global__ void __launch_bounds__(32 * SCAN_WARPS) k_scan_local(cuda_ssm m, float *cs, float *lam)
+{
+    uint32_t lane = threadIdx.x & 31u, h = blockIdx.y;
+    uint32_t p = blockIdx.z * SCAN_WARPS + (threadIdx.x >> 5);
+    chunk_at c = chunk_of(m, blockIdx.x);
+    if (p >= m.P || c.n == 0)
+        return; /* the whole warp */
+    const cuda_ssm_row row = m.rows[c.r];
+    uint32_t N = m.N, g = h / (m.H / m.G), ch = h * m.P + p, t0 = row.tok_start + c.k * CUDA_SSM_CHUNK;
+    uint32_t nt = row.n_tokens - c.k * CUDA_SSM_CHUNK;
+    nt = nt < CUDA_SSM_CHUNK ? nt : CUDA_SSM_CHUNK;
+    size_t off = (size_t)m.conv_dim * (m.K - 1) + (size_t)ch * N;
+    float *slot = slot_at(m, row.slot, off), s[NL];
+#pragma unroll
+    for (int k = 0; k < NL; k++)
+        s[k] = lane + 32u * k < N && !row.fresh && c.k == 0 ? slot[lane + 32u * k] : 0.0f;
+    float A = -devio_expf(m.a_log[h]), dt_bias = m.dt_bias[h], D = m.d_skip[h], cum = 1.0f;
+    for (uint32_t i = 0; i < nt; i++) {
+        size_t t = (size_t)t0 + i;
+        const float *xa = m.xa + t * m.conv_dim;
+        const float *B = xa + m.I + (size_t)g * N, *C = xa + m.I + (size_t)(m.G + g) * N;
+        float dt, dA, xp = xa[ch], acc = 0.0f;
+        step_of(m, t, h, A, dt_bias, &dt, &dA);
+        cum = cum * dA;
+#pragma unroll
+        for (int k = 0; k < NL; k++) {
+            uint32_t n = lane + 32u * k;
+            if (n < N) {
+                s[k] = s[k] * dA + (dt * B[n]) * xp;
+                acc = acc + s[k] * C[n];
+            }
+        }
+        float dot = fold(acc);
+        if (lane == 0) {
+            m.y[t * m.I + ch] = dot + D * xp;
+            if (p == 0)
+                lam[t * m.H + h] = cum;
+        }
+    }
+    if (c.n > 1) {
+        states_store<NL>(cs + ((size_t)c.at * m.I + ch) * N, s, lane, N);
+        return;
+    }
+    states_store<NL>(slot, s, lane, N);
+    if (row.snap_mode == CUDA_SNAP_END)
+        states_store<NL>(slot_at(m, m.snaps[row.snap_off], off), s, lane, N);
+}
+
+/* Phase 2, warp (row r, head h, channel p) of a row of more than one chunk: each chunk's last
+ * state made whole, in order: S(k) = own(k) + lam(end of k) * S(k - 1), in place in cs; the
+ * last one to the slot (and an END snapshot). */
+template <int NL>
+__global__ void __launch_bounds__(32 * SCAN_WARPS) k_scan_pass(cuda_ssm m, float *cs,
+                                                               const float *lam)
+{
+    uint32_t lane = threadIdx.x & 31u, r = blockIdx.x, h = blockIdx.y;
+    uint32_t p = blockIdx.z * SCAN_WARPS + (threadIdx.x >> 5);
+    const cuda_ssm_row row = m.rows[r];
+    uint32_t n = (row.n_tokens + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK, at = 0;
+    if (p >= m.P || n < 2)
+        return; /* the whole warp */
+    for (uint32_t q = 0; q < r; q++) {
+        uint32_t nq = (m.rows[q].n_tokens + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK;
+        at += nq > 1 ? nq : 0;
+    }
+    uint32_t N = m.N, ch = h * m.P + p;
+    float prev[NL];
+    float *st0 = cs + ((size_t)at * m.I + ch) * N;
+#pragma unroll
+    for (int k = 0; k < NL; k++)
+        prev[k] = lane + 32u * k < N ? st0[lane + 32u * k] : 0.0f;
+    for (uint32_t k = 1; k < n; k++) {
+        uint32_t last = k * CUDA_SSM_CHUNK + CUDA_SSM_CHUNK - 1;
+        last = last < row.n_tokens - 1 ? last : row.n_tokens - 1;
+        float l = lam[((size_t)row.tok_start + last) * m.H + h];
+        float *sk = cs + ((size_t)(at + k) * m.I + ch) * N;
+#pragma unroll
+        for (int j = 0; j < NL; j++)
+            if (lane + 32u * j < N)
+                prev[j] = sk[lane + 32u * j] + l * prev[j];
+        states_store<NL>(sk, prev, lane, N);
+    }
+    size_t off = (size_t)m.conv_dim * (m.K - 1) + (size_t)ch * N;
+    states_store<NL>(slot_at(m, row.slot, off), prev, lane, N);
+    if (row.snap_mode == CUDA_SNAP_END)
+        states_store<NL>(slot_at(m, m.snaps[row.snap_off], off), prev, lane, N);
+}
+
+/* Phase 3, warp (chunk c > 0 of a row, head h, channel p): what the state the chunk started
+ * from adds, y[t] += lam[t][h] * (C_t . S(k - 1)). */
+template <int NL>
+__global__ void __launch_bounds__(32 * SCAN_WARPS) k_scan_fix(cuda_ssm m, const float *cs,
+                                                              const float *lam)
+{
+    uint32_t lane = threadIdx.x & 31u, h = blockIdx.y;
+    uint32_t p = blockIdx.z * SCAN_WARPS + (threadIdx.x >> 5);
+    chunk_at c = chunk_of(m, blockIdx.x);
+    if (p >= m.P || c.n < 2 || c.k == 0)
+        return; /* the whole warp */
+    const cuda_ssm_row row = m.rows[c.r];
+    uint32_t N = m.N, g = h / (m.H / m.G), ch = h * m.P + p, t0 = row.tok_start + c.k * CUDA_SSM_CHUNK;
+    uint32_t nt = row.n_tokens - c.k * CUDA_SSM_CHUNK;
+    nt = nt < CUDA_SSM_CHUNK ? nt : CUDA_SSM_CHUNK;
+    const float *s0 = cs + ((size_t)(c.at - 1) * m.I + ch) * N;
+    float s[NL];
+#pragma unroll
+    for (int k = 0; k < NL; k++)
+        s[k] = lane + 32u * k < N ? s0[lane + 32u * k] : 0.0f;
+    for (uint32_t i = 0; i < nt; i++) {
+        size_t t = (size_t)t0 + i;
+        const float *C = m.xa + t * m.conv_dim + m.I + (size_t)(m.G + g) * N;
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NL; k++)
+            if (lane + 32u * k < N)
+                acc = acc + s[k] * C[lane + 32u * k];
+        float dot = fold(acc);
+        if (lane == 0)
+            m.y[t * m.I + ch] = m.y[t * m.I + ch] + lam[t * m.H + h] * dot;
+    }
+}
+
+template <int NL>
+static void scan_chunked(const cuda_ssm *m, uint32_t chunks, float *cs, float *lam,
+                         cudaStream_t s)
+{
+    dim3 by_chunk(chunks, m->H, cuda_blocks_for(m->P, SCAN_WARPS));
+    dim3 by_row(m->n_rows, m->H, cuda_blocks_for(m->P, SCAN_WARPS));
+    LAUNCH((k_scan_local<NL>), by_chunk, 32 * SCAN_WARPS, 0, s, *m, cs, lam);
+    if (chunks > m->n_rows) { /* some row has more than one chunk */
+        LAUNCH((k_scan_pass<NL>), by_row, 32 * SCAN_WARPS, 0, s, *m, cs, lam);
+        LAUNCH((k_scan_fix<NL>), by_chunk, 32 * SCAN_WARPS, 0, s, *m, cs, lam);
+    }
+}
+
+int cuda_ssm_scan_chunked(const cuda_ssm *m, uint32_t chunks, float *cs, float *lam,
+                          void *stream)
+{
+    if (m->n_rows == 0)
+        return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (m->N <= 32)
+        scan_chunked<1>(m, chunks, cs, lam, s);
+    else if (m->N <= 64)
+        scan_chunked<2>(m, chunks, cs, lam, s);
+    else if (m->N <= 128)
+        scan_chunked<4>(m, chunks, cs, lam, s);
+    else
+        scan_chunked<CUDA_SSM_MAX_STATE / 32>(m, chunks, cs, lam, s);
+    return cuda_launched();
+}
+
 /* ---- gate and gated norm -------------------------------------------------- */
 
 /* Warp (token t, group g) over gs = I / G channels: q = y * silu(z) stored

@@ -65,6 +65,19 @@ int cuda_ssm_conv(const cuda_ssm *m, void *stream);
  * + D * x; S written back to the slot and snapshots. */
 int cuda_ssm_scan(const cuda_ssm *m, void *stream);
 
+/* Fast numerics: the same recurrence cut into chunks of CUDA_SSM_CHUNK tokens computed side
+ * by side (a row of a long prompt no longer runs its tokens one after the other in one warp):
+ * each chunk from zero (its row's state for the first), then the chunks' last states made
+ * whole in order, then each chunk's outputs given what its starting state adds (the state
+ * decays by the product of dA, a scalar per token and head). `chunks`: the step's chunks over
+ * all rows (a row of n tokens has ceil(n / CUDA_SSM_CHUNK)); cs holds a state of I * N floats
+ * for each chunk of the rows of more than one chunk, lam [n_tok, H] floats. No snapshot after
+ * each token (those rows take cuda_ssm_scan). Products and sums in f32 in an order of their
+ * own. */
+#define CUDA_SSM_CHUNK 32u
+int cuda_ssm_scan_chunked(const cuda_ssm *m, uint32_t chunks, float *cs, float *lam,
+                          void *stream);
+
 /* y = norm_w * (q * rsqrt(mean of q*q over the group + eps)) with
  * q = y * silu(z), one warp per (token, group), in place, for n_tok tokens. */
 int cuda_ssm_gate_norm(const cuda_ssm *m, uint32_t n_tok, void *stream);

@@ -53,7 +53,7 @@ typedef struct cuda_layer {
 #define CUDA_GRAPHS 32
 #define CUDA_GRAPH_MAX_TOKENS 64u
 typedef struct cuda_graph_key {
-    uint32_t n_tokens, n_rows, n_out, n_snaps, lora_targets, splits_all, splits_out;
+    uint32_t n_tokens, n_rows, n_out, n_snaps, lora_targets, splits_all, splits_out, ssm_chunks;
 } cuda_graph_key;
 typedef struct cuda_graph {
     cuda_graph_key key;
@@ -142,6 +142,8 @@ typedef struct cuda_state {
      * [T, conv_dim], the scan's and gated norm's [T, I], and the last
      * layer's gathered rows of those [T, I]. */
     float *zx, *xa, *my, *my2;
+    /* Fast numerics' chunked scan (cuda_ssm.h): chunk states and the dA products. */
+    float *ssm_cs, *ssm_lam;
 
     /* Activations for max_batch_tokens tokens, tightly packed rows. */
     float *x, *x2, *h, *q, *q2, *k, *v, *att, *act, *o_tmp, *g_tmp, *u_tmp, *lora_a;

@@ -545,7 +545,8 @@ static cuda_graph_key graph_key(const cuda_step *sp)
         .n_tokens = b->n_tokens, .n_rows = b->n_rows, .n_out = b->n_out,
         .n_snaps = sp->mixer_words, .lora_targets = b->lora_targets,
         .splits_all = fast ? cuda_attn16_splits(b->n_tokens, sp->max_keys) : 0,
-        .splits_out = fast ? cuda_attn16_splits(b->n_out, sp->max_keys) : 0};
+        .splits_out = fast ? cuda_attn16_splits(b->n_out, sp->max_keys) : 0,
+        .ssm_chunks = sp->ssm_chunks};
 }
 
 /* The step as a graph: the one captured for its key, or captured now into

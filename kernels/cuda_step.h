@@ -25,6 +25,8 @@ typedef struct cuda_step {
     const uint32_t *ssm_snaps;    /* device: the rows' snapshot slots, state array indices */
     uint32_t max_keys;            /* the most keys a token of the step attends to */
     uint32_t mixer_words;         /* the hybrid tables' words in the upload */
+    uint32_t ssm_chunks;          /* fast numerics: the chunks the scan is cut into, or 0 for
+                                     the sequential scan (cuda_ssm.h) */
     devio_error *err;
 } cuda_step;
 

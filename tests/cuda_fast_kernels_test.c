@@ -4,7 +4,8 @@
  * and values: GQA groups narrower and wider than a block's 8 warps, head sizes with a lane's
  * second column pair, a sliding window, keys past several chunks and every split count from
  * one to the most a step takes, blocks scattered over the pool; prefill tiled over queries; the
- * sampler kernel against the host's sampler and quantized weights widened to f16, bit for bit. Built twice: on the SIMT
+ * sampler kernel against the host's sampler and quantized weights widened to f16, bit for bit;
+ * and the chunked Mamba-2 scan against the sequential one. Built twice: on the SIMT
  * emulator (every machine) and, where nvcc is, on the GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +24,7 @@
 #include "device/sampler.h"
 #include "kernels/cuda_fast.h"
 #include "kernels/cuda_sample.h"
+#include "kernels/cuda_ssm.h"
 
 /* A deterministic stream of uniform floats in [-1, 1). */
 static float uniform(uint64_t *s)
@@ -492,6 +494,83 @@ static void test_rmsnorm16(void **state)
     cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dz), cudaFree(dh);
 }
 
+/* The chunked scan against the sequential one on the same inputs: rows of 1, 31, 32, 33 and
+ * 100 tokens (one chunk, exactly one, one past, several), some from a fresh state and some
+ * from a held one, one keeping an END snapshot; outputs and final states within 1e-4 of the
+ * largest magnitude (fast numerics: sums in another order). */
+static void test_chunked_scan(void **state)
+{
+    (void)state;
+    need_device();
+    enum { R = 5, H = 4, P = 8, G = 2, N = 40, K = 4 };
+    static const uint32_t lens[R] = {1, 31, 32, 33, 100};
+    const uint32_t I = H * P, conv_dim = I + 2 * G * N, in_dim = 2 * I + 2 * G * N + H;
+    uint32_t T = 0;
+    cuda_ssm_row rows[R];
+    uint32_t chunks = 0;
+    for (uint32_t r = 0; r < R; r++) {
+        rows[r] = (cuda_ssm_row){.tok_start = T, .n_tokens = lens[r], .slot = r, .fresh = r % 2,
+                                 .snap_mode = r == 4 ? CUDA_SNAP_END : CUDA_SNAP_NONE,
+                                 .snap_off = 0};
+        T += lens[r];
+        chunks += (lens[r] + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK;
+    }
+    uint64_t slot_floats = (uint64_t)conv_dim * (K - 1) + (uint64_t)I * N, seed = 31;
+    size_t n_state = (R + 1) * slot_floats;
+    float *st = malloc(n_state * 4), *zx = malloc((size_t)T * in_dim * 4);
+    float *xa = malloc((size_t)T * conv_dim * 4), small[4 * H];
+    for (size_t i = 0; i < n_state; i++)
+        st[i] = uniform(&seed);
+    for (size_t i = 0; i < (size_t)T * in_dim; i++)
+        zx[i] = uniform(&seed);
+    for (size_t i = 0; i < (size_t)T * conv_dim; i++)
+        xa[i] = uniform(&seed);
+    for (uint32_t i = 0; i < 4 * H; i++)
+        small[i] = uniform(&seed) * 0.5f;
+    uint32_t snaps[1] = {R};
+    cuda_ssm m = {.H = H, .P = P, .G = G, .N = N, .K = K, .I = I, .conv_dim = conv_dim,
+                  .in_dim = in_dim, .dt_min = 0.0f, .dt_max = 1e30f, .eps = 1e-5f,
+                  .rows = dev_copy(rows, sizeof rows), .n_rows = R, .snaps = dev_copy(snaps, 4),
+                  .slot_floats = slot_floats, .layer_off = 0, .dt_bias = dev_copy(small, 4 * H),
+                  .a_log = dev_copy(small + H, 4 * H), .d_skip = dev_copy(small + 2 * H, 4 * H),
+                  .zx = dev_copy(zx, (size_t)T * in_dim * 4),
+                  .xa = dev_copy(xa, (size_t)T * conv_dim * 4)};
+    float *want_y = malloc((size_t)T * I * 4), *got_y = malloc((size_t)T * I * 4);
+    float *want_s = malloc(n_state * 4), *got_s = malloc(n_state * 4);
+    float *cs = dev_copy(NULL, (size_t)2 * ((T + 31) / 32) * I * N * 4);
+    float *lam = dev_copy(NULL, (size_t)T * H * 4);
+    for (int chunked = 0; chunked < 2; chunked++) {
+        m.state = dev_copy(st, n_state * 4);
+        m.y = dev_copy(NULL, (size_t)T * I * 4);
+        assert_int_equal(chunked ? cuda_ssm_scan_chunked(&m, chunks, cs, lam, NULL)
+                                 : cuda_ssm_scan(&m, NULL),
+                         0);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        assert_int_equal(cudaMemcpy(chunked ? got_y : want_y, m.y, (size_t)T * I * 4,
+                                    cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        assert_int_equal(cudaMemcpy(chunked ? got_s : want_s, m.state, n_state * 4,
+                                    cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        cudaFree(m.state), cudaFree(m.y);
+    }
+    double big = 0, worst = 0;
+    for (size_t i = 0; i < (size_t)T * I; i++) {
+        big = fabs(want_y[i]) > big ? fabs(want_y[i]) : big;
+        worst = fabs(got_y[i] - want_y[i]) > worst ? fabs(got_y[i] - want_y[i]) : worst;
+    }
+    for (size_t i = 0; i < n_state; i++) {
+        big = fabs(want_s[i]) > big ? fabs(want_s[i]) : big;
+        worst = fabs(got_s[i] - want_s[i]) > worst ? fabs(got_s[i] - want_s[i]) : worst;
+    }
+    print_message("cuda_fast_kernels_test: chunked scan off by %.3g of %.3g\n", worst, big);
+    assert_true(worst <= 1e-4 * big);
+    free(st), free(zx), free(xa), free(want_y), free(got_y), free(want_s), free(got_s);
+    cudaFree((void *)m.rows), cudaFree((void *)m.snaps), cudaFree((void *)m.dt_bias);
+    cudaFree((void *)m.a_log), cudaFree((void *)m.d_skip), cudaFree((void *)m.zx);
+    cudaFree(m.xa), cudaFree(cs), cudaFree(lam);
+}
+
 static void test_split_counts(void **state)
 {
     (void)state;
@@ -513,7 +592,7 @@ int main(void)
         cmocka_unit_test(test_head_dim_256),     cmocka_unit_test(test_gemv),
         cmocka_unit_test(test_sgmv),            cmocka_unit_test(test_tiled_prefill),
         cmocka_unit_test(test_sample),          cmocka_unit_test(test_dequant16),
-        cmocka_unit_test(test_rmsnorm16),
+        cmocka_unit_test(test_rmsnorm16),       cmocka_unit_test(test_chunked_scan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
