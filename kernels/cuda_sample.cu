@@ -53,6 +53,31 @@ template <class P> __device__ inline void block_first(float *v, uint32_t *id, P 
         }
 }
 
+/* The sum of every thread's v, in every thread (counts: exact in any order). */
+template <class P> __device__ inline uint32_t block_count(uint32_t v, P red)
+{
+#pragma unroll
+    for (int w = 16; w >= 1; w >>= 1)
+        v += __shfl_xor_sync(FULL, v, w);
+    DEVIO_SHARED_VIEW(uint32_t, cnt, red, 0);
+    __syncthreads(); /* red's last readers are done */
+    if (threadIdx.x % 32 == 0)
+        cnt[threadIdx.x / 32] = v;
+    __syncthreads();
+    uint32_t sum = 0;
+    for (uint32_t k = 0; k < blockDim.x / 32; k++)
+        sum += cnt[k];
+    return sum;
+}
+
+/* Step 4's order as one unsigned key, larger first: z (-0 as +0), then the lower id. */
+__device__ inline uint64_t z_key(float z, uint32_t id)
+{
+    uint32_t b = devio_num_bits(z == 0.0f ? 0.0f : z);
+    b = b & 0x80000000u ? ~b : b | 0x80000000u;
+    return (uint64_t)b << 32 | (0xFFFFFFFFu - id);
+}
+
 /* devio_lane_sum(e, V) in every thread: warp 0 adds, the result passes through red[0]. */
 template <class P> __device__ inline float block_lane_sum(const float *e, uint32_t V, P red)
 {
@@ -69,7 +94,7 @@ template <class P> __device__ inline float block_lane_sum(const float *e, uint32
     return red[0];
 }
 
-/* Block j: job j (cuda_sample.h), steps 0 to 8 of device/sampler.h without 0b, 1b, 4 and 6. */
+/* Block j: job j (cuda_sample.h), steps 0 to 8 of device/sampler.h without 0b, 1b and 6. */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     k_sample(const float *logits, uint32_t V, const cuda_sample_job *jobs, float *scratch,
              cuda_sample_out *out)
@@ -104,22 +129,37 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     uint32_t tok = arg;
     float t = job.temperature;
     if (t > 0.0f) {
-        /* Step 7 (min_p over every id, as step 4 and 6 are off): p from step 5. */
+        /* Step 4: K = the ids whose key is at least the top_k-th largest, found by halving
+         * the key space (keys are distinct, so exactly top_k ids). */
+        uint64_t kth = 0;
+        for (uint64_t lo = 0, hi = UINT64_MAX; job.top_k > 0 && lo < hi; kth = lo) {
+            uint64_t mid = lo + (hi - lo) / 2 + 1;
+            uint32_t n = 0;
+            for (uint32_t i = tid; i < V; i += step)
+                n += z_key(devio_temper(devio_clean_logit(l[i]), t), i) >= mid;
+            if (block_count(n, red) >= job.top_k)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        /* Step 7 (min_p over K, as step 6 is off): p from step 5. */
         float thr = -1.0f, zsum = 1.0f;
         if (job.min_p > 0.0f) {
             float zmax = -INFINITY, pmax;
             uint32_t any = 0;
             for (uint32_t i = tid; i < V; i += step) {
                 float z = devio_temper(devio_clean_logit(l[i]), t);
-                zmax = z > zmax ? z : zmax;
+                zmax = z > zmax ? z : zmax; /* K's largest z is every id's */
             }
             block_first(&zmax, &any, red);
-            for (uint32_t i = tid; i < V; i += step)
-                e[i] = devio_expf(DEVIO_SUB(devio_temper(devio_clean_logit(l[i]), t), zmax));
+            for (uint32_t i = tid; i < V; i += step) {
+                float z = devio_temper(devio_clean_logit(l[i]), t);
+                e[i] = z_key(z, i) >= kth ? devio_expf(DEVIO_SUB(z, zmax)) : 0.0f;
+            }
             zsum = block_lane_sum(e, V, red);
             pmax = 0.0f;
             for (uint32_t i = tid; i < V; i += step) {
-                float p = DEVIO_DIV(e[i], zsum);
+                float p = DEVIO_DIV(e[i], zsum); /* +0 outside K */
                 pmax = p > pmax ? p : pmax;
             }
             any = 0;
@@ -130,9 +170,9 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         float best = -INFINITY;
         uint32_t best_id = UINT32_MAX;
         for (uint32_t i = tid; i < V; i += step) {
-            if (thr >= 0.0f && DEVIO_DIV(e[i], zsum) < thr)
-                continue;
             float z = devio_temper(devio_clean_logit(l[i]), t);
+            if (z_key(z, i) < kth || (thr >= 0.0f && DEVIO_DIV(e[i], zsum) < thr))
+                continue;
             float v = DEVIO_ADD(z, devio_gumbel_of_id(i, job.seed, job.position));
             if (ahead(v, i, best, best_id)) {
                 best = v;

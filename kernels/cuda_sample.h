@@ -1,6 +1,6 @@
 /* cuda_sample.h - sampling on the GPU under fast numerics (kernels/cuda_sample.cu): device/
  * sampler.h's definition, bit for bit on the same logits, for the rows whose parameters ask
- * for no top-k and no top-p (greedy, temperature, min-p; the Philox stream and Gumbel noise of
+ * for no top-p (greedy, temperature, top-k, min-p; the Philox stream and Gumbel noise of
  * device/sample_rule.h). As cuda_kernels.h: no CUDA types cross it, 0 = cudaSuccess, device
  * pointers borrowed for the life of the enqueued work. */
 #ifndef DEVIO_CUDA_SAMPLE_H
@@ -17,7 +17,7 @@ typedef struct cuda_sample_job {
     uint32_t row;
     float temperature; /* 0: greedy (the caller maps those below DEVIO_GREEDY_BELOW to 0) */
     float min_p;       /* 0: off */
-    uint32_t unused;
+    uint32_t top_k;    /* 0: off (the caller maps top_k >= vocab to 0) */
     uint64_t seed, position;
 } cuda_sample_job;
 

@@ -1,5 +1,5 @@
 /* cuda_sampling.c - the backend's sample slot (device/backend.h) under fast numerics: the rows
- * whose parameters ask for no top-k and no top-p are sampled on the GPU from the logits
+ * whose parameters ask for no top-p are sampled on the GPU from the logits
  * staging rows (kernels/cuda_sample.h), and their logits never reach the host when no handle
  * holds them; the others are sampled by device/sampler.c in wait, from the logits submit
  * copied as always. Every result is device/sampler.h's definition on the step's logits. */
@@ -56,12 +56,10 @@ void cuda_sampling_destroy(cuda_state *st)
 }
 
 /* Whether the GPU samples sm of b: the backend was asked to (b->device_sampling), every
- * output's logits are in the staging rows, and the parameters ask for no top-k and no top-p. */
+ * output's logits are in the staging rows, and the parameters ask for no top-p. */
 static bool on_gpu(const cuda_state *st, const devio_batch *b, const devio_batch_sample *sm)
 {
-    const devio_sample_params *p = &sm->params;
-    return b->device_sampling && b->n_out <= st->plan.logits_rows &&
-           !(p->top_k > 0 && (uint32_t)p->top_k < st->sh.vocab) && !(p->top_p < 1.0f);
+    return b->device_sampling && b->n_out <= st->plan.logits_rows && !(sm->params.top_p < 1.0f);
 }
 
 bool cuda_sampling_skips(const cuda_state *st, const devio_batch *b, uint32_t slot)
@@ -97,9 +95,12 @@ devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *e
         if (!on_gpu(st, b, sm))
             continue;
         float t = sm->params.temperature;
+        int32_t k = sm->params.top_k;
         r->jobs[r->n_jobs] = (cuda_sample_job){
             .row = staging_row(b, sm->slot), .temperature = t < DEVIO_GREEDY_BELOW ? 0.0f : t,
-            .min_p = sm->params.min_p, .seed = sm->params.seed, .position = sm->position};
+            .min_p = sm->params.min_p,
+            .top_k = k > 0 && (uint32_t)k < st->sh.vocab ? (uint32_t)k : 0,
+            .seed = sm->params.seed, .position = sm->position};
         r->job_of[i] = (int32_t)r->n_jobs++;
     }
     if (r->n_jobs == 0)

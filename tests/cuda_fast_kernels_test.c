@@ -369,30 +369,42 @@ static void test_tiled_prefill(void **state)
 
 /* The sampler kernel against device/sampler.c on the same rows of V logits: every token and
  * logprob bit for bit, for greedy (ties among the largest included), a temperature below
- * DEVIO_GREEDY_BELOW, temperatures with and without min_p, seeds and positions past 32 bits, a
- * row with NaN and +-inf and a row with nothing to sample (token -1 where the host refuses). */
+ * DEVIO_GREEDY_BELOW, temperatures with and without min_p and top_k (1, 5 among tied largest
+ * values, V - 1, V: off), seeds and positions past 32 bits, a row with NaN and +-inf and a row
+ * with nothing to sample (token -1 where the host refuses). */
 static void sample_case(uint32_t V)
 {
-    enum { ROWS = 8 };
-    static const struct { float t, min_p; uint64_t seed, pos; } P[ROWS] = {
-        {0.0f, 0.0f, 1, 5},          {0.0f, 0.0f, 1, 5},     {5e-6f, 0.0f, 9, 7},
-        {0.7f, 0.0f, 42, 3},         {1.0f, 0.05f, 7, 100},  {2.5f, 0.3f, 1ull << 40, 1ull << 33},
-        {1.3f, 0.0f, 0xdeadbeefcafe, 12}, {1.0f, 0.0f, 3, 4},
+    enum { ROWS = 12 };
+    static const struct {
+        float t, min_p;
+        uint64_t seed, pos;
+        int32_t k;
+    } P[ROWS] = {
+        {0.0f, 0.0f, 1, 5, 0},        {0.0f, 0.0f, 1, 5, 0},       {5e-6f, 0.0f, 9, 7, 0},
+        {0.7f, 0.0f, 42, 3, 0},       {1.0f, 0.05f, 7, 100, 0},    {2.5f, 0.3f, 1ull << 40, 1ull << 33, 0},
+        {1.3f, 0.0f, 0xdeadbeefcafe, 12, 0}, {1.0f, 0.0f, 3, 4, 0}, {1.0f, 0.0f, 5, 9, 1},
+        {0.8f, 0.2f, 6, 10, 5},       {1.1f, 0.0f, 8, 11, -1},     {0.9f, 0.0f, 2, 13, -2},
     };
     uint64_t seed = 99u + V;
     float *l = malloc((size_t)ROWS * V * sizeof *l);
     for (uint32_t r = 0; r < ROWS; r++)
         for (uint32_t i = 0; i < V; i++)
             l[(size_t)r * V + i] = uniform(&seed) * 8.0f;
-    for (uint32_t i = 3; i < V; i += 97) /* row 1: the largest value at many ids */
-        l[V + i] = 9.5f;
+    for (uint32_t i = 3; i < V; i += 97) /* rows 1 and 9: the largest value at many ids */
+        l[V + i] = l[9 * (size_t)V + i] = 9.5f;
     l[6 * V + 2] = NAN, l[6 * V + 5] = INFINITY, l[6 * V + 11] = -INFINITY;
     for (uint32_t i = 0; i < V; i++) /* row 7: nothing to sample */
         l[7 * (size_t)V + i] = i % 2 ? NAN : -INFINITY;
     cuda_sample_job jobs[ROWS];
-    for (uint32_t r = 0; r < ROWS; r++)
+    int32_t top_k[ROWS];
+    for (uint32_t r = 0; r < ROWS; r++) {
+        /* -1: V - 1; -2: V (off) */
+        top_k[r] = P[r].k == -1 ? (int32_t)V - 1 : P[r].k == -2 ? (int32_t)V : P[r].k;
         jobs[r] = (cuda_sample_job){.row = r, .temperature = P[r].t < DEVIO_GREEDY_BELOW ? 0 : P[r].t,
-                                    .min_p = P[r].min_p, .seed = P[r].seed, .position = P[r].pos};
+                                    .min_p = P[r].min_p,
+                                    .top_k = (uint32_t)top_k[r] < V ? (uint32_t)top_k[r] : 0,
+                                    .seed = P[r].seed, .position = P[r].pos};
+    }
     float *dl = dev_copy(l, (size_t)ROWS * V * 4), *scratch = dev_copy(NULL, (size_t)ROWS * V * 4);
     cuda_sample_job *dj = dev_copy(jobs, sizeof jobs);
     cuda_sample_out got[ROWS], *dout = dev_copy(NULL, sizeof got);
@@ -402,8 +414,8 @@ static void sample_case(uint32_t V)
     devio_sampler *smp = NULL;
     assert_int_equal(devio_sampler_create(V, &smp), DEVIO_OK);
     for (uint32_t r = 0; r < ROWS; r++) {
-        devio_sample_params p = {.temperature = P[r].t, .top_p = 1.0f, .min_p = P[r].min_p,
-                                 .seed = P[r].seed};
+        devio_sample_params p = {.temperature = P[r].t, .top_k = top_k[r], .top_p = 1.0f,
+                                 .min_p = P[r].min_p, .seed = P[r].seed};
         int32_t tok = -1;
         float lp = 0.0f;
         devio_status st = devio_sampler_run(smp, l + (size_t)r * V, &p, P[r].pos, &tok, &lp);
