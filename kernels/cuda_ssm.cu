@@ -199,11 +199,15 @@ int cuda_ssm_scan(const cuda_ssm *m, void *stream)
 struct chunk_at {
     uint32_t r, k, n, at;
 };
+__device__ inline uint32_t row_chunks(const cuda_ssm &m, uint32_t r)
+{
+    return (m.rows[r].n_tokens + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK;
+}
 __device__ inline chunk_at chunk_of(const cuda_ssm &m, uint32_t c)
 {
     uint32_t at = 0;
     for (uint32_t r = 0; r < m.n_rows; r++) {
-        uint32_t n = (m.rows[r].n_tokens + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK;
+        uint32_t n = row_chunks(m, r);
         if (c < n)
             return chunk_at{r, c, n, at + c};
         c -= n;
@@ -285,13 +289,11 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS) k_scan_pass(cuda_ssm m, float
     uint32_t lane = threadIdx.x & 31u, r = blockIdx.x, h = blockIdx.y;
     uint32_t p = blockIdx.z * SCAN_WARPS + (threadIdx.x >> 5);
     const cuda_ssm_row row = m.rows[r];
-    uint32_t n = (row.n_tokens + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK, at = 0;
+    uint32_t n = row_chunks(m, r), at = 0;
     if (p >= m.P || n < 2)
         return; /* the whole warp */
-    for (uint32_t q = 0; q < r; q++) {
-        uint32_t nq = (m.rows[q].n_tokens + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK;
-        at += nq > 1 ? nq : 0;
-    }
+    for (uint32_t q = 0; q < r; q++)
+        at += row_chunks(m, q) > 1 ? row_chunks(m, q) : 0;
     uint32_t N = m.N, ch = h * m.P + p;
     float prev[NL];
     float *st0 = cs + ((size_t)at * m.I + ch) * N;

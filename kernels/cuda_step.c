@@ -233,30 +233,31 @@ static devio_status fast_project(cuda_step *sp, const cuda_matvec *mv, const cha
     return gemm(sp, mv, mv->w, in, 1.0f, 0.0f, mv->y, mv->ldy, what);
 }
 
-/* Fast numerics take f32, f16 and bf16 projections, and quantized ones for
- * batches past CUDA_GEMV_MAX_TOK tokens (smaller ones read the blocks as they
- * are in the strict kernel, a third to a half of the bytes of f16); never one marked
- * strict. */
+/* Whether fast numerics take mv: f32, f16 and bf16 projections, and quantized
+ * ones for batches past CUDA_GEMV_MAX_TOK tokens (smaller ones read the blocks
+ * as they are in the strict kernel, a third to a half of the bytes of f16);
+ * never one marked strict. */
+static bool fast_takes(const cuda_state *st, const cuda_matvec *mv)
+{
+    return st->fast && !mv->strict &&
+           (!quantized(mv->dtype) || (st->deq && mv->n_tok > CUDA_GEMV_MAX_TOK));
+}
+
 devio_status step_project(cuda_step *sp, cuda_matvec mv, const char *what)
 {
-    const cuda_state *st = sp->st;
-    if (st->fast && !mv.strict &&
-        (!quantized(mv.dtype) || (st->deq && mv.n_tok > CUDA_GEMV_MAX_TOK)))
+    if (fast_takes(sp->st, &mv))
         return fast_project(sp, &mv, what);
     CHECK(sp, cuda_project(&mv, sp->st->stream), what);
     return DEVIO_OK;
 }
 
-/* The 16-bit type fast numerics round a projection's input to for the GEMM
- * (step_project, fast_project), or -1 when it takes the GEMV, strict's kernel
- * or the f32 input as it is. */
+/* The 16-bit type fast_project rounds a projection's input to for the GEMM,
+ * or -1 when it takes the GEMV, strict's kernel or the f32 input as it is. */
 static int gemm_input16(const cuda_state *st, const cuda_matvec *mv)
 {
-    bool q = quantized(mv->dtype);
-    if (!st->fast || mv->strict || (q && !(st->deq && mv->n_tok > CUDA_GEMV_MAX_TOK)) ||
-        (mv->n_tok <= st->gemv_max && cuda_gemv_fits(mv->dtype, mv->n)))
+    if (!fast_takes(st, mv) || (mv->n_tok <= st->gemv_max && cuda_gemv_fits(mv->dtype, mv->n)))
         return -1;
-    return q ? CUDA_F16 : mv->dtype == CUDA_F32 ? -1 : mv->dtype;
+    return quantized(mv->dtype) ? CUDA_F16 : mv->dtype == CUDA_F32 ? -1 : mv->dtype;
 }
 
 /* h = rmsnorm(x) with weight w for the n_use projections users of h: when
