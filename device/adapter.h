@@ -110,15 +110,15 @@ devio_status devio_adapter_load(const char *root, const char *rel_path, const ch
 /* Frees everything. a may be NULL. */
 void devio_adapter_free(devio_adapter *a);
 
-/* SHA-256 (lower-case hex) and byte size of root/rel_path/adapter_model.safetensors,
- * without parsing it, for deciding whether a recorded adapter changed. Same
- * path rules and statuses as devio_adapter_load. */
 /* Only the containment rules of devio_adapter_load: DEVIO_E_INVALID when
  * root/rel_path (or one of its two files) could lead outside the root, through
  * '..', an absolute path or a symlink; DEVIO_OK otherwise, including when the
  * directory is missing (a load then says what is missing). Opens, reads nothing. */
 devio_status devio_adapter_path_check(const char *root, const char *rel_path, devio_error *err);
 
+/* SHA-256 (lower-case hex) and byte size of root/rel_path/adapter_model.safetensors,
+ * without parsing it, for deciding whether a recorded adapter changed. Same
+ * path rules and statuses as devio_adapter_load. */
 devio_status devio_adapter_file_hash(const char *root, const char *rel_path, char hex[65],
                                      uint64_t *size, devio_error *err);
 

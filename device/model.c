@@ -1,4 +1,4 @@
-/* model.c - loads a Hugging Face Llama-family directory (config.json + safetensors) into devio_model (config fields: model_config.c).
+/* model.c - loads a Hugging Face model directory (config.json + safetensors) into devio_model (config fields: model_config.c).
  * It never computes with the weights and never accepts a tensor whose dtype, shape or range is wrong. */
 #include "device/model.h"
 

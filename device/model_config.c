@@ -1,4 +1,4 @@
-/* model_config.c - reads the fields of a Hugging Face config.json (Llama, Mistral, Qwen2) into devio_model_config.
+/* model_config.c - reads the fields of a Hugging Face config.json (the Llama family, Bamba, Mamba2) into devio_model_config.
  * It must never accept a value outside the bounds below, nor a feature that would make a backend compute other numbers. */
 #include "device/model_config.h"
 
@@ -89,7 +89,8 @@ static devio_status cfg_bool(const json_t *root, const char *key, bool def, bool
     return DEVIO_OK;
 }
 
-/* architectures[0], which must be one of the three families devio loads. */
+/* architectures[0], which must be one of the architectures below; each is one of the
+ * three families devio computes (c->arch). */
 static devio_status parse_arch(const json_t *root, devio_model_config *c, arch_kind *kind,
                                devio_error *err)
 {

@@ -1,4 +1,4 @@
-"""The reference backend's instruction-set paths: the same four sources built once per path.
+"""The reference backend's instruction-set paths: the sources of REF_ISA_SRCS built once per path.
 
 One binary holds every path; ref/ref_isa.c picks one at run time. Must never
 hold a flag that changes a number: -ffp-contract=off (.bazelrc) holds for all.
@@ -55,7 +55,13 @@ REF_ISA_OTHER = {
 REF_ISA_COPTS = ["-Wno-psabi"]
 
 def ref_isa_renames(path):
-    """The -D flags that give the path's copy of every symbol its own name."""
+    """The -D flags that give the path's copy of every symbol its own name.
+
+    -Ddevio_ref_backend=devio_ref_backend_PATH and so on: every path compiles
+    the same sources, so without the renames their copies of each external
+    symbol would collide when one binary links them all. ref/ref_isa.c names
+    each path's table by its renamed name and defines devio_ref_backend itself.
+    """
     return ["-D%s=%s_%s" % (s, s, path) for s in REF_ISA_SYMBOLS]
 
 def ref_isa_library(path, march, **kwargs):

@@ -1,10 +1,10 @@
-/* ref_backend.c - the reference backend: a forward pass (Llama, Bamba, Mamba2)
- * over a paged KV cache and SSM state slots, in the operation order of
- * device/numspec.h. All memory is taken here, in create; a step
- * (ref_step.c) never allocates. It computes synchronously: submit only
- * checks, wait runs the whole step. Projection weights are packed once,
- * here, into panels in their own dtype (ref_gemm.h), and the model's pages
- * of them are handed back to the kernel: a step reads only the panels. */
+/* ref_backend.c - the reference backend's life and its table: create (the paged KV cache,
+ * SSM state slots and snapshots, widened norms and biases, step activations), destroy,
+ * info, adapter slots and state copies. All memory is taken here, in create; the forward
+ * step itself is ref_step.c (wait), which never allocates. It computes synchronously:
+ * submit does nothing, wait runs the whole step. Projection weights are packed once, here,
+ * into panels in their own dtype (ref_gemm.h), and the model's pages of them are handed
+ * back to the kernel: a step reads only the panels. */
 #define _DEFAULT_SOURCE /* madvise */
 #include <stdbool.h>
 #include <stdio.h>
@@ -442,6 +442,10 @@ static devio_status ref_submit(void *sp, const devio_batch *b, devio_error *err)
     return DEVIO_OK;
 }
 
+/* Built once per instruction-set path with -Ddevio_ref_backend=devio_ref_backend_PATH
+ * (ref_isa_renames in ref/isa.bzl), so that every path's copy links into one binary;
+ * ref_isa.c defines devio_ref_backend itself, forwarding to the path picked at open.
+ * The WASI build compiles this file once without the renames: there this is the table. */
 const devio_backend_ops devio_ref_backend = {
     .abi = DEVIO_BACKEND_ABI,
     .name = "ref",

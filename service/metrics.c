@@ -9,8 +9,9 @@
 #include "service/metrics.h"
 #include "service/process_metrics.h"
 
-/* Upper bounds of every seconds histogram (step compute, queue, HTTP):
- * 0.5 ms to 60 s, so that a slow step on a big model still lands in a bucket. */
+/* Upper bounds of the step and HTTP seconds histograms (compute, queue, request):
+ * 0.5 ms to 60 s, so that a slow step on a big model still lands in a bucket.
+ * The store's commit histogram has its own, finer ones (store_health.c). */
 static const double seconds_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                     0.25,   0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
 /* Rows per step: powers of two up to 1024 (--max-rows is 64 by default). */

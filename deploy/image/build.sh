@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the devio-server OCI image offline, from Debian's archive alone: a root
-# filesystem made by mmdebstrap with the runtime libraries the binaries link
+# Builds the devio-server OCI image without a container registry: a root
+# filesystem made by mmdebstrap from Debian's archive (fetched over the network
+# on the first run, cached afterwards) with the runtime libraries the binaries link
 # (found by ldd and dpkg -S on this Debian 12 machine), the binaries already
 # built by Bazel, and podman (or buildah) over deploy/image/Containerfile.
 # Must never pull from a container registry; the root filesystem is cached

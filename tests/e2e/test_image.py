@@ -1,4 +1,4 @@
-"""test_image.py - builds the CPU image offline (deploy/image/build.sh) and runs it under podman
+"""test_image.py - builds the CPU image without a registry (deploy/image/build.sh) and runs it under podman
 as Kubernetes would: read-only root, uid 10001, no capabilities, state on a volume, model
 mounted read-only. Drives it over HTTP (healthz, one step, metrics, history), runs its
 HEALTHCHECK, and stops it with SIGTERM. Skips, saying why, only where podman cannot run a

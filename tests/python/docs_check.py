@@ -26,6 +26,41 @@ Named checks (run all, or pick with --only / --skip):
   design-citations   no file of the repository (outside .git, bazel-*,
                      third_party and .devio) cites the design brief that is
                      not part of the repository
+  rope-scaling       the rope_scaling types docs/objects.md names as computed
+                     are those device/model_config.c accepts (and none it calls
+                     refused is accepted); likewise the GGUF scaling types of
+                     device/model_gguf.c
+  alert-codes        every error code named in deploy/'s Prometheus rules,
+                     their tests and the Grafana dashboard (alert and panel
+                     texts, code/error label matchers) is in device/status.c's
+                     table
+  histograms         each histogram of service/ (put_hist, its bucket array)
+                     has its buckets stated in docs/operations.md's Metrics
+                     section, right (a full list, or first and last around
+                     "to" or "…"), and no bucket statement names no histogram
+  record-fields      the ticket record's keys (service/routes_tickets.c) are
+                     those of docs/http.md, in order, of the Python client's
+                     TicketRecord and of api/openapi.yaml; docs/operations.md's
+                     tickets table lists the columns service/store_schema.c's
+                     migrations make
+  architectures      README.md's --model list and docs/objects.md's
+                     Architectures are the architectures device/model_config.c
+                     loads
+  suite-counts       every "N suites" in README.md and docs/*.md is the number
+                     of suites of tests/conformance/suites.txt (dated reports
+                     of DATED_REPORTS excepted)
+  details-keys       every details key the sources put in an error answer is in
+                     docs/http.md's list (the uses DETAILS_NOT_ANSWERED names,
+                     at start only, excepted), and every key listed or written
+                     details.KEY there and in api/openapi.yaml is emitted
+  source-counts      every "N sources" in the docs, build files and sources
+                     stands where SOURCE_CLAIMS says which list it counts, and
+                     matches that list (and the files named beside it)
+  folder-map         docs/README.md's folder map names every .c, .cc and .cu
+                     file of api/, common/, conform/, device/, kernels/, ref/,
+                     service/ and tools/
+  test-map           docs/tests.md has one row for each of those files, and
+                     every test a row names exists
 
 It prints what each check verified, every mismatch, and exits 1 when any
 selected check fails. It must never change a file, and never pass a check it
@@ -34,8 +69,11 @@ could not run (a missing binary is a failure).
 usage: docs_check.py [--bin bazel-bin] [--only NAME,...] [--skip NAME,...]
 """
 import argparse
+import fnmatch
+import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 
@@ -395,6 +433,644 @@ def check_design_citations(ctx):
     return problems, "%d files cite nothing outside the repository" % n
 
 
+# ---- what the code says, read from the sources -------------------------------
+
+# The folders whose .c, .cc and .cu files are the product (docs/README.md's map, docs/tests.md).
+PRODUCT_DIRS = ("api", "common", "conform", "device", "kernels", "ref", "service", "tools")
+PRODUCT_EXT = (".c", ".cc", ".cu")
+
+NUMBER_WORDS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve".split())}
+COUNT = r"(\d+|%s)" % "|".join(NUMBER_WORDS)
+C_STRING_RE = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
+SNAKE_RE = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+BACKTICK_RE = re.compile(r"`([^`]+)`")
+
+
+def product_sources():
+    """Every product source file, as a path relative to the root, sorted."""
+    out = []
+    for top in PRODUCT_DIRS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
+            dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "node_modules"))
+            out += [os.path.relpath(os.path.join(dirpath, f), ROOT) for f in filenames
+                    if f.endswith(PRODUCT_EXT)]
+    return sorted(out)
+
+
+def strip_c_comments(text):
+    return re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", " ", text, flags=re.S))
+
+
+def c_function(text, name):
+    """The body of the C function `name` (from its signature to the closing brace at column 0)."""
+    m = re.search(r"^[^\n;]*\b%s\([^;{]*\)\s*\n\{\n(.*?)\n\}" % re.escape(name), text, re.M | re.S)
+    if not m:
+        raise RuntimeError("no function %s found" % name)
+    return m.group(1)
+
+
+def split_args(text):
+    """Top-level comma-separated parts of `text` (parentheses, brackets and strings respected)."""
+    out, depth, cur, i = [], 0, "", 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            m = C_STRING_RE.match(text, i)
+            cur += m.group(0)
+            i = m.end()
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+        i += 1
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def status_codes():
+    codes = set(re.findall(r'\[DEVIO_[A-Z_]+\]\s*=\s*"([a-z_]+)"', read("device/status.c")))
+    codes.discard("ok")
+    if not codes:
+        raise RuntimeError("device/status.c: no status table found")
+    return codes
+
+
+def drop_parens(text):
+    """text with every parenthesized group removed, innermost first."""
+    while True:
+        t = re.sub(r"\([^()]*\)", "", text)
+        if t == text:
+            return t
+        text = t
+
+
+def md_bullet(text, label, rel):
+    """The text of the markdown bullet that starts `- **label**`, up to the next bullet or blank line."""
+    m = re.search(r"^- \*\*%s\*\*(.*?)(?=^- |^\s*$)" % re.escape(label), text, re.M | re.S)
+    if not m:
+        raise RuntimeError("%s has no '- **%s**' bullet" % (rel, label))
+    return " ".join(m.group(1).split())
+
+
+def sets_differ(problems, have, want, have_name, want_name, what):
+    for x in sorted(want - have):
+        problems.append("%s has %s %s; %s does not" % (want_name, what, x, have_name))
+    for x in sorted(have - want):
+        problems.append("%s names %s %s; %s does not have it" % (have_name, what, x, want_name))
+
+
+# ---- checks of the docs against the code --------------------------------------
+
+
+def check_rope_scaling(ctx):
+    problems = []
+    cfg = c_function(read("device/model_config.c"), "parse_rope")
+    accepted = set(re.findall(r'strcmp\(t, "([a-z0-9_]+)"\) == 0', cfg))
+    gguf = c_function(read("device/model_gguf.c"), "put_rope")
+    gguf_accepted = set(re.findall(r'memcmp\(t, "([a-z0-9_]+)", \d+\) == 0', gguf))
+    if not accepted or not gguf_accepted:
+        raise RuntimeError("no rope types found in parse_rope or put_rope")
+    objects = read("docs/objects.md")
+    bullet = drop_parens(md_bullet(objects, "RoPE scaling", "docs/objects.md"))
+    m = re.search(r"of type (.*?)\.(?:\s|$)", bullet)
+    if not m:
+        raise RuntimeError("docs/objects.md's RoPE scaling bullet names no 'of type ...'")
+    named = set(BACKTICK_RE.findall(m.group(1)))
+    sets_differ(problems, named, accepted, "docs/objects.md (RoPE scaling)",
+                "device/model_config.c (parse_rope)", "rope_scaling type")
+    for sentence in re.split(r"\.\s", bullet):
+        if "refused" in sentence:
+            for t in BACKTICK_RE.findall(sentence):
+                if t in accepted:
+                    problems.append("docs/objects.md says rope_scaling type %s is refused; "
+                                    "device/model_config.c accepts it" % t)
+    para = " ".join(objects[objects.find("RoPE scaling comes from"):].split("\n\n")[0].split())
+    m = re.search(r"RoPE scaling comes from `[^`]*`:(.*?)read as", drop_parens(para))
+    if not m:
+        raise RuntimeError("docs/objects.md has no 'RoPE scaling comes from `...`: ... read as' "
+                           "sentence for GGUF files")
+    sets_differ(problems, set(BACKTICK_RE.findall(m.group(1))), gguf_accepted,
+                "docs/objects.md (GGUF)", "device/model_gguf.c (put_rope)", "rope scaling type")
+    return problems, ("rope_scaling types %s (config.json) and %s (GGUF) named alike in "
+                      "docs/objects.md" % (", ".join(sorted(accepted)),
+                                           ", ".join(sorted(gguf_accepted))))
+
+
+# Words of an alert's or a panel's text that look like error codes but are not.
+ALERT_WORDS = {}
+PROMQL_FUNCS = {"histogram_quantile", "label_values", "label_replace", "label_join",
+                "count_over_time", "sum_over_time", "avg_over_time", "max_over_time",
+                "min_over_time", "quantile_over_time", "absent_over_time", "query_result"}
+METRIC_PREFIXES = ("devio_", "process_", "go_", "promhttp_")
+TEXT_KEYS = ("summary", "description", "title")
+EXPR_KEYS = ("expr", "query", "series", "definition")
+CODE_LABELS = ("code", "error", "error_code")
+MATCHER_RE = re.compile(r'\b([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def deploy_monitoring_files():
+    out = []
+    for sub in ("deploy/prometheus", "deploy/grafana"):
+        d = os.path.join(ROOT, sub)
+        if os.path.isdir(d):
+            out += [sub + "/" + n for n in sorted(os.listdir(d))
+                    if n.endswith((".yaml", ".yml", ".json"))]
+    if not out:
+        raise RuntimeError("no Prometheus rules or dashboards under deploy/prometheus, deploy/grafana")
+    return out
+
+
+def walk_strings(node, key=None):
+    """(key, string) for every string in a loaded YAML/JSON tree, with the key it is under."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from walk_strings(v, k)
+    elif isinstance(node, list):
+        for v in node:
+            yield from walk_strings(v, key)
+    elif isinstance(node, str):
+        yield key, node
+
+
+def check_alert_codes(ctx):
+    codes = status_codes()
+    problems, n_text, n_codes = [], 0, 0
+    for rel in deploy_monitoring_files():
+        data = json.loads(read(rel)) if rel.endswith(".json") else yaml.safe_load(read(rel))
+        labels, texts = set(), []
+        for key, s in walk_strings(data):
+            if key in EXPR_KEYS:
+                for label, _, value in MATCHER_RE.findall(s):
+                    labels.add(label)
+                    if label in CODE_LABELS:
+                        for v in value.split("|"):
+                            if re.fullmatch(r"[a-z][a-z_]*", v):
+                                n_codes += 1
+                                if v not in codes:
+                                    problems.append("%s: %s=\"%s\" in a query is no error code of "
+                                                    "device/status.c" % (rel, label, v))
+                labels.update(re.findall(r"\bby\s*\(([^)]*)\)", s))
+            elif key in TEXT_KEYS:
+                texts.append(s)
+        labels = {x.strip() for lab in labels for x in lab.split(",")}
+        for s in texts:
+            n_text += 1
+            for w in SNAKE_RE.findall(s):
+                if (w in codes or w.startswith(METRIC_PREFIXES) or w in PROMQL_FUNCS
+                        or w in labels or w in ALERT_WORDS):
+                    n_codes += w in codes
+                    continue
+                problems.append("%s: '%s' names %s, which is no error code of device/status.c "
+                                "(nor a metric, label or PromQL function)"
+                                % (rel, " ".join(s.split())[:90], w))
+    return problems, ("%d alert and panel texts in deploy/; the %d error codes they and their "
+                      "queries name are in device/status.c" % (n_text, n_codes))
+
+
+UNIT_S = {"µs": 1e-6, "μs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+BUCKET_TOKEN_RE = re.compile(r"(\d+(?:\.\d+)?)(?:\s*(µs|μs|us|ms|s)\b)?|(…|\.\.\.)|\b(to)\b")
+
+
+def histogram_buckets():
+    """family -> list of bucket upper bounds, read from service/*.c."""
+    arrays, fields, families = {}, {}, {}
+    for name in sorted(os.listdir(os.path.join(ROOT, "service"))):
+        if not name.endswith(".c"):
+            continue
+        text = strip_c_comments(read("service/" + name))
+        for m in re.finditer(r"static const double (\w+)\[\]\s*=\s*\{([^}]*)\}", text):
+            arrays[m.group(1)] = [float(x) for x in split_args(m.group(2))]
+        for m in re.finditer(r"(\w+)\s*=\s*devio_hist_make\((\w+)", text):
+            fields.setdefault(m.group(1), set()).add(m.group(2))
+        for m in re.finditer(r'put_hist\(\s*\w+,\s*"(\w+)",\s*[^,]+,\s*&([^)]*)\)', text):
+            families[m.group(1)] = re.findall(r"\w+", m.group(2))[-1]
+    out = {}
+    for fam, field in families.items():
+        arr = fields.get(field, set())
+        if len(arr) != 1 or next(iter(arr)) not in arrays:
+            raise RuntimeError("cannot tell the buckets of %s (field %s: %s)"
+                               % (fam, field, ", ".join(sorted(arr)) or "no devio_hist_make"))
+        out[fam] = arrays[next(iter(arr))]
+    if not out:
+        raise RuntimeError("no put_hist calls found in service/*.c")
+    return out
+
+
+def parse_buckets(text):
+    """(values, is_range) of a bucket statement: 'A to B', 'a, b, … z' or a full list."""
+    vals, pending, is_range = [], [], False
+    for num, unit, ell, to in BUCKET_TOKEN_RE.findall(text):
+        if ell or to:
+            is_range = True
+            vals.append(None)
+            continue
+        pending.append(len(vals))
+        vals.append(float(num))
+        if unit:
+            for i in pending:
+                vals[i] *= UNIT_S[unit]
+            pending = []
+    return vals, is_range
+
+
+def buckets_match(stated, is_range, code):
+    def close(a, b):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+    if not is_range:
+        return len(stated) == len(code) and all(close(a, b) for a, b in zip(stated, code))
+    cut = stated.index(None)
+    head = [v for v in stated[:cut] if v is not None]
+    tail = [v for v in stated[cut:] if v is not None]
+    return (len(head) + len(tail) <= len(code) and all(close(a, b) for a, b in zip(head, code))
+            and all(close(a, b) for a, b in zip(reversed(tail), reversed(code))))
+
+
+def fmt_buckets(vals):
+    return ", ".join("%g" % v for v in vals)
+
+
+def check_histograms(ctx):
+    hists = histogram_buckets()
+    ops = read("docs/operations.md")
+    sec = section(ops, "Metrics")
+    if sec is None:
+        raise RuntimeError("docs/operations.md has no '## Metrics' section")
+    # Statements: each table row, and each clause of a paragraph (split at '; ' and '. ').
+    statements = []
+    for block in re.split(r"\n\s*\n", sec):
+        if block.lstrip().startswith("|"):
+            statements += [l for l in block.splitlines() if l.startswith("|")]
+        else:
+            statements += re.split(r";\s|\.\s", " ".join(block.split()))
+    problems, stated = [], set()
+    for st in statements:
+        m = re.search(r"\bbuckets\b(.*)", st)
+        if not m:
+            continue
+        if st.startswith("|"):
+            named = [c for c in BACKTICK_RE.findall(st.split("|")[1]) if c in hists]
+        else:
+            named = [c for c in BACKTICK_RE.findall(st[:m.start()]) if c in hists]
+        if not named:
+            problems.append("docs/operations.md: '%s' states buckets without naming the histogram "
+                            "(name each family)" % st.strip()[:100])
+            continue
+        said = " ".join(re.split(r"[)(:;|]", m.group(1))[0].split())
+        vals, is_range = parse_buckets(said)
+        for fam in named:
+            stated.add(fam)
+            if not vals or not buckets_match(vals, is_range, hists[fam]):
+                problems.append("docs/operations.md gives %s the buckets '%s'; service/ makes %s"
+                                % (fam, said[:100], fmt_buckets(hists[fam])))
+    for fam in sorted(set(hists) - stated):
+        problems.append("docs/operations.md does not state the buckets of %s (service/ makes %s)"
+                        % (fam, fmt_buckets(hists[fam])))
+    return problems, ("the buckets of %d histograms in service/ stated right in docs/operations.md"
+                      % len(hists))
+
+
+def json_pack_keys(body, what):
+    """The keys of the json_pack call that `body` returns, in order."""
+    m = re.search(r"return json_pack\((.*?)\);\s*$", body, re.S)
+    if not m:
+        raise RuntimeError("%s returns no json_pack(...)" % what)
+    args = split_args(m.group(1))
+    fmt = C_STRING_RE.fullmatch(args[0])
+    if not fmt or not fmt.group(1).startswith("{"):
+        raise RuntimeError("%s: json_pack's format is not an object" % what)
+    n = fmt.group(1).count("s:")
+    keys = []
+    for i in range(n):
+        k = C_STRING_RE.fullmatch(args[1 + 2 * i])
+        if not k:
+            raise RuntimeError("%s: key %d of json_pack is not a literal" % (what, i))
+        keys.append(k.group(1))
+    return keys
+
+
+def ticket_columns():
+    """The columns of the tickets table once every migration of service/store_schema.c has run."""
+    text = strip_c_comments(read("service/store_schema.c"))
+    m = re.search(r"migrations\[\]\s*=\s*\{(.*?)\n\};", text, re.S)
+    if not m:
+        raise RuntimeError("service/store_schema.c has no migrations[] array")
+    sql = "".join(C_STRING_RE.findall(m.group(1))).encode().decode("unicode_escape")
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript(sql)
+        return [r[1] for r in db.execute("PRAGMA table_info(tickets)")]
+    finally:
+        db.close()
+
+
+def typed_dict_keys(text, name, rel):
+    m = re.search(r"^class %s\(TypedDict\):\n((?:    .*\n|\s*\n)*)" % name, text, re.M)
+    if not m:
+        raise RuntimeError("%s has no TypedDict %s" % (rel, name))
+    return re.findall(r"^    (\w+):", m.group(1), re.M)
+
+
+def check_record_fields(ctx):
+    problems = []
+    src = read("service/routes_tickets.c")
+    keys = json_pack_keys(c_function(src, "ticket_row_json"), "ticket_row_json")
+    extra = re.findall(r'json_object_set_new\(\w+,\s*"(\w+)"', src)
+    if not extra:
+        raise RuntimeError("service/routes_tickets.c adds no key to the single-ticket record")
+    http = " ".join(read("docs/http.md").split())
+    m = re.search(r"Each record has (.*?)\.(?:\s|$)", http)
+    if not m:
+        raise RuntimeError("docs/http.md has no 'Each record has ...' sentence")
+    doc = BACKTICK_RE.findall(drop_parens(m.group(1)))
+    if doc != keys:
+        problems.append("docs/http.md: a ticket record has %s; service/routes_tickets.c "
+                        "(ticket_row_json) encodes %s" % (", ".join(doc), ", ".join(keys)))
+    for k in extra:
+        if not re.search(r"`GET /v1/tickets/\{id\}`[^\n]*`%s`" % k, read("docs/http.md")):
+            problems.append("docs/http.md's row for GET /v1/tickets/{id} does not name `%s`, "
+                            "which its record carries" % k)
+    rel = "clients/python/devio_client/types.py"
+    py = typed_dict_keys(read(rel), "TicketRecord", rel)
+    if py != keys + extra:
+        problems.append("%s: TicketRecord has %s; the encoder gives %s"
+                        % (rel, ", ".join(py), ", ".join(keys + extra)))
+    schema = ctx.openapi()["components"]["schemas"]["TicketRecord"]
+    sets_differ(problems, set(schema.get("properties") or {}), set(keys + extra),
+                "api/openapi.yaml (TicketRecord)", "the encoder", "key")
+    sets_differ(problems, set(schema.get("required") or []), set(keys),
+                "api/openapi.yaml (TicketRecord required)", "ticket_row_json", "key")
+    cols = ticket_columns()
+    row = next((l for l in read("docs/operations.md").splitlines() if l.startswith("| `tickets` |")),
+               None)
+    if row is None:
+        raise RuntimeError("docs/operations.md has no '| `tickets` |' row in its SQLite table")
+    doc_cols = BACKTICK_RE.findall(drop_parens(row.split("|")[2]))
+    if doc_cols != cols:
+        problems.append("docs/operations.md: the tickets table has %s; service/store_schema.c's "
+                        "migrations make %s" % (", ".join(doc_cols), ", ".join(cols)))
+    return problems, ("ticket record keys (%d, and %s) alike in the encoder, docs/http.md, the "
+                      "Python client and api/openapi.yaml; %d columns of the tickets table in "
+                      "docs/operations.md" % (len(keys), ", ".join(extra), len(cols)))
+
+
+def architectures():
+    archs = re.findall(r'strcmp\(arch, "(\w+)"\) == 0',
+                       c_function(read("device/model_config.c"), "parse_arch"))
+    if not archs:
+        raise RuntimeError("device/model_config.c (parse_arch) names no architecture")
+    return archs
+
+
+def check_architectures(ctx):
+    archs = architectures()
+    short = {a[:-len("ForCausalLM")] if a.endswith("ForCausalLM") else a for a in archs}
+    problems = []
+    readme = " ".join(read("README.md").split())
+    m = re.search(r"`--model DIR` for your own Hugging Face directory \(([^)]*)\)", readme)
+    if not m:
+        raise RuntimeError("README.md has no '`--model DIR` for your own Hugging Face "
+                           "directory (...)' list")
+    named = {x for x in re.split(r",\s*|\s+or\s+|\s+and\s+", m.group(1)) if x}
+    sets_differ(problems, named, short, "README.md's --model list",
+                "device/model_config.c (parse_arch)", "architecture")
+    bullet = md_bullet(read("docs/objects.md"), "Architectures", "docs/objects.md")
+    sets_differ(problems, set(re.findall(r"`(\w+ForCausalLM)`", bullet)), set(archs),
+                "docs/objects.md (Architectures)", "device/model_config.c (parse_arch)",
+                "architecture")
+    return problems, ("the %d architectures of parse_arch named in README.md and docs/objects.md"
+                      % len(archs))
+
+
+# Documents that keep dated reports as they came back: their counts are of their day.
+DATED_REPORTS = {"docs/gpu-check.md": "reports of runs on GPU hardware, kept as they came back"}
+
+
+def check_suite_counts(ctx):
+    rows = [l for l in read("tests/conformance/suites.txt").splitlines()
+            if l.strip() and not l.startswith("#")]
+    n = len(rows)
+    if n == 0:
+        raise RuntimeError("tests/conformance/suites.txt lists no suite")
+    problems, claims = [], 0
+    for rel in doc_files():
+        if rel in DATED_REPORTS:
+            continue
+        for i, line in enumerate(read(rel).splitlines(), 1):
+            for m in re.finditer(r"\b%s\s+(?:conformance\s+)?suites\b" % COUNT, line, re.I):
+                w = m.group(1).lower()
+                claims += 1
+                if NUMBER_WORDS.get(w, None if not w.isdigit() else int(w)) != n:
+                    problems.append("%s:%d: '%s', but tests/conformance/suites.txt has %d suites"
+                                    % (rel, i, m.group(0), n))
+    return problems, ("%d counts of conformance suites in README.md and docs/ say %d, as "
+                      "tests/conformance/suites.txt does (%s skipped: %s)"
+                      % (claims, n, ", ".join(DATED_REPORTS), "; ".join(DATED_REPORTS.values())))
+
+
+# Detail keys that never reach an HTTP answer: (key, file) -> why.
+DETAILS_NOT_ANSWERED = {
+    ("layer", "device/shape.c"): "the model's checks at start; printed, never answered",
+    ("max_bytes", "service/tls.c"): "--tls-cert and --tls-key, read at start",
+    ("max_path_bytes", "service/listen_addr.c"): "--listen, parsed at start",
+}
+
+
+def emitted_detail_keys():
+    """key -> files of the product that put it in an error's details."""
+    out = {}
+    for rel in product_sources():
+        text = strip_c_comments(read(rel))
+        found = re.findall(r'devio_fail_at\([^;"]*?"([A-Za-z_%]+)"', text)
+        found += re.findall(r'detail_key,[^;"]*"([A-Za-z_%]+)"', text)
+        found += re.findall(r'json_object_set_new\(details,\s*"(\w+)"', text)
+        for k in found:
+            if re.fullmatch(r"[a-z][a-z0-9_]*", k):
+                out.setdefault(k, set()).add(rel)
+    if not out:
+        raise RuntimeError("no devio_fail_at detail keys found in the sources")
+    return out
+
+
+def check_details_keys(ctx):
+    emitted = emitted_detail_keys()
+    http = read("docs/http.md")
+    flat = " ".join(http.split())
+    m = re.search(r"`details` holds at most one integer naming what failed \(([^)]*)\)", flat)
+    if not m:
+        raise RuntimeError("docs/http.md has no '`details` holds at most one integer naming what "
+                           "failed (...)' list")
+    documented = set(BACKTICK_RE.findall(m.group(1)))
+    problems, exempt = [], 0
+    for k, files in sorted(emitted.items()):
+        answered = {f for f in files if (k, f) not in DETAILS_NOT_ANSWERED}
+        exempt += len(files) - len(answered)
+        if answered and k not in documented:
+            problems.append("%s put details.%s in an error; docs/http.md's list of details keys "
+                            "lacks it" % (", ".join(sorted(answered)), k))
+    for k in sorted(documented - set(emitted)):
+        problems.append("docs/http.md documents details key %s; no source emits it" % k)
+    for rel, text in (("docs/http.md", http), ("api/openapi.yaml", read("api/openapi.yaml"))):
+        for i, line in enumerate(text.splitlines(), 1):
+            for k in re.findall(r"\bdetails\.([a-z_]+)", line):
+                if k not in emitted:
+                    problems.append("%s:%d: details.%s is emitted by no source" % (rel, i, k))
+    for (k, f) in sorted(DETAILS_NOT_ANSWERED):
+        if f not in emitted.get(k, ()):
+            print("     note: %s no longer emits details.%s (drop it from DETAILS_NOT_ANSWERED)"
+                  % (f, k))
+    return problems, ("%d details keys the sources emit are in docs/http.md's list (%d uses at "
+                      "start, never answered, left out)" % (len(emitted), exempt))
+
+
+def source_lists():
+    """Named lists of sources that documents count: name -> list of file names."""
+    text = read("ref/isa.bzl")
+    m = re.search(r"^REF_ISA_SRCS = \[(.*?)\]", text, re.M | re.S)
+    if not m:
+        raise RuntimeError("ref/isa.bzl has no REF_ISA_SRCS list")
+    return {"REF_ISA_SRCS": re.findall(r'"([^"]+)"', m.group(1))}
+
+
+# Where a count of "N sources" may stand, and the list it counts: (file, level-2
+# heading or None for the whole file) -> list name of source_lists().
+SOURCE_CLAIMS = {
+    ("ref/isa.bzl", None): "REF_ISA_SRCS",
+    ("docs/backends.md", "The reference's instruction-set paths"): "REF_ISA_SRCS",
+}
+SOURCES_RE = re.compile(r"\b%s\s+sources\b" % COUNT, re.I)
+
+
+def check_source_counts(ctx):
+    lists = source_lists()
+    scopes = {}
+    for (rel, heading), name in SOURCE_CLAIMS.items():
+        text = read(rel)
+        if heading is not None:
+            text = section(text, heading)
+            if text is None:
+                raise RuntimeError("%s has no '## %s' section" % (rel, heading))
+        scopes.setdefault(rel, []).append((text, name))
+    files = doc_files() + sorted(
+        os.path.relpath(os.path.join(d, f), ROOT)
+        for top in PRODUCT_DIRS + ("tests", "deploy")
+        for d, _, fs in os.walk(os.path.join(ROOT, top))
+        for f in fs if f.endswith((".bzl", ".bazel", ".c", ".h", ".cu", ".py", ".sh", ".md")))
+    problems, claims = [], 0
+    for rel in files:
+        text = read(rel)
+        for m in SOURCES_RE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            name = next((n for t, n in scopes.get(rel, [])
+                         if t is not None and text.find(t) <= m.start() < text.find(t) + len(t)), None)
+            if name is None:
+                problems.append("%s:%d: '%s' counts sources of no list this check knows (add it "
+                                "to SOURCE_CLAIMS)" % (rel, line, m.group(0)))
+                continue
+            claims += 1
+            w = m.group(1).lower()
+            count = NUMBER_WORDS[w] if w in NUMBER_WORDS else int(w)
+            if count != len(lists[name]):
+                problems.append("%s:%d: '%s', but %s lists %d" % (rel, line, m.group(0), name,
+                                                                 len(lists[name])))
+            after = " ".join(text[m.end():m.end() + 300].split())
+            p = re.match(r"[^(.]{0,80}\(([^)]*)\)", after)
+            named = {x for x in BACKTICK_RE.findall(p.group(1)) if x.endswith(".c")} if p else set()
+            if named and named != set(lists[name]):
+                problems.append("%s:%d: names %s after '%s'; %s lists %s"
+                                % (rel, line, ", ".join(sorted(named)), m.group(0), name,
+                                   ", ".join(lists[name])))
+    return problems, ("%d counts of sources match their lists (%s)" % (
+        claims, ", ".join("%s: %d" % (k, len(v)) for k, v in lists.items())))
+
+
+def covered(rel_in_folder, tokens):
+    """Whether a source (path relative to its folder) is named by one of a row's tokens."""
+    base = os.path.basename(rel_in_folder)
+    for t in tokens:
+        if "*" in t or "?" in t or "[" in t:
+            if fnmatch.fnmatchcase(rel_in_folder, t) or ("/" not in t and fnmatch.fnmatchcase(base, t)):
+                return True
+        elif t == base or t == rel_in_folder:
+            return True
+    return False
+
+
+def check_folder_map(ctx):
+    text = read("docs/README.md")
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"^\|\s*`([a-z_]+)/`\s*\|(.*)\|\s*$", line)
+        if m:
+            rows[m.group(1)] = [t.strip() for t in BACKTICK_RE.findall(m.group(2))]
+    problems, n, sources = [], 0, product_sources()
+    for top in PRODUCT_DIRS:
+        if top not in rows:
+            problems.append("docs/README.md's folder map has no row for %s/" % top)
+            continue
+        tokens = [t[len(top) + 1:] if t.startswith(top + "/") else t for t in rows[top]]
+        for rel in sources:
+            if not rel.startswith(top + "/"):
+                continue
+            n += 1
+            if not covered(rel[len(top) + 1:], tokens):
+                problems.append("docs/README.md's row for %s/ does not name %s" % (top, rel))
+        here = [os.path.relpath(os.path.join(d, f), os.path.join(ROOT, top))
+                for d, _, fs in os.walk(os.path.join(ROOT, top)) for f in fs]
+        for t in tokens:
+            if not re.fullmatch(r"[\w*?][\w*?/.-]*\.(c|cc|cu|h)", t):
+                continue  # not a file name (an extension alone, a variable)
+            if "*" in t or "?" in t:
+                if not any(covered(r, [t]) for r in here):
+                    problems.append("docs/README.md's row for %s/ names %s, which matches no file"
+                                    % (top, t))
+            elif not (os.path.exists(os.path.join(ROOT, t)) or any(
+                    r == t or os.path.basename(r) == t for r in here)):
+                problems.append("docs/README.md's row for %s/ names %s, which does not exist"
+                                % (top, t))
+    return problems, "%d source files of %d folders named in docs/README.md's map" % (
+        n, len(PRODUCT_DIRS))
+
+
+TEST_MAP = "docs/tests.md"
+
+
+def check_test_map(ctx):
+    text = read(TEST_MAP)
+    rows = {}
+    problems = []
+    for i, line in enumerate(text.splitlines(), 1):
+        m = re.match(r"^\|\s*`([^`]+)`\s*\|(.*)\|\s*$", line)
+        if not m or not m.group(1).endswith(PRODUCT_EXT):
+            continue
+        src = m.group(1)
+        if src in rows:
+            problems.append("%s:%d: %s has a second row" % (TEST_MAP, i, src))
+        tests = [t for t in BACKTICK_RE.findall(m.group(2)) if "/" in t]
+        rows[src] = tests
+        if not os.path.exists(os.path.join(ROOT, src)):
+            problems.append("%s:%d: %s is no source file" % (TEST_MAP, i, src))
+        if not tests:
+            problems.append("%s:%d: %s names no test" % (TEST_MAP, i, src))
+        for t in tests:
+            if not os.path.isfile(os.path.join(ROOT, t)):
+                problems.append("%s:%d: %s names %s, which does not exist" % (TEST_MAP, i, src, t))
+    sources = product_sources()
+    for src in sources:
+        if src not in rows:
+            problems.append("%s has no row for %s" % (TEST_MAP, src))
+    n_tests = len({t for ts in rows.values() for t in ts})
+    return problems, "%d source files mapped in %s to %d tests that exist" % (
+        len(sources), TEST_MAP, n_tests)
+
+
 CHECKS = [
     ("flags-exist", check_flags_exist),
     ("flags-documented", check_flags_documented),
@@ -402,6 +1078,16 @@ CHECKS = [
     ("error-codes", check_error_codes),
     ("paths", check_paths),
     ("design-citations", check_design_citations),
+    ("rope-scaling", check_rope_scaling),
+    ("alert-codes", check_alert_codes),
+    ("histograms", check_histograms),
+    ("record-fields", check_record_fields),
+    ("architectures", check_architectures),
+    ("suite-counts", check_suite_counts),
+    ("details-keys", check_details_keys),
+    ("source-counts", check_source_counts),
+    ("folder-map", check_folder_map),
+    ("test-map", check_test_map),
 ]
 
 
