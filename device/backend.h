@@ -32,8 +32,9 @@
 
 #include "device/devio.h"
 #include "device/model.h"
+#include "device/sampler.h"
 
-#define DEVIO_BACKEND_ABI 6u
+#define DEVIO_BACKEND_ABI 7u
 
 struct devio_adapter; /* device/adapter.h */
 
@@ -132,6 +133,8 @@ typedef struct devio_batch_sample {
     devio_sample_params params;
     bool sample_only; /* no handle holds the slot: only this sample reads those logits, so a
                          backend that samples them need not bring them to the host */
+    const devio_logit_proc *proc; /* step 0b of device/sampler.h, or NULL: none; set (with
+                                     its arrays) until wait returns when device_sampling */
     int32_t token;  /* output of the sample slot */
     float logprob;  /* output of the sample slot */
 } devio_batch_sample;
@@ -163,7 +166,8 @@ typedef struct devio_batch {
     uint32_t n_samples;
     devio_batch_sample *samples;
     bool device_sampling; /* the core calls the backend's sample slot for this batch right
-                             after submit (fast numerics, plain params, the slot present) */
+                             after submit (fast numerics, no row asking top logprobs, the
+                             slot present) */
 } devio_batch;
 
 /* A state slot (snapshot false, index < ssm_slots) or a snapshot slot

@@ -90,6 +90,7 @@ typedef struct dv_ticket {
     uint32_t *copy_src, *copy_dst; /* max_rows */
     devio_batch_sample *samples;/* max_rows */
     devio_sample_proc *procs;   /* max_rows: each sampled row's processing, arrays in proc_buf */
+    devio_logit_proc *lprocs;   /* max_rows: step 0b of each row the backend samples */
     char *proc_buf;             /* owned: the arrays of procs, remade at each reserve */
     int32_t *top_ids;           /* max_rows * DEVIO_TOP_LOGPROBS_MAX: top logprobs by row */
     float *top_lps;

@@ -8,7 +8,6 @@
 #include "device/core.h"
 #include "device/status.h"
 
-/* Validate a plan against the device limits and state; changes nothing. */
 /* Hybrid models: a row's sequence must have its state, and the plan's new
  * state slots (sequences of length 0) and snapshots must be free. */
 static devio_status validate_ssm(devio_device *d, const devio_plan *p, devio_error *err)
@@ -68,6 +67,7 @@ static devio_status validate_proc(devio_device *d, const devio_row *row, uint32_
     return DEVIO_OK;
 }
 
+/* Validate a plan against the device limits and state; changes nothing. */
 static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t *kv_need,
                                   uint32_t *handles_need, uint32_t *rows_need,
                                   size_t *proc_bytes, devio_error *err)
@@ -357,14 +357,22 @@ static dv_ticket *ticket_take(devio_device *d, uint32_t *slot_out)
  * under fast numerics and when the backend has the slot. */
 static devio_status submit(devio_device *d, dv_ticket *t, devio_error *err)
 {
-    /* A backend samples with the plain params only: processing and top
-     * logprobs are the host's (run_step). */
-    bool plain = true;
+    /* A backend samples with the params and step 0b; top logprobs are the
+     * host's (run_step), so a batch with a row asking them is sampled there. */
+    bool tops = false;
     for (uint32_t r = 0; r < t->n_rows; r++)
-        plain = plain && !t->rows[r].proc;
+        tops = tops || (t->rows[r].proc && t->procs[r].logprobs);
     t->batch.device_sampling = t->batch.n_samples > 0 &&
-                               d->cfg.numerics == DEVIO_NUMERICS_FAST && plain &&
+                               d->cfg.numerics == DEVIO_NUMERICS_FAST && !tops &&
                                devio_backend_has_sample(d->ops);
+    for (uint32_t i = 0; i < t->batch.n_samples && t->batch.device_sampling; i++) {
+        devio_batch_sample *sm = &t->samples[i];
+        const dv_trow *tr = &t->rows[sm->row];
+        /* The sequence's token record holds this step's tokens already (reserve). */
+        t->lprocs[sm->row] = dv_logit_proc(tr->proc ? &t->procs[sm->row] : NULL,
+                                           &d->seqs[tr->seq_index], sm->position);
+        sm->proc = devio_logit_proc_active(&t->lprocs[sm->row]) ? &t->lprocs[sm->row] : NULL;
+    }
     devio_status s = devio_backend_submit(d->ops, d->backend, &d->bcfg, &t->batch, err);
     if (s == DEVIO_OK && t->batch.device_sampling) {
         s = devio_backend_sample(d->ops, d->backend, &t->batch, err);

@@ -1,6 +1,6 @@
 /* sample_rule.h - the pieces of device/sampler.h's definition that every sampler computes
  * alike, the host's (sampler.c) and the CUDA backend's (kernels/cuda_sample.cu): step 0's
- * cleaning, step 3's tempering, step 8's Philox bits and Gumbel noise. Inline functions of
+ * cleaning, step 3's tempering, step 6's order, step 8's Philox bits and Gumbel noise. Inline functions of
  * values (DEVIO_NUM_FN: host and device code); nothing to own. */
 #ifndef DEVIO_SAMPLE_RULE_H
 #define DEVIO_SAMPLE_RULE_H
@@ -32,6 +32,13 @@ DEVIO_NUM_FN float devio_temper(float l, float t)
     if (q < -FLT_MAX)
         return -FLT_MAX;
     return q;
+}
+
+/* Step 6's order as an unsigned key, smaller first: p descending. p >= 0, so the bits of p
+ * order like p and inverting them reverses that; both zeros map to the last key. */
+DEVIO_NUM_FN uint32_t devio_nucleus_key(float p)
+{
+    return p > 0.0f ? ~devio_num_bits(p) : UINT32_MAX;
 }
 
 /* Philox4x32-10 as sampler.h defines it: out = the block of counter ctr under key. */

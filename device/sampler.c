@@ -175,18 +175,6 @@ static void top_k_select(const float *z, uint32_t v, uint32_t k, uint32_t *heap)
 /* ------------------------------------------------------------------ */
 /* Step 6: the nucleus by a lazy most-significant-digit radix sort     */
 
-/* A key whose unsigned order is "p descending": p >= 0, so the bits of p
- * order like p, and inverting them reverses that. Both zeros map to the
- * last key. */
-static inline uint32_t nucleus_key(float p)
-{
-    if (!(p > 0.0f))
-        return UINT32_MAX;
-    uint32_t bits;
-    memcpy(&bits, &p, sizeof bits);
-    return ~bits;
-}
-
 typedef struct nucleus_walk {
     uint32_t *ids, *keys;         /* K in increasing id order on entry */
     uint32_t *tmp_ids, *tmp_keys; /* scatter space, same length */
@@ -257,7 +245,7 @@ static bool nucleus_walk_range(nucleus_walk *w, uint32_t lo, uint32_t n, int shi
 static uint32_t top_p_cut(devio_sampler *s, uint32_t n, const float *p, float top_p)
 {
     for (uint32_t j = 0; j < n; j++)
-        s->key[j] = nucleus_key(p[s->idx[j]]);
+        s->key[j] = devio_nucleus_key(p[s->idx[j]]);
     nucleus_walk w = {
         .ids = s->idx, .keys = s->key, .tmp_ids = s->tmp_idx, .tmp_keys = s->tmp_key,
         .p = p, .c = 0.0f, .top_p = top_p, .cut = n,
@@ -340,7 +328,7 @@ static uint32_t gumbel_pick(const devio_sampler *s, const uint32_t *ids, uint32_
     return best_id;
 }
 
-static bool proc_active(const devio_logit_proc *q)
+bool devio_logit_proc_active(const devio_logit_proc *q)
 {
     return q && (q->n_bias || q->allowed || q->n_banned ||
                  (q->n_history && (q->repetition_penalty != 1.0f ||
@@ -552,7 +540,7 @@ devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
      * them as they are. */
     /* Below DEVIO_GREEDY_BELOW a temperature is greedy (sampler.h). */
     const float t = p->temperature < DEVIO_GREEDY_BELOW ? 0.0f : p->temperature;
-    const bool processed = proc_active(q);
+    const bool processed = devio_logit_proc_active(q);
     const bool keep_raw = top && top->n;
     for (uint32_t i = 0; i < V; i++) {
         float x = devio_clean_logit(logits[i]);

@@ -154,6 +154,9 @@ typedef struct devio_top_logprobs {
     float *logprobs;
 } devio_top_logprobs;
 
+/* Whether q asks step 0b to change anything (NULL: no). */
+bool devio_logit_proc_active(const devio_logit_proc *q);
+
 /* Step 0b's inputs against the ranges above and the vocab: token ids in
  * [0, vocab), biases not NaN, a mask of exactly (vocab + 31) / 32 words.
  * DEVIO_OK (q NULL included), or DEVIO_E_INVALID naming the field. */

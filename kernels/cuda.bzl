@@ -183,6 +183,7 @@ def cuda_backend_targets():
         ],
         hdrs = [
             "cuda_plan.h",
+            "cuda_proc.h",
             "cuda_ssm.h",
         ],
         deps = ["//device"],

@@ -1,8 +1,10 @@
 /* cuda_backend.c - the CUDA backend's life: probe, create (every device
- * allocation, sized by cuda_plan.h), destroy, info, adapter slots, and the
- * plugin entry. Steps are in cuda_step.c. It must never call the CUDA driver
- * API, never allocate device memory after create (adapter copies go into
- * slots create reserved), and never abort: every CUDA error is returned. */
+ * allocation, sized by cuda_plan.h), destroy, info, and the plugin entry.
+ * Steps are in cuda_step.c, adapter slots in cuda_adapters.c. It must never
+ * call the CUDA driver API, never allocate device memory after create
+ * (adapter copies go into slots create reserved) but for the GPU sampler's
+ * logit processing records (cuda_sampling.c: as large as the largest a step
+ * has needed), and never abort: every CUDA error is returned. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -583,15 +585,6 @@ static devio_status cuda_create(const devio_model *model, const devio_backend_co
         s = cuda_check(st, cudaDeviceSynchronize(), "finishing the uploads", err);
     if (s == DEVIO_OK && st->fast)
         st->gemv_max = gemv_reach(st);
-    if (s == DEVIO_OK) {
-        /* Pinned, the host logits arena takes asynchronous copies; when it
-         * cannot be pinned, copies into it are synchronous and still right. */
-        size_t bytes = (size_t)cfg->logits_slots * st->sh.vocab * sizeof(float);
-        st->logits_pinned =
-            cudaHostRegister(cfg->logits_host, bytes, cudaHostRegisterDefault) == cudaSuccess;
-        if (!st->logits_pinned)
-            (void)cudaGetLastError();
-    }
     if (s != DEVIO_OK) {
         cuda_destroy(st);
         return s;
@@ -610,8 +603,6 @@ static void cuda_destroy(void *sp)
     for (int i = 0; i < CUDA_GRAPHS; i++)
         if (st->graphs[i].exec)
             cudaGraphExecDestroy(st->graphs[i].exec);
-    if (st->logits_pinned)
-        cudaHostUnregister(st->cfg.logits_host);
     for (uint32_t i = 0; st->host_meta && i < st->cfg.max_depth; i++)
         if (st->host_meta[i])
             cudaFreeHost(st->host_meta[i]);
@@ -694,6 +685,7 @@ const devio_backend_ops devio_cuda_backend = {
     .kv_blocks_fit = cuda_kv_blocks_fit,
     .ssm_copy = cuda_ssm_copy,
     .sample = cuda_sample_batch,
+    .logits_read = cuda_logits_read,
 };
 
 const devio_backend_ops *devio_backend_plugin(void);

@@ -103,8 +103,9 @@ static bool fast_bytes(const devio_backend_config *cfg, cuda_plan *p)
         (s->has_bias && !mul3(s->n_layers, qkv, F, &p->fast_buf.bqkv)) ||
         (s->n_mixers < s->n_layers && !mul3((uint64_t)CUDA_ATTN16_PART_ROWS * s->n_heads,
                                             s->head_dim + 2ull, F, &p->fast_buf.part)) ||
-        !mul3(p->logits_rows, s->vocab + (uint64_t)CUDA_SAMPLE_ROW_BYTES / F, F,
-              &p->fast_buf.sample))
+        !mul3(p->logits_rows, 2ull * s->vocab + (uint64_t)CUDA_SAMPLE_ROW_BYTES / F, F,
+              &p->fast_buf.sample) ||
+        !mul3(cfg->logits_slots, s->vocab, F, &p->fast_buf.logits))
         return false;
     /* A row of more than one chunk has at most twice its tokens / CUDA_SSM_CHUNK chunks. */
     uint64_t chunks = 2 * ((T + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK), cs;
@@ -115,7 +116,8 @@ static bool fast_bytes(const devio_backend_config *cfg, cuda_plan *p)
     return add(&p->fast, p->fast_buf.x16) && add(&p->fast, p->fast_buf.qkv) &&
            add(&p->fast, p->fast_buf.gu) && add(&p->fast, p->fast_buf.bqkv) &&
            add(&p->fast, p->fast_buf.part) && add(&p->fast, p->fast_buf.sample) &&
-           add(&p->fast, p->fast_buf.ssm_cs) && add(&p->fast, p->fast_buf.ssm_lam);
+           add(&p->fast, p->fast_buf.ssm_cs) && add(&p->fast, p->fast_buf.ssm_lam) &&
+           add(&p->fast, p->fast_buf.logits);
 }
 
 bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda_plan *p)

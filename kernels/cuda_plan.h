@@ -37,7 +37,9 @@ typedef struct cuda_plan {
         uint64_t qkv, gu; /* fused q/k/v and gate/up outputs: [T, q_dim + 2 kv_dim], [T, 2 f] */
         uint64_t bqkv;    /* bq, bk, bv side by side per layer, when the model has biases */
         uint64_t part;    /* attention's ranges before they are combined (cuda_fast.h) */
-        uint64_t sample;  /* sampling's jobs, results and [logits_rows, vocab] scratch */
+        uint64_t sample;  /* sampling's jobs, results and [logits_rows, 2 * vocab] scratch */
+        uint64_t logits;  /* every logits slot the core names, [logits_slots, vocab]: logits
+                             stay on the GPU until read (cuda_sampling.c) */
         uint64_t deq;     /* the largest quantized projection widened to f16 for a GEMM
                              (cuda_plan_for; 0 when none is quantized) */
         uint64_t ssm_cs;  /* hybrid models: the chunked scan's chunk states, I * N floats for

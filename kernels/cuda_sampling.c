@@ -1,31 +1,48 @@
-/* cuda_sampling.c - the backend's sample slot (device/backend.h) under fast numerics: the rows
- * whose parameters ask for no top-p are sampled on the GPU from the logits
- * staging rows (kernels/cuda_sample.h), and their logits never reach the host when no handle
- * holds them; the others are sampled by device/sampler.c in wait, from the logits submit
- * copied as always. Every result is device/sampler.h's definition on the step's logits. */
+/* cuda_sampling.c - where a step's logits go after lm_head, and the backend's sample and
+ * logits_read slots (device/backend.h). Strict numerics copy every output's logits to its
+ * slot of the host arena (pinned here when it can be) and read them from there. Fast numerics
+ * keep each slot's logits on the GPU (dlogits) and copy a row to the host only when the core
+ * reads it; each row the core asks is sampled on the GPU from the logits staging rows
+ * (kernels/cuda_sample.h), and a row only sampled is never kept; when the staging rows cannot
+ * hold the step's outputs, device/sampler.c samples in wait, from the kept logits. Every result is device/sampler.h's definition on the step's logits. */
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda_runtime_api.h>
 
 #include "device/sampler.h"
 #include "device/status.h"
+#include "kernels/cuda_proc.h"
 #include "kernels/cuda_sample.h"
 #include "kernels/cuda_state.h"
 
 devio_status cuda_sampling_create(cuda_state *st, devio_error *err)
 {
-    if (!st->fast)
+    if (!st->fast) {
+        /* Pinned, the host logits arena takes asynchronous copies; when it cannot be pinned,
+         * copies into it are synchronous and still right. */
+        size_t bytes = (size_t)st->cfg.logits_slots * st->sh.vocab * sizeof(float);
+        st->logits_pinned = cudaHostRegister(st->cfg.logits_host, bytes,
+                                             cudaHostRegisterDefault) == cudaSuccess;
+        if (!st->logits_pinned)
+            (void)cudaGetLastError();
         return DEVIO_OK;
+    }
     uint32_t rows = st->plan.logits_rows, depth = st->cfg.max_depth;
     devio_status s;
     if ((s = devio_sampler_create(st->sh.vocab, &st->sampler)) != DEVIO_OK)
         return devio_fail(err, s, "no memory for the host sampler");
+    if (!(st->read_buf = malloc((size_t)st->sh.vocab * sizeof *st->read_buf)))
+        return devio_fail(err, DEVIO_E_NOMEM, "out of host memory");
+    if ((s = cuda_dalloc(st, (void **)&st->dlogits,
+                         (uint64_t)st->cfg.logits_slots * st->sh.vocab * sizeof(float), err)))
+        return s;
     if ((s = cuda_dalloc(st, (void **)&st->sample_jobs, (uint64_t)rows * sizeof(cuda_sample_job),
                          err)) ||
         (s = cuda_dalloc(st, (void **)&st->sample_out, (uint64_t)rows * sizeof(cuda_sample_out),
                          err)) ||
         (s = cuda_dalloc(st, (void **)&st->sample_scratch,
-                         (uint64_t)rows * st->sh.vocab * sizeof(float), err)))
+                         (uint64_t)rows * 2u * st->sh.vocab * sizeof(float), err)))
         return s;
     if (!(st->rings = calloc(depth, sizeof *st->rings)))
         return devio_fail(err, DEVIO_E_NOMEM, "out of host memory");
@@ -49,24 +66,46 @@ void cuda_sampling_destroy(cuda_state *st)
             cudaFreeHost(st->rings[i].jobs);
         if (st->rings[i].out)
             cudaFreeHost(st->rings[i].out);
+        if (st->rings[i].args)
+            cudaFreeHost(st->rings[i].args);
+        if (st->rings[i].dargs)
+            cudaFree(st->rings[i].dargs);
         free(st->rings[i].job_of);
     }
     free(st->rings);
+    free(st->read_buf);
     devio_sampler_free(st->sampler);
+    if (st->logits_pinned)
+        cudaHostUnregister(st->cfg.logits_host);
 }
 
-/* Whether the GPU samples sm of b: the backend was asked to (b->device_sampling), every
- * output's logits are in the staging rows, and the parameters ask for no top-p. */
-static bool on_gpu(const cuda_state *st, const devio_batch *b, const devio_batch_sample *sm)
+devio_status cuda_logits_read(void *state, uint32_t slot, float *dst, devio_error *err)
 {
-    return b->device_sampling && b->n_out <= st->plan.logits_rows && !(sm->params.top_p < 1.0f);
+    cuda_state *st = state;
+    size_t row = (size_t)st->sh.vocab * sizeof(float);
+    if (!st->fast) {
+        memcpy(dst, st->cfg.logits_host + (size_t)slot * st->sh.vocab, row);
+        return DEVIO_OK;
+    }
+    /* The step that wrote the slot was waited; the legacy stream does not wait for the
+     * (non-blocking) step stream, so a step in flight goes on meanwhile. */
+    return cuda_check(st, cudaMemcpy(dst, st->dlogits + (size_t)slot * st->sh.vocab, row,
+                                     cudaMemcpyDeviceToHost),
+                      "reading logits", err);
+}
+
+/* Whether the GPU samples the rows of b: the backend was asked to (b->device_sampling) and
+ * every output's logits are in the staging rows. */
+static bool on_gpu(const cuda_state *st, const devio_batch *b)
+{
+    return b->device_sampling && b->n_out <= st->plan.logits_rows;
 }
 
 bool cuda_sampling_skips(const cuda_state *st, const devio_batch *b, uint32_t slot)
 {
     for (uint32_t i = 0; i < b->n_samples; i++)
         if (b->samples[i].slot == slot)
-            return b->samples[i].sample_only && on_gpu(st, b, &b->samples[i]);
+            return b->samples[i].sample_only && on_gpu(st, b);
     return false;
 }
 
@@ -79,6 +118,29 @@ static uint32_t staging_row(const devio_batch *b, uint32_t slot)
     return k;
 }
 
+/* Room for `words` words of records in ring r. Its last step has been waited, so neither
+ * copy is in use. */
+static devio_status args_room(cuda_state *st, cuda_ring_samples *r, size_t words,
+                              devio_error *err)
+{
+    if (words <= r->args_cap)
+        return DEVIO_OK;
+    size_t cap = words > 2 * r->args_cap ? words : 2 * r->args_cap;
+    if (r->args)
+        cudaFreeHost(r->args);
+    if (r->dargs)
+        cudaFree(r->dargs);
+    r->args = NULL, r->dargs = NULL, r->args_cap = 0;
+    devio_status s;
+    if ((s = cuda_check(st, cudaMallocHost((void **)&r->args, cap * sizeof *r->args),
+                        "cudaMallocHost", err)) ||
+        (s = cuda_check(st, cudaMalloc((void **)&r->dargs, cap * sizeof *r->dargs),
+                        "cudaMalloc", err)))
+        return s;
+    r->args_cap = cap;
+    return DEVIO_OK;
+}
+
 devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *err)
 {
     cuda_state *st = state;
@@ -89,30 +151,44 @@ devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *e
     cuda_ring_samples *r = &st->rings[ring];
     r->n_jobs = 0;
     r->active = true;
+    size_t words = 0;
+    for (uint32_t i = 0; i < b->n_samples && on_gpu(st, b); i++)
+        words += b->samples[i].proc ? cuda_proc_words(b->samples[i].proc, st->sh.vocab) : 0;
+    devio_status rc = args_room(st, r, words, err);
+    if (rc != DEVIO_OK)
+        return rc;
+    words = 0;
     for (uint32_t i = 0; i < b->n_samples; i++) {
         const devio_batch_sample *sm = &b->samples[i];
         r->job_of[i] = -1;
-        if (!on_gpu(st, b, sm))
+        if (!on_gpu(st, b))
             continue;
         float t = sm->params.temperature;
         int32_t k = sm->params.top_k;
         r->jobs[r->n_jobs] = (cuda_sample_job){
             .row = staging_row(b, sm->slot), .temperature = t < DEVIO_GREEDY_BELOW ? 0.0f : t,
-            .min_p = sm->params.min_p,
+            .top_p = sm->params.top_p, .min_p = sm->params.min_p,
             .top_k = k > 0 && (uint32_t)k < st->sh.vocab ? (uint32_t)k : 0,
             .seed = sm->params.seed, .position = sm->position};
+        if (sm->proc) {
+            cuda_proc_record(sm->proc, st->sh.vocab, r->args + words);
+            r->jobs[r->n_jobs].proc = (uint32_t)words + 1u;
+            words += cuda_proc_words(sm->proc, st->sh.vocab);
+        }
         r->job_of[i] = (int32_t)r->n_jobs++;
     }
     if (r->n_jobs == 0)
         return DEVIO_OK;
     cudaStream_t s = st->stream;
-    devio_status rc;
-    if ((rc = cuda_check(st, cudaMemcpyAsync(st->sample_jobs, r->jobs,
+    if ((words && (rc = cuda_check(st, cudaMemcpyAsync(r->dargs, r->args, words * sizeof *r->args,
+                                                       cudaMemcpyHostToDevice, s),
+                                   "uploading the logit processing", err))) ||
+        (rc = cuda_check(st, cudaMemcpyAsync(st->sample_jobs, r->jobs,
                                              r->n_jobs * sizeof *r->jobs,
                                              cudaMemcpyHostToDevice, s),
                          "uploading the samples", err)) ||
         (rc = cuda_check(st, cuda_sample(st->logits, st->sh.vocab, st->sample_jobs, r->n_jobs,
-                                         st->sample_scratch, st->sample_out, s),
+                                         r->dargs, st->sample_scratch, st->sample_out, s),
                          "sampling", err)) ||
         (rc = cuda_check(st, cudaMemcpyAsync(r->out, st->sample_out,
                                              r->n_jobs * sizeof *r->out,
@@ -139,9 +215,11 @@ devio_status cuda_sampling_finish(cuda_state *st, uint32_t ring, const devio_bat
             sm->token = o->token;
             sm->logprob = o->logprob;
         } else {
-            const float *logits = st->cfg.logits_host + (size_t)sm->slot * st->sh.vocab;
-            ok = devio_sampler_run(st->sampler, logits, &sm->params, sm->position, &sm->token,
-                                   &sm->logprob) == DEVIO_OK;
+            devio_status s = cuda_logits_read(st, sm->slot, st->read_buf, err);
+            if (s != DEVIO_OK)
+                return s;
+            ok = devio_sampler_run_ex(st->sampler, st->read_buf, &sm->params, sm->proc,
+                                      sm->position, &sm->token, &sm->logprob, NULL) == DEVIO_OK;
         }
         if (!ok)
             return devio_fail_at(err, DEVIO_E_DEVICE, "row", sm->row,

@@ -76,6 +76,9 @@ typedef struct cuda_ring_samples {
     cuda_sample_out *out;
     int32_t *job_of; /* host: [max_rows] */
     uint32_t n_jobs;
+    uint32_t *args, *dargs; /* step 0b records (cuda_sample.h): pinned host and device copies of
+                               args_cap words, grown when a batch needs more */
+    size_t args_cap;
     bool active;     /* the sample slot ran for the step in this ring slot */
 } cuda_ring_samples;
 
@@ -111,7 +114,7 @@ typedef struct cuda_state {
     devio_sampler *sampler;            /* host: the samples the GPU does not take */
     cuda_sample_job *sample_jobs;      /* [plan.logits_rows] */
     cuda_sample_out *sample_out;       /* [plan.logits_rows] */
-    float *sample_scratch;             /* [plan.logits_rows, vocab] */
+    float *sample_scratch;             /* [plan.logits_rows, 2 * vocab] */
     cuda_ring_samples *rings;          /* host: [max_depth] */
 
     /* Weights, uploaded once as loaded. */
@@ -148,6 +151,8 @@ typedef struct cuda_state {
     /* Activations for max_batch_tokens tokens, tightly packed rows. */
     float *x, *x2, *h, *q, *q2, *k, *v, *att, *act, *o_tmp, *g_tmp, *u_tmp, *lora_a;
     float *logits;             /* [plan.logits_rows, vocab] staging */
+    float *dlogits;            /* fast numerics: [cfg.logits_slots, vocab], the slots' logits */
+    float *read_buf;           /* fast numerics, host: [vocab], a row read for the host sampler */
     uint32_t smem;             /* attention shared memory per block */
 
     /* A step's tables: packed on the host in one of max_depth pinned
@@ -191,6 +196,7 @@ devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err);
 devio_status cuda_sampling_create(cuda_state *st, devio_error *err);
 void cuda_sampling_destroy(cuda_state *st);
 devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *err);
+devio_status cuda_logits_read(void *state, uint32_t slot, float *dst, devio_error *err);
 bool cuda_sampling_skips(const cuda_state *st, const devio_batch *b, uint32_t slot);
 devio_status cuda_sampling_finish(cuda_state *st, uint32_t ring, const devio_batch *b,
                                   devio_error *err);

@@ -499,19 +499,22 @@ static devio_status lm_head(cuda_step *sp, uint32_t i0, uint32_t k)
     return step_project(sp, lm, "lm_head");
 }
 
-/* Outputs i0 .. i0 + k from the staging rows into their slots of the host
- * arena, but those only a sample the GPU takes reads (cuda_sampling.c). */
+/* Outputs i0 .. i0 + k from the staging rows into their slots: of the host arena (strict), of
+ * dlogits (fast), but those only a sample the GPU takes reads (cuda_sampling.c). */
 static devio_status copy_logits(cuda_step *sp, uint32_t i0, uint32_t k)
 {
     cuda_state *st = sp->st;
     size_t row = (size_t)st->sh.vocab * sizeof(float);
-    for (uint32_t i = 0; i < k; i++)
+    for (uint32_t i = 0; i < k; i++) {
+        size_t at = (size_t)sp->b->out_slot[i0 + i] * st->sh.vocab;
         if (!cuda_sampling_skips(st, sp->b, sp->b->out_slot[i0 + i]))
             CHECK(sp,
-              cudaMemcpyAsync(st->cfg.logits_host + (size_t)sp->b->out_slot[i0 + i] * st->sh.vocab,
-                              (const char *)st->logits + i * row, row, cudaMemcpyDeviceToHost,
-                              st->stream),
-              "copying logits");
+                  cudaMemcpyAsync(st->fast ? st->dlogits + at : st->cfg.logits_host + at,
+                                  (const char *)st->logits + i * row, row,
+                                  st->fast ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost,
+                                  st->stream),
+                  "copying logits");
+    }
     return DEVIO_OK;
 }
 

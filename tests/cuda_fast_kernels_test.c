@@ -23,6 +23,7 @@
 #include "device/quant.h"
 #include "device/sampler.h"
 #include "kernels/cuda_fast.h"
+#include "kernels/cuda_proc.h"
 #include "kernels/cuda_sample.h"
 #include "kernels/cuda_ssm.h"
 
@@ -367,31 +368,72 @@ static void test_tiled_prefill(void **state)
     assert_false(cuda_attn16_tiled(16, 1, 2));
 }
 
+/* Step 0b for sample_case's last four rows: (greedy) id 5 biased up past every other, and a
+ * bias, a ban and penalties that leave that pick alone; (top-p) an id biased twice, the
+ * mask of even ids, bans and every penalty over a history with repeats; (top-k, min-p) a
+ * -inf bias on the largest logit's neighbourhood and repetition alone; (nothing left) the
+ * mask of id 7 alone with 7 banned. The mask and history are the caller's to free/keep. */
+static void sample_procs(uint32_t V, devio_logit_proc *q, uint32_t **mask, int32_t *hist)
+{
+    static const int32_t bias_ids[] = {5, 9, 11, 9, 2, 3, 4};
+    static const float bias[] = {100.0f, -3.0f, 2.5f, 1.5f, -INFINITY, -INFINITY, -INFINITY};
+    static const int32_t banned[] = {1, 13, 7};
+    uint32_t words = (V + 31) / 32;
+    *mask = calloc(2u * words, sizeof **mask);
+    for (uint32_t i = 0; i < V; i += 2)
+        (*mask)[i >> 5] |= 1u << (i & 31u);
+    (*mask)[words + 0] = 1u << 7;
+    for (uint32_t k = 0; k < 64; k++)
+        hist[k] = (int32_t)((k * k * 7u + 3u) % (V < 200 ? V : 200));
+    q[0] = (devio_logit_proc){.bias_ids = bias_ids, .bias = bias, .n_bias = 2,
+                              .banned = banned, .n_banned = 1, .repetition_penalty = 1.2f,
+                              .history = hist, .n_history = 8};
+    q[1] = (devio_logit_proc){.bias_ids = bias_ids + 1, .bias = bias + 1, .n_bias = 3,
+                              .allowed = *mask, .allowed_words = words, .banned = banned,
+                              .n_banned = 2, .repetition_penalty = 1.3f, .presence_penalty = 0.2f,
+                              .frequency_penalty = 0.5f, .history = hist, .n_history = 64};
+    q[2] = (devio_logit_proc){.bias_ids = bias_ids + 4, .bias = bias + 4, .n_bias = 3,
+                              .repetition_penalty = 0.7f, .history = hist, .n_history = 40};
+    q[3] = (devio_logit_proc){.allowed = *mask + words, .allowed_words = words,
+                              .banned = banned + 2, .n_banned = 1, .repetition_penalty = 1.0f};
+}
+
 /* The sampler kernel against device/sampler.c on the same rows of V logits: every token and
  * logprob bit for bit, for greedy (ties among the largest included), a temperature below
  * DEVIO_GREEDY_BELOW, temperatures with and without min_p and top_k (1, 5 among tied largest
  * values, V - 1, V: off), seeds and positions past 32 bits, a row with NaN and +-inf and a row
- * with nothing to sample (token -1 where the host refuses). */
+ * with nothing to sample (token -1 where the host refuses); top_p alone, with top_k, with
+ * min_p, among tied largest values, and wide enough (0.999 at temperature 4) that the nucleus
+ * takes several batches of the kernel's walk; and step 0b (sample_procs) on the last rows. */
 static void sample_case(uint32_t V)
 {
-    enum { ROWS = 12 };
+    enum { ROWS = 22, PROC0 = 18 };
     static const struct {
         float t, min_p;
         uint64_t seed, pos;
         int32_t k;
+        float top_p;
     } P[ROWS] = {
-        {0.0f, 0.0f, 1, 5, 0},        {0.0f, 0.0f, 1, 5, 0},       {5e-6f, 0.0f, 9, 7, 0},
-        {0.7f, 0.0f, 42, 3, 0},       {1.0f, 0.05f, 7, 100, 0},    {2.5f, 0.3f, 1ull << 40, 1ull << 33, 0},
-        {1.3f, 0.0f, 0xdeadbeefcafe, 12, 0}, {1.0f, 0.0f, 3, 4, 0}, {1.0f, 0.0f, 5, 9, 1},
-        {0.8f, 0.2f, 6, 10, 5},       {1.1f, 0.0f, 8, 11, -1},     {0.9f, 0.0f, 2, 13, -2},
+        {0.0f, 0.0f, 1, 5, 0, 1},        {0.0f, 0.0f, 1, 5, 0, 1},       {5e-6f, 0.0f, 9, 7, 0, 1},
+        {0.7f, 0.0f, 42, 3, 0, 1},       {1.0f, 0.05f, 7, 100, 0, 1},    {2.5f, 0.3f, 1ull << 40, 1ull << 33, 0, 1},
+        {1.3f, 0.0f, 0xdeadbeefcafe, 12, 0, 1}, {1.0f, 0.0f, 3, 4, 0, 1}, {1.0f, 0.0f, 5, 9, 1, 1},
+        {0.8f, 0.2f, 6, 10, 5, 1},       {1.1f, 0.0f, 8, 11, -1, 1},     {0.9f, 0.0f, 2, 13, -2, 1},
+        {1.0f, 0.0f, 11, 14, 0, 0.9f},   {0.8f, 0.0f, 12, 15, 40, 0.5f}, {1.2f, 0.1f, 13, 16, 0, 0.95f},
+        {1.0f, 0.0f, 14, 17, 0, 0.3f},   {4.0f, 0.0f, 15, 18, 0, 0.999f}, {1.0f, 0.0f, 16, 19, -1, 1e-6f},
+        {0.0f, 0.0f, 1, 20, 0, 1},       {1.0f, 0.0f, 17, 21, 0, 0.9f},  {0.8f, 0.1f, 18, 22, 5, 1},
+        {1.0f, 0.0f, 19, 23, 0, 1},
     };
+    devio_logit_proc q[ROWS - PROC0];
+    uint32_t *mask = NULL;
+    int32_t hist[64];
+    sample_procs(V, q, &mask, hist);
     uint64_t seed = 99u + V;
     float *l = malloc((size_t)ROWS * V * sizeof *l);
     for (uint32_t r = 0; r < ROWS; r++)
         for (uint32_t i = 0; i < V; i++)
             l[(size_t)r * V + i] = uniform(&seed) * 8.0f;
-    for (uint32_t i = 3; i < V; i += 97) /* rows 1 and 9: the largest value at many ids */
-        l[V + i] = l[9 * (size_t)V + i] = 9.5f;
+    for (uint32_t i = 3; i < V; i += 97) /* rows 1, 9 and 15: the largest value at many ids */
+        l[V + i] = l[9 * (size_t)V + i] = l[15 * (size_t)V + i] = 9.5f;
     l[6 * V + 2] = NAN, l[6 * V + 5] = INFINITY, l[6 * V + 11] = -INFINITY;
     for (uint32_t i = 0; i < V; i++) /* row 7: nothing to sample */
         l[7 * (size_t)V + i] = i % 2 ? NAN : -INFINITY;
@@ -401,24 +443,37 @@ static void sample_case(uint32_t V)
         /* -1: V - 1; -2: V (off) */
         top_k[r] = P[r].k == -1 ? (int32_t)V - 1 : P[r].k == -2 ? (int32_t)V : P[r].k;
         jobs[r] = (cuda_sample_job){.row = r, .temperature = P[r].t < DEVIO_GREEDY_BELOW ? 0 : P[r].t,
-                                    .min_p = P[r].min_p,
+                                    .top_p = P[r].top_p, .min_p = P[r].min_p,
                                     .top_k = (uint32_t)top_k[r] < V ? (uint32_t)top_k[r] : 0,
                                     .seed = P[r].seed, .position = P[r].pos};
     }
-    float *dl = dev_copy(l, (size_t)ROWS * V * 4), *scratch = dev_copy(NULL, (size_t)ROWS * V * 4);
+    size_t words = 0;
+    for (uint32_t r = PROC0; r < ROWS; r++)
+        words += cuda_proc_words(&q[r - PROC0], V);
+    uint32_t *args = malloc(words * sizeof *args);
+    words = 0;
+    for (uint32_t r = PROC0; r < ROWS; r++) {
+        cuda_proc_record(&q[r - PROC0], V, args + words);
+        jobs[r].proc = (uint32_t)words + 1u;
+        words += cuda_proc_words(&q[r - PROC0], V);
+    }
+    uint32_t *dargs = dev_copy(args, words * sizeof *args);
+    float *dl = dev_copy(l, (size_t)ROWS * V * 4), *scratch = dev_copy(NULL, (size_t)ROWS * 2 * V * 4);
     cuda_sample_job *dj = dev_copy(jobs, sizeof jobs);
     cuda_sample_out got[ROWS], *dout = dev_copy(NULL, sizeof got);
-    assert_int_equal(cuda_sample(dl, V, dj, ROWS, scratch, dout, NULL), 0);
+    assert_int_equal(cuda_sample(dl, V, dj, ROWS, dargs, scratch, dout, NULL), 0);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     assert_int_equal(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
     devio_sampler *smp = NULL;
     assert_int_equal(devio_sampler_create(V, &smp), DEVIO_OK);
     for (uint32_t r = 0; r < ROWS; r++) {
-        devio_sample_params p = {.temperature = P[r].t, .top_k = top_k[r], .top_p = 1.0f,
+        devio_sample_params p = {.temperature = P[r].t, .top_k = top_k[r], .top_p = P[r].top_p,
                                  .min_p = P[r].min_p, .seed = P[r].seed};
         int32_t tok = -1;
         float lp = 0.0f;
-        devio_status st = devio_sampler_run(smp, l + (size_t)r * V, &p, P[r].pos, &tok, &lp);
+        devio_status st = devio_sampler_run_ex(smp, l + (size_t)r * V, &p,
+                                               r >= PROC0 ? &q[r - PROC0] : NULL, P[r].pos, &tok,
+                                               &lp, NULL);
         if (st != DEVIO_OK) {
             assert_int_equal(got[r].token, -1);
             continue;
@@ -428,9 +483,11 @@ static void sample_case(uint32_t V)
                      got[r].token, (double)got[r].logprob, tok, (double)lp);
     }
     assert_int_equal(got[1].token, 3); /* the lowest of the tied ids */
+    assert_int_equal(got[PROC0].token, 5); /* lifted by its bias */
+    assert_int_equal(got[ROWS - 1].token, -1);
     devio_sampler_free(smp);
-    free(l);
-    cudaFree(dl), cudaFree(scratch), cudaFree(dj), cudaFree(dout);
+    free(l), free(args), free(mask);
+    cudaFree(dl), cudaFree(scratch), cudaFree(dj), cudaFree(dout), cudaFree(dargs);
 }
 
 static void test_sample(void **state)

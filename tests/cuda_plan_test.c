@@ -90,9 +90,12 @@ static void test_fast_regions(void **state)
     assert_int_equal(fast.fast_buf.bqkv, 0); /* no biases */
     /* attention's ranges: 64 token-ranges of every head, hd + 2 floats each */
     assert_int_equal(fast.fast_buf.part, 64 * 4 * 18 * 4);
-    /* sampling: per staging row a job (32 bytes), a result (8) and a vocab of scratch */
-    assert_int_equal(fast.fast_buf.sample, 16 * (32 + 8 + 256 * 4));
-    assert_int_equal(fast.fast, 4096 + 8192 + 16384 + 18432 + 16 * (32 + 8 + 256 * 4));
+    /* sampling: per staging row a job (40 bytes), a result (8) and two vocabs of scratch */
+    assert_int_equal(fast.fast_buf.sample, 16 * (40 + 8 + 2 * 256 * 4));
+    /* the logits of every slot the core names, kept on the device */
+    assert_int_equal(fast.fast_buf.logits, 100 * 256 * 4);
+    assert_int_equal(fast.fast, 4096 + 8192 + 16384 + 18432 + 16 * (40 + 8 + 2 * 256 * 4) +
+                                    100 * 256 * 4);
     /* the SGMV groups of all tokens and of the outputs: slots + 1 offsets and a list each */
     assert_int_equal(fast.meta_words, strict.meta_words + 2 * (2 + 1) + 2 * 16);
     assert_int_equal(fast.total,

@@ -668,26 +668,41 @@ static void test_fast_f32(void **state)
     compare_fast(&fx, NULL, workload);
     devio_fixture_free(&fx);
 }
-/* One step of fast numerics over 10 rows, twins 2i and 2i + 1 with the same tokens and sample
- * params P[i], 2i keeping its logits, 2i + 1 asking for the token only. Each token and logprob
- * must be device/sampler.c's on row 2i's logits (the GPU samples greedy, temperature and min-p
- * rows, the host top-k and top-p ones), the twins the same. Returns the emulator's launches. */
+/* One step of fast numerics over 12 rows, twins 2i and 2i + 1 with the same tokens and sample
+ * params P[i], 2i keeping its logits, 2i + 1 asking for the token only; the last pair with
+ * step 0b too (a bias, a ban and every penalty over the step's own tokens). Each token and
+ * logprob must be device/sampler.c's on row 2i's logits (the GPU samples every row), the twins
+ * the same. Returns the emulator's launches. */
 static unsigned long sample_step(devio_device *d, const uint64_t *seqs, const int32_t *tokens,
                                  uint32_t n, uint32_t len, devio_sampler *smp, uint32_t V)
 {
-    static const devio_sample_params P[5] = {
+    enum { PAIRS = 6 };
+    static const devio_sample_params P[PAIRS] = {
         {.temperature = 0, .top_p = 1},
         {.temperature = 0.8f, .top_p = 1, .seed = 1},
         {.temperature = 1, .top_p = 1, .min_p = 0.1f, .seed = 7},
         {.temperature = 1, .top_k = 5, .top_p = 1, .seed = 3},
         {.temperature = 0.9f, .top_p = 0.8f, .seed = 1ull << 40},
+        {.temperature = 1.1f, .top_p = 0.95f, .seed = 5},
     };
-    devio_row rows[10];
-    for (uint32_t r = 0; r < 10; r++)
+    static const int32_t bias_ids[] = {4, 9}, banned[] = {2};
+    static const float bias[] = {40.0f, -2.0f}; /* id 4 taken whatever the model says */
+    const devio_sample_proc proc = {.bias_ids = bias_ids, .bias = bias, .n_bias = 2,
+                                    .banned = banned, .n_banned = 1,
+                                    .repetition_penalty = 1.4f, .presence_penalty = 0.3f,
+                                    .frequency_penalty = 0.6f, .penalty_from = len};
+    const devio_logit_proc lproc = {.bias_ids = bias_ids, .bias = bias, .n_bias = 2,
+                                    .banned = banned, .n_banned = 1,
+                                    .repetition_penalty = 1.4f, .presence_penalty = 0.3f,
+                                    .frequency_penalty = 0.6f,
+                                    .history = tokens + (PAIRS - 1) * n, .n_history = n};
+    devio_row rows[2 * PAIRS];
+    for (uint32_t r = 0; r < 2 * PAIRS; r++)
         rows[r] = (devio_row){.seq = seqs[r], .tokens = tokens + (r / 2) * n, .n_tokens = n,
                               .logits = r % 2 ? DEVIO_LOGITS_NONE : DEVIO_LOGITS_LAST,
-                              .has_sample = true, .sample = P[r / 2]};
-    devio_plan plan = {.rows = rows, .n_rows = 10};
+                              .has_sample = true, .sample = P[r / 2],
+                              .proc = r / 2 == PAIRS - 1 ? &proc : NULL};
+    devio_plan plan = {.rows = rows, .n_rows = 2 * PAIRS};
     devio_error err = {0};
     uint64_t t;
     devio_step_result res;
@@ -702,13 +717,15 @@ static unsigned long sample_step(devio_device *d, const uint64_t *seqs, const in
     devio_emu_counts(&mallocs, &launches, &syncs);
 #endif
     float *logits = malloc(V * sizeof *logits);
-    for (uint32_t i = 0; i < 5; i++) {
+    for (uint32_t i = 0; i < PAIRS; i++) {
         const devio_row_result *a = &res.rows[2 * i], *b = &res.rows[2 * i + 1];
         assert_true(a->sampled && b->sampled);
         assert_int_equal(devio_logits_read(d, a->logits, 0, 1, logits, NULL, &err), DEVIO_OK);
         int32_t tok;
         float lp;
-        assert_int_equal(devio_sampler_run(smp, logits, &P[i], len + n, &tok, &lp), DEVIO_OK);
+        assert_int_equal(devio_sampler_run_ex(smp, logits, &P[i], i == PAIRS - 1 ? &lproc : NULL,
+                                              len + n, &tok, &lp, NULL),
+                         DEVIO_OK);
         if (a->token != tok || b->token != tok || memcmp(&a->logprob, &lp, 4) ||
             memcmp(&b->logprob, &lp, 4))
             fail_msg("params %u at %u: tokens %d and %d, logprobs %.9g and %.9g; the host "
@@ -739,12 +756,12 @@ static void test_fast_sampling(void **state)
     run_numerics = DEVIO_NUMERICS_STRICT;
     devio_sampler *smp = NULL;
     assert_int_equal(devio_sampler_create(V, &smp), DEVIO_OK);
-    uint64_t seqs[10];
+    uint64_t seqs[12];
     devio_error err = {0};
-    for (uint32_t r = 0; r < 10; r++)
+    for (uint32_t r = 0; r < 12; r++)
         assert_int_equal(devio_seq_create(d, &seqs[r], &err), DEVIO_OK);
-    int32_t tokens[5 * 6];
-    for (uint32_t i = 0; i < 5 * 6; i++)
+    int32_t tokens[6 * 6];
+    for (uint32_t i = 0; i < 6 * 6; i++)
         tokens[i] = (int32_t)((i * 37u + 11u) % V);
     sample_step(d, seqs, tokens, 6, 0, smp, V);
     for (uint32_t k = 0; k < 4; k++) {
