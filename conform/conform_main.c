@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/script.h"
+#include "conform/script.h"
 #include "common/cli.h"
 #include "conform/http_target.h"
 

@@ -1,4 +1,4 @@
-/* http_target.c - the HTTP script target: operations to the routes of docs/http.md, answers back to dispatch's shapes.
+/* http_target.c - the HTTP script target: operations to the routes of docs/http.md, answers back to the in-process target's shapes (inproc.c).
  * One curl handle, one keep-alive connection; it must never retry a request that changes state, nor guess a number. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -348,15 +348,15 @@ static devio_status adapter_result(devio_http_target *h, const char *path, json_
 static devio_status op_lora(devio_http_target *h, const json_t *body, json_t **result,
                             devio_error *err)
 {
-    devio_lora_cmd cmd;
+    devio_adapter_cmd cmd;
     json_t *x = NULL, *put = NULL;
     char path[URL_MAX / 2];
     /* The shared decoder gives a malformed command the in-process answer;
      * the routes below could not even express most of them. */
-    devio_status s = devio_json_lora_cmd_decode(body, &cmd, err);
+    devio_status s = devio_json_adapter_cmd_decode(body, &cmd, err);
     if (s != DEVIO_OK)
         return s;
-    if (cmd.kind == DEVIO_LORA_LIST) {
+    if (cmd.kind == DEVIO_ADAPTER_CMD_LIST) {
         s = request_json(h, "GET", "/v1/adapters", NULL, 0, &x, err);
         return s == DEVIO_OK ? adapter_result(h, "GET /v1/adapters", x, result, err) : s;
     }
@@ -372,14 +372,14 @@ static devio_status op_lora(devio_http_target *h, const json_t *body, json_t **r
     curl_free(esc);
     if (n < 0 || (size_t)n >= sizeof path)
         return devio_fail(err, DEVIO_E_INVALID, "adapter name too long");
-    if (cmd.kind == DEVIO_LORA_LOAD) {
+    if (cmd.kind == DEVIO_ADAPTER_CMD_LOAD) {
         put = json_pack("{s:s,s:b}", "path", cmd.path, "pin", cmd.pin);
         if (!put)
             return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
         s = request_json(h, "PUT", path, put, 0, &x, err);
         json_decref(put);
-    } else if (cmd.kind == DEVIO_LORA_PIN || cmd.kind == DEVIO_LORA_UNPIN) {
-        strncat(path, cmd.kind == DEVIO_LORA_PIN ? "/pin" : "/unpin",
+    } else if (cmd.kind == DEVIO_ADAPTER_CMD_PIN || cmd.kind == DEVIO_ADAPTER_CMD_UNPIN) {
+        strncat(path, cmd.kind == DEVIO_ADAPTER_CMD_PIN ? "/pin" : "/unpin",
                 sizeof path - strlen(path) - 1);
         s = request_json(h, "POST", path, NULL, 0, &x, err);
     } else {

@@ -1,11 +1,11 @@
-/* conform_http.h - a script target that replays operations against a devio-server over HTTP.
+/* http_target.h - a script target that replays operations against a devio-server over HTTP.
  * It maps each operation to its route and back to the in-process shape; it never alters a number. */
 #ifndef DEVIO_CONFORM_HTTP_H
 #define DEVIO_CONFORM_HTTP_H
 
 #include <stdint.h>
 
-#include "api/script.h"
+#include "conform/script.h"
 #include "device/devio.h"
 
 /* Connection settings. Fill with devio_http_options_default() then override. */

@@ -1,15 +1,16 @@
 /* routes_tickets.c - the step routes (launch, step, await) over service/tickets.c, and the history of GET /v1/tickets.
- * Decode with api/, run the typed step, encode; the history's JSON is spelled here, never in the store.
- * No handler blocks its thread on a step or on the history: it parks the connection (service/await_waits.h)
+ * Decode with api/ (a plan through devio_plan_run), run the typed step, encode; the history's JSON is spelled here, never in the store.
+ * No handler blocks its thread on a step or on the history: it parks the connection (service/parked_awaits.h)
  * until the step settles or its history row is written, and runs again. */
 #include <inttypes.h>
 #include <string.h>
 
 #include "api/codec.h"
+#include "api/plan_run.h"
 #include "common/clock.h"
 #include "device/status.h"
 #include "service/request.h"
-#include "service/routes.h"
+#include "service/route_handlers.h"
 #include "service/server.h"
 
 /* Long polls are capped at one hour; clients ask again while pending. */
@@ -55,28 +56,41 @@ static bool launch_ended(devio_server *s, devio_ticket_op *op)
     return !devio_launches_pending(s, op);
 }
 
-/* The request's plan, sized by the device's limits, then its launch begun:
- * op LAUNCHING. Counted in s->launching until its end half runs. */
+/* What launch_begin hands devio_plan_run: the plan's start in the server. */
+typedef struct launch_ctx {
+    devio_server *s;
+    const devio_request *rq;
+} launch_ctx;
+
+/* The decoded plan's launch begun with its history row: op LAUNCHING.
+ * Counted in s->launching until its end half runs. */
+static devio_status start_ticket(void *ctx, devio_device *dev, const devio_plan *plan,
+                                 devio_error *err)
+{
+    const launch_ctx *l = ctx;
+    devio_server *s = l->s;
+    devio_status st;
+    atomic_fetch_add(&s->launching, 1);
+    if (atomic_load(&s->tearing))
+        st = devio_fail(err, DEVIO_E_TORN_DOWN, "the device is being torn down");
+    else
+        st = devio_tickets_launch_begin(&s->tickets, dev, plan, l->rq->request_id, l->rq->op,
+                                        err);
+    if (st != DEVIO_OK)
+        atomic_fetch_sub(&s->launching, 1);
+    return st;
+}
+
+/* The request's plan, sized by the device's limits, then its launch begun
+ * (start_ticket), by the plan runner the in-process target uses too. */
 static devio_status launch_begin(devio_server *s, const devio_request *rq, devio_error *err)
 {
     devio_device *dev;
-    devio_plan_buf buf;
     devio_status st = devio_server_hold(s, &dev, err);
     if (st != DEVIO_OK)
         return st;
-    const devio_config *c = devio_config_of(dev);
-    st = devio_json_plan_decode(rq->body, c->max_rows, c->max_batch_tokens, &buf, err);
-    if (st == DEVIO_OK) {
-        atomic_fetch_add(&s->launching, 1);
-        if (atomic_load(&s->tearing))
-            st = devio_fail(err, DEVIO_E_TORN_DOWN, "the device is being torn down");
-        else
-            st = devio_tickets_launch_begin(&s->tickets, dev, &buf.plan, rq->request_id, rq->op,
-                                            err);
-        if (st != DEVIO_OK)
-            atomic_fetch_sub(&s->launching, 1);
-        devio_plan_buf_free(&buf);
-    }
+    launch_ctx l = {.s = s, .rq = rq};
+    st = devio_plan_run(dev, rq->body, start_ticket, &l, err);
     devio_server_release(s);
     if (st == DEVIO_OK)
         devio_launches_track(s, rq->op);

@@ -1,4 +1,4 @@
-/* api_test.c - JSON codecs (adapter records included), SHA-256, dispatch and the script runner in process.
+/* api_test.c - JSON codecs (adapter records included), SHA-256, the in-process target (conform/inproc.c) and the script runner.
  * Uses the real device over the reference backend on a written tiny model. */
 #include <float.h>
 #include <setjmp.h>
@@ -15,11 +15,12 @@
 
 #include "api/adapter_codec.h"
 #include "api/codec.h"
-#include "api/dispatch.h"
-#include "api/script.h"
+#include "api/plan_run.h"
+#include "conform/inproc.h"
+#include "conform/script.h"
 #include "device/sampler.h"
 #include "device/sha256.h"
-#include "ref/inproc.h"
+#include "device/status.h"
 #include "ref/ref_backend.h"
 #include "tests/testutil.h"
 
@@ -159,6 +160,66 @@ static void test_plan_decode(void **state)
         assert_null(buf.rows);
         json_decref(j);
     }
+}
+
+/* devio_plan_run's starter: counts its calls and records the plan's shape. */
+typedef struct plan_seen {
+    int calls;
+    uint32_t rows, tokens;
+} plan_seen;
+
+static devio_status see_plan(void *ctx, devio_device *d, const devio_plan *plan,
+                             devio_error *err)
+{
+    (void)d;
+    plan_seen *p = ctx;
+    p->calls++;
+    p->rows = plan->n_rows;
+    for (uint32_t i = 0; i < plan->n_rows; i++)
+        p->tokens += plan->rows[i].n_tokens;
+    return p->calls > 1 ? devio_fail(err, DEVIO_E_SEQ_BUSY, "second start") : DEVIO_OK;
+}
+
+/* The one way a JSON plan reaches a device: sized by the device's limits,
+ * refused before the starter runs, and the starter's status returned. */
+static void test_plan_run(void **state)
+{
+    (void)state;
+    devio_fixture fx;
+    assert_int_equal(devio_fixture_preset(&fx, "tiny", DEVIO_F32, 3), 0);
+    devio_device *d = NULL;
+    devio_config cfg = devio_config_default();
+    cfg.max_rows = 2;
+    cfg.max_batch_tokens = 4;
+    assert_int_equal(devio_open(fx.model, &devio_ref_backend, &cfg, &d, NULL), DEVIO_OK);
+    devio_error err = {0};
+    plan_seen seen = {0};
+    json_t *j = parse("{\"rows\":[{\"seq\":1,\"tokens\":[1,2,3]},{\"seq\":2,\"tokens\":[4]}]}");
+    assert_int_equal(devio_plan_run(d, j, see_plan, &seen, &err), DEVIO_OK);
+    assert_int_equal(seen.calls, 1);
+    assert_int_equal(seen.rows, 2);
+    assert_int_equal(seen.tokens, 4);
+    /* The starter's own refusal comes back as it is. */
+    assert_int_equal(devio_plan_run(d, j, see_plan, &seen, &err), DEVIO_E_SEQ_BUSY);
+    assert_int_equal(seen.calls, 2);
+    json_decref(j);
+    /* Beyond the device's limits: refused by the decoder, never started. */
+    const char *big[] = {
+        "{\"rows\":[{\"seq\":1,\"tokens\":[1,2,3,4,5]}]}",
+        "{\"rows\":[{\"seq\":1,\"tokens\":[1]},{\"seq\":2,\"tokens\":[1]},"
+        "{\"seq\":3,\"tokens\":[1]}]}",
+    };
+    for (size_t i = 0; i < sizeof big / sizeof *big; i++) {
+        j = parse(big[i]);
+        assert_int_equal(devio_plan_run(d, j, see_plan, &seen, &err), DEVIO_E_TOO_LARGE);
+        json_decref(j);
+    }
+    j = parse("{\"rows\":[]}");
+    assert_int_equal(devio_plan_run(d, j, see_plan, &seen, &err), DEVIO_E_INVALID);
+    json_decref(j);
+    assert_int_equal(seen.calls, 2);
+    devio_teardown(d, NULL);
+    devio_fixture_free(&fx);
 }
 
 static void test_effect_decode(void **state)
@@ -365,36 +426,31 @@ static void test_adapter_record_round_trip(void **state)
 static void test_adapter_ack_and_bodies(void **state)
 {
     (void)state;
-    /* The device's acknowledgement and a list of records print alike. */
-    devio_adapter_info info = {.name = "sql", .path = "sql-r8", .rank = 8, .alpha = 16.0f,
-                               .scale = 2.0f, .targets = "q_proj,v_proj", .sha256 = "ab12",
-                               .size = 15368, .rows_served = 0};
-    devio_lora_ack ack = {.kind = DEVIO_LORA_LOAD, .n_adapters = 1, .adapters = &info,
-                          .evicted = "old"};
-    devio_adapter_record r;
-    devio_adapter_record_from_info(&r, &info, DEVIO_ADAPTER_LOADED);
-    json_t *a = devio_json_lora_ack(&ack), *b = devio_json_adapter_ack(&r, 1, "old");
-    char *ta = json_dumps(a, DEVIO_JSON_FLAGS | JSON_SORT_KEYS),
-         *tb = json_dumps(b, DEVIO_JSON_FLAGS | JSON_SORT_KEYS);
-    assert_string_equal(ta, tb);
+    /* The device's acknowledgement carries the one adapter record. */
+    devio_adapter_record rec = {.name = "sql", .path = "sql-r8", .rank = 8, .alpha = 16.0f,
+                                .scale = 2.0f, .targets = "q_proj,v_proj", .sha256 = "ab12",
+                                .size = 15368, .state = DEVIO_ADAPTER_LOADED, .rows_served = 0};
+    devio_adapter_ack ack = {.kind = DEVIO_ADAPTER_CMD_LOAD, .n_adapters = 1, .adapters = &rec,
+                             .evicted = "old"};
+    json_t *a = devio_json_adapter_ack(ack.adapters, ack.n_adapters, ack.evicted);
+    char *ta = json_dumps(a, DEVIO_JSON_FLAGS | JSON_SORT_KEYS);
     assert_string_equal(ta, "{\"adapters\":[{\"alpha\":16.0,\"name\":\"sql\",\"path\":\"sql-r8\","
                             "\"pinned\":false,\"rank\":8,\"rows_served\":0,\"scale\":2.0,"
                             "\"sha256\":\"ab12\",\"size\":15368,\"state\":\"loaded\","
                             "\"targets\":[\"q_proj\",\"v_proj\"]}],\"evicted\":\"old\"}");
     free(ta);
-    free(tb);
     json_decref(a);
-    json_decref(b);
-    ack.kind = DEVIO_LORA_UNLOAD;
-    a = devio_json_lora_ack(&ack);
+    rec.state = DEVIO_ADAPTER_UNLOADED; /* as the device says it in an unload's ack */
+    a = devio_json_adapter_ack(&rec, 1, NULL);
     assert_string_equal(json_string_value(json_object_get(
                             json_array_get(json_object_get(a, "adapters"), 0), "state")),
                         "unloaded");
+    assert_null(json_object_get(a, "evicted"));
     json_decref(a);
 
     /* The load body, for PUT and for a script's load command alike. */
     devio_adapter_load_body load;
-    devio_lora_cmd cmd;
+    devio_adapter_cmd cmd;
     devio_error err = {0};
     json_t *j = parse("{\"path\":\"sql-r8\",\"pin\":true}");
     assert_int_equal(devio_json_adapter_load_decode(j, &load, &err), DEVIO_OK);
@@ -402,8 +458,8 @@ static void test_adapter_ack_and_bodies(void **state)
     assert_true(load.pin);
     json_decref(j);
     j = parse("{\"kind\":\"load\",\"name\":\"sql\",\"path\":\"sql-r8\",\"pin\":true}");
-    assert_int_equal(devio_json_lora_cmd_decode(j, &cmd, &err), DEVIO_OK);
-    assert_int_equal(cmd.kind, DEVIO_LORA_LOAD);
+    assert_int_equal(devio_json_adapter_cmd_decode(j, &cmd, &err), DEVIO_OK);
+    assert_int_equal(cmd.kind, DEVIO_ADAPTER_CMD_LOAD);
     assert_string_equal(cmd.path, "sql-r8");
     assert_true(cmd.pin);
     json_decref(j);
@@ -420,7 +476,7 @@ static void test_adapter_ack_and_bodies(void **state)
                              "{\"kind\":\"pin\",\"name\":\"a\",\"pin\":1}"};
     for (size_t i = 0; i < sizeof bad_cmd / sizeof *bad_cmd; i++) {
         j = parse(bad_cmd[i]);
-        assert_int_equal(devio_json_lora_cmd_decode(j, &cmd, &err), DEVIO_E_INVALID);
+        assert_int_equal(devio_json_adapter_cmd_decode(j, &cmd, &err), DEVIO_E_INVALID);
         json_decref(j);
     }
 }
@@ -617,10 +673,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sha256_vectors),     cmocka_unit_test(test_digest_canonicalises_nan),
         cmocka_unit_test(test_plan_decode),        cmocka_unit_test(test_effect_decode),
+        cmocka_unit_test(test_plan_run),
         cmocka_unit_test(test_error_shape),        cmocka_unit_test(test_sample_ranges),
-               cmocka_unit_test(test_script_runner),
-       
-        cmocka_unit_test(test_script_as_reference),
+        cmocka_unit_test(test_script_runner),      cmocka_unit_test(test_script_as_reference),
         cmocka_unit_test(test_adapter_record_round_trip),
         cmocka_unit_test(test_adapter_ack_and_bodies),
         cmocka_unit_test(test_id_and_await_bodies),

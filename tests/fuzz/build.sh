@@ -16,7 +16,7 @@ TARGETS=(dispatch config safetensors adapter script gguf)
 # symbols keep their own names (as in the WASI build).
 LIB_SRCS=(common/*.c device/*.c api/*.c
           ref/ref_backend.c ref/ref_gemm.c ref/ref_kernels.c ref/ref_mixer.c ref/ref_step.c
-          ref/pool.c ref/inproc.c
+          ref/pool.c conform/inproc.c conform/script.c
           tools/mkmodel/mkadapter.c tools/mkmodel/mkfamily.c tools/mkmodel/mkmodel.c
           tools/mkmodel/mkssm.c tools/mkmodel/mkwrite.c
           tests/fuzz/fuzz_common.c)
@@ -29,7 +29,7 @@ LIBS=(-ljansson -lm -lpthread -ldl)
 mkdir -p "$OUT/obj"
 stamp=$( { printf '%s\n' "$CC" "${CFLAGS[*]}"; "$CC" --version | head -1;
            cat "${LIB_SRCS[@]}" tests/fuzz/*.c tests/fuzz/*.h common/*.h device/*.h api/*.h \
-               ref/*.h tools/mkmodel/*.h; } | sha256sum | cut -c1-16)
+               conform/*.h ref/*.h tools/mkmodel/*.h; } | sha256sum | cut -c1-16)
 if [ "$(cat "$OUT/stamp" 2>/dev/null)" != "$stamp" ]; then
     rm -f "$OUT"/obj/*.o
     pids=()

@@ -1,4 +1,4 @@
-/* fuzz_dispatch.c - libFuzzer target: the plan, effect, await and id codecs of api/codec.h, and the operation table of api/dispatch.h driving a live reference device.
+/* fuzz_dispatch.c - libFuzzer target: the plan, effect, await and id codecs of api/codec.h, and the operation table of conform/inproc.h driving a live reference device.
  * Input: lines "<op letter><JSON body>" (c create, q seq, l launch, w await, s step, a apply, f facts, o lora); each input gets a fresh device. Any crash or sanitizer report is a finding. */
 #include <stddef.h>
 #include <stdint.h>
@@ -8,7 +8,7 @@
 #include <jansson.h>
 
 #include "api/codec.h"
-#include "api/dispatch.h"
+#include "conform/inproc.h"
 #include "tests/fuzz/fuzz_common.h"
 
 #define MAX_LINES 48
@@ -71,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             /* A timeout is bounded: steps run inside await on this device. */
             json_t *res = NULL;
             devio_error err = {0};
-            if (devio_api_call(d, op, body, &res, &err) == DEVIO_OK) {
+            if (devio_inproc_call(d, op, body, &res, &err) == DEVIO_OK) {
                 char *s = json_dumps(res, DEVIO_JSON_FLAGS);
                 free(s);
                 json_decref(res);

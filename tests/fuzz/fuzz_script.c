@@ -1,12 +1,12 @@
-/* fuzz_script.c - libFuzzer target: the conformance script runner of api/script.h (docs/conformance.md) over a fresh in-process reference device.
+/* fuzz_script.c - libFuzzer target: the conformance script runner of conform/script.h (docs/conformance.md) over a fresh in-process reference device.
  * Input: a JSON-lines script; its result lines go to /dev/null. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "api/script.h"
-#include "ref/inproc.h"
+#include "conform/inproc.h"
+#include "conform/script.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

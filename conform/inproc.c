@@ -1,10 +1,13 @@
-/* dispatch.c - the operations of a conformance script, each decode -> device call -> encode.
- * It owns no state; it must never encode or decode anything itself, only through the shared codecs. */
+/* inproc.c - the in-process script target: each operation decode -> device call -> encode, and logits reads.
+ * It owns no state; it must never encode or decode anything itself, only through the codecs of api/. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/adapter_codec.h"
 #include "api/codec.h"
-#include "api/dispatch.h"
+#include "api/plan_run.h"
+#include "conform/inproc.h"
+#include "device/model.h"
 #include "device/status.h"
 
 typedef devio_status (*op_fn)(devio_device *d, const json_t *body, json_t **result,
@@ -34,17 +37,11 @@ static devio_status op_seq(devio_device *d, const json_t *body, json_t **result,
     return s;
 }
 
-static devio_status launch_plan(devio_device *d, const json_t *body, uint64_t *ticket,
-                                devio_error *err)
+/* The starter of devio_plan_run here: the plain launch, ctx its ticket. */
+static devio_status start_launch(void *ctx, devio_device *d, const devio_plan *plan,
+                                 devio_error *err)
 {
-    const devio_config *c = devio_config_of(d);
-    devio_plan_buf buf;
-    devio_status s = devio_json_plan_decode(body, c->max_rows, c->max_batch_tokens, &buf, err);
-    if (s != DEVIO_OK)
-        return s;
-    s = devio_launch(d, &buf.plan, ticket, err);
-    devio_plan_buf_free(&buf);
-    return s;
+    return devio_launch(d, plan, ctx, err);
 }
 
 static devio_status await_ticket(devio_device *d, uint64_t ticket, int64_t timeout_ms,
@@ -63,7 +60,7 @@ static devio_status op_launch(devio_device *d, const json_t *body, json_t **resu
                               devio_error *err)
 {
     uint64_t ticket = 0;
-    devio_status s = launch_plan(d, body, &ticket, err);
+    devio_status s = devio_plan_run(d, body, start_launch, &ticket, err);
     if (s == DEVIO_OK)
         *result = devio_json_ticket_ref(ticket);
     return s;
@@ -82,7 +79,7 @@ static devio_status op_step(devio_device *d, const json_t *body, json_t **result
                             devio_error *err)
 {
     uint64_t ticket = 0;
-    devio_status s = launch_plan(d, body, &ticket, err);
+    devio_status s = devio_plan_run(d, body, start_launch, &ticket, err);
     return s == DEVIO_OK ? await_ticket(d, ticket, -1, result, err) : s;
 }
 
@@ -116,14 +113,14 @@ static devio_status op_facts(devio_device *d, const json_t *body, json_t **resul
 static devio_status op_lora(devio_device *d, const json_t *body, json_t **result,
                             devio_error *err)
 {
-    devio_lora_cmd cmd;
-    devio_lora_ack ack;
-    devio_status s = devio_json_lora_cmd_decode(body, &cmd, err);
+    devio_adapter_cmd cmd;
+    devio_adapter_ack ack;
+    devio_status s = devio_json_adapter_cmd_decode(body, &cmd, err);
     if (s == DEVIO_OK)
-        s = devio_lora(d, &cmd, &ack, err);
+        s = devio_adapter_command(d, &cmd, &ack, err);
     if (s == DEVIO_OK) {
-        *result = devio_json_lora_ack(&ack);
-        devio_lora_ack_free(&ack);
+        *result = devio_json_adapter_ack(ack.adapters, ack.n_adapters, ack.evicted);
+        devio_adapter_ack_free(&ack);
     }
     return s;
 }
@@ -136,8 +133,8 @@ static const struct {
     {"step", op_step},     {"apply", op_apply}, {"facts", op_facts},   {"lora", op_lora},
 };
 
-devio_status devio_api_call(devio_device *d, const char *op, const json_t *body,
-                            json_t **result, devio_error *err)
+devio_status devio_inproc_call(devio_device *d, const char *op, const json_t *body,
+                               json_t **result, devio_error *err)
 {
     *result = NULL;
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
@@ -149,4 +146,41 @@ devio_status devio_api_call(devio_device *d, const char *op, const json_t *body,
         return s;
     }
     return devio_fail(err, DEVIO_E_INVALID, "unknown operation '%s'", op);
+}
+
+static devio_status inproc_call(void *ctx, const char *op, const json_t *body, json_t **result,
+                                devio_error *err)
+{
+    return devio_inproc_call(ctx, op, body, result, err);
+}
+
+static devio_status inproc_logits(void *ctx, uint64_t id, float **data, uint32_t *n_rows,
+                                  uint32_t *vocab, devio_error *err)
+{
+    devio_device *d = ctx;
+    uint32_t rows = 0;
+    *data = NULL;
+    devio_status s = devio_logits_read(d, id, 0, 0, NULL, &rows, err);
+    if (s != DEVIO_OK)
+        return s;
+    uint32_t v = devio_model_of(d)->cfg.vocab_size;
+    float *buf = malloc((size_t)rows * v * sizeof *buf + 1);
+    if (!buf)
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory reading logits");
+    s = devio_logits_read(d, id, 0, rows, buf, &rows, err);
+    if (s != DEVIO_OK) {
+        free(buf);
+        return s;
+    }
+    *data = buf;
+    *n_rows = rows;
+    *vocab = v;
+    return DEVIO_OK;
+}
+
+void devio_inproc_target(devio_device *d, devio_script_target *t)
+{
+    t->ctx = d;
+    t->call = inproc_call;
+    t->logits = inproc_logits;
 }

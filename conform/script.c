@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "api/codec.h"
-#include "api/script.h"
+#include "conform/script.h"
 #include "device/sha256.h"
 #include "device/status.h"
 

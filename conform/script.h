@@ -9,7 +9,7 @@
 
 #include "device/devio.h"
 
-/* Where a script's operations go. Both slots follow devio_api_call's
+/* Where a script's operations go. Both slots follow devio_inproc_call's
  * contract: on success a new reference in *result / a malloc'd array in
  * *data (caller frees); on failure err is filled and nothing is returned. */
 typedef struct devio_script_target {

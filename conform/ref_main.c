@@ -1,4 +1,4 @@
-/* devio_ref_main.c - devio-ref: run a conformance script on the reference device, in process.
+/* ref_main.c - devio-ref: run a conformance script on the reference device, in process (conform/inproc.c).
  * Prints one result line per operation; it must never print anything nondeterministic to stdout. */
 #include <errno.h>
 #include <stddef.h>
@@ -6,13 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/script.h"
 #include "common/cli.h"
+#include "conform/inproc.h"
+#include "conform/script.h"
 #include "device/backend.h"
 #include "device/model.h"
 #include "device/options.h"
 #include "ref/builtin.h"
-#include "ref/inproc.h"
 #if !defined(__wasm__)
 #include "ref/ref_isa.h"
 #endif
