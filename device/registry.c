@@ -4,7 +4,9 @@
 #include <string.h>
 
 #if !defined(__wasi__)
+#include <dirent.h>
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <unistd.h>
 #define HAVE_DLOPEN 1
 #endif
@@ -34,7 +36,53 @@ static void note(devio_registry *r, const char *name, const devio_error *why)
     snprintf(r->note + n, sizeof r->note - n, "%s%s: %s", n ? "; " : "", name, why->message);
 }
 
+/* The built-in backends' names, "ref, ..." into buf ("" when none). */
+static void builtin_names(const devio_registry *r, char *buf, size_t n)
+{
+    buf[0] = '\0';
+    for (uint32_t i = 0; i < r->n_builtin; i++) {
+        size_t len = strlen(buf);
+        if (r->builtin[i] && r->builtin[i]->name)
+            snprintf(buf + len, n - len, "%s%s", len ? ", " : "", r->builtin[i]->name);
+    }
+}
+
 #ifdef HAVE_DLOPEN
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The plugin names found in dir (files DEVIO_PLUGIN_PREFIX NAME ".so"),
+ * sorted, "a, b" into buf; "" when none or dir cannot be read. Names only:
+ * nothing is loaded, so a file listed may still fail to load. */
+static void plugin_names(const char *dir, char *buf, size_t n)
+{
+    enum { MAX_LISTED = 32 };
+    char names[MAX_LISTED][72];
+    const char *sorted[MAX_LISTED];
+    size_t count = 0, pre = strlen(DEVIO_PLUGIN_PREFIX);
+    buf[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    for (struct dirent *e = readdir(d); e && count < MAX_LISTED; e = readdir(d)) {
+        size_t len = strlen(e->d_name);
+        if (len <= pre + 3 || strncmp(e->d_name, DEVIO_PLUGIN_PREFIX, pre) != 0 ||
+            strcmp(e->d_name + len - 3, ".so") != 0 || len - pre - 3 >= sizeof names[0])
+            continue;
+        snprintf(names[count], sizeof names[0], "%.*s", (int)(len - pre - 3), e->d_name + pre);
+        sorted[count] = names[count];
+        count++;
+    }
+    closedir(d);
+    qsort(sorted, count, sizeof *sorted, by_name);
+    for (size_t i = 0; i < count; i++) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "%s%s", i ? ", " : "", sorted[i]);
+    }
+}
+
 /* The directory plugins are looked up in, into buf. */
 static devio_status plugin_dir(const devio_registry *r, char *buf, size_t n, devio_error *err)
 {
@@ -68,9 +116,18 @@ static devio_status load_plugin(devio_registry *r, const char *name, const devio
     if (strchr(name, '/') || strlen(name) > 64)
         return devio_fail(err, DEVIO_E_INVALID, "backend name '%s' is not a plain name", name);
     snprintf(path, sizeof path, "%s/%s%s.so", dir, DEVIO_PLUGIN_PREFIX, name);
-    if (access(path, F_OK) != 0)
+    if (access(path, F_OK) != 0) {
+        /* Say what does exist, so that a typo is seen for one; the directory
+         * last, where a message cut to fit loses least. */
+        char built[96], found[160];
+        builtin_names(r, built, sizeof built);
+        plugin_names(dir, found, sizeof found);
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "no backend '%s' in this build, and no plugin %s", name, path);
+                          "no backend '%s'; the backends here: %s (built in)%s%s%s; "
+                          "no %s%s.so in %s", name, built[0] ? built : "none",
+                          found[0] ? ", " : "", found, found[0] ? " (plugins)" : "",
+                          DEVIO_PLUGIN_PREFIX, name, dir);
+    }
     if (r->n_handles >= DEVIO_REGISTRY_MAX_PLUGINS)
         return devio_fail(err, DEVIO_E_UNSUPPORTED, "more than %d backend plugins",
                           DEVIO_REGISTRY_MAX_PLUGINS);
@@ -107,10 +164,12 @@ static devio_status load_plugin(devio_registry *r, const char *name, const devio
     *out = ops;
     return DEVIO_OK;
 #else
-    (void)r;
     (void)out;
+    char built[96];
+    builtin_names(r, built, sizeof built);
     return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                      "no backend '%s' in this build (this platform loads no plugins)", name);
+                      "no backend '%s'; the backends here: %s (built in; this platform loads "
+                      "no plugins)", name, built[0] ? built : "none");
 #endif
 }
 

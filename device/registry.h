@@ -31,8 +31,9 @@ typedef struct devio_registry {
 /* The backend called `name`: a built-in one, else the plugin of that name.
  * "auto" takes the CUDA plugin when it loads and its probe finds a device,
  * else the first built-in backend, and says in r->note what it passed over.
- * DEVIO_E_UNSUPPORTED, naming the file, when no backend of that name is
- * built in and no plugin of that name is found; DEVIO_E_UNSUPPORTED when a
+ * DEVIO_E_UNSUPPORTED, naming the backends that do exist (built in, and the
+ * plugin files in the directory) and the file looked for, when no backend of
+ * that name is built in and no plugin of that name is found; DEVIO_E_UNSUPPORTED when a
  * plugin has another ABI version, lacks its entry symbol, is named
  * otherwise or fails devio_backend_check. *out is borrowed from r (or from
  * static storage) and stays valid until devio_registry_close. */

@@ -163,6 +163,22 @@ void devio_metrics_sampled(devio_metrics *m, uint32_t n)
     pthread_mutex_unlock(&m->mu);
 }
 
+void devio_metrics_error(devio_metrics *m, devio_status s)
+{
+    if (s <= DEVIO_OK || s >= DEVIO_STATUS_COUNT)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->errors[s]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void devio_metrics_set_connections_refused(devio_metrics *m, uint64_t n)
+{
+    pthread_mutex_lock(&m->mu);
+    m->connections_refused = n;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* A label value in the exposition format: backslash, quote and newline escaped. */
 static void put_label(FILE *o, const char *v)
 {
@@ -253,6 +269,16 @@ static void put_counted(FILE *o, const devio_metrics *m)
     for (uint32_t i = 0; i < m->n_http; i++)
         fprintf(o, "devio_http_requests_total{route=\"%s\",code=\"%u\"} %llu\n", m->http[i].route,
                 m->http[i].code, (unsigned long long)m->http[i].n);
+    /* Every code, 0 included, so that a rate over one exists before its first error. */
+    family(o, "devio_http_errors_total", "counter",
+           "HTTP answers that were errors, by the error body's code.");
+    for (int c = DEVIO_OK + 1; c < DEVIO_STATUS_COUNT; c++) {
+        uint64_t n = m->errors[c];
+        if (c == DEVIO_E_TOO_MANY_CONNECTIONS)
+            n += m->connections_refused;
+        fprintf(o, "devio_http_errors_total{code=\"%s\"} %llu\n",
+                devio_status_str((devio_status)c), (unsigned long long)n);
+    }
     family(o, "devio_http_request_duration_seconds", "histogram",
            "HTTP requests by route: time from the request's arrival to its response being "
            "queued.");
@@ -263,8 +289,9 @@ static void put_counted(FILE *o, const devio_metrics *m)
     }
 }
 
-static void put_facts(FILE *o, const devio_facts *f)
+static void put_facts(FILE *o, const devio_metrics_device *dev)
 {
+    const devio_facts *f = &dev->facts;
     struct {
         const char *name, *help;
         uint64_t v;
@@ -282,6 +309,17 @@ static void put_facts(FILE *o, const devio_facts *f)
         {"devio_logits_live", "Live logits handles.", f->logits_live},
         {"devio_logits_rows_live", "Logits positions held by live handles.",
          f->logits_rows_live},
+        {"devio_logits_capacity", "Live logits handles allowed at once (logits_handles).",
+         dev->logits_handles},
+        {"devio_sequences_live", "Sequences created and not yet freed.", f->seqs_live},
+        {"devio_sequences_capacity", "Sequences that may live at once (max_seqs).",
+         dev->max_seqs},
+        {"devio_device_memory_total_bytes",
+         "Bytes of device memory (GET /v1/device's memory_total); 0 on a CPU backend.",
+         dev->memory_total},
+        {"devio_device_memory_used_bytes",
+         "Bytes of device memory the backend holds: KV pool, buffers, weight copies.",
+         dev->memory_used},
         {"devio_adapters_loaded", "LoRA adapters loaded.", f->adapters_loaded},
         {"devio_epoch", "Process epoch (bumped per start).", f->epoch},
     };
@@ -329,7 +367,7 @@ static void put_store(FILE *o, const devio_metrics_store *st)
     put_hist(o, "devio_store_commit_seconds", "", &st->commit_seconds);
 }
 
-char *devio_metrics_render(devio_metrics *m, const devio_facts *f,
+char *devio_metrics_render(devio_metrics *m, const devio_metrics_device *f,
                            const devio_metrics_adapters *ad, const devio_metrics_store *st,
                            bool ready)
 {

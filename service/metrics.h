@@ -46,6 +46,8 @@ typedef struct devio_metrics {
     devio_metrics_http_route http_route[DEVIO_METRICS_ROUTES];
     uint32_t n_http_route;
     char backend[32]; /* devio_build_info's backend label; "" until set */
+    uint64_t errors[DEVIO_STATUS_COUNT]; /* error answers by status (errors[0] unused) */
+    uint64_t connections_refused; /* the listener's 503 too_many_connections, as last read */
 } devio_metrics;
 
 void devio_metrics_init(devio_metrics *m);
@@ -71,12 +73,30 @@ void devio_metrics_reaped(devio_metrics *m, uint64_t ticket, bool closed);
 void devio_metrics_aborted(devio_metrics *m, uint32_t n);
 /* n tokens sampled by a sample effect. */
 void devio_metrics_sampled(devio_metrics *m, uint32_t n);
+/* One error answer of the HTTP layer, counted by its code
+ * (devio_http_errors_total{code}); DEVIO_OK and values outside the enum are
+ * ignored. */
+void devio_metrics_error(devio_metrics *m, devio_status s);
+/* The connections the accept thread has refused with 503
+ * too_many_connections so far (it counts them itself, before any HTTP):
+ * added to that code's count at render. */
+void devio_metrics_set_connections_refused(devio_metrics *m, uint64_t n);
+
+/* The device's limits and memory, read from it at render time beside its
+ * facts. */
+typedef struct devio_metrics_device {
+    devio_facts facts;
+    uint32_t max_seqs;       /* the sequence table's size (--max-seqs) */
+    uint32_t logits_handles; /* live logits handles allowed (--logits-handles) */
+    uint64_t memory_total;   /* devio_device_info's: bytes of device memory, 0 on a CPU */
+    uint64_t memory_used;    /* bytes the backend holds */
+} devio_metrics_device;
 
 /* The adapter families, read from the device at render time. */
 typedef struct devio_metrics_adapters {
     uint32_t capacity;              /* max_loras: devio_adapters_capacity */
     uint32_t n_live;
-    const devio_adapter_info *live; /* borrowed: the loaded adapters, for
+    const devio_adapter_record *live; /* borrowed: the loaded adapters, for
                                        devio_adapter_rows_served_total{adapter} */
 } devio_metrics_adapters;
 
@@ -90,10 +110,10 @@ typedef struct devio_metrics_store {
 
 /* Render everything plus the device gauges, the adapter families, the store's
  * health, the process families and devio_ready (what /readyz answers:
- * `ready`). Facts and adapters may be NULL after teardown; then those are
+ * `ready`). The device and adapters may be NULL after teardown; then those are
  * left out; store may be NULL. Returns a malloc'd NUL-terminated text; caller
  * frees. */
-char *devio_metrics_render(devio_metrics *m, const devio_facts *facts,
+char *devio_metrics_render(devio_metrics *m, const devio_metrics_device *device,
                            const devio_metrics_adapters *adapters,
                            const devio_metrics_store *store, bool ready);
 

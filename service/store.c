@@ -1,9 +1,11 @@
 /* store.c - the store's lifecycle: open (schema, writer thread, reader connection), close, and its counters.
  * The other store_*.c files do the work; this one must never leave a thread or a connection behind on failure. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,6 +44,10 @@ static void free_store(devio_store *s)
     /* The last connection to close checkpoints the WAL into the file. */
     sqlite3_close(s->rdb);
     sqlite3_close(s->wdb);
+    /* Only now: closing any descriptor of the file drops every POSIX lock
+     * this process holds on it, SQLite's among them. */
+    if (s->lock_fd >= 0)
+        close(s->lock_fd);
     pthread_cond_destroy(&s->done);
     pthread_cond_destroy(&s->work);
     pthread_mutex_destroy(&s->rmu);
@@ -81,6 +87,38 @@ static void diagnose(const char *path, char *why, size_t len)
     free(dir);
 }
 
+/* Hold path for the life of the store, so that a second server on the same
+ * file is refused instead of interleaving its epochs and ticket ids with
+ * ours. flock, on the file itself, before SQLite opens it: it names the
+ * file whatever path reaches it (relative, absolute, a link), it is dropped
+ * by the kernel when the process dies, and on Linux it never meets the
+ * fcntl byte-range locks SQLite takes (other readers, the sqlite3 shell, are
+ * not stopped). A path that cannot be opened or locked here (a directory, a
+ * file system without flock) is left to SQLite's open and its diagnosis. */
+static devio_status lock_file(devio_store *s, const char *path, devio_error *err)
+{
+    int fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd < 0)
+        return DEVIO_OK;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return DEVIO_OK;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        s->lock_fd = fd;
+        return DEVIO_OK;
+    }
+    int e = errno;
+    close(fd);
+    if (e != EWOULDBLOCK)
+        return DEVIO_OK;
+    return devio_fail(err, DEVIO_E_IO,
+                      "ticket store %s: another process holds this file (a devio-server "
+                      "already serves it); one server per history file, give this one "
+                      "another --db", path);
+}
+
 devio_status devio_store_open(const char *path, const devio_store_options *o,
                               devio_store **out, devio_error *err)
 {
@@ -98,12 +136,15 @@ devio_status devio_store_open(const char *path, const devio_store_options *o,
         return devio_fail(err, DEVIO_E_NOMEM, "ticket store %s: out of memory", path);
     }
     s->path = copy;
+    s->lock_fd = -1;
     store_health_init(s);
     s->opt = o ? *o : devio_store_options_default();
     if (s->opt.busy_timeout_ms == 0) /* a zeroed options struct means the default */
         s->opt.busy_timeout_ms = 5000;
 
-    devio_status st = store_connect(path, s->opt.busy_timeout_ms, &s->wdb, err);
+    devio_status st = lock_file(s, path, err);
+    if (st == DEVIO_OK)
+        st = store_connect(path, s->opt.busy_timeout_ms, &s->wdb, err);
     struct stat sb;
     if (st == DEVIO_OK && stat(path, &sb) == 0) {
         s->file_dev = sb.st_dev;

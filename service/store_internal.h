@@ -58,6 +58,8 @@ enum { STORE_QF_STATUS = 1, STORE_QF_SINCE = 2, STORE_QF_UNTIL = 4, STORE_QF_BEF
 
 struct devio_store {
     char *path;
+    int lock_fd;           /* the file opened for its flock (one server per file), -1 = none;
+                            * closed only after both connections (see store.c) */
     devio_store_options opt;
     uint64_t epoch;
     uint32_t schema_version;

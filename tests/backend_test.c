@@ -145,10 +145,10 @@ static void reference_run(ctx *c, const char *adapter, outcome out[4])
 {
     devio_device *d = open_with(c, &devio_ref_backend, cfg_of(c, DEVIO_NUMERICS_STRICT));
     if (adapter) {
-        devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = adapter, .path = "a0"};
-        devio_lora_ack ack;
-        assert_int_equal(devio_lora(d, &cmd, &ack, NULL), DEVIO_OK);
-        devio_lora_ack_free(&ack);
+        devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LOAD, .name = adapter, .path = "a0"};
+        devio_adapter_ack ack;
+        assert_int_equal(devio_adapter_command(d, &cmd, &ack, NULL), DEVIO_OK);
+        devio_adapter_ack_free(&ack);
     }
     uint64_t s[2] = {devio_test_seq(d), devio_test_seq(d)};
     int32_t tok[2][9];
@@ -203,6 +203,9 @@ static void test_registry(void **state)
     expect_refused(&r, "noentry", "has no devio_backend_plugin entry");
     expect_refused(&r, "wrongname", "calls itself 'somebody-else'");
     expect_refused(&r, "nope", "libdevio-backend-nope.so");
+    /* A name nothing answers to is refused with the names that exist. */
+    expect_refused(&r, "nope", "no backend 'nope'; the backends here: ref (built in), badabi, "
+                               "noentry, stream, wrongname (plugins); no libdevio-backend-nope.so");
     /* No CUDA plugin here: auto takes the reference and says why. */
     assert_int_equal(devio_registry_find(&r, "auto", &ops, &err), DEVIO_OK);
     assert_ptr_equal(ops, &devio_ref_backend);
@@ -250,10 +253,10 @@ static void overlap_run(ctx *c, devio_numerics numerics, bool worker, const char
     devio_device *d = open_with(c, &ops, cfg);
     void *st = captured;
     if (adapter) {
-        devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = adapter, .path = "a0"};
-        devio_lora_ack ack;
-        assert_int_equal(devio_lora(d, &cmd, &ack, NULL), DEVIO_OK);
-        devio_lora_ack_free(&ack);
+        devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LOAD, .name = adapter, .path = "a0"};
+        devio_adapter_ack ack;
+        assert_int_equal(devio_adapter_command(d, &cmd, &ack, NULL), DEVIO_OK);
+        devio_adapter_ack_free(&ack);
     }
     outcome want[4], got[4];
     reference_run(c, adapter, want);
@@ -454,21 +457,21 @@ static void test_adapter_slots(void **state)
     devio_backend_ops ops = stream_ops();
     devio_device *d = open_with(c, &ops, cfg_of(c, DEVIO_NUMERICS_STRICT));
     void *st = captured;
-    devio_lora_ack ack;
-    devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = "p", .path = "a0"};
-    assert_int_equal(devio_lora(d, &cmd, &ack, NULL), DEVIO_OK);
-    devio_lora_ack_free(&ack);
-    cmd = (devio_lora_cmd){.kind = DEVIO_LORA_LOAD, .name = "q", .path = "a1"};
-    assert_int_equal(devio_lora(d, &cmd, &ack, NULL), DEVIO_OK);
+    devio_adapter_ack ack;
+    devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LOAD, .name = "p", .path = "a0"};
+    assert_int_equal(devio_adapter_command(d, &cmd, &ack, NULL), DEVIO_OK);
+    devio_adapter_ack_free(&ack);
+    cmd = (devio_adapter_cmd){.kind = DEVIO_ADAPTER_CMD_LOAD, .name = "q", .path = "a1"};
+    assert_int_equal(devio_adapter_command(d, &cmd, &ack, NULL), DEVIO_OK);
     assert_string_equal(ack.evicted, "p");
-    devio_lora_ack_free(&ack);
+    devio_adapter_ack_free(&ack);
     devio_stream_stats stats;
     devio_stream_stats_get(st, &stats);
     assert_int_equal(stats.adapters_added, 2);
     assert_int_equal(stats.adapters_removed, 1);
-    cmd = (devio_lora_cmd){.kind = DEVIO_LORA_UNLOAD, .name = "q"};
-    assert_int_equal(devio_lora(d, &cmd, &ack, NULL), DEVIO_OK);
-    devio_lora_ack_free(&ack);
+    cmd = (devio_adapter_cmd){.kind = DEVIO_ADAPTER_CMD_UNLOAD, .name = "q"};
+    assert_int_equal(devio_adapter_command(d, &cmd, &ack, NULL), DEVIO_OK);
+    devio_adapter_ack_free(&ack);
     devio_stream_stats_get(st, &stats);
     assert_int_equal(stats.adapters_removed, 2);
     devio_teardown(d, NULL);

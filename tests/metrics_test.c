@@ -37,10 +37,13 @@ static bool has_line_starting(const char *text, const char *prefix)
     return false;
 }
 
-static devio_facts some_facts(void)
+static devio_metrics_device some_device(void)
 {
-    return (devio_facts){.block_size = 16, .blocks_total = 40, .blocks_free = 30,
-                         .blocks_shared = 2, .tickets_in_flight = 1, .epoch = 3};
+    return (devio_metrics_device){
+        .facts = {.block_size = 16, .blocks_total = 40, .blocks_free = 30, .blocks_shared = 2,
+                  .tickets_in_flight = 1, .epoch = 3, .seqs_live = 5, .logits_live = 2},
+        .max_seqs = 256, .logits_handles = 64, .memory_total = 80ull << 30,
+        .memory_used = 3ull << 30};
 }
 
 static void test_hist_bounds(void **state)
@@ -161,8 +164,8 @@ static void test_device_gauges_build_info_and_names(void **state)
     devio_metrics m;
     devio_metrics_init(&m);
     devio_metrics_set_backend(&m, "re\"f");
-    devio_facts f = some_facts();
-    devio_adapter_info live[1] = {{.name = "a", .rows_served = 7}};
+    devio_metrics_device f = some_device();
+    devio_adapter_record live[1] = {{.name = "a", .rows_served = 7}};
     devio_metrics_adapters ad = {.capacity = 4, .n_live = 1, .live = live};
     devio_metrics_store st = {.writable = false, .errors = 5, .last_success_ms = 1500};
     char *text = devio_metrics_render(&m, &f, &ad, &st, true);
@@ -174,6 +177,12 @@ static void test_device_gauges_build_info_and_names(void **state)
     assert_true(sample(text, "devio_kv_usage_ratio") == 0.25);
     assert_true(sample(text, "devio_tickets_in_flight") == 1);
     assert_true(sample(text, "devio_epoch") == 3);
+    assert_true(sample(text, "devio_sequences_live") == 5);
+    assert_true(sample(text, "devio_sequences_capacity") == 256);
+    assert_true(sample(text, "devio_logits_live") == 2);
+    assert_true(sample(text, "devio_logits_capacity") == 64);
+    assert_true(sample(text, "devio_device_memory_total_bytes") == (double)(80ull << 30));
+    assert_true(sample(text, "devio_device_memory_used_bytes") == (double)(3ull << 30));
     assert_true(sample(text, "devio_adapters_capacity") == 4);
     assert_true(sample(text, "devio_adapter_rows_served_total{adapter=\"a\"}") == 7);
     assert_true(sample(text, "devio_up") == 1);
@@ -192,6 +201,44 @@ static void test_device_gauges_build_info_and_names(void **state)
         families++;
     }
     assert_true(families > 30);
+    free(text);
+    devio_metrics_fini(&m);
+}
+
+/* Error answers by code: every code exported from 0, the listener's refusals
+ * added to too_many_connections, nothing counted for DEVIO_OK or a value
+ * outside the enum; after teardown (no device) the device families go. */
+static void test_errors_by_code(void **state)
+{
+    (void)state;
+    devio_metrics m;
+    devio_metrics_init(&m);
+    char *text = devio_metrics_render(&m, NULL, NULL, NULL, true);
+    assert_non_null(text);
+    for (int c = DEVIO_OK + 1; c < DEVIO_STATUS_COUNT; c++) {
+        char key[96];
+        snprintf(key, sizeof key, "devio_http_errors_total{code=\"%s\"}",
+                 devio_status_str((devio_status)c));
+        assert_true(sample(text, key) == 0);
+    }
+    assert_false(has_line_starting(text, "devio_sequences_live"));
+    assert_false(has_line_starting(text, "devio_device_memory_used_bytes"));
+    free(text);
+    devio_metrics_error(&m, DEVIO_E_OUT_OF_KV_BLOCKS);
+    devio_metrics_error(&m, DEVIO_E_OUT_OF_KV_BLOCKS);
+    devio_metrics_error(&m, DEVIO_E_NOT_READY);
+    devio_metrics_error(&m, DEVIO_E_TOO_MANY_CONNECTIONS);
+    devio_metrics_error(&m, DEVIO_OK);
+    devio_metrics_error(&m, DEVIO_STATUS_COUNT);
+    devio_metrics_set_connections_refused(&m, 4);
+    devio_metrics_set_connections_refused(&m, 6); /* a total, not an increment */
+    text = devio_metrics_render(&m, NULL, NULL, NULL, true);
+    assert_non_null(text);
+    assert_true(sample(text, "devio_http_errors_total{code=\"out_of_kv_blocks\"}") == 2);
+    assert_true(sample(text, "devio_http_errors_total{code=\"not_ready\"}") == 1);
+    assert_true(sample(text, "devio_http_errors_total{code=\"too_many_connections\"}") == 7);
+    assert_true(sample(text, "devio_http_errors_total{code=\"seq_busy\"}") == 0);
+    assert_non_null(strstr(text, "# TYPE devio_http_errors_total counter\n"));
     free(text);
     devio_metrics_fini(&m);
 }
@@ -226,6 +273,7 @@ int main(void)
         cmocka_unit_test(test_tickets_and_tokens),
         cmocka_unit_test(test_http_latency_by_route),
         cmocka_unit_test(test_device_gauges_build_info_and_names),
+        cmocka_unit_test(test_errors_by_code),
         cmocka_unit_test(test_process_families),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

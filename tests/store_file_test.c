@@ -234,6 +234,37 @@ static void test_open_errors(void **state)
     devio_store_close(NULL);
 }
 
+/* One store per file: a second open of a file a store holds is refused,
+ * through a link too, naming the file; SQLite's own readers are not stopped;
+ * once the first closes, the file opens again. */
+static void test_one_store_per_file(void **state)
+{
+    ctx *c = *state;
+    devio_store *s = open_store(c, 0);
+    char link[400];
+    snprintf(link, sizeof link, "%s/link.db", c->dir);
+    assert_int_equal(symlink(c->path, link), 0);
+    const char *paths[] = {c->path, link};
+    for (size_t i = 0; i < 2; i++) {
+        devio_store *s2 = (devio_store *)1;
+        devio_error err = {0};
+        assert_int_equal(devio_store_open(paths[i], NULL, &s2, &err), DEVIO_E_IO);
+        assert_null(s2);
+        char want[600];
+        snprintf(want, sizeof want, "ticket store %s: another process holds this file",
+                 paths[i]);
+        if (!strstr(err.message, want))
+            fail_msg("refused with '%s', expected '%s'", err.message, want);
+    }
+    assert_int_equal(sql_int(c->path, "PRAGMA user_version"), 5);
+    assert_int_equal(devio_store_epoch(s), 1);
+    devio_store_close(s);
+    s = open_store(c, 0);
+    assert_int_equal(devio_store_epoch(s), 2);
+    devio_store_close(s);
+    unlink(link);
+}
+
 /* A child writes and waits, then dies by SIGKILL without closing; everything
  * it waited for must be there and the file must be sound. */
 static void test_crash_safety(void **state)
@@ -308,6 +339,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_migrate_from_version_0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_from_version_1, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_one_store_per_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crash_safety, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from client import Client
+from test_server import metric, parse_metrics
 
 TOKEN = "h0stile-t0ken"
 HEADER_MS = 2000          # --header-timeout-ms for the deadline tests
@@ -276,6 +277,9 @@ def test_total_cap_answers_503(servers, tiny_model, contract):
     c = Client("127.0.0.1", sv.port, sv.contract, token=TOKEN, source="127.0.0.5")
     sv.clients.append(c)
     c.call("GET", "/healthz")
+    # The accept thread's refusals are counted with the HTTP layer's errors.
+    m = parse_metrics(c.metrics())[0]
+    assert metric(m, "devio_http_errors_total", code="too_many_connections") == 2
     for s in held[5:]:
         s.close()
     assert sv.stop() == 0

@@ -181,6 +181,44 @@ def test_counters_and_histograms_move(driven):
     assert metric(m1, "devio_ready") == 1 and metric(m1, "devio_up") == 1
 
 
+def test_operator_gauges_and_errors(driven):
+    """Sequences and logits handles live against their limits, device memory as /v1/device
+    gives it, and error answers counted by their code: every code exported from 0."""
+    _, c, (m0, _), (m1, types), _ = driven
+    d = c.device()
+    for fam in ("devio_sequences_live", "devio_sequences_capacity", "devio_logits_live",
+                "devio_logits_capacity", "devio_device_memory_total_bytes",
+                "devio_device_memory_used_bytes"):
+        assert types[fam] == "gauge", fam
+    assert metric(m1, "devio_sequences_live") == len(c.call("GET", "/v1/sequences").json["sequences"]) == 2
+    assert metric(m1, "devio_sequences_capacity") == d["limits"]["max_seqs"]
+    assert metric(m1, "devio_logits_live") == 0
+    assert metric(m1, "devio_logits_capacity") == d["limits"]["logits_handles"]
+    assert metric(m1, "devio_device_memory_total_bytes") == d["device"]["memory_total"]
+    assert metric(m1, "devio_device_memory_used_bytes") == d["device"]["memory_used"]
+    # The one error of the drive: the 404 of an unknown sequence.
+    assert types["devio_http_errors_total"] == "counter"
+    codes = {dict(k[1])["code"] for k in m1 if k[0] == "devio_http_errors_total"}
+    import yaml
+    api = yaml.safe_load((REPO / "api" / "openapi.yaml").read_text())
+    assert codes == set(api["components"]["schemas"]["ErrorCode"]["enum"]), codes
+    moved = {code: metric(m1, "devio_http_errors_total", code=code)
+             - (metric(m0, "devio_http_errors_total", code=code) or 0) for code in codes}
+    assert {k: v for k, v in moved.items() if v} == {"unknown_seq": 1}, moved
+    # Live gauges follow a sequence made, a handle kept, a refusal; then all is given back.
+    s = c.create()
+    h = c.step(plan(row(s, prompt(3), logits="last")))["rows"][0]["logits"]
+    c.call("POST", "/v1/effects", {"kind": "nosuch"}, expect=400, code="invalid_input")
+    m2 = parse_metrics(c.metrics())[0]
+    assert metric(m2, "devio_sequences_live") == 3 and metric(m2, "devio_logits_live") == 1
+    assert metric(m2, "devio_http_errors_total", code="invalid_input") == \
+        metric(m1, "devio_http_errors_total", code="invalid_input") + 1
+    c.effect({"kind": "release", "logits": h})
+    c.call("DELETE", "/v1/sequences/%d" % s)
+    m3 = parse_metrics(c.metrics())[0]
+    assert metric(m3, "devio_sequences_live") == 2 and metric(m3, "devio_logits_live") == 0
+
+
 def test_build_info_and_process(driven):
     sv, c, _, (m1, types), _ = driven
     d = c.device()
@@ -231,7 +269,11 @@ def test_dashboard_and_rules_name_exported_metrics(driven):
     for n in ("devio_step_seconds_bucket", "devio_step_queue_seconds_bucket", "devio_tokens_processed_total",
               "devio_kv_usage_ratio", "devio_tickets_in_flight", "devio_http_requests_total",
               "devio_http_request_duration_seconds_bucket", "process_cpu_seconds_total",
-              "process_resident_memory_bytes", "devio_store_errors_total"):
+              "process_resident_memory_bytes", "devio_store_errors_total",
+              "devio_sequences_live", "devio_sequences_capacity", "devio_logits_live",
+              "devio_logits_capacity", "devio_adapters_loaded", "devio_adapters_capacity",
+              "devio_ssm_slots_used", "devio_ssm_slots_capacity", "devio_device_memory_used_bytes",
+              "devio_device_memory_total_bytes", "devio_http_errors_total"):
         assert n in used, n
 
 

@@ -821,24 +821,49 @@ def test_backend_choice(servers, tiny_model, bins):
         assert says in str(e.value), str(e.value)
 
 
+def test_unknown_backend_names_those_that_exist(servers, tiny_model, bins):
+    """--backend with a name nothing answers to stops the start with a message listing the
+    backends that exist: those built in, and the plugin files on the search path."""
+    plugins = bins.root / "tests" / "backend"
+    with pytest.raises(AssertionError, match="exited 1") as e:
+        servers.start(tiny_model, ["--backend", "nosuch", "--backend-path", plugins])
+    says = str(e.value)
+    assert ("no backend 'nosuch'; the backends here: ref (built in), badabi, noentry, stream, "
+            "wrongname (plugins); no libdevio-backend-nosuch.so in %s" % plugins) in says, says
+    # Without a plugin directory, the one beside the binary is searched; the built-in ones
+    # are named all the same.
+    with pytest.raises(AssertionError, match="exited 1") as e:
+        servers.start(tiny_model, ["--backend", "nosuch"])
+    assert "no backend 'nosuch'; the backends here: ref (built in)" in str(e.value), str(e.value)
+
+
 def test_broken_device(servers, tiny_model, bins):
     """A device that breaks for good (a CUDA error, here the stream plugin told to
     break at its first sync): the step fails with device_error, GET /v1/device says
-    why, /readyz answers 503 so traffic moves away, later launches are refused, and
-    the server still answers and stops cleanly."""
+    why, /readyz answers 503 so traffic moves away, /healthz answers 500 device_error
+    so the orchestrator restarts the process, later launches are refused, and the
+    server still answers and stops cleanly."""
     plugins = bins.root / "tests" / "backend"
     sv = servers.start(tiny_model, ["--backend", "stream", "--backend-path", plugins],
                        env={"STREAM_BACKEND_BREAK_AT_WAIT": "1"})
     c = sv.client()
     assert c.device()["device"]["failure"] == ""
     assert c.call("GET", "/readyz").json == {"status": "ready"}
+    assert c.call("GET", "/healthz").json == {"status": "ok"}
     s = c.create()
     c.call("POST", "/v1/step", plan(row(s, [1, 2, 3])), expect=500, code="device_error")
     failure = c.device()["device"]["failure"]
     assert "found at sync" in failure, failure
     r = c.call("GET", "/readyz", expect=503, code="not_ready")
     assert "the device failed" in r.json["error"]["message"], r
+    h = c.call("GET", "/healthz", expect=500, code="device_error")
+    assert h.json["error"]["message"] == "the device failed for good: " + failure, h
     c.call("POST", "/v1/launch", plan(row(s, [1, 2, 3])), expect=500, code="device_error")
+    m = parse_metrics(c.metrics())[0]
+    assert metric(m, "devio_ready") == 0 and metric(m, "devio_up") == 1
+    # The step, the launch and /healthz answered device_error; /readyz not_ready.
+    assert metric(m, "devio_http_errors_total", code="device_error") == 3
+    assert metric(m, "devio_http_errors_total", code="not_ready") == 1
     assert c.seq(s)["len"] == 0
     assert c.facts()["tickets_in_flight"] == 0
     assert sv.stop() == 0
@@ -868,6 +893,44 @@ def test_env_twins(servers, tiny_model):
 
 
 # ---- ticket history -----------------------------------------------------------------------
+
+
+def test_one_server_per_history_file(servers, tiny_model, bins, tmp_path):
+    """A second devio-server on a history file another one serves is refused at start (exit
+    1, naming the file), whatever path reaches the file: absolute, relative or a link. The
+    first goes on serving; once it stops, the file is free again."""
+    db = tmp_path / "hist" / "history.db"
+    db.parent.mkdir()
+    first = servers.start(tiny_model, db=db)
+    c = first.client()
+    s = c.create()
+    c.step(plan(row(s, [1, 2, 3])))
+    held = "another process holds this file (a devio-server already serves it)"
+    with pytest.raises(AssertionError, match="exited 1") as e:
+        servers.start(tiny_model, db=db)
+    assert "ticket store %s: %s" % (db, held) in str(e.value), str(e.value)
+    link = tmp_path / "link.db"
+    link.symlink_to(db)
+    with pytest.raises(AssertionError, match="exited 1") as e:
+        servers.start(tiny_model, db=link)
+    assert held in str(e.value), str(e.value)
+    # A relative --db, from the file's directory.
+    adapters = tmp_path / "adapters"
+    adapters.mkdir()
+    r = subprocess.run([str(bins.server), "--model", str(tiny_model), "--listen", "127.0.0.1:0",
+                        "--db", "history.db", "--adapters", str(adapters)],
+                       cwd=db.parent, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert "ticket store history.db: %s" % held in r.stderr, r.stderr
+    # The first serves on, its history intact.
+    assert c.seq(s)["len"] == 3
+    c.step(plan(row(s, [4])))
+    assert len(c.all_tickets()) == 2
+    assert first.stop() == 0
+    again = servers.start(tiny_model, db=db)
+    assert len(again.client().all_tickets()) == 2
+    assert again.stop() == 0
 
 
 def test_ticket_history(servers, tiny_model):

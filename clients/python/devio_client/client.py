@@ -230,7 +230,7 @@ class Client:
     # ---- health and operations ----------------------------------------------
 
     def healthz(self) -> bool:
-        """True when the process answers."""
+        """True when the process answers and its backend has not failed for good."""
         return self.request("GET", "/healthz", token=False).status == 200
 
     def readyz(self) -> bool:
