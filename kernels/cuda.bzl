@@ -28,8 +28,10 @@ NVCC_FLAGS = " ".join([
 GLUE = [
     "cuda_adapters.c",
     "cuda_backend.c",
+    "cuda_device.c",
     "cuda_gemm.h",
     "cuda_mixer.c",
+    "cuda_project.c",
     "cuda_sampling.c",
     "cuda_state.h",
     "cuda_step.c",
@@ -272,14 +274,14 @@ def devio_cuda_emu_test(name, src, deps = [], **kwargs):
         **kwargs
     )
 
-def devio_cuda_test(name, deps = [], data = [], **kwargs):
+def devio_cuda_test(name, deps = [], data = [], srcs_extra = [], **kwargs):
     """A cmocka test of the CUDA backend, made only where nvcc is: it links
     //kernels:cuda_backend and has the plugin in its runfiles (kernels/)."""
     if not HAS_NVCC:
         return
     native.cc_test(
         name = name,
-        srcs = [name + ".c"],
+        srcs = [name + ".c"] + srcs_extra,
         deps = deps + [
             "//kernels:cuda_backend",
             "//device",

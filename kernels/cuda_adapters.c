@@ -54,8 +54,8 @@ devio_status cuda_adapter_add(void *sp, uint32_t slot, uint32_t generation,
             cuda_lora_mod *cm = &mods[l * DEVIO_LORA_N_TARGETS + t];
             *cm = (cuda_lora_mod){0};
             if ((a->targets & (1u << t)) && m->a.data) {
-                cuda_widen_host(&m->a, img + off, (size_t)a->rank * in);
-                cuda_widen_host(&m->b, img + off + (size_t)R * in, (size_t)out * a->rank);
+                devio_tensor_widen(&m->a, img + off, (size_t)a->rank * in);
+                devio_tensor_widen(&m->b, img + off + (size_t)R * in, (size_t)out * a->rank);
                 *cm = (cuda_lora_mod){.a = dev + off, .b = dev + off + (size_t)R * in,
                                       .rank = a->rank, .in = in, .out = out, .scale = a->scale};
             }

@@ -27,43 +27,6 @@
 #define DEVIO_CUDA_BACKEND_NAME "cuda"
 #endif
 
-devio_status devio_cuda_error(int code, const char *what, devio_error *err)
-{
-    cudaError_t e = (cudaError_t)code;
-    return devio_fail(err, DEVIO_E_DEVICE, "CUDA error in %s: %s: %s", what, cudaGetErrorName(e),
-                      cudaGetErrorString(e));
-}
-
-devio_status cuda_check(cuda_state *st, int code, const char *what, devio_error *err)
-{
-    if (code == 0)
-        return DEVIO_OK;
-    devio_error e = {0};
-    devio_cuda_error(code, what, &e);
-    if (st) {
-        pthread_mutex_lock(&st->fail_mu);
-        if (!atomic_load(&st->failed)) {
-            snprintf(st->failure, sizeof st->failure, "%.190s", e.message);
-            atomic_store(&st->failed, true);
-        }
-        pthread_mutex_unlock(&st->fail_mu);
-    }
-    if (err)
-        *err = e;
-    return DEVIO_E_DEVICE;
-}
-
-devio_status cuda_refuse_if_failed(cuda_state *st, devio_error *err)
-{
-    if (!atomic_load(&st->failed))
-        return DEVIO_OK;
-    pthread_mutex_lock(&st->fail_mu);
-    devio_status s =
-        devio_fail(err, DEVIO_E_DEVICE, "the CUDA device failed earlier: %s", st->failure);
-    pthread_mutex_unlock(&st->fail_mu);
-    return s;
-}
-
 static devio_status cuda_probe(devio_error *err)
 {
     int n = 0;
@@ -78,102 +41,6 @@ static devio_status cuda_probe(devio_error *err)
 
 /* ---- create ---------------------------------------------------------------- */
 
-devio_status cuda_dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err)
-{
-    *p = NULL;
-    if (st->n_allocs == st->cap_allocs) {
-        uint32_t cap = st->cap_allocs ? 2 * st->cap_allocs : 64;
-        void **a = realloc(st->allocs, cap * sizeof *a);
-        if (!a)
-            return devio_fail(err, DEVIO_E_NOMEM, "out of host memory for the CUDA backend");
-        st->allocs = a;
-        st->cap_allocs = cap;
-    }
-    devio_status s = cuda_check(st, cudaMalloc(p, bytes ? bytes : 4), "cudaMalloc", err);
-    if (s == DEVIO_OK)
-        s = cuda_check(st, cudaMemset(*p, 0, bytes ? bytes : 4), "cudaMemset", err);
-    if (*p)
-        st->allocs[st->n_allocs++] = *p;
-    st->bytes += bytes;
-    return s;
-}
-
-#define DALLOC(st, ptr, bytes, err) cuda_dalloc((st), (void **)&(ptr), (bytes), (err))
-
-/* The rows of a [rows, n] weight in the lane-major layout (cuda_kernels.h)
- * into dst: element i of a row goes to cuda_lane_pos(i). */
-static void lane_major_rows(const devio_tensor *t, void *dst)
-{
-    uint64_t rows = t->shape[0], n = t->shape[1];
-    uint32_t *pos = malloc(n * sizeof *pos); /* one row's permutation, reused */
-    for (uint64_t i = 0; pos && i < n; i++)
-        pos[i] = (uint32_t)cuda_lane_pos(i, (uint32_t)n, (int)t->dtype);
-    for (uint64_t r = 0; r < rows; r++) {
-        uint64_t o = r * n;
-        if (devio_dtype_size(t->dtype) == 4) {
-            const uint32_t *src = t->data;
-            uint32_t *d = dst;
-            for (uint64_t i = 0; i < n; i++)
-                d[o + (pos ? pos[i] : cuda_lane_pos(i, (uint32_t)n, (int)t->dtype))] = src[o + i];
-        } else {
-            const uint16_t *src = t->data;
-            uint16_t *d = dst;
-            for (uint64_t i = 0; i < n; i++)
-                d[o + (pos ? pos[i] : cuda_lane_pos(i, (uint32_t)n, (int)t->dtype))] = src[o + i];
-        }
-    }
-    free(pos);
-}
-
-/* A tensor uploaded as loaded, or, as_matrix, a weight whose rows are
- * lane-major when cuda_lane_major says so (a copy is made on the host for
- * the permutation, one tensor at a time). */
-static devio_status upload(cuda_state *st, const devio_tensor *t, bool as_matrix,
-                           bool lane_major, const void **dev, int *dt, devio_error *err)
-{
-    *dev = NULL;
-    *dt = (int)t->dtype;
-    if (!t->data)
-        return DEVIO_OK;
-    uint64_t bytes = devio_tensor_bytes(t);
-    void *p;
-    devio_status s = cuda_dalloc(st, &p, bytes, err);
-    const void *src = t->data;
-    char *tmp = NULL;
-    if (s == DEVIO_OK && as_matrix && lane_major && t->ndim == 2 &&
-        cuda_lane_major((uint32_t)t->shape[1], (int)t->dtype)) {
-        if (!(tmp = malloc(bytes ? bytes : 1)))
-            s = devio_fail(err, DEVIO_E_NOMEM, "out of host memory laying out a weight");
-        else
-            lane_major_rows(t, tmp);
-        src = tmp;
-    }
-    if (s == DEVIO_OK)
-        s = cuda_check(st, cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice),
-                       "uploading a weight", err);
-    free(tmp);
-    *dev = p;
-    return s;
-}
-
-devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
-                         devio_error *err)
-{
-    return upload(st, t, true, !st->fast, dev, dt, err);
-}
-
-devio_status cuda_upload_strict(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
-                                devio_error *err)
-{
-    return upload(st, t, true, true, dev, dt, err);
-}
-
-/* Host: n elements of t widened to f32 into dst (numspec's widening). */
-void cuda_widen_host(const devio_tensor *t, float *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        dst[i] = devio_tensor_get(t, i);
-}
 
 /* *dst: n floats per row, widened and uploaded: the one tensor `one`, or
  * else the tensor at byte `member` of every layer (offsetof(devio_layer,
@@ -190,8 +57,7 @@ static devio_status upload_widened(cuda_state *st, float **dst, const devio_tens
         const devio_tensor *t =
             one ? one : (const devio_tensor *)((const char *)&st->model->layers[i] + member);
         memset(tmp, 0, n * sizeof *tmp);
-        if (t->data)
-            cuda_widen_host(t, tmp, n);
+        devio_tensor_widen(t, tmp, n);
         s = cuda_check(st, cudaMemcpy(*dst + i * n, tmp, n * sizeof *tmp,
                                       cudaMemcpyHostToDevice),
                        "uploading norms", err);
@@ -274,7 +140,7 @@ static devio_status create_weights(cuda_state *st, devio_error *err)
     uint32_t L = st->sh.n_layers;
     /* Tied, the one copy is lm_head's, lane-major; the embedding reads it so. */
     bool tied = m->lm_head.data == m->embed.data;
-    devio_status s = upload(st, &m->embed, tied, !st->fast, &st->embed, &st->dt_embed, err);
+    devio_status s = cuda_upload_as(st, &m->embed, tied, !st->fast, &st->embed, &st->dt_embed, err);
     st->embed_lane_major = tied && !st->fast && cuda_lane_major(st->sh.d, st->dt_embed);
     if (s == DEVIO_OK && tied) {
         st->lm_head = st->embed;
@@ -537,8 +403,7 @@ static devio_status create_fast(cuda_state *st, devio_error *err)
                                                                           sh->kv_dim};
         memset(row, 0, qkv * F);
         for (int k = 0; k < 3; k++)
-            if (b[k]->data)
-                cuda_widen_host(b[k], row + at[k], n[k]);
+            devio_tensor_widen(b[k], row + at[k], n[k]);
         s = cuda_check(st, cudaMemcpy(st->bqkv + i * qkv, row, qkv * F, cudaMemcpyHostToDevice),
                        "uploading biases", err);
     }

@@ -145,6 +145,22 @@ __device__ inline float warp_sum(float v)
 
 /* ---- GEMV for small batches ---- */
 
+/* A warp's sums of its output row for each token, folded and stored by lane 0 at y[t * ldy]. */
+__device__ inline void gemv_store(const float *acc, uint32_t n_tok, float alpha, float beta,
+                                  float *y, uint32_t ldy)
+{
+#pragma unroll
+    for (uint32_t t = 0; t < CUDA_GEMV_MAX_TOK; t++) {
+        if (t >= n_tok)
+            break;
+        float d = warp_sum(acc[t]);
+        if (threadIdx.x % 32 == 0) {
+            float *yt = y + (size_t)t * ldy;
+            *yt = beta == 0.0f ? alpha * d : alpha * d + beta * *yt;
+        }
+    }
+}
+
 #define GEMV_WARPS 4 /* output rows per block */
 
 template <int DT>
@@ -175,20 +191,61 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS)
                 acc[t] = acc[t] + wv[v] * xt[v];
         }
     }
+    gemv_store(acc, n_tok, alpha, beta, y + o, ldy);
+}
+
+/* The quantized GEMV: lane l takes the 32-element groups l, l + 32, ... of its warp's row,
+ * each element widened from its block as it is loaded (devio_quant_elem: exactly
+ * devio_dequant_block's value), so the weight is read as stored, never widened in memory. */
+template <uint32_t G>
+__global__ void __launch_bounds__(32 * GEMV_WARPS)
+    k_gemv_q(const uint8_t *w, uint32_t m, uint32_t n, const float *x, uint32_t ldx,
+             uint32_t n_tok, float alpha, float beta, float *y, uint32_t ldy)
+{
+    const uint32_t blk = devio_quant_block(G), bytes = devio_quant_block_bytes(G);
+    uint32_t o = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (o >= m)
+        return; /* the whole warp */
+    const uint8_t *row = w + (size_t)o * (n / blk) * bytes;
+    float acc[CUDA_GEMV_MAX_TOK];
 #pragma unroll
-    for (uint32_t t = 0; t < CUDA_GEMV_MAX_TOK; t++) {
-        if (t >= n_tok)
-            break;
-        float d = warp_sum(acc[t]);
-        if (lane == 0) {
-            float *yt = y + (size_t)t * ldy + o;
-            *yt = beta == 0.0f ? alpha * d : alpha * d + beta * *yt;
+    for (uint32_t t = 0; t < CUDA_GEMV_MAX_TOK; t++)
+        acc[t] = 0.0f;
+    for (uint32_t i = lane * 32; i < n; i += 32 * 32) {
+        const uint8_t *b = row + (size_t)(i / blk) * bytes;
+        for (uint32_t j = 0; j < 32; j++) {
+            float wv = devio_quant_elem(G, b, i % blk + j);
+#pragma unroll
+            for (uint32_t t = 0; t < CUDA_GEMV_MAX_TOK; t++) {
+                if (t >= n_tok)
+                    break;
+                acc[t] = acc[t] + wv * x[(size_t)t * ldx + i + j];
+            }
         }
+    }
+    gemv_store(acc, n_tok, alpha, beta, y + o, ldy);
+}
+
+/* ggml's number of a quantized CUDA dtype, or 0. */
+static uint32_t ggml_of(int dtype)
+{
+    switch (dtype) {
+    case CUDA_Q8_0: return DEVIO_QT_Q8_0;
+    case CUDA_Q4_0: return DEVIO_QT_Q4_0;
+    case CUDA_Q4_1: return DEVIO_QT_Q4_1;
+    case CUDA_Q5_0: return DEVIO_QT_Q5_0;
+    case CUDA_Q5_1: return DEVIO_QT_Q5_1;
+    case CUDA_Q4_K: return DEVIO_QT_Q4_K;
+    case CUDA_Q5_K: return DEVIO_QT_Q5_K;
+    case CUDA_Q6_K: return DEVIO_QT_Q6_K;
+    default: return 0;
     }
 }
 
 int cuda_gemv_fits(int dtype, uint32_t n)
 {
+    if (ggml_of(dtype))
+        return n > 0 && n % devio_quant_block(ggml_of(dtype)) == 0;
     return dtype <= CUDA_BF16 && n > 0 && (size_t)n * (dtype == CUDA_F32 ? 4 : 2) % 16 == 0;
 }
 
@@ -209,6 +266,21 @@ int cuda_gemv(int dtype, const void *w, uint32_t m, uint32_t n, const float *x, 
     if (m == 0 || n_tok == 0)
         return 0;
     cudaStream_t s = (cudaStream_t)stream;
+    const uint8_t *q = static_cast<const uint8_t *>(w);
+    uint32_t grid = cuda_blocks_for(m, GEMV_WARPS), T = 32 * GEMV_WARPS;
+#define GEMV_Q(G) LAUNCH((k_gemv_q<G>), grid, T, 0, s, q, m, n, x, ldx, n_tok, alpha, beta, y, ldy)
+    switch (ggml_of(dtype)) {
+    case DEVIO_QT_Q8_0: GEMV_Q(DEVIO_QT_Q8_0); return cuda_launched();
+    case DEVIO_QT_Q4_0: GEMV_Q(DEVIO_QT_Q4_0); return cuda_launched();
+    case DEVIO_QT_Q4_1: GEMV_Q(DEVIO_QT_Q4_1); return cuda_launched();
+    case DEVIO_QT_Q5_0: GEMV_Q(DEVIO_QT_Q5_0); return cuda_launched();
+    case DEVIO_QT_Q5_1: GEMV_Q(DEVIO_QT_Q5_1); return cuda_launched();
+    case DEVIO_QT_Q4_K: GEMV_Q(DEVIO_QT_Q4_K); return cuda_launched();
+    case DEVIO_QT_Q5_K: GEMV_Q(DEVIO_QT_Q5_K); return cuda_launched();
+    case DEVIO_QT_Q6_K: GEMV_Q(DEVIO_QT_Q6_K); return cuda_launched();
+    default: break;
+    }
+#undef GEMV_Q
     if (dtype == CUDA_F32)
         gemv_dt<CUDA_F32>(w, m, n, x, ldx, n_tok, alpha, beta, y, ldy, s);
     else if (dtype == CUDA_F16)

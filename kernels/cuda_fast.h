@@ -36,9 +36,11 @@ int cuda_dequant16(int dtype, const void *w, uint64_t n, uint16_t *dst, void *st
 /* The GEMV of small batches beside cuda_gemm.h's GEMM: for t < n_tok <= CUDA_GEMV_MAX_TOK,
  *   y[t * ldy + o] = alpha * sum_i w[o * n + i] * x[t * ldx + i] + beta * y[t * ldy + o]
  * with w row-major [m, n] of dtype (CUDA_F32, CUDA_F16 or CUDA_BF16) read 16 bytes per lane
- * and widened exactly, x read as f32 (not rounded to 16 bits), products and sums in f32 in an
- * order of its own; beta 0 never reads y. A warp per output row. cuda_gemv_fits: rows whose
- * bytes are a multiple of 16 (the loads' alignment). */
+ * and widened exactly, or quantized (CUDA_Q8_0 ... CUDA_Q6_K, rows of whole blocks as
+ * uploaded) with each element widened from its block as it is loaded, exactly; x read as f32
+ * (not rounded to 16 bits), products and sums in f32 in an order of its own; beta 0 never
+ * reads y. A warp per output row. cuda_gemv_fits: 16-bit and f32 rows whose bytes are a
+ * multiple of 16 (the loads' alignment), quantized rows of whole blocks. */
 #define CUDA_GEMV_MAX_TOK 8u
 int cuda_gemv_fits(int dtype, uint32_t n);
 int cuda_gemv(int dtype, const void *w, uint32_t m, uint32_t n, const float *x, uint32_t ldx,

@@ -63,17 +63,6 @@ static small_layout layout_of(const devio_model_shape *sh)
     return o;
 }
 
-/* Host: n elements of t widened to f32 at dst (numspec's widening); false
- * when the tensor is absent (dst left as it is). */
-static bool widen(const devio_tensor *t, float *dst, size_t n)
-{
-    if (!t->data)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = devio_tensor_get(t, i);
-    return true;
-}
-
 /* One mixer layer's weights: projections as loaded, the rest widened into
  * one buffer with one upload (host scratch tmp of lay->total floats). */
 static devio_status layer_create(cuda_state *st, const devio_mixer *x, cuda_mixer_w *w,
@@ -88,14 +77,14 @@ static devio_status layer_create(cuda_state *st, const devio_mixer *x, cuda_mixe
         (s = cuda_upload_strict(st, &x->out_proj, &w->out_proj, &w->dt_out, err)))
         return s;
     memset(tmp, 0, lay->total * sizeof *tmp);
-    widen(&x->conv_w, tmp + lay->conv_w, (size_t)sh->conv_dim * sh->ssm_conv);
-    bool conv_b = widen(&x->conv_b, tmp + lay->conv_b, sh->conv_dim);
-    widen(&x->dt_bias, tmp + lay->dt_bias, sh->ssm_heads);
-    widen(&x->a_log, tmp + lay->a_log, sh->ssm_heads);
-    widen(&x->d_skip, tmp + lay->d_skip, sh->ssm_heads);
-    widen(&x->norm, tmp + lay->norm, sh->ssm_inner);
-    bool in_b = widen(&x->in_bias, tmp + lay->in_bias, sh->in_dim);
-    bool out_b = widen(&x->out_bias, tmp + lay->out_bias, sh->d);
+    devio_tensor_widen(&x->conv_w, tmp + lay->conv_w, (size_t)sh->conv_dim * sh->ssm_conv);
+    bool conv_b = devio_tensor_widen(&x->conv_b, tmp + lay->conv_b, sh->conv_dim);
+    devio_tensor_widen(&x->dt_bias, tmp + lay->dt_bias, sh->ssm_heads);
+    devio_tensor_widen(&x->a_log, tmp + lay->a_log, sh->ssm_heads);
+    devio_tensor_widen(&x->d_skip, tmp + lay->d_skip, sh->ssm_heads);
+    devio_tensor_widen(&x->norm, tmp + lay->norm, sh->ssm_inner);
+    bool in_b = devio_tensor_widen(&x->in_bias, tmp + lay->in_bias, sh->in_dim);
+    bool out_b = devio_tensor_widen(&x->out_bias, tmp + lay->out_bias, sh->d);
     float *dev;
     if ((s = cuda_dalloc(st, (void **)&dev, lay->total * sizeof *tmp, err)) ||
         (s = cuda_check(st, cudaMemcpy(dev, tmp, lay->total * sizeof *tmp,
@@ -202,12 +191,17 @@ devio_status cuda_mixer_first(cuda_step *sp, uint32_t li, uint32_t n)
         .conv_w = w->conv_w, .conv_b = w->conv_b, .dt_bias = w->dt_bias, .a_log = w->a_log,
         .d_skip = w->d_skip, .norm = w->norm, .zx = st->zx, .xa = st->xa, .y = st->my,
     };
-    CHECK(sp, cuda_ssm_conv(&m, st->stream), "the mixer's conv");
-    if (sp->ssm_chunks)
-        CHECK(sp, cuda_ssm_scan_chunked(&m, sp->ssm_chunks, st->ssm_cs, st->ssm_lam, st->stream),
-              "the mixer's scan");
-    else
-        CHECK(sp, cuda_ssm_scan(&m, st->stream), "the mixer's scan");
+    if (n == sp->b->n_rows) /* a decode step, one token a row: one kernel */
+        CHECK(sp, cuda_ssm_conv_scan(&m, st->stream), "the mixer's conv and scan");
+    else {
+        CHECK(sp, cuda_ssm_conv(&m, st->stream), "the mixer's conv");
+        if (sp->ssm_chunks)
+            CHECK(sp, cuda_ssm_scan_chunked(&m, sp->ssm_chunks, st->ssm_cs, st->ssm_lam,
+                                            st->stream),
+                  "the mixer's scan");
+        else
+            CHECK(sp, cuda_ssm_scan(&m, st->stream), "the mixer's scan");
+    }
     CHECK(sp, cuda_ssm_gate_norm(&m, n, st->stream), "the mixer's gated norm");
     return DEVIO_OK;
 }

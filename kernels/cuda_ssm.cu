@@ -57,6 +57,40 @@ __device__ __forceinline__ void window_store(float *dst, const float *u, uint32_
             dst[j] = u[j];
 }
 
+/* Channel c of a row before its first token: w its taps, u its window W[c][0..K-2] (zeros
+ * for a fresh row), u[K-1] free. */
+template <int KM>
+__device__ __forceinline__ void conv_load(const cuda_ssm &m, const cuda_ssm_row &row, uint32_t c,
+                                          float *w, float *u)
+{
+    const float *slot = slot_at(m, row.slot, (size_t)c * (m.K - 1));
+#pragma unroll
+    for (int j = 0; j < KM; j++) {
+        w[j] = (uint32_t)j < m.K ? m.conv_w[(size_t)c * m.K + j] : 0.0f;
+        u[j] = (uint32_t)j + 1 < m.K && !row.fresh ? slot[j] : 0.0f;
+    }
+}
+
+/* Token t of channel c: xBC[c] into u[K-1], the activated output returned, then the window
+ * moved by one. */
+template <int KM>
+__device__ __forceinline__ float conv_token(const cuda_ssm &m, uint32_t c, size_t t,
+                                            const float *w, float *u)
+{
+    float in = m.zx[t * m.in_dim + m.I + c];
+#pragma unroll
+    for (int j = 0; j < KM; j++)
+        if ((uint32_t)j + 1 == m.K)
+            u[j] = in;
+    float v = lane_dot_taps<KM>(w, u, m.K);
+    if (m.conv_b)
+        v = DEVIO_ADD(v, m.conv_b[c]);
+#pragma unroll
+    for (int j = 0; j + 1 < KM; j++)
+        u[j] = u[j + 1];
+    return devio_siluf(v);
+}
+
 /* Thread (row, channel c): u holds the window W[c][0..K-2] then the token's
  * xBC[c] in u[K-1]; after the token the window moves by one. Indices into u
  * and w are compile-time, so both stay in registers. */
@@ -71,26 +105,10 @@ __global__ void __launch_bounds__(CONV_THREADS) k_conv(cuda_ssm m)
     size_t off = (size_t)c * (K - 1);
     float *slot = slot_at(m, row.slot, off);
     float w[KM], u[KM];
-#pragma unroll
-    for (int j = 0; j < KM; j++) {
-        w[j] = (uint32_t)j < K ? m.conv_w[(size_t)c * K + j] : 0.0f;
-        u[j] = (uint32_t)j + 1 < K && !row.fresh ? slot[j] : 0.0f;
-    }
-    float bias = m.conv_b ? m.conv_b[c] : 0.0f;
+    conv_load<KM>(m, row, c, w, u);
     for (uint32_t i = 0; i < row.n_tokens; i++) {
         size_t t = (size_t)row.tok_start + i;
-        float in = m.zx[t * m.in_dim + m.I + c];
-#pragma unroll
-        for (int j = 0; j < KM; j++)
-            if ((uint32_t)j + 1 == K)
-                u[j] = in;
-        float v = lane_dot_taps<KM>(w, u, K);
-        if (m.conv_b)
-            v = DEVIO_ADD(v, bias);
-        m.xa[t * m.conv_dim + c] = devio_siluf(v);
-#pragma unroll
-        for (int j = 0; j + 1 < KM; j++)
-            u[j] = u[j + 1];
+        m.xa[t * m.conv_dim + c] = conv_token<KM>(m, c, t, w, u);
         if (row.snap_mode == CUDA_SNAP_EACH)
             window_store<KM>(slot_at(m, m.snaps[row.snap_off + i], off), u, K);
     }
@@ -127,6 +145,31 @@ __device__ __forceinline__ void states_store(float *dst, const float *s, uint32_
             dst[lane + 32u * k] = s[k];
 }
 
+/* Token t of the recurrence of channel ch (head h) in a warp: lane l's states s (n = l,
+ * l + 32, ...) updated from B, C and the conv's output xp, y written by lane 0. */
+template <int NL, class Q>
+__device__ __forceinline__ void scan_token(const cuda_ssm &m, float *s, size_t t, uint32_t h,
+                                           uint32_t ch, Q B, Q C, float xp)
+{
+    uint32_t lane = threadIdx.x & 31u;
+    float A = -devio_expf(m.a_log[h]), D = m.d_skip[h];
+    float dt = devio_softplusf(DEVIO_ADD(m.zx[t * m.in_dim + m.I + m.conv_dim + h], m.dt_bias[h]));
+    dt = dt < m.dt_min ? m.dt_min : dt;
+    dt = dt > m.dt_max ? m.dt_max : dt;
+    float dA = devio_expf(DEVIO_MUL(dt, A)), acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NL; k++) {
+        uint32_t n = lane + 32u * k;
+        if (n < m.N) {
+            s[k] = DEVIO_ADD(DEVIO_MUL(s[k], dA), DEVIO_MUL(DEVIO_MUL(dt, B[n]), xp));
+            acc = DEVIO_ADD(acc, DEVIO_MUL(s[k], C[n]));
+        }
+    }
+    float dot = fold(acc);
+    if (lane == 0)
+        m.y[t * m.I + ch] = DEVIO_ADD(dot, DEVIO_MUL(D, xp));
+}
+
 /* Warp (row, head h, channel p): lane l holds S[h][p][n] for n = l, l+32,
  * ... < N in s[0], s[1], ...: exactly the terms the lane rule gives lane l,
  * added in increasing n. dt and dA are the same in every lane. */
@@ -145,27 +188,11 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS) k_scan(cuda_ssm m)
 #pragma unroll
     for (int k = 0; k < NL; k++)
         s[k] = lane + 32u * k < N && !row.fresh ? slot[lane + 32u * k] : 0.0f;
-    float A = -devio_expf(m.a_log[h]), dt_bias = m.dt_bias[h], D = m.d_skip[h];
     for (uint32_t i = 0; i < row.n_tokens; i++) {
         size_t t = (size_t)row.tok_start + i;
         const float *xa = m.xa + t * m.conv_dim;
-        const float *B = xa + m.I + (size_t)g * N, *C = xa + m.I + (size_t)(m.G + g) * N;
-        float dt = devio_softplusf(DEVIO_ADD(m.zx[t * m.in_dim + m.I + m.conv_dim + h], dt_bias));
-        dt = dt < m.dt_min ? m.dt_min : dt;
-        dt = dt > m.dt_max ? m.dt_max : dt;
-        float dA = devio_expf(DEVIO_MUL(dt, A)), xp = xa[ch];
-        float acc = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NL; k++) {
-            uint32_t n = lane + 32u * k;
-            if (n < N) {
-                s[k] = DEVIO_ADD(DEVIO_MUL(s[k], dA), DEVIO_MUL(DEVIO_MUL(dt, B[n]), xp));
-                acc = DEVIO_ADD(acc, DEVIO_MUL(s[k], C[n]));
-            }
-        }
-        float dot = fold(acc);
-        if (lane == 0)
-            m.y[t * m.I + ch] = DEVIO_ADD(dot, DEVIO_MUL(D, xp));
+        scan_token<NL>(m, s, t, h, ch, xa + m.I + (size_t)g * N, xa + m.I + (size_t)(m.G + g) * N,
+                       xa[ch]);
         if (row.snap_mode == CUDA_SNAP_EACH)
             states_store<NL>(slot_at(m, m.snaps[row.snap_off + i], off), s, lane, N);
     }
@@ -188,6 +215,85 @@ int cuda_ssm_scan(const cuda_ssm *m, void *stream)
         LAUNCH((k_scan<4>), grid, 32 * SCAN_WARPS, 0, s, *m);
     else
         LAUNCH((k_scan<CUDA_SSM_MAX_STATE / 32>), grid, 32 * SCAN_WARPS, 0, s, *m);
+    return cuda_launched();
+}
+
+/* ---- the conv and the scan as one kernel (decode steps) ------------------- */
+
+/* Block (row, head h, channels p): the head's group's B and C first, every channel of them
+ * (2N) by the block's threads into shared memory from its window as it stands, then each
+ * warp its channel's x (lane 0 moving that window) and the recurrence as k_scan does for one
+ * token (lane 0 computes x and broadcasts it). The B and C windows are the group's other
+ * blocks' to read: they move later (bc_pending, k_gate_norm). */
+template <int NL, int KM>
+__global__ void __launch_bounds__(32 * SCAN_WARPS) k_conv_scan(cuda_ssm m)
+{
+    DEVIO_DYN_SHARED(float, bc);
+    uint32_t lane = threadIdx.x & 31u, r = blockIdx.x, h = blockIdx.y;
+    uint32_t p = blockIdx.z * SCAN_WARPS + (threadIdx.x >> 5);
+    const cuda_ssm_row row = m.rows[r];
+    uint32_t N = m.N, g = h / (m.H / m.G);
+    size_t t = row.tok_start;
+    float w[KM], u[KM];
+    for (uint32_t k = threadIdx.x; k < 2 * N; k += blockDim.x) {
+        uint32_t c = m.I + (k < N ? g * N + k : (m.G + g) * N + (k - N));
+        conv_load<KM>(m, row, c, w, u);
+        bc[k] = conv_token<KM>(m, c, t, w, u);
+    }
+    __syncthreads();
+    if (p >= m.P)
+        return; /* the whole warp, past the block's only barrier */
+    uint32_t ch = h * m.P + p;
+    float xp = 0.0f;
+    if (lane == 0) { /* the window is read before the broadcast and moved after it */
+        conv_load<KM>(m, row, ch, w, u);
+        xp = conv_token<KM>(m, ch, t, w, u);
+    }
+    xp = __shfl_sync(FULL, xp, 0);
+    if (lane == 0) {
+        size_t woff = (size_t)ch * (m.K - 1);
+        window_store<KM>(slot_at(m, row.slot, woff), u, m.K);
+        if (row.snap_mode != CUDA_SNAP_NONE)
+            window_store<KM>(slot_at(m, m.snaps[row.snap_off], woff), u, m.K);
+    }
+    size_t off = (size_t)m.conv_dim * (m.K - 1) + (size_t)ch * N;
+    float *slot = slot_at(m, row.slot, off), s[NL];
+#pragma unroll
+    for (int k = 0; k < NL; k++)
+        s[k] = lane + 32u * k < N && !row.fresh ? slot[lane + 32u * k] : 0.0f;
+    scan_token<NL>(m, s, t, h, ch, bc + 0, bc + N, xp);
+    states_store<NL>(slot, s, lane, N);
+    if (row.snap_mode != CUDA_SNAP_NONE)
+        states_store<NL>(slot_at(m, m.snaps[row.snap_off], off), s, lane, N);
+}
+
+template <int KM>
+static void conv_scan(const cuda_ssm *m, cudaStream_t s)
+{
+    dim3 grid(m->n_rows, m->H, cuda_blocks_for(m->P, SCAN_WARPS));
+    size_t smem = 2u * m->N * sizeof(float);
+    if (m->N <= 32)
+        LAUNCH((k_conv_scan<1, KM>), grid, 32 * SCAN_WARPS, smem, s, *m);
+    else if (m->N <= 64)
+        LAUNCH((k_conv_scan<2, KM>), grid, 32 * SCAN_WARPS, smem, s, *m);
+    else if (m->N <= 128)
+        LAUNCH((k_conv_scan<4, KM>), grid, 32 * SCAN_WARPS, smem, s, *m);
+    else
+        LAUNCH((k_conv_scan<CUDA_SSM_MAX_STATE / 32, KM>), grid, 32 * SCAN_WARPS, smem, s, *m);
+}
+
+int cuda_ssm_conv_scan(cuda_ssm *m, void *stream)
+{
+    m->bc_pending = 1;
+    if (m->n_rows == 0)
+        return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (m->K <= 4)
+        conv_scan<4>(m, s);
+    else if (m->K <= 8)
+        conv_scan<8>(m, s);
+    else
+        conv_scan<CUDA_SSM_MAX_CONV>(m, s);
     return cuda_launched();
 }
 
@@ -383,10 +489,28 @@ int cuda_ssm_scan_chunked(const cuda_ssm *m, uint32_t chunks, float *cs, float *
 
 /* ---- gate and gated norm -------------------------------------------------- */
 
-/* Warp (token t, group g) over gs = I / G channels: q = y * silu(z) stored
- * in place, ss = lane_dot(q, q, gs), then y = norm_w * (q * r). */
+/* When m.bc_pending, first the B and C windows cuda_ssm_conv_scan left: every (row, channel)
+ * of them by the grid's threads, the window moved by the row's one token (its xBC) into the
+ * slot and the snapshot. Then warp (token t, group g) over gs = I / G channels: q = y * silu(z)
+ * stored in place, ss = lane_dot(q, q, gs), then y = norm_w * (q * r). */
 __global__ void __launch_bounds__(32 * NORM_WARPS) k_gate_norm(cuda_ssm m, uint32_t n_tok)
 {
+    uint64_t n_bc = m.bc_pending ? (uint64_t)m.n_rows * 2u * m.G * m.N : 0u;
+    for (uint64_t k = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n_bc;
+         k += (uint64_t)gridDim.x * blockDim.x) {
+        const cuda_ssm_row row = m.rows[k / (2u * m.G * m.N)];
+        uint32_t c = m.I + (uint32_t)(k % (2u * m.G * m.N)), K = m.K;
+        size_t off = (size_t)c * (K - 1);
+        float *slot = slot_at(m, row.slot, off);
+        float in = m.zx[(size_t)row.tok_start * m.in_dim + m.I + c], v[CUDA_SSM_MAX_CONV];
+        for (uint32_t j = 0; j + 1 < K; j++) /* the window after the token, read before written */
+            v[j] = j + 2 < K ? (row.fresh ? 0.0f : slot[j + 1]) : in;
+        for (uint32_t j = 0; j + 1 < K; j++) {
+            slot[j] = v[j];
+            if (row.snap_mode != CUDA_SNAP_NONE)
+                slot_at(m, m.snaps[row.snap_off], off)[j] = v[j];
+        }
+    }
     uint32_t lane = threadIdx.x & 31u;
     uint64_t wid = (uint64_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
     if (wid >= (uint64_t)n_tok * m.G)
@@ -411,7 +535,8 @@ int cuda_ssm_gate_norm(const cuda_ssm *m, uint32_t n_tok, void *stream)
 {
     if (n_tok == 0)
         return 0;
-    uint32_t grid = cuda_blocks_for((uint64_t)n_tok * m->G, NORM_WARPS);
+    uint64_t warps = (uint64_t)n_tok * m->G, bc = m->bc_pending ? (uint64_t)m->n_rows * 2u * m->G * m->N : 0;
+    uint32_t grid = cuda_blocks_for(warps > bc / 32 ? warps : (bc + 31) / 32, NORM_WARPS);
     LAUNCH((k_gate_norm), grid, 32 * NORM_WARPS, 0, (cudaStream_t)stream, *m, n_tok);
     return cuda_launched();
 }

@@ -52,6 +52,8 @@ typedef struct cuda_ssm {
     const float *zx;          /* [n_tok, in_dim] in_proj's outputs z | xBC | dt */
     float *xa;                /* [n_tok, conv_dim] the conv's activated outputs */
     float *y;                 /* [n_tok, I] the scan's outputs, then the gated norm's */
+    uint32_t bc_pending;      /* set by cuda_ssm_conv_scan: the B and C windows are still to
+                                 move, which cuda_ssm_gate_norm does */
 } cuda_ssm;
 
 /* The conv of every row, one thread per (row, channel) running the row's
@@ -78,8 +80,17 @@ int cuda_ssm_scan(const cuda_ssm *m, void *stream);
 int cuda_ssm_scan_chunked(const cuda_ssm *m, uint32_t chunks, float *cs, float *lam,
                           void *stream);
 
+/* Decode steps, every row one token: cuda_ssm_conv then cuda_ssm_scan as one kernel, a block
+ * per (row, head, SCAN_WARPS channels) computing its group's B and C itself (the conv of
+ * those 2N channels, kept in shared memory) and each warp its channel's x: every number,
+ * window and state is those two kernels', bit for bit (xa is not written). The B and C
+ * windows, which the group's other blocks read, are left as they were; m->bc_pending is set
+ * and cuda_ssm_gate_norm, next on the stream, moves them. */
+int cuda_ssm_conv_scan(cuda_ssm *m, void *stream);
+
 /* y = norm_w * (q * rsqrt(mean of q*q over the group + eps)) with
- * q = y * silu(z), one warp per (token, group), in place, for n_tok tokens. */
+ * q = y * silu(z), one warp per (token, group), in place, for n_tok tokens; first, when
+ * m->bc_pending, the B and C windows cuda_ssm_conv_scan left. */
 int cuda_ssm_gate_norm(const cuda_ssm *m, uint32_t n_tok, void *stream);
 
 #ifdef __cplusplus

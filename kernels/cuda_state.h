@@ -177,6 +177,8 @@ typedef struct cuda_state {
     uint64_t memory_total;
 } cuda_state;
 
+/* ---- cuda_device.c: shared by every file of the backend ---- */
+
 /* A CUDA call's result: DEVIO_OK, or DEVIO_E_DEVICE with the error text and
  * the state marked failed (st->failure) so that no later step runs on it. */
 devio_status cuda_check(cuda_state *st, int code, const char *what, devio_error *err);
@@ -185,14 +187,33 @@ devio_status cuda_check(cuda_state *st, int code, const char *what, devio_error 
  * marked failed, else DEVIO_OK. */
 devio_status cuda_refuse_if_failed(cuda_state *st, devio_error *err);
 
+/* cudaMalloc of `bytes`, zeroed, remembered for destroy. */
+devio_status cuda_dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err);
+#define DALLOC(st, ptr, bytes, err) cuda_dalloc((st), (void **)&(ptr), (bytes), (err))
+/* A tensor uploaded as loaded, or, as_matrix, a weight whose rows are lane-major when
+ * lane_major and cuda_lane_major say so (cuda_kernels.h); *dev is NULL for an absent tensor. */
+devio_status cuda_upload_as(cuda_state *st, const devio_tensor *t, bool as_matrix, bool lane_major,
+                            const void **dev, int *dt, devio_error *err);
+/* A projection weight uploaded, its rows lane-major where cuda_lane_major
+ * says (cuda_kernels.h), row-major under fast numerics (a GEMM's); *dev is
+ * NULL for an absent tensor. cuda_upload_strict: lane-major always, for a
+ * projection fast numerics keep on the strict kernel (cuda_matvec.strict). */
+devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
+                         devio_error *err);
+devio_status cuda_upload_strict(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
+                                devio_error *err);
+
+/* ---- the other files ---- */
+
 /* The backend's submit and wait (cuda_step.c). */
 devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err);
 devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err);
 
-/* Sampling under fast numerics (cuda_sampling.c): its buffers (nothing in strict numerics);
- * the backend's sample slot; whether submit leaves logits slot `slot` of b on the device (a
- * sample the GPU takes is its only reader); and, in wait once step `ring` finished, each
- * sample's token and logprob, those the GPU did not take sampled on the host. */
+/* A step's logits and samples (cuda_sampling.c): their buffers (in strict numerics only the
+ * host arena pinned); the backend's sample and logits_read slots; whether submit keeps logits
+ * slot `slot` of b nowhere (a sample the GPU takes is its only reader); and, in wait once step
+ * `ring` finished, each sample's token and logprob, those the GPU did not take sampled on the
+ * host. */
 devio_status cuda_sampling_create(cuda_state *st, devio_error *err);
 void cuda_sampling_destroy(cuda_state *st);
 devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *err);
@@ -205,20 +226,6 @@ devio_status cuda_sampling_finish(cuda_state *st, uint32_t ring, const devio_bat
 devio_status cuda_adapter_add(void *state, uint32_t slot, uint32_t generation,
                               const struct devio_adapter *a, devio_error *err);
 void cuda_adapter_remove(void *state, uint32_t slot, uint32_t generation);
-
-/* n elements of host tensor t widened to f32 at dst (cuda_backend.c). */
-void cuda_widen_host(const devio_tensor *t, float *dst, size_t n);
-
-/* cudaMalloc of `bytes`, zeroed, remembered for destroy (cuda_backend.c). */
-devio_status cuda_dalloc(cuda_state *st, void **p, uint64_t bytes, devio_error *err);
-/* A projection weight uploaded, its rows lane-major where cuda_lane_major
- * says (cuda_kernels.h), row-major under fast numerics (a GEMM's); *dev is
- * NULL for an absent tensor. cuda_upload_strict: lane-major always, for a
- * projection fast numerics keep on the strict kernel (cuda_matvec.strict). */
-devio_status cuda_upload(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
-                         devio_error *err);
-devio_status cuda_upload_strict(cuda_state *st, const devio_tensor *t, const void **dev, int *dt,
-                                devio_error *err);
 
 /* Hybrid models (cuda_mixer.c). What the mixer kernels cannot compute,
  * refused before anything is allocated: DEVIO_E_UNSUPPORTED naming it. */

@@ -1,6 +1,6 @@
-/* cuda_step.h - one step being enqueued, shared by cuda_step.c (the step,
- * attention layers, the MLP, outputs) and cuda_mixer.c (mixer layers).
- * Private to kernels/. */
+/* cuda_step.h - one step being enqueued, shared by cuda_step.c (the step, attention layers,
+ * the MLP, outputs), cuda_mixer.c (mixer layers) and cuda_project.c (the projections both
+ * call). Calls go one way: step -> mixer -> project, step -> project. Private to kernels/. */
 #ifndef DEVIO_CUDA_STEP_H
 #define DEVIO_CUDA_STEP_H
 
@@ -40,8 +40,16 @@ typedef struct cuda_step {
             return s_;                                                                             \
     } while (0)
 
+/* ---- cuda_project.c ---- */
+
 /* Rule 3 on the step's stream. */
 devio_status step_project(cuda_step *sp, cuda_matvec mv, const char *what);
+
+/* h = rmsnorm(x) with weight w for the n_use projections users of h: when
+ * they all round h alike for the GEMM, the norm writes that rounding into
+ * st->x16 too and they take it from there (no rounding pass of their own). */
+devio_status step_norm_for(cuda_step *sp, const float *x, const float *w, uint32_t n,
+                           cuda_matvec **users, uint32_t n_use);
 
 /* Rule 3a on y for the tokens whose adapter adapts `target` (a
  * devio_lora_target, or CUDA_NO_LORA) of layer li, when some adapter of the
@@ -56,7 +64,9 @@ devio_status step_lora(cuda_step *sp, uint32_t li, int target, const step_tables
 devio_status step_residual(cuda_step *sp, uint32_t li, int target, cuda_matvec mv,
                            const step_tables *t, const char *what);
 
-/* Mixer layer li (cuda_mixer.c), split as an attention layer is: first the
+/* ---- cuda_mixer.c ---- */
+
+/* Mixer layer li, split as an attention layer is: first the
  * part every token runs because it moves the row's state (norm, in_proj,
  * conv, scan, gated norm into st->my), then out_proj into the residual rows
  * x of n tokens whose gated-norm rows are y. */

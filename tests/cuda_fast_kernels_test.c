@@ -4,8 +4,8 @@
  * and values: GQA groups narrower and wider than a block's 8 warps, head sizes with a lane's
  * second column pair, a sliding window, keys past several chunks and every split count from
  * one to the most a step takes, blocks scattered over the pool; prefill tiled over queries; the
- * sampler kernel against the host's sampler and quantized weights widened to f16, bit for bit;
- * and the chunked Mamba-2 scan against the sequential one. Built twice: on the SIMT
+ * sampler kernel against the host's sampler and quantized weights widened to f16, bit for bit.
+ * Built twice: on the SIMT
  * emulator (every machine) and, where nvcc is, on the GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,14 +25,7 @@
 #include "kernels/cuda_fast.h"
 #include "kernels/cuda_proc.h"
 #include "kernels/cuda_sample.h"
-#include "kernels/cuda_ssm.h"
-
-/* A deterministic stream of uniform floats in [-1, 1). */
-static float uniform(uint64_t *s)
-{
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((double)(*s >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
-}
+#include "tests/cuda_test_util.h"
 
 typedef struct attn_case {
     uint32_t n_heads, n_kv, hd, block_size, window, n_tok;
@@ -42,29 +35,6 @@ typedef struct attn_case {
 } attn_case;
 
 #define TILED UINT32_MAX /* check_case's splits: the tiled (prefill) kernel */
-
-/* Built for the GPU, a case needs one; the emulated build always has its device. */
-static void need_device(void)
-{
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        (void)cudaGetLastError();
-        print_message("cuda_fast_kernels_test: no CUDA device answers; this case needs one\n");
-        skip();
-    }
-}
-
-/* bytes of host in device memory (zeros when host is NULL). */
-static void *dev_copy(const void *host, size_t bytes)
-{
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, bytes ? bytes : 4), cudaSuccess);
-    if (host)
-        assert_int_equal(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    else
-        assert_int_equal(cudaMemset(d, 0, bytes ? bytes : 4), cudaSuccess);
-    return d;
-}
 
 /* Every (token, head) of c through cuda_attention16 with `splits` (0: what the step would
  * choose; TILED: cuda_attention16_tiled), each output within 1e-5 of the float64 result's
@@ -206,32 +176,22 @@ static void test_head_dim_256(void **state)
     check_case(&c, 0);
 }
 
-/* The GEMV against float64 over the same widened weights and f32 inputs, every token count it
- * takes, with and without beta; rows whose bytes are not a multiple of 16 are refused. */
-static void gemv_case(int dtype, uint32_t m, uint32_t n)
+/* The GEMV of dtype on the m x n weight held in w (len bytes, as uploaded), whose values widened
+ * are wf, against float64 over the same values, every token count it takes, with and without
+ * beta: within 1e-5 (1 + sqrt n), plus rel sqrt(n) times the sum of the terms' magnitudes. */
+static void gemv_check(int dtype, const void *w, size_t len, const float *wf, uint32_t m,
+                       uint32_t n, uint64_t seed, double rel)
 {
-    uint32_t es = dtype == CUDA_F32 ? 4 : 2, ldx = n + 3, ldy = m + 1;
-    uint64_t seed = 77u + n;
-    uint8_t *w = malloc((size_t)m * n * es);
-    float *wf = malloc((size_t)m * n * sizeof *wf), *x = malloc(8 * (size_t)ldx * 4);
-    float *y0 = malloc(8 * (size_t)ldy * 4), *y = malloc(8 * (size_t)ldy * 4);
-    for (size_t i = 0; i < (size_t)m * n; i++) {
-        float v = uniform(&seed);
-        if (dtype == CUDA_F32) {
-            memcpy(w + 4 * i, &v, 4);
-        } else {
-            uint16_t h = dtype == CUDA_F16 ? devio_f32_to_f16_rne(v) : devio_f32_to_bf16_rne(v);
-            memcpy(w + 2 * i, &h, 2);
-            v = dtype == CUDA_F16 ? devio_f16_to_f32(h) : devio_bf16_to_f32(h);
-        }
-        wf[i] = v;
-    }
+    uint32_t ldx = n + 3, ldy = m + 1;
+    float *x = malloc(8 * (size_t)ldx * 4), *y0 = malloc(8 * (size_t)ldy * 4);
+    float *y = malloc(8 * (size_t)ldy * 4);
     for (size_t i = 0; i < 8 * (size_t)ldx; i++)
         x[i] = uniform(&seed);
     for (size_t i = 0; i < 8 * (size_t)ldy; i++)
         y0[i] = uniform(&seed);
-    void *dw = dev_copy(w, (size_t)m * n * es);
+    void *dw = dev_copy(w, len);
     float *dx = dev_copy(x, 8 * (size_t)ldx * 4), *dy = dev_copy(NULL, 8 * (size_t)ldy * 4);
+    assert_true(cuda_gemv_fits(dtype, n));
     for (uint32_t nt = 1; nt <= CUDA_GEMV_MAX_TOK; nt++)
         for (int with_beta = 0; with_beta < 2; with_beta++) {
             float alpha = 0.5f, beta = with_beta ? 2.0f : 0.0f;
@@ -244,20 +204,83 @@ static void gemv_case(int dtype, uint32_t m, uint32_t n)
             for (uint32_t t = 0; t < 8; t++)
                 for (uint32_t o = 0; o < ldy; o++) {
                     size_t at = (size_t)t * ldy + o;
-                    double want = y0[at];
+                    double want = y0[at], mag = 0.0;
                     if (t < nt && o < m) {
                         double d = 0.0;
-                        for (uint32_t i = 0; i < n; i++)
-                            d += (double)wf[(size_t)o * n + i] * x[(size_t)t * ldx + i];
+                        for (uint32_t i = 0; i < n; i++) {
+                            double p = (double)wf[(size_t)o * n + i] * x[(size_t)t * ldx + i];
+                            d += p;
+                            mag += fabs(p);
+                        }
                         want = alpha * d + beta * (double)y0[at];
                     }
-                    if (fabs(y[at] - want) > 1e-5 * (1.0 + sqrt((double)n)))
+                    double tol = 1e-5 * (1.0 + sqrt((double)n)) + rel * sqrt((double)n) * mag;
+                    if (fabs(y[at] - want) > tol)
                         fail_msg("dtype %d, %u tokens, beta %g: y[%u][%u] %.9g, want %.9g", dtype,
                                  nt, (double)beta, t, o, (double)y[at], want);
                 }
         }
     cudaFree(dw), cudaFree(dx), cudaFree(dy);
-    free(w), free(wf), free(x), free(y0), free(y);
+    free(x), free(y0), free(y);
+}
+
+/* A 16-bit or f32 weight of uniform values. */
+static void gemv_case(int dtype, uint32_t m, uint32_t n)
+{
+    uint32_t es = dtype == CUDA_F32 ? 4 : 2;
+    uint64_t seed = 77u + n;
+    uint8_t *w = malloc((size_t)m * n * es);
+    float *wf = malloc((size_t)m * n * sizeof *wf);
+    for (size_t i = 0; i < (size_t)m * n; i++) {
+        float v = uniform(&seed);
+        if (dtype == CUDA_F32) {
+            memcpy(w + 4 * i, &v, 4);
+        } else {
+            uint16_t h = dtype == CUDA_F16 ? devio_f32_to_f16_rne(v) : devio_f32_to_bf16_rne(v);
+            memcpy(w + 2 * i, &h, 2);
+            v = dtype == CUDA_F16 ? devio_f16_to_f32(h) : devio_bf16_to_f32(h);
+        }
+        wf[i] = v;
+    }
+    gemv_check(dtype, w, (size_t)m * n * es, wf, m, n, seed, 0.0);
+    free(w), free(wf);
+}
+
+/* ggml's numbers of CUDA_Q8_0 ... CUDA_Q6_K, in that order */
+static const uint32_t GGML_OF[] = {8, 2, 3, 6, 7, 12, 13, 14};
+
+/* Random blocks of ggml type g whose f16 scales are of a trained model's size (random bytes
+ * there give scales up to 65504 and infinities). */
+static void random_blocks(uint32_t g, uint8_t *w, uint32_t nb, uint64_t *seed)
+{
+    uint32_t bytes = devio_quant_block_bytes(g);
+    for (uint32_t i = 0; i < nb * bytes; i++)
+        w[i] = (uint8_t)(uniform(seed) * 127.0f + 128.0f);
+    for (uint32_t b = 0; b < nb; b++) {
+        uint8_t *p = w + (size_t)b * bytes;
+        uint16_t d = devio_f32_to_f16_rne(0.002f + 0.01f * (uniform(seed) + 1.0f));
+        uint16_t mn = devio_f32_to_f16_rne(0.001f * (uniform(seed) + 1.0f));
+        uint32_t at = g == 14 ? 208 : 0; /* Q6_K keeps d last */
+        memcpy(p + at, &d, 2);
+        if (g == 3 || g == 7 || g == 12 || g == 13) /* Q4_1, Q5_1: m; Q4_K, Q5_K: dmin */
+            memcpy(p + 2, &mn, 2);
+    }
+}
+
+/* A quantized weight of m rows of nb random blocks, widened by devio_quant_elem for float64. */
+static void gemv_quant_case(int dtype, uint32_t m, uint32_t nb)
+{
+    uint32_t g = GGML_OF[dtype - CUDA_Q8_0], blk = devio_quant_block(g);
+    uint32_t bytes = devio_quant_block_bytes(g), n = nb * blk;
+    uint64_t seed = 31u + (uint64_t)dtype;
+    uint8_t *w = malloc((size_t)m * nb * bytes);
+    float *wf = malloc((size_t)m * n * sizeof *wf);
+    random_blocks(g, w, m * nb, &seed);
+    for (size_t i = 0; i < (size_t)m * n; i++)
+        wf[i] = devio_quant_elem(g, w + (i / blk) * bytes, (uint32_t)(i % blk));
+    assert_false(cuda_gemv_fits(dtype, n + 16));
+    gemv_check(dtype, w, (size_t)m * nb * bytes, wf, m, n, seed, 1e-6);
+    free(w), free(wf);
 }
 
 static void test_gemv(void **state)
@@ -267,8 +290,10 @@ static void test_gemv(void **state)
     gemv_case(CUDA_BF16, 37, 264);
     gemv_case(CUDA_F16, 9, 1024);
     gemv_case(CUDA_F32, 5, 36);
+    for (int dt = CUDA_Q8_0; dt <= CUDA_Q6_K; dt++) /* 33 or 3 rows of 3 blocks: 96 or 768 */
+        gemv_quant_case(dt, dt >= CUDA_Q4_K ? 3 : 33, 3);
     assert_false(cuda_gemv_fits(CUDA_BF16, 12));
-    assert_false(cuda_gemv_fits(CUDA_Q8_0, 256));
+    assert_false(cuda_gemv_fits(CUDA_Q8_0, 48));
     assert_int_equal(cuda_gemv(CUDA_BF16, NULL, 1, 12, NULL, 12, 1, 1.0f, 0.0f, NULL, 1, NULL),
                      cudaErrorInvalidValue);
     assert_int_equal(cuda_gemv(CUDA_BF16, NULL, 1, 16, NULL, 16, 9, 1.0f, 0.0f, NULL, 1, NULL),
@@ -504,8 +529,7 @@ static void test_dequant16(void **state)
 {
     (void)state;
     need_device();
-    /* ggml's numbers of CUDA_Q8_0 ... CUDA_Q6_K, in that order */
-    static const uint32_t ggml[] = {8, 2, 3, 6, 7, 12, 13, 14};
+    const uint32_t *ggml = GGML_OF;
     uint64_t seed = 5;
     for (int dt = CUDA_Q8_0; dt <= CUDA_Q6_K; dt++) {
         uint32_t g = ggml[dt - CUDA_Q8_0], blk = devio_quant_block(g);
@@ -563,83 +587,6 @@ static void test_rmsnorm16(void **state)
     cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dz), cudaFree(dh);
 }
 
-/* The chunked scan against the sequential one on the same inputs: rows of 1, 31, 32, 33 and
- * 100 tokens (one chunk, exactly one, one past, several), some from a fresh state and some
- * from a held one, one keeping an END snapshot; outputs and final states within 1e-4 of the
- * largest magnitude (fast numerics: sums in another order). */
-static void test_chunked_scan(void **state)
-{
-    (void)state;
-    need_device();
-    enum { R = 5, H = 4, P = 8, G = 2, N = 40, K = 4 };
-    static const uint32_t lens[R] = {1, 31, 32, 33, 100};
-    const uint32_t I = H * P, conv_dim = I + 2 * G * N, in_dim = 2 * I + 2 * G * N + H;
-    uint32_t T = 0;
-    cuda_ssm_row rows[R];
-    uint32_t chunks = 0;
-    for (uint32_t r = 0; r < R; r++) {
-        rows[r] = (cuda_ssm_row){.tok_start = T, .n_tokens = lens[r], .slot = r, .fresh = r % 2,
-                                 .snap_mode = r == 4 ? CUDA_SNAP_END : CUDA_SNAP_NONE,
-                                 .snap_off = 0};
-        T += lens[r];
-        chunks += (lens[r] + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK;
-    }
-    uint64_t slot_floats = (uint64_t)conv_dim * (K - 1) + (uint64_t)I * N, seed = 31;
-    size_t n_state = (R + 1) * slot_floats;
-    float *st = malloc(n_state * 4), *zx = malloc((size_t)T * in_dim * 4);
-    float *xa = malloc((size_t)T * conv_dim * 4), small[4 * H];
-    for (size_t i = 0; i < n_state; i++)
-        st[i] = uniform(&seed);
-    for (size_t i = 0; i < (size_t)T * in_dim; i++)
-        zx[i] = uniform(&seed);
-    for (size_t i = 0; i < (size_t)T * conv_dim; i++)
-        xa[i] = uniform(&seed);
-    for (uint32_t i = 0; i < 4 * H; i++)
-        small[i] = uniform(&seed) * 0.5f;
-    uint32_t snaps[1] = {R};
-    cuda_ssm m = {.H = H, .P = P, .G = G, .N = N, .K = K, .I = I, .conv_dim = conv_dim,
-                  .in_dim = in_dim, .dt_min = 0.0f, .dt_max = 1e30f, .eps = 1e-5f,
-                  .rows = dev_copy(rows, sizeof rows), .n_rows = R, .snaps = dev_copy(snaps, 4),
-                  .slot_floats = slot_floats, .layer_off = 0, .dt_bias = dev_copy(small, 4 * H),
-                  .a_log = dev_copy(small + H, 4 * H), .d_skip = dev_copy(small + 2 * H, 4 * H),
-                  .zx = dev_copy(zx, (size_t)T * in_dim * 4),
-                  .xa = dev_copy(xa, (size_t)T * conv_dim * 4)};
-    float *want_y = malloc((size_t)T * I * 4), *got_y = malloc((size_t)T * I * 4);
-    float *want_s = malloc(n_state * 4), *got_s = malloc(n_state * 4);
-    float *cs = dev_copy(NULL, (size_t)2 * ((T + 31) / 32) * I * N * 4);
-    float *lam = dev_copy(NULL, (size_t)T * H * 4);
-    for (int chunked = 0; chunked < 2; chunked++) {
-        m.state = dev_copy(st, n_state * 4);
-        m.y = dev_copy(NULL, (size_t)T * I * 4);
-        assert_int_equal(chunked ? cuda_ssm_scan_chunked(&m, chunks, cs, lam, NULL)
-                                 : cuda_ssm_scan(&m, NULL),
-                         0);
-        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-        assert_int_equal(cudaMemcpy(chunked ? got_y : want_y, m.y, (size_t)T * I * 4,
-                                    cudaMemcpyDeviceToHost),
-                         cudaSuccess);
-        assert_int_equal(cudaMemcpy(chunked ? got_s : want_s, m.state, n_state * 4,
-                                    cudaMemcpyDeviceToHost),
-                         cudaSuccess);
-        cudaFree(m.state), cudaFree(m.y);
-    }
-    double big = 0, worst = 0;
-    for (size_t i = 0; i < (size_t)T * I; i++) {
-        big = fabs(want_y[i]) > big ? fabs(want_y[i]) : big;
-        worst = fabs(got_y[i] - want_y[i]) > worst ? fabs(got_y[i] - want_y[i]) : worst;
-    }
-    for (size_t i = 0; i < n_state; i++) {
-        big = fabs(want_s[i]) > big ? fabs(want_s[i]) : big;
-        worst = fabs(got_s[i] - want_s[i]) > worst ? fabs(got_s[i] - want_s[i]) : worst;
-    }
-    print_message("cuda_fast_kernels_test: chunked scan off by %.3g of %.3g\n", worst, big);
-    assert_true(worst <= 1e-4 * big);
-    free(st), free(zx), free(xa), free(want_y), free(got_y), free(want_s), free(got_s);
-    cudaFree((void *)m.rows), cudaFree((void *)m.snaps), cudaFree((void *)m.dt_bias);
-    cudaFree((void *)m.a_log), cudaFree((void *)m.d_skip), cudaFree((void *)m.zx);
-    cudaFree(m.xa), cudaFree(cs), cudaFree(lam);
-}
-
 static void test_split_counts(void **state)
 {
     (void)state;
@@ -661,7 +608,7 @@ int main(void)
         cmocka_unit_test(test_head_dim_256),     cmocka_unit_test(test_gemv),
         cmocka_unit_test(test_sgmv),            cmocka_unit_test(test_tiled_prefill),
         cmocka_unit_test(test_sample),          cmocka_unit_test(test_dequant16),
-        cmocka_unit_test(test_rmsnorm16),       cmocka_unit_test(test_chunked_scan),
+        cmocka_unit_test(test_rmsnorm16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -194,10 +194,10 @@ static devio_device *open_dev(const devio_fixture *fx, const devio_backend_ops *
     if (s != DEVIO_OK)
         fail_msg("open %s: %s", ops->name, err.message);
     if (adapters) {
-        devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = "a", .path = "a0"};
-        devio_lora_ack ack;
-        assert_int_equal(devio_lora(d, &cmd, &ack, &err), DEVIO_OK);
-        devio_lora_ack_free(&ack);
+        devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LOAD, .name = "a", .path = "a0"};
+        devio_adapter_ack ack;
+        assert_int_equal(devio_adapter_command(d, &cmd, &ack, &err), DEVIO_OK);
+        devio_adapter_ack_free(&ack);
     }
     return d;
 }
