@@ -1,4 +1,4 @@
-/* adapter_codec.c - adapter records <-> JSON, the lora acknowledgement, and the adapter command bodies.
+/* adapter_codec.c - adapter records <-> JSON, the adapter command's acknowledgement, and the adapter command bodies.
  * The only place that spells an adapter's JSON; it must never disagree with itself between HTTP and scripts. */
 #include <math.h>
 #include <stdlib.h>
@@ -135,7 +135,7 @@ devio_status devio_json_adapter_record_decode(const json_t *j, devio_adapter_rec
     return s;
 }
 
-/* ---- the script's lora result --------------------------------------------- */
+/* ---- an adapter command's acknowledgement --------------------------------- */
 
 json_t *devio_json_adapter_ack(const devio_adapter_record *recs, uint32_t n,
                                const char *evicted)
@@ -153,20 +153,6 @@ json_t *devio_json_adapter_ack(const devio_adapter_record *recs, uint32_t n,
         json_decref(j);
         j = NULL;
     }
-    return j;
-}
-
-json_t *devio_json_lora_ack(const devio_lora_ack *a)
-{
-    devio_adapter_record *recs = calloc(a->n_adapters + 1, sizeof *recs);
-    if (!recs)
-        return NULL;
-    devio_adapter_state state =
-        a->kind == DEVIO_LORA_UNLOAD ? DEVIO_ADAPTER_UNLOADED : DEVIO_ADAPTER_LOADED;
-    for (uint32_t i = 0; i < a->n_adapters; i++)
-        devio_adapter_record_from_info(&recs[i], &a->adapters[i], state);
-    json_t *j = devio_json_adapter_ack(recs, a->n_adapters, a->evicted);
-    free(recs);
     return j;
 }
 
@@ -193,7 +179,7 @@ devio_status devio_json_adapter_load_decode(const json_t *j, devio_adapter_load_
     return s == DEVIO_OK ? load_fields(j, true, out, err) : s;
 }
 
-devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, devio_error *err)
+devio_status devio_json_adapter_cmd_decode(const json_t *j, devio_adapter_cmd *out, devio_error *err)
 {
     static const char *const kinds[] = {"load", "unload", "list", "pin", "unpin"};
     static const char *const keys[] = {"kind", "name", "path", "pin", NULL};
@@ -209,12 +195,12 @@ devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, de
     if (kind < 0)
         return devio_fail(err, DEVIO_E_INVALID,
                           "adapter command 'kind' must be load, unload, list, pin or unpin");
-    out->kind = (devio_lora_kind)kind;
+    out->kind = (devio_adapter_cmd_kind)kind;
     out->name = json_string_value(json_object_get(j, "name"));
-    if (out->kind != DEVIO_LORA_LIST && !out->name)
+    if (out->kind != DEVIO_ADAPTER_CMD_LIST && !out->name)
         return devio_fail(err, DEVIO_E_INVALID, "adapter command needs a 'name'");
     devio_adapter_load_body load;
-    s = load_fields(j, out->kind == DEVIO_LORA_LOAD, &load, err);
+    s = load_fields(j, out->kind == DEVIO_ADAPTER_CMD_LOAD, &load, err);
     out->path = load.path;
     out->pin = load.pin;
     return s;

@@ -30,12 +30,12 @@ json_t *devio_json_adapter_record(const devio_adapter_record *r, devio_adapter_v
 devio_status devio_json_adapter_record_decode(const json_t *j, devio_adapter_record *out,
                                               devio_error *err);
 
-/* The result of a script's lora op: {"adapters":[records, device view],
- * "evicted"?: name}. evicted may be NULL or "". New reference, NULL on out of memory. */
+/* An adapter command's acknowledgement, the result of a script's lora op:
+ * {"adapters":[records, device view], "evicted"?: name}; a device ack is
+ * (ack.adapters, ack.n_adapters, ack.evicted). evicted may be NULL or "".
+ * New reference, NULL on out of memory. */
 json_t *devio_json_adapter_ack(const devio_adapter_record *recs, uint32_t n,
                                const char *evicted);
-/* The same for a device acknowledgement: state "unloaded" for an unload, else "loaded". */
-json_t *devio_json_lora_ack(const devio_lora_ack *a);
 
 /* The body of PUT /v1/adapters/{name}: {"path": non-empty string, "pin"?: bool}. */
 typedef struct devio_adapter_load_body {
@@ -49,6 +49,6 @@ devio_status devio_json_adapter_load_decode(const json_t *j, devio_adapter_load_
 /* A script's command {"kind":..., "name":..., "path":..., "pin":...}; the load
  * fields are read as devio_json_adapter_load_decode reads them. cmd->name and
  * cmd->path borrow strings from j: keep j alive while cmd is used. */
-devio_status devio_json_lora_cmd_decode(const json_t *j, devio_lora_cmd *out, devio_error *err);
+devio_status devio_json_adapter_cmd_decode(const json_t *j, devio_adapter_cmd *out, devio_error *err);
 
 #endif

@@ -1,4 +1,4 @@
-/* adapter_record.c - states of an adapter record and its conversion from the device's adapter info.
+/* adapter_record.c - the names of an adapter record's states and the copy into its fixed fields.
  * Pure data; it must never allocate or fail. */
 #include <stdio.h>
 #include <string.h>
@@ -30,21 +30,4 @@ bool devio_adapter_state_parse(const char *s, devio_adapter_state *out)
 void devio_adapter_record_set(char *field, size_t size, const char *src)
 {
     snprintf(field, size, "%s", src ? src : "");
-}
-
-void devio_adapter_record_from_info(devio_adapter_record *r, const devio_adapter_info *info,
-                                    devio_adapter_state state)
-{
-    memset(r, 0, sizeof *r);
-    devio_adapter_record_set(r->name, sizeof r->name, info->name);
-    devio_adapter_record_set(r->path, sizeof r->path, info->path);
-    r->rank = info->rank;
-    r->alpha = info->alpha;
-    r->scale = info->scale;
-    devio_adapter_record_set(r->targets, sizeof r->targets, info->targets);
-    devio_adapter_record_set(r->sha256, sizeof r->sha256, info->sha256);
-    r->size = info->size;
-    r->state = state;
-    r->pinned = info->pinned;
-    r->rows_served = info->rows_served;
 }

@@ -1,4 +1,4 @@
-/* adapter.c - loads a PEFT LoRA adapter for a loaded base model: target names, tensor names, views (paths: adapter_files.c; config: adapter_config.c).
+/* adapter.c - loads a PEFT LoRA adapter for a loaded base model: where each target lives, tensor names, views (target names: lora_target.c; paths: adapter_files.c; config: adapter_config.c).
  * It must never accept a tensor it would not apply, or leave anything behind on failure. */
 #include "device/adapter.h"
 
@@ -22,26 +22,17 @@ static const char *tensor_prefix(devio_arch arch)
                                      : "base_model.model.model.layers.";
 }
 
-/* kind: where the module lives in a decoder layer (its block per arch). */
-enum { IN_ATTN, IN_MLP, IN_MIXER };
-
-static const struct {
-    const char *name; /* PEFT module name, as in target_modules */
-    int kind;
-} target_info[DEVIO_LORA_N_TARGETS] = {
-    [DEVIO_LORA_Q] = {"q_proj", IN_ATTN},      [DEVIO_LORA_K] = {"k_proj", IN_ATTN},
-    [DEVIO_LORA_V] = {"v_proj", IN_ATTN},      [DEVIO_LORA_O] = {"o_proj", IN_ATTN},
-    [DEVIO_LORA_GATE] = {"gate_proj", IN_MLP}, [DEVIO_LORA_UP] = {"up_proj", IN_MLP},
-    [DEVIO_LORA_DOWN] = {"down_proj", IN_MLP}, [DEVIO_LORA_IN_PROJ] = {"in_proj", IN_MIXER},
-    [DEVIO_LORA_OUT_PROJ] = {"out_proj", IN_MIXER},
-};
-
 /* The submodule holding target t in a decoder layer of arch. */
 static const char *target_block(devio_arch arch, devio_lora_target t)
 {
-    switch (target_info[t].kind) {
-    case IN_ATTN: return "self_attn";
-    case IN_MLP: return arch == DEVIO_ARCH_BAMBA ? "feed_forward" : "mlp";
+    switch (t) {
+    case DEVIO_LORA_Q:
+    case DEVIO_LORA_K:
+    case DEVIO_LORA_V:
+    case DEVIO_LORA_O: return "self_attn";
+    case DEVIO_LORA_GATE:
+    case DEVIO_LORA_UP:
+    case DEVIO_LORA_DOWN: return arch == DEVIO_ARCH_BAMBA ? "feed_forward" : "mlp";
     default: return arch == DEVIO_ARCH_BAMBA ? "mamba" : "mixer";
     }
 }
@@ -49,29 +40,12 @@ static const char *target_block(devio_arch arch, devio_lora_target t)
 /* Storage behind the tensor views. */
 typedef struct adapter_priv {
     devio_st_file *file; /* the weights file, read into memory for the adapter's life */
-    void **owned;        /* aligned copies of tensors stored at unaligned offsets */
+    struct owned_copy {
+        void *p;
+        size_t n;
+    } *owned; /* aligned copies of tensors stored at unaligned offsets (devio_st_pages) */
     size_t n_owned;
 } adapter_priv;
-
-const char *devio_lora_target_name(devio_lora_target t)
-{
-    if ((unsigned)t >= DEVIO_LORA_N_TARGETS)
-        return "?";
-    return target_info[t].name;
-}
-
-bool devio_lora_target_parse(const char *name, devio_lora_target *t)
-{
-    if (!name)
-        return false;
-    for (int i = 0; i < DEVIO_LORA_N_TARGETS; i++) {
-        if (strcmp(name, target_info[i].name) == 0) {
-            *t = (devio_lora_target)i;
-            return true;
-        }
-    }
-    return false;
-}
 
 bool devio_lora_target_dims(const devio_model *base, uint32_t layer, devio_lora_target target,
                             uint64_t *out_dim, uint64_t *in_dim)
@@ -101,11 +75,11 @@ bool devio_lora_target_dims(const devio_model *base, uint32_t layer, devio_lora_
 
 /* ---- tensors ---- */
 
-static devio_status priv_own(adapter_priv *p, void *buf, size_t cap)
+static devio_status priv_own(adapter_priv *p, void *buf, size_t n, size_t cap)
 {
     if (p->n_owned == cap)
         return DEVIO_E_NOMEM;
-    p->owned[p->n_owned++] = buf;
+    p->owned[p->n_owned++] = (struct owned_copy){buf, n};
     return DEVIO_OK;
 }
 
@@ -134,7 +108,7 @@ static bool parse_tensor_name(devio_arch arch, const char *s, uint32_t *layer,
     for (int i = 0; i < DEVIO_LORA_N_TARGETS; i++) {
         char want[64];
         snprintf(want, sizeof want, "%s.%s.lora_", target_block(arch, (devio_lora_target)i),
-                 target_info[i].name);
+                 devio_lora_target_name((devio_lora_target)i));
         size_t n = strlen(want);
         if (strncmp(s, want, n) != 0)
             continue;
@@ -156,54 +130,27 @@ void devio_lora_tensor_name(const devio_model *base, uint32_t layer, devio_lora_
     if ((unsigned)target >= DEVIO_LORA_N_TARGETS)
         target = DEVIO_LORA_Q;
     snprintf(dst, cap, "%s%u.%s.%s.lora_%c.weight", tensor_prefix(arch), layer,
-             target_block(arch, target), target_info[target].name, ab ? 'B' : 'A');
+             target_block(arch, target), devio_lora_target_name(target), ab ? 'B' : 'A');
 }
 
-/* Checks one tensor's dtype and [s0, s1] shape and makes the view, copying
- * it when the file stores it at an offset its element size does not divide. */
+/* Checks one tensor's dtype and [s0, s1] shape and makes the view
+ * (devio_st_view), copying it when the file stores it at an offset its
+ * element size does not divide. Adapters are small, so they are always
+ * scanned: a NaN one is refused here (DEVIO_E_MODEL, as a malformed file)
+ * instead of failing steps. */
 static devio_status bind_tensor(const devio_st_tensor *t, const char *label, uint64_t s0,
                                 uint64_t s1, const char *why, adapter_priv *priv,
                                 size_t owned_cap, devio_tensor *out, devio_error *err)
 {
-    if (!t->supported)
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "%.100s: tensor '%.90s' has dtype %s; only F32, F16 and BF16 are "
-                          "supported",
-                          label, t->name, t->dtype_str);
-    if (t->ndim != 2 || t->shape[0] != s0 || t->shape[1] != s1) {
-        char got[64] = "";
-        size_t g = 0;
-        for (uint32_t i = 0; i < t->ndim && g < sizeof got; i++)
-            g += (size_t)snprintf(got + g, sizeof got - g, "%s%llu", i ? ", " : "",
-                                  (unsigned long long)t->shape[i]);
-        return devio_fail(err, DEVIO_E_INVALID,
-                          "%.100s: tensor '%.90s' has shape [%s], expected [%llu, %llu] (%s)",
-                          label, t->name, got, (unsigned long long)s0, (unsigned long long)s1,
-                          why);
+    devio_st_want want = {.ndim = 2, .s0 = s0, .s1 = s1, .refuse = DEVIO_E_INVALID, .why = why,
+                          .scan = true};
+    void *copy;
+    devio_status st = devio_st_view(priv->file, t, label, &want, out, &copy, err);
+    if (st == DEVIO_OK && copy && priv_own(priv, copy, (size_t)t->nbytes, owned_cap) != DEVIO_OK) {
+        devio_st_pages_free(copy, (size_t)t->nbytes);
+        return devio_fail(err, DEVIO_E_NOMEM, "%.100s: out of memory", label);
     }
-    /* Adapters are small, so they are always scanned: a NaN one is refused
-     * here (DEVIO_E_MODEL, as a malformed file) instead of failing steps. */
-    devio_status st = devio_st_check_finite(priv->file, t, err);
-    if (st != DEVIO_OK)
-        return st;
-    out->dtype = t->dtype;
-    out->ndim = 2;
-    out->shape[0] = s0;
-    out->shape[1] = s1;
-    out->data = t->data;
-    if ((uintptr_t)t->data % devio_dtype_size(t->dtype) != 0) {
-        void *copy = malloc(t->nbytes ? (size_t)t->nbytes : 1);
-        if (!copy)
-            return devio_fail(err, DEVIO_E_NOMEM, "%.100s: out of memory copying '%.90s'", label,
-                              t->name);
-        memcpy(copy, t->data, (size_t)t->nbytes);
-        if (priv_own(priv, copy, owned_cap) != DEVIO_OK) {
-            free(copy);
-            return devio_fail(err, DEVIO_E_NOMEM, "%.100s: out of memory", label);
-        }
-        out->data = copy;
-    }
-    return DEVIO_OK;
+    return st;
 }
 
 /* Matches the file's tensors to the modules the config names: first every
@@ -248,7 +195,7 @@ static devio_status bind_tensors(devio_adapter *a, const devio_lora_config *c,
             st = devio_fail(err, DEVIO_E_INVALID,
                             "%.100s: tensor '%.90s' adapts %s, which target_modules does not "
                             "name",
-                            label, t->name, target_info[tg].name);
+                            label, t->name, devio_lora_target_name(tg));
             goto out;
         }
         if (!c->layer_on[li]) {
@@ -262,7 +209,7 @@ static devio_status bind_tensors(devio_adapter *a, const devio_lora_config *c,
             st = devio_fail(err, DEVIO_E_INVALID,
                             "%.100s: tensor '%.90s' adapts %s of layer %u, which that layer "
                             "does not have",
-                            label, t->name, target_info[tg].name, li);
+                            label, t->name, devio_lora_target_name(tg), li);
             goto out;
         }
         found[((size_t)li * N + tg) * 2 + (size_t)ab] = t;
@@ -288,7 +235,7 @@ static devio_status bind_tensors(devio_adapter *a, const devio_lora_config *c,
                     goto out;
                 }
                 snprintf(why, sizeof why, "rank %u; the base model's %s is [%llu, %llu]",
-                         c->rank, target_info[tg].name, (unsigned long long)od,
+                         c->rank, devio_lora_target_name(tg), (unsigned long long)od,
                          (unsigned long long)id);
                 st = ab == 0 ? bind_tensor(t, label, c->rank, id, why, priv, n_slots, &m->a, err)
                              : bind_tensor(t, label, od, c->rank, why, priv, n_slots, &m->b, err);
@@ -402,7 +349,7 @@ void devio_adapter_free(devio_adapter *a)
     adapter_priv *p = a->priv;
     if (p) {
         for (size_t i = 0; i < p->n_owned; i++)
-            free(p->owned[i]);
+            devio_st_pages_free(p->owned[i].p, p->owned[i].n);
         free(p->owned);
         devio_st_close(p->file);
         free(p);

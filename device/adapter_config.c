@@ -11,7 +11,7 @@
 
 #include <jansson.h>
 
-#include "device/adapter.h"
+#include "device/lora_target.h"
 #include "device/status.h"
 
 /* PEFT's LoraConfig default for lora_alpha. */

@@ -1,6 +1,7 @@
 /* core.h - private state of a device: sequences, tickets, logits handles, the backend.
- * Shared by the core's .c files only (core.c, launch.c, step.c, effects.c);
- * nothing outside device/ includes it. */
+ * Shared by the core's .c files only (core.c, config.c, seqs.c, seq_blocks.c, logits_handles.c,
+ * ssm_pool.c, launch.c, step.c, effects.c, sample_proc.c); nothing outside device/ includes it.
+ * Its declarations are grouped by the file that defines them. */
 #ifndef DEVIO_CORE_H
 #define DEVIO_CORE_H
 
@@ -10,7 +11,7 @@
 #include "device/backend.h"
 #include "device/devio.h"
 #include "device/kv_pool.h"
-#include "device/lora_table.h"
+#include "device/adapter_table.h"
 #include "device/sampler.h"
 
 #ifndef DEVIO_NO_THREADS
@@ -18,7 +19,7 @@
 #endif
 
 typedef struct dv_seq {
-    uint64_t id;      /* 0 = free slot */
+    uint64_t id;      /* 0 = free entry */
     uint32_t len;     /* tokens cached, including those of a launched step */
     uint32_t n_blocks; /* entries of blocks in use: positions [0, n_blocks * block_size) */
     uint32_t *blocks; /* max_blocks_per_seq entries, owned by the device */
@@ -29,8 +30,8 @@ typedef struct dv_seq {
      * key a token of the next step reads stay held. */
     uint32_t n_released;
     uint64_t busy;    /* ticket id while inside an unawaited ticket, else 0 */
-    int32_t slot;     /* SSM state slot (hybrid models, length > 0), else -1 */
-    bool state_lost;  /* a failed step left the slot's state undefined */
+    int32_t ssm_slot; /* SSM state slot (hybrid models, length > 0), else -1 */
+    bool state_lost;  /* a failed step left the state in ssm_slot undefined */
     int32_t *toks;    /* the token at each position [0, len): the penalties' history;
                          owned, toks_cap entries (4 bytes per token, grown as needed) */
     uint32_t toks_cap;
@@ -57,9 +58,9 @@ typedef struct dv_trow {
     uint32_t cow_taken;   /* pool.taken[cow_src] then: was it freed and taken again since? */
     uint64_t handle;      /* logits handle id, 0 = none */
     int32_t sample;       /* index into the ticket's samples, -1 = none */
-    int32_t lora_slot;    /* adapter table entry, -1 = none */
-    uint32_t lora_gen;    /* the entry's generation at launch */
-    bool took_slot;       /* the launch gave the sequence its SSM state slot */
+    int32_t adapter_entry; /* adapter table entry, -1 = none */
+    uint32_t adapter_gen; /* the entry's generation at launch */
+    bool took_ssm_slot;   /* the launch gave the sequence its SSM state slot */
     bool proc;            /* the sample has processing or top logprobs: ticket procs[row] */
     bool prompt;          /* prompt logprobs: ticket prompt_lps[tok_start ..] */
     uint64_t prompt_handle; /* a handle of its own holding positions 0..n-2 for them (the
@@ -67,7 +68,7 @@ typedef struct dv_trow {
                                released when the step settles */
     const uint32_t *prompt_slots; /* the logits slots of positions 0..n-2 (that handle's, or
                                      the row's own handle's with logits "all") */
-    uint32_t n_snaps;     /* snapshots the row takes: ticket snap_slots[tok_start ..] */
+    uint32_t n_snaps;     /* snapshots the row takes: ticket snap_ids[tok_start ..] */
 } dv_trow;
 
 /* A ticket's life: FREE -> RESERVED (devio_launch_reserve: everything taken,
@@ -77,7 +78,7 @@ typedef struct dv_trow {
  * back to DONE, still awaitable). */
 typedef enum { DV_T_FREE = 0, DV_T_RESERVED, DV_T_SUBMITTED, DV_T_DONE, DV_T_HELD } dv_tstate;
 
-/* One ticket slot; max_depth of them, every array sized at open. */
+/* One entry of the ticket table; max_depth of them, every array sized at open. */
 typedef struct dv_ticket {
     uint64_t id;
     dv_tstate state;
@@ -95,9 +96,9 @@ typedef struct dv_ticket {
     int32_t *top_ids;           /* max_rows * DEVIO_TOP_LOGPROBS_MAX: top logprobs by row */
     float *top_lps;
     float *prompt_lps;          /* max_batch_tokens: prompt logprobs by batch token */
-    int32_t *snap_slots;        /* max_batch_tokens: each row's snapshot slots at its tok_start */
+    int32_t *snap_ids;          /* max_batch_tokens: each row's snapshots at its tok_start */
     uint32_t sample_slot0;      /* first of this ticket's max_rows scratch logits slots */
-    bool device_sampled;        /* the backend's sample slot took the batch's samples */
+    bool device_sampled;        /* the backend's sample function took the batch's samples */
     bool held_seen;             /* another await found it HELD: tell the waits when it ends */
     devio_batch batch;
     devio_status status;
@@ -124,7 +125,7 @@ struct devio_device {
     uint64_t next_seq_id;
 
     /* Logits slots: [0, logits_rows) back handles, then max_rows scratch
-     * slots per ticket slot for rows that sample without keeping logits. */
+     * slots per ticket entry for rows that sample without keeping logits. */
     dv_handle *handles;     /* logits_handles */
     float *logits_arena;    /* logits_slots * vocab, host */
     uint32_t *row_free;     /* stack of free handle slots */
@@ -134,8 +135,8 @@ struct devio_device {
     float *read_buf;        /* vocab floats: a row read back for effects and handle reads */
     float *step_buf;        /* vocab floats: a row read back by the step runner */
 
-    dv_ticket *tickets;     /* max_depth slots */
-    uint32_t *queue;        /* FIFO of submitted slot indices, max_depth */
+    dv_ticket *tickets;     /* max_depth entries */
+    uint32_t *queue;        /* FIFO of submitted tickets' indices in tickets, max_depth */
     uint32_t q_head, q_len;
     uint32_t in_flight;     /* reserved or launched, not yet awaited */
     uint32_t n_reserved;    /* RESERVED tickets: dv_drain waits for them too */
@@ -146,8 +147,8 @@ struct devio_device {
      * 0 otherwise). A snapshot is owned by one sequence (its index in seqs)
      * and taken at one length. */
     bool hybrid;
-    uint32_t *slot_free;    /* stack of free state slots */
-    uint32_t n_slot_free;
+    uint32_t *ssm_free;     /* stack of free state slots */
+    uint32_t n_ssm_free;
     int32_t *snap_owner;    /* [ssm_snapshots] sequence index, -1 = free */
     uint32_t *snap_len;     /* [ssm_snapshots] */
     uint32_t *snap_free;    /* stack of free snapshot slots */
@@ -155,7 +156,7 @@ struct devio_device {
 
     devio_sampler *sampler; /* used by the step runner only */
     devio_sampler *fx_sampler; /* used by effects (under the lock) */
-    devio_lora_table lora;
+    devio_adapter_table adapters;
 
 #ifndef DEVIO_NO_THREADS
     pthread_mutex_t mu;
@@ -168,9 +169,61 @@ struct devio_device {
 #endif
 };
 
-/* Locking: every public entry takes d->mu; these helpers expect it held. */
-void dv_lock(devio_device *d);
-void dv_unlock(devio_device *d);
+/* ---- open and teardown (core.c) ---------------------------------------- */
+
+/* Locking: every public entry takes d->mu; these helpers expect it held. Inline, so that
+ * every file of the core locks without calling into another. */
+#ifndef DEVIO_NO_THREADS
+static inline void dv_lock(devio_device *d) { pthread_mutex_lock(&d->mu); }
+static inline void dv_unlock(devio_device *d) { pthread_mutex_unlock(&d->mu); }
+#else
+static inline void dv_lock(devio_device *d) { (void)d; }
+static inline void dv_unlock(devio_device *d) { (void)d; }
+#endif
+
+/* ---- configuration (config.c) ------------------------------------------- */
+
+/* Check c against model m and fill what it left 0 (max_seq_len, kv_blocks,
+ * threads, first_ticket_id) with the derived values. */
+devio_status dv_config_check(devio_config *c, const devio_model *m, devio_error *err);
+
+/* ---- sequences (seqs.c) -------------------------------------------------- */
+
+/* The live sequence with this id, or NULL (id 0 is never live). */
+dv_seq *dv_seq_find(devio_device *d, uint64_t id);
+
+/* ---- a sequence's blocks and the sliding window (seq_blocks.c) ---------- */
+
+/* Drop blocks of s beyond those needed for new_len; returns blocks returned to the pool.
+ * Released entries among the dropped ones return nothing (they hold no block). */
+uint32_t dv_seq_shrink(devio_device *d, dv_seq *s, uint32_t new_len);
+/* The first position the token at position len reads (rule 6): keys
+ * j > len - window; 0 without a window. */
+uint32_t dv_window_first_key(const devio_device *d, uint32_t len);
+/* Blocks s still holds: its entries less the released ones. */
+static inline uint32_t dv_seq_blocks_held(const dv_seq *s) { return s->n_blocks - s->n_released; }
+/* Whether entry i of s holds a block (not released). */
+static inline bool dv_seq_block_live(const dv_seq *s, uint32_t i) { return i >= s->n_released; }
+/* Give back every block of s that lies wholly below the window of its next
+ * token (position s->len) and mark its entry released; returns the blocks
+ * that went back to the free stack (a block other sequences still hold
+ * only loses one holder). Called after a step settles successfully. */
+uint32_t dv_seq_release_window(devio_device *d, dv_seq *s);
+
+/* ---- logits handles (logits_handles.c) ---------------------------------- */
+
+/* The live handle with this id, or NULL. */
+dv_handle *dv_handle_find(devio_device *d, uint64_t id);
+/* Allocate a handle of n rows; caller checked capacity. */
+dv_handle *dv_handle_alloc(devio_device *d, uint32_t n);
+/* Give h's logits slots back and free it. */
+void dv_handle_release(devio_device *d, dv_handle *h);
+/* The logits of logits slot `slot` in host memory: *out is the arena row, or
+ * buf (vocab floats) read back from a backend that keeps its logits. */
+devio_status dv_logits_row(devio_device *d, uint32_t slot, float *buf, const float **out,
+                           devio_error *err);
+
+/* ---- the step runner and await (step.c) --------------------------------- */
 
 /* Wait until every launched step has settled (steps still unawaited are fine)
  * and no ticket is reserved (its plan may use what the caller is about to change). */
@@ -181,17 +234,17 @@ void dv_wait_reserved(devio_device *d);
 /* Wait until the step that fills logits handle `logits` has settled (at
  * once for an unknown handle); later steps keep running. */
 void dv_wait_handle(devio_device *d, uint64_t logits);
-
 /* Settle the oldest submitted step; the lock is dropped during the backend wait. */
 void dv_run_queue_head(devio_device *d);
 
-dv_seq *dv_seq_find(devio_device *d, uint64_t id);
-dv_handle *dv_handle_find(devio_device *d, uint64_t id);
+/* ---- launch (launch.c) --------------------------------------------------- */
 
-/* The logits of slot `slot` in host memory: *out is the arena row, or buf
- * (vocab floats) read back from a backend that keeps its logits. */
-devio_status dv_logits_row(devio_device *d, uint32_t slot, float *buf, const float **out,
-                           devio_error *err);
+/* Undo every reservation of ticket t (failed submit or failed step): block
+ * copies, lengths, new blocks, handles, adapter use, state slots and
+ * snapshots; the sequences are as they were before the launch, except that
+ * when the step ran (`ran`) the recurrent state of a hybrid sequence that
+ * had one is lost (dv_seq.state_lost). Does not free the ticket entry. */
+void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran);
 
 /* ---- a sample's processing (sample_proc.c) ------------------------------- */
 
@@ -211,47 +264,22 @@ void dv_proc_copy(devio_sample_proc *dst, const devio_sample_proc *p, char **buf
  * (q unchanged). */
 bool dv_seq_toks_reserve(const devio_device *d, dv_seq *q, uint32_t need);
 
-/* Allocate a handle of n rows; caller checked capacity. */
-dv_handle *dv_handle_alloc(devio_device *d, uint32_t n);
-void dv_handle_release(devio_device *d, dv_handle *h);
+/* ---- SSM state slots and snapshots (ssm_pool.c) ------------------------- */
 
-/* Drop blocks of s beyond those needed for new_len; returns blocks returned to the pool.
- * Released entries among the dropped ones return nothing (they hold no block). */
-uint32_t dv_seq_shrink(devio_device *d, dv_seq *s, uint32_t new_len);
-
-/* ---- sliding window (models with shape.window > 0) -------------------- */
-
-/* The first position the token at position len reads (rule 6): keys
- * j > len - window; 0 without a window. */
-uint32_t dv_window_first_key(const devio_device *d, uint32_t len);
-/* Blocks s still holds: its entries less the released ones. */
-static inline uint32_t dv_seq_blocks_held(const dv_seq *s) { return s->n_blocks - s->n_released; }
-/* Whether entry i of s holds a block (not released). */
-static inline bool dv_seq_block_live(const dv_seq *s, uint32_t i) { return i >= s->n_released; }
-/* Give back every block of s that lies wholly below the window of its next
- * token (position s->len) and mark its entry released; returns the blocks
- * that went back to the free stack (a block other sequences still hold
- * only loses one holder). Called after a step settles successfully. */
-uint32_t dv_seq_release_window(devio_device *d, dv_seq *s);
-
-/* Undo every reservation of ticket t (failed submit or failed step): block
- * copies, lengths, new blocks, handles, adapter use, state slots and
- * snapshots; the sequences are as they were before the launch, except that
- * when the step ran (`ran`) the recurrent state of a hybrid sequence that
- * had one is lost (dv_seq.state_lost). Does not free the ticket slot. */
-void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran);
-
-/* ---- SSM state (core.c) ----------------------------------------------- */
-
-/* Give q a free state slot (the caller checked n_slot_free); the slot taken
- * is the top of the free stack, d->slot_free[d->n_slot_free - 1]. */
-void dv_slot_take(devio_device *d, dv_seq *q);
+/* Hybrid models: size (a count left 0 is derived from the memory it may
+ * take) and allocate the state slot and snapshot tables; attention-only
+ * models get none. Freed by dv_ssm_pool_free (safe on a partial open). */
+devio_status dv_ssm_pool_open(devio_device *d, devio_error *err);
+void dv_ssm_pool_free(devio_device *d);
+/* Give q a free state slot (the caller checked n_ssm_free); the slot taken
+ * is the top of the free stack, d->ssm_free[d->n_ssm_free - 1]. */
+void dv_ssm_slot_take(devio_device *d, dv_seq *q);
 /* Give q's state slot back (q holds one). */
-void dv_slot_put(devio_device *d, dv_seq *q);
+void dv_ssm_slot_put(devio_device *d, dv_seq *q);
 /* Release q's state slot, if any, and every snapshot it owns; returns the
  * number of snapshots released. */
 uint32_t dv_ssm_release(devio_device *d, dv_seq *q);
-/* Take a free snapshot slot (the caller checked n_snap_free) for q at len:
+/* Take a free snapshot (the caller checked n_snap_free) for q at len:
  * the top of the free stack, d->snap_free[d->n_snap_free - 1]. */
 uint32_t dv_snap_take(devio_device *d, const dv_seq *q, uint32_t len);
 void dv_snap_put(devio_device *d, uint32_t snap);

@@ -232,6 +232,7 @@ typedef struct devio_facts {
     uint32_t ssm_slots_total, ssm_slots_used, ssm_snapshots_total, ssm_snapshots_used;
     uint32_t tickets_in_flight, logits_live, adapters_loaded;
     uint32_t logits_rows_live; /* positions the live handles hold, of logits_rows */
+    uint32_t seqs_live;        /* sequences created and not freed, of max_seqs */
     uint64_t epoch;
 } devio_facts;
 
@@ -249,43 +250,66 @@ typedef struct devio_seq_info {
     uint32_t snapshots[DEVIO_SEQ_SNAPSHOTS_LISTED];
 } devio_seq_info;
 
-/* LoRA commands. Applied at quiescence. */
-typedef enum devio_lora_kind {
-    DEVIO_LORA_LOAD = 0,
-    DEVIO_LORA_UNLOAD,
-    DEVIO_LORA_LIST,
-    DEVIO_LORA_PIN,
-    DEVIO_LORA_UNPIN,
-} devio_lora_kind;
+/* Adapter commands (devio_adapter_command). Applied at quiescence. */
+typedef enum devio_adapter_cmd_kind {
+    DEVIO_ADAPTER_CMD_LOAD = 0,
+    DEVIO_ADAPTER_CMD_UNLOAD,
+    DEVIO_ADAPTER_CMD_LIST,
+    DEVIO_ADAPTER_CMD_PIN,
+    DEVIO_ADAPTER_CMD_UNPIN,
+} devio_adapter_cmd_kind;
 
-typedef struct devio_lora_cmd {
-    devio_lora_kind kind;
+typedef struct devio_adapter_cmd {
+    devio_adapter_cmd_kind kind;
     const char *name; /* borrowed */
     const char *path; /* load: relative to the adapters root; borrowed */
     bool pin;         /* load: pin on load */
-} devio_lora_cmd;
+} devio_adapter_cmd;
 
-typedef struct devio_adapter_info {
-    char name[64];
-    char path[256];      /* relative to the adapters root */
-    uint32_t rank;
+/* Where an adapter record stands. The device says loaded (or unloaded, in
+ * the acknowledgement of an unload); the store adds stale and failed. */
+typedef enum devio_adapter_state {
+    DEVIO_ADAPTER_LOADED = 0,
+    DEVIO_ADAPTER_UNLOADED,
+    DEVIO_ADAPTER_STALE,  /* recorded weights differ from the file at restart */
+    DEVIO_ADAPTER_FAILED, /* the last load failed; reason says why */
+    DEVIO_ADAPTER_STATE_COUNT
+} devio_adapter_state;
+
+/* Sizes of the record's strings, the NUL included. */
+#define DEVIO_ADAPTER_NAME_MAX 64
+#define DEVIO_ADAPTER_PATH_MAX 256
+#define DEVIO_ADAPTER_TARGETS_MAX 128
+#define DEVIO_ADAPTER_REASON_MAX 320
+
+/* The one adapter record: what the device, the store, HTTP and scripts say
+ * about an adapter (api/adapter_record.h has its helpers). Plain data with
+ * its own storage: copy it, keep it, free nothing. The device fills every
+ * field but the store's (loaded_ms, last_used_ms, reason), which it leaves 0. */
+typedef struct devio_adapter_record {
+    char name[DEVIO_ADAPTER_NAME_MAX];
+    char path[DEVIO_ADAPTER_PATH_MAX]; /* relative to the adapters root */
+    uint32_t rank;                     /* 0 when unknown (a failed load) */
     float alpha, scale;
-    char targets[128];   /* comma-separated modules, e.g. "q_proj,v_proj" */
-    char sha256[65];     /* hex of adapter_model.safetensors */
-    uint64_t size;       /* bytes of adapter_model.safetensors */
+    char targets[DEVIO_ADAPTER_TARGETS_MAX]; /* comma-separated modules, e.g. "q_proj,v_proj" */
+    char sha256[65];                         /* hex of adapter_model.safetensors; "" when unknown */
+    uint64_t size;                           /* bytes of adapter_model.safetensors */
+    devio_adapter_state state;
     bool pinned;
-    uint64_t rows_served; /* plan rows launched with this adapter since it loaded */
-} devio_adapter_info;
+    uint64_t rows_served;            /* plan rows launched with it since it loaded (device count) */
+    int64_t loaded_ms, last_used_ms; /* unix ms; 0 when never */
+    char reason[DEVIO_ADAPTER_REASON_MAX]; /* why it is failed/stale/unloaded; "" when none */
+} devio_adapter_record;
 
-/* Acknowledgement. Caller frees with devio_lora_ack_free(). */
-typedef struct devio_lora_ack {
-    devio_lora_kind kind;
+/* Acknowledgement. Caller frees with devio_adapter_ack_free(). */
+typedef struct devio_adapter_ack {
+    devio_adapter_cmd_kind kind;
     uint32_t n_adapters;
-    devio_adapter_info *adapters; /* list: all loaded; others: the one touched */
-    char evicted[64];             /* load: name evicted to make room, or "" */
-} devio_lora_ack;
+    devio_adapter_record *adapters;       /* list: all loaded; others: the one touched */
+    char evicted[DEVIO_ADAPTER_NAME_MAX]; /* load: name evicted to make room, or "" */
+} devio_adapter_ack;
 
-void devio_lora_ack_free(devio_lora_ack *a);
+void devio_adapter_ack_free(devio_adapter_ack *a);
 
 /* strict: every number bit-identical to the reference (device/numspec.h);
  * fast: a backend's own kernels, within a stated tolerance of it. */
@@ -396,7 +420,7 @@ devio_status devio_await(devio_device *d, uint64_t ticket, int64_t timeout_ms,
  *   id, exactly as devio_launch, but submits nothing. The reserved ticket
  *   counts toward max_depth, makes its sequences busy, cannot be awaited
  *   (unknown_ticket), and holds back calls that wait for launched steps to
- *   run (effects, LoRA commands, teardown) until it is committed or cancelled.
+ *   run (effects, adapter commands, teardown) until it is committed or cancelled.
  * - commit submits it; when the backend refuses, the reservation is undone
  *   and the backend's status returned (the id stays used).
  * - cancel undoes the reservation as if the launch had been refused; the
@@ -458,9 +482,9 @@ typedef struct devio_logits_info {
 devio_status devio_logits_list(devio_device *d, devio_logits_info *out, uint32_t cap,
                                uint32_t *n, devio_error *err);
 
-/* LoRA command at quiescence. */
-devio_status devio_lora(devio_device *d, const devio_lora_cmd *cmd, devio_lora_ack *ack,
-                        devio_error *err);
+/* Load, unload, list, pin or unpin adapters, at quiescence. */
+devio_status devio_adapter_command(devio_device *d, const devio_adapter_cmd *cmd,
+                                   devio_adapter_ack *ack, devio_error *err);
 
 /* Finish every launched step, release device memory, free the device.
  * Tickets not yet awaited are reported through aborted_out (may be NULL). */

@@ -121,17 +121,17 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
                              "all %u sequence slots are in use", d->cfg.max_seqs);
     if (!dv_seq_toks_reserve(d, c, p->len))
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory for the child's token record");
-    c->slot = -1;
+    c->ssm_slot = -1;
     c->state_lost = false;
-    if (p->slot >= 0) {
+    if (p->ssm_slot >= 0) {
         /* The child gets a copy of the parent's state, and no snapshots. */
-        if (d->n_slot_free == 0)
+        if (d->n_ssm_free == 0)
             return devio_fail_at(err, DEVIO_E_OUT_OF_SSM_SLOTS, "ssm_slots", d->bcfg.ssm_slots,
                                  "all %u SSM state slots are in use", d->bcfg.ssm_slots);
-        uint32_t slot = d->slot_free[d->n_slot_free - 1];
-        if ((s = ssm_copy(d, false, slot, false, (uint32_t)p->slot, err)) != DEVIO_OK)
+        uint32_t ssm_slot = d->ssm_free[d->n_ssm_free - 1];
+        if ((s = ssm_copy(d, false, ssm_slot, false, (uint32_t)p->ssm_slot, err)) != DEVIO_OK)
             return s;
-        dv_slot_take(d, c);
+        dv_ssm_slot_take(d, c);
     }
     c->id = d->next_seq_id++;
     c->len = p->len;
@@ -197,7 +197,7 @@ static devio_status apply_truncate(devio_device *d, const devio_effect *e, devio
             return devio_fail_at(err, DEVIO_E_NO_SNAPSHOT, "len", e->len,
                                  "sequence %llu has no SSM snapshot at length %u",
                                  (unsigned long long)e->seq, e->len);
-        if ((s = ssm_copy(d, false, (uint32_t)q->slot, true, (uint32_t)snap, err)) != DEVIO_OK)
+        if ((s = ssm_copy(d, false, (uint32_t)q->ssm_slot, true, (uint32_t)snap, err)) != DEVIO_OK)
             return s;
         q->state_lost = false;
         o->freed_snapshots = dv_snap_drop_after(d, q, e->len);
@@ -228,7 +228,7 @@ static devio_status apply_snapshot(devio_device *d, const devio_effect *e, devio
                              d->bcfg.ssm_snapshots, "all %u SSM snapshots are in use",
                              d->bcfg.ssm_snapshots);
     uint32_t snap = d->snap_free[d->n_snap_free - 1];
-    if ((s = ssm_copy(d, true, snap, false, (uint32_t)q->slot, err)) != DEVIO_OK)
+    if ((s = ssm_copy(d, true, snap, false, (uint32_t)q->ssm_slot, err)) != DEVIO_OK)
         return s;
     dv_snap_take(d, q, q->len);
     return DEVIO_OK;

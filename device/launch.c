@@ -12,7 +12,7 @@
  * state slots (sequences of length 0) and snapshots must be free. */
 static devio_status validate_ssm(devio_device *d, const devio_plan *p, devio_error *err)
 {
-    uint32_t slots = 0, snaps = 0;
+    uint32_t ssm_need = 0, snaps = 0;
     for (uint32_t r = 0; r < p->n_rows; r++) {
         const devio_row *row = &p->rows[r];
         const dv_seq *q = dv_seq_find(d, row->seq);
@@ -25,13 +25,13 @@ static devio_status validate_ssm(devio_device *d, const devio_plan *p, devio_err
                                  "row %u: sequence %llu lost its state in a failed step; "
                                  "truncate it to a snapshot or to 0, or free it",
                                  r, (unsigned long long)row->seq);
-        slots += q->slot < 0;
+        ssm_need += q->ssm_slot < 0;
         snaps += devio_snapshots_of(row->snapshot, row->n_tokens);
     }
-    if (slots > d->n_slot_free)
-        return devio_fail_at(err, DEVIO_E_OUT_OF_SSM_SLOTS, "needed", slots,
-                             "plan needs %u SSM state slots, %u are free", slots,
-                             d->n_slot_free);
+    if (ssm_need > d->n_ssm_free)
+        return devio_fail_at(err, DEVIO_E_OUT_OF_SSM_SLOTS, "needed", ssm_need,
+                             "plan needs %u SSM state slots, %u are free", ssm_need,
+                             d->n_ssm_free);
     if (snaps > d->n_snap_free)
         return devio_fail_at(err, DEVIO_E_OUT_OF_SNAPSHOTS, "needed", snaps,
                              "plan needs %u SSM snapshots, %u are free", snaps, d->n_snap_free);
@@ -113,7 +113,7 @@ static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t
                                  row->n_tokens, c->max_seq_len);
         if (row->logits > DEVIO_LOGITS_ALL)
             return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u: bad logits mode", r);
-        if (row->adapter && devio_lora_table_find(&d->lora, row->adapter) < 0)
+        if (row->adapter && devio_adapter_table_find(&d->adapters, row->adapter) < 0)
             return devio_fail_at(err, DEVIO_E_UNKNOWN_ADAPTER, "row", r,
                                  "row %u: adapter '%s' is not loaded", r, row->adapter);
         if (row->has_sample) {
@@ -197,25 +197,25 @@ static void layout_tokens(dv_ticket *t, uint32_t r, const devio_row *row, const 
         t->tokens[ti] = row->tokens[i];
         t->tok_pos[ti] = q->len + i;
         t->tok_row[ti] = r;
-        int64_t slot = -1;
+        int64_t logits_slot = -1;
         if (h && (row->logits == DEVIO_LOGITS_ALL || last)) {
             uint32_t hr = row->logits == DEVIO_LOGITS_ALL ? i : 0;
             h->pos[hr] = q->len + i;
-            slot = h->slots[hr];
+            logits_slot = h->slots[hr];
         } else if (last && row->has_sample) {
-            slot = t->sample_slot0 + r;
+            logits_slot = t->sample_slot0 + r;
         } else if (ph && !last) {
             ph->pos[i] = q->len + i;
-            slot = ph->slots[i];
+            logits_slot = ph->slots[i];
         }
-        if (slot >= 0) {
+        if (logits_slot >= 0) {
             t->out_tok[b->n_out] = ti;
-            t->out_slot[b->n_out++] = (uint32_t)slot;
+            t->out_slot[b->n_out++] = (uint32_t)logits_slot;
         }
         if (last && row->has_sample) {
             tr->sample = (int32_t)b->n_samples;
             t->samples[b->n_samples++] = (devio_batch_sample){
-                .row = r, .slot = (uint32_t)slot, .params = row->sample, .sample_only = !h,
+                .row = r, .slot = (uint32_t)logits_slot, .params = row->sample, .sample_only = !h,
                 /* The sampled token takes the position after the row's last token. */
                 .position = (uint64_t)q->len + row->n_tokens};
         }
@@ -230,14 +230,14 @@ static void commit_ssm(devio_device *d, dv_ticket *t, const devio_row *row, dv_s
 {
     if (!d->hybrid)
         return;
-    if (q->slot < 0) {
-        dv_slot_take(d, q);
-        tr->took_slot = true;
+    if (q->ssm_slot < 0) {
+        dv_ssm_slot_take(d, q);
+        tr->took_ssm_slot = true;
     }
-    br->ssm_slot = q->slot;
+    br->ssm_slot = q->ssm_slot;
     br->snapshot = row->snapshot;
     tr->n_snaps = devio_snapshots_of(row->snapshot, row->n_tokens);
-    int32_t *snaps = t->snap_slots + br->tok_start;
+    int32_t *snaps = t->snap_ids + br->tok_start;
     for (uint32_t i = 0; i < tr->n_snaps; i++) {
         uint32_t len = row->snapshot == DEVIO_SNAP_END ? q->len + row->n_tokens : q->len + i + 1;
         snaps[i] = (int32_t)dv_snap_take(d, q, len);
@@ -245,7 +245,7 @@ static void commit_ssm(devio_device *d, dv_ticket *t, const devio_row *row, dv_s
     br->snap_slots = tr->n_snaps ? snaps : NULL;
 }
 
-/* Reserve and lay out one validated row in ticket slot t; its processing's
+/* Reserve and lay out one validated row in ticket t; its processing's
  * arrays are copied to *buf (advanced). Cannot fail. */
 static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_row *row,
                        char **buf)
@@ -254,13 +254,13 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
     dv_trow *tr = &t->rows[r];
     *tr = (dv_trow){.seq_index = (uint32_t)(q - d->seqs), .old_len = q->len,
                     .n_tokens = row->n_tokens, .old_blocks = q->n_blocks, .cow_src = -1,
-                    .sample = -1, .lora_slot = -1};
+                    .sample = -1, .adapter_entry = -1};
     if (row->adapter) {
-        tr->lora_slot = devio_lora_table_find(&d->lora, row->adapter);
-        devio_lora_entry *e = &d->lora.entries[tr->lora_slot];
-        tr->lora_gen = e->generation;
+        tr->adapter_entry = devio_adapter_table_find(&d->adapters, row->adapter);
+        devio_adapter_entry *e = &d->adapters.entries[tr->adapter_entry];
+        tr->adapter_gen = e->generation;
         t->batch.lora_targets |= e->weights->targets;
-        devio_lora_table_acquire(&d->lora, tr->lora_slot);
+        devio_adapter_table_acquire(&d->adapters, tr->adapter_entry);
     }
     cow_last_block(d, t, q, tr);
     uint32_t want = (q->len + row->n_tokens + d->cfg.block_size - 1) / d->cfg.block_size;
@@ -292,7 +292,7 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
     memcpy(q->toks + q->len, row->tokens, (size_t)row->n_tokens * sizeof *row->tokens);
     t->brows[r] = (devio_batch_row){.pos0 = q->len, .n_tokens = row->n_tokens,
                                     .tok_start = t->batch.n_tokens, .blocks = q->blocks,
-                                    .adapter = tr->lora_slot, .adapter_gen = tr->lora_gen,
+                                    .adapter = tr->adapter_entry, .adapter_gen = tr->adapter_gen,
                                     .ssm_slot = -1, .snapshot = DEVIO_SNAP_NONE};
     commit_ssm(d, t, row, q, tr, &t->brows[r]);
     layout_tokens(t, r, row, q, h, ph);
@@ -306,10 +306,10 @@ void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran)
         dv_trow *tr = &t->rows[r];
         dv_seq *q = &d->seqs[tr->seq_index];
         for (uint32_t i = tr->n_snaps; i-- > 0;)
-            dv_snap_put(d, (uint32_t)t->snap_slots[t->brows[r].tok_start + i]);
-        if (tr->took_slot) {
-            dv_slot_put(d, q);
-        } else if (ran && q->slot >= 0) {
+            dv_snap_put(d, (uint32_t)t->snap_ids[t->brows[r].tok_start + i]);
+        if (tr->took_ssm_slot) {
+            dv_ssm_slot_put(d, q);
+        } else if (ran && q->ssm_slot >= 0) {
             q->state_lost = true; /* the step may have advanced it */
         }
         /* Back to the shared block the sequence held before the launch,
@@ -331,17 +331,17 @@ void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran)
         if (ph)
             dv_handle_release(d, ph);
         q->busy = 0;
-        devio_lora_table_release(&d->lora, tr->lora_slot, tr->lora_gen);
+        devio_adapter_table_release(&d->adapters, tr->adapter_entry, tr->adapter_gen);
     }
 }
 
-/* A free ticket slot (in_flight < max_depth guarantees one) with an empty batch. */
-static dv_ticket *ticket_take(devio_device *d, uint32_t *slot_out)
+/* A free entry of the ticket table (in_flight < max_depth guarantees one) with an empty batch. */
+static dv_ticket *ticket_take(devio_device *d)
 {
-    uint32_t slot = 0;
-    while (d->tickets[slot].state != DV_T_FREE)
-        slot++;
-    dv_ticket *t = &d->tickets[slot];
+    uint32_t i = 0;
+    while (d->tickets[i].state != DV_T_FREE)
+        i++;
+    dv_ticket *t = &d->tickets[i];
     t->id = d->next_ticket_id;
     t->batch = (devio_batch){.ticket = t->id, .rows = t->brows, .tokens = t->tokens,
                              .tok_pos = t->tok_pos, .tok_row = t->tok_row,
@@ -349,12 +349,11 @@ static dv_ticket *ticket_take(devio_device *d, uint32_t *slot_out)
                              .copy_src = t->copy_src, .copy_dst = t->copy_dst,
                              .samples = t->samples};
     t->device_sampled = false;
-    *slot_out = slot;
     return t;
 }
 
 /* Hand the laid-out batch to the backend; sampling goes to the device only
- * under fast numerics and when the backend has the slot. */
+ * under fast numerics and when the backend has the optional sample function. */
 static devio_status submit(devio_device *d, dv_ticket *t, devio_error *err)
 {
     /* A backend samples with the params and step 0b; top logprobs are the
@@ -406,8 +405,7 @@ devio_status devio_launch_reserve(devio_device *d, const devio_plan *plan, uint6
         s = devio_fail(err, DEVIO_E_NOMEM, "out of memory for the plan's sample processing");
         goto out;
     }
-    uint32_t slot;
-    dv_ticket *t = ticket_take(d, &slot);
+    dv_ticket *t = ticket_take(d);
     free(t->proc_buf);
     t->proc_buf = buf;
     t->n_rows = plan->n_rows;

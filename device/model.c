@@ -45,85 +45,6 @@ typedef struct loader {
     const devio_model_config *cfg; /* a GGUF model: its tensors come from priv->gguf */
 } loader;
 
-static const struct {
-    const char *name;
-    uint32_t ggml; /* device/quant.h's number; 0 for a float type */
-} dtypes[] = {
-    [DEVIO_F32] = {"F32", 0},   [DEVIO_F16] = {"F16", 0},   [DEVIO_BF16] = {"BF16", 0},
-    [DEVIO_Q8_0] = {"Q8_0", DEVIO_QT_Q8_0}, [DEVIO_Q4_0] = {"Q4_0", DEVIO_QT_Q4_0},
-    [DEVIO_Q4_1] = {"Q4_1", DEVIO_QT_Q4_1}, [DEVIO_Q5_0] = {"Q5_0", DEVIO_QT_Q5_0},
-    [DEVIO_Q5_1] = {"Q5_1", DEVIO_QT_Q5_1}, [DEVIO_Q4_K] = {"Q4_K", DEVIO_QT_Q4_K},
-    [DEVIO_Q5_K] = {"Q5_K", DEVIO_QT_Q5_K}, [DEVIO_Q6_K] = {"Q6_K", DEVIO_QT_Q6_K},
-};
-
-size_t devio_dtype_size(devio_dtype t)
-{
-    return t == DEVIO_F32 ? 4 : t == DEVIO_F16 || t == DEVIO_BF16 ? 2 : 0;
-}
-
-const char *devio_dtype_str(devio_dtype t)
-{
-    return (unsigned)t < sizeof dtypes / sizeof *dtypes ? dtypes[t].name : "?";
-}
-
-uint32_t devio_dtype_ggml(devio_dtype t)
-{
-    return (unsigned)t < sizeof dtypes / sizeof *dtypes ? dtypes[t].ggml : 0;
-}
-
-bool devio_dtype_quantized(devio_dtype t)
-{
-    return devio_dtype_ggml(t) != 0;
-}
-
-uint64_t devio_dtype_row_bytes(devio_dtype t, uint64_t n)
-{
-    uint32_t q = devio_dtype_ggml(t);
-    if (!q)
-        return n * devio_dtype_size(t);
-    return n / devio_quant_block(q) * devio_quant_block_bytes(q);
-}
-
-uint64_t devio_tensor_bytes(const devio_tensor *t)
-{
-    if (!t->data)
-        return 0;
-    return t->ndim > 1 ? t->shape[0] * devio_dtype_row_bytes(t->dtype, t->shape[1])
-                       : devio_dtype_row_bytes(t->dtype, t->shape[0]);
-}
-
-float devio_tensor_get(const devio_tensor *t, uint64_t i)
-{
-    const uint8_t *p = t->data;
-    uint32_t q = devio_dtype_ggml(t->dtype);
-    if (q) {
-        /* The element's block, whole: rows are whole blocks. */
-        float y[256];
-        uint32_t blk = devio_quant_block(q);
-        devio_dequant_block(q, p + i / blk * devio_quant_block_bytes(q), y);
-        return y[i % blk];
-    }
-    switch (t->dtype) {
-    case DEVIO_F32: {
-        float f;
-        memcpy(&f, p + i * 4, sizeof f);
-        return f;
-    }
-    case DEVIO_F16: {
-        uint16_t h;
-        memcpy(&h, p + i * 2, sizeof h);
-        return devio_f16_to_f32(h);
-    }
-    case DEVIO_BF16: {
-        uint16_t h;
-        memcpy(&h, p + i * 2, sizeof h);
-        return devio_bf16_to_f32(h);
-    }
-    default:
-        return 0.0f;
-    }
-}
-
 /* ---- files ---- */
 
 /* ---- tensors ---- */
@@ -276,54 +197,16 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
             return DEVIO_OK;
         return devio_fail(err, DEVIO_E_MODEL, "%.100s: tensor '%.80s' is missing", fname, name);
     }
-    if (!t->supported) {
-        devio_fail(err, DEVIO_E_MODEL,
-                   "%.100s: tensor '%.80s' has dtype %s; only F32, F16 and BF16 are supported",
-                   fname, name, t->dtype_str);
-        return DEVIO_E_MODEL;
+    devio_st_want want = {.ndim = ndim, .s0 = s0, .s1 = s1, .refuse = DEVIO_E_MODEL,
+                          .scan = L->scan};
+    void *copy;
+    st = devio_st_view(f, t, fname, &want, out, &copy, err);
+    if (st == DEVIO_OK && copy &&
+        (st = priv_own(L->priv, copy, (size_t)t->nbytes, err)) != DEVIO_OK) {
+        devio_st_pages_free(copy, (size_t)t->nbytes);
+        memset(out, 0, sizeof *out);
     }
-    uint64_t want[3] = {s0, ndim == 3 ? 1 : s1, s1};
-    bool ok = t->ndim == ndim;
-    for (uint32_t i = 0; ok && i < ndim; i++)
-        ok = t->shape[i] == want[i];
-    if (!ok) {
-        char got[96] = "", exp[48] = "";
-        size_t g = 0;
-        for (uint32_t i = 0; i < t->ndim && g < sizeof got; i++)
-            g += (size_t)snprintf(got + g, sizeof got - g, "%s%llu", i ? ", " : "",
-                                  (unsigned long long)t->shape[i]);
-        if (ndim == 1)
-            snprintf(exp, sizeof exp, "%llu", (unsigned long long)s0);
-        else
-            snprintf(exp, sizeof exp, "%llu, %s%llu", (unsigned long long)s0,
-                     ndim == 3 ? "1, " : "", (unsigned long long)s1);
-        return devio_fail(err, DEVIO_E_MODEL,
-                          "%.100s: tensor '%.80s' has shape [%s], expected [%s]", fname, name, got,
-                          exp);
-    }
-    if (L->scan && (st = devio_st_check_finite(f, t, err)) != DEVIO_OK)
-        return st;
-    out->dtype = t->dtype;
-    out->ndim = ndim == 3 ? 2 : ndim;
-    out->shape[0] = s0;
-    out->shape[1] = ndim >= 2 ? s1 : 0;
-    out->data = t->data;
-    /* safetensors does not promise aligned offsets; readers of the view may
-     * load whole elements, so give them an aligned copy when needed. */
-    if ((uintptr_t)t->data % devio_dtype_size(t->dtype) != 0) {
-        void *copy = devio_st_pages((size_t)t->nbytes);
-        if (!copy)
-            return devio_fail(err, DEVIO_E_NOMEM,
-                              "%.100s: tensor '%.80s': out of memory for an aligned copy", fname,
-                              name);
-        memcpy(copy, t->data, (size_t)t->nbytes);
-        if ((st = priv_own(L->priv, copy, (size_t)t->nbytes, err)) != DEVIO_OK) {
-            devio_st_pages_free(copy, (size_t)t->nbytes);
-            return st;
-        }
-        out->data = copy;
-    }
-    return DEVIO_OK;
+    return st;
 }
 
 /* One tensor of a layer: the name after the layer's prefix, where it goes,

@@ -228,4 +228,8 @@ uint64_t devio_tensor_bytes(const devio_tensor *t);
 /* Widen element i of a tensor to binary32 exactly. */
 float devio_tensor_get(const devio_tensor *t, uint64_t i);
 
+/* Widen the first n elements of t to binary32 at dst (caller-owned, n floats), as
+ * devio_tensor_get does each; false, dst untouched, when t is absent (no data). */
+bool devio_tensor_widen(const devio_tensor *t, float *dst, size_t n);
+
 #endif

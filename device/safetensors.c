@@ -515,6 +515,62 @@ devio_status devio_weights_check_finite(const char *label, const char *name, dev
                       (unsigned long long)n);
 }
 
+/* "[2, 3]": t's shape, cut to fit cap. */
+static void shape_str(const devio_st_tensor *t, char *dst, size_t cap)
+{
+    size_t g = 0;
+    dst[0] = '\0';
+    for (uint32_t i = 0; i < t->ndim && g < cap; i++)
+        g += (size_t)snprintf(dst + g, cap - g, "%s%llu", i ? ", " : "",
+                              (unsigned long long)t->shape[i]);
+}
+
+devio_status devio_st_view(const devio_st_file *f, const devio_st_tensor *t, const char *label,
+                           const devio_st_want *w, devio_tensor *out, void **copy,
+                           devio_error *err)
+{
+    if (!t->supported)
+        return devio_fail(err, w->refuse,
+                          "%.100s: tensor '%.90s' has dtype %s; only F32, F16 and BF16 are "
+                          "supported",
+                          label, t->name, t->dtype_str);
+    uint64_t want[3] = {w->s0, w->ndim == 3 ? 1 : w->s1, w->s1};
+    bool ok = t->ndim == w->ndim;
+    for (uint32_t i = 0; ok && i < w->ndim; i++)
+        ok = t->shape[i] == want[i];
+    if (!ok) {
+        char got[96], exp[48];
+        shape_str(t, got, sizeof got);
+        if (w->ndim == 1)
+            snprintf(exp, sizeof exp, "%llu", (unsigned long long)w->s0);
+        else
+            snprintf(exp, sizeof exp, "%llu, %s%llu", (unsigned long long)w->s0,
+                     w->ndim == 3 ? "1, " : "", (unsigned long long)w->s1);
+        return devio_fail(err, w->refuse, "%.100s: tensor '%.90s' has shape [%s], expected [%s]%s%s%s",
+                          label, t->name, got, exp, w->why ? " (" : "", w->why ? w->why : "",
+                          w->why ? ")" : "");
+    }
+    devio_status st = w->scan ? devio_st_check_finite(f, t, err) : DEVIO_OK;
+    if (st != DEVIO_OK)
+        return st;
+    void *own = NULL;
+    /* safetensors does not promise aligned offsets; readers of the view may
+     * load whole elements, so give them an aligned copy when needed. */
+    if ((uintptr_t)t->data % devio_dtype_size(t->dtype) != 0) {
+        own = devio_st_pages((size_t)t->nbytes);
+        if (!own)
+            return devio_fail(err, DEVIO_E_NOMEM,
+                              "%.100s: tensor '%.90s': out of memory for an aligned copy", label,
+                              t->name);
+        memcpy(own, t->data, (size_t)t->nbytes);
+    }
+    *out = (devio_tensor){.dtype = t->dtype, .ndim = w->ndim == 3 ? 2 : w->ndim,
+                          .shape = {w->s0, w->ndim >= 2 ? w->s1 : 0},
+                          .data = own ? own : t->data};
+    *copy = own;
+    return DEVIO_OK;
+}
+
 devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor *t,
                                    devio_error *err)
 {

@@ -86,6 +86,25 @@ devio_status devio_st_check_finite(const devio_st_file *f, const devio_st_tensor
 devio_status devio_weights_check_finite(const char *label, const char *name, devio_dtype dt,
                                         const void *data, uint64_t nbytes, devio_error *err);
 
+/* What a loader wants of one tensor, and how a refusal is said. */
+typedef struct devio_st_want {
+    uint32_t ndim;       /* 1: [s0]; 2: [s0, s1]; 3: [s0, 1, s1], viewed as [s0, s1] */
+    uint64_t s0, s1;
+    devio_status refuse; /* the status of a dtype or shape refused */
+    const char *why;     /* said after the expected shape as " (why)"; NULL: nothing */
+    bool scan;           /* refuse NaN and infinities (devio_st_check_finite) */
+} devio_st_want;
+
+/* Tensor t of f, named in errors after `label`, checked against w (dtype
+ * F32, F16 or BF16; the shape; finite when w->scan) and made the view *out.
+ * When the file stores t at an offset its element size does not divide, the
+ * view is an aligned copy: *copy is that copy, t->nbytes bytes the caller
+ * owns and frees with devio_st_pages_free(*copy, t->nbytes); else *copy is
+ * NULL. On failure *out and *copy are untouched and nothing is allocated. */
+devio_status devio_st_view(const devio_st_file *f, const devio_st_tensor *t, const char *label,
+                           const devio_st_want *w, devio_tensor *out, void **copy,
+                           devio_error *err);
+
 /* Release the bytes and every entry. f may be NULL. */
 void devio_st_close(devio_st_file *f);
 

@@ -1,9 +1,19 @@
-/* seqs.c - the sequences' public face: create one, describe one, list them.
- * Every change of a sequence's length or blocks is launch.c's or effects.c's; this file never takes a block. */
+/* seqs.c - the sequences' public face: create one, find one, describe one, list them.
+ * Every change of a sequence's length or blocks is launch.c's, effects.c's or seq_blocks.c's; this file never takes a block. */
 #include <stdlib.h>
 
 #include "device/core.h"
 #include "device/status.h"
+
+dv_seq *dv_seq_find(devio_device *d, uint64_t id)
+{
+    if (id == 0)
+        return NULL;
+    for (uint32_t i = 0; i < d->cfg.max_seqs; i++)
+        if (d->seqs[i].id == id)
+            return &d->seqs[i];
+    return NULL;
+}
 
 devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
 {
@@ -22,7 +32,7 @@ devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
         q->n_blocks = 0;
         q->n_released = 0;
         q->busy = 0;
-        q->slot = -1;
+        q->ssm_slot = -1;
         q->state_lost = false;
         *seq = q->id;
         goto out;
@@ -39,7 +49,7 @@ static void seq_info_fill(const devio_device *d, const dv_seq *q, devio_seq_info
 {
     /* blocks: those the sequence holds, not the entries its window released. */
     *out = (devio_seq_info){.seq = q->id, .len = q->len, .blocks = dv_seq_blocks_held(q),
-                            .busy_ticket = q->busy, .ssm_slot = q->slot >= 0};
+                            .busy_ticket = q->busy, .ssm_slot = q->ssm_slot >= 0};
     int32_t owner = (int32_t)(q - d->seqs);
     uint32_t cap = sizeof out->snapshots / sizeof *out->snapshots;
     for (uint32_t i = 0; i < d->bcfg.ssm_snapshots; i++) {

@@ -1,4 +1,4 @@
-/* step.c - the step runner (backend wait, then host sampling), await, logits reads and LoRA commands.
+/* step.c - the step runner (backend wait, then host sampling), await, logits reads and adapter commands.
  * It never changes a sequence while a step runs, and a failed step is undone before its ticket ends;
  * a step that succeeded gives back, when awaited, the KV blocks its rows left below the sliding window. */
 #include <math.h>
@@ -175,7 +175,7 @@ static dv_ticket *ticket_find(devio_device *d, uint64_t id)
     return NULL;
 }
 
-/* Still waiting for ticket `id` in slot t: not done, or held by another awaiter. */
+/* Still waiting for ticket `id` in ticket entry t: not done, or held by another awaiter. */
 static bool still_pending(const dv_ticket *t, uint64_t id)
 {
     return t->id == id && (t->state == DV_T_SUBMITTED || t->state == DV_T_HELD);
@@ -275,7 +275,7 @@ static devio_status result_of(devio_device *d, dv_ticket *t, devio_step_result *
 /* The result of t was taken: a failed step is undone; a step that succeeded
  * frees its sequences and gives back the KV blocks its rows left below the
  * sliding window (only now, so that the step itself had every key of its own
- * tokens). The ticket slot is free after. */
+ * tokens). The ticket entry is free after. */
 static void await_finish(devio_device *d, dv_ticket *t)
 {
     if (t->status != DEVIO_OK) {
@@ -285,7 +285,7 @@ static void await_finish(devio_device *d, dv_ticket *t)
             const dv_trow *tr = &t->rows[r];
             dv_seq *q = &d->seqs[tr->seq_index];
             q->busy = 0;
-            devio_lora_table_release(&d->lora, tr->lora_slot, tr->lora_gen);
+            devio_adapter_table_release(&d->adapters, tr->adapter_entry, tr->adapter_gen);
             dv_seq_release_window(d, q);
         }
     }
@@ -401,7 +401,7 @@ void devio_step_result_free(devio_step_result *r)
     r->n_rows = 0;
 }
 
-/* ---- logits and LoRA -------------------------------------------------- */
+/* ---- logits and adapters ---------------------------------------------- */
 
 devio_status devio_logits_read(devio_device *d, uint64_t logits, uint32_t row, uint32_t n,
                                float *dst, uint32_t *n_rows_out, devio_error *err)
@@ -470,7 +470,7 @@ devio_status devio_logits_list(devio_device *d, devio_logits_info *out, uint32_t
     return s;
 }
 
-devio_status devio_lora(devio_device *d, const devio_lora_cmd *cmd, devio_lora_ack *ack,
+devio_status devio_adapter_command(devio_device *d, const devio_adapter_cmd *cmd, devio_adapter_ack *ack,
                         devio_error *err)
 {
     devio_status s;
@@ -481,19 +481,10 @@ devio_status devio_lora(devio_device *d, const devio_lora_cmd *cmd, devio_lora_a
     } else {
         /* Quiescence: every launched step has run before the table changes.
          * A list changes nothing (rows are counted at launch): no wait. */
-        if (cmd->kind != DEVIO_LORA_LIST)
+        if (cmd->kind != DEVIO_ADAPTER_CMD_LIST)
             dv_drain(d);
-        s = devio_lora_table_apply(&d->lora, cmd, ack, err);
+        s = devio_adapter_table_apply(&d->adapters, cmd, ack, err);
     }
     dv_unlock(d);
     return s;
-}
-
-void devio_lora_ack_free(devio_lora_ack *a)
-{
-    if (!a)
-        return;
-    free(a->adapters);
-    a->adapters = NULL;
-    a->n_adapters = 0;
 }

@@ -33,11 +33,6 @@ static void *calloc_n(ref_state *st, size_t a, size_t b, size_t size)
     return p;
 }
 
-static void widen_tensor(const devio_tensor *t, float *dst, size_t n)
-{
-    ref_widen(t->dtype, t->data, dst, n);
-}
-
 /* The KV pools, zeroed so that no slot ever holds a non-finite value. */
 static bool create_kv(ref_state *st, uint32_t L)
 {
@@ -64,7 +59,7 @@ static float *widen_new(ref_state *st, const devio_tensor *t, size_t n, bool *ok
         return NULL;
     float *p = calloc_n(st, n, 1, sizeof(float));
     if (p)
-        widen_tensor(t, p, n);
+        devio_tensor_widen(t, p, n);
     else
         *ok = false;
     return p;
@@ -133,12 +128,12 @@ static bool create_small_weights(ref_state *st, uint32_t L)
     st->final_norm = calloc_n(st, st->d, 1, sizeof(float));
     if (!st->attn_norm || !st->ffn_norm || !st->final_norm)
         return false;
-    widen_tensor(&model->norm, st->final_norm, st->d);
+    devio_tensor_widen(&model->norm, st->final_norm, st->d);
     for (uint32_t i = 0; i < L; i++) {
         const devio_layer *l = &model->layers[i];
-        widen_tensor(&l->attn_norm, st->attn_norm + (size_t)i * st->d, st->d);
+        devio_tensor_widen(&l->attn_norm, st->attn_norm + (size_t)i * st->d, st->d);
         if (l->ffn_norm.data) /* Mamba2 layers have no MLP */
-            widen_tensor(&l->ffn_norm, st->ffn_norm + (size_t)i * st->d, st->d);
+            devio_tensor_widen(&l->ffn_norm, st->ffn_norm + (size_t)i * st->d, st->d);
     }
     if (st->cfg.shape->qk_norm) {
         st->q_norm = calloc_n(st, L, st->hd, sizeof(float));
@@ -148,8 +143,8 @@ static bool create_small_weights(ref_state *st, uint32_t L)
         for (uint32_t i = 0; i < L; i++) {
             const devio_layer *l = &model->layers[i];
             if (l->q_norm.data) { /* attention layers */
-                widen_tensor(&l->q_norm, st->q_norm + (size_t)i * st->hd, st->hd);
-                widen_tensor(&l->k_norm, st->k_norm + (size_t)i * st->hd, st->hd);
+                devio_tensor_widen(&l->q_norm, st->q_norm + (size_t)i * st->hd, st->hd);
+                devio_tensor_widen(&l->k_norm, st->k_norm + (size_t)i * st->hd, st->hd);
             }
         }
     }
@@ -165,11 +160,11 @@ static bool create_small_weights(ref_state *st, uint32_t L)
     for (uint32_t i = 0; i < L; i++) {
         const devio_layer *l = &model->layers[i];
         if (l->bq.data)
-            widen_tensor(&l->bq, st->bq + (size_t)i * st->q_dim, st->q_dim);
+            devio_tensor_widen(&l->bq, st->bq + (size_t)i * st->q_dim, st->q_dim);
         if (l->bk.data)
-            widen_tensor(&l->bk, st->bk + (size_t)i * st->kv_dim, st->kv_dim);
+            devio_tensor_widen(&l->bk, st->bk + (size_t)i * st->kv_dim, st->kv_dim);
         if (l->bv.data)
-            widen_tensor(&l->bv, st->bv + (size_t)i * st->kv_dim, st->kv_dim);
+            devio_tensor_widen(&l->bv, st->bv + (size_t)i * st->kv_dim, st->kv_dim);
     }
     return true;
 }

@@ -1,4 +1,4 @@
-/* adapters.c - adapter commands over the device's LoRA table with their SQLite rows, and the reload at start.
+/* adapters.c - adapter commands over the device's adapter table with their SQLite rows, and the reload at start.
  * It must never answer before the rows of a device change are written, nor let a failure overwrite a loaded adapter's row. */
 #include <errno.h>
 #include <stdio.h>
@@ -44,12 +44,12 @@ static devio_status merged(devio_store *s, devio_device *dev, devio_adapter_reco
 {
     devio_adapter_record *rows = NULL, *recs = NULL;
     size_t n_rows = 0;
-    devio_lora_ack live = {0};
+    devio_adapter_ack live = {0};
     devio_status st = devio_store_adapters_list(s, &rows, &n_rows, err);
     if (st != DEVIO_OK)
         goto out;
-    devio_lora_cmd cmd = {.kind = DEVIO_LORA_LIST};
-    st = devio_lora(dev, &cmd, &live, err);
+    devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LIST};
+    st = devio_adapter_command(dev, &cmd, &live, err);
     if (st != DEVIO_OK)
         goto out;
     recs = calloc(n_rows + live.n_adapters + 1, sizeof *recs);
@@ -59,7 +59,7 @@ static devio_status merged(devio_store *s, devio_device *dev, devio_adapter_reco
     }
     size_t n = live.n_adapters;
     for (uint32_t k = 0; k < live.n_adapters; k++)
-        devio_adapter_record_from_info(&recs[k], &live.adapters[k], DEVIO_ADAPTER_LOADED);
+        recs[k] = live.adapters[k]; /* state loaded, the store's fields 0 */
     for (size_t i = 0; i < n_rows; i++) {
         devio_adapter_record *row = &rows[i];
         uint32_t k = 0;
@@ -85,7 +85,7 @@ static devio_status merged(devio_store *s, devio_device *dev, devio_adapter_reco
 out:
     free(recs);
     free(rows);
-    devio_lora_ack_free(&live);
+    devio_adapter_ack_free(&live);
     return st;
 }
 
@@ -166,13 +166,13 @@ static devio_status record_eviction(devio_store *s, const char *evicted, devio_e
 /* ---- commands ----------------------------------------------------------------- */
 
 /* The name's row, then the device command, whose ack must name one adapter. */
-static devio_status run_command(devio_adapters *a, devio_device *dev, const devio_lora_cmd *cmd,
+static devio_status run_command(devio_adapters *a, devio_device *dev, const devio_adapter_cmd *cmd,
                                 devio_adapter_record *prev, bool *have_prev,
-                                devio_lora_ack *ack, devio_error *err)
+                                devio_adapter_ack *ack, devio_error *err)
 {
     devio_status st = devio_store_adapter_get(a->store, cmd->name, prev, have_prev, err);
     if (st == DEVIO_OK)
-        st = devio_lora(dev, cmd, ack, err);
+        st = devio_adapter_command(dev, cmd, ack, err);
     if (st == DEVIO_OK && ack->n_adapters == 0)
         st = no_adapter_in_ack(err, cmd->name);
     return st;
@@ -193,7 +193,7 @@ devio_status devio_adapters_load(devio_adapters *a, devio_device *dev, const cha
     devio_error local = {0};
     if (!err)
         err = &local; /* the failure's message goes into its row */
-    devio_lora_ack ack = {0};
+    devio_adapter_ack ack = {0};
     devio_adapter_record prev;
     bool have_prev = false;
     const char *root = devio_config_of(dev)->adapters_root;
@@ -206,8 +206,8 @@ devio_status devio_adapters_load(devio_adapters *a, devio_device *dev, const cha
         st = devio_store_adapter_get(a->store, name, &prev, &have_prev, err);
     if (st != DEVIO_OK)
         goto out_unlock;
-    devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = name, .path = path, .pin = pin};
-    st = devio_lora(dev, &cmd, &ack, err);
+    devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LOAD, .name = name, .path = path, .pin = pin};
+    st = devio_adapter_command(dev, &cmd, &ack, err);
     if (st != DEVIO_OK) {
         record_failure(a->store, name, path, have_prev, &prev, err);
         goto out_unlock;
@@ -217,7 +217,7 @@ devio_status devio_adapters_load(devio_adapters *a, devio_device *dev, const cha
         goto out_unlock;
     }
     int64_t now = devio_unix_ms();
-    devio_adapter_record_from_info(out, &ack.adapters[0], DEVIO_ADAPTER_LOADED);
+    *out = ack.adapters[0];
     /* An idempotent re-load keeps the weights, so it keeps their load time. */
     bool same = have_prev && is_loaded(&prev) && strcmp(prev.sha256, out->sha256) == 0 &&
                 strcmp(prev.path, out->path) == 0;
@@ -237,7 +237,7 @@ devio_status devio_adapters_load(devio_adapters *a, devio_device *dev, const cha
         devio_adapter_record_set(evicted, DEVIO_ADAPTER_NAME_MAX, ack.evicted);
 out_unlock:
     pthread_mutex_unlock(&a->mu);
-    devio_lora_ack_free(&ack);
+    devio_adapter_ack_free(&ack);
     return st;
 }
 
@@ -246,22 +246,22 @@ devio_status devio_adapters_unload(devio_adapters *a, devio_device *dev, const c
 {
     if (!a->store)
         return not_started(err);
-    devio_lora_ack ack = {0};
+    devio_adapter_ack ack = {0};
     devio_adapter_record prev;
     bool have_prev = false;
-    devio_lora_cmd cmd = {.kind = DEVIO_LORA_UNLOAD, .name = name};
+    devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_UNLOAD, .name = name};
     pthread_mutex_lock(&a->mu);
     devio_status st = run_command(a, dev, &cmd, &prev, &have_prev, &ack, err);
     if (st == DEVIO_OK) {
         /* rows_served stays the device's count at the unload, for this answer. */
-        devio_adapter_record_from_info(out, &ack.adapters[0], DEVIO_ADAPTER_UNLOADED);
+        *out = ack.adapters[0];
         out->pinned = false;
         out->loaded_ms = have_prev ? prev.loaded_ms : 0;
         out->last_used_ms = devio_unix_ms();
         st = save(a->store, out, "is unloaded from the device", err);
     }
     pthread_mutex_unlock(&a->mu);
-    devio_lora_ack_free(&ack);
+    devio_adapter_ack_free(&ack);
     return st;
 }
 
@@ -270,22 +270,22 @@ devio_status devio_adapters_pin(devio_adapters *a, devio_device *dev, const char
 {
     if (!a->store)
         return not_started(err);
-    devio_lora_ack ack = {0};
+    devio_adapter_ack ack = {0};
     devio_adapter_record prev;
     bool have_prev = false;
-    devio_lora_cmd cmd = {.kind = pin ? DEVIO_LORA_PIN : DEVIO_LORA_UNPIN, .name = name};
+    devio_adapter_cmd cmd = {.kind = pin ? DEVIO_ADAPTER_CMD_PIN : DEVIO_ADAPTER_CMD_UNPIN, .name = name};
     pthread_mutex_lock(&a->mu);
     devio_status st = run_command(a, dev, &cmd, &prev, &have_prev, &ack, err);
     if (st == DEVIO_OK) {
         int64_t now = devio_unix_ms();
-        devio_adapter_record_from_info(out, &ack.adapters[0], DEVIO_ADAPTER_LOADED);
+        *out = ack.adapters[0];
         out->loaded_ms = have_prev && is_loaded(&prev) ? prev.loaded_ms : now;
         out->last_used_ms = now;
         st = save(a->store, out,
                   pin ? "is pinned on the device" : "is unpinned on the device", err);
     }
     pthread_mutex_unlock(&a->mu);
-    devio_lora_ack_free(&ack);
+    devio_adapter_ack_free(&ack);
     return st;
 }
 
@@ -351,31 +351,31 @@ static void restore_one(devio_adapters *a, devio_device *dev, devio_adapter_reco
     devio_error e = {0};
     char hex[65];
     uint64_t size = 0;
-    devio_lora_ack ack = {0};
+    devio_adapter_ack ack = {0};
     devio_status st = devio_adapter_file_hash(root, r->path, hex, &size, &e);
     if (st == DEVIO_OK && strcmp(hex, r->sha256) != 0) {
         mark_stale(r, n);
         return;
     }
     if (st == DEVIO_OK) {
-        devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = r->name, .path = r->path,
+        devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LOAD, .name = r->name, .path = r->path,
                               .pin = r->pinned};
-        st = devio_lora(dev, &cmd, &ack, &e);
+        st = devio_adapter_command(dev, &cmd, &ack, &e);
     }
     if (st == DEVIO_OK && ack.n_adapters == 0)
         st = no_adapter_in_ack(&e, r->name);
     if (st == DEVIO_OK && strcmp(ack.adapters[0].sha256, r->sha256) != 0) {
         /* The file changed between the hash and the load: not the recorded weights. */
-        devio_lora_ack un = {0};
-        devio_lora_cmd cmd = {.kind = DEVIO_LORA_UNLOAD, .name = r->name};
-        devio_lora(dev, &cmd, &un, NULL);
-        devio_lora_ack_free(&un);
-        devio_lora_ack_free(&ack);
+        devio_adapter_ack un = {0};
+        devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_UNLOAD, .name = r->name};
+        devio_adapter_command(dev, &cmd, &un, NULL);
+        devio_adapter_ack_free(&un);
+        devio_adapter_ack_free(&ack);
         mark_stale(r, n);
         return;
     }
     if (st != DEVIO_OK) {
-        devio_lora_ack_free(&ack);
+        devio_adapter_ack_free(&ack);
         r->state = DEVIO_ADAPTER_FAILED;
         r->pinned = false;
         snprintf(r->reason, sizeof r->reason, "%s: %s", devio_status_str(st), e.message);
@@ -385,7 +385,7 @@ static void restore_one(devio_adapters *a, devio_device *dev, devio_adapter_reco
         return;
     }
     int64_t last_used = r->last_used_ms;
-    devio_adapter_record_from_info(r, &ack.adapters[0], DEVIO_ADAPTER_LOADED);
+    *r = ack.adapters[0];
     r->loaded_ms = devio_unix_ms();
     r->last_used_ms = last_used;
     n->loaded++;
@@ -399,7 +399,7 @@ static void restore_one(devio_adapters *a, devio_device *dev, devio_adapter_reco
             devio_log(DEVIO_LOG_ERROR, "adapters", "adapter '%s': eviction not recorded: %s",
                       ack.evicted, werr.message);
     }
-    devio_lora_ack_free(&ack);
+    devio_adapter_ack_free(&ack);
 }
 
 devio_status devio_adapters_start(devio_adapters *a, devio_store *store, devio_device *dev,

@@ -1,4 +1,4 @@
-/* adapters.h - LoRA adapter commands of devio-server: the device's adapter table and the store's rows kept in step.
+/* adapters.h - adapter commands of devio-server: the device's adapter table and the store's rows kept in step.
  * Every command changes the device first and writes its rows before it answers; nothing here runs on the step path. */
 #ifndef DEVIO_SERVICE_ADAPTERS_H
 #define DEVIO_SERVICE_ADAPTERS_H

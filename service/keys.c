@@ -8,7 +8,7 @@
 #include "device/status.h"
 #include "service/keys.h"
 #include "service/request.h"
-#include "service/routes.h"
+#include "service/route_handlers.h"
 #include "service/server.h"
 
 void devio_keys_init(devio_keys *k)

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "service/route.h"
+#include "service/route_match.h"
 #include "service/tickets.h"
 
 /* Longest key taken (visible ASCII, 1 to this many bytes). */

@@ -1,5 +1,5 @@
 /* monotonic_wait.h - condition variables whose timed waits take devio_clock_us() deadlines (CLOCK_MONOTONIC).
- * For the service's timer threads (await_waits.c, leases.c); header-only, it never allocates. */
+ * For the service's timer threads (parked_awaits.c, leases.c); header-only, it never allocates. */
 #ifndef DEVIO_MONOTONIC_WAIT_H
 #define DEVIO_MONOTONIC_WAIT_H
 

@@ -11,7 +11,7 @@
 
 #include "api/adapter_record.h"
 #include "device/devio.h"
-#include "service/route.h"
+#include "service/route_match.h"
 
 /* A query argument or a header of the request; NULL when absent. Borrowed
  * from libmicrohttpd for the life of the request. */

@@ -5,7 +5,7 @@
 #include "api/adapter_codec.h"
 #include "device/status.h"
 #include "service/request.h"
-#include "service/routes.h"
+#include "service/route_handlers.h"
 #include "service/server.h"
 
 /* One adapter command, as the routes below spell it. */

@@ -8,7 +8,7 @@
 #include "common/version.h"
 #include "device/status.h"
 #include "service/request.h"
-#include "service/routes.h"
+#include "service/route_handlers.h"
 #include "service/server.h"
 
 /* How often a teardown parked behind awaits under way looks again. */

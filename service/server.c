@@ -20,15 +20,15 @@
 #include "device/status.h"
 #include "ref/builtin.h"
 #include "service/framing.h"
-#include "service/http_edges.h"
+#include "service/request_rules.h"
+#include "service/route_handlers.h" /* devio_step_answer_text */
 #include "service/keys.h"
 #include "service/request.h"
-#include "service/routes.h"
 #include "service/server.h"
 
 /* libmicrohttpd's threading: --http-threads internal threads, each an epoll
  * loop over its share of the connections, with suspend and resume so that an
- * await waiting for its step holds no thread (await_waits.h). Chosen for what
+ * await waiting for its step holds no thread (parked_awaits.h). Chosen for what
  * it bounds, not for speed (docs/http.md, Threads, has the side-by-side
  * figures against a thread per connection). The listening socket is devio's own (listener.h): it answers 503 when a
  * connection limit is reached, where libmicrohttpd would close the socket
@@ -42,55 +42,6 @@
  * loop's epoll and wake-up descriptors, refused sockets draining. */
 #define FD_RESERVE 128
 
-#define ROUTE(m, p, h, a, b, d)                                                                 \
-    {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
-     .refused_while_draining = d}
-/* A route that changes state and takes an Idempotency-Key (keys.h). */
-#define KEYED(m, p, h, a, b, d)                                                                 \
-    {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
-     .refused_while_draining = d, .keyed = true}
-
-/* Every route of the contract (api/openapi.yaml): method, path template, handler, who may call
- * it, its body, and whether it is refused while the server drains. Metrics label each answer with
- * its route's path (a 405 with the path's first entry); answers decided before a route is known
- * use "auth" (401), "framing" (400), "body" (413) and "unknown" (404). */
-static const devio_route routes[] = {
-    ROUTE("GET", "/healthz", devio_route_healthz, HEALTH, NO_BODY, false),
-    ROUTE("GET", "/readyz", devio_route_readyz, HEALTH, NO_BODY, false),
-    ROUTE("GET", "/metrics", devio_route_metrics, HEALTH, NO_BODY, false),
-    ROUTE("GET", "/v1/openapi.yaml", devio_route_openapi, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/sequences", devio_route_seq_list, TOKEN, NO_BODY, false),
-    KEYED("POST", "/v1/sequences", devio_route_seq_create, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/sequences/{id}", devio_route_seq_get, TOKEN, NO_BODY, false),
-    KEYED("DELETE", "/v1/sequences/{id}", devio_route_seq_delete, TOKEN, NO_BODY, false),
-    KEYED("POST", "/v1/launch", devio_route_launch, TOKEN, JSON_BODY, true),
-    KEYED("POST", "/v1/step", devio_route_step, TOKEN, JSON_BODY, true),
-    ROUTE("POST", "/v1/tickets/{id}/await", devio_route_await, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/tickets", devio_route_tickets, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/tickets/{id}", devio_route_ticket, TOKEN, NO_BODY, false),
-    KEYED("POST", "/v1/effects", devio_route_effects, TOKEN, JSON_BODY, false),
-    ROUTE("GET", "/v1/logits", devio_route_logits_list, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/logits/{id}", devio_route_logits, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/facts", devio_route_facts, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/device", devio_route_device, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/model", devio_route_model, TOKEN, NO_BODY, false),
-    ROUTE("POST", "/v1/teardown", devio_route_teardown, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/adapters", devio_route_adapters_list, TOKEN, NO_BODY, false),
-    ROUTE("GET", "/v1/adapters/{name}", devio_route_adapter_get, TOKEN, NO_BODY, false),
-    ROUTE("PUT", "/v1/adapters/{name}", devio_route_adapter_put, TOKEN, JSON_BODY, false),
-    ROUTE("DELETE", "/v1/adapters/{name}", devio_route_adapter_delete, TOKEN, NO_BODY, false),
-    ROUTE("POST", "/v1/adapters/{name}/pin", devio_route_adapter_pin, TOKEN, NO_BODY, false),
-    ROUTE("POST", "/v1/adapters/{name}/unpin", devio_route_adapter_unpin, TOKEN, NO_BODY, false),
-};
-#undef ROUTE
-#undef KEYED
-
-const devio_route *devio_server_routes(size_t *n)
-{
-    *n = sizeof routes / sizeof *routes;
-    return routes;
-}
-
 /* Per-request state, kept in libmicrohttpd's req_cls across calls. */
 typedef struct req {
     const devio_route *route;   /* the entry for method and path, or NULL */
@@ -102,7 +53,7 @@ typedef struct req {
     bool too_large;
     bool answered;              /* refused on its headers; the body is not read */
     devio_conn *conn;           /* the listener's count of this connection, or NULL */
-    devio_wait wait;            /* an await's place among the parked ones (await_waits.h) */
+    devio_wait wait;            /* an await's place among the parked ones (parked_awaits.h) */
     devio_ticket_op op;         /* the launch or await under way (tickets.h) */
     devio_keyed keyed;          /* its Idempotency-Key (keys.h) */
     uint64_t start_us;          /* the first access-handler call, for the latency metric */
@@ -166,8 +117,9 @@ static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const ch
         return devio_fail(err, DEVIO_E_NOT_FOUND, "no route %s", url);
     *label = q->on_path->path;
     if (!q->route) {
-        devio_http_allowed_methods(routes, sizeof routes / sizeof *routes, q->on_path->path,
-                                   r->allow, sizeof r->allow);
+        size_t n;
+        const devio_route *routes = devio_server_routes(&n);
+        devio_http_allowed_methods(routes, n, q->on_path->path, r->allow, sizeof r->allow);
         return devio_fail(err, DEVIO_E_METHOD, "method not allowed on %s (allowed: %s)", url,
                           r->allow);
     }
@@ -281,13 +233,20 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
     return MHD_YES;
 }
 
+/* err as the answer's error body, counted by its code for /metrics. */
+static void answer_error(devio_server *s, devio_reply *r, const devio_error *err)
+{
+    devio_metrics_error(&s->metrics, err->status);
+    devio_reply_error(r, err);
+}
+
 /* The answer of a request refused on its headers, queued before its body is
  * read; the connection is closed after it. */
 static enum MHD_Result answer_early(devio_server *s, struct MHD_Connection *c, req *q,
                                     devio_error *err, const char *label)
 {
     devio_reply r = {.code = 500, .close = true};
-    devio_reply_error(&r, err);
+    answer_error(s, &r, err);
     q->answered = true;
     return send_reply(s, c, &r, label, q);
 }
@@ -339,8 +298,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                               sizeof q->request_id);
         /* HEAD is GET without the body, which libmicrohttpd leaves out itself. */
         const char *as = strcmp(method, "HEAD") == 0 ? "GET" : method;
-        q->route = devio_route_find(routes, sizeof routes / sizeof *routes, as, url,
-                                    &q->params, &q->on_path);
+        size_t n_routes;
+        const devio_route *routes = devio_server_routes(&n_routes);
+        q->route = devio_route_find(routes, n_routes, as, url, &q->params, &q->on_path);
         q->keep_body = q->route && q->route->body == DEVIO_ROUTE_JSON_BODY;
         *req_cls = q;
         atomic_fetch_add(&s->active, 1);
@@ -368,13 +328,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     devio_error err = {0};
     const char *label = "unknown";
     if (dispatch(s, c, url, method, q, &r, &label, &err) != DEVIO_OK)
-        devio_reply_error(&r, &err);
+        answer_error(s, &r, &err);
     else if (r.suspended)
         return MHD_YES; /* parked: this runs again once the connection is resumed */
     if (!r.body) {
         /* A handler that answered nothing: an error, never an empty 200. */
         devio_fail(&err, DEVIO_E_NOMEM, "no reply");
-        devio_reply_error(&r, &err);
+        answer_error(s, &r, &err);
     }
     return send_reply(s, c, &r, label, q);
 }

@@ -1,6 +1,6 @@
 /* server.h - devio-server: HTTP routes over one device, one store, one model.
  * HTTP threads never compute and never wait for a step: they decode, call the device (whose worker
- * computes) and encode; an await whose step has not settled parks its connection (await_waits.h). */
+ * computes) and encode; an await whose step has not settled parks its connection (parked_awaits.h). */
 #ifndef DEVIO_SERVER_H
 #define DEVIO_SERVER_H
 
@@ -12,13 +12,13 @@
 #include "device/model.h"
 #include "device/registry.h"
 #include "service/adapters.h"
-#include "service/await_waits.h"
+#include "service/parked_awaits.h"
 #include "service/config.h"
 #include "service/leases.h"
 #include "service/listener.h"
 #include "service/metrics.h"
 #include "service/keys.h"
-#include "service/route.h"
+#include "service/route_match.h"
 #include "service/store.h"
 #include "service/tickets.h"
 #include "service/tls.h"

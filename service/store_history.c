@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "common/clock.h"
 #include "device/status.h"
 #include "service/store_internal.h"
@@ -39,41 +41,33 @@ void store_history_finalize(devio_store *s)
         sqlite3_finalize(s->st_query[i]);
 }
 
-/* The seqs text store_writer.c writes ("[7,8]") as ids. Text that is not such
- * a list gives an empty one rather than failing the whole page. */
+/* The seqs text store_writer.c:seqs_text writes ("[7,8]", a JSON array) as
+ * ids. Text that is not a non-empty array of non-negative integers gives an
+ * empty list rather than failing the whole page; -1 only when out of memory. */
 static int parse_seqs(const char *t, uint64_t **out, uint32_t *n)
 {
     *out = NULL;
     *n = 0;
-    if (!t || *t != '[')
+    if (!t)
         return 0;
-    size_t commas = 0;
-    for (const char *p = t; *p; p++)
-        commas += *p == ',';
-    uint64_t *v = malloc((commas + 1) * sizeof *v);
-    if (!v)
-        return -1;
-    uint32_t k = 0;
-    const char *p = t + 1;
-    while (*p != ']') {
-        if (*p < '0' || *p > '9')
-            goto out_empty;
-        char *end;
-        v[k++] = strtoull(p, &end, 10);
-        p = end;
-        if (*p == ',' && p[1] != ']')
-            p++;
-        else if (*p != ']')
-            goto out_empty;
+    json_error_t e;
+    json_t *a = json_loads(t, 0, &e);
+    if (!a)
+        return json_error_code(&e) == json_error_out_of_memory ? -1 : 0;
+    size_t k = json_is_array(a) ? json_array_size(a) : 0;
+    for (size_t i = 0; i < k; i++) {
+        const json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            k = 0;
     }
-    if (p[1] != '\0' || k == 0)
-        goto out_empty;
+    uint64_t *v = k > 0 ? malloc(k * sizeof *v) : NULL;
+    int rc = k > 0 && !v ? -1 : 0;
+    for (size_t i = 0; v && i < k; i++)
+        v[i] = (uint64_t)json_integer_value(json_array_get(a, i));
+    json_decref(a);
     *out = v;
-    *n = k;
-    return 0;
-out_empty:
-    free(v);
-    return 0;
+    *n = v ? (uint32_t)k : 0; /* a list that long was written from a uint32_t count */
+    return rc;
 }
 
 static char *column_dup(sqlite3_stmt *st, int i, bool *oom)

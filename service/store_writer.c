@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "common/log.h"
 #include "common/clock.h"
 #include "device/status.h"
@@ -102,34 +104,36 @@ static const char *put_str(store_wrec *w, size_t *pos, const char *p)
     return d;
 }
 
-/* The seqs column: the sequence ids as text "[7,8]" (store_history.c reads it
- * back), written into the record's buffer at *pos. */
-static const char *put_seqs(store_wrec *w, size_t *pos, const uint64_t *seqs, uint32_t n)
+/* The seqs column: the sequence ids as a compact JSON array, "[7,8]"
+ * (store_history.c:parse_seqs reads it back). Ids are below 2^63 (the
+ * device counts them up from 1), so each is a JSON integer. Caller frees
+ * with free(); NULL when out of memory. */
+static char *seqs_text(const uint64_t *seqs, uint32_t n)
 {
-    char *d = w->buf + *pos, *p = d;
-    *p++ = '[';
-    for (uint32_t i = 0; i < n; i++)
-        p += sprintf(p, i ? ",%" PRIu64 : "%" PRIu64, seqs[i]);
-    *p++ = ']';
-    *p++ = '\0';
-    *pos += (size_t)(p - d);
-    return d;
-}
-
-/* Bytes of put_seqs' text: brackets, NUL, and at most 20 digits and a comma each. */
-static size_t seqs_len(uint32_t n)
-{
-    return 3 + (size_t)n * 21;
+    json_t *a = json_array();
+    for (uint32_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer((json_int_t)seqs[i])) != 0) {
+            json_decref(a);
+            a = NULL;
+        }
+    char *t = a ? json_dumps(a, JSON_COMPACT) : NULL;
+    json_decref(a);
+    return t;
 }
 
 static store_wrec *make_rec(store_wkind kind, const devio_ticket_record *r, const char *status)
 {
     bool has_seqs = kind == STORE_W_LAUNCH && r->seqs; /* no seqs: NULL in the row */
-    size_t extra = (has_seqs ? seqs_len(r->n_seqs) : 0) + slen(r->error_code) +
-                   slen(r->error_message) + slen(r->request_id) + slen(r->answer);
-    store_wrec *w = calloc(1, sizeof *w + extra);
-    if (!w)
+    char *seqs = has_seqs ? seqs_text(r->seqs, r->n_seqs) : NULL;
+    if (has_seqs && !seqs)
         return NULL;
+    size_t extra = slen(seqs) + slen(r->error_code) + slen(r->error_message) +
+                   slen(r->request_id) + slen(r->answer);
+    store_wrec *w = calloc(1, sizeof *w + extra);
+    if (!w) {
+        free(seqs);
+        return NULL;
+    }
     size_t pos = 0;
     w->kind = kind;
     w->status = status;
@@ -140,7 +144,8 @@ static store_wrec *make_rec(store_wkind kind, const devio_ticket_record *r, cons
     w->tokens = r->tokens;
     w->queued_us = r->queued_us > INT64_MAX ? INT64_MAX : (int64_t)r->queued_us;
     w->compute_us = r->compute_us > INT64_MAX ? INT64_MAX : (int64_t)r->compute_us;
-    w->seqs = has_seqs ? put_seqs(w, &pos, r->seqs, r->n_seqs) : NULL;
+    w->seqs = put_str(w, &pos, seqs);
+    free(seqs);
     w->error_code = put_str(w, &pos, r->error_code);
     w->error_message = put_str(w, &pos, r->error_message);
     w->request_id = put_str(w, &pos, r->request_id);

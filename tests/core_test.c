@@ -772,22 +772,22 @@ static void test_open_rejects_bad_config(void **state)
     assert_string_equal(devio_status_str((devio_status)999), "unknown_status");
 }
 
-static void test_lora_table_list(void **state)
+static void test_adapter_table_list(void **state)
 {
     ctx *c = *state;
     devio_device *d = open_dev(c, small_cfg());
-    devio_lora_cmd cmd = {.kind = DEVIO_LORA_LIST};
-    devio_lora_ack ack;
+    devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LIST};
+    devio_adapter_ack ack;
     devio_error err = {0};
-    assert_int_equal(devio_lora(d, &cmd, &ack, &err), DEVIO_OK);
+    assert_int_equal(devio_adapter_command(d, &cmd, &ack, &err), DEVIO_OK);
     assert_int_equal(ack.n_adapters, 0);
-    devio_lora_ack_free(&ack);
-    cmd = (devio_lora_cmd){.kind = DEVIO_LORA_PIN, .name = "x"};
-    assert_int_equal(devio_lora(d, &cmd, &ack, &err), DEVIO_E_UNKNOWN_ADAPTER);
+    devio_adapter_ack_free(&ack);
+    cmd = (devio_adapter_cmd){.kind = DEVIO_ADAPTER_CMD_PIN, .name = "x"};
+    assert_int_equal(devio_adapter_command(d, &cmd, &ack, &err), DEVIO_E_UNKNOWN_ADAPTER);
     devio_teardown(d, NULL);
 }
 
-/* ---- LoRA table through the device ---------------------------------------- */
+/* ---- adapter table through the device ------------------------------------- */
 
 static void write_adapter(ctx *c, const char *root, const char *name, uint32_t rank, uint64_t seed)
 {
@@ -803,12 +803,12 @@ static void write_adapter(ctx *c, const char *root, const char *name, uint32_t r
     assert_int_equal(devio_mkmodel_write_adapter(&o, &err), DEVIO_OK);
 }
 
-static devio_status lora_cmd(devio_device *d, devio_lora_kind kind, const char *name,
-                             const char *path, bool pin, devio_lora_ack *ack)
+static devio_status adapter_cmd(devio_device *d, devio_adapter_cmd_kind kind, const char *name,
+                             const char *path, bool pin, devio_adapter_ack *ack)
 {
-    devio_lora_cmd cmd = {.kind = kind, .name = name, .path = path, .pin = pin};
+    devio_adapter_cmd cmd = {.kind = kind, .name = name, .path = path, .pin = pin};
     devio_error err = {0};
-    devio_status s = devio_lora(d, &cmd, ack, &err);
+    devio_status s = devio_adapter_command(d, &cmd, ack, &err);
     if (s != DEVIO_OK)
         assert_true(err.message[0] != '\0');
     return s;
@@ -827,64 +827,67 @@ static void test_lora_commands(void **state)
     cfg.max_loras = 2;
     cfg.adapters_root = root;
     devio_device *d = open_dev(c, cfg);
-    devio_lora_ack ack;
+    devio_adapter_ack ack;
 
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "a", false, &ack), DEVIO_OK);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "A", "a", false, &ack), DEVIO_OK);
     assert_int_equal(ack.n_adapters, 1);
     assert_int_equal(ack.adapters[0].rank, 8);
     assert_true(ack.adapters[0].scale == 2.0f);
     assert_string_equal(ack.adapters[0].targets, "q_proj,v_proj");
     assert_int_equal(strlen(ack.adapters[0].sha256), 64);
-    devio_lora_ack_free(&ack);
+    assert_int_equal(ack.adapters[0].state, DEVIO_ADAPTER_LOADED);
+    assert_int_equal(ack.adapters[0].loaded_ms, 0); /* the store's fields stay 0 */
+    devio_adapter_ack_free(&ack);
     /* Same weights again: no change. Other weights under the same name: refused. */
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "a", false, &ack), DEVIO_OK);
-    devio_lora_ack_free(&ack);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "b", false, &ack), DEVIO_E_INVALID);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "X", "big", false, &ack), DEVIO_E_INVALID);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "X", "../a", false, &ack), DEVIO_E_INVALID);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "X", "none", false, &ack), DEVIO_E_INVALID);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "A", "a", false, &ack), DEVIO_OK);
+    devio_adapter_ack_free(&ack);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "A", "b", false, &ack), DEVIO_E_INVALID);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "X", "big", false, &ack), DEVIO_E_INVALID);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "X", "../a", false, &ack), DEVIO_E_INVALID);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "X", "none", false, &ack), DEVIO_E_INVALID);
     assert_int_equal(devio_facts_get(d).adapters_loaded, 1);
 
     /* A row of A in an unawaited ticket keeps A from eviction. */
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "B", "b", true, &ack), DEVIO_OK);
-    devio_lora_ack_free(&ack);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "B", "b", true, &ack), DEVIO_OK);
+    devio_adapter_ack_free(&ack);
     uint64_t s = devio_test_seq(d);
     int32_t tok[3] = {1, 2, 3};
     devio_row row = {.seq = s, .tokens = tok, .n_tokens = 3, .adapter = "A"};
     devio_plan plan = {.rows = &row, .n_rows = 1};
     uint64_t t;
     assert_int_equal(devio_launch(d, &plan, &t, NULL), DEVIO_OK);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "C", "c", false, &ack),
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "C", "c", false, &ack),
                      DEVIO_E_ADAPTER_CAPACITY);
     devio_step_result r;
     assert_int_equal(devio_await(d, t, -1, &r, NULL), DEVIO_OK);
     devio_step_result_free(&r);
     /* Now A (unpinned, idle) is the one to go; B is pinned. */
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "C", "c", false, &ack), DEVIO_OK);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "C", "c", false, &ack), DEVIO_OK);
     assert_string_equal(ack.evicted, "A");
-    devio_lora_ack_free(&ack);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LIST, NULL, NULL, false, &ack), DEVIO_OK);
+    devio_adapter_ack_free(&ack);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LIST, NULL, NULL, false, &ack), DEVIO_OK);
     assert_int_equal(ack.n_adapters, 2);
-    devio_lora_ack_free(&ack);
+    devio_adapter_ack_free(&ack);
     assert_int_equal(devio_launch(d, &plan, &t, NULL), DEVIO_E_UNKNOWN_ADAPTER);
     /* pin, unpin, unload */
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_PIN, "C", NULL, false, &ack), DEVIO_OK);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_PIN, "C", NULL, false, &ack), DEVIO_OK);
     assert_true(ack.adapters[0].pinned);
-    devio_lora_ack_free(&ack);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "a", false, &ack),
+    devio_adapter_ack_free(&ack);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "A", "a", false, &ack),
                      DEVIO_E_ADAPTER_CAPACITY);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_UNPIN, "B", NULL, false, &ack), DEVIO_OK);
-    devio_lora_ack_free(&ack);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_UNLOAD, "B", NULL, false, &ack), DEVIO_OK);
-    devio_lora_ack_free(&ack);
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_UNLOAD, "B", NULL, false, &ack),
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_UNPIN, "B", NULL, false, &ack), DEVIO_OK);
+    devio_adapter_ack_free(&ack);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_UNLOAD, "B", NULL, false, &ack), DEVIO_OK);
+    assert_int_equal(ack.adapters[0].state, DEVIO_ADAPTER_UNLOADED);
+    devio_adapter_ack_free(&ack);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_UNLOAD, "B", NULL, false, &ack),
                      DEVIO_E_UNKNOWN_ADAPTER);
     assert_int_equal(devio_facts_get(d).adapters_loaded, 1);
     devio_teardown(d, NULL);
 
     /* Without an adapters root, loading is refused. */
     d = open_dev(c, small_cfg());
-    assert_int_equal(lora_cmd(d, DEVIO_LORA_LOAD, "A", "a", false, &ack), DEVIO_E_UNSUPPORTED);
+    assert_int_equal(adapter_cmd(d, DEVIO_ADAPTER_CMD_LOAD, "A", "a", false, &ack), DEVIO_E_UNSUPPORTED);
     devio_teardown(d, NULL);
     devio_rmtree(root);
 }
@@ -908,7 +911,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_depth_invariance),
         cmocka_unit_test(test_open_rejects_bad_config),
-        cmocka_unit_test(test_lora_table_list),
+        cmocka_unit_test(test_adapter_table_list),
         cmocka_unit_test(test_lora_commands),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

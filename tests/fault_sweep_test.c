@@ -298,7 +298,7 @@ typedef struct dev_state {
     devio_facts facts;
     uint32_t n_seqs;
     devio_seq_info seqs[4]; /* all zero for a sequence that is gone */
-    devio_lora_ack list;
+    devio_adapter_ack list;
 } dev_state;
 
 static void dev_state_get(devio_device *d, const uint64_t *seqs, uint32_t n, dev_state *out)
@@ -309,8 +309,8 @@ static void dev_state_get(devio_device *d, const uint64_t *seqs, uint32_t n, dev
     for (uint32_t i = 0; i < n; i++)
         if (devio_seq_info_get(d, seqs[i], &out->seqs[i], NULL) != DEVIO_OK)
             memset(&out->seqs[i], 0, sizeof out->seqs[i]);
-    devio_lora_cmd cmd = {.kind = DEVIO_LORA_LIST};
-    assert_int_equal(devio_lora(d, &cmd, &out->list, NULL), DEVIO_OK);
+    devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LIST};
+    assert_int_equal(devio_adapter_command(d, &cmd, &out->list, NULL), DEVIO_OK);
 }
 
 static void assert_dev_unchanged(const dev_state *a, const dev_state *b, const char *site,
@@ -340,7 +340,7 @@ static void assert_dev_unchanged(const dev_state *a, const dev_state *b, const c
 
 static void dev_state_free(dev_state *s)
 {
-    devio_lora_ack_free(&s->list);
+    devio_adapter_ack_free(&s->list);
 }
 
 /* ---- adapter load ---------------------------------------------------------- */
@@ -352,16 +352,16 @@ static uint64_t site_adapter_load(sweep_ctx *c, fault_kind k, uint64_t n, devio_
     devio_device *d = open_ok(c->llama.model, c->root);
     dev_state before, after;
     dev_state_get(d, NULL, 0, &before);
-    devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = "a", .path = "a"};
-    devio_lora_ack ack = {0};
+    devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LOAD, .name = "a", .path = "a"};
+    devio_adapter_ack ack = {0};
     devio_error err = {0};
     arm(k, n);
-    *st = devio_lora(d, &cmd, &ack, &err);
+    *st = devio_adapter_command(d, &cmd, &ack, &err);
     uint64_t calls = fault_disarm();
     *fired = fault_fired();
     assert_clean_error(*st, &err);
     dev_state_get(d, NULL, 0, &after);
-    /* File errors of an adapter load answer invalid_input (device/lora_table.c:
+    /* File errors of an adapter load answer invalid_input (device/adapter_table.c:
      * the command's directory is the caller's), so only allocations are held
      * to their code here. */
     if (k == FAULT_ALLOC)
@@ -386,7 +386,7 @@ static uint64_t site_adapter_load(sweep_ctx *c, fault_kind k, uint64_t n, devio_
         assert_int_equal(devio_await(d, t, -1, &r, NULL), DEVIO_OK);
         devio_step_result_free(&r);
     }
-    devio_lora_ack_free(&ack);
+    devio_adapter_ack_free(&ack);
     dev_state_free(&before);
     dev_state_free(&after);
     assert_int_equal(devio_teardown(d, NULL), DEVIO_OK);

@@ -119,6 +119,30 @@ static void test_launch_settle_query(void **state)
     devio_store_close(s);
 }
 
+/* The sequence list is stored as the JSON text "[7,8]", as files written
+ * before have it; text that is not such a list reads as no sequences. */
+static void test_seqs_column(void **state)
+{
+    ctx *c = *state;
+    devio_store *s = open_store(c, 0);
+    launch(s, 1, 1000);
+    launch(s, 2, 1001);
+    wait_ok(s, launch(s, 3, 1002));
+    assert_int_equal(sql_int(c->path, "SELECT seqs = '[7,8]' FROM tickets WHERE id = 1"), 1);
+    sql_exec(c->path, "UPDATE tickets SET seqs = '[9]' WHERE id = 2");
+    sql_exec(c->path, "UPDATE tickets SET seqs = '[7,-8]' WHERE id = 3");
+    devio_ticket_page page = query(s, NULL, 0, 0, 0, 10);
+    assert_int_equal(page.n, 3);
+    assert_int_equal(page.rows[0].n_seqs, 0); /* id 3: not a list of ids */
+    assert_null(page.rows[0].seqs);
+    assert_int_equal(page.rows[1].n_seqs, 1);
+    assert_int_equal(page.rows[1].seqs[0], 9);
+    assert_int_equal(page.rows[2].n_seqs, 2);
+    assert_int_equal(page.rows[2].seqs[1], 8);
+    devio_ticket_page_free(&page);
+    devio_store_close(s);
+}
+
 /* A settle's answer is kept with its row and read back by id; a second
  * settle without one keeps it; an id with no row reads as none. */
 static void test_answer_by_id(void **state)
@@ -594,6 +618,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_new_db, setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch_settle_query, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_seqs_column, setup, teardown),
         cmocka_unit_test_setup_teardown(test_status_filter, setup, teardown),
         cmocka_unit_test_setup_teardown(test_answer_by_id, setup, teardown),
         cmocka_unit_test_setup_teardown(test_time_window, setup, teardown),

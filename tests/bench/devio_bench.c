@@ -203,11 +203,11 @@ static int load_adapters(devio_device *d, uint32_t n, devio_error *err)
     for (uint32_t i = 0; i < n; i++) {
         char name[16];
         snprintf(name, sizeof name, "a%u", i);
-        devio_lora_cmd cmd = {.kind = DEVIO_LORA_LOAD, .name = name, .path = name};
-        devio_lora_ack ack;
-        if (check(devio_lora(d, &cmd, &ack, err), err, "load adapter") < 0)
+        devio_adapter_cmd cmd = {.kind = DEVIO_ADAPTER_CMD_LOAD, .name = name, .path = name};
+        devio_adapter_ack ack;
+        if (check(devio_adapter_command(d, &cmd, &ack, err), err, "load adapter") < 0)
             return -1;
-        devio_lora_ack_free(&ack);
+        devio_adapter_ack_free(&ack);
     }
     return 0;
 }

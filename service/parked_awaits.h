@@ -1,7 +1,7 @@
-/* await_waits.h - awaits parked off the HTTP threads: connections waiting for a ticket, resumed when it settles or their deadline passes.
+/* parked_awaits.h - awaits parked off the HTTP threads: connections waiting for a ticket, resumed when it settles or their deadline passes.
  * It never calls the device and never answers a request: it only suspends and resumes connections through the ops it is given. */
-#ifndef DEVIO_AWAIT_WAITS_H
-#define DEVIO_AWAIT_WAITS_H
+#ifndef DEVIO_PARKED_AWAITS_H
+#define DEVIO_PARKED_AWAITS_H
 
 #include <pthread.h>
 #include <stdbool.h>

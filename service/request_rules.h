@@ -1,9 +1,9 @@
-/* http_edges.h - the small rules at the edge of every request: JSON depth and media type,
+/* request_rules.h - the rules every request meets outside its handler: JSON depth and media type,
  * the bearer token, a 405's Allow list, request ids and the access line.
  * Pure functions of their arguments (the access line reads the connection); nothing here
  * routes, parses a body or touches the device. */
-#ifndef DEVIO_HTTP_EDGES_H
-#define DEVIO_HTTP_EDGES_H
+#ifndef DEVIO_REQUEST_RULES_H
+#define DEVIO_REQUEST_RULES_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -12,7 +12,7 @@
 #include <microhttpd.h>
 
 #include "device/devio.h"
-#include "service/route.h"
+#include "service/route_match.h"
 
 /* A query argument given more than once (?top=5&top=6), whose meaning would
  * be a guess: DEVIO_E_INVALID naming it, else DEVIO_OK. */

@@ -1,4 +1,4 @@
-/* route_test.c - the route matcher and devio-server's route table: captures, 404 against 405, labels, auth classes.
+/* route_match_test.c - the route matcher and devio-server's route table: captures, 404 against 405, labels, auth classes.
  * Pure table lookups; no server is started and no socket opened. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "service/route.h"
+#include "service/route_match.h"
 #include "service/server.h"
 
 static void test_parse_id(void **state)

@@ -1,11 +1,11 @@
-/* await_waits.c - the table of parked awaits and the one timer thread that resumes those whose deadline passed.
+/* parked_awaits.c - the table of parked awaits and the one timer thread that resumes those whose deadline passed.
  * Every change to a wait happens under the table's lock; it must never block on anything but that lock. */
 #include <stdint.h>
 #include <time.h>
 
 #include "common/clock.h"
 #include "device/status.h"
-#include "service/await_waits.h"
+#include "service/parked_awaits.h"
 #include "service/monotonic_wait.h"
 
 static void unlist(devio_waits *ws, devio_wait *w)

@@ -1,11 +1,11 @@
-/* routes.h - the handlers of devio-server's route table (service/server.c), one per method and path.
+/* route_handlers.h - the handlers of devio-server's route table (service/route_table.c), one per method and path.
  * Each decodes with api/, calls the device API or a service module, and encodes with api/; none touches SQL or sockets. */
-#ifndef DEVIO_ROUTES_H
-#define DEVIO_ROUTES_H
+#ifndef DEVIO_ROUTE_HANDLERS_H
+#define DEVIO_ROUTE_HANDLERS_H
 
-#include "service/route.h"
+#include "service/route_match.h"
 
-/* Each is a devio_route_handler (service/route.h). */
+/* Each is a devio_route_handler (service/route_match.h). */
 
 /* routes_device.c: sequences, effects, logits, facts, the device, the model, teardown */
 devio_route_handler devio_route_seq_create, devio_route_seq_list, devio_route_seq_get, devio_route_seq_delete,

@@ -1,7 +1,7 @@
-/* route.h - the HTTP route table of devio-server: its entry type, what a handler gets and gives, and the one matcher.
+/* route_match.h - the types of devio-server's route table (the table is route_table.c's): its entry type, what a handler gets and gives, and the one matcher.
  * Types and matching only; it never reads a socket, a device or the store. */
-#ifndef DEVIO_ROUTE_H
-#define DEVIO_ROUTE_H
+#ifndef DEVIO_ROUTE_MATCH_H
+#define DEVIO_ROUTE_MATCH_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -12,7 +12,7 @@
 #include "device/devio.h"
 
 typedef struct devio_server devio_server; /* service/server.h */
-typedef struct devio_wait devio_wait;     /* service/await_waits.h */
+typedef struct devio_wait devio_wait;     /* service/parked_awaits.h */
 typedef struct devio_ticket_op devio_ticket_op; /* service/tickets.h */
 
 /* Who may call a route. */

@@ -1,4 +1,4 @@
-/* http_edges.c - the rules at the edge of every request (http_edges.h).
+/* request_rules.c - the rules every request meets outside its handler (request_rules.h).
  * Each function is small and stands alone; none keeps state. */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -9,7 +9,7 @@
 
 #include "common/log.h"
 #include "device/status.h"
-#include "service/http_edges.h"
+#include "service/request_rules.h"
 
 unsigned devio_http_json_depth(const char *p, size_t n)
 {

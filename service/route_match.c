@@ -1,8 +1,8 @@
-/* route.c - the one matcher of the route table: path templates with {id} and {name} against request paths.
+/* route_match.c - the one matcher of the route table: path templates with {id} and {name} against request paths.
  * Pure string work; it must never allocate, and never match a path the template does not spell. */
 #include <string.h>
 
-#include "service/route.h"
+#include "service/route_match.h"
 
 bool devio_route_parse_id(const char *p, size_t n, uint64_t *out)
 {
