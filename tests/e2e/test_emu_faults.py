@@ -7,7 +7,8 @@ clean), a server runs a fixed workload of steps. A fault must end as the contrac
 at start, the server refuses to start with the CUDA error named; during a step, that
 step answers 500 device_error, its reservations are rolled back (the sequence's length
 and the KV blocks as before it), the backend is marked failed (/v1/device says why,
-/readyz answers 503 not_ready, every later step device_error), and the server stays up.
+/readyz answers 503 not_ready, /healthz 500 device_error so that liveness restarts the
+pod, every later step device_error), and the server stays up.
 A run that never meets its fault gives the clean run's tokens. Bounded: at most
 MAX_RUNS server starts per class.
 """
@@ -50,7 +51,8 @@ def workload(c):
         dev = c.device()
         assert dev["backend"] == "cuda-emu" and "CUDA error" in dev["device"]["failure"], dev
         c.call("GET", "/readyz", expect=503, code="not_ready")
-        c.call("GET", "/healthz")
+        # Liveness fails too, so that the pod is restarted.
+        c.call("GET", "/healthz", expect=500, code="device_error")
         c.call("POST", "/v1/step", plan(seq, [1]), expect=500, code="device_error")
         assert c.seq(seq)["len"] == before_len
         return tokens, True

@@ -828,8 +828,10 @@ def test_unknown_backend_names_those_that_exist(servers, tiny_model, bins):
     with pytest.raises(AssertionError, match="exited 1") as e:
         servers.start(tiny_model, ["--backend", "nosuch", "--backend-path", plugins])
     says = str(e.value)
+    # The directory closes the message, so a long one is what an error's bounded text cuts.
     assert ("no backend 'nosuch'; the backends here: ref (built in), badabi, noentry, stream, "
-            "wrongname (plugins); no libdevio-backend-nosuch.so in %s" % plugins) in says, says
+            "wrongname (plugins); no libdevio-backend-nosuch.so in ") in says, says
+    assert str(plugins)[:40] in says, says
     # Without a plugin directory, the one beside the binary is searched; the built-in ones
     # are named all the same.
     with pytest.raises(AssertionError, match="exited 1") as e:
