@@ -94,18 +94,12 @@ devio_status cuda_logits_read(void *state, uint32_t slot, float *dst, devio_erro
                       "reading logits", err);
 }
 
-/* Whether the GPU samples the rows of b: the backend was asked to (b->device_sampling) and
- * every output's logits are in the staging rows. */
-static bool on_gpu(const cuda_state *st, const devio_batch *b)
+bool cuda_sampling_skips(const cuda_state *st, uint32_t ring, const devio_batch *b,
+                         uint32_t slot)
 {
-    return b->device_sampling && b->n_out <= st->plan.logits_rows;
-}
-
-bool cuda_sampling_skips(const cuda_state *st, const devio_batch *b, uint32_t slot)
-{
-    for (uint32_t i = 0; i < b->n_samples; i++)
+    for (uint32_t i = 0; st->rings && st->rings[ring].gpu && i < b->n_samples; i++)
         if (b->samples[i].slot == slot)
-            return b->samples[i].sample_only && on_gpu(st, b);
+            return b->samples[i].sample_only;
     return false;
 }
 
@@ -118,27 +112,39 @@ static uint32_t staging_row(const devio_batch *b, uint32_t slot)
     return k;
 }
 
-/* Room for `words` words of records in ring r. Its last step has been waited, so neither
- * copy is in use. */
-static devio_status args_room(cuda_state *st, cuda_ring_samples *r, size_t words,
-                              devio_error *err)
+/* Room for `words` words of records in ring r, whose last step has been waited (neither
+ * copy is in use); false when memory for them runs out, which is no fault of the device: the
+ * error is cleared and the step is sampled on the host. */
+static bool args_room(cuda_ring_samples *r, size_t words)
 {
     if (words <= r->args_cap)
-        return DEVIO_OK;
+        return true;
     size_t cap = words > 2 * r->args_cap ? words : 2 * r->args_cap;
     if (r->args)
         cudaFreeHost(r->args);
     if (r->dargs)
         cudaFree(r->dargs);
     r->args = NULL, r->dargs = NULL, r->args_cap = 0;
-    devio_status s;
-    if ((s = cuda_check(st, cudaMallocHost((void **)&r->args, cap * sizeof *r->args),
-                        "cudaMallocHost", err)) ||
-        (s = cuda_check(st, cudaMalloc((void **)&r->dargs, cap * sizeof *r->dargs),
-                        "cudaMalloc", err)))
-        return s;
+    if (cudaMallocHost((void **)&r->args, cap * sizeof *r->args) != cudaSuccess ||
+        cudaMalloc((void **)&r->dargs, cap * sizeof *r->dargs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
     r->args_cap = cap;
-    return DEVIO_OK;
+    return true;
+}
+
+void cuda_sampling_prepare(cuda_state *st, uint32_t ring, const devio_batch *b)
+{
+    if (!st->rings)
+        return;
+    cuda_ring_samples *r = &st->rings[ring];
+    r->active = false; /* until the sample slot runs for this step */
+    r->gpu = b->device_sampling && b->n_out <= st->plan.logits_rows;
+    size_t words = 0;
+    for (uint32_t i = 0; r->gpu && i < b->n_samples; i++)
+        words += b->samples[i].proc ? cuda_proc_words(b->samples[i].proc, st->sh.vocab) : 0;
+    r->gpu = r->gpu && args_room(r, words);
 }
 
 devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *err)
@@ -152,16 +158,11 @@ devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *e
     r->n_jobs = 0;
     r->active = true;
     size_t words = 0;
-    for (uint32_t i = 0; i < b->n_samples && on_gpu(st, b); i++)
-        words += b->samples[i].proc ? cuda_proc_words(b->samples[i].proc, st->sh.vocab) : 0;
-    devio_status rc = args_room(st, r, words, err);
-    if (rc != DEVIO_OK)
-        return rc;
-    words = 0;
+    devio_status rc;
     for (uint32_t i = 0; i < b->n_samples; i++) {
         const devio_batch_sample *sm = &b->samples[i];
         r->job_of[i] = -1;
-        if (!on_gpu(st, b))
+        if (!r->gpu)
             continue;
         float t = sm->params.temperature;
         int32_t k = sm->params.top_k;

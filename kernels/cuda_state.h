@@ -79,6 +79,7 @@ typedef struct cuda_ring_samples {
     uint32_t *args, *dargs; /* step 0b records (cuda_sample.h): pinned host and device copies of
                                args_cap words, grown when a batch needs more */
     size_t args_cap;
+    bool gpu;        /* the GPU samples this step (cuda_sampling_prepare, in submit) */
     bool active;     /* the sample slot ran for the step in this ring slot */
 } cuda_ring_samples;
 
@@ -210,15 +211,18 @@ devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err);
 devio_status cuda_wait(void *state, const devio_batch *b, devio_error *err);
 
 /* A step's logits and samples (cuda_sampling.c): their buffers (in strict numerics only the
- * host arena pinned); the backend's sample and logits_read slots; whether submit keeps logits
- * slot `slot` of b nowhere (a sample the GPU takes is its only reader); and, in wait once step
- * `ring` finished, each sample's token and logprob, those the GPU did not take sampled on the
- * host. */
+ * host arena pinned); the backend's sample and logits_read slots; in submit, whether the GPU
+ * samples the step in ring slot `ring` (asked, its outputs in the staging rows, room for its
+ * logit processing: else the host samples it) and whether logits slot `slot` of b is kept
+ * nowhere (a sample the GPU takes is its only reader); and, in wait once step `ring`
+ * finished, each sample's token and logprob, those the GPU did not take sampled on the host. */
 devio_status cuda_sampling_create(cuda_state *st, devio_error *err);
 void cuda_sampling_destroy(cuda_state *st);
 devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *err);
 devio_status cuda_logits_read(void *state, uint32_t slot, float *dst, devio_error *err);
-bool cuda_sampling_skips(const cuda_state *st, const devio_batch *b, uint32_t slot);
+void cuda_sampling_prepare(cuda_state *st, uint32_t ring, const devio_batch *b);
+bool cuda_sampling_skips(const cuda_state *st, uint32_t ring, const devio_batch *b,
+                         uint32_t slot);
 devio_status cuda_sampling_finish(cuda_state *st, uint32_t ring, const devio_batch *b,
                                   devio_error *err);
 

@@ -334,7 +334,7 @@ static devio_status copy_logits(cuda_step *sp, uint32_t i0, uint32_t k)
     size_t row = (size_t)st->sh.vocab * sizeof(float);
     for (uint32_t i = 0; i < k; i++) {
         size_t at = (size_t)sp->b->out_slot[i0 + i] * st->sh.vocab;
-        if (!cuda_sampling_skips(st, sp->b, sp->b->out_slot[i0 + i]))
+        if (!cuda_sampling_skips(st, sp->ring, sp->b, sp->b->out_slot[i0 + i]))
             CHECK(sp,
                   cudaMemcpyAsync(st->fast ? st->dlogits + at : st->cfg.logits_host + at,
                                   (const char *)st->logits + i * row, row,
@@ -461,9 +461,8 @@ devio_status cuda_submit(void *state, const devio_batch *b, devio_error *err)
     if ((s = check_adapters(st, b, err)) != DEVIO_OK)
         return s;
     uint32_t ring = (uint32_t)(n % st->cfg.max_depth);
-    if (st->rings)
-        st->rings[ring].active = false; /* until the sample slot runs for this step */
-    cuda_step sp = {.st = st, .b = b, .err = err};
+    cuda_sampling_prepare(st, ring, b);
+    cuda_step sp = {.st = st, .b = b, .ring = ring, .err = err};
     if ((s = enqueue(&sp, ring)) == DEVIO_OK)
         s = cuda_check(st, cudaEventRecord(st->done[ring], st->stream), "cudaEventRecord", err);
     if (s != DEVIO_OK)

@@ -20,6 +20,7 @@ typedef struct step_tables {
 typedef struct cuda_step {
     cuda_state *st;
     const devio_batch *b;
+    uint32_t ring;                /* the step's slot among the max_depth in flight */
     step_tables all, out;
     const cuda_ssm_row *ssm_rows; /* device: [b->n_rows] (hybrid models) */
     const uint32_t *ssm_snaps;    /* device: the rows' snapshot slots, state array indices */

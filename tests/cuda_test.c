@@ -672,9 +672,11 @@ static void test_fast_f32(void **state)
  * params P[i], 2i keeping its logits, 2i + 1 asking for the token only; the last pair with
  * step 0b too (a bias, a ban and every penalty over the step's own tokens). Each token and
  * logprob must be device/sampler.c's on row 2i's logits (the GPU samples every row), the twins
- * the same. Returns the emulator's launches. */
+ * the same. On the emulator `fault` (devio_emu_fault's spec, or NULL) is armed for the step.
+ * Returns the emulator's launches. */
 static unsigned long sample_step(devio_device *d, const uint64_t *seqs, const int32_t *tokens,
-                                 uint32_t n, uint32_t len, devio_sampler *smp, uint32_t V)
+                                 uint32_t n, uint32_t len, devio_sampler *smp, uint32_t V,
+                                 const char *fault)
 {
     enum { PAIRS = 6 };
     static const devio_sample_params P[PAIRS] = {
@@ -708,7 +710,9 @@ static unsigned long sample_step(devio_device *d, const uint64_t *seqs, const in
     devio_step_result res;
     unsigned long launches = 0;
 #if defined(DEVIO_CUDA_TEST_EMU)
-    devio_emu_fault(NULL);
+    devio_emu_fault(fault);
+#else
+    (void)fault;
 #endif
     assert_int_equal(devio_launch(d, &plan, &t, &err), DEVIO_OK);
     assert_int_equal(devio_await(d, t, -1, &res, &err), DEVIO_OK);
@@ -742,7 +746,9 @@ static unsigned long sample_step(devio_device *d, const uint64_t *seqs, const in
 }
 
 /* Sampling under fast numerics, a prompt step and then decode steps (graphs). On the
- * emulator a replayed decode step takes two launches: its graph and the sampler kernel. */
+ * emulator a replayed decode step takes two launches: its graph and the sampler kernel. There
+ * the prompt step's room for the logit processing is refused (the first allocation fails):
+ * that step is sampled on the host, with the same results, and the device stays well. */
 static void test_fast_sampling(void **state)
 {
     (void)state;
@@ -763,9 +769,17 @@ static void test_fast_sampling(void **state)
     int32_t tokens[6 * 6];
     for (uint32_t i = 0; i < 6 * 6; i++)
         tokens[i] = (int32_t)((i * 37u + 11u) % V);
-    sample_step(d, seqs, tokens, 6, 0, smp, V);
+    sample_step(d, seqs, tokens, 6, 0, smp, V, "malloc:1");
+#if defined(DEVIO_CUDA_TEST_EMU)
+    unsigned long mallocs, launched, syncs;
+    devio_emu_counts(&mallocs, &launched, &syncs);
+    assert_true(mallocs >= 1); /* the refused allocation was asked for */
+#endif
+    devio_device_info info;
+    devio_device_info_get(d, &info);
+    assert_string_equal(info.failure, "");
     for (uint32_t k = 0; k < 4; k++) {
-        unsigned long launches = sample_step(d, seqs, tokens + k, 1, 6 + k, smp, V);
+        unsigned long launches = sample_step(d, seqs, tokens + k, 1, 6 + k, smp, V, NULL);
 #if defined(DEVIO_CUDA_TEST_EMU)
         if (k > 0) /* the step's graph, replayed, and the sampler kernel */
             assert_int_equal(launches, 2);
