@@ -201,22 +201,24 @@ __device__ void process(const float *l, uint32_t V, const uint32_t *a, float *w,
     const uint32_t *allowed = bias + n_bias;
     const uint32_t *banned = allowed + (a[3] ? (V + 31) / 32 : 0), *hist = banned + n_banned;
     uint32_t *count = reinterpret_cast<uint32_t *>(e);
+    bool pen = n_hist && (rp != 1.0f || pp != 0.0f || fp != 0.0f);
     for (uint32_t i = tid; i < V; i += step) {
         float x = devio_clean_logit(l[i]);
         w[i] = a[3] && !((allowed[i >> 5] >> (i & 31u)) & 1u) ? -INFINITY : x;
-        count[i] = 0;
+        if (pen)
+            count[i] = 0;
     }
     __syncthreads();
     if (tid == 0) /* in order: an id may be biased more than once */
         for (uint32_t k = 0; k < n_bias; k++)
             w[bias_ids[k]] = devio_clean_logit(DEVIO_ADD(w[bias_ids[k]], devio_num_float(bias[k])));
-    for (uint32_t k = tid; k < n_hist; k += step)
+    for (uint32_t k = tid; pen && k < n_hist; k += step)
         atomicAdd(&count[hist[k]], 1u);
     __syncthreads();
     for (uint32_t k = tid; k < n_banned; k += step)
         w[banned[k]] = -INFINITY;
     __syncthreads();
-    if (rp == 1.0f && pp == 0.0f && fp == 0.0f)
+    if (!pen)
         return;
     for (uint32_t i = tid; i < V; i += step) {
         uint32_t c = count[i];

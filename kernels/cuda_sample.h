@@ -1,8 +1,9 @@
 /* cuda_sample.h - sampling on the GPU under fast numerics (kernels/cuda_sample.cu): device/
  * sampler.h's definition, bit for bit on the same logits, for every parameter the
  * definition has but top logprobs: step 0b's logit processing, greedy, temperature, top-k,
- * top-p, min-p; the Philox stream and Gumbel noise of device/sample_rule.h. As cuda_kernels.h: no CUDA types cross it, 0 = cudaSuccess, device
- * pointers borrowed for the life of the enqueued work. */
+ * top-p, min-p; the Philox stream and Gumbel noise of device/sample_rule.h. As
+ * cuda_kernels.h: no CUDA types cross it, 0 = cudaSuccess, device pointers borrowed for the
+ * life of the enqueued work. */
 #ifndef DEVIO_CUDA_SAMPLE_H
 #define DEVIO_CUDA_SAMPLE_H
 

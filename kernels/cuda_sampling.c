@@ -4,7 +4,8 @@
  * keep each slot's logits on the GPU (dlogits) and copy a row to the host only when the core
  * reads it; each row the core asks is sampled on the GPU from the logits staging rows
  * (kernels/cuda_sample.h), and a row only sampled is never kept; when the staging rows cannot
- * hold the step's outputs, device/sampler.c samples in wait, from the kept logits. Every result is device/sampler.h's definition on the step's logits. */
+ * hold the step's outputs, device/sampler.c samples in wait, from the kept logits. Every
+ * result is device/sampler.h's definition on the step's logits. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -535,7 +535,8 @@ int cuda_ssm_gate_norm(const cuda_ssm *m, uint32_t n_tok, void *stream)
 {
     if (n_tok == 0)
         return 0;
-    uint64_t warps = (uint64_t)n_tok * m->G, bc = m->bc_pending ? (uint64_t)m->n_rows * 2u * m->G * m->N : 0;
+    uint64_t warps = (uint64_t)n_tok * m->G;
+    uint64_t bc = m->bc_pending ? (uint64_t)m->n_rows * 2u * m->G * m->N : 0; /* windows */
     uint32_t grid = cuda_blocks_for(warps > bc / 32 ? warps : (bc + 31) / 32, NORM_WARPS);
     LAUNCH((k_gate_norm), grid, 32 * NORM_WARPS, 0, (cudaStream_t)stream, *m, n_tok);
     return cuda_launched();
