@@ -93,6 +93,10 @@ devio_status dv_config_check(devio_config *c, const devio_model *m, devio_error 
         c->threads = default_threads();
     if (c->first_ticket_id == 0)
         c->first_ticket_id = 1;
+    if (c->first_seq_id == 0)
+        c->first_seq_id = 1;
+    if (c->first_logits_id == 0)
+        c->first_logits_id = 1;
 #ifdef DEVIO_NO_THREADS
     c->use_worker_thread = false;
     c->threads = 1;

@@ -214,8 +214,8 @@ devio_status devio_open(const devio_model *model, const devio_backend_ops *backe
     if (s != DEVIO_OK)
         goto out_free;
     d->max_blocks_per_seq = (d->cfg.max_seq_len + d->cfg.block_size - 1) / d->cfg.block_size;
-    d->next_seq_id = 1;
-    d->next_handle_id = 1;
+    d->next_seq_id = d->cfg.first_seq_id;
+    d->next_handle_id = d->cfg.first_logits_id;
     d->next_ticket_id = d->cfg.first_ticket_id;
     if (alloc_tables(d) != DEVIO_OK) {
         s = devio_fail(err, DEVIO_E_NOMEM, "out of memory sizing the device tables");

@@ -184,13 +184,17 @@ static inline void dv_unlock(devio_device *d) { (void)d; }
 /* ---- configuration (config.c) ------------------------------------------- */
 
 /* Check c against model m and fill what it left 0 (max_seq_len, kv_blocks,
- * threads, first_ticket_id) with the derived values. */
+ * threads, first_ticket_id, first_seq_id, first_logits_id) with the derived values. */
 devio_status dv_config_check(devio_config *c, const devio_model *m, devio_error *err);
 
 /* ---- sequences (seqs.c) -------------------------------------------------- */
 
 /* The live sequence with this id, or NULL (id 0 is never live). */
 dv_seq *dv_seq_find(devio_device *d, uint64_t id);
+/* The next sequence id, told to cfg.on_ids (lock held). */
+uint64_t dv_new_seq_id(devio_device *d);
+/* Tell cfg.on_ids the highest sequence and logits ids handed out (lock held). */
+void dv_ids_used(devio_device *d);
 
 /* ---- a sequence's blocks and the sliding window (seq_blocks.c) ---------- */
 
@@ -228,9 +232,9 @@ devio_status dv_logits_row(devio_device *d, uint32_t slot, float *buf, const flo
 /* Wait until every launched step has settled (steps still unawaited are fine)
  * and no ticket is reserved (its plan may use what the caller is about to change). */
 void dv_drain(devio_device *d);
-/* Wait until no ticket is reserved (a sequence effect may give back blocks
- * that a reserved plan copies from); launched steps keep running. */
-void dv_wait_reserved(devio_device *d);
+/* Wait while a reserved launch copies from a block of sequence `seq` (its
+ * copy-on-write source), which a free or a truncate could give back. */
+void dv_wait_copies_from(devio_device *d, uint64_t seq);
 /* Wait until the step that fills logits handle `logits` has settled (at
  * once for an unknown handle); later steps keep running. */
 void dv_wait_handle(devio_device *d, uint64_t logits);

@@ -348,6 +348,8 @@ typedef struct devio_config {
     devio_numerics numerics;   /* default strict; the backend refuses what it cannot keep */
     uint64_t epoch;            /* reported in facts; the server bumps it per start */
     uint64_t first_ticket_id;  /* ticket ids start here (unique across restarts) */
+    uint64_t first_seq_id;     /* sequence ids start here; 0 = 1 */
+    uint64_t first_logits_id;  /* logits handle ids start here; 0 = 1 */
     bool use_worker_thread;    /* false: steps run inside devio_await/devio_apply */
     bool skip_weight_scan;     /* read by the binaries when they load the model (not by
                                   devio_open): devio_model_params.skip_weight_scan */
@@ -357,6 +359,13 @@ typedef struct devio_config {
      * NULL: none. Called only with use_worker_thread. */
     void (*on_settled)(void *ctx, uint64_t ticket);
     void *on_settled_ctx;      /* borrowed; outlives the device */
+    /* Called under the device lock each time a sequence id (create, fork) or
+     * a logits handle id is handed out, with the highest of each handed out
+     * so far, before any answer can name it: the server keeps a durable
+     * high-water mark so that no id is handed out twice on one history file.
+     * It must not call the device and must return at once. NULL: none. */
+    void (*on_ids)(void *ctx, uint64_t seq_high, uint64_t logits_high);
+    void *on_ids_ctx;          /* borrowed; outlives the device */
 } devio_config;
 
 devio_config devio_config_default(void);
@@ -452,9 +461,10 @@ devio_status devio_await_begin(devio_device *d, uint64_t ticket, int64_t timeout
 void devio_await_end(devio_device *d, uint64_t ticket, devio_await_ending how);
 
 /* Apply one effect. It waits for the step that fills a logits handle it
- * reads or releases, for launches being reserved when it changes a
- * sequence, and on hybrid models for every launched step before it copies
- * SSM state; steps of other sequences keep running. All or nothing. */
+ * reads or releases, for a free or a truncate for the launches being
+ * reserved whose plans copy from one of its sequence's blocks, and on hybrid
+ * models for every launched step before it copies SSM state; steps of other
+ * sequences keep running. All or nothing. */
 devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *out,
                          devio_error *err);
 

@@ -133,7 +133,7 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
             return s;
         dv_ssm_slot_take(d, c);
     }
-    c->id = d->next_seq_id++;
+    c->id = dv_new_seq_id(d);
     c->len = p->len;
     if (p->len)
         memcpy(c->toks, p->toks, (size_t)p->len * sizeof *c->toks);
@@ -279,10 +279,13 @@ static devio_status apply_release(devio_device *d, const devio_effect *e, devio_
 
 /* What an effect waits for, and no more, so that steps of other sequences
  * keep running: the step that fills the logits handle it reads or releases;
- * for a sequence effect (its sequence is idle, or it is refused busy), the
- * launches being reserved, whose plans may copy from blocks it gives back;
- * and on hybrid models every launched step before an effect that may copy
- * SSM state (a backend copies state only with no batch in flight). */
+ * for a free or a truncate (its sequence is idle, or it is refused busy),
+ * the launches being reserved whose plans copy from one of its blocks (a
+ * copy-on-write of a block it shares, which it could give back or write
+ * over before the copy runs); and on hybrid models every launched step
+ * before an effect that may copy SSM state (a backend copies state only
+ * with no batch in flight). A fork or a snapshot of an attention model
+ * gives nothing back and waits for nothing. */
 static void effect_wait(devio_device *d, const devio_effect *e)
 {
     if (e->logits)
@@ -290,8 +293,8 @@ static void effect_wait(devio_device *d, const devio_effect *e)
     else if (d->hybrid && (e->kind == DEVIO_EFFECT_FORK || e->kind == DEVIO_EFFECT_TRUNCATE ||
                            e->kind == DEVIO_EFFECT_SNAPSHOT))
         dv_drain(d);
-    else
-        dv_wait_reserved(d);
+    else if (e->kind == DEVIO_EFFECT_FREE || e->kind == DEVIO_EFFECT_TRUNCATE)
+        dv_wait_copies_from(d, e->seq);
 }
 
 devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *out,

@@ -29,6 +29,7 @@ dv_handle *dv_handle_alloc(devio_device *d, uint32_t n)
         if (h->id)
             continue;
         h->id = d->next_handle_id++;
+        dv_ids_used(d);
         h->n_rows = n;
         h->ready = false;
         for (uint32_t r = 0; r < n; r++)

@@ -15,6 +15,19 @@ dv_seq *dv_seq_find(devio_device *d, uint64_t id)
     return NULL;
 }
 
+void dv_ids_used(devio_device *d)
+{
+    if (d->cfg.on_ids)
+        d->cfg.on_ids(d->cfg.on_ids_ctx, d->next_seq_id - 1, d->next_handle_id - 1);
+}
+
+uint64_t dv_new_seq_id(devio_device *d)
+{
+    uint64_t id = d->next_seq_id++;
+    dv_ids_used(d);
+    return id;
+}
+
 devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
 {
     devio_status s = DEVIO_OK;
@@ -27,7 +40,7 @@ devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
         dv_seq *q = &d->seqs[i];
         if (q->id)
             continue;
-        q->id = d->next_seq_id++;
+        q->id = dv_new_seq_id(d);
         q->len = 0;
         q->n_blocks = 0;
         q->n_released = 0;

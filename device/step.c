@@ -134,12 +134,6 @@ static bool any_step(devio_device *d, uint64_t unused)
     return d->q_len > 0 || d->n_reserved > 0;
 }
 
-static bool any_reserved(devio_device *d, uint64_t unused)
-{
-    (void)unused;
-    return d->n_reserved > 0;
-}
-
 static dv_ticket *ticket_find(devio_device *d, uint64_t id);
 
 static bool ticket_running(devio_device *d, uint64_t id)
@@ -153,9 +147,27 @@ void dv_drain(devio_device *d)
     wait_while(d, any_step, 0);
 }
 
-void dv_wait_reserved(devio_device *d)
+/* Whether a reserved launch copies from a block of sequence `seq`. */
+static bool copies_from(devio_device *d, uint64_t seq)
 {
-    wait_while(d, any_reserved, 0);
+    const dv_seq *q = dv_seq_find(d, seq);
+    if (!q || d->n_reserved == 0)
+        return false;
+    for (uint32_t i = 0; i < d->cfg.max_depth; i++) {
+        const dv_ticket *t = &d->tickets[i];
+        if (t->state != DV_T_RESERVED)
+            continue;
+        for (uint32_t r = 0; r < t->n_rows; r++)
+            for (uint32_t b = q->n_released; t->rows[r].cow_src >= 0 && b < q->n_blocks; b++)
+                if (q->blocks[b] == (uint32_t)t->rows[r].cow_src)
+                    return true;
+    }
+    return false;
+}
+
+void dv_wait_copies_from(devio_device *d, uint64_t seq)
+{
+    wait_while(d, copies_from, seq);
 }
 
 void dv_wait_handle(devio_device *d, uint64_t logits)

@@ -49,6 +49,8 @@ static const devio_opt opts[] = {
      .help = "threads serving HTTP, each an epoll loop over its connections, 1..64 [2]"},
     {.flag = "retention", .type = DEVIO_OPT_U32, .offset = S(retention), .metavar = "N",
      .help = "ticket rows kept in history, 0 = all [100000]"},
+    {.flag = "key-retention", .type = DEVIO_OPT_U32, .offset = S(key_retention), .metavar = "N",
+     .help = "Idempotency-Key rows kept (each also at most a day), 0 = no count bound [1000000]"},
     {.flag = "drain-ms", .type = DEVIO_OPT_U32, .offset = S(drain_ms), .metavar = "N",
      .help = "how long SIGTERM waits for in-flight steps [10000]"},
     {.flag = "ticket-lease-ms", .type = DEVIO_OPT_U32, .offset = S(ticket_lease_ms), .metavar = "N",
@@ -97,6 +99,7 @@ void devio_server_config_default(devio_server_config *c)
     c->connection_timeout_s = 30;
     c->http_threads = 2;
     c->retention = 100000;
+    c->key_retention = 1000000;
     c->drain_ms = 10000;
     c->ticket_lease_ms = 30000;
     c->log_format = DEVIO_LOG_TEXT;

@@ -29,6 +29,7 @@ typedef struct devio_server_config {
     uint32_t connection_timeout_s; /* --connection-timeout seconds, default 30 */
     uint32_t http_threads;  /* --http-threads: libmicrohttpd's polling threads, default 2 */
     uint32_t retention;     /* --retention ticket rows kept, default 100000 */
+    uint32_t key_retention; /* --key-retention Idempotency-Key rows kept, default 1000000 */
     uint32_t drain_ms;      /* --drain-ms on SIGTERM, default 10000 */
     uint32_t ticket_lease_ms; /* --ticket-lease-ms: a settled ticket nobody awaits this long
                                  is reaped, 0 = never; default 30000 */

@@ -1,6 +1,7 @@
 /* framing.c - Content-Length and Transfer-Encoding checked for a single reading (framing.h).
  * It refuses, never repairs: a request with two framings is not answered as either. */
 #include <stdio.h>
+#include <string.h>
 #include <strings.h>
 
 #include "device/status.h"
@@ -23,10 +24,41 @@ static bool parse_length(const char *v, uint64_t *out)
     return true;
 }
 
+/* RFC 9110's tchar. */
+static bool token_char(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+static bool starts_with_ci(const char *s, const char *prefix)
+{
+    return strncasecmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static bool name_ok(const char *name)
+{
+    if (!*name)
+        return false;
+    for (const char *p = name; *p; p++)
+        if (!token_char(*p))
+            return false;
+    /* A folded framing header reaches devio as its name with the next
+     * line's text joined on: which framing the client meant is a guess. */
+    bool framing_like = starts_with_ci(name, "Content-Length") ||
+                        starts_with_ci(name, "Transfer-Encoding");
+    return !framing_like || strcasecmp(name, "Content-Length") == 0 ||
+           strcasecmp(name, "Transfer-Encoding") == 0;
+}
+
 void devio_framing_add(devio_framing *f, const char *name, const char *value)
 {
     if (!name)
         return;
+    if (!name_ok(name) && !f->name_bad) {
+        f->name_bad = true;
+        snprintf(f->name, sizeof f->name, "%s", name);
+    }
     if (strcasecmp(name, "Content-Length") == 0) {
         uint64_t n = 0;
         if (!parse_length(value, &n))
@@ -45,6 +77,12 @@ void devio_framing_add(devio_framing *f, const char *name, const char *value)
 
 devio_status devio_framing_check(const devio_framing *f, devio_error *err)
 {
+    if (f->name_bad)
+        return devio_fail(err, DEVIO_E_BAD_FRAMING,
+                          "header name '%s' is not a token, or a framing header's name with more"
+                          " after it: whitespace before a colon and folded header lines are "
+                          "refused",
+                          f->name);
     if (f->n_length && f->n_encoding)
         return devio_fail(err, DEVIO_E_BAD_FRAMING,
                           "Content-Length together with Transfer-Encoding: the body's end "

@@ -38,14 +38,56 @@ static bool key_ok(const char *key)
     return true;
 }
 
-/* The request as a key answers it: method and path, and the body with its
- * keys sorted and no spaces, so that a retry need not send the same bytes. */
+/* The value as decoded, not as spelled: a number with an integral value is
+ * an integer (0.0 and 0, 1e2 and 100 are one value), so that a retry that
+ * spells a number another way is the same request. New reference; NULL when
+ * out of memory. Depth is bounded by the body's (--max-json-depth). */
+static json_t *canonical(json_t *v)
+{
+    size_t i;
+    const char *name;
+    json_t *item, *out = NULL;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        out = json_object();
+        json_object_foreach(v, name, item) {
+            if (out && json_object_set_new(out, name, canonical(item)) != 0) {
+                json_decref(out);
+                out = NULL;
+            }
+        }
+        return out;
+    case JSON_ARRAY:
+        out = json_array();
+        json_array_foreach(v, i, item) {
+            if (out && json_array_append_new(out, canonical(item)) != 0) {
+                json_decref(out);
+                out = NULL;
+            }
+        }
+        return out;
+    case JSON_REAL: {
+        double d = json_real_value(v);
+        if (d == (double)(int64_t)d && d > -9.2e18 && d < 9.2e18)
+            return json_integer((json_int_t)d);
+        return json_incref(v);
+    }
+    default:
+        return json_incref(v);
+    }
+}
+
+/* The request as a key answers it: method and path, and the decoded body
+ * with its keys sorted, no spaces and numbers by value, so that a retry need
+ * not send the same bytes. */
 static void digest_of(const devio_request *rq, devio_keyed *k)
 {
     const char *q = strchr(rq->url, '?');
     int path_len = q ? (int)(q - rq->url) : (int)strlen(rq->url);
     snprintf(k->request, sizeof k->request, "%s %.*s", rq->method, path_len, rq->url);
-    char *body = rq->body ? json_dumps(rq->body, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_t *c = rq->body ? canonical((json_t *)rq->body) : NULL;
+    char *body = c ? json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(c);
     devio_sha256 h;
     uint8_t d[32];
     devio_sha256_init(&h);
@@ -114,16 +156,14 @@ static void unclaim(devio_server *s, devio_key_claim *c, bool orphan)
 }
 
 /* The history's answer for the key, when it has one: replayed if it was
- * given to this same request, else key_reused. */
+ * given to this same request, else key_reused. A key whose answer is a
+ * ticket's answers what the ticket's row says, and never runs again, even
+ * once retention has trimmed that row. */
 static devio_status look_up(devio_server *s, const char *key, devio_keyed *k, devio_reply *r,
                             bool *found, devio_error *err)
 {
     devio_key_record rec;
-    devio_status st = devio_server_store_enter(s, err);
-    if (st != DEVIO_OK)
-        return st;
-    st = devio_store_key_get(s->store, key, &rec, found, err);
-    devio_server_store_leave(s);
+    devio_status st = devio_store_key_get(s->store, key, &rec, found, err);
     if (st != DEVIO_OK || !*found)
         return st;
     if (strcmp(rec.digest, k->digest) != 0) {
@@ -135,8 +175,13 @@ static devio_status look_up(devio_server *s, const char *key, devio_keyed *k, de
         json_t *j = json_loads(rec.answer, 0, NULL);
         json_int_t t = json_integer_value(json_object_get(j, "ticket"));
         json_decref(j);
-        bool launch = strncmp(k->request, "POST /v1/launch", 15) == 0;
-        st = devio_ticket_replay(s, (uint64_t)t, launch, r, found, err);
+        bool launch = strncmp(k->request, "POST /v1/launch", 15) == 0, row = false;
+        st = devio_ticket_replay(s, (uint64_t)t, launch, r, &row, err);
+        if (st == DEVIO_OK && !row)
+            st = devio_fail_at(err, DEVIO_E_UNKNOWN_TICKET, "ticket", t,
+                               "Idempotency-Key '%s' answered ticket %lld, whose row is no longer"
+                               " in the history (trimmed by --retention); it is not run again",
+                               key, (long long)t);
     } else {
         size_t n = strlen(rec.answer);
         devio_reply_bytes(r, rec.code, "application/json", (char *)rec.answer, n);
@@ -166,15 +211,43 @@ static bool park_until_written(devio_server *s, const devio_request *rq, devio_k
     }
 }
 
-/* Send k's recorded answer now. Its claim stands until the row is written
- * (it is, unless the server is stopping or the request cannot park). */
-static void give_answer(devio_server *s, devio_keyed *k, devio_reply *r)
+static void release(devio_server *s, devio_keyed *k)
 {
-    *r = k->answer;
-    memset(&k->answer, 0, sizeof k->answer);
     unclaim(s, k->claim, true);
     k->claim = NULL;
     k->phase = DEVIO_KEYED_NONE;
+    k->undo = NULL;
+}
+
+/* k's recorded answer once its row is written (parked until then when the
+ * request can park: r->suspended), or, when the row failed, the answer
+ * taken back: what the request made undone, 503 store_unavailable. */
+static devio_status give_answer(devio_server *s, const devio_request *rq, devio_keyed *k,
+                                devio_reply *r, devio_error *err)
+{
+    if (park_until_written(s, rq, k)) {
+        r->suspended = true;
+        return DEVIO_OK;
+    }
+    devio_error werr = {0};
+    if (devio_store_wait(s->store, k->claim->write, &werr) == DEVIO_OK) {
+        *r = k->answer;
+        memset(&k->answer, 0, sizeof k->answer);
+        release(s, k);
+        return DEVIO_OK;
+    }
+    bool undone = k->undo != NULL;
+    if (undone)
+        k->undo(s, k->undo_arg);
+    devio_reply_free(&k->answer);
+    release(s, k);
+    return devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
+                      "the history cannot be written, so the answer could not be kept under its "
+                      "Idempotency-Key: %s; retry once /readyz is ready (%s)",
+                      undone ? "what the request made was undone"
+                             : "the request was carried out and cannot be undone, and a retry "
+                               "runs it again",
+                      werr.message);
 }
 
 devio_status devio_keyed_before(devio_server *s, const devio_request *rq, const char *key,
@@ -185,11 +258,7 @@ devio_status devio_keyed_before(devio_server *s, const devio_request *rq, const 
         return DEVIO_OK; /* the handler runs again after parking */
     if (k->phase == DEVIO_KEYED_RECORDING) {
         *answered = true;
-        if (park_until_written(s, rq, k))
-            r->suspended = true;
-        else
-            give_answer(s, k, r);
-        return DEVIO_OK;
+        return give_answer(s, rq, k, r, err);
     }
     if (!key)
         return DEVIO_OK;
@@ -208,6 +277,11 @@ devio_status devio_keyed_before(devio_server *s, const devio_request *rq, const 
     }
     bool found = false;
     devio_status st = look_up(s, key, k, r, &found, err);
+    if (st == DEVIO_OK && !found && !devio_store_writable(s->store))
+        st = devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
+                        "the history cannot be written, so an answer could not be kept under "
+                        "Idempotency-Key '%s': nothing was run; retry once /readyz is ready",
+                        key);
     if (st != DEVIO_OK || found) {
         unclaim(s, k->claim, false);
         k->claim = NULL;
@@ -218,13 +292,19 @@ devio_status devio_keyed_before(devio_server *s, const devio_request *rq, const 
     return DEVIO_OK;
 }
 
-void devio_keyed_after(devio_server *s, const devio_request *rq, devio_keyed *k, devio_status st,
-                       devio_reply *r)
+void devio_keyed_after(devio_server *s, const devio_request *rq, devio_keyed *k, devio_status *st,
+                       devio_reply *r, devio_error *err)
 {
     if (k->phase != DEVIO_KEYED_RUNNING || r->suspended)
         return;
+    /* A launch or step: its key's row went with its ticket's launch row,
+     * committed before the answer (or failed with it, launching nothing). */
+    if (rq->op && rq->op->owned) {
+        release(s, k);
+        return;
+    }
     uint64_t write = 0;
-    if (st == DEVIO_OK && r->code >= 200 && r->code < 300 && r->body) {
+    if (*st == DEVIO_OK && r->code >= 200 && r->code < 300 && r->body) {
         /* The body is text: every keyed route answers JSON. */
         char *text = malloc(r->len + 1);
         if (text) {
@@ -236,10 +316,19 @@ void devio_keyed_after(devio_server *s, const devio_request *rq, devio_keyed *k,
             free(text);
         }
     }
+    if (write == 0 && *st == DEVIO_OK && r->code >= 200 && r->code < 300) {
+        /* Answered, but its row could not even be queued: taken back like a
+         * row that failed. */
+        if (k->undo)
+            k->undo(s, k->undo_arg);
+        devio_reply_free(r);
+        *st = devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
+                         "the answer could not be queued for the history under its "
+                         "Idempotency-Key (out of memory or stopping)%s",
+                         k->undo ? "; what the request made was undone" : "");
+    }
     if (write == 0) { /* not recorded: a retry runs again */
-        unclaim(s, k->claim, false);
-        k->claim = NULL;
-        k->phase = DEVIO_KEYED_NONE;
+        release(s, k);
         return;
     }
     pthread_mutex_lock(&s->keys.mu);
@@ -248,32 +337,41 @@ void devio_keyed_after(devio_server *s, const devio_request *rq, devio_keyed *k,
     k->answer = *r;
     memset(r, 0, sizeof *r);
     k->phase = DEVIO_KEYED_RECORDING;
-    if (park_until_written(s, rq, k))
-        r->suspended = true;
-    else
-        give_answer(s, k, r);
+    *st = give_answer(s, rq, k, r, err);
 }
 
-/* k's client went while its launch or step ran: its key names the ticket. */
-static void point_at_ticket(devio_server *s, devio_keyed *k, uint64_t ticket)
+void devio_keyed_undo_with(devio_keyed *k, devio_keyed_undo *undo, uint64_t arg)
 {
-    char text[48];
-    snprintf(text, sizeof text, "{\"ticket\":%llu}", (unsigned long long)ticket);
-    devio_key_record rec = {.key = k->claim->key, .request = k->request, .digest = k->digest,
-                            .code = DEVIO_KEY_TICKET, .answer = text};
-    uint64_t write = devio_store_key_put(s->store, &rec);
+    if (!k || k->phase != DEVIO_KEYED_RUNNING)
+        return;
+    k->undo = undo;
+    k->undo_arg = arg;
+}
+
+bool devio_keyed_launch_key(const devio_keyed *k, devio_key_record *rec)
+{
+    if (!k || k->phase != DEVIO_KEYED_RUNNING)
+        return false;
+    *rec = (devio_key_record){.key = k->claim->key, .request = k->request, .digest = k->digest,
+                              .code = DEVIO_KEY_TICKET};
+    return true;
+}
+
+void devio_keyed_launched(devio_server *s, devio_keyed *k, uint64_t write)
+{
+    if (!k || !k->claim)
+        return;
     pthread_mutex_lock(&s->keys.mu);
     k->claim->write = write;
     pthread_mutex_unlock(&s->keys.mu);
 }
 
-void devio_keyed_end(devio_server *s, devio_keyed *k, const devio_ticket_op *op)
+void devio_keyed_end(devio_server *s, devio_keyed *k)
 {
-    if (k->phase == DEVIO_KEYED_RUNNING && op->owned && op->phase != DEVIO_OP_NONE && op->ticket)
-        point_at_ticket(s, k, op->ticket);
     if (k->claim)
         unclaim(s, k->claim, true);
     k->claim = NULL;
     devio_reply_free(&k->answer);
     k->phase = DEVIO_KEYED_NONE;
+    k->undo = NULL;
 }

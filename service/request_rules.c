@@ -11,9 +11,10 @@
 #include "device/status.h"
 #include "service/request_rules.h"
 
-unsigned devio_http_json_depth(const char *p, size_t n)
+devio_json_size devio_http_json_size(const char *p, size_t n)
 {
-    unsigned depth = 0, max = 0;
+    devio_json_size z = {.depth = 0, .values = n ? 1 : 0};
+    unsigned depth = 0;
     bool in_str = false;
     for (size_t i = 0; i < n; i++) {
         char c = p[i];
@@ -25,14 +26,16 @@ unsigned devio_http_json_depth(const char *p, size_t n)
         } else if (c == '"') {
             in_str = true;
         } else if (c == '[' || c == '{') {
-            if (++depth > max)
-                max = depth;
+            if (++depth > z.depth)
+                z.depth = depth;
         } else if (c == ']' || c == '}') {
             if (depth)
                 depth--;
+        } else if (c == ',' || c == ':') {
+            z.values++;
         }
     }
-    return max;
+    return z;
 }
 
 bool devio_http_bearer_ok(const char *header, const char *token, size_t token_len)
@@ -147,6 +150,33 @@ static enum MHD_Result note_key(void *cls, enum MHD_ValueKind kind, const char *
     if (q->n < sizeof q->seen / sizeof *q->seen)
         q->seen[q->n++] = key;
     return MHD_YES;
+}
+
+typedef struct header_count {
+    const char *name;
+    unsigned n;
+} header_count;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    header_count *h = cls;
+    (void)kind;
+    (void)value;
+    if (key && strcasecmp(key, h->name) == 0)
+        h->n++;
+    return MHD_YES;
+}
+
+devio_status devio_http_header_once(struct MHD_Connection *c, const char *name, const char **value,
+                                    devio_error *err)
+{
+    header_count h = {.name = name};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &h);
+    *value = MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
+    if (h.n > 1)
+        return devio_fail(err, DEVIO_E_INVALID, "%s is given %u times; send it once", name, h.n);
+    return DEVIO_OK;
 }
 
 devio_status devio_http_query_once(struct MHD_Connection *c, devio_error *err)

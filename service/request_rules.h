@@ -18,8 +18,21 @@
  * be a guess: DEVIO_E_INVALID naming it, else DEVIO_OK. */
 devio_status devio_http_query_once(struct MHD_Connection *c, devio_error *err);
 
-/* Nesting depth of a JSON text, counting brackets outside strings. */
-unsigned devio_http_json_depth(const char *p, size_t n);
+/* The header `name` when the request carries it at most once (*value NULL
+ * when absent; borrowed from libmicrohttpd); DEVIO_E_INVALID when it is
+ * repeated, since which one counts would be a guess. */
+devio_status devio_http_header_once(struct MHD_Connection *c, const char *name, const char **value,
+                                    devio_error *err);
+
+/* The size of a JSON text as one pass over its bytes finds it, before any
+ * of it is decoded: its nesting depth (brackets outside strings) and how
+ * many values and member names it holds (commas and colons outside strings,
+ * plus one), which bounds what decoding it would allocate. */
+typedef struct devio_json_size {
+    unsigned depth;
+    uint64_t values;
+} devio_json_size;
+devio_json_size devio_http_json_size(const char *p, size_t n);
 
 /* A JSON body's Content-Type: absent, application/json or application/...+json,
  * with any parameters (charset). Anything else is DEVIO_E_MEDIA_TYPE (415). */

@@ -54,6 +54,8 @@ typedef struct devio_request {
                            NULL: the handler may not suspend */
     devio_ticket_op *op; /* the launch or await under way, kept like wait; the server
                             finishes what it holds when the connection ends first */
+    struct devio_keyed *keyed; /* its Idempotency-Key (service/keys.h), kept like wait;
+                            a launch writes the key's row with its ticket's */
 } devio_request;
 
 /* What a handler answers on success. */
@@ -86,6 +88,8 @@ typedef struct devio_route {
     devio_route_body body;
     bool refused_while_draining; /* 503 not_ready, connection closed, once SIGTERM is seen */
     bool keyed;           /* takes an Idempotency-Key: a retry gets the first answer (keys.h) */
+    bool may_wait;        /* may wait on the device or SQLite: runs on a worker (offload.h),
+                             never on an HTTP thread */
 } devio_route;
 
 /* Decimal id: 1 to 19 digits, at most INT64_MAX (JSON integers are signed). */

@@ -43,15 +43,11 @@ static devio_status one(devio_server *s, const devio_request *rq, cmd c, devio_r
     if (st == DEVIO_OK && c == CMD_LOAD)
         st = devio_json_adapter_load_decode(rq->body, &load, err);
     if (st == DEVIO_OK)
-        st = devio_server_store_enter(s, err);
+        st = devio_server_hold(s, &dev, err);
     if (st != DEVIO_OK)
         return st;
-    st = devio_server_hold(s, &dev, err);
-    if (st == DEVIO_OK) {
-        st = run(s, dev, c, name, &load, &rec, evicted, err);
-        devio_server_release(s);
-    }
-    devio_server_store_leave(s);
+    st = run(s, dev, c, name, &load, &rec, evicted, err);
+    devio_server_release(s);
     if (st != DEVIO_OK)
         return st;
     json_t *j = devio_json_adapter_record(&rec, DEVIO_ADAPTER_VIEW_RECORD);
@@ -69,15 +65,11 @@ devio_status devio_route_adapters_list(devio_server *s, const devio_request *rq,
     devio_adapter_record *recs = NULL;
     size_t n = 0;
     devio_device *dev;
-    devio_status st = devio_server_store_enter(s, err);
+    devio_status st = devio_server_hold(s, &dev, err);
     if (st != DEVIO_OK)
         return st;
-    st = devio_server_hold(s, &dev, err);
-    if (st == DEVIO_OK) {
-        st = devio_adapters_list(&s->adapters, dev, &recs, &n, err);
-        devio_server_release(s);
-    }
-    devio_server_store_leave(s);
+    st = devio_adapters_list(&s->adapters, dev, &recs, &n, err);
+    devio_server_release(s);
     if (st != DEVIO_OK)
         return st;
     json_t *list = json_array();

@@ -32,15 +32,30 @@ static devio_status answer(devio_server *s, const devio_request *rq, device_answ
     return st == DEVIO_OK ? devio_reply_json(out, code, j, err) : st;
 }
 
+/* A keyed request that made a sequence (create, fork) whose answer could not
+ * be kept under its key: the sequence goes, so that the retry makes it once. */
+static void free_made_seq(devio_server *s, uint64_t seq)
+{
+    devio_device *dev;
+    if (devio_server_hold(s, &dev, NULL) != DEVIO_OK)
+        return;
+    devio_outcome o;
+    devio_effect e = {.kind = DEVIO_EFFECT_FREE, .seq = seq};
+    if (devio_apply(dev, &e, &o, NULL) == DEVIO_OK)
+        devio_outcome_free(&o);
+    devio_server_release(s);
+}
+
 static devio_status seq_created(devio_server *s, const devio_request *rq, devio_device *dev,
                                 json_t **j, devio_error *err)
 {
     (void)s;
-    (void)rq;
     uint64_t seq = 0;
     devio_status st = devio_seq_create(dev, &seq, err);
-    if (st == DEVIO_OK)
+    if (st == DEVIO_OK) {
+        devio_keyed_undo_with(rq->keyed, free_made_seq, seq);
         *j = devio_json_seq_ref(seq);
+    }
     return st;
 }
 
@@ -71,14 +86,16 @@ static devio_status seqs_listed(devio_server *s, const devio_request *rq, devio_
     return st;
 }
 
-static devio_status outcome_of(devio_server *s, devio_device *dev, const devio_effect *e,
-                               json_t **j, devio_error *err)
+static devio_status outcome_of(devio_server *s, const devio_request *rq, devio_device *dev,
+                               const devio_effect *e, json_t **j, devio_error *err)
 {
     devio_outcome o;
     devio_status st = devio_apply(dev, e, &o, err);
     if (st == DEVIO_OK) {
         if (e->kind == DEVIO_EFFECT_SAMPLE)
             devio_metrics_sampled(&s->metrics, o.n_tokens);
+        if (e->kind == DEVIO_EFFECT_FORK)
+            devio_keyed_undo_with(rq->keyed, free_made_seq, o.seq);
         *j = devio_json_outcome(e, &o);
         devio_outcome_free(&o);
     }
@@ -90,7 +107,7 @@ static devio_status seq_freed(devio_server *s, const devio_request *rq, devio_de
                               json_t **j, devio_error *err)
 {
     devio_effect e = {.kind = DEVIO_EFFECT_FREE, .seq = rq->params.id};
-    return outcome_of(s, dev, &e, j, err);
+    return outcome_of(s, rq, dev, &e, j, err);
 }
 
 static devio_status effect_applied(devio_server *s, const devio_request *rq, devio_device *dev,
@@ -100,7 +117,7 @@ static devio_status effect_applied(devio_server *s, const devio_request *rq, dev
     devio_sample_proc_buf pb;
     devio_status st = devio_json_effect_decode(rq->body, &e, &pb, err);
     if (st == DEVIO_OK)
-        st = outcome_of(s, dev, &e, j, err);
+        st = outcome_of(s, rq, dev, &e, j, err);
     devio_sample_proc_buf_free(&pb);
     return st;
 }

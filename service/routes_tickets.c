@@ -73,9 +73,14 @@ static devio_status start_ticket(void *ctx, devio_device *dev, const devio_plan 
     atomic_fetch_add(&s->launching, 1);
     if (atomic_load(&s->tearing))
         st = devio_fail(err, DEVIO_E_TORN_DOWN, "the device is being torn down");
-    else
-        st = devio_tickets_launch_begin(&s->tickets, dev, plan, l->rq->request_id, l->rq->op,
-                                        err);
+    else {
+        devio_key_record key;
+        bool keyed = devio_keyed_launch_key(l->rq->keyed, &key);
+        st = devio_tickets_launch_begin(&s->tickets, dev, plan, l->rq->request_id,
+                                        keyed ? &key : NULL, l->rq->op, err);
+        if (st == DEVIO_OK && keyed)
+            devio_keyed_launched(s, l->rq->keyed, l->rq->op->write);
+    }
     if (st != DEVIO_OK)
         atomic_fetch_sub(&s->launching, 1);
     return st;
@@ -250,10 +255,7 @@ static devio_status from_history(devio_server *s, uint64_t ticket, devio_status 
 {
     devio_error herr = {0};
     devio_ticket_page p = {0};
-    if (devio_server_store_enter(s, &herr) != DEVIO_OK)
-        return st; /* the device's own answer stands */
     devio_status hs = devio_store_ticket_get(s->store, ticket, &p, &herr);
-    devio_server_store_leave(s);
     if (hs != DEVIO_OK || p.n == 0) {
         devio_ticket_page_free(&p);
         return st;
@@ -282,11 +284,7 @@ devio_status devio_ticket_replay(devio_server *s, uint64_t ticket, bool launch, 
                                  bool *found, devio_error *err)
 {
     devio_ticket_page p = {0};
-    devio_status st = devio_server_store_enter(s, err);
-    if (st != DEVIO_OK)
-        return st;
-    st = devio_store_ticket_get(s->store, ticket, &p, err);
-    devio_server_store_leave(s);
+    devio_status st = devio_store_ticket_get(s->store, ticket, &p, err);
     *found = st == DEVIO_OK && p.n == 1;
     if (!*found) {
         devio_ticket_page_free(&p);
@@ -463,11 +461,7 @@ devio_status devio_route_tickets(devio_server *s, const devio_request *rq, devio
     q.until_ms = (int64_t)until;
     q.status = devio_request_query(rq, "status");
     devio_ticket_page page;
-    st = devio_server_store_enter(s, err);
-    if (st != DEVIO_OK)
-        return st;
     st = devio_store_tickets_query(s->store, &q, &page, err);
-    devio_server_store_leave(s);
     if (st != DEVIO_OK)
         return st;
     st = devio_reply_json(out, 200, ticket_page_json(&page), err);
@@ -480,11 +474,7 @@ devio_status devio_route_ticket(devio_server *s, const devio_request *rq, devio_
                                 devio_error *err)
 {
     devio_ticket_page p = {0};
-    devio_status st = devio_server_store_enter(s, err);
-    if (st != DEVIO_OK)
-        return st;
-    st = devio_store_ticket_get(s->store, rq->params.id, &p, err);
-    devio_server_store_leave(s);
+    devio_status st = devio_store_ticket_get(s->store, rq->params.id, &p, err);
     if (st == DEVIO_OK && p.n == 0)
         st = devio_fail_at(err, DEVIO_E_UNKNOWN_TICKET, "ticket", (int64_t)rq->params.id,
                            "no ticket %" PRIu64 " in the history (never launched, or trimmed by"

@@ -1,4 +1,4 @@
-/* server.c - devio-server's libmicrohttpd plumbing and its route table: auth, body limits, draining, metrics labels.
+/* server.c - devio-server's libmicrohttpd plumbing: auth, body limits, framing, draining, routes that may wait sent to workers, metrics labels.
  * Routes live in routes_*.c; this file must never decode a body for a route, touch SQL or compute. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,12 +18,9 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "device/backend.h"
 #include "device/status.h"
-#include "ref/builtin.h"
 #include "service/framing.h"
 #include "service/request_rules.h"
-#include "service/route_handlers.h" /* devio_step_answer_text */
 #include "service/keys.h"
 #include "service/request.h"
 #include "service/server.h"
@@ -56,6 +55,17 @@ typedef struct req {
     devio_wait wait;            /* an await's place among the parked ones (parked_awaits.h) */
     devio_ticket_op op;         /* the launch or await under way (tickets.h) */
     devio_keyed keyed;          /* its Idempotency-Key (keys.h) */
+    bool handled;               /* its handler ran once: a resumed request is never refused
+                                   for a drain that began after it was taken */
+    bool parked;                /* its connection was set aside at least once */
+    /* A route that may wait runs on a worker (offload.h): the job, and what it answered. */
+    enum { WORK_NONE, WORK_RUNNING, WORK_DONE } work;
+    devio_offload_job job;
+    devio_server *s;
+    struct MHD_Connection *c;
+    devio_reply wreply;
+    devio_status wst;
+    devio_error werr;
     uint64_t start_us;          /* the first access-handler call, for the latency metric */
     const char *method, *url;   /* libmicrohttpd's, valid until the request completes */
     char request_id[DEVIO_REQUEST_ID_MAX + 1]; /* X-Request-Id as received, or generated */
@@ -69,9 +79,18 @@ static devio_status parse_body(const devio_server *s, const req *q, json_t **out
     *out = NULL;
     if (q->len == 0)
         return devio_fail(err, DEVIO_E_INVALID, "request body must be JSON");
-    if (devio_http_json_depth(q->body, q->len) > s->cfg.max_json_depth)
+    /* Decoding allocates by the value, far more than the bytes: the work is
+     * bounded first, in one pass that allocates nothing. */
+    devio_json_size z = devio_http_json_size(q->body, q->len);
+    if (z.depth > s->cfg.max_json_depth)
         return devio_fail(err, DEVIO_E_INVALID, "JSON nested deeper than %u levels",
                           s->cfg.max_json_depth);
+    if (z.values > s->max_body_values)
+        return devio_fail(err, DEVIO_E_TOO_LARGE,
+                          "request body holds %llu JSON values and names; at most %llu are taken"
+                          " (every token a plan may hold, and logit biases and bans over the"
+                          " whole vocabulary a few times over)",
+                          (unsigned long long)z.values, (unsigned long long)s->max_body_values);
     json_error_t je;
     *out = json_loadb(q->body, q->len, JSON_REJECT_DUPLICATES, &je);
     if (!*out && json_error_code(&je) == json_error_numeric_overflow)
@@ -97,13 +116,64 @@ static bool needs_token(const devio_server *s, const devio_route *on_path)
     return s->token && (a == DEVIO_ROUTE_TOKEN || (a == DEVIO_ROUTE_HEALTH && s->cfg.auth_health));
 }
 
+/* The route's own part: its body decoded (415, 400), its Idempotency-Key,
+ * its handler. `can_park`: on an HTTP thread, where a handler sets its
+ * connection aside to wait; on a worker it waits in place. */
+static devio_status run_route(devio_server *s, struct MHD_Connection *c, req *q, bool can_park,
+                              devio_reply *r, devio_error *err)
+{
+    devio_request rq = {.method = q->method, .url = q->url, .params = q->params, .conn = c,
+                        .wait = can_park ? &q->wait : NULL, .op = &q->op,
+                        .request_id = q->request_id, .keyed = &q->keyed};
+    json_t *body = NULL;
+    devio_status st = DEVIO_OK;
+    if (q->route->body == DEVIO_ROUTE_JSON_BODY) {
+        st = devio_http_json_media_type(
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"), err);
+        if (st == DEVIO_OK)
+            st = parse_body(s, q, &body, err);
+    }
+    rq.body = body;
+    q->handled = true;
+    bool answered = false;
+    if (st == DEVIO_OK && q->route->keyed) {
+        const char *key = NULL;
+        st = devio_http_header_once(c, "Idempotency-Key", &key, err);
+        if (st == DEVIO_OK)
+            st = devio_keyed_before(s, &rq, key, &q->keyed, r, &answered, err);
+    }
+    if (st == DEVIO_OK && !answered)
+        st = q->route->handler(s, &rq, r, err);
+    if (!answered && q->route->keyed)
+        devio_keyed_after(s, &rq, &q->keyed, &st, r, err);
+    json_decref(body);
+    return st;
+}
+
+/* A worker runs the route of a request set aside, then brings the
+ * connection back to send what it answered. */
+static void run_offloaded(devio_offload_job *job)
+{
+    req *q = (req *)((char *)job - offsetof(req, job));
+    q->wst = run_route(q->s, q->c, q, false, &q->wreply, &q->werr);
+    q->work = WORK_DONE;
+    MHD_resume_connection(q->c);
+}
+
 /* Everything between the request and its route's handler, in the order the
  * contract answers: 401, 413, 404, 405, draining 503, malformed body 400.
  * *label is the metrics label of the answer. */
 static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const char *url,
-                             const char *method, req *q, devio_reply *r,
-                             const char **label, devio_error *err)
+                             req *q, devio_reply *r, const char **label, devio_error *err)
 {
+    if (q->work == WORK_DONE) { /* back from its worker */
+        *label = q->route->path;
+        *r = q->wreply;
+        memset(&q->wreply, 0, sizeof q->wreply);
+        if (q->wst != DEVIO_OK)
+            *err = q->werr;
+        return q->wst;
+    }
     *label = "auth";
     if (needs_token(s, q->on_path) &&
         !token_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
@@ -133,32 +203,22 @@ static devio_status dispatch(devio_server *s, struct MHD_Connection *c, const ch
     devio_status once = devio_http_query_once(c, err);
     if (once != DEVIO_OK)
         return once;
-    if (q->route->refused_while_draining && atomic_load(&s->draining)) {
+    if (q->route->refused_while_draining && !q->handled && atomic_load(&s->draining)) {
         r->close = true;
         return devio_fail(err, DEVIO_E_NOT_READY, "server is draining; launch elsewhere");
     }
-    devio_request rq = {.method = method, .url = url, .params = q->params, .conn = c,
-                        .wait = &q->wait, .op = &q->op, .request_id = q->request_id};
-    json_t *body = NULL;
-    devio_status st = DEVIO_OK;
-    if (q->route->body == DEVIO_ROUTE_JSON_BODY) {
-        st = devio_http_json_media_type(
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"), err);
-        if (st == DEVIO_OK)
-            st = parse_body(s, q, &body, err);
+    if (q->route->may_wait && q->work == WORK_NONE) {
+        /* Set aside before the job is queued: the worker resumes it. */
+        q->work = WORK_RUNNING;
+        q->s = s;
+        q->c = c;
+        q->job.run = run_offloaded;
+        MHD_suspend_connection(c);
+        r->suspended = true;
+        devio_offload_submit(&s->offload, &q->job);
+        return DEVIO_OK;
     }
-    rq.body = body;
-    bool answered = false;
-    if (st == DEVIO_OK && q->route->keyed)
-        st = devio_keyed_before(s, &rq,
-                                MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key"),
-                                &q->keyed, r, &answered, err);
-    if (st == DEVIO_OK && !answered)
-        st = q->route->handler(s, &rq, r, err);
-    if (!answered && q->route->keyed)
-        devio_keyed_after(s, &rq, &q->keyed, st, r);
-    json_decref(body);
-    return st;
+    return run_route(s, c, q, true, r, err);
 }
 
 /* ---- libmicrohttpd callbacks ---------------------------------------------------- */
@@ -278,6 +338,21 @@ static enum MHD_Result on_headers(devio_server *s, struct MHD_Connection *c, con
     return MHD_YES;
 }
 
+/* Whether the client of a parked request has gone: its end of the connection
+ * closed (FIN) or reset. A suspended connection is not watched by the event
+ * loop, so a close is seen only here, when the request is resumed. Bytes
+ * waiting to be read (a pipelined request) mean it is still there. */
+static bool client_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return false;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **req_cls)
@@ -324,13 +399,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return ok;
     }
+    /* Resumed with nobody to answer: closing here leaves what the request
+     * holds to on_completed (a /v1/step's ticket reaped once settled, an
+     * await's left awaitable), as if the close had been seen at once. */
+    if (q->parked && client_gone(c))
+        return MHD_NO;
     devio_reply r = {.code = 500};
     devio_error err = {0};
     const char *label = "unknown";
-    if (dispatch(s, c, url, method, q, &r, &label, &err) != DEVIO_OK)
+    if (dispatch(s, c, url, q, &r, &label, &err) != DEVIO_OK) {
         answer_error(s, &r, &err);
-    else if (r.suspended)
+    } else if (r.suspended) {
+        q->parked = true;
         return MHD_YES; /* parked: this runs again once the connection is resumed */
+    }
     if (!r.body) {
         /* A handler that answered nothing: an error, never an empty 200. */
         devio_fail(&err, DEVIO_E_NOMEM, "no reply");
@@ -351,8 +433,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
     devio_listener_headers(&s->listener, q->conn, false);
     /* A request that ends holding a launch or an await (its client went)
      * leaves no ticket without an owner. */
-    devio_keyed_end(s, &q->keyed, &q->op);
+    devio_keyed_end(s, &q->keyed);
     devio_server_abandon(s, &q->op);
+    devio_reply_free(&q->wreply);
     free(q->body);
     free(q);
     *req_cls = NULL;
@@ -415,8 +498,6 @@ static void conn_resume(void *c)
     MHD_resume_connection(c);
 }
 
-static const devio_waits_ops mhd_waits = {.suspend = conn_suspend, .resume = conn_resume};
-
 /* libmicrohttpd's own messages (a connection it closed on an error, ...) go
  * through devio's log: the chosen format, never blocking on stderr. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -428,109 +509,21 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     devio_log(DEVIO_LOG_WARN, "http", "%s", msg);
 }
 
-/* ---- start and stop ------------------------------------------------------------- */
+/* ---- the HTTP half of start and stop (server_life.c does the rest) ------------- */
 
-static devio_status read_token(devio_server *s, devio_error *err)
-{
-    const char *tok = s->cfg.token;
-    char buf[4096];
-    if (s->cfg.token_file) {
-        FILE *f = fopen(s->cfg.token_file, "r");
-        if (!f)
-            return devio_fail(err, DEVIO_E_IO, "cannot read token file %s: %s",
-                              s->cfg.token_file, strerror(errno));
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
-            n--;
-        buf[n] = '\0';
-        if (n == 0)
-            return devio_fail(err, DEVIO_E_INVALID, "token file %s is empty", s->cfg.token_file);
-        tok = buf;
-    }
-    if (tok) {
-        s->token = strdup(tok);
-        s->token_len = strlen(tok);
-        if (!s->token)
-            return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-    }
-    return DEVIO_OK;
-}
+const devio_waits_ops devio_server_mhd_waits = {.suspend = conn_suspend, .resume = conn_resume};
 
-devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
-                                devio_error *err)
+devio_status devio_server_http_start(devio_server *s, const devio_listen_addr *sa,
+                                     devio_error *err)
 {
-    memset(s, 0, sizeof *s);
-    s->cfg = *cfg;
-    pthread_rwlock_init(&s->dev_lock, NULL);
-    pthread_mutex_init(&s->launch_mu, NULL);
-    devio_metrics_init(&s->metrics);
-    devio_adapters_init(&s->adapters);
-    devio_keys_init(&s->keys);
-    s->tickets.metrics = &s->metrics;
-    s->tickets.answer = devio_step_answer_text;
-    devio_listen_addr sa;
-    devio_status st = devio_listen_addr_parse(cfg->listen, &sa, err);
-    if (st == DEVIO_OK)
-        st = devio_tls_load(&s->tls, cfg->tls_cert, cfg->tls_key, err);
-    devio_config dc = cfg->device;
-    const devio_backend_ops *ops = NULL;
-    devio_registry_builtin(&s->registry, cfg->backend_path);
-    if (st == DEVIO_OK)
-        st = devio_registry_find(&s->registry, cfg->backend, &ops, err);
-    if (st == DEVIO_OK && s->registry.note[0])
-        devio_log(DEVIO_LOG_INFO, "backend", "backend auto passed over %s", s->registry.note);
-    if (st == DEVIO_OK)
-        st = read_token(s, err);
-    devio_model_params mp = devio_model_params_default();
-    mp.skip_weight_scan = cfg->device.skip_weight_scan;
-    if (st == DEVIO_OK)
-        st = devio_model_load_with(cfg->model, &mp, &s->model, err);
-    if (st == DEVIO_OK)
-        st = devio_waits_start(&s->waits, &mhd_waits, err);
-    if (st == DEVIO_OK)
-        st = devio_leases_start(&s->leases, cfg->ticket_lease_ms, &devio_server_reaper, s, err);
-    s->tickets.leases = &s->leases;
-    devio_store_options so = devio_store_options_default();
-    so.retention = cfg->retention;
-    so.on_written = devio_server_written;
-    so.on_written_ctx = s;
-    if (st == DEVIO_OK)
-        st = devio_store_open(cfg->db, &so, &s->store, err);
-    s->tickets.store = s->store;
-    if (st == DEVIO_OK) {
-        dc.epoch = devio_store_epoch(s->store);
-        dc.first_ticket_id = devio_store_next_ticket_id(s->store);
-        dc.use_worker_thread = true;
-        dc.on_settled = devio_server_settled;
-        dc.on_settled_ctx = s;
-        st = devio_adapters_root(cfg->adapters, cfg->adapters_given, &dc.adapters_root, err);
-    }
-    if (st == DEVIO_OK) {
-        st = devio_open(s->model, ops, &dc, &s->dev, err);
-    }
-    /* A backend that copied the weights (CUDA) never reads the host's again. */
-    if (st == DEVIO_OK && ops->copies_weights) {
-        devio_model_release_weights(s->model);
-        devio_log(DEVIO_LOG_INFO, "start",
-                  "backend '%s' holds the weights; their host memory was released", ops->name);
-    }
-    if (st == DEVIO_OK) {
-        devio_device_info di = {0};
-        devio_device_info_get(s->dev, &di);
-        devio_metrics_set_backend(&s->metrics, di.backend);
-    }
-    /* Before listening: the adapters recorded as loaded are loaded again, so
-     * the first request sees the same table the last process had. */
-    if (st == DEVIO_OK)
-        st = devio_adapters_start(&s->adapters, s->store, s->dev, NULL, err);
-    if (st == DEVIO_OK) {
+    devio_status st = DEVIO_OK;
+    {
         fit_descriptors(&s->cfg);
         devio_listener_config lc = {.max_connections = s->cfg.max_connections,
                                     .max_per_address = s->cfg.max_per_address,
                                     .header_timeout_ms = s->cfg.header_timeout_ms,
                                     .silent_refusals = s->tls.cert != NULL};
-        st = devio_listener_open(&s->listener, &lc, &sa, err);
+        st = devio_listener_open(&s->listener, &lc, sa, err);
         s->listening = st == DEVIO_OK;
     }
     if (st == DEVIO_OK) {
@@ -552,61 +545,30 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
                                   MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                                   MHD_OPTION_CONNECTION_LIMIT, mhd_cap,
                                   MHD_OPTION_CONNECTION_TIMEOUT,
-                                  (unsigned)cfg->connection_timeout_s,
+                                  (unsigned)s->cfg.connection_timeout_s,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
-                                  MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
+                                  MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads,
                                   MHD_OPTION_ARRAY, tls ? tls_opts : tls_opts + 2,
                                   MHD_OPTION_END);
         if (!s->mhd && tls)
             st = devio_fail(err, DEVIO_E_INVALID,
                             "cannot serve HTTPS with --tls-cert %s and --tls-key %s: the key does "
                             "not match the certificate or a PEM block is damaged (libmicrohttpd's "
-                            "message is above)", cfg->tls_cert, cfg->tls_key);
+                            "message is above)", s->cfg.tls_cert, s->cfg.tls_key);
         else if (!s->mhd)
-            st = devio_fail(err, DEVIO_E_IO, "cannot start the HTTP loop for %s", cfg->listen);
+            st = devio_fail(err, DEVIO_E_IO, "cannot start the HTTP loop for %s", s->cfg.listen);
     }
     if (st == DEVIO_OK)
         st = devio_listener_run(&s->listener, add_connection, s, err);
-    if (st != DEVIO_OK) {
-        devio_server_stop(s);
-        return st;
-    }
-    s->port = s->listener.port;
-    atomic_store(&s->ready, true);
-    return DEVIO_OK;
+    if (st == DEVIO_OK)
+        st = devio_listener_run(&s->listener, add_connection, s, err);
+    if (st == DEVIO_OK)
+        s->port = s->listener.port;
+    return st;
 }
 
-/* Tickets launched and not yet awaited; 0 after teardown. */
-static uint32_t tickets_in_flight(devio_server *s)
+void devio_server_http_stop(devio_server *s)
 {
-    devio_device *dev;
-    if (devio_server_hold(s, &dev, NULL) != DEVIO_OK)
-        return 0;
-    uint32_t n = devio_facts_get(dev).tickets_in_flight;
-    devio_server_release(s);
-    return n;
-}
-
-void devio_server_stop(devio_server *s)
-{
-    atomic_store(&s->ready, false);
-    atomic_store(&s->draining, true);
-    if (s->mhd) {
-        /* Drain for a bounded time: /readyz answers 503 and launches are
-         * refused (not_ready), but the listener stays open, so that clients,
-         * new connections included, still await what they launched and read
-         * facts, history and metrics; requests in progress finish. */
-        for (uint32_t waited = 0; waited < s->cfg.drain_ms &&
-                                  (tickets_in_flight(s) > 0 || atomic_load(&s->active) > 0);
-             waited += 10)
-            nanosleep(&(struct timespec){.tv_nsec = 10 * 1000000L}, NULL);
-    }
-    uint32_t aborted = 0;
-    devio_server_teardown(s, "server stopped", &aborted);
-    /* Teardown settled every step, which resumed the awaits parked on them;
-     * none may stay suspended when the daemon stops. */
-    if (s->waits.timer_started)
-        devio_waits_close(&s->waits);
     /* The accept thread hands sockets to the daemon: it stops first. The
      * table stays until the daemon has reported every connection closed. */
     if (s->listening)
@@ -618,21 +580,4 @@ void devio_server_stop(devio_server *s)
     if (s->listening)
         devio_listener_free(&s->listener);
     s->listening = false;
-    /* The daemon's last completions may have queued jobs for the reaper,
-     * which find the device gone; the store's last batches resume nothing
-     * (no connection is left), then the table stops. */
-    devio_leases_stop(&s->leases);
-    devio_store_close(s->store);
-    s->store = NULL;
-    devio_waits_stop(&s->waits);
-    devio_registry_close(&s->registry);
-    devio_model_free(s->model);
-    s->model = NULL;
-    free(s->token);
-    s->token = NULL;
-    devio_adapters_fini(&s->adapters);
-    devio_keys_destroy(&s->keys);
-    devio_metrics_fini(&s->metrics);
-    pthread_rwlock_destroy(&s->dev_lock);
-    pthread_mutex_destroy(&s->launch_mu);
 }

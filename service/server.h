@@ -17,6 +17,7 @@
 #include "service/leases.h"
 #include "service/listener.h"
 #include "service/metrics.h"
+#include "service/offload.h"
 #include "service/keys.h"
 #include "service/route_match.h"
 #include "service/store.h"
@@ -37,9 +38,10 @@ typedef struct devio_server {
                                   on_settled hook) or their history row is written (the
                                   store's on_written hook) */
     devio_keys keys;           /* Idempotency-Keys of requests under way (keys.h) */
+    devio_offload offload;     /* workers running the routes that may wait */
+    bool offload_started;
     devio_leases leases;       /* launched tickets until taken; the reaper (abandoned.c) */
     atomic_int launching;      /* launches between their begin and end halves */
-    atomic_int store_callers;  /* requests in SQLite on an HTTP thread (devio_server_store) */
     pthread_mutex_t launch_mu; /* guards launches and every end half run from the list */
     devio_ticket_op *launches; /* LAUNCHING ops whose row is being written (launches.c) */
     atomic_bool tearing;       /* a teardown waits for them: new launches refused */
@@ -57,6 +59,7 @@ typedef struct devio_server {
     atomic_int awaiting;       /* awaits and steps between their first look at the ticket
                                   and their answer, parked or not */
     uint16_t port;             /* bound port (useful with port 0) */
+    uint64_t max_body_values;  /* JSON values and names a body may hold (server.c, parse_body) */
     atomic_uint_fast64_t request_seq; /* the last request id generated in this epoch */
 } devio_server;
 
@@ -77,14 +80,15 @@ void devio_server_stop(devio_server *s);
 devio_status devio_server_hold(devio_server *s, devio_device **dev, devio_error *err);
 void devio_server_release(devio_server *s);
 
-/* A request about to call SQLite on its HTTP thread (adapter commands, history
- * pages; launches and awaits never do): at most --http-threads - 1 (at least
- * 1) at once, so that a locked history file cannot take every thread and
- * stall health checks. DEVIO_OK: enter, and leave with
- * devio_server_store_leave; DEVIO_E_STORE_UNAVAILABLE (503, Retry-After)
- * past the bound. */
-devio_status devio_server_store_enter(devio_server *s, devio_error *err);
-void devio_server_store_leave(devio_server *s);
+/* The HTTP half of start (server.c): the listener on `sa` and the daemon
+ * serving it, accepting; s->port set. On failure what it opened stays for
+ * devio_server_http_stop. */
+devio_status devio_server_http_start(devio_server *s, const devio_listen_addr *sa,
+                                     devio_error *err);
+/* Stop accepting, stop the daemon (every connection closed), free the listener. */
+void devio_server_http_stop(devio_server *s);
+/* How parked requests are suspended and resumed: libmicrohttpd's calls. */
+extern const devio_waits_ops devio_server_mhd_waits;
 
 /* The route table: *n entries, static. */
 const devio_route *devio_server_routes(size_t *n);

@@ -1,4 +1,4 @@
-/* server_shared.c - what every route shares: the device under its lock, the gate on SQLite calls, teardown.
+/* server_shared.c - what every route shares: the device under its lock, teardown.
  * Nothing here answers a request; it must never hold the device lock across a wait for a client. */
 #include <stdatomic.h>
 #include <time.h>
@@ -19,22 +19,6 @@ devio_status devio_server_hold(devio_server *s, devio_device **dev, devio_error 
 void devio_server_release(devio_server *s)
 {
     pthread_rwlock_unlock(&s->dev_lock);
-}
-
-devio_status devio_server_store_enter(devio_server *s, devio_error *err)
-{
-    int most = s->cfg.http_threads > 1 ? (int)s->cfg.http_threads - 1 : 1;
-    if (atomic_fetch_add(&s->store_callers, 1) < most)
-        return DEVIO_OK;
-    atomic_fetch_sub(&s->store_callers, 1);
-    return devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
-                      "%d requests are already reading or writing the history file, the most"
-                      " that may at once (--http-threads - 1); retry shortly", most);
-}
-
-void devio_server_store_leave(devio_server *s)
-{
-    atomic_fetch_sub(&s->store_callers, 1);
 }
 
 /* A half-made launch ends once its row is written, which the store's writer

@@ -1,4 +1,4 @@
-/* store.c - the store's lifecycle: open (schema, writer thread, reader connection), close, and its counters.
+/* store.c - the store's lifecycle: open (schema, writer thread, reader and lookup connections), close, and its counters.
  * The other store_*.c files do the work; this one must never leave a thread or a connection behind on failure. */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,11 +24,15 @@ static bool init_locks(devio_store *s)
         return false;
     if (pthread_mutex_init(&s->rmu, NULL) != 0)
         goto out_mu;
-    if (pthread_cond_init(&s->work, NULL) != 0)
+    if (pthread_mutex_init(&s->lmu, NULL) != 0)
         goto out_rmu;
+    if (pthread_cond_init(&s->work, NULL) != 0)
+        goto out_lmu;
     if (pthread_cond_init(&s->done, NULL) == 0)
         return true;
     pthread_cond_destroy(&s->work);
+out_lmu:
+    pthread_mutex_destroy(&s->lmu);
 out_rmu:
     pthread_mutex_destroy(&s->rmu);
 out_mu:
@@ -42,6 +46,7 @@ static void free_store(devio_store *s)
     store_writer_finalize(s);
     store_history_finalize(s);
     /* The last connection to close checkpoints the WAL into the file. */
+    sqlite3_close(s->ldb);
     sqlite3_close(s->rdb);
     sqlite3_close(s->wdb);
     /* Only now: closing any descriptor of the file drops every POSIX lock
@@ -50,6 +55,7 @@ static void free_store(devio_store *s)
         close(s->lock_fd);
     pthread_cond_destroy(&s->done);
     pthread_cond_destroy(&s->work);
+    pthread_mutex_destroy(&s->lmu);
     pthread_mutex_destroy(&s->rmu);
     pthread_mutex_destroy(&s->mu);
     free(s->path);
@@ -156,6 +162,10 @@ devio_status devio_store_open(const char *path, const devio_store_options *o,
         st = store_writer_prepare(s, err);
     if (st == DEVIO_OK)
         st = store_connect(path, s->opt.busy_timeout_ms, &s->rdb, err);
+    if (st == DEVIO_OK)
+        st = store_connect(path, s->opt.busy_timeout_ms, &s->ldb, err);
+    if (st == DEVIO_OK)
+        st = store_lookups_prepare(s, err);
     int prc = st == DEVIO_OK ? pthread_create(&s->thread, NULL, store_writer_main, s) : 0;
     if (prc != 0)
         st = devio_fail(err, DEVIO_E_NOMEM, "ticket store %s: cannot start the writer: %s", path,
@@ -196,6 +206,25 @@ uint64_t devio_store_epoch(const devio_store *s)
 uint32_t devio_store_schema_version(const devio_store *s)
 {
     return s ? s->schema_version : 0;
+}
+
+void devio_store_first_ids(const devio_store *s, uint64_t *seq, uint64_t *logits)
+{
+    *seq = s ? (uint64_t)s->ids_reserved[STORE_ID_SEQ] + 1 : 1;
+    *logits = s ? (uint64_t)s->ids_reserved[STORE_ID_LOGITS] + 1 : 1;
+}
+
+static void raise_to(_Atomic uint64_t *at, uint64_t v)
+{
+    uint64_t cur = atomic_load(at);
+    while (cur < v && !atomic_compare_exchange_weak(at, &cur, v))
+        ;
+}
+
+void devio_store_ids_used(devio_store *s, uint64_t seq_high, uint64_t logits_high)
+{
+    raise_to(&s->ids_used[STORE_ID_SEQ], seq_high);
+    raise_to(&s->ids_used[STORE_ID_LOGITS], logits_high);
 }
 
 uint64_t devio_store_next_ticket_id(const devio_store *s)

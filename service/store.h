@@ -15,6 +15,8 @@ typedef struct devio_store devio_store;
 
 typedef struct devio_store_options {
     uint32_t retention;    /* keep at most this many ticket rows (oldest deleted); 0 = all */
+    uint32_t key_retention; /* keep at most this many idempotency key rows (oldest deleted),
+                               besides the age bound DEVIO_KEY_KEEP_MS; 0 = no count bound */
     uint32_t busy_timeout_ms; /* SQLite busy timeout, default 5000 */
     /* Called on the writer thread each time a batch of writes has committed or
      * failed, outside the store's locks, so that callers parked on a write
@@ -51,6 +53,16 @@ uint64_t devio_store_epoch(const devio_store *s);
 uint64_t devio_store_next_ticket_id(const devio_store *s);
 uint32_t devio_store_schema_version(const devio_store *s);
 
+/* Sequence and logits handle ids. The first this process may hand out: one
+ * more than the high-water marks in meta ('seq_id_high', 'logits_id_high';
+ * for a file from before them, the largest ids its rows name). Every id
+ * handed out is told here before an answer names it (the device's on_ids
+ * hook; never blocks on SQLite), and each transaction that may name one
+ * first moves the marks past it, STORE_ID_RANGE at a time: so no answer the
+ * history keeps can name an id a later process hands out again. */
+void devio_store_first_ids(const devio_store *s, uint64_t *seq, uint64_t *logits);
+void devio_store_ids_used(devio_store *s, uint64_t seq_high, uint64_t logits_high);
+
 /* ---- ticket writes (store_writer.c) --------------------------------------- */
 
 /* What a ticket write holds. Pointers are borrowed for the call. */
@@ -67,10 +79,12 @@ typedef struct devio_ticket_record {
     const char *error_message; /* NULL unless failed/aborted */
     const char *request_id;    /* launch: the HTTP request's id, or NULL */
     const char *answer;        /* settle: the answer as sent (text), or NULL */
+    const struct devio_key_record *key; /* launch: the Idempotency-Key row written in the same
+                                           transaction (both or neither), or NULL */
 } devio_ticket_record;
 
-/* Queue an insert (launch) or an update (settle: status, settled_ms, timings,
- * error) of a ticket row. Never blocks on SQLite. Returns a write number
+/* Queue an insert (launch, with its key's row when r->key) or an update
+ * (settle: status, settled_ms, timings, error) of a ticket row. Never blocks on SQLite. Returns a write number
  * to pass to devio_store_wait, or 0 when the queue could not take it (out of
  * memory, store closed, or a malformed record: id 0, unknown status). */
 uint64_t devio_store_ticket_launched(devio_store *s, const devio_ticket_record *r);

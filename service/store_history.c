@@ -1,5 +1,5 @@
-/* store_history.c - ticket history pages (the filtered, newest-first reads behind GET /v1/tickets) and idempotency keys read back.
- * Reads committed rows into structs on the caller's connection; it never writes and never speaks JSON. */
+/* store_history.c - ticket history pages (the filtered, newest-first reads behind GET /v1/tickets), and lookups of one ticket or idempotency key.
+ * Reads committed rows into structs (pages on the reader connection, lookups on their own); it never writes and never speaks JSON. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,15 +13,18 @@
 
 #define QUERY_LIMIT_MAX 1000u
 
+/* The columns read_row reads, in its order. */
+#define TICKET_COLUMNS                                                                   \
+    "SELECT id, epoch, status, launched_ms, settled_ms, rows, tokens, seqs, queued_us,"  \
+    " compute_us, error_code, error_message, request_id, answer FROM tickets"
+
 static sqlite3_stmt *query_stmt(devio_store *s, unsigned mask)
 {
     if (s->st_query[mask])
         return s->st_query[mask];
     char sql[512];
     snprintf(sql, sizeof sql,
-             "SELECT id, epoch, status, launched_ms, settled_ms, rows, tokens, seqs,"
-             " queued_us, compute_us, error_code, error_message, request_id, answer FROM tickets"
-             " WHERE 1%s%s%s%s"
+             TICKET_COLUMNS " WHERE 1%s%s%s%s"
              " ORDER BY id DESC LIMIT :limit",
              (mask & STORE_QF_STATUS) ? " AND status = :status" : "",
              (mask & STORE_QF_SINCE) ? " AND launched_ms >= :since" : "",
@@ -35,10 +38,24 @@ static sqlite3_stmt *query_stmt(devio_store *s, unsigned mask)
     return s->st_query[mask];
 }
 
+devio_status store_lookups_prepare(devio_store *s, devio_error *err)
+{
+    if (sqlite3_prepare_v3(s->ldb, TICKET_COLUMNS " WHERE id = ?1", -1,
+                           SQLITE_PREPARE_PERSISTENT, &s->st_ticket_get, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(s->ldb,
+                           "SELECT request, digest, code, answer, created_ms FROM idempotency_keys"
+                           " WHERE key = ?1 AND created_ms >= ?2",
+                           -1, SQLITE_PREPARE_PERSISTENT, &s->st_key_get, NULL) != SQLITE_OK)
+        return store_sql_fail(err, s->ldb, s->path, "cannot prepare the lookups");
+    return DEVIO_OK;
+}
+
 void store_history_finalize(devio_store *s)
 {
     for (int i = 0; i < STORE_QF_COUNT; i++)
         sqlite3_finalize(s->st_query[i]);
+    sqlite3_finalize(s->st_ticket_get);
+    sqlite3_finalize(s->st_key_get);
 }
 
 /* The seqs text store_writer.c:seqs_text writes ("[7,8]", a JSON array) as
@@ -215,19 +232,27 @@ out_unlock:
 devio_status devio_store_ticket_get(devio_store *s, uint64_t id, devio_ticket_page *out,
                                     devio_error *err)
 {
-    if (id == 0 || id >= INT64_MAX) {
-        memset(out, 0, sizeof *out);
+    memset(out, 0, sizeof *out);
+    if (id == 0 || id > INT64_MAX)
         return DEVIO_OK;
-    }
-    devio_ticket_query q = {.before_id = id + 1, .limit = 1};
-    devio_status st = devio_store_tickets_query(s, &q, out, err);
-    if (st == DEVIO_OK && out->n == 1 && out->rows[0].id != id) {
-        devio_ticket_page_free(out); /* the newest row below id + 1 is another ticket's */
-        memset(out, 0, sizeof *out);
-    }
-    if (st == DEVIO_OK)
-        out->has_next = false;
-    return st;
+    out->rows = calloc(1, sizeof *out->rows);
+    if (!out->rows)
+        return devio_fail(err, DEVIO_E_NOMEM, "ticket lookup: out of memory");
+    devio_status rs = DEVIO_OK;
+    pthread_mutex_lock(&s->lmu);
+    sqlite3_stmt *st = s->st_ticket_get;
+    sqlite3_bind_int64(st, 1, (int64_t)id);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW && read_row(st, &out->rows[out->n++]) < 0)
+        rs = devio_fail(err, DEVIO_E_NOMEM, "ticket lookup: out of memory");
+    else if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        rs = store_sql_fail(err, s->ldb, s->path, "cannot read a ticket");
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    pthread_mutex_unlock(&s->lmu);
+    if (rs != DEVIO_OK)
+        devio_ticket_page_free(out);
+    return rs;
 }
 
 /* ---- idempotency keys --------------------------------------------------------- */
@@ -243,35 +268,31 @@ devio_status devio_store_key_get(devio_store *s, const char *key, devio_key_reco
 {
     memset(out, 0, sizeof *out);
     *found = false;
-    sqlite3_stmt *st = NULL;
-    pthread_mutex_lock(&s->rmu);
-    devio_status rs = store_prepare(s,
-                                    "SELECT request, digest, code, answer, created_ms"
-                                    " FROM idempotency_keys WHERE key = ?1 AND created_ms >= ?2",
-                                    &st, "idempotency key", err);
-    if (rs == DEVIO_OK) {
-        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 2, devio_unix_ms() - DEVIO_KEY_KEEP_MS);
-        int rc = sqlite3_step(st);
-        if (rc == SQLITE_ROW) {
-            out->key = strdup(key);
-            out->request = dup_column(st, 0);
-            out->digest = dup_column(st, 1);
-            out->code = (uint32_t)sqlite3_column_int64(st, 2);
-            out->answer = dup_column(st, 3);
-            out->created_ms = sqlite3_column_int64(st, 4);
-            *found = true;
-            if (!out->key || !out->request || !out->digest || !out->answer) {
-                devio_key_record_free(out);
-                *found = false;
-                rs = devio_fail(err, DEVIO_E_NOMEM, "out of memory reading a key");
-            }
-        } else if (rc != SQLITE_DONE) {
-            rs = store_sql_fail(err, s->rdb, s->path, "cannot read an idempotency key");
+    devio_status rs = DEVIO_OK;
+    pthread_mutex_lock(&s->lmu);
+    sqlite3_stmt *st = s->st_key_get;
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, devio_unix_ms() - DEVIO_KEY_KEEP_MS);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        out->key = strdup(key);
+        out->request = dup_column(st, 0);
+        out->digest = dup_column(st, 1);
+        out->code = (uint32_t)sqlite3_column_int64(st, 2);
+        out->answer = dup_column(st, 3);
+        out->created_ms = sqlite3_column_int64(st, 4);
+        *found = true;
+        if (!out->key || !out->request || !out->digest || !out->answer) {
+            devio_key_record_free(out);
+            *found = false;
+            rs = devio_fail(err, DEVIO_E_NOMEM, "out of memory reading a key");
         }
+    } else if (rc != SQLITE_DONE) {
+        rs = store_sql_fail(err, s->ldb, s->path, "cannot read an idempotency key");
     }
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&s->rmu);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    pthread_mutex_unlock(&s->lmu);
     return rs;
 }
 

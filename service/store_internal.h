@@ -4,6 +4,7 @@
 #define DEVIO_STORE_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -22,6 +23,10 @@
 #define STORE_BEAT_US 1000000u
 #define STORE_LOG_EVERY_US 10000000u
 
+/* Ids other than tickets' that stored answers name: their marks in meta. */
+enum { STORE_ID_SEQ, STORE_ID_LOGITS, STORE_N_ID_KINDS };
+extern const char *const store_id_marks[STORE_N_ID_KINDS]; /* "seq_id_high", "logits_id_high" */
+
 /* The ticket statuses of the schema's CHECK; [0] is "in_flight". */
 #define STORE_N_STATUSES 5
 extern const char *const store_ticket_statuses[STORE_N_STATUSES];
@@ -39,8 +44,10 @@ typedef struct store_wrec {
     uint32_t rows, tokens;
     int64_t queued_us, compute_us;
     const char *seqs, *error_code, *error_message, *request_id, *answer; /* into buf, or NULL */
-    const char *key, *request, *digest; /* STORE_W_KEY (answer too), into buf */
-    uint32_t code;                      /* STORE_W_KEY: the answer's HTTP status */
+    const char *key, *request, *digest; /* STORE_W_KEY, and STORE_W_LAUNCH with a key: into buf */
+    const char *key_answer;             /* the key's answer text, into buf */
+    int64_t key_ms;                     /* the key's row's creation time, unix ms */
+    uint32_t code;                      /* the key's answer's HTTP status */
     char *fail;  /* SQLite's message when this write failed (malloc'd), or NULL */
     bool failed;
     char buf[];
@@ -92,10 +99,18 @@ struct devio_store {
     sqlite3 *wdb;
     sqlite3_stmt *st_begin, *st_commit, *st_rollback;
     sqlite3_stmt *st_launch, *st_settle, *st_abort, *st_trim, *st_high, *st_beat;
-    sqlite3_stmt *st_key, *st_key_trim;
+    sqlite3_stmt *st_key, *st_key_trim, *st_key_count_trim;
+    sqlite3_stmt *st_savepoint, *st_release, *st_rollback_to;
     int64_t rows_estimate;  /* ticket rows in the file, for retention */
+    int64_t keys_estimate;  /* idempotency key rows in the file, for key_retention */
     int64_t id_reserved;    /* ticket_id_high in meta as committed: every id written
                              * lies at or below it (advanced STORE_ID_RANGE at a time) */
+    /* The sequence and logits handle ids: the highest handed out (any thread,
+     * devio_store_ids_used) and the marks in meta as committed, kept above
+     * them in every transaction that may name them. */
+    _Atomic uint64_t ids_used[STORE_N_ID_KINDS];
+    int64_t ids_reserved[STORE_N_ID_KINDS];
+    sqlite3_stmt *st_mark;
     bool trim_warned;       /* a trimming failure was logged */
     uint64_t failed_run;    /* writes failed since writes last succeeded */
     uint64_t suppressed;    /* failures not logged since last_log_us */
@@ -107,6 +122,14 @@ struct devio_store {
     pthread_mutex_t rmu;
     sqlite3 *rdb;
     sqlite3_stmt *st_query[STORE_QF_COUNT];
+
+    /* Point reads by key or ticket id (lookups), guarded by lmu: called on
+     * HTTP threads, so this connection never writes and its lock is never
+     * held by anything that waits on another process's lock (adapter writes
+     * hold rmu). WAL readers do not wait for writers. */
+    pthread_mutex_t lmu;
+    sqlite3 *ldb;
+    sqlite3_stmt *st_key_get, *st_ticket_get;
 };
 
 /* ---- helpers (store_sql.c) ------------------------------------------------ */
@@ -165,6 +188,8 @@ bool store_health_file_gone(devio_store *s, char *msg, size_t len);
 
 /* ---- history (store_history.c) -------------------------------------------- */
 
+/* Prepare the lookups' statements on s->ldb (at open). */
+devio_status store_lookups_prepare(devio_store *s, devio_error *err);
 void store_history_finalize(devio_store *s);
 
 #endif

@@ -126,6 +126,38 @@ static int meta_put_int(sqlite3 *db, const char *key, int64_t v)
     return store_meta_put(db, key, txt);
 }
 
+/* For a file from before the marks, the largest id of each kind its rows
+ * name: the sequences of launch rows and answers, the logits handles of
+ * answers, the sequences of keyed answers (create, fork). */
+static const char *const legacy_ids[STORE_N_ID_KINDS] = {
+    "SELECT max(v) FROM ("
+    " SELECT max(j.value) AS v FROM tickets t, json_each(t.seqs) j WHERE json_valid(t.seqs)"
+    " UNION ALL SELECT max(json_extract(answer, '$.seq')) FROM idempotency_keys"
+    "  WHERE json_valid(answer))",
+    "SELECT max(json_extract(r.value, '$.logits')) FROM tickets t, json_each(t.answer, '$.rows') r"
+    " WHERE t.answer IS NOT NULL AND json_valid(t.answer)",
+};
+
+/* The sequence and logits id marks (store.h, devio_store_first_ids), each
+ * recorded in meta once this open commits. */
+static devio_status read_id_marks(devio_store *s, sqlite3 *db, devio_error *err)
+{
+    for (int k = 0; k < STORE_N_ID_KINDS; k++) {
+        char sql[96];
+        snprintf(sql, sizeof sql, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='%s'",
+                 store_id_marks[k]);
+        int64_t hi = 0;
+        bool found = false;
+        if (store_query_int(db, sql, &hi, &found) != SQLITE_OK ||
+            (!found && store_query_int(db, legacy_ids[k], &hi, NULL) != SQLITE_OK) ||
+            meta_put_int(db, store_id_marks[k], hi < 0 ? 0 : hi) != SQLITE_OK)
+            return store_sql_fail(err, db, s->path, "cannot read the sequence and logits ids");
+        s->ids_reserved[k] = hi < 0 ? 0 : hi;
+        atomic_store(&s->ids_used[k], (uint64_t)s->ids_reserved[k]);
+    }
+    return DEVIO_OK;
+}
+
 static devio_status set_wal(devio_store *s, devio_error *err)
 {
     sqlite3_stmt *st = NULL;
@@ -211,6 +243,8 @@ static devio_status open_txn(devio_store *s, devio_error *err)
                         &hi, NULL) != SQLITE_OK ||
         store_query_int(db, "SELECT max(id) FROM tickets", &maxid, &found) != SQLITE_OK ||
         store_query_int(db, "SELECT count(*) FROM tickets", &s->rows_estimate, NULL) !=
+            SQLITE_OK ||
+        store_query_int(db, "SELECT count(*) FROM idempotency_keys", &s->keys_estimate, NULL) !=
             SQLITE_OK) {
         st = store_sql_fail(err, db, s->path, "cannot read the ticket ids");
         goto out_rollback;
@@ -223,6 +257,9 @@ static devio_status open_txn(devio_store *s, devio_error *err)
     }
     s->id_reserved = hi;
     s->next_id = (uint64_t)hi + 1;
+    st = read_id_marks(s, db, err);
+    if (st != DEVIO_OK)
+        goto out_rollback;
     s->last_success_ms = devio_unix_ms();
 
     if (store_exec(db, "COMMIT") != SQLITE_OK) {

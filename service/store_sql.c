@@ -6,6 +6,8 @@
 #include "device/status.h"
 #include "service/store_internal.h"
 
+const char *const store_id_marks[STORE_N_ID_KINDS] = {"seq_id_high", "logits_id_high"};
+
 const char *const store_ticket_statuses[STORE_N_STATUSES] = {"in_flight", "ok", "failed", "aborted",
                                                              "reaped"};
 

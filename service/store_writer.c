@@ -39,6 +39,7 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
          "DELETE FROM tickets WHERE id IN (SELECT id FROM tickets"
          " WHERE status <> 'in_flight' ORDER BY id LIMIT ?1)"},
         {&s->st_high, "UPDATE meta SET value=?1 WHERE key='ticket_id_high'"},
+        {&s->st_mark, "UPDATE meta SET value=?2 WHERE key=?1"},
         {&s->st_beat,
          "INSERT OR REPLACE INTO meta(key, value) VALUES('store_heartbeat_ms', ?1)"},
         /* The first answer stays: a key is never recorded twice. */
@@ -46,6 +47,13 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
          "INSERT OR IGNORE INTO idempotency_keys(key, request, digest, code, answer, created_ms)"
          " VALUES(?1, ?2, ?3, ?4, ?5, ?6)"},
         {&s->st_key_trim, "DELETE FROM idempotency_keys WHERE created_ms < ?1"},
+        {&s->st_key_count_trim,
+         "DELETE FROM idempotency_keys WHERE key IN (SELECT key FROM idempotency_keys"
+         " ORDER BY created_ms LIMIT ?1)"},
+        /* A launch and its key's row: both or neither. */
+        {&s->st_savepoint, "SAVEPOINT launch_key"},
+        {&s->st_release, "RELEASE launch_key"},
+        {&s->st_rollback_to, "ROLLBACK TO launch_key"},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (sqlite3_prepare_v3(s->wdb, tab[i].sql, -1, SQLITE_PREPARE_PERSISTENT, tab[i].st,
@@ -58,7 +66,9 @@ void store_writer_finalize(devio_store *s)
 {
     sqlite3_stmt *w[] = {s->st_begin, s->st_commit, s->st_rollback, s->st_launch,
                          s->st_settle, s->st_abort,  s->st_trim,    s->st_high,
-                         s->st_beat,  s->st_key,    s->st_key_trim};
+                         s->st_beat,  s->st_key,    s->st_key_trim, s->st_mark,
+                         s->st_key_count_trim, s->st_savepoint, s->st_release,
+                         s->st_rollback_to};
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
         sqlite3_finalize(w[i]);
 }
@@ -127,8 +137,14 @@ static store_wrec *make_rec(store_wkind kind, const devio_ticket_record *r, cons
     char *seqs = has_seqs ? seqs_text(r->seqs, r->n_seqs) : NULL;
     if (has_seqs && !seqs)
         return NULL;
+    const devio_key_record *k = kind == STORE_W_LAUNCH ? r->key : NULL;
+    if (k && (!k->key || !k->request || !k->digest || !k->answer)) {
+        free(seqs);
+        return NULL;
+    }
     size_t extra = slen(seqs) + slen(r->error_code) + slen(r->error_message) +
-                   slen(r->request_id) + slen(r->answer);
+                   slen(r->request_id) + slen(r->answer) +
+                   (k ? slen(k->key) + slen(k->request) + slen(k->digest) + slen(k->answer) : 0);
     store_wrec *w = calloc(1, sizeof *w + extra);
     if (!w) {
         free(seqs);
@@ -150,6 +166,14 @@ static store_wrec *make_rec(store_wkind kind, const devio_ticket_record *r, cons
     w->error_message = put_str(w, &pos, r->error_message);
     w->request_id = put_str(w, &pos, r->request_id);
     w->answer = put_str(w, &pos, r->answer);
+    if (k) {
+        w->key = put_str(w, &pos, k->key);
+        w->request = put_str(w, &pos, k->request);
+        w->digest = put_str(w, &pos, k->digest);
+        w->key_answer = put_str(w, &pos, k->answer);
+        w->code = k->code;
+        w->key_ms = k->created_ms ? k->created_ms : devio_unix_ms();
+    }
     return w;
 }
 
@@ -206,9 +230,9 @@ uint64_t devio_store_key_put(devio_store *s, const devio_key_record *r)
     w->key = put_str(w, &pos, r->key);
     w->request = put_str(w, &pos, r->request);
     w->digest = put_str(w, &pos, r->digest);
-    w->answer = put_str(w, &pos, r->answer);
+    w->key_answer = put_str(w, &pos, r->answer);
     w->code = r->code;
-    w->launched_ms = r->created_ms ? r->created_ms : devio_unix_ms();
+    w->key_ms = r->created_ms ? r->created_ms : devio_unix_ms();
     return enqueue(s, w);
 }
 
@@ -301,14 +325,64 @@ static int insert_counted(devio_store *s, const store_wrec *w, bool settled, int
     return rc;
 }
 
-/* Apply one record inside the open transaction. *added counts new rows.
- * A settle changes status, settled_ms, timings and error only; rows, tokens
- * and seqs are those written at launch. */
-static int apply(devio_store *s, store_wrec *w, int64_t *added, int64_t *reserved)
+/* The key row of w (a key write, or a launch with its key), created at
+ * w->key_ms; the first row of a key stays. Keys past their time go as
+ * new ones come (the index walks only them). *keys counts new rows. */
+static int put_key(devio_store *s, const store_wrec *w, int64_t *keys)
+{
+    sqlite3_bind_int64(s->st_key_trim, 1, w->key_ms - DEVIO_KEY_KEEP_MS);
+    int rc = store_step_reset(s->st_key_trim);
+    if (rc != SQLITE_DONE)
+        return rc;
+    *keys -= sqlite3_changes(s->wdb);
+    sqlite3_stmt *st = s->st_key;
+    sqlite3_bind_text(st, 1, w->key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, w->request, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, w->digest, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, w->code);
+    sqlite3_bind_text(st, 5, w->key_answer, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 6, w->key_ms);
+    rc = store_step_reset(st);
+    if (rc == SQLITE_DONE)
+        *keys += sqlite3_changes(s->wdb);
+    return rc;
+}
+
+/* A launch row with its key's, in a savepoint: a statement that fails alone
+ * takes the other back too. */
+static int launch_with_key(devio_store *s, store_wrec *w, int64_t *added, int64_t *reserved,
+                           int64_t *keys)
+{
+    int rc = store_step_reset(s->st_savepoint);
+    if (rc != SQLITE_DONE)
+        return rc;
+    int64_t a = *added, k = *keys, r = *reserved;
+    rc = insert_counted(s, w, false, added, reserved);
+    if (rc == SQLITE_DONE)
+        rc = put_key(s, w, keys);
+    if (rc == SQLITE_DONE)
+        return store_step_reset(s->st_release);
+    if (!sqlite3_get_autocommit(s->wdb)) {
+        store_step_reset(s->st_rollback_to);
+        store_step_reset(s->st_release);
+    }
+    *added = a;
+    *keys = k;
+    *reserved = r;
+    return rc;
+}
+
+/* Apply one record inside the open transaction. *added counts new ticket
+ * rows, *keys new key rows. A settle changes status, settled_ms, timings
+ * and error only; rows, tokens and seqs are those written at launch. */
+static int apply(devio_store *s, store_wrec *w, int64_t *added, int64_t *reserved,
+                 int64_t *keys)
 {
     int rc;
     switch (w->kind) {
     case STORE_W_LAUNCH:
+        if (w->key)
+            return launch_with_key(s, w, added, reserved, keys);
         return insert_counted(s, w, false, added, reserved);
     case STORE_W_SETTLE: {
         sqlite3_stmt *st = s->st_settle;
@@ -327,21 +401,8 @@ static int apply(devio_store *s, store_wrec *w, int64_t *added, int64_t *reserve
          * outcome anyway rather than lose it. */
         return insert_counted(s, w, true, added, reserved);
     }
-    case STORE_W_KEY: {
-        /* Keys past their time go as new ones come (the index walks only them). */
-        sqlite3_bind_int64(s->st_key_trim, 1, w->launched_ms - DEVIO_KEY_KEEP_MS);
-        rc = store_step_reset(s->st_key_trim);
-        if (rc != SQLITE_DONE)
-            return rc;
-        sqlite3_stmt *st = s->st_key;
-        sqlite3_bind_text(st, 1, w->key, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 2, w->request, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 3, w->digest, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 4, w->code);
-        sqlite3_bind_text(st, 5, w->answer, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 6, w->launched_ms);
-        return store_step_reset(st);
-    }
+    case STORE_W_KEY:
+        return put_key(s, w, keys);
     case STORE_W_ABORT: {
         sqlite3_stmt *st = s->st_abort;
         sqlite3_bind_int64(st, 1, w->settled_ms);
@@ -371,12 +432,13 @@ int store_writer_high(devio_store *s, int64_t id)
     return store_step_reset(s->st_high);
 }
 
-/* Trim the oldest settled rows once the table is `slack` past the limit, so
- * each trim deletes at least `slack` rows: cost per insert stays O(1) and the
- * table holds at most retention + slack rows (plus rows still in flight). */
-static int retain(devio_store *s, int64_t *added)
+/* Delete the oldest rows with `trim` once a table of `rows` is `slack` past
+ * `keep`, so each trim deletes at least `slack` rows: cost per insert stays
+ * O(1) and the table holds at most keep + slack rows. *added drops by the
+ * rows deleted. keep 0: no bound. */
+static int trim_to(devio_store *s, sqlite3_stmt *trim, uint32_t keep, int64_t rows,
+                   int64_t *added)
 {
-    uint32_t keep = s->opt.retention;
     if (keep == 0)
         return SQLITE_DONE;
     int64_t slack = keep / 16;
@@ -384,16 +446,49 @@ static int retain(devio_store *s, int64_t *added)
         slack = 1;
     if (slack > 256)
         slack = 256;
-    int64_t rows = s->rows_estimate + *added;
     if (rows <= (int64_t)keep + slack)
         return SQLITE_DONE;
-    /* The rows about to go may hold the largest id: the reserved high-water
-     * mark in meta lies at or above it, so a later open never hands it out. */
-    sqlite3_bind_int64(s->st_trim, 1, rows - keep);
-    int rc = store_step_reset(s->st_trim);
+    sqlite3_bind_int64(trim, 1, rows - keep);
+    int rc = store_step_reset(trim);
     if (rc == SQLITE_DONE)
         *added -= sqlite3_changes(s->wdb);
     return rc;
+}
+
+/* Retention: the oldest settled ticket rows (rows still in flight are never
+ * trimmed, so their settle finds them), then the oldest key rows. The
+ * ticket rows about to go may hold the largest id: the reserved high-water
+ * mark in meta lies at or above it, so a later open never hands it out. */
+static int retain(devio_store *s, int64_t *added, int64_t *keys)
+{
+    int rc = trim_to(s, s->st_trim, s->opt.retention, s->rows_estimate + *added, added);
+    if (rc == SQLITE_DONE)
+        rc = trim_to(s, s->st_key_count_trim, s->opt.key_retention, s->keys_estimate + *keys,
+                     keys);
+    return rc;
+}
+
+/* Move the sequence and logits id marks a range past the ids handed out so
+ * far, when those passed them: every id a write of this transaction names was
+ * handed out before the write was queued. *marks: the marks as written. */
+static int keep_marks_ahead(devio_store *s, int64_t marks[STORE_N_ID_KINDS])
+{
+    for (int k = 0; k < STORE_N_ID_KINDS; k++) {
+        uint64_t used = atomic_load(&s->ids_used[k]);
+        marks[k] = s->ids_reserved[k];
+        if (used <= (uint64_t)marks[k])
+            continue;
+        marks[k] = used > (uint64_t)(INT64_MAX - STORE_ID_RANGE) ? INT64_MAX
+                                                                  : (int64_t)used + STORE_ID_RANGE;
+        char txt[32];
+        snprintf(txt, sizeof txt, "%" PRId64, marks[k]);
+        sqlite3_bind_text(s->st_mark, 1, store_id_marks[k], -1, SQLITE_STATIC);
+        sqlite3_bind_text(s->st_mark, 2, txt, -1, SQLITE_TRANSIENT);
+        int rc = store_step_reset(s->st_mark);
+        if (rc != SQLITE_DONE)
+            return rc;
+    }
+    return SQLITE_DONE;
 }
 
 /* Run one transaction over records from `first` on, stopping early only when
@@ -402,14 +497,21 @@ static int retain(devio_store *s, int64_t *added)
  * committed. */
 static store_wrec *run_txn(devio_store *s, store_wrec *first, bool *committed)
 {
-    int64_t added = 0, reserved = s->id_reserved;
+    int64_t added = 0, keys = 0, reserved = s->id_reserved, marks[STORE_N_ID_KINDS];
     if (store_step_reset(s->st_begin) != SQLITE_DONE) {
         mark_failed(first, NULL, sqlite3_errmsg(s->wdb));
         return NULL;
     }
+    if (keep_marks_ahead(s, marks) != SQLITE_DONE) {
+        /* No write of this batch may commit with an id past the marks. */
+        mark_failed(first, NULL, sqlite3_errmsg(s->wdb));
+        if (!sqlite3_get_autocommit(s->wdb))
+            store_step_reset(s->st_rollback);
+        return NULL;
+    }
     store_wrec *w = first;
     for (; w; w = w->next) {
-        if (apply(s, w, &added, &reserved) == SQLITE_DONE)
+        if (apply(s, w, &added, &reserved, &keys) == SQLITE_DONE)
             continue;
         if (sqlite3_get_autocommit(s->wdb)) {
             /* SQLite abandoned the whole transaction (I/O error, disk full):
@@ -419,7 +521,7 @@ static store_wrec *run_txn(devio_store *s, store_wrec *first, bool *committed)
         }
         mark_failed(w, w->next, sqlite3_errmsg(s->wdb)); /* this statement only */
     }
-    int rc = retain(s, &added);
+    int rc = retain(s, &added, &keys);
     if (rc != SQLITE_DONE && !sqlite3_get_autocommit(s->wdb)) {
         /* Trimming is housekeeping: when it fails alone, the writes still
          * commit and the next batch tries again. */
@@ -438,7 +540,9 @@ static store_wrec *run_txn(devio_store *s, store_wrec *first, bool *committed)
         return NULL;
     }
     s->rows_estimate += added;
+    s->keys_estimate += keys;
     s->id_reserved = reserved;
+    memcpy(s->ids_reserved, marks, sizeof marks);
     *committed = true;
     return NULL;
 }

@@ -30,7 +30,8 @@ static devio_status unwritable(devio_error *err, const char *why)
 
 devio_status devio_tickets_launch_begin(const devio_tickets *t, devio_device *dev,
                                         const devio_plan *plan, const char *request_id,
-                                        devio_ticket_op *op, devio_error *err)
+                                        const devio_key_record *key, devio_ticket_op *op,
+                                        devio_error *err)
 {
     devio_store_health h;
     devio_store_health_get(t->store, &h);
@@ -52,6 +53,14 @@ devio_status devio_tickets_launch_begin(const devio_tickets *t, devio_device *de
     }
     rec.seqs = seqs;
     rec.n_seqs = seqs ? plan->n_rows : 0;
+    char ref[40];
+    devio_key_record krec;
+    if (key) {
+        snprintf(ref, sizeof ref, "{\"ticket\":%" PRIu64 "}", id);
+        krec = *key;
+        krec.answer = ref;
+        rec.key = &krec;
+    }
     uint64_t n = devio_store_ticket_launched(t->store, &rec);
     free(seqs);
     if (n == 0) {
@@ -189,7 +198,7 @@ devio_status devio_tickets_launch(const devio_tickets *t, devio_device *dev,
                                   uint64_t *ticket, devio_error *err)
 {
     devio_ticket_op op = {0};
-    devio_status st = devio_tickets_launch_begin(t, dev, plan, request_id, &op, err);
+    devio_status st = devio_tickets_launch_begin(t, dev, plan, request_id, NULL, &op, err);
     if (st == DEVIO_OK)
         st = devio_tickets_launch_end(t, dev, &op, err);
     if (st == DEVIO_OK)

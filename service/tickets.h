@@ -60,10 +60,13 @@ typedef struct devio_ticket_op {
 } devio_ticket_op;
 
 /* Reserve, queue the "in_flight" row: op LAUNCHING. Refused (nothing
- * reserved, op untouched) when the store is known unwritable. */
+ * reserved, op untouched) when the store is known unwritable. `key` (may be
+ * NULL): the request's Idempotency-Key row, written with the launch row and
+ * answering {"ticket":id} (its answer is filled here). */
 devio_status devio_tickets_launch_begin(const devio_tickets *t, devio_device *dev,
                                         const devio_plan *plan, const char *request_id,
-                                        devio_ticket_op *op, devio_error *err);
+                                        const devio_key_record *key, devio_ticket_op *op,
+                                        devio_error *err);
 /* Wait for the row (at once when devio_store_done), then commit: op
  * AWAITING; or, when the row failed or the backend refused, cancel and
  * answer the error: op NONE (a backend refusal's row says "failed", queued

@@ -92,6 +92,23 @@ static void test_malformed_length_refused(void **state)
         assert_int_equal(check(&f, &e, "Content-Length", bad[i], NULL), DEVIO_E_BAD_FRAMING);
 }
 
+/* Names as libmicrohttpd hands them over: "Transfer-Encoding : chunked"
+ * keeps its space, a folded line is joined onto the name. */
+static void test_bad_names_refused(void **state)
+{
+    (void)state;
+    devio_framing f;
+    devio_error e;
+    const char *bad[] = {"Transfer-Encoding ", "Transfer-Encoding\t", "Content-Length ",
+                         "X-Request-Id ", "Transfer-Encodingchunked", "content-lengthfoo", "",
+                         "a:b", "X\x7f"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        assert_int_equal(check(&f, &e, bad[i], "chunked", NULL), DEVIO_E_BAD_FRAMING);
+    assert_non_null(strstr(e.message, "not a token"));
+    assert_int_equal(check(&f, &e, "X-Custom_Header.1~", "v", "Content-Length", "3", NULL),
+                     DEVIO_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -100,6 +117,7 @@ int main(void)
         cmocka_unit_test(test_length_with_encoding_refused),
         cmocka_unit_test(test_other_encodings_refused),
         cmocka_unit_test(test_malformed_length_refused),
+        cmocka_unit_test(test_bad_names_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* keys_test.c - service/keys.c against a real store: a key under way refused, a 2xx answer
- * recorded and replayed byte for byte, another request under the same key refused, an error not
- * recorded, and a launch or step whose client went pointing its key at the ticket, whose
- * history row then answers the retry. */
+ * recorded and replayed byte for byte, another request under the same key refused (a number
+ * spelled another way is the same request), an error not recorded, a key row that fails taking
+ * the answer back (503, what the request made undone), and a launch's key written with its
+ * ticket's row, whose history row then answers the retry. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -80,13 +81,16 @@ static void test_record_and_replay(void **state)
     devio_reply ans = {.code = 200, .body = strdup("{\"kind\":\"fork\",\"seq\":8}"),
                        .ctype = "application/json"};
     ans.len = strlen(ans.body);
-    devio_keyed_after(&f->s, &rq, &k, DEVIO_OK, &ans);
+    devio_status ast = DEVIO_OK;
+    devio_keyed_after(&f->s, &rq, &k, &ast, &ans, &err);
+    assert_int_equal(ast, DEVIO_OK);
     assert_false(ans.suspended);
     assert_string_equal(ans.body, "{\"kind\":\"fork\",\"seq\":8}");
     devio_reply_free(&ans);
-    devio_keyed_end(&f->s, &k, &(devio_ticket_op){0});
-    /* The retry: the same bytes, marked replayed, whatever the key order of its body. */
-    json_t *same = json_pack("{s:I,s:s}", "seq", (json_int_t)7, "kind", "fork");
+    devio_keyed_end(&f->s, &k);
+    /* The retry: the same bytes, marked replayed, whatever the key order of its body and
+     * however its numbers are spelled (7.0 is 7). */
+    json_t *same = json_pack("{s:f,s:s}", "seq", 7.0, "kind", "fork");
     devio_keyed k3 = {0};
     devio_status st;
     for (int i = 0; i < 100000; i++) /* in use until its row is written */
@@ -110,12 +114,13 @@ static void test_record_and_replay(void **state)
     assert_int_equal(before(f, &k5, "POST", "/v1/sequences", NULL, "k2", &r, &answered, &err),
                      DEVIO_OK);
     devio_reply bad = {.code = 500};
-    devio_keyed_after(&f->s, &rq, &k5, DEVIO_E_OUT_OF_SEQS, &bad);
-    devio_keyed_end(&f->s, &k5, &(devio_ticket_op){0});
+    devio_status bst = DEVIO_E_OUT_OF_SEQS;
+    devio_keyed_after(&f->s, &rq, &k5, &bst, &bad, &err);
+    devio_keyed_end(&f->s, &k5);
     assert_int_equal(before(f, &k5, "POST", "/v1/sequences", NULL, "k2", &r, &answered, &err),
                      DEVIO_OK);
     assert_false(answered);
-    devio_keyed_end(&f->s, &k5, &(devio_ticket_op){0});
+    devio_keyed_end(&f->s, &k5);
     /* Malformed keys. */
     const char *bad_keys[] = {"", "two words", "\x7f"};
     for (size_t i = 0; i < 3; i++)
@@ -127,8 +132,52 @@ static void test_record_and_replay(void **state)
     json_decref(other);
 }
 
-/* The client of a keyed step goes while the step runs: the key points at the ticket. */
-static void test_gone_client_points_at_ticket(void **state)
+static uint64_t undone;
+
+static void undo_seq(devio_server *s, uint64_t seq)
+{
+    (void)s;
+    undone = seq;
+}
+
+/* The key's row fails (a trigger refuses it): the 2xx answer is taken back as 503
+ * store_unavailable, what the request made is undone, and a retry runs again. */
+static void test_unrecorded_answer_is_taken_back(void **state)
+{
+    fx *f = *state;
+    sql_exec(f->c.path, "CREATE TRIGGER no_keys BEFORE INSERT ON idempotency_keys"
+                        " BEGIN SELECT RAISE(ABORT, 'injected'); END");
+    devio_keyed k = {0};
+    devio_reply r;
+    bool answered;
+    devio_error err = {0};
+    assert_int_equal(before(f, &k, "POST", "/v1/sequences", NULL, "c1", &r, &answered, &err),
+                     DEVIO_OK);
+    devio_keyed_undo_with(&k, undo_seq, 41);
+    devio_request rq = {.method = "POST", .url = "/v1/sequences"};
+    devio_reply ans = {.code = 201, .body = strdup("{\"seq\":41}"), .ctype = "application/json"};
+    ans.len = strlen(ans.body);
+    devio_status st = DEVIO_OK;
+    undone = 0;
+    devio_keyed_after(&f->s, &rq, &k, &st, &ans, &err);
+    assert_int_equal(st, DEVIO_E_STORE_UNAVAILABLE);
+    assert_null(ans.body);
+    assert_int_equal(undone, 41);
+    assert_non_null(strstr(err.message, "undone"));
+    devio_keyed_end(&f->s, &k);
+    /* Nothing was recorded: the retry runs. */
+    sql_exec(f->c.path, "DROP TRIGGER no_keys");
+    assert_int_equal(before(f, &k, "POST", "/v1/sequences", NULL, "c1", &r, &answered, &err),
+                     DEVIO_OK);
+    assert_false(answered);
+    devio_keyed_end(&f->s, &k);
+}
+
+/* A keyed launch writes its key's row with its ticket's: while that row is in flight the
+ * retry is told to come back, once it settled the retry gets its answer, a launch's retry
+ * gets its ticket, and a key whose ticket row is gone answers unknown_ticket, never running
+ * again. A launch row whose key cannot be written is not written either. */
+static void test_launch_key_goes_with_its_ticket(void **state)
 {
     fx *f = *state;
     devio_keyed k = {0};
@@ -138,16 +187,20 @@ static void test_gone_client_points_at_ticket(void **state)
     json_t *plan = json_pack("{s:[{s:I,s:[i]}]}", "rows", "seq", (json_int_t)7, "tokens", 1);
     assert_int_equal(before(f, &k, "POST", "/v1/step", plan, "s1", &r, &answered, &err),
                      DEVIO_OK);
-    wait_ok(f->s.store, launch(f->s.store, 5, 100));
-    devio_ticket_op op = {.phase = DEVIO_OP_AWAITING, .ticket = 5, .owned = true};
-    devio_keyed_end(&f->s, &k, &op);
-    /* Until the ticket's row settles the retry is told to come back. */
+    devio_key_record key;
+    assert_true(devio_keyed_launch_key(&k, &key));
+    key.answer = "{\"ticket\":5}";
+    devio_ticket_record rec = {.id = 5, .status = "in_flight", .launched_ms = 100, .rows = 1,
+                               .tokens = 1, .seqs = seq1, .n_seqs = 1, .key = &key};
+    uint64_t w = devio_store_ticket_launched(f->s.store, &rec);
+    devio_keyed_launched(&f->s, &k, w);
+    devio_keyed_end(&f->s, &k); /* the client went: the claim stands until the row is written */
     devio_keyed k2 = {0};
     devio_status st;
     for (int i = 0; i < 100000; i++) {
         st = before(f, &k2, "POST", "/v1/step", plan, "s1", &r, &answered, &err);
         if (st != DEVIO_E_KEY_IN_USE || err.detail_key[0])
-            break; /* key_in_use without details: the pointer's row is still being written */
+            break; /* key_in_use without details: the row is still being written */
     }
     assert_int_equal(st, DEVIO_E_KEY_IN_USE);
     assert_string_equal(err.detail_key, "ticket");
@@ -164,30 +217,35 @@ static void test_gone_client_points_at_ticket(void **state)
     devio_keyed k3 = {0};
     assert_int_equal(before(f, &k3, "POST", "/v1/launch", plan, "l1", &r, &answered, &err),
                      DEVIO_OK);
-    devio_ticket_op lop = {.phase = DEVIO_OP_LAUNCHING, .ticket = 5, .owned = true};
-    devio_keyed_end(&f->s, &k3, &lop);
-    devio_keyed k4 = {0};
-    for (int i = 0; i < 100000; i++)
-        if ((st = before(f, &k4, "POST", "/v1/launch", plan, "l1", &r, &answered, &err)) !=
-            DEVIO_E_KEY_IN_USE)
-            break;
-    assert_int_equal(st, DEVIO_OK);
-    assert_true(answered && r.replayed && r.code == 202);
-    assert_memory_equal(r.body, "{\"ticket\":5}", r.len);
-    devio_reply_free(&r);
-    /* A pointer at a ticket the history never held (its launch row failed): the retry runs. */
-    devio_keyed k5 = {0};
-    assert_int_equal(before(f, &k5, "POST", "/v1/launch", NULL, "l2", &r, &answered, &err),
+    assert_true(devio_keyed_launch_key(&k3, &key));
+    key.answer = "{\"ticket\":6}";
+    rec.id = 6;
+    wait_ok(f->s.store, devio_store_ticket_launched(f->s.store, &rec));
+    devio_keyed_end(&f->s, &k3);
+    assert_int_equal(before(f, &k3, "POST", "/v1/launch", plan, "l1", &r, &answered, &err),
                      DEVIO_OK);
-    devio_ticket_op gone = {.phase = DEVIO_OP_LAUNCHING, .ticket = 77, .owned = true};
-    devio_keyed_end(&f->s, &k5, &gone);
-    for (int i = 0; i < 100000; i++)
-        if ((st = before(f, &k5, "POST", "/v1/launch", NULL, "l2", &r, &answered, &err)) !=
-            DEVIO_E_KEY_IN_USE)
-            break;
-    assert_int_equal(st, DEVIO_OK);
-    assert_false(answered);
-    devio_keyed_end(&f->s, &k5, &(devio_ticket_op){0});
+    assert_true(answered && r.replayed && r.code == 202);
+    assert_memory_equal(r.body, "{\"ticket\":6}", r.len);
+    devio_reply_free(&r);
+    /* Its ticket's row trimmed: the key answers so and runs nothing. */
+    sql_exec(f->c.path, "DELETE FROM tickets WHERE id = 6");
+    assert_int_equal(before(f, &k3, "POST", "/v1/launch", plan, "l1", &r, &answered, &err),
+                     DEVIO_E_UNKNOWN_TICKET);
+    assert_int_equal(err.detail_val, 6);
+    /* The key's row refused: the launch row goes with it. */
+    sql_exec(f->c.path, "CREATE TRIGGER no_keys BEFORE INSERT ON idempotency_keys"
+                        " BEGIN SELECT RAISE(ABORT, 'injected'); END");
+    devio_keyed k4 = {0};
+    assert_int_equal(before(f, &k4, "POST", "/v1/launch", plan, "l2", &r, &answered, &err),
+                     DEVIO_OK);
+    assert_true(devio_keyed_launch_key(&k4, &key));
+    key.answer = "{\"ticket\":7}";
+    rec.id = 7;
+    assert_int_equal(devio_store_wait(f->s.store, devio_store_ticket_launched(f->s.store, &rec),
+                                      &err),
+                     DEVIO_E_IO);
+    assert_int_equal(sql_int(f->c.path, "SELECT count(*) FROM tickets WHERE id = 7"), 0);
+    devio_keyed_end(&f->s, &k4);
     json_decref(plan);
 }
 
@@ -195,7 +253,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_record_and_replay, fx_setup, fx_teardown),
-        cmocka_unit_test_setup_teardown(test_gone_client_points_at_ticket, fx_setup,
+        cmocka_unit_test_setup_teardown(test_unrecorded_answer_is_taken_back, fx_setup,
+                                        fx_teardown),
+        cmocka_unit_test_setup_teardown(test_launch_key_goes_with_its_ticket, fx_setup,
                                         fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

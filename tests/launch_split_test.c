@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -109,7 +110,7 @@ static void test_reserve_cancel_changes_nothing(void **state)
 
 typedef struct applier {
     devio_device *dev;
-    uint64_t seq;
+    devio_effect e;
     atomic_bool done;
     devio_status st;
 } applier;
@@ -118,36 +119,74 @@ static void *apply_main(void *arg)
 {
     applier *ap = arg;
     devio_outcome o = {0};
-    ap->st = devio_apply(ap->dev, &(devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = ap->seq}, &o,
-                         NULL);
+    ap->st = devio_apply(ap->dev, &ap->e, &o, NULL);
     devio_outcome_free(&o);
     atomic_store(&ap->done, true);
     return NULL;
 }
 
-/* An effect waits for launched steps to run: a reserved one too, until it
- * is committed (the effect may change what its plan uses). */
-static void test_effect_waits_for_reservation(void **state)
+/* Apply e on a thread of its own while ticket t stays reserved for 150 ms, then commit t:
+ * whether the effect had finished before the commit. */
+static bool done_before_commit(ctx *c, devio_effect e, uint64_t t)
 {
-    ctx *c = *state;
-    uint64_t a = 0, b = 0, t = 0;
-    assert_int_equal(devio_seq_create(c->dev, &a, NULL), DEVIO_OK);
-    assert_int_equal(devio_seq_create(c->dev, &b, NULL), DEVIO_OK);
-    devio_row ra = {.seq = a, .tokens = toks, .n_tokens = 2};
-    devio_plan pa = {.rows = &ra, .n_rows = 1};
-    assert_int_equal(devio_launch_reserve(c->dev, &pa, &t, NULL), DEVIO_OK);
-    applier ap = {.dev = c->dev, .seq = b};
+    applier ap = {.dev = c->dev, .e = e};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, apply_main, &ap), 0);
     sleep_ms(150);
     bool early = atomic_load(&ap.done);
     assert_int_equal(devio_launch_commit(c->dev, t, NULL), DEVIO_OK);
     pthread_join(th, NULL);
-    assert_false(early);
     assert_int_equal(ap.st, DEVIO_OK);
+    return early;
+}
+
+/* A reserved launch holds up only the effects that could give back or write over a block its
+ * plan copies from: a fork or a free of another sequence runs at once, a free of the
+ * sequence whose shared block the launch copies (copy-on-write) waits for its commit, and the
+ * copy then reads what the block held. */
+static void test_effect_waits_only_for_a_reservation_it_touches(void **state)
+{
+    ctx *c = *state;
+    uint64_t a = 0, b = 0, t = 0;
+    devio_outcome o = {0};
     devio_step_result r;
+    assert_int_equal(devio_seq_create(c->dev, &a, NULL), DEVIO_OK);
+    assert_int_equal(devio_seq_create(c->dev, &b, NULL), DEVIO_OK);
+    devio_row ra = {.seq = a, .tokens = toks, .n_tokens = 2};
+    devio_plan pa = {.rows = &ra, .n_rows = 1};
+    assert_int_equal(devio_launch_reserve(c->dev, &pa, &t, NULL), DEVIO_OK);
+    assert_true(done_before_commit(c, (devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = b}, t));
     assert_int_equal(devio_await(c->dev, t, -1, &r, NULL), DEVIO_OK);
     devio_step_result_free(&r);
+    /* a (2 tokens, a partial block) forked into f and g: a launch on either copies that block
+     * first, from a. Freeing b meanwhile runs at once; freeing a waits for the commit. */
+    uint64_t kids[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(devio_apply(c->dev, &(devio_effect){.kind = DEVIO_EFFECT_FORK, .seq = a},
+                                     &o, NULL),
+                         DEVIO_OK);
+        kids[i] = o.seq;
+        devio_outcome_free(&o);
+    }
+    uint32_t vocab = c->fx.model->cfg.vocab_size;
+    float *lg[2] = {malloc(vocab * sizeof(float)), malloc(vocab * sizeof(float))};
+    devio_effect frees[2] = {{.kind = DEVIO_EFFECT_FREE, .seq = b},
+                             {.kind = DEVIO_EFFECT_FREE, .seq = a}};
+    for (int i = 0; i < 2; i++) {
+        devio_row rk = {.seq = kids[i], .tokens = toks + 2, .n_tokens = 1,
+                        .logits = DEVIO_LOGITS_LAST};
+        devio_plan pk = {.rows = &rk, .n_rows = 1};
+        assert_int_equal(devio_launch_reserve(c->dev, &pk, &t, NULL), DEVIO_OK);
+        assert_true(done_before_commit(c, frees[i], t) == (i == 0));
+        assert_int_equal(devio_await(c->dev, t, -1, &r, NULL), DEVIO_OK);
+        assert_int_equal(devio_logits_read(c->dev, r.rows[0].logits, 0, 1, lg[i], NULL, NULL),
+                         DEVIO_OK);
+        devio_step_result_free(&r);
+    }
+    /* g's copy read the block a held, though a was freed right after the commit. */
+    assert_memory_equal(lg[0], lg[1], vocab * sizeof(float));
+    free(lg[0]);
+    free(lg[1]);
 }
 
 typedef struct awaiter {
@@ -242,7 +281,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_reserve_cancel_changes_nothing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_effect_waits_for_reservation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_effect_waits_only_for_a_reservation_it_touches, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_await_given_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_await_dropped, setup, teardown),
     };

@@ -14,10 +14,15 @@
 static void test_json_depth(void **state)
 {
     (void)state;
-    assert_int_equal(devio_http_json_depth("{}", 2), 1);
-    assert_int_equal(devio_http_json_depth("{\"a\":[[1],{\"b\":[]}]}", 20), 4);
-    assert_int_equal(devio_http_json_depth("\"[[[\\\"[\"", 8), 0); /* brackets in a string */
-    assert_int_equal(devio_http_json_depth("", 0), 0);
+    assert_int_equal(devio_http_json_size("{}", 2).depth, 1);
+    assert_int_equal(devio_http_json_size("{\"a\":[[1],{\"b\":[]}]}", 20).depth, 4);
+    assert_int_equal(devio_http_json_size("\"[[[\\\"[\"", 8).depth, 0); /* brackets in a string */
+    assert_int_equal(devio_http_json_size("", 0).depth, 0);
+    /* Values and names: commas and colons outside strings, plus one. */
+    assert_int_equal(devio_http_json_size("{\"1\":-1,\"2\":-2}", 17).values, 4);
+    assert_int_equal(devio_http_json_size("[1,2,3]", 7).values, 3);
+    assert_int_equal(devio_http_json_size("\"a,b:c\"", 7).values, 1);
+    assert_int_equal(devio_http_json_size("", 0).values, 0);
 }
 
 static void test_media_type(void **state)

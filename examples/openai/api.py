@@ -1,10 +1,15 @@
 """api.py - OpenAI's routes over the engine: GET /v1/models, POST /v1/completions and
 POST /v1/chat/completions, answered whole or streamed as server-sent events
 (`data: {chunk}` lines, then `data: [DONE]`). Request fields are read as OpenAI documents
-them; the ones this example does not serve are refused with 400, never ignored."""
+them; the ones this example does not serve are refused with 400, never ignored, and every
+field it reads is type-checked (a wrong type is a 400 naming the field, never taken as false).
+A body nested deeper than MAX_JSON_DEPTH is refused before it is decoded."""
+import array
 import asyncio
+import itertools
 import json
 import random
+import re
 import time
 import uuid
 
@@ -18,6 +23,13 @@ from text import TextStream
 MAX_TOP_LOGPROBS = 20   # devio's limit on the top logprobs of a sampled token
 MAX_STOPS = 4
 DISCONNECT_CHECK_S = 1.0   # how often a whole answer's wait looks for its client having gone
+MAX_JSON_DEPTH = 64        # deepest nesting of arrays and objects a body may have (OpenAI's need 5)
+RETRY_AFTER_S = 1          # the Retry-After of a 503: devio was busy or going away
+
+_JSON_ESCAPE = re.compile(rb"\\.", re.S)     # a backslash and the character it escapes
+_JSON_STRING = re.compile(rb'"[^"]*"')       # a string, once its escapes are gone
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_NESTING = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")   # +1 and -1 as signed bytes
 
 
 class ApiError(Exception):
@@ -26,8 +38,38 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
     def response(self):
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else None
         return JSONResponse({"error": {"message": self.message, "type": self.kind,
-                                       "param": self.param, "code": self.code}}, self.status)
+                                       "param": self.param, "code": self.code}}, self.status,
+                            headers=headers)
+
+
+def _too_deep(raw, limit=MAX_JSON_DEPTH):
+    """Whether the JSON text nests arrays and objects more than `limit` deep, found without
+    recursion (json.loads recurses, and a deep enough body exhausts the stack) and in linear
+    time: escapes, then strings, then all but the brackets are cut out, and the brackets
+    counted. A body that is not JSON is read the way the decoder reads it up to where the
+    decoder stops, so a body passing here never nests deeper than `limit` within what is decoded."""
+    brackets = array.array("b")
+    brackets.frombytes(_NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", _JSON_ESCAPE.sub(b"", raw)))
+                       .translate(_NESTING))
+    return max(itertools.accumulate(brackets), default=0) > limit
+
+
+def _boolean(body, name, default=False):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ApiError(400, "%s must be true or false" % name, name)
+    return v
+
+
+def _string(body, name):
+    v = body.get(name)
+    if v is not None and not isinstance(v, str):
+        raise ApiError(400, "%s must be a string" % name, name)
+    return v
 
 
 def _number(body, name, default, lo, hi):
@@ -39,24 +81,24 @@ def _number(body, name, default, lo, hi):
     return v
 
 
-def _integer(body, name, default, lo, hi):
+def _integer(body, name, default, lo, hi, param=None):
     v = body.get(name)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise ApiError(400, "%s must be an integer from %d to %d" % (name, lo, hi), name)
+        raise ApiError(400, "%s must be an integer from %d to %d" % (param or name, lo, hi),
+                       param or name)
     return v
 
 
 def _refuse_unsupported(body):
     """Fields whose meaning this example does not implement: refused, not ignored."""
-    if body.get("n") not in (None, 1):
-        raise ApiError(400, "n must be 1: one choice per request", "n")
-    if body.get("best_of") not in (None, 1):
-        raise ApiError(400, "best_of must be 1", "best_of")
-    if body.get("echo"):
+    for name in ("n", "best_of"):
+        if _integer(body, name, 1, 1, 128) != 1:
+            raise ApiError(400, "%s must be 1: one choice per request" % name, name)
+    if _boolean(body, "echo"):
         raise ApiError(400, "echo is not supported", "echo")
-    if body.get("suffix"):
+    if _string(body, "suffix"):
         raise ApiError(400, "suffix is not supported", "suffix")
     for name in ("tools", "functions", "tool_choice", "function_call"):
         if body.get(name) not in (None, [], "none"):
@@ -111,13 +153,17 @@ class Api:
     # ---- requests ---------------------------------------------------------------------------
 
     async def _body(self, request):
+        raw = await request.body()
+        if _too_deep(raw):
+            raise ApiError(400, "the body nests arrays and objects more than %d deep"
+                           % MAX_JSON_DEPTH)
         try:
-            body = json.loads(await request.body())
-        except ValueError:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):   # RecursionError: not expected past _too_deep
             raise ApiError(400, "the body is not JSON") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
-        model = body.get("model")
+        model = _string(body, "model")
         if model is not None and model != self.name:
             raise ApiError(404, "the model %r does not exist; this server serves %r"
                            % (model, self.name), "model", code="model_not_found")
@@ -154,7 +200,9 @@ class Api:
             if isinstance(content, list):
                 if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
                     raise ApiError(400, "only text content parts are supported", "messages")
-                content = "".join(str(p.get("text", "")) for p in content)
+                if any(not isinstance(p.get("text"), str) for p in content):
+                    raise ApiError(400, "a text content part's text must be a string", "messages")
+                content = "".join(p["text"] for p in content)
             elif content is not None and not isinstance(content, str):
                 raise ApiError(400, "a message's content must be text", "messages")
             out.append({"role": m["role"], "content": content or ""})
@@ -174,8 +222,8 @@ class Api:
         if not isinstance(bias, dict):
             raise ApiError(400, "logit_bias must map token ids to biases", "logit_bias")
         out = {}
-        for k, v in bias.items():
-            if not str(k).isdigit() or int(k) >= self.engine.vocab_size:
+        for k, v in bias.items():   # JSON keys are strings; "²".isdigit() is true, hence ASCII
+            if not re.fullmatch(r"[0-9]{1,10}", k) or int(k) >= self.engine.vocab_size:
                 raise ApiError(400, "logit_bias names %r, not a token id of the vocabulary" % k,
                                "logit_bias")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
@@ -188,9 +236,16 @@ class Api:
         """The engine's Job for a request, and the options its answer needs."""
         want, top = self._logprobs(body, chat)
         max_tokens = self._max_tokens(body, len(ids), chat)
-        stream = body.get("stream") is True
-        opts = {"stream": stream, "logprobs": want,
-                "usage_chunk": stream and bool((body.get("stream_options") or {}).get("include_usage"))}
+        stream = _boolean(body, "stream")
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise ApiError(400, "stream_options must be an object", "stream_options")
+        try:
+            usage = _boolean(options or {}, "include_usage")
+        except ApiError:
+            raise ApiError(400, "stream_options.include_usage must be true or false",
+                           "stream_options") from None
+        opts = {"stream": stream, "logprobs": want, "usage_chunk": stream and usage}
         stops = self._stops(body.get("stop"))
         return Job(ids, self._sample(body, len(ids), top), max_tokens,
                    TextStream(self.vocab, stops), None), opts
@@ -200,23 +255,20 @@ class Api:
         if not chat:   # completions: logprobs is the count
             top = _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
             return top is not None, top or 0
-        want = body.get("logprobs")
-        if want is not None and not isinstance(want, bool):
-            raise ApiError(400, "logprobs must be true or false", "logprobs")
+        want = _boolean(body, "logprobs")
         top = _integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
         if body.get("top_logprobs") is not None and not want:
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         return bool(want), top
 
     def _max_tokens(self, body, prompt_len, chat):
-        limit = body.get("max_completion_tokens", body.get("max_tokens")) if chat else \
-            body.get("max_tokens")
+        name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
+            else "max_tokens"
         room = self.engine.max_seq_len - prompt_len
-        max_tokens = _integer({"max_tokens": limit}, "max_tokens",
-                              max(1, min(self.default_max_tokens, room)), 1, 1 << 31)
+        max_tokens = _integer(body, name, max(1, min(self.default_max_tokens, room)), 1, 1 << 31)
         why = self.engine.check(prompt_len, max_tokens)
         if why:
-            raise ApiError(400, why, "max_tokens" if room > 0 else "messages" if chat else "prompt")
+            raise ApiError(400, why, name if room > 0 else "messages" if chat else "prompt")
         return max_tokens
 
     def _sample(self, body, prompt_len, top):
@@ -256,7 +308,7 @@ class Api:
         try:
             self.engine.submit(job)
         except RuntimeError as e:
-            return ApiError(503, str(e), kind="server_error").response()
+            return ApiError(503, str(e), kind="server_error", code="service_unavailable").response()
         if opts["stream"]:
             return StreamingResponse(self._stream(job, queue, shape), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -272,8 +324,9 @@ class Api:
                     return JSONResponse({}, 499)
                 check_at = loop.time() + DISCONNECT_CHECK_S
         last = events[-1]
-        if last.finish == "error":
-            return ApiError(500, last.error, kind="server_error").response()
+        if last.finish == "error":   # 503: devio stayed busy past the retry deadline, or is going
+            return ApiError(last.status, last.error, kind="server_error",
+                            code=_error_code(last.status)).response()
         return JSONResponse(shape.whole(events))
 
     async def _stream(self, job, queue, shape):
@@ -284,9 +337,9 @@ class Api:
             while not finished:
                 event = await queue.get()
                 finished = event.finish is not None
-                if event.finish == "error":
+                if event.finish == "error":   # after the 200: the code tells a 503 from a 500
                     yield _sse({"error": {"message": event.error, "type": "server_error",
-                                          "param": None, "code": None}})
+                                          "param": None, "code": _error_code(event.status)}})
                     break
                 for chunk in shape.chunks(event):
                     yield _sse(chunk)
@@ -294,6 +347,12 @@ class Api:
         finally:
             if not finished:   # the client went away first
                 self.engine.cancel(job)
+
+
+def _error_code(status):
+    """The error code of a request that devio failed: service_unavailable when it was busy past
+    the retry deadline or is going away (try again later, or elsewhere), else none."""
+    return "service_unavailable" if status == 503 else None
 
 
 def _sse(obj):

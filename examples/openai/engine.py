@@ -6,6 +6,13 @@ per-step token budget; the last chunk of a prompt samples the request's first to
 requests join the running batch between steps, as soon as the KV blocks they may need are
 free. The scheduler launches step n+1 as soon as step n is awaited, and only then turns step
 n's tokens into text (stop strings, streaming), so that work overlaps the device computing.
+
+devio is shared: another client's tickets in flight, KV blocks or logits handles can make it
+refuse a step for a while (409 depth_exceeded, ...; the TRANSIENT codes). The scheduler then
+launches the same plan again, with the same Idempotency-Key, after a growing pause, for up to
+`retry_s` seconds; only then are the step's requests failed, with 503 for their clients. A
+devio that is going away (503 not_ready while it drains, torn_down) fails them with 503 at
+once: waiting would not bring it back.
 """
 import collections
 import logging
@@ -13,6 +20,8 @@ import math
 import pathlib
 import sys
 import threading
+import time
+import uuid
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -25,6 +34,24 @@ log = logging.getLogger("devio.openai")
 AWAIT_SLICE_MS = 1000   # one await's wait; the scheduler asks again while the step runs
 AWAIT_LIMIT_S = 300     # a step not settled after this is given up on
 IDLE_WAIT_S = 0.5       # how long the idle scheduler sleeps when nothing wakes it
+RETRY_S = 30.0          # how long a transient refusal is retried (serve.py --devio-retry-s)
+RETRY_FIRST_S = 0.005   # the pause before the first retry; it doubles with each one
+RETRY_MAX_S = 0.25      # ... up to this
+
+# devio's refusals that another client of the same devio causes and ends (its tickets in
+# flight, its KV blocks, logits handles or SSM slots, a key still under way, a history file
+# that cannot be written for a moment, too many connections): waited out, the request kept.
+# seq_busy is not among them: the example's sequences are its own, in at most one ticket.
+TRANSIENT = frozenset({"depth_exceeded", "out_of_kv_blocks", "out_of_logits", "out_of_ssm_slots",
+                       "key_in_use", "store_unavailable", "too_many_connections"})
+
+
+def user_status(e):
+    """The HTTP status a request failed by devio's error `e` answers its client: 503 (try again
+    later, or elsewhere) when devio was busy or is going away, else 500."""
+    if isinstance(e, ConnectionLost) or e.code in TRANSIENT or e.status == 503:
+        return 503
+    return 500
 
 
 @dataclass
@@ -38,6 +65,7 @@ class Event:
     offsets: List[int]
     finish: Optional[str] = None
     error: Optional[str] = None
+    status: int = 500   # with "error": the HTTP status for the client (503: devio busy or gone)
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -62,16 +90,32 @@ class Job:
     tokens_out: int = 0             # of `text_tokens`, those sent in events
     finish: Optional[str] = None
     error: Optional[str] = None
+    error_status: int = 500
     cancelled: bool = False
     done: bool = False              # its last event was sent
+    seq_key: str = field(default_factory=lambda: uuid.uuid4().hex)  # its create's Idempotency-Key
+    refused_since: Optional[float] = None   # when devio first refused to create its sequence
+
+
+@dataclass
+class Refused:
+    """A step devio refused for a transient reason, launched again as it was at `retry_at`."""
+    rows: list
+    jobs: list
+    key: str                        # the Idempotency-Key of every launch of it
+    since: float                    # time.monotonic() of the first refusal
+    tries: int = 0
+    retry_at: float = 0.0
 
 
 class Engine:
     """The scheduler. submit() and cancel() may be called from any thread; everything else
     runs on the engine's own thread, which alone talks to devio-server."""
 
-    def __init__(self, url, token=None, step_tokens=512, max_running=0):
+    def __init__(self, url, token=None, step_tokens=512, max_running=0, retry_s=RETRY_S):
         self.client = Client(url, token=token, timeout=60.0)
+        self.retry_s = retry_s
+        self.refused: Optional[Refused] = None   # the step waiting to be launched again
         self.model = self.client.model()
         dev = self.client.device()
         lim = dev["limits"]
@@ -147,17 +191,21 @@ class Engine:
                     self._await(step)
                 if stopping:
                     break
-                self._retire()
-                self._admit()
+                if self.refused is None:   # else its plan stands as it was: change nothing
+                    self._retire()
+                    self._admit()
                 step = self._launch()
                 busy = bool(self.touched) or step is not None
                 self._publish()
             except Exception as e:  # keep serving: fail what was running, start afresh
                 log.exception("scheduler")
+                self.refused = None
                 self._fail(self.running, "scheduler error: %s" % e)
                 step, busy = self._settle(step), True
                 self._publish()
-            if not busy:
+            if self.refused is not None:
+                self._pause(self.refused.retry_at - time.monotonic())
+            elif not busy:
                 self._idle()
         self._shutdown()
 
@@ -176,10 +224,22 @@ class Engine:
                 self._cond.wait(IDLE_WAIT_S)
             self._woken = False
 
+    def _pause(self, seconds):
+        """Sleep before a retry; a new request or stop() may end it early."""
+        with self._cond:
+            if seconds > 0 and not self._stopping:
+                self._cond.wait(seconds)
+
+    def _backoff(self, tries, since):
+        """When to try again after `tries` retries of a refusal first met at `since`: never
+        past the deadline, so that the last try comes at it."""
+        return min(time.monotonic() + min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** tries),
+                   since + self.retry_s)
+
     def _await(self, step):
         """Wait for a step and record each sampled row's token; a failed step fails its jobs."""
         ticket, jobs = step
-        waited = 0
+        waited, since, tries = 0, None, 0
         while True:
             try:
                 result = self.client.await_ticket(ticket, timeout_ms=AWAIT_SLICE_MS)
@@ -190,10 +250,16 @@ class Engine:
                     self._fail([j for j, _ in jobs], "devio step %d did not settle" % ticket)
                     return
             except ConnectionLost as e:
-                self._fail(self.running, "devio-server: %s" % e)
+                self._fail(self.running, "devio-server: %s" % e, 503)
                 return
             except DevioError as e:
-                self._fail([j for j, _ in jobs], "devio step failed: %s" % e)
+                # 503 store_unavailable: the ticket stays settled and awaitable; ask again
+                since = time.monotonic() if since is None else since
+                if e.code in TRANSIENT and time.monotonic() - since < self.retry_s:
+                    self._pause(self._backoff(tries, since) - time.monotonic())
+                    tries += 1
+                    continue
+                self._fail([j for j, _ in jobs], "devio step failed: %s" % e, user_status(e))
                 return
         self.steps += 1
         for (job, sampled), row in zip(jobs, result["rows"]):
@@ -239,16 +305,22 @@ class Engine:
             if self.reserved + need > self.kv_blocks:
                 self._requeue(job)
                 return
-            try:
-                job.seq = self.client.create_sequence()
+            try:   # the same key on every try: a create whose answer was lost counts once
+                job.seq = self.client.create_sequence(key=job.seq_key)
             except DevioError as e:
-                if e.code == "out_of_seqs":   # held by another client of devio: wait
+                if e.code == "out_of_seqs":   # held by another client of devio: wait in line
                     self._requeue(job)
                     return
-                self._fail([job], "devio-server: %s" % e)
+                now = time.monotonic()
+                if job.refused_since is None:
+                    job.refused_since = now
+                if e.code in TRANSIENT and now - job.refused_since < self.retry_s:
+                    self._requeue(job)   # tried again at the next pass, as for out_of_seqs
+                    return
+                self._fail([job], "devio-server: %s" % e, user_status(e))
                 continue
             except ConnectionLost as e:
-                self._fail([job], "devio-server: %s" % e)
+                self._fail([job], "devio-server: %s" % e, 503)
                 continue
             job.blocks = need
             self.reserved += need
@@ -280,19 +352,44 @@ class Engine:
         return rows, jobs
 
     def _launch(self):
-        rows, jobs = self._plan()
-        if not rows:
-            return None
+        """Launch the next step, or the refused one again once its pause is over; (ticket,
+        [(job, sampled)]), or None when nothing was launched."""
+        held = self.refused
+        if held is not None:
+            if time.monotonic() < held.retry_at:
+                return None
+            rows, jobs, key = held.rows, held.jobs, held.key
+        else:
+            rows, jobs = self._plan()
+            if not rows:
+                return None
+            key = uuid.uuid4().hex
         try:
-            ticket = self.client.launch({"rows": rows})
+            ticket = self.client.launch({"rows": rows}, key=key)
         except ConnectionLost as e:
-            self._fail(self.running, "devio-server: %s" % e)
+            self.refused = None
+            self._fail(self.running, "devio-server: %s" % e, 503)
             return None
         except DevioError as e:
+            now = time.monotonic()
+            since = held.since if held is not None else now
+            if e.code in TRANSIENT and now - since < self.retry_s:
+                tries = held.tries + 1 if held is not None else 0
+                if held is None:
+                    log.info("devio-server refused a step, trying again: %s", e)
+                self.refused = Refused(rows, jobs, key, since, tries, self._backoff(tries, since))
+                return None
+            self.refused = None
             row = e.details.get("row")
             bad = [jobs[row][0]] if row is not None and 0 <= row < len(jobs) else [j for j, _ in jobs]
-            self._fail(bad, "devio-server refused the step: %s" % e)
+            if e.code in TRANSIENT:
+                log.warning("devio-server refused a step for %.1f s: %s", now - since, e)
+                self._fail(bad, "devio-server refused the step for %.1f s: %s" % (now - since, e),
+                           503)
+            else:
+                self._fail(bad, "devio-server refused the step: %s" % e, user_status(e))
             return None
+        self.refused = None
         for (job, _), row in zip(jobs, rows):
             if job.fed == len(job.prompt):   # a decode row: its pending token is in
                 job.pending = None
@@ -300,10 +397,10 @@ class Engine:
                 job.fed += len(row["tokens"])
         return ticket, jobs
 
-    def _fail(self, jobs, reason):
+    def _fail(self, jobs, reason, status=500):
         for job in jobs:
             if job.finish is None:
-                job.finish, job.error = "error", reason
+                job.finish, job.error, job.error_status = "error", reason, status
                 self.touched.append(job)
 
     def _publish(self):
@@ -326,7 +423,7 @@ class Engine:
                           [ends[i - 1] if i else 0 for i in range(job.tokens_out, n)])
             job.tokens_out = max(job.tokens_out, n)
             if final:
-                event.finish, event.error = job.finish, job.error
+                event.finish, event.error, event.status = job.finish, job.error, job.error_status
                 event.prompt_tokens, event.completion_tokens = len(job.prompt), len(job.tokens)
                 job.done = True
             if event.text or event.tokens or final:
@@ -336,7 +433,7 @@ class Engine:
         with self._cond:
             left = list(self.waiting)
             self.waiting.clear()
-        self._fail(self.running + left, "the server is shutting down")
+        self._fail(self.running + left, "the server is shutting down", 503)
         self._publish()
         self._retire()
         self.client.close()

@@ -48,12 +48,19 @@ def parse_args(argv):
                     "(or --step-tokens, when fewer) [0]")
     ap.add_argument("--default-max-tokens", type=int, default=256, metavar="N",
                     help="max_tokens of a request that gives none, less where the context ends [256]")
+    ap.add_argument("--devio-retry-s", type=float, default=30.0, metavar="SECONDS",
+                    help="how long a step (or a new sequence) devio refuses for a transient reason "
+                    "(409 depth_exceeded when another client holds its tickets, out_of_kv_blocks, "
+                    "out_of_logits, key_in_use, 503 store_unavailable, ...) is tried again before "
+                    "its requests are answered 503 [30]")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                     help="least level logged on standard error; debug adds an access line per "
                     "request [info]")
     a = ap.parse_args(argv)
-    if a.step_tokens < 1 or a.max_running < 0 or a.default_max_tokens < 1:
-        ap.error("--step-tokens and --default-max-tokens must be positive, --max-running >= 0")
+    if a.step_tokens < 1 or a.max_running < 0 or a.default_max_tokens < 1 or \
+            not 0 <= a.devio_retry_s <= 3600:
+        ap.error("--step-tokens and --default-max-tokens must be positive, --max-running >= 0, "
+                 "--devio-retry-s from 0 to 3600")
     return a
 
 
@@ -90,7 +97,8 @@ def main(argv):
         with open(a.devio_token_file, encoding="utf-8") as f:
             token = f.read().strip()
     try:
-        engine = Engine(a.devio, token=token, step_tokens=a.step_tokens, max_running=a.max_running)
+        engine = Engine(a.devio, token=token, step_tokens=a.step_tokens, max_running=a.max_running,
+                        retry_s=a.devio_retry_s)
     except Exception as e:  # the client's ConnectionLost or DevioError, or a limit that does not fit
         raise ValueError("cannot drive devio-server at %s: %s" % (a.devio, e)) from None
     template = engine.model["chat_template"]

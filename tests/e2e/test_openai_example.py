@@ -3,9 +3,13 @@ devio-server serving SmolLM2-135M-Instruct (deploy/fetch-model.sh), driven by th
 client. At temperature 0 its text is the greedy decode devio gives when driven directly
 (devio_client, tokenized here with tools/gguf/vocab.py), concurrent requests share devio's steps
 (devio_step_batch_rows), and stop, max_tokens, seed, logit_bias and logprobs are honoured.
+Bodies nested too deep and fields of the wrong type are 400, and a step devio refuses for a while
+(another client holding its one ticket slot) is retried until it runs, or answered 503.
 The example runs with --step-tokens 32, below a chat prompt's length, so every prompt is prefilled
 in chunks. Skipped only when the model cannot be fetched; every wait is bounded, every process killed."""
 import concurrent.futures
+import contextlib
+import http.client
 import json
 import os
 import re
@@ -14,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -65,16 +70,17 @@ def devio(module_servers, smollm2):
     return srv
 
 
-@pytest.fixture(scope="module")
-def example(devio, smollm2, tmp_path_factory):
-    """examples/openai/serve.py on a free loopback port; (process, port)."""
-    log = tmp_path_factory.mktemp("openai") / "serve.log"
+@contextlib.contextmanager
+def run_example(devio_port, smollm2, log, *args):
+    """examples/openai/serve.py on a free loopback port, driving the devio-server on devio_port;
+    (process, port), the process stopped (and checked to end cleanly) on leaving."""
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, str(REPO / "examples" / "openai" / "serve.py"),
-                                 "--devio", "http://127.0.0.1:%d" % devio.port,
+                                 "--devio", "http://127.0.0.1:%d" % devio_port,
                                  "--listen", "127.0.0.1:0", "--model", str(smollm2),
                                  "--served-model-name", "smollm2", "--log-level", "warning",
-                                 "--step-tokens", str(STEP_TOKENS), "--max-running", "16"],
+                                 "--step-tokens", str(STEP_TOKENS), "--max-running", "16"]
+                                + list(args),
                                 stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
     try:
         port = _read_port(proc, log)
@@ -90,6 +96,13 @@ def example(devio, smollm2, tmp_path_factory):
         proc.stdout.close()
     # uvicorn shuts down on SIGTERM, then ends by the signal it caught
     assert proc.returncode in (0, -signal.SIGTERM), log.read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture(scope="module")
+def example(devio, smollm2, tmp_path_factory):
+    """examples/openai/serve.py on a free loopback port; (process, port)."""
+    with run_example(devio.port, smollm2, tmp_path_factory.mktemp("openai") / "serve.log") as ex:
+        yield ex
 
 
 def _read_port(proc, log):
@@ -277,3 +290,133 @@ def test_refusals_and_cleanup(oai, devio, example):
                 break
             assert time.monotonic() < deadline, json.dumps(f)
             time.sleep(0.05)
+
+
+def post(port, path, body):
+    """One POST of raw bytes (or a value, as JSON) to the example: (status, headers, answer)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=ANSWER_S)
+    try:
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        raw = r.read()
+        try:
+            answer = json.loads(raw)
+        except ValueError:   # a crash's text/plain "Internal Server Error", say
+            answer = raw.decode(errors="replace")
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, answer
+    finally:
+        conn.close()
+
+
+def test_deep_nesting_is_refused(example):
+    """Python's json module recurses: 100,000 nested arrays must be a 400, not a 500."""
+    for body in (b"[" * 100000, b"[" * 100000 + b"]" * 100000,
+                 b'{"model":"smollm2","messages":[{"role":"user","content":"hi"}],"x":'
+                 + b"[" * 100000 + b"]" * 100000 + b"}"):
+        status, _, answer = post(example[1], "/v1/chat/completions", body)
+        assert status == 400, (status, answer)
+        assert answer["error"]["type"] == "invalid_request_error"
+        assert "nest" in answer["error"]["message"]
+    # brackets inside strings do not count, nor do escaped quotes end a string early
+    content = '[[[[\\"{{{{' * 40
+    status, _, answer = post(example[1], "/v1/completions", b'{"model":"smollm2","prompt":"%s",'
+                             b'"max_tokens":1,"temperature":0}' % content.encode())
+    assert status == 200, answer
+
+
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": FRANCE}], "max_tokens": 2,
+        "temperature": 0}
+COMPLETION = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 2,
+              "temperature": 0}
+
+
+@pytest.mark.parametrize("route,change,param", [
+    ("chat", {"stream": "yes"}, "stream"),
+    ("completions", {"stream": 1}, "stream"),
+    ("chat", {"stream": True, "stream_options": ["include_usage"]}, "stream_options"),
+    ("chat", {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
+    ("chat", {"n": True}, "n"),
+    ("completions", {"best_of": True}, "best_of"),
+    ("completions", {"echo": 0}, "echo"),
+    ("completions", {"suffix": 0}, "suffix"),
+    ("chat", {"max_completion_tokens": 1.5}, "max_completion_tokens"),
+    ("completions", {"logit_bias": {"\u00b2": 1}}, "logit_bias"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages"),
+    ("chat", {"model": 5}, "model"),
+])
+def test_wrong_types_are_refused(example, route, change, param):
+    """Every field read is type-checked, as OpenAI does: 400 naming the field, never taken as
+    false, coerced into text, nor a 500."""
+    body = dict(CHAT if route == "chat" else COMPLETION, **change)
+    path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+    status, _, answer = post(example[1], path, body)
+    assert status == 400, (status, answer)
+    assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["param"] == param
+
+
+def http_errors(devio, code):
+    """devio's count of error answers with this code (devio_http_errors_total)."""
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % devio.port,
+                                  timeout=30).read().decode()
+    m = re.search(r'^devio_http_errors_total\{code="%s"\} (\S+)$' % code, text, re.M)
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def shallow(module_servers, smollm2, tmp_path_factory):
+    """A devio-server that takes one ticket in flight (--max-depth 1), the example over it with a
+    retry deadline of 1.5 s, and a second client of the devio: (devio, example port, client)."""
+    srv = module_servers.start(smollm2, args=["--max-depth", "1"])
+    log = tmp_path_factory.mktemp("openai-shallow") / "serve.log"
+    with run_example(srv.port, smollm2, log, "--devio-retry-s", "1.5") as ex, \
+            devio_client.Client("http://127.0.0.1:%d" % srv.port, timeout=30) as other:
+        yield srv, ex[1], other
+
+
+def hold_ticket(other):
+    """The other client launches a step and leaves it unawaited: devio's one slot is taken."""
+    seq = other.create_sequence()
+    return seq, other.launch({"rows": [{"seq": seq, "tokens": [1, 2, 3]}]})
+
+
+def test_transient_refusal_is_waited_out(shallow, devio, meta):
+    """Another client's ticket in flight makes devio refuse the example's step (409
+    depth_exceeded): the example waits for the slot and retries, and the user gets the
+    completion devio gives."""
+    srv, port, other = shallow
+    want, _ = greedy(devio, meta, chat_ids(meta, FRANCE), 6)
+    before = http_errors(srv, "depth_exceeded")
+    seq, ticket = hold_ticket(other)
+    release = threading.Timer(0.4, other.await_ticket, (ticket,))
+    release.start()
+    try:
+        status, _, answer = post(port, "/v1/chat/completions", dict(CHAT, max_tokens=6))
+    finally:
+        release.join()
+        other.free(seq)
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["content"] == text_of(meta, want)
+    assert http_errors(srv, "depth_exceeded") > before, "devio never refused the example's step"
+
+
+def test_refusal_past_the_deadline_is_503(shallow):
+    """A slot that stays taken past --devio-retry-s: 503 with Retry-After in OpenAI's error shape
+    (never 500), and the example serves again once the slot is free."""
+    srv, port, other = shallow
+    seq, ticket = hold_ticket(other)
+    try:
+        t0 = time.monotonic()
+        status, headers, answer = post(port, "/v1/chat/completions", CHAT)
+        waited = time.monotonic() - t0
+        assert status == 503 and headers.get("retry-after"), (status, answer)
+        assert answer["error"]["type"] == "server_error"
+        assert answer["error"]["code"] == "service_unavailable"
+        assert "depth_exceeded" in answer["error"]["message"]
+        assert 1.5 <= waited < 10, waited
+    finally:
+        other.await_ticket(ticket)
+        other.free(seq)
+    status, _, answer = post(port, "/v1/chat/completions", CHAT)
+    assert status == 200, answer
