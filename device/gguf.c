@@ -524,6 +524,11 @@ const devio_gguf_tensor *devio_gguf_tensor_at(const devio_gguf_file *f, size_t i
     return i < f->n_tensors ? &f->tensors[i] : NULL;
 }
 
+size_t devio_gguf_tensor_index(const devio_gguf_file *f, const devio_gguf_tensor *t)
+{
+    return (size_t)(t - f->tensors);
+}
+
 /* Binary search of idx[0, n), sorted by the string at each item's start
  * (name and key lead devio_gguf_tensor and devio_gguf_kv). */
 static const void *find_sorted(const size_t *idx, size_t n, const void *items, size_t item_size,

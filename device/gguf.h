@@ -117,6 +117,8 @@ const devio_gguf_kv *devio_gguf_find_kv(const devio_gguf_file *f, const char *ke
 size_t devio_gguf_tensor_count(const devio_gguf_file *f);
 const devio_gguf_tensor *devio_gguf_tensor_at(const devio_gguf_file *f, size_t i);
 const devio_gguf_tensor *devio_gguf_find_tensor(const devio_gguf_file *f, const char *name);
+/* The place in file order (devio_gguf_tensor_at's i) of t, a tensor of f. */
+size_t devio_gguf_tensor_index(const devio_gguf_file *f, const devio_gguf_tensor *t);
 
 /* Typed reads of a metadata entry. Each returns false when the key is
  * absent or its value is not of a kind that converts exactly: any integer

@@ -43,6 +43,7 @@ typedef struct loader {
     bool scan;          /* refuse NaN and infinities in every tensor used */
     json_t *weight_map; /* sharded: tensor name -> shard file name */
     const devio_model_config *cfg; /* a GGUF model: its tensors come from priv->gguf */
+    bool *gguf_used;               /* a GGUF model: which of its tensors were loaded */
 } loader;
 
 /* ---- files ---- */
@@ -170,8 +171,8 @@ static devio_status loader_tensor(loader *L, const char *name, bool required, ui
     if (L->priv->gguf) {
         void *copy;
         size_t n;
-        st = devio_gguf_model_tensor(L->priv->gguf, L->cfg, name, required, ndim == 3 ? 2 : ndim, s0,
-                               s1, L->scan, out, &copy, &n, err);
+        st = devio_gguf_model_tensor(L->priv->gguf, L->cfg, name, required, ndim == 3 ? 2 : ndim,
+                                     s0, s1, L->scan, L->gguf_used, out, &copy, &n, err);
         if (st == DEVIO_OK && copy && (st = priv_own(L->priv, copy, n, err)) != DEVIO_OK)
             devio_st_pages_free(copy, n);
         return st;
@@ -375,6 +376,51 @@ static devio_status open_config(const char *dir, devio_gguf_file **gguf, json_t 
     return st;
 }
 
+/* Every tensor m's config names into m: the embedding, each layer, the
+ * final norm and lm_head (the embedding when tied); then, for a GGUF file,
+ * every tensor of the file used or refused. */
+static devio_status load_tensors(loader *L, devio_model *m, devio_error *err)
+{
+    const devio_model_config *c = &m->cfg;
+    devio_status st;
+    const uint64_t V = c->vocab_size, d = c->hidden_size;
+    bool mamba2 = c->arch == DEVIO_ARCH_MAMBA2;
+    /* Mamba2 checkpoints name the embedding backbone.embeddings (older
+     * ones backbone.embedding). */
+    const char *embed = mamba2 ? "backbone.embeddings.weight" : "model.embed_tokens.weight";
+    if ((st = loader_tensor(L, embed, !mamba2, 2, V, d, &m->embed, err)))
+        return st;
+    if (mamba2 && !m->embed.data &&
+        (st = loader_tensor(L, "backbone.embedding.weight", true, 2, V, d, &m->embed, err)))
+        return st;
+    for (uint32_t i = 0; i < c->n_layers; i++)
+        if ((st = load_layer(L, c, i, &m->layers[i], err)) != DEVIO_OK)
+            return st;
+    const char *norm = mamba2                          ? "backbone.norm_f.weight"
+                       : c->arch == DEVIO_ARCH_BAMBA ? "model.final_layernorm.weight"
+                                                     : "model.norm.weight";
+    if ((st = loader_tensor(L, norm, true, 1, d, 0, &m->norm, err)))
+        return st;
+    if (c->tie_word_embeddings) {
+        /* transformers ties lm_head to the embedding even when the file
+         * stores a copy, so the copy is never read. */
+        m->lm_head = m->embed;
+    } else {
+        if ((st = loader_tensor(L, "lm_head.weight", false, 2, V, d, &m->lm_head, err)))
+            return st;
+        if (!m->lm_head.data)
+            return devio_fail(err, DEVIO_E_MODEL,
+                              "%s: tensor 'lm_head.weight' is missing and "
+                              DEVIO_MODEL_CONFIG_NAME " has tie_word_embeddings false",
+                              L->sharded ? INDEX_NAME : SINGLE_NAME);
+    }
+    /* Every tensor of a GGUF file used or refused: one devio would not
+     * compute with would make the file serve another model than it holds. */
+    if (L->priv->gguf)
+        return devio_gguf_model_unused(L->priv->gguf, c, L->gguf_used, err);
+    return DEVIO_OK;
+}
+
 devio_model_params devio_model_params_default(void)
 {
     return (devio_model_params){.skip_weight_scan = false};
@@ -398,6 +444,7 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
     }
     json_t *cfg_json = NULL, *index = NULL;
     devio_gguf_file *gguf = NULL;
+    bool *gguf_used = NULL; /* load-time only: which of a GGUF file's tensors were used */
     devio_status st = open_config(dir, &gguf, &cfg_json, err);
     if (st != DEVIO_OK)
         return st;
@@ -420,9 +467,14 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
         goto out_model;
     }
     const devio_model_config *c = &m->cfg;
-    if ((st = gguf ? devio_gguf_model_text(gguf, &m->text, err)
-                   : devio_model_text_from_dir(dir, cfg_json, &m->text, err)))
+    if ((st = gguf ? devio_gguf_model_text(gguf, c->vocab_size, &m->text, err)
+                   : devio_model_text_from_dir(dir, cfg_json, c->vocab_size, &m->text, err)))
         goto out_model;
+    if (gguf && !(gguf_used = calloc(devio_gguf_tensor_count(gguf) + 1, sizeof *gguf_used))) {
+        devio_fail(err, DEVIO_E_NOMEM, "out of memory loading the model");
+        st = DEVIO_E_NOMEM;
+        goto out_model;
+    }
     m->layers = calloc(c->n_layers, sizeof *m->layers);
     if (!m->layers) {
         devio_fail(err, DEVIO_E_NOMEM, "out of memory for %u layers", c->n_layers);
@@ -430,7 +482,8 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
         goto out_model;
     }
 
-    loader L = {.dir = dir, .priv = priv, .scan = !p->skip_weight_scan, .cfg = c};
+    loader L = {.dir = dir, .priv = priv, .scan = !p->skip_weight_scan, .cfg = c,
+                .gguf_used = gguf_used};
     bool single = gguf != NULL, sharded = false;
     if (!gguf && ((st = file_exists(dir, SINGLE_NAME, &single, err)) ||
                   (st = file_exists(dir, INDEX_NAME, &sharded, err))))
@@ -454,40 +507,9 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
         goto out_model;
     }
 
-    const uint64_t V = c->vocab_size, d = c->hidden_size;
-    bool mamba2 = c->arch == DEVIO_ARCH_MAMBA2;
-    /* Mamba2 checkpoints name the embedding backbone.embeddings (older
-     * ones backbone.embedding). */
-    const char *embed = mamba2 ? "backbone.embeddings.weight" : "model.embed_tokens.weight";
-    if ((st = loader_tensor(&L, embed, !mamba2, 2, V, d, &m->embed, err)))
+    if ((st = load_tensors(&L, m, err)) != DEVIO_OK)
         goto out_model;
-    if (mamba2 && !m->embed.data &&
-        (st = loader_tensor(&L, "backbone.embedding.weight", true, 2, V, d, &m->embed, err)))
-        goto out_model;
-    for (uint32_t i = 0; i < c->n_layers; i++)
-        if ((st = load_layer(&L, c, i, &m->layers[i], err)) != DEVIO_OK)
-            goto out_model;
-    const char *norm = mamba2                          ? "backbone.norm_f.weight"
-                       : c->arch == DEVIO_ARCH_BAMBA ? "model.final_layernorm.weight"
-                                                     : "model.norm.weight";
-    if ((st = loader_tensor(&L, norm, true, 1, d, 0, &m->norm, err)))
-        goto out_model;
-    if (c->tie_word_embeddings) {
-        /* transformers ties lm_head to the embedding even when the file
-         * stores a copy, so the copy is never read. */
-        m->lm_head = m->embed;
-    } else {
-        if ((st = loader_tensor(&L, "lm_head.weight", false, 2, V, d, &m->lm_head, err)))
-            goto out_model;
-        if (!m->lm_head.data) {
-            devio_fail(err, DEVIO_E_MODEL,
-                       "%s: tensor 'lm_head.weight' is missing and "
-                       DEVIO_MODEL_CONFIG_NAME " has tie_word_embeddings false",
-                       L.sharded ? INDEX_NAME : SINGLE_NAME);
-            st = DEVIO_E_MODEL;
-            goto out_model;
-        }
-    }
+    free(gguf_used);
     json_decref(index);
     json_decref(cfg_json);
     *out = m;
@@ -496,6 +518,7 @@ devio_status devio_model_load_with(const char *dir, const devio_model_params *p,
 out_model:
     devio_model_free(m);
 out_json:
+    free(gguf_used);
     json_decref(index);
     json_decref(cfg_json);
     return st;

@@ -55,8 +55,66 @@ static devio_status cfg_u32(const json_t *root, const char *key, bool required, 
     return DEVIO_OK;
 }
 
-static devio_status cfg_pos_float(const json_t *root, const char *key, double def, double hi,
-                                  float *out, devio_error *err)
+/* The range of every float a model is computed from, by config.json's name
+ * (GGUF metadata is checked under the name it is read as): (0, hi] when lo
+ * is 0, else [lo, hi]. Past these a value is taken as corrupt rather than
+ * large or small: the floors keep RoPE's frequencies (inv_freq / factor,
+ * with theta^(-2i/d) <= 1 from theta >= 1) and the logits (/ logits_scaling)
+ * finite, the yarn caps keep attention scores (x attention_factor^2) so. */
+static const struct {
+    const char *field;
+    double lo, hi;
+} float_bounds[] = {
+    {"rope_theta", 1.0, 1e12},
+    {"rms_norm_eps", 0.0, 1.0},
+    {"layer_norm_epsilon", 0.0, 1.0},
+    {"embedding_multiplier", 0.0, 1e6},
+    {"attention_multiplier", 0.0, 1e6},
+    {"residual_multiplier", 0.0, 1e6},
+    {"logits_scaling", 1e-6, 1e6},
+    /* rope_scaling / rope_parameters */
+    {"factor", 1.0, 1e12},
+    {"original_max_position_embeddings", 1.0, 1e12},
+    {"beta_fast", 0.0, 1e12},
+    {"beta_slow", 0.0, 1e12},
+    {"attention_factor", 0.0, 1e3},
+    {"mscale", 0.0, 1e3},
+    {"mscale_all_dim", 0.0, 1e3},
+    {"low_freq_factor", 0.0, 1e12},
+    {"high_freq_factor", 0.0, 1e12},
+};
+
+devio_status devio_model_float_check(const char *source, const char *what, const char *key,
+                                     const char *field, double x, devio_error *err)
+{
+    double lo = 0.0, hi = 0.0; /* a field missing from the table: every value refused */
+    for (size_t i = 0; i < sizeof float_bounds / sizeof *float_bounds; i++)
+        if (strcmp(float_bounds[i].field, field) == 0)
+            lo = float_bounds[i].lo, hi = float_bounds[i].hi;
+    /* Written as !(x > 0) and !(x <= hi) so that a NaN is refused too; a
+     * value is held as a float, which must not round it to 0. */
+    if (!(x > 0.0) || !(x >= lo) || !(x <= hi) || !((float)x > 0.0f)) {
+        if (lo > 0.0)
+            return devio_fail(err, DEVIO_E_MODEL, "%.100s: %s '%.80s' = %g must be in [%g, %g]",
+                              source, what, key, x, lo, hi);
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: %s '%.80s' = %g must be in (0, %g]",
+                          source, what, key, x, hi);
+    }
+    return DEVIO_OK;
+}
+
+devio_status devio_model_token_check(const char *source, const char *what, const char *key,
+                                     int64_t id, uint32_t vocab, devio_error *err)
+{
+    if (id < 0 || id >= (int64_t)vocab)
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: %s '%.80s' = %lld is not a token of the vocabulary (0 to %lld)",
+                          source, what, key, (long long)id, (long long)vocab - 1);
+    return DEVIO_OK;
+}
+
+static devio_status cfg_pos_float(const json_t *root, const char *key, double def, float *out,
+                                  devio_error *err)
 {
     const json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) {
@@ -66,12 +124,10 @@ static devio_status cfg_pos_float(const json_t *root, const char *key, double de
     if (!json_is_number(v))
         return devio_fail(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' is not a number", key);
     double x = json_number_value(v);
-    /* Written as !(x > 0) so that a NaN is refused too. */
-    if (!(x > 0.0) || x > hi)
-        return devio_fail(err, DEVIO_E_MODEL, CONFIG_NAME ": field '%s' = %g must be in (0, %g]",
-                          key, x, hi);
-    *out = (float)x;
-    return DEVIO_OK;
+    devio_status st = devio_model_float_check(CONFIG_NAME, "field", key, key, x, err);
+    if (st == DEVIO_OK)
+        *out = (float)x;
+    return st;
 }
 
 static devio_status cfg_bool(const json_t *root, const char *key, bool def, bool *out,
@@ -201,8 +257,8 @@ static devio_status parse_options(const json_t *root, arch_kind kind, devio_mode
                                   devio_error *err)
 {
     devio_status st;
-    if ((st = cfg_pos_float(root, "rope_theta", 10000.0, 1e12, &c->rope_theta, err)) ||
-        (st = cfg_pos_float(root, "rms_norm_eps", 1e-6, 1.0, &c->rms_norm_eps, err)))
+    if ((st = cfg_pos_float(root, "rope_theta", 10000.0, &c->rope_theta, err)) ||
+        (st = cfg_pos_float(root, "rms_norm_eps", 1e-6, &c->rms_norm_eps, err)))
         return st;
     bool tie = false, bias = false;
     if ((st = cfg_bool(root, "tie_word_embeddings", false, &tie, err)) ||
@@ -369,7 +425,7 @@ static devio_status parse_mamba2(const json_t *root, devio_model_config *c, devi
         (st = cfg_u32(root, "num_hidden_layers", true, 0, 1, MAX_LAYERS, &c->n_layers, err)) ||
         (st = cfg_u32(root, "max_position_embeddings", false, MAMBA2_POSITIONS, 1, MAX_POSITIONS,
                       &c->max_position_embeddings, err)) ||
-        (st = cfg_pos_float(root, "layer_norm_epsilon", 1e-5, 1.0, &c->rms_norm_eps, err)) ||
+        (st = cfg_pos_float(root, "layer_norm_epsilon", 1e-5, &c->rms_norm_eps, err)) ||
         (st = cfg_bool(root, "rms_norm", true, &rms, err)) ||
         (st = cfg_bool(root, "norm_before_gate", false, &before, err)) ||
         (st = cfg_bool(root, "tie_word_embeddings", false, &tie, err)))
@@ -391,7 +447,7 @@ static devio_status parse_mamba2(const json_t *root, devio_model_config *c, devi
 static devio_status rope_float(const json_t *rs, const char *key, double def, float *out,
                               devio_error *err)
 {
-    return cfg_pos_float(rs, key, def, 1e12, out, err);
+    return cfg_pos_float(rs, key, def, out, err);
 }
 
 /* yarn's attention factor when the config gives none: transformers'
@@ -451,7 +507,7 @@ static devio_status parse_rope(const json_t *root, devio_model_config *c, devio_
     const char *t = json_string_value(json_object_get(rs, "rope_type"));
     if (!t)
         t = json_string_value(json_object_get(rs, "type"));
-    devio_status st = cfg_pos_float(rs, "rope_theta", c->rope_theta, 1e12, &c->rope_theta, err);
+    devio_status st = cfg_pos_float(rs, "rope_theta", c->rope_theta, &c->rope_theta, err);
     if (st != DEVIO_OK || !t || strcmp(t, "default") == 0)
         return st;
     if ((st = rope_float(rs, "factor", 1.0, &r->factor, err)))
@@ -493,13 +549,13 @@ static devio_status parse_multipliers(const json_t *root, arch_kind kind, devio_
     if (kind != ARCH_GRANITE)
         return DEVIO_OK;
     devio_status st;
-    if ((st = cfg_pos_float(root, "embedding_multiplier", 1.0, 1e6, &c->embedding_multiplier,
+    if ((st = cfg_pos_float(root, "embedding_multiplier", 1.0, &c->embedding_multiplier,
                             err)) ||
-        (st = cfg_pos_float(root, "attention_multiplier", 1.0, 1e6, &c->attention_multiplier,
+        (st = cfg_pos_float(root, "attention_multiplier", 1.0, &c->attention_multiplier,
                             err)) ||
-        (st = cfg_pos_float(root, "residual_multiplier", 1.0, 1e6, &c->residual_multiplier,
+        (st = cfg_pos_float(root, "residual_multiplier", 1.0, &c->residual_multiplier,
                             err)) ||
-        (st = cfg_pos_float(root, "logits_scaling", 1.0, 1e6, &c->logits_scaling, err)))
+        (st = cfg_pos_float(root, "logits_scaling", 1.0, &c->logits_scaling, err)))
         return st;
     return DEVIO_OK;
 }

@@ -1,9 +1,11 @@
 /* model_gguf.c - a GGUF file as a model: its metadata as the config.json a Hugging Face
  * directory of the same model carries, and its tensors under Hugging Face's names and shapes
  * (model_load.h). It must never hand out a tensor of another shape or type than asked, nor
- * q and k rows in llama.cpp's interleaved order. */
+ * q and k rows in llama.cpp's interleaved order, nor pass a file holding a value or a tensor
+ * devio would not compute with. */
 #include "device/model_load.h"
 
+#include <ctype.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "device/model_config.h"
 #include "device/quant.h"
 #include "device/safetensors.h"
 #include "device/status.h"
@@ -60,30 +63,113 @@ static devio_status put_u(const devio_gguf_file *f, const char *arch, const char
                                                   : "missing");
 }
 
+/* The float NAME into *v when present (*have): a number obeying the rule
+ * of config.json's `field`, the name it is read as (model_config.h). */
+static devio_status get_f(const devio_gguf_file *f, const char *name, const char *field,
+                          float *v, bool *have, devio_error *err)
+{
+    *have = devio_gguf_find_kv(f, name) != NULL;
+    if (!*have)
+        return DEVIO_OK;
+    if (!devio_gguf_get_f32(f, name, v))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is not a number",
+                          devio_gguf_label(f), name);
+    return devio_model_float_check(devio_gguf_label(f), "metadata", name, field, (double)*v,
+                                   err);
+}
+
+/* The float ARCH.key into obj[field]; absent: nothing set. */
 static devio_status put_f(const devio_gguf_file *f, const char *arch, const char *key,
                           json_t *obj, const char *field, devio_error *err)
 {
     char name[128];
     snprintf(name, sizeof name, "%s.%s", arch, key);
     float v;
-    if (!devio_gguf_find_kv(f, name))
-        return DEVIO_OK;
-    if (!devio_gguf_get_f32(f, name, &v))
-        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is not a number",
-                          devio_gguf_label(f), name);
+    bool have;
+    devio_status st = get_f(f, name, field, &v, &have, err);
+    if (st != DEVIO_OK || !have)
+        return st;
     return json_object_set_new(obj, field, json_real((double)v)) == 0
                ? DEVIO_OK
                : devio_fail(err, DEVIO_E_NOMEM, "out of memory");
 }
 
+/* The keys under ARCH.rope. that devio reads (rope.freq_base with the
+ * config, the others in put_rope); any other changes RoPE in a way devio
+ * would not compute (yarn's log multiplier, M-RoPE's sections, ...). */
+static const char *const rope_keys[] = {
+    "freq_base",
+    "dimension_count",
+    "scale_linear",
+    "scaling.type",
+    "scaling.factor",
+    "scaling.attn_factor",
+    "scaling.original_context_length",
+    "scaling.finetuned", /* a flag that changes no number */
+    "scaling.yarn_beta_fast",
+    "scaling.yarn_beta_slow",
+};
+
+static devio_status refuse_rope_keys(const devio_gguf_file *f, const char *arch,
+                                     devio_error *err)
+{
+    char prefix[64];
+    int plen = snprintf(prefix, sizeof prefix, "%s.rope.", arch);
+    for (size_t i = 0; i < devio_gguf_kv_count(f); i++) {
+        const char *k = devio_gguf_kv_at(f, i)->key;
+        if (strncmp(k, prefix, (size_t)plen) != 0)
+            continue;
+        bool known = false;
+        for (size_t j = 0; j < sizeof rope_keys / sizeof *rope_keys; j++)
+            known = known || strcmp(k + plen, rope_keys[j]) == 0;
+        if (!known)
+            return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                              "%.100s: metadata '%.80s' is not one devio reads; it would change "
+                              "RoPE",
+                              devio_gguf_label(f), k);
+    }
+    return DEVIO_OK;
+}
+
+/* A scaling factor without ARCH.rope.scaling.type: rope.scaling.factor, or
+ * rope.scale_linear, its older name, scales linearly, as llama.cpp (whose
+ * default type is linear) reads it; 0 and 1 scale nothing. */
+static devio_status untyped_factor(const devio_gguf_file *f, const char *arch, json_t *c,
+                                   devio_error *err)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s.rope.scaling.factor", arch);
+    if (!devio_gguf_find_kv(f, name))
+        snprintf(name, sizeof name, "%s.rope.scale_linear", arch);
+    float v;
+    if (!devio_gguf_find_kv(f, name))
+        return DEVIO_OK;
+    if (!devio_gguf_get_f32(f, name, &v))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is not a number",
+                          devio_gguf_label(f), name);
+    if (v == 0.0f || v == 1.0f)
+        return DEVIO_OK;
+    devio_status st =
+        devio_model_float_check(devio_gguf_label(f), "metadata", name, "factor", (double)v, err);
+    if (st != DEVIO_OK)
+        return st;
+    json_t *rs = json_object(); /* c owns it from here, whatever follows */
+    if (json_object_set_new(c, "rope_scaling", rs) ||
+        json_object_set_new(rs, "rope_type", json_string("linear")) ||
+        json_object_set_new(rs, "factor", json_real((double)v)))
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
+    return DEVIO_OK;
+}
+
 /* RoPE scaling as config.json's rope_scaling: ARCH.rope.scaling.type
  * "linear" (its factor) or "yarn" (factor, original_context_length as
  * original_max_position_embeddings, yarn_beta_fast and yarn_beta_slow when
- * given; the attention factor by transformers' rule from the factor). What
- * devio does not compute is refused: another type, a yarn attn_factor other
- * than 1 (llama.cpp multiplies its own by it; transformers' config has no
- * such product), per-frequency factors (rope_freqs.weight, which stand for
- * llama3's parameters without giving them) and a partial rotary dimension. */
+ * given; the attention factor by transformers' rule from the factor); no
+ * type: untyped_factor. What devio does not compute is refused: another
+ * type, an attn_factor other than 1 (llama.cpp multiplies its own by it;
+ * transformers' config has no such product), per-frequency factors
+ * (rope_freqs.weight, which stand for llama3's parameters without giving
+ * them), a partial rotary dimension and a rope key devio does not read. */
 static devio_status put_rope(const devio_gguf_file *f, const char *arch, uint32_t hd, json_t *c,
                              devio_error *err)
 {
@@ -96,33 +182,44 @@ static devio_status put_rope(const devio_gguf_file *f, const char *arch, uint32_
                           "scaling without its parameters) is not supported in GGUF files; "
                           "serve the Hugging Face directory",
                           label);
-    uint32_t dims;
+    uint32_t dims = hd;
     snprintf(name, sizeof name, "%s.rope.dimension_count", arch);
-    if (devio_gguf_get_u32(f, name, &dims) && dims != hd)
+    if (devio_gguf_find_kv(f, name) && !devio_gguf_get_u32(f, name, &dims))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is not an unsigned integer",
+                          label, name);
+    if (dims != hd)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "%.100s: %s %u turns part of a head of %u; devio turns whole heads",
                           label, name, dims, hd);
+    devio_status st = refuse_rope_keys(f, arch, err);
+    float attn = 1.0f;
+    bool have = false;
+    snprintf(name, sizeof name, "%s.rope.scaling.attn_factor", arch);
+    if (st != DEVIO_OK || (st = get_f(f, name, "attention_factor", &attn, &have, err)))
+        return st;
+    if (attn != 1.0f)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "%.100s: %s %g is not supported (1 is: transformers' attention factor "
+                          "from the scaling factor)",
+                          label, name, (double)attn);
     snprintf(name, sizeof name, "%s.rope.scaling.type", arch);
     const char *t = devio_gguf_get_str(f, name, &len);
-    if (!t || (len == 4 && memcmp(t, "none", 4) == 0))
+    if (!t && devio_gguf_find_kv(f, name))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is not a string", label,
+                          name);
+    if (!t)
+        return untyped_factor(f, arch, c, err);
+    if (len == 4 && memcmp(t, "none", 4) == 0)
         return DEVIO_OK;
     bool yarn = len == 4 && memcmp(t, "yarn", 4) == 0;
     if (!yarn && !(len == 6 && memcmp(t, "linear", 6) == 0))
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "%.100s: %s '%.*s' is not supported (none, linear and yarn are)",
                           label, name, (int)(len > 40 ? 40 : len), t);
-    float attn = 1.0f;
-    snprintf(name, sizeof name, "%s.rope.scaling.attn_factor", arch);
-    if (yarn && devio_gguf_get_f32(f, name, &attn) && attn != 1.0f)
-        return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "%.100s: %s %g is not supported (1 is: transformers' attention factor "
-                          "from the scaling factor)",
-                          label, name, (double)attn);
     snprintf(name, sizeof name, "%s.rope.scaling.factor", arch);
     if (!devio_gguf_find_kv(f, name))
         return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is missing", label, name);
     json_t *rs = json_object(); /* c owns it from here, whatever follows */
-    devio_status st = DEVIO_OK;
     if (json_object_set_new(c, "rope_scaling", rs) ||
         json_object_set_new(rs, "rope_type", json_string(yarn ? "yarn" : "linear")))
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
@@ -133,6 +230,34 @@ static devio_status put_rope(const devio_gguf_file *f, const char *arch, uint32_
         (st = put_f(f, arch, "rope.scaling.yarn_beta_fast", rs, "beta_fast", err)) ||
         (st = put_f(f, arch, "rope.scaling.yarn_beta_slow", rs, "beta_slow", err)))
         return st;
+    return DEVIO_OK;
+}
+
+/* The vocabulary is token_embd.weight's rows; ARCH.vocab_size and the
+ * tokenizer's token list, when given, must say the same. */
+static devio_status check_vocab(const devio_gguf_file *f, const char *arch, uint64_t rows,
+                                devio_error *err)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s.vocab_size", arch);
+    uint64_t v = rows;
+    if (devio_gguf_find_kv(f, name) && !devio_gguf_get_u64(f, name, &v))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is not an unsigned integer",
+                          devio_gguf_label(f), name);
+    if (v != rows)
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: metadata '%s' is %llu, but tensor 'token_embd.weight' has "
+                          "%llu rows",
+                          devio_gguf_label(f), name, (unsigned long long)v,
+                          (unsigned long long)rows);
+    const devio_gguf_kv *tokens = devio_gguf_find_kv(f, "tokenizer.ggml.tokens");
+    if (tokens && (tokens->type != DEVIO_GGUF_ARRAY || tokens->n != rows))
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: metadata 'tokenizer.ggml.tokens' lists %llu tokens, but "
+                          "tensor 'token_embd.weight' has %llu rows",
+                          devio_gguf_label(f),
+                          (unsigned long long)(tokens->type == DEVIO_GGUF_ARRAY ? tokens->n : 0),
+                          (unsigned long long)rows);
     return DEVIO_OK;
 }
 
@@ -158,9 +283,11 @@ devio_status devio_gguf_model_config(const devio_gguf_file *f, json_t **out, dev
     if (!embd || embd->ndim != 2)
         return devio_fail(err, DEVIO_E_MODEL,
                           "%.100s: tensor 'token_embd.weight' is missing or not 2-D", label);
+    devio_status st = check_vocab(f, arch, embd->ne[1], err);
+    if (st != DEVIO_OK)
+        return st;
     json_t *c = json_object();
     json_t *names = json_array();
-    devio_status st = DEVIO_OK;
     if (!c || !names || json_array_append_new(names, json_string(hf)) ||
         json_object_set_new(c, "architectures", names) ||
         json_object_set_new(c, "vocab_size", json_integer((json_int_t)embd->ne[1])) ||
@@ -311,9 +438,10 @@ static devio_status check_scales(const char *label, const char *name, devio_dtyp
 }
 
 devio_status devio_gguf_model_tensor(const devio_gguf_file *f, const devio_model_config *c,
-                               const char *hf_name, bool required, uint32_t ndim, uint64_t s0,
-                               uint64_t s1, bool scan, devio_tensor *out, void **copy,
-                               size_t *copy_n, devio_error *err)
+                                     const char *hf_name, bool required, uint32_t ndim,
+                                     uint64_t s0, uint64_t s1, bool scan, bool *used,
+                                     devio_tensor *out, void **copy, size_t *copy_n,
+                                     devio_error *err)
 {
     memset(out, 0, sizeof *out);
     *copy = NULL;
@@ -345,11 +473,15 @@ devio_status devio_gguf_model_tensor(const devio_gguf_file *f, const devio_model
                           "%.100s: tensor '%s' is %s; devio computes with F32, F16, BF16, Q8_0, "
                           "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights",
                           label, name, devio_gguf_type_name(t->type));
-    if (devio_dtype_quantized(dt) && ndim != 2)
+    /* llama.cpp's converters write every vector as F32 and its kernels
+     * take norms as F32: another type is no file of theirs (a retyped
+     * tensor's F32 bytes read as other numbers), refused, not computed. */
+    if (ndim == 1 && dt != DEVIO_F32)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
-                          "%.100s: tensor '%s' is a vector of %s; devio reads vectors as F32, "
-                          "F16 or BF16",
+                          "%.100s: tensor '%s' is a vector of %s; devio reads a GGUF file's "
+                          "vectors (norms, biases) as F32, as llama.cpp writes them",
                           label, name, devio_dtype_str(dt));
+    used[devio_gguf_tensor_index(f, t)] = true;
     devio_status st;
     if (scan && (st = devio_dtype_quantized(dt)
                           ? check_scales(label, name, dt, t->data, t->nbytes, err)
@@ -378,19 +510,60 @@ devio_status devio_gguf_model_tensor(const devio_gguf_file *f, const devio_model
     return DEVIO_OK;
 }
 
+devio_status devio_gguf_model_unused(const devio_gguf_file *f, const devio_model_config *c,
+                                     const bool *used, devio_error *err)
+{
+    uint64_t len = 0;
+    const char *arch = devio_gguf_get_str(f, "general.architecture", &len);
+    int alen = arch ? (int)(len > 40 ? 40 : len) : 1;
+    for (size_t i = 0; i < devio_gguf_tensor_count(f); i++) {
+        if (used[i])
+            continue;
+        const char *name = devio_gguf_tensor_at(f, i)->name;
+        char *end = NULL;
+        unsigned long li = strncmp(name, "blk.", 4) == 0 && isdigit((unsigned char)name[4])
+                               ? strtoul(name + 4, &end, 10)
+                               : 0;
+        if (end && *end == '.' && li >= c->n_layers)
+            return devio_fail(err, DEVIO_E_MODEL,
+                              "%.100s: tensor '%.80s' is of layer %lu, but '%.*s.block_count' "
+                              "is %u; a tensor devio would not compute with is refused",
+                              devio_gguf_label(f), name, li, alen, arch ? arch : "?",
+                              c->n_layers);
+        return devio_fail(err, DEVIO_E_MODEL,
+                          "%.100s: tensor '%.80s' is not one devio computes a %.*s model with; "
+                          "a tensor devio would not compute with is refused",
+                          devio_gguf_label(f), name, alen, arch ? arch : "?");
+    }
+    return DEVIO_OK;
+}
+
 /* ---- text --------------------------------------------------------------- */
 
-devio_status devio_gguf_model_text(const devio_gguf_file *f, devio_model_text *t,
+/* Token id `key` into *id (-1 when absent): an unsigned integer below vocab. */
+static devio_status token_id(const devio_gguf_file *f, const char *key, uint32_t vocab,
+                             int64_t *id, devio_error *err)
+{
+    uint64_t v;
+    *id = -1;
+    if (!devio_gguf_find_kv(f, key))
+        return DEVIO_OK;
+    if (!devio_gguf_get_u64(f, key, &v))
+        return devio_fail(err, DEVIO_E_MODEL, "%.100s: metadata '%s' is not an unsigned integer",
+                          devio_gguf_label(f), key);
+    *id = v > INT64_MAX ? INT64_MAX : (int64_t)v;
+    return devio_model_token_check(devio_gguf_label(f), "metadata", key, *id, vocab, err);
+}
+
+devio_status devio_gguf_model_text(const devio_gguf_file *f, uint32_t vocab, devio_model_text *t,
                                    devio_error *err)
 {
     *t = (devio_model_text){.bos_id = -1, .eos_id = -1, .pad_id = -1, .format = "gguf"};
-    uint32_t v;
-    if (devio_gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &v))
-        t->bos_id = v;
-    if (devio_gguf_get_u32(f, "tokenizer.ggml.eos_token_id", &v))
-        t->eos_id = v;
-    if (devio_gguf_get_u32(f, "tokenizer.ggml.padding_token_id", &v))
-        t->pad_id = v;
+    devio_status st;
+    if ((st = token_id(f, "tokenizer.ggml.bos_token_id", vocab, &t->bos_id, err)) ||
+        (st = token_id(f, "tokenizer.ggml.eos_token_id", vocab, &t->eos_id, err)) ||
+        (st = token_id(f, "tokenizer.ggml.padding_token_id", vocab, &t->pad_id, err)))
+        return st;
     uint64_t len = 0;
     const char *tpl = devio_gguf_get_str(f, "tokenizer.chat_template", &len);
     if (tpl && len < ((uint64_t)1 << 24)) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/path.h"
+#include "device/model_config.h"
 #include "device/status.h"
 
 /* Hugging Face writes float('inf') as the bare token Infinity (Mamba-2's
@@ -126,21 +127,37 @@ out_path:
     return st;
 }
 
-/* A token id: a non-negative integer, or the first of a list of them. */
-static int64_t token_id(const json_t *v)
+/* A token id: a non-negative integer, or the first of a list of them;
+ * -1 for none (null, a negative id as older configs write it). Every id
+ * of the list must be one of the vocabulary. */
+static devio_status token_id(const json_t *config, const char *key, uint32_t vocab, int64_t *id,
+                             devio_error *err)
 {
-    if (json_is_array(v))
-        v = json_array_get(v, 0);
-    return json_is_integer(v) && json_integer_value(v) >= 0 ? (int64_t)json_integer_value(v) : -1;
+    const json_t *v = json_object_get(config, key);
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    *id = -1;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        json_int_t x = json_is_integer(e) ? json_integer_value(e) : -1;
+        devio_status st;
+        if (x >= 0 &&
+            (st = devio_model_token_check(DEVIO_MODEL_CONFIG_NAME, "field", key, x, vocab, err)))
+            return st;
+        if (i == 0)
+            *id = x >= 0 ? (int64_t)x : -1;
+    }
+    return DEVIO_OK;
 }
 
-devio_status devio_model_text_from_dir(const char *dir, const json_t *config,
+devio_status devio_model_text_from_dir(const char *dir, const json_t *config, uint32_t vocab,
                                        devio_model_text *t, devio_error *err)
 {
     *t = (devio_model_text){.format = "safetensors"};
-    t->bos_id = token_id(json_object_get(config, "bos_token_id"));
-    t->eos_id = token_id(json_object_get(config, "eos_token_id"));
-    t->pad_id = token_id(json_object_get(config, "pad_token_id"));
+    devio_status st;
+    if ((st = token_id(config, "bos_token_id", vocab, &t->bos_id, err)) ||
+        (st = token_id(config, "eos_token_id", vocab, &t->eos_id, err)) ||
+        (st = token_id(config, "pad_token_id", vocab, &t->pad_id, err)))
+        return st;
     json_t *tok = NULL;
     devio_error ignored = {0};
     if (devio_model_load_json(dir, "tokenizer_config.json", &tok, &ignored) != DEVIO_OK)
@@ -159,7 +176,6 @@ devio_status devio_model_text_from_dir(const char *dir, const json_t *config,
         }
         tpl = pick ? json_object_get(pick, "template") : NULL;
     }
-    devio_status st = DEVIO_OK;
     if (json_is_string(tpl) && !(t->chat_template = strdup(json_string_value(tpl))))
         st = devio_fail(err, DEVIO_E_NOMEM, "out of memory for the chat template");
     json_decref(tok);

@@ -95,15 +95,78 @@ static void add(wt *ts, int *n, const devio_tensor *t, bool il, const char *fmt,
     (*n)++;
 }
 
-static uint32_t ggml_type(devio_dtype dt)
+/* The type t is written as: a vector as F32, a matrix as its own. */
+static uint32_t ggml_type(const devio_tensor *t)
 {
+    devio_dtype dt = t->ndim > 1 ? t->dtype : DEVIO_F32;
     return dt == DEVIO_F32 ? DEVIO_GGML_F32 : dt == DEVIO_F16 ? DEVIO_GGML_F16 : DEVIO_GGML_BF16;
 }
 
 static uint64_t tensor_bytes(const devio_tensor *t)
 {
     uint64_t n = t->shape[0] * (t->ndim > 1 ? t->shape[1] : 1);
-    return n * devio_dtype_size(t->dtype);
+    return n * (t->ndim > 1 ? devio_dtype_size(t->dtype) : sizeof(float));
+}
+
+/* A float or unsigned metadata entry: its key (without the ARCH. prefix
+ * unless it starts with "tokenizer.") and value. */
+typedef struct kv_num {
+    const char *k;
+    bool is_f32;
+    uint32_t u;
+    float f;
+} kv_num;
+
+#define MAX_KV 32
+
+/* The model's numeric entries, then e's f32_key and u32_key over them (or
+ * added), into kv; their count. */
+static size_t numeric_kvs(const devio_model_config *c, const gguf_edits *e, bool granite,
+                          kv_num *kv)
+{
+    const devio_rope_scaling *rs = &c->rope_scaling;
+    bool linear = rs->type == DEVIO_ROPE_LINEAR, yarn = rs->type == DEVIO_ROPE_YARN;
+    size_t n = 0;
+#define U(key, v) (kv[n++] = (kv_num){.k = key, .u = (v)})
+#define F(key, v) (kv[n++] = (kv_num){.k = key, .is_f32 = true, .f = (v)})
+    U("block_count", c->n_layers);
+    U("embedding_length", c->hidden_size);
+    U("feed_forward_length", c->intermediate_size);
+    U("attention.head_count", e && e->heads ? e->heads : c->n_heads);
+    U("attention.head_count_kv", c->n_kv_heads);
+    U("attention.key_length", c->head_dim);
+    U("attention.value_length", c->head_dim);
+    U("context_length", c->max_position_embeddings);
+    U("rope.dimension_count", c->rotary_dim);
+    F("rope.freq_base", c->rope_theta);
+    F("attention.layer_norm_rms_epsilon", c->rms_norm_eps);
+    if (linear || yarn) /* as llama.cpp's converter writes them; the type is a string */
+        F("rope.scaling.factor", rs->factor);
+    if (yarn) {
+        U("rope.scaling.original_context_length", (uint32_t)rs->original_max_positions);
+        F("rope.scaling.yarn_beta_fast", rs->beta_fast);
+        F("rope.scaling.yarn_beta_slow", rs->beta_slow);
+    }
+    if (granite) {
+        F("embedding_scale", c->embedding_multiplier);
+        F("residual_scale", c->residual_multiplier);
+        F("attention.scale", c->attention_multiplier);
+        F("logit_scale", c->logits_scaling);
+    }
+#undef U
+#undef F
+    const char *keys[2] = {e ? e->f32_key : NULL, e ? e->u32_key : NULL};
+    for (int j = 0; j < 2; j++) {
+        if (!keys[j])
+            continue;
+        size_t i = 0;
+        while (i < n && strcmp(kv[i].k, keys[j]) != 0)
+            i++;
+        n += i == n;
+        kv[i] = (kv_num){.k = keys[j], .is_f32 = j == 0, .f = e->f32_val, .u = e->u32_val};
+    }
+    assert_true(n <= MAX_KV);
+    return n;
 }
 
 /* The header and the metadata of gguf_write_model: n tensors follow. */
@@ -111,58 +174,45 @@ static void put_meta(gbuf *b, const devio_model_config *c, const gguf_edits *e, 
                      bool granite, int n)
 {
     char key[128];
-#define KEY(k) (snprintf(key, sizeof key, "%s.%s", arch, k), key)
-#define KEPT(k) (!e || !e->drop_key || strcmp(e->drop_key, k) != 0)
-    struct {
-        const char *k;
-        uint32_t v;
-    } u[] = {
-        {"block_count", c->n_layers},
-        {"embedding_length", c->hidden_size},
-        {"feed_forward_length", c->intermediate_size},
-        {"attention.head_count", e && e->heads ? e->heads : c->n_heads},
-        {"attention.head_count_kv", c->n_kv_heads},
-        {"attention.key_length", c->head_dim},
-        {"attention.value_length", c->head_dim},
-        {"context_length", c->max_position_embeddings},
-        {"rope.dimension_count", c->rotary_dim},
-    };
+#define KEY(k) (snprintf(key, sizeof key, strncmp(k, "tokenizer.", 10) ? "%s.%s" : "%.0s%s", \
+                         arch, k),                                                          \
+                key)
+    kv_num kv[MAX_KV];
+    size_t n_num = numeric_kvs(c, e, granite, kv), n_kv = 1 + (e && e->n_tokens ? 1 : 0);
     const devio_rope_scaling *rs = &c->rope_scaling;
-    bool linear = rs->type == DEVIO_ROPE_LINEAR, yarn = rs->type == DEVIO_ROPE_YARN;
-    uint32_t n_kv = 1 + 2 + (e && e->extra_key ? 1 : 0) + (granite ? 4 : 0) +
-                    (linear ? 2 : yarn ? 5 : 0);
-    for (size_t i = 0; i < sizeof u / sizeof *u; i++)
-        n_kv += KEPT(u[i].k);
+    bool scaled = rs->type == DEVIO_ROPE_LINEAR || rs->type == DEVIO_ROPE_YARN;
+    n_kv += scaled + (e && e->extra_key ? 1 : 0);
+    for (size_t i = 0; i < n_num; i++)
+        n_kv += !e || !e->drop_key || strcmp(e->drop_key, kv[i].k) != 0;
     gb_put(b, "GGUF", 4);
     gb_u(b, 3, 4);
     gb_u(b, (uint64_t)n, 8);
     gb_u(b, n_kv, 8);
     gb_kv_str(b, "general.architecture", arch);
-    for (size_t i = 0; i < sizeof u / sizeof *u; i++)
-        if (KEPT(u[i].k))
-            gb_kv_u32(b, KEY(u[i].k), u[i].v);
-    gb_kv_f32(b, KEY("rope.freq_base"), c->rope_theta);
-    gb_kv_f32(b, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps);
-    if (linear || yarn) { /* as llama.cpp's converter writes them */
-        gb_kv_str(b, KEY("rope.scaling.type"), yarn ? "yarn" : "linear");
-        gb_kv_f32(b, KEY("rope.scaling.factor"), rs->factor);
+    for (size_t i = 0; i < n_num; i++) {
+        if (e && e->drop_key && strcmp(e->drop_key, kv[i].k) == 0)
+            continue;
+        if (kv[i].is_f32)
+            gb_kv_f32(b, KEY(kv[i].k), kv[i].f);
+        else
+            gb_kv_u32(b, KEY(kv[i].k), kv[i].u);
     }
-    if (yarn) {
-        gb_kv_u32(b, KEY("rope.scaling.original_context_length"),
-                  (uint32_t)rs->original_max_positions);
-        gb_kv_f32(b, KEY("rope.scaling.yarn_beta_fast"), rs->beta_fast);
-        gb_kv_f32(b, KEY("rope.scaling.yarn_beta_slow"), rs->beta_slow);
-    }
-    if (granite) {
-        gb_kv_f32(b, KEY("embedding_scale"), c->embedding_multiplier);
-        gb_kv_f32(b, KEY("residual_scale"), c->residual_multiplier);
-        gb_kv_f32(b, KEY("attention.scale"), c->attention_multiplier);
-        gb_kv_f32(b, KEY("logit_scale"), c->logits_scaling);
-    }
+    if (scaled)
+        gb_kv_str(b, KEY("rope.scaling.type"), rs->type == DEVIO_ROPE_YARN ? "yarn" : "linear");
     if (e && e->extra_key)
         gb_kv_str(b, KEY(e->extra_key), e->extra_val);
+    if (e && e->n_tokens) { /* an array of strings "t0", "t1", ... */
+        gb_str(b, "tokenizer.ggml.tokens");
+        gb_u(b, DEVIO_GGUF_ARRAY, 4);
+        gb_u(b, DEVIO_GGUF_STRING, 4);
+        gb_u(b, e->n_tokens, 8);
+        for (uint32_t i = 0; i < e->n_tokens; i++) {
+            char tok[16];
+            snprintf(tok, sizeof tok, "t%u", i);
+            gb_str(b, tok);
+        }
+    }
 #undef KEY
-#undef KEPT
 }
 
 void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *path)
@@ -199,10 +249,14 @@ void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *pat
     add(ts, &n, &m->norm, false, "output_norm.weight", 0);
     if (!c->tie_word_embeddings)
         add(ts, &n, &m->lm_head, false, "output.weight", 0);
-    devio_tensor freqs = {.data = m->norm.data, .dtype = DEVIO_F32, .ndim = 1,
+    float ones[512];
+    for (size_t i = 0; i < sizeof ones / sizeof *ones; i++)
+        ones[i] = 1.0f;
+    assert_true(c->head_dim / 2 <= sizeof ones / sizeof *ones);
+    devio_tensor extra = {.data = ones, .dtype = DEVIO_F32, .ndim = 1,
                           .shape = {c->head_dim / 2, 0}};
-    if (e && e->rope_freqs)
-        add(ts, &n, &freqs, false, "rope_freqs.weight", 0);
+    if (e && e->extra_tensor)
+        add(ts, &n, &extra, false, e->extra_tensor, 0);
 
     gbuf b = {0};
     put_meta(&b, c, e, arch, granite, n);
@@ -210,7 +264,7 @@ void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *pat
     for (int i = 0; i < n; i++) {
         const devio_tensor *t = ts[i].t;
         bool two = t->ndim > 1;
-        uint32_t type = ggml_type(t->dtype);
+        uint32_t type = ggml_type(t);
         gtinfo gi = {ts[i].name, two ? 2u : 1u, {two ? t->shape[1] : t->shape[0], t->shape[0]},
                      type, off};
         if (e && e->reshape && strcmp(e->reshape, ts[i].name) == 0) {
@@ -238,6 +292,12 @@ void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *pat
         if (sizes[i] != bytes) { /* retyped: any bytes of the new size */
             for (uint64_t k = 0; k < sizes[i]; k++)
                 gb_u(&b, k * 7u, 1);
+        } else if (t->ndim == 1 && t->dtype != DEVIO_F32) { /* widened exactly */
+            float *w = malloc((size_t)bytes);
+            assert_non_null(w);
+            assert_true(devio_tensor_widen(t, w, (size_t)t->shape[0]));
+            gb_put(&b, w, (size_t)bytes);
+            free(w);
         } else if (ts[i].interleave) {
             /* llama.cpp's order: Hugging Face's row j * hd/2 + i of a head at 2i + j. */
             uint32_t hd = c->head_dim;

@@ -44,13 +44,24 @@ typedef struct gguf_edits {
     const char *reshape;     /* tensor written with its two dimensions swapped */
     const char *extra_key;   /* a string entry added (without the prefix), with extra_val */
     const char *extra_val;
-    bool rope_freqs;         /* a rope_freqs.weight tensor added */
+    const char *extra_tensor; /* an F32 vector of head_dim / 2 added under this name */
     uint32_t heads;          /* attention.head_count written as this when not 0 */
+    /* A float entry (without the prefix) written as f32_val, in place of
+     * the model's value when it has one. */
+    const char *f32_key;
+    float f32_val;
+    /* An unsigned entry written as u32_val, in place of the model's value
+     * when it has one: without the prefix, or a "tokenizer." key as is. */
+    const char *u32_key;
+    uint32_t u32_val;
+    uint32_t n_tokens;       /* tokenizer.ggml.tokens of this many entries when not 0 */
 } gguf_edits;
 
 /* The model m written to path as a GGUF file: llama.cpp's names, its
  * metadata keys, ne = {row length, rows}, q and k rows interleaved per
- * head for the llama architecture, tensors of m's dtype, alignment 32. */
+ * head for the llama architecture, matrices of m's dtype and vectors
+ * (norms, biases) as F32, as llama.cpp's converter writes them (a 16-bit
+ * vector widened exactly), alignment 32. */
 void gguf_write_model(const devio_model *m, const gguf_edits *e, const char *path);
 
 #endif

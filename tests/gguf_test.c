@@ -127,6 +127,8 @@ static void test_good_file(void **state)
     assert_non_null(n);
     assert_non_null(e);
     assert_null(devio_gguf_find_tensor(f, "output.weight"));
+    for (size_t i = 0; i < 2; i++) /* the place in file order, as the loader marks use */
+        assert_int_equal(devio_gguf_tensor_index(f, devio_gguf_tensor_at(f, i)), i);
     assert_int_equal(n->nbytes, 24);
     assert_int_equal(e->nbytes, 4 * 34);
     assert_int_equal(e->ne[0], 64);

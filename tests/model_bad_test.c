@@ -472,6 +472,8 @@ static void test_bad_config_values(void **state)
         {"\"num_attention_heads\": 4", "\"num_attention_heads\": 0", "'num_attention_heads'"},
         {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": -1e-05", "'rms_norm_eps'"},
         {"\"rope_theta\": 10000.0", "\"rope_theta\": 0.0", "'rope_theta'"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": NaN", "'rope_theta'"},
+        {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": Infinity", "'rms_norm_eps'"},
         {"\"tie_word_embeddings\": false", "\"tie_word_embeddings\": 0",
          "'tie_word_embeddings'"},
         {"\"intermediate_size\": 128,", "", "'intermediate_size' is missing"},
@@ -489,6 +491,32 @@ static void test_bad_config_values(void **state)
     file_sub(cfg, "\"num_attention_heads\": 4", "\"num_attention_heads\": 6");
     file_sub(cfg, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 6");
     expect_fail(fx->dir, DEVIO_E_MODEL, "config.json", "hidden_size 64 is not a multiple");
+}
+
+/* Token ids a client is told (GET /v1/model) are ids of the vocabulary;
+ * a negative one stays "none", as older configs write it. */
+static void test_bad_token_ids(void **state)
+{
+    fixture *fx = *state;
+    devio_mkmodel_opts o = tiny_opts(fx->dir);
+    write_model(&o);
+    const char *cfg = path_in(fx->dir, "config.json");
+    file_sub(cfg, "\"bos_token_id\": 1", "\"bos_token_id\": 65537");
+    expect_fail(fx->dir, DEVIO_E_MODEL,
+                "config.json: field 'bos_token_id' = 65537 is not a token of the vocabulary "
+                "(0 to 255)",
+                NULL);
+    file_sub(cfg, "\"bos_token_id\": 65537", "\"bos_token_id\": 1");
+    file_sub(cfg, "\"eos_token_id\": 2", "\"eos_token_id\": [2, 256]");
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json: field 'eos_token_id' = 256 is not a token",
+                NULL);
+    file_sub(cfg, "\"eos_token_id\": [2, 256]", "\"eos_token_id\": 2, \"pad_token_id\": 300");
+    expect_fail(fx->dir, DEVIO_E_MODEL, "config.json: field 'pad_token_id' = 300", NULL);
+    file_sub(cfg, "\"pad_token_id\": 300", "\"pad_token_id\": -1");
+    devio_model *m = load_ok(fx->dir);
+    assert_int_equal(m->text.pad_id, -1);
+    assert_int_equal(m->text.eos_id, 2);
+    devio_model_free(m);
 }
 
 static void test_bad_config_unsupported(void **state)
@@ -650,6 +678,7 @@ int main(void)
         T(test_bad_config_json),
         T(test_bad_config_values),
         T(test_bad_config_unsupported),
+        T(test_bad_token_ids),
         T(test_bad_no_weights),
         T(test_bad_shard_missing),
         T(test_bad_shard_lacks_tensor),

@@ -3,19 +3,24 @@
 
 Usage: python3 tests/fuzz/make_corpus.py --bin bazel-bin
 Valid inputs (devio-mkmodel's micro model and adapter, the same shapes fuzz_common.c
-writes, and operations the reference answers) and near-valid ones (one field or byte
-off). Deterministic: the same tree gives the same files. Regression inputs of found
-bugs are kept by hand under the same folders, named regress-*.
+writes, the micro model as a GGUF file, and operations the reference answers) and
+near-valid ones (one field, key, tensor or byte off). Deterministic: the same tree gives
+the same files. Regression inputs of found bugs are kept by hand under the same folders,
+named regress-*: the rewrite leaves them alone.
 """
 import argparse
 import json
+import math
 import pathlib
-import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent / "tools" / "gguf"))
+import gguf_file as gf  # noqa: E402
+import quantize  # noqa: E402
 MICRO = ["--vocab", "32", "--hidden", "16", "--ffn", "32", "--layers", "1", "--heads", "2",
          "--kv-heads", "1", "--head-dim", "8", "--max-pos", "64", "--seed", "7"]
 
@@ -183,12 +188,79 @@ def gguf_seeds():
     put("gguf", "empty", gguf_file([], [], b""))
 
 
+def gguf_model(src, out, meta=None, drop=(), retype=None, extra=()):
+    """The GGUF file src rewritten: metadata entries of meta set (None: removed), keys of
+    drop removed, tensor retype=(name, type) given the new type over its first bytes (the
+    F32 bytes read as the new type, as a retyped header does), extra tensors (name, dims,
+    float32 values) added."""
+    g = gf.read(str(src))
+    fields = {k: v for k, v in g.fields.items() if k not in drop}
+    for k, v in (meta or {}).items():
+        if v is None:
+            fields.pop(k, None)
+        else:
+            fields[k] = v
+    ts = []
+    for t in g.tensors:
+        data, tid = bytes(t.data), t.type
+        if retype and t.name == retype[0]:
+            tid = retype[1]
+            data = data[:gf.row_bytes(tid, t.row_len) * t.rows]
+        ts.append(gf.TensorData(t.name, tid, t.dims, data))
+    for name, dims, values in extra:
+        ts.append(gf.TensorData(name, gf.F32, dims, struct.pack("<%df" % len(values), *values)))
+    b = b"".join(gf.encode(fields, ts))
+    out.write_bytes(b)
+    return b
+
+
+def gguf_model_seeds(model_dir, tmp):
+    """The micro model as GGUF (F16 matrices, F32 vectors, tied) and one file per rule of
+    the loader: value ranges, token ids, tensors used or refused, vector types, RoPE keys."""
+    base = tmp / "micro.gguf"
+    quantize.from_hf(str(model_dir), str(base), "F16", log=open("/dev/null", "w"))
+    nan, inf = float("nan"), math.inf
+    f32, u32 = gf.f32, gf.u32
+    g = gf.read(str(base))
+    granite = {("granite." + k[6:] if k.startswith("llama.") else k): v
+               for k, v in g.fields.items()}
+    granite.update({"general.architecture": gf.string("granite"),
+                    "granite.embedding_scale": f32(12.0), "granite.residual_scale": f32(0.22),
+                    "granite.attention.scale": f32(0.125), "granite.logit_scale": f32(8.0)})
+    seeds = {
+        "model-valid": {},
+        "model-rope-untyped": {"meta": {"llama.rope.scaling.factor": f32(2.0)}},
+        "model-rope-yarn": {"meta": {"llama.rope.scaling.type": gf.string("yarn"),
+                                     "llama.rope.scaling.factor": f32(4.0),
+                                     "llama.rope.scaling.original_context_length": u32(16)}},
+        "model-granite": {"meta": dict(granite), "drop": [k for k in g.fields
+                                                           if k.startswith("llama.")]},
+        "model-nan-freq-base": {"meta": {"llama.rope.freq_base": f32(nan)}},
+        "model-inf-eps": {"meta": {"llama.attention.layer_norm_rms_epsilon": f32(inf)}},
+        "model-nan-factor": {"meta": {"llama.rope.scale_linear": f32(nan)}},
+        "model-granite-nan-logit-scale": {
+            "meta": dict(granite, **{"granite.logit_scale": f32(nan)}),
+            "drop": [k for k in g.fields if k.startswith("llama.")]},
+        "model-rope-unknown-key": {"meta": {"llama.rope.scaling.yarn_log_multiplier": f32(0.1)}},
+        "model-bos-65537": {"meta": {"tokenizer.ggml.bos_token_id": u32(65537)}},
+        "model-vocab-size": {"meta": {"llama.vocab_size": u32(33)}},
+        "model-past-block-count": {"extra": [("blk.1.attn_norm.weight", (16,), [1.0] * 16)]},
+        "model-unknown-tensor": {"extra": [("blk.0.attn_rot_embd", (4,), [1.0] * 4)]},
+        "model-bias-in-llama": {"extra": [("blk.0.attn_q.bias", (16,), [0.5] * 16)]},
+        "model-bf16-norm": {"retype": ("output_norm.weight", gf.BF16)},
+    }
+    for name, edit in seeds.items():
+        put("gguf", name, gguf_model(base, tmp / "seed.gguf", **edit))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="bazel-bin")
     a = ap.parse_args()
     mk = pathlib.Path(a.bin) / "tools" / "mkmodel" / "devio-mkmodel"
-    shutil.rmtree(HERE / "corpus", ignore_errors=True)
+    for p in sorted((HERE / "corpus").glob("*/*")):
+        if not p.name.startswith("regress-"):
+            p.unlink()
     with tempfile.TemporaryDirectory() as tmp:
         m = pathlib.Path(tmp) / "model"
         subprocess.run([str(mk), "--out", str(m)] + MICRO, check=True, capture_output=True)
@@ -200,6 +272,10 @@ def main():
         config_seeds((m / "config.json").read_text())
         adapter_seeds((ad / "adapter_config.json").read_text(),
                       (ad / "adapter_model.safetensors").read_bytes())
+        tied = pathlib.Path(tmp) / "tied"
+        subprocess.run([str(mk), "--out", str(tied), "--tied"] + MICRO, check=True,
+                       capture_output=True)
+        gguf_model_seeds(tied, pathlib.Path(tmp))
     for name, text in DISPATCH.items():
         put("dispatch", name, text)
     script_seeds()
