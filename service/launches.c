@@ -53,6 +53,14 @@ bool devio_launches_pending(devio_server *s, devio_ticket_op *op)
     return p;
 }
 
+devio_op_phase devio_launches_phase(devio_server *s, devio_ticket_op *op)
+{
+    pthread_mutex_lock(&s->launch_mu);
+    devio_op_phase p = op->phase;
+    pthread_mutex_unlock(&s->launch_mu);
+    return p;
+}
+
 bool devio_launches_untrack(devio_server *s, devio_ticket_op *op)
 {
     pthread_mutex_lock(&s->launch_mu);

@@ -186,7 +186,7 @@ static devio_status drive(devio_server *s, const devio_request *rq, bool settle,
     devio_ticket_op *op = rq->op;
     devio_status st = DEVIO_OK;
     while (st == DEVIO_OK && !out->suspended) {
-        switch (op->phase) {
+        switch (devio_launches_phase(s, op)) {
         case DEVIO_OP_LAUNCHING:
             if (parked_until(s, rq, out, launch_ended))
                 break;
@@ -330,7 +330,7 @@ devio_status devio_route_launch(devio_server *s, const devio_request *rq, devio_
 {
     devio_ticket_op *op = rq->op;
     devio_status st = DEVIO_OK;
-    if (op->phase == DEVIO_OP_NONE) {
+    if (!op->owned) {
         op->owned = true;
         st = launch_begin(s, rq, err);
     }
@@ -386,7 +386,7 @@ devio_status devio_route_step(devio_server *s, const devio_request *rq, devio_re
 {
     devio_ticket_op *op = rq->op;
     devio_status st = DEVIO_OK;
-    if (op->phase == DEVIO_OP_NONE && !op->owned) {
+    if (!op->owned) {
         op->owned = true;
         op->deadline_us = -1;
         st = launch_begin(s, rq, err);

@@ -110,6 +110,10 @@ bool devio_server_teardown(devio_server *s, const char *reason, uint32_t *aborte
 void devio_launches_track(devio_server *s, devio_ticket_op *op);
 /* Whether op is still listed, its end half not yet run. */
 bool devio_launches_pending(devio_server *s, devio_ticket_op *op);
+/* op's phase, read under the list's lock: while op is listed the store's
+ * writer may be ending it (its phase passes through NONE before AWAITING),
+ * so a request reads its own op's phase only through this. */
+devio_op_phase devio_launches_phase(devio_server *s, devio_ticket_op *op);
 /* Unlist op when it is listed (true): its request ends without it. */
 bool devio_launches_untrack(devio_server *s, devio_ticket_op *op);
 /* Run the end half of op (LAUNCHING, listed under the list's lock or no

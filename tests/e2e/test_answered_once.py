@@ -173,7 +173,8 @@ def test_ids_a_stored_answer_names_are_never_handed_out_again(servers, tiny_mode
 
 def test_keyed_traffic_and_replays_on_a_healthy_store(stream):
     """Four clients with keys of their own, while others await answered tickets again: no
-    keyed answer is 503, and every await of an answered ticket replays it."""
+    keyed answer is 503, each is its own step's result (never an empty one while the store's
+    writer still ends the launch), and every await of an answered ticket replays it."""
     sv = stream("--max-depth", "16", step_ms=0)
     cl = sv.client()
     done = cl.step(plan1(cl.create(), [1]))
@@ -189,7 +190,7 @@ def test_keyed_traffic_and_replays_on_a_healthy_store(stream):
             if i % 256 == 0:  # a new sequence before this one reaches max_seq_len
                 s = c.create()
             r = keyed(c, "POST", "/v1/step", "c%d-%d" % (k, i), plan1(s, [1]))
-            if r.status != 200:
+            if r.status != 200 or r.json["ticket"] == 0 or r.json["rows"][0]["seq"] != s:
                 bad.append(r)
 
     def re_awaiter():
