@@ -335,6 +335,12 @@ static enum MHD_Result on_headers(devio_server *s, struct MHD_Connection *c, con
                    (unsigned long long)f.length, s->cfg.max_body);
         return answer_early(s, c, q, &err, "body");
     }
+    /* A declared length is the body's size: held once, not grown by doubling
+     * (a large body then costs its size, not about three times it). */
+    if (q->keep_body && f.n_length == 1 && f.length > 0 && f.length <= s->cfg.max_body) {
+        q->body = malloc((size_t)f.length + 1);
+        q->cap = q->body ? (size_t)f.length + 1 : 0;
+    }
     return MHD_YES;
 }
 

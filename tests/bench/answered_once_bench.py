@@ -18,80 +18,17 @@ Three parts, each on a fresh devio-server (loopback, a temp SQLite file, the tin
 """
 import argparse
 import http.client
-import json
-import os
 import random
-import selectors
 import signal
-import socket
 import sqlite3
-import struct
-import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-
-class Server:
-    def __init__(self, bins, model, work, *args, env=None):
-        self.db = work / ("h%d.db" % time.monotonic_ns())
-        penv = {k: v for k, v in os.environ.items() if not k.startswith("DEVIO_")}
-        penv.update(env or {})
-        self.proc = subprocess.Popen(
-            [str(bins / "service" / "devio-server"), "--model", str(model), "--listen",
-             "127.0.0.1:0", "--db", str(self.db), "--adapters", str(work), "--log-level", "warn",
-             *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-            env=penv)
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        line = b""
-        deadline = time.monotonic() + 60
-        while b"\n" not in line and time.monotonic() < deadline:
-            if sel.select(timeout=1):
-                chunk = os.read(self.proc.stdout.fileno(), 256)
-                if not chunk:
-                    break
-                line += chunk
-        sel.close()
-        if not line.startswith(b"listening "):
-            self.stop()
-            raise SystemExit("devio-server did not start")
-        self.port = int(line.split()[1])
-
-    def conn(self, timeout=60):
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-
-    def call(self, method, path, body=None, headers=None, con=None):
-        c = con or self.conn()
-        try:
-            h = {"Content-Type": "application/json"}
-            h.update(headers or {})
-            c.request(method, path, json.dumps(body) if body is not None else None, h)
-            r = c.getresponse()
-            data = r.read()
-            try:
-                return r.status, json.loads(data), r
-            except ValueError:
-                return r.status, None, r
-        finally:
-            if con is None:
-                c.close()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def plan(seq, tokens, **row):
-    r = {"seq": seq, "tokens": tokens}
-    r.update(row)
-    return {"rows": [r]}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_server import Server, metric, plan, step_and_close, tiny_model  # noqa: E402
 
 
 def code_of(status, body):
@@ -119,15 +56,15 @@ def part_keyed(bins, model, work, seconds):
 
         def client(k):
             con = sv.conn()
-            s = sv.call("POST", "/v1/sequences", con=con)[1]["seq"]
+            s = sv.request("POST", "/v1/sequences", con=con)[1]["seq"]
             i = 0
             while time.monotonic() < t_end:
                 i += 1
                 if i % 256 == 0:  # a new sequence before this one is full
-                    sv.call("DELETE", "/v1/sequences/%d" % s, con=con)
-                    s = sv.call("POST", "/v1/sequences", con=con)[1]["seq"]
-                st, b, _ = sv.call("POST", "/v1/step", plan(s, [1]),
-                                   {"Idempotency-Key": "c%d-%d" % (k, i)}, con=con)
+                    sv.request("DELETE", "/v1/sequences/%d" % s, con=con)
+                    s = sv.request("POST", "/v1/sequences", con=con)[1]["seq"]
+                st, b, _ = sv.request("POST", "/v1/step", plan(s, [1]),
+                                      {"Idempotency-Key": "c%d-%d" % (k, i)}, con=con)
                 if st == 200:
                     with lock:
                         keyed[0] += 1
@@ -138,7 +75,7 @@ def part_keyed(bins, model, work, seconds):
         def re_awaiter():
             con = sv.conn()
             while time.monotonic() < t_end:
-                st, b, r = sv.call("POST", "/v1/tickets/%d/await" % done, con=con)
+                st, b, r = sv.request("POST", "/v1/tickets/%d/await" % done, con=con)
                 if st == 200 and r.getheader("Idempotent-Replayed") == "true":
                     with lock:
                         replays[0] += 1
@@ -174,7 +111,7 @@ def part_sigterm(bins, model, work, rounds):
             def client(s):
                 while True:
                     try:
-                        st, b, _ = sv.call("POST", "/v1/step", plan(s, [1]))
+                        st, b = sv.call("POST", "/v1/step", plan(s, [1]))
                     except (OSError, http.client.HTTPException):
                         with lock:
                             totals["closed"] += 1
@@ -212,26 +149,6 @@ def part_sigterm(bins, model, work, rounds):
                                                    totals["rows"], totals["lost"]))
 
 
-def closed_step(port, body, after_s, reset):
-    data = json.dumps(body).encode()
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    try:
-        s.sendall(b"POST /v1/step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(data) + data)
-        time.sleep(after_s)
-        if reset:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    finally:
-        s.close()
-
-
-def metric(text, key):
-    for line in text.splitlines():
-        if line.startswith(key + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
 def part_closed(bins, model, work, rounds):
     sv = Server(bins, model, work, *stream_args(bins), "--max-depth", "16",
                 env={"STREAM_BACKEND_STEP_MS": "400"})
@@ -239,7 +156,7 @@ def part_closed(bins, model, work, rounds):
         n = 2 * rounds
         seqs = [sv.call("POST", "/v1/sequences")[1]["seq"] for _ in range(n)]
         r = random.Random(1)
-        ths = [threading.Thread(target=closed_step,
+        ths = [threading.Thread(target=step_and_close,
                                 args=(sv.port, plan(seqs[i], [1, 2], logits="last"),
                                       r.uniform(0.05, 0.23), i % 2 == 1)) for i in range(n)]
         t0 = time.monotonic()
@@ -251,7 +168,7 @@ def part_closed(bins, model, work, rounds):
         key = 'devio_tickets_reaped_total{reason="closed"}'
         reaped = 0.0
         while time.monotonic() - t0 < n * 0.4 + 10:
-            reaped = metric(metrics_text(sv), key)
+            reaped = metric(sv.metrics(), key)
             if reaped >= n:
                 break
             time.sleep(0.1)
@@ -266,15 +183,6 @@ def part_closed(bins, model, work, rounds):
         sv.stop()
 
 
-def metrics_text(sv):
-    c = sv.conn(30)
-    try:
-        c.request("GET", "/metrics")
-        return c.getresponse().read().decode()
-    finally:
-        c.close()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default="bazel-bin")
@@ -284,9 +192,7 @@ def main():
     bins = Path(a.bin).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = work / "tiny"
-        subprocess.run([str(bins / "tools" / "mkmodel" / "devio-mkmodel"), "--preset", "tiny",
-                        "--out", str(model)], check=True, capture_output=True)
+        model = tiny_model(bins, work)
         part_keyed(bins, model, work, a.seconds)
         part_sigterm(bins, model, work, a.rounds)
         part_closed(bins, model, work, a.rounds)

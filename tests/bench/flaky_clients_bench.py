@@ -16,90 +16,17 @@ SQLite file, the reference backend):
   4. the file unlinked under the server: steps answered 200 afterwards, and how soon /readyz is 503.
 """
 import argparse
-import http.client
-import json
 import os
 import random
-import selectors
-import socket
 import sqlite3
-import struct
-import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-
-class Server:
-    def __init__(self, bins, model, work, *args):
-        self.db = work / ("h%d.db" % time.monotonic_ns())
-        self.proc = subprocess.Popen(
-            [str(bins / "service" / "devio-server"), "--model", str(model), "--listen",
-             "127.0.0.1:0", "--db", str(self.db), "--adapters", str(work), "--log-level", "warn",
-             *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        line = b""
-        deadline = time.monotonic() + 60
-        while b"\n" not in line and time.monotonic() < deadline:
-            if sel.select(timeout=1):
-                chunk = os.read(self.proc.stdout.fileno(), 256)
-                if not chunk:
-                    break
-                line += chunk
-        sel.close()
-        if not line.startswith(b"listening "):
-            self.stop()
-            raise SystemExit("devio-server did not start")
-        self.port = int(line.split()[1])
-
-    def call(self, method, path, body=None, timeout=60):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            c.request(method, path, json.dumps(body) if body is not None else None,
-                      {"Content-Type": "application/json"})
-            r = c.getresponse()
-            data = r.read()
-            try:
-                return r.status, json.loads(data)
-            except ValueError:
-                return r.status, None
-        finally:
-            c.close()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def plan(seq, tokens):
-    return {"rows": [{"seq": seq, "tokens": tokens}]}
-
-
-def flaky(port, body, after_s, reset):
-    data = json.dumps(body).encode()
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    try:
-        s.sendall(b"POST /v1/step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(data) + data)
-        time.sleep(after_s)
-        if reset:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    finally:
-        s.close()
-
-
-def metric(text, key):
-    for line in text.splitlines():
-        if line.startswith(key + " "):
-            return float(line.split()[-1])
-    return 0.0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_server import Server, metric, plan, step_and_close, tiny_model  # noqa: E402
 
 
 def part_flaky(bins, model, work, n, depth, how):
@@ -127,7 +54,8 @@ def part_flaky(bins, model, work, n, depth, how):
             r = random.Random(k)
             for i in range(k, n, 4):
                 reset = how == "rst" or (how == "mixed" and r.random() < 0.5)
-                flaky(sv.port, plan(seqs[i % len(seqs)], [1, 2, 3]), r.uniform(0, 0.003), reset)
+                step_and_close(sv.port, plan(seqs[i % len(seqs)], [1, 2, 3]), r.uniform(0, 0.003),
+                               reset)
 
         g = threading.Thread(target=good_client)
         g.start()
@@ -143,22 +71,13 @@ def part_flaky(bins, model, work, n, depth, how):
         g.join()
         facts = sv.call("GET", "/v1/facts")[1]
         busy = sum(1 for s in seqs if sv.call("GET", "/v1/sequences/%d" % s)[1]["busy"])
-        reaped = metric(metrics_text(sv), 'devio_tickets_reaped_total{reason="closed"}')
+        reaped = metric(sv.metrics(), 'devio_tickets_reaped_total{reason="closed"}')
         print("flaky steps %-5s depth %d: %d closes in %.1f s; 2 s later %d tickets in flight, %d "
               "busy sequences; %d reaped (closed); good client refused %d depth_exceeded, other %s"
               % (how, depth, n, took, facts["tickets_in_flight"], busy, reaped, refused[0],
                  refused[1]))
     finally:
         sv.stop()
-
-
-def metrics_text(sv):
-    c = http.client.HTTPConnection("127.0.0.1", sv.port, timeout=30)
-    try:
-        c.request("GET", "/metrics")
-        return c.getresponse().read().decode()
-    finally:
-        c.close()
 
 
 def part_abandoned(bins, model, work, lease_ms):
@@ -245,9 +164,7 @@ def main():
     bins = Path(a.bin).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = work / "tiny"
-        subprocess.run([str(bins / "tools" / "mkmodel" / "devio-mkmodel"), "--preset", "tiny",
-                        "--out", str(model)], check=True, capture_output=True)
+        model = tiny_model(bins, work)
         part_flaky(bins, model, work, a.flaky, 2, "fin")
         part_flaky(bins, model, work, a.flaky, 8, "fin")
         part_flaky(bins, model, work, a.flaky, 8, "rst")

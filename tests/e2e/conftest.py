@@ -203,6 +203,18 @@ class Servers:
 
 
 @pytest.fixture
+def stream(servers, tiny_model, bins):
+    """start(*args, step_ms=20, db=None, workdir=None): a server on the tiny model and the
+    stream test device (tests/backend), each step lasting step_ms."""
+    def start(*args, step_ms=20, db=None, workdir=None):
+        return servers.start(tiny_model, ["--backend", "stream", "--backend-path",
+                                          bins.root / "tests" / "backend", *args],
+                             env={"STREAM_BACKEND_STEP_MS": str(step_ms)}, db=db,
+                             workdir=workdir)
+    return start
+
+
+@pytest.fixture
 def servers(bins, contract, tmp_path):
     pool = Servers(bins, contract, tmp_path)
     yield pool

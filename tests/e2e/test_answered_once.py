@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from history import db_rows
+from history import db_rows, wait_until
 
 FULL_BYTES = 4096  # below the sizes of the db and its WAL: every transaction's write fails
 
@@ -33,32 +33,12 @@ def metric(text, key):
     raise AssertionError("no metric %s" % key)
 
 
-def wait_until(fn, timeout=10.0, every=0.02):
-    deadline = time.monotonic() + timeout
-    v = fn()
-    while not v and time.monotonic() < deadline:
-        time.sleep(every)
-        v = fn()
-    return v
-
-
 def keyed(c, method, path, key, body=None):
     return c.request(method, path, body, headers={"Idempotency-Key": key})
 
 
 def replayed(a):
     return a.headers.get("Idempotent-Replayed") == "true"
-
-
-@pytest.fixture
-def stream(servers, tiny_model, bins):
-    """A server on the stream test device, each step lasting step_ms."""
-    def start(*args, step_ms=20, db=None, workdir=None):
-        return servers.start(tiny_model, ["--backend", "stream", "--backend-path",
-                                          bins.root / "tests" / "backend", *args],
-                             env={"STREAM_BACKEND_STEP_MS": str(step_ms)}, db=db,
-                             workdir=workdir)
-    return start
 
 
 def raw_post(port, path, body, timeout=30):

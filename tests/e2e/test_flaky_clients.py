@@ -17,35 +17,13 @@ import threading
 import time
 
 import pytest
-from history import db_rows
-
-STEP_MS = 20
+from history import db_rows, wait_until
 
 
 def plan1(seq, tokens, **row):
     r = {"seq": seq, "tokens": tokens}
     r.update(row)
     return {"rows": [r]}
-
-
-@pytest.fixture
-def stream(servers, tiny_model, bins):
-    """A server on the stream test device, each step lasting step_ms."""
-    def start(*args, step_ms=STEP_MS):
-        return servers.start(tiny_model, ["--backend", "stream", "--backend-path",
-                                          bins.root / "tests" / "backend", *args],
-                             env={"STREAM_BACKEND_STEP_MS": str(step_ms)})
-    return start
-
-
-def wait_until(fn, timeout=10.0, every=0.02):
-    """fn() until it is truthy or timeout passes; its last value."""
-    deadline = time.monotonic() + timeout
-    v = fn()
-    while not v and time.monotonic() < deadline:
-        time.sleep(every)
-        v = fn()
-    return v
 
 
 

@@ -97,6 +97,7 @@ SCRIPTS = [
     ["python3", "tests/python/hf_check.py"],
     ["python3", "tests/bench/server_bench.py"],
     ["python3", "tests/bench/flaky_clients_bench.py"],
+    ["python3", "tests/bench/answered_once_bench.py"],
     ["python3", "tools/bench/side_by_side.py"],
     ["python3", "tests/python/status_table_check.py"],
     ["python3", "tests/python/docs_check.py"],
