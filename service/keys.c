@@ -68,7 +68,8 @@ static json_t *canonical(json_t *v)
         return out;
     case JSON_REAL: {
         double d = json_real_value(v);
-        if (d == (double)(int64_t)d && d > -9.2e18 && d < 9.2e18)
+        /* In range first: casting a double past int64 is undefined. */
+        if (d > -9.2e18 && d < 9.2e18 && d == (double)(int64_t)d)
             return json_integer((json_int_t)d);
         return json_incref(v);
     }
@@ -219,9 +220,27 @@ static void release(devio_server *s, devio_keyed *k)
     k->undo = NULL;
 }
 
+/* k's answer could not be kept under its key (`why`): taken back, what the
+ * request made undone where it can be, and 503 store_unavailable instead. */
+static devio_status take_back(devio_server *s, devio_keyed *k, const char *why,
+                              devio_error *err)
+{
+    bool undone = k->undo != NULL;
+    if (undone)
+        k->undo(s, k->undo_arg);
+    devio_reply_free(&k->answer);
+    release(s, k);
+    return devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
+                      "the answer could not be kept under its Idempotency-Key: %s; retry once "
+                      "/readyz is ready (%s)",
+                      undone ? "what the request made was undone"
+                             : "the request was carried out and cannot be undone, and a retry "
+                               "runs it again",
+                      why);
+}
+
 /* k's recorded answer once its row is written (parked until then when the
- * request can park: r->suspended), or, when the row failed, the answer
- * taken back: what the request made undone, 503 store_unavailable. */
+ * request can park: r->suspended), or, when the row failed, taken back. */
 static devio_status give_answer(devio_server *s, const devio_request *rq, devio_keyed *k,
                                 devio_reply *r, devio_error *err)
 {
@@ -230,24 +249,12 @@ static devio_status give_answer(devio_server *s, const devio_request *rq, devio_
         return DEVIO_OK;
     }
     devio_error werr = {0};
-    if (devio_store_wait(s->store, k->claim->write, &werr) == DEVIO_OK) {
-        *r = k->answer;
-        memset(&k->answer, 0, sizeof k->answer);
-        release(s, k);
-        return DEVIO_OK;
-    }
-    bool undone = k->undo != NULL;
-    if (undone)
-        k->undo(s, k->undo_arg);
-    devio_reply_free(&k->answer);
+    if (devio_store_wait(s->store, k->claim->write, &werr) != DEVIO_OK)
+        return take_back(s, k, werr.message, err);
+    *r = k->answer;
+    memset(&k->answer, 0, sizeof k->answer);
     release(s, k);
-    return devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
-                      "the history cannot be written, so the answer could not be kept under its "
-                      "Idempotency-Key: %s; retry once /readyz is ready (%s)",
-                      undone ? "what the request made was undone"
-                             : "the request was carried out and cannot be undone, and a retry "
-                               "runs it again",
-                      werr.message);
+    return DEVIO_OK;
 }
 
 devio_status devio_keyed_before(devio_server *s, const devio_request *rq, const char *key,
@@ -303,39 +310,30 @@ void devio_keyed_after(devio_server *s, const devio_request *rq, devio_keyed *k,
         release(s, k);
         return;
     }
+    if (*st != DEVIO_OK || r->code < 200 || r->code >= 300 || !r->body) {
+        release(s, k); /* not recorded: a retry runs again */
+        return;
+    }
+    k->answer = *r;
+    memset(r, 0, sizeof *r);
+    /* The body is text: every keyed route answers JSON. */
     uint64_t write = 0;
-    if (*st == DEVIO_OK && r->code >= 200 && r->code < 300 && r->body) {
-        /* The body is text: every keyed route answers JSON. */
-        char *text = malloc(r->len + 1);
-        if (text) {
-            memcpy(text, r->body, r->len);
-            text[r->len] = '\0';
-            devio_key_record rec = {.key = k->claim->key, .request = k->request,
-                                    .digest = k->digest, .code = r->code, .answer = text};
-            write = devio_store_key_put(s->store, &rec);
-            free(text);
-        }
+    char *text = malloc(k->answer.len + 1);
+    if (text) {
+        memcpy(text, k->answer.body, k->answer.len);
+        text[k->answer.len] = '\0';
+        devio_key_record rec = {.key = k->claim->key, .request = k->request, .digest = k->digest,
+                                .code = k->answer.code, .answer = text};
+        write = devio_store_key_put(s->store, &rec);
+        free(text);
     }
-    if (write == 0 && *st == DEVIO_OK && r->code >= 200 && r->code < 300) {
-        /* Answered, but its row could not even be queued: taken back like a
-         * row that failed. */
-        if (k->undo)
-            k->undo(s, k->undo_arg);
-        devio_reply_free(r);
-        *st = devio_fail(err, DEVIO_E_STORE_UNAVAILABLE,
-                         "the answer could not be queued for the history under its "
-                         "Idempotency-Key (out of memory or stopping)%s",
-                         k->undo ? "; what the request made was undone" : "");
-    }
-    if (write == 0) { /* not recorded: a retry runs again */
-        release(s, k);
+    if (write == 0) {
+        *st = take_back(s, k, "its row could not be queued: out of memory, or stopping", err);
         return;
     }
     pthread_mutex_lock(&s->keys.mu);
     k->claim->write = write;
     pthread_mutex_unlock(&s->keys.mu);
-    k->answer = *r;
-    memset(r, 0, sizeof *r);
     k->phase = DEVIO_KEYED_RECORDING;
     *st = give_answer(s, rq, k, r, err);
 }

@@ -98,7 +98,7 @@ struct devio_store {
     ino_t file_ino;
     sqlite3 *wdb;
     sqlite3_stmt *st_begin, *st_commit, *st_rollback;
-    sqlite3_stmt *st_launch, *st_settle, *st_abort, *st_trim, *st_high, *st_beat;
+    sqlite3_stmt *st_launch, *st_settle, *st_abort, *st_trim, *st_beat;
     sqlite3_stmt *st_key, *st_key_trim, *st_key_count_trim;
     sqlite3_stmt *st_savepoint, *st_release, *st_rollback_to;
     int64_t rows_estimate;  /* ticket rows in the file, for retention */
@@ -164,8 +164,9 @@ devio_status store_schema_open(devio_store *s, devio_error *err);
 
 devio_status store_writer_prepare(devio_store *s, devio_error *err);
 void *store_writer_main(void *arg);
-/* Record the ticket id high-water mark (writer connection); SQLITE_DONE on success. */
-int store_writer_high(devio_store *s, int64_t id);
+/* Record the id high-water mark `key` of meta ('ticket_id_high', or one of
+ * store_id_marks) on the writer connection; SQLITE_DONE on success. */
+int store_writer_mark(devio_store *s, const char *key, int64_t value);
 void store_writer_finalize(devio_store *s);
 
 /* ---- health (store_health.c), writer thread only ----------------------------- */

@@ -7,6 +7,7 @@
 
 /* Keys the store owns; meta_set refuses them so the invariants hold. */
 static const char *const reserved_keys[] = {"schema_version", "epoch", "ticket_id_high",
+                                            "seq_id_high", "logits_id_high",
                                             "store_heartbeat_ms"};
 
 devio_status devio_store_meta_get(devio_store *s, const char *key, char *buf, size_t len,

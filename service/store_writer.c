@@ -38,7 +38,6 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
         {&s->st_trim,
          "DELETE FROM tickets WHERE id IN (SELECT id FROM tickets"
          " WHERE status <> 'in_flight' ORDER BY id LIMIT ?1)"},
-        {&s->st_high, "UPDATE meta SET value=?1 WHERE key='ticket_id_high'"},
         {&s->st_mark, "UPDATE meta SET value=?2 WHERE key=?1"},
         {&s->st_beat,
          "INSERT OR REPLACE INTO meta(key, value) VALUES('store_heartbeat_ms', ?1)"},
@@ -65,7 +64,7 @@ devio_status store_writer_prepare(devio_store *s, devio_error *err)
 void store_writer_finalize(devio_store *s)
 {
     sqlite3_stmt *w[] = {s->st_begin, s->st_commit, s->st_rollback, s->st_launch,
-                         s->st_settle, s->st_abort,  s->st_trim,    s->st_high,
+                         s->st_settle, s->st_abort,  s->st_trim,
                          s->st_beat,  s->st_key,    s->st_key_trim, s->st_mark,
                          s->st_key_count_trim, s->st_savepoint, s->st_release,
                          s->st_rollback_to};
@@ -314,7 +313,7 @@ static int insert_counted(devio_store *s, const store_wrec *w, bool settled, int
     if (w->id > *reserved) {
         int64_t mark = w->id > INT64_MAX - STORE_ID_RANGE ? INT64_MAX
                                                           : w->id + STORE_ID_RANGE - 1;
-        int rc = store_writer_high(s, mark);
+        int rc = store_writer_mark(s, "ticket_id_high", mark);
         if (rc != SQLITE_DONE)
             return rc;
         *reserved = mark;
@@ -424,12 +423,13 @@ static void mark_failed(store_wrec *from, const store_wrec *to_excl, const char 
     }
 }
 
-int store_writer_high(devio_store *s, int64_t id)
+int store_writer_mark(devio_store *s, const char *key, int64_t value)
 {
     char txt[32];
-    snprintf(txt, sizeof txt, "%" PRId64, id);
-    sqlite3_bind_text(s->st_high, 1, txt, -1, SQLITE_TRANSIENT);
-    return store_step_reset(s->st_high);
+    snprintf(txt, sizeof txt, "%" PRId64, value);
+    sqlite3_bind_text(s->st_mark, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s->st_mark, 2, txt, -1, SQLITE_TRANSIENT);
+    return store_step_reset(s->st_mark);
 }
 
 /* Delete the oldest rows with `trim` once a table of `rows` is `slack` past
@@ -480,11 +480,7 @@ static int keep_marks_ahead(devio_store *s, int64_t marks[STORE_N_ID_KINDS])
             continue;
         marks[k] = used > (uint64_t)(INT64_MAX - STORE_ID_RANGE) ? INT64_MAX
                                                                   : (int64_t)used + STORE_ID_RANGE;
-        char txt[32];
-        snprintf(txt, sizeof txt, "%" PRId64, marks[k]);
-        sqlite3_bind_text(s->st_mark, 1, store_id_marks[k], -1, SQLITE_STATIC);
-        sqlite3_bind_text(s->st_mark, 2, txt, -1, SQLITE_TRANSIENT);
-        int rc = store_step_reset(s->st_mark);
+        int rc = store_writer_mark(s, store_id_marks[k], marks[k]);
         if (rc != SQLITE_DONE)
             return rc;
     }

@@ -44,6 +44,10 @@ static void test_id_marks(void **state)
     s = open_with(c, 0);
     devio_store_first_ids(s, &seq, &logits);
     assert_true(seq > 5 && logits > 9);
+    /* The marks are the store's own: not for devio_store_meta_set. */
+    devio_error err = {0};
+    assert_int_equal(devio_store_meta_set(s, "seq_id_high", "1", &err), DEVIO_E_INVALID);
+    assert_int_equal(devio_store_meta_set(s, "logits_id_high", "1", &err), DEVIO_E_INVALID);
     /* The first id of this process passes the mark: it moves a range ahead; later ids
      * within that range move nothing. */
     devio_store_ids_used(s, seq, logits);
