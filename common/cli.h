@@ -32,7 +32,7 @@ typedef struct devio_opt {
 } devio_opt;
 
 /* A table of options shared by several binaries, e.g. the device's
- * (device/options.h): its offsets are from `base` in the caller's struct,
+ * (device/core/options.h): its offsets are from `base` in the caller's struct,
  * and the table ends at an entry whose flag is NULL. */
 typedef struct devio_opt_group {
     const devio_opt *opts;

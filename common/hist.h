@@ -1,5 +1,5 @@
 /* hist.h - a histogram over fixed upper bounds, the shape Prometheus exports
- * (service/metrics.c renders it; the store times its commits with one).
+ * (service/metrics/metrics.c renders it; the store times its commits with one).
  * Plain data: no locking (the owner's lock guards it), no allocation. */
 #ifndef DEVIO_HIST_H
 #define DEVIO_HIST_H

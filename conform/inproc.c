@@ -7,7 +7,7 @@
 #include "api/codec.h"
 #include "api/plan_run.h"
 #include "conform/inproc.h"
-#include "device/model.h"
+#include "device/model/model.h"
 #include "device/status.h"
 
 typedef devio_status (*op_fn)(devio_device *d, const json_t *body, json_t **result,

@@ -9,9 +9,9 @@
 #include "common/cli.h"
 #include "conform/inproc.h"
 #include "conform/script.h"
-#include "device/backend.h"
-#include "device/model.h"
-#include "device/options.h"
+#include "device/backend/backend.h"
+#include "device/model/model.h"
+#include "device/core/options.h"
 #include "ref/builtin.h"
 #if !defined(__wasm__)
 #include "ref/ref_isa.h"
@@ -20,6 +20,7 @@
 typedef struct flags {
     const char *model, *adapters, *backend, *backend_path;
     devio_config dev;
+    devio_model_params load;
     bool sync;
 } flags;
 
@@ -38,7 +39,8 @@ static const devio_opt opts[] = {
 };
 #undef F
 
-static const devio_opt_group groups[] = {{devio_config_options, offsetof(flags, dev)}};
+static const devio_opt_group groups[] = {{devio_config_options, offsetof(flags, dev)},
+                                          {devio_model_options, offsetof(flags, load)}};
 
 static const devio_cli cli = {
     .prog = "devio-ref",
@@ -49,13 +51,14 @@ static const devio_cli cli = {
     .opts = opts,
     .n_opts = sizeof opts / sizeof *opts,
     .groups = groups,
-    .n_groups = 1,
+    .n_groups = 2,
     .max_args = 1,
 };
 
 int main(int argc, char **argv)
 {
-    flags f = {.dev = devio_config_default(), .backend = "ref"};
+    flags f = {.dev = devio_config_default(), .load = devio_model_params_default(),
+               .backend = "ref"};
     const char *script = NULL;
     uint32_t n_args = 0;
     /* --help ends with the reference's instruction-set paths (ref/ref_isa.h).
@@ -89,8 +92,7 @@ int main(int argc, char **argv)
     devio_registry reg;
     const devio_backend_ops *ops = NULL;
     devio_registry_builtin(&reg, f.backend_path);
-    devio_model_params mp = devio_model_params_default();
-    mp.skip_weight_scan = f.dev.skip_weight_scan;
+    devio_model_params mp = f.load;
     if (devio_model_load_with(model_dir, &mp, &model, &err) != DEVIO_OK) {
         fprintf(stderr, "devio-ref: %s: %s\n", devio_status_str(err.status), err.message);
         goto out_close;

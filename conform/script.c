@@ -6,7 +6,7 @@
 
 #include "api/codec.h"
 #include "conform/script.h"
-#include "device/sha256.h"
+#include "common/sha256.h"
 #include "device/status.h"
 
 #define MAX_NAMES 4096

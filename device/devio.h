@@ -20,46 +20,47 @@
 extern "C" {
 #endif
 
-/* The one status enum of the device core. service/http_error.c is the only
- * place that maps it to HTTP codes. */
+/* The one status enum, one numbering for every layer (device/status.c names
+ * each code). The device returns the codes up to DEVIO_E_DEVICE; the codes
+ * after it are returned only by the server, and are documented with the
+ * server (service/http/http_error.h). */
 typedef enum devio_status {
     DEVIO_OK = 0,
-    DEVIO_E_INVALID,          /* malformed plan, effect, parameter (400) */
-    DEVIO_E_UNKNOWN_SEQ,      /* no such sequence (404) */
-    DEVIO_E_UNKNOWN_TICKET,   /* no such ticket (404) */
-    DEVIO_E_UNKNOWN_LOGITS,   /* no such logits handle (404) */
-    DEVIO_E_UNKNOWN_ADAPTER,  /* plan or command names an adapter not loaded (404) */
-    DEVIO_E_SEQ_BUSY,         /* sequence inside an unawaited ticket (409) */
-    DEVIO_E_DEPTH_EXCEEDED,   /* max_depth tickets already in flight (409) */
-    DEVIO_E_TICKET_CONSUMED,  /* ticket already awaited (409) */
-    DEVIO_E_TICKET_PENDING,   /* await timed out, retry (408) */
-    DEVIO_E_OUT_OF_KV_BLOCKS, /* plan needs more KV blocks than are free (409) */
-    DEVIO_E_OUT_OF_LOGITS,    /* no free logits handle or rows (409) */
-    DEVIO_E_OUT_OF_SEQS,      /* sequence table full (409) */
-    DEVIO_E_OUT_OF_SSM_SLOTS, /* no free SSM state slot (409) */
-    DEVIO_E_OUT_OF_SNAPSHOTS, /* no free SSM snapshot slot (409) */
-    DEVIO_E_NO_SNAPSHOT,      /* truncate to a length with no SSM snapshot (409) */
-    DEVIO_E_ADAPTER_CAPACITY, /* max_loras loaded and none evictable (409) */
-    DEVIO_E_UNSUPPORTED,      /* feature absent from this model or build (400) */
-    DEVIO_E_TOO_LARGE,        /* plan over max_rows/max_batch_tokens/max_seq_len (413) */
-    DEVIO_E_TORN_DOWN,        /* device torn down (503) */
-    DEVIO_E_MODEL,            /* model files missing or malformed (500 at start) */
-    DEVIO_E_IO,               /* file system error (500) */
-    DEVIO_E_NOMEM,            /* allocation failed (500) */
-    DEVIO_E_DEVICE,           /* backend failure (500) */
-    /* Service-level codes share the enum so that one table maps all to HTTP. */
-    DEVIO_E_UNAUTHORIZED,     /* missing or wrong bearer token (401) */
-    DEVIO_E_NOT_FOUND,        /* no such route (404) */
-    DEVIO_E_METHOD,           /* route exists, method does not (405) */
-    DEVIO_E_NOT_READY,        /* starting or shutting down (503) */
-    DEVIO_E_STORE_UNAVAILABLE,/* the ticket history cannot be written: nothing was done (503) */
-    DEVIO_E_BAD_FRAMING,      /* Content-Length or Transfer-Encoding headers that disagree (400) */
-    DEVIO_E_TOO_MANY_CONNECTIONS, /* connection limit reached, in all or from one address (503) */
-    DEVIO_E_MEDIA_TYPE,       /* a body whose Content-Type is not JSON (415) */
-    DEVIO_E_TICKET_REAPED,    /* the server settled the ticket for nobody: its lease ran out
-                                 or its /v1/step connection closed (410) */
-    DEVIO_E_KEY_IN_USE,       /* a request with the same Idempotency-Key is under way (409) */
-    DEVIO_E_KEY_REUSED,       /* an Idempotency-Key already answered a different request (422) */
+    DEVIO_E_INVALID,          /* malformed plan, effect or parameter */
+    DEVIO_E_UNKNOWN_SEQ,      /* no such sequence */
+    DEVIO_E_UNKNOWN_TICKET,   /* no such ticket */
+    DEVIO_E_UNKNOWN_LOGITS,   /* no such logits handle */
+    DEVIO_E_UNKNOWN_ADAPTER,  /* a plan or command names an adapter not loaded */
+    DEVIO_E_SEQ_BUSY,         /* the sequence is in a ticket not yet awaited */
+    DEVIO_E_DEPTH_EXCEEDED,   /* max_depth tickets already in flight */
+    DEVIO_E_TICKET_CONSUMED,  /* the ticket was already awaited */
+    DEVIO_E_TICKET_PENDING,   /* the await's timeout passed first; await again */
+    DEVIO_E_OUT_OF_KV_BLOCKS, /* the plan needs more KV blocks than are free */
+    DEVIO_E_OUT_OF_LOGITS,    /* no free logits handle or rows */
+    DEVIO_E_OUT_OF_SEQS,      /* the sequence table is full */
+    DEVIO_E_OUT_OF_SSM_SLOTS, /* no free SSM state slot */
+    DEVIO_E_OUT_OF_SNAPSHOTS, /* no free SSM snapshot slot */
+    DEVIO_E_NO_SNAPSHOT,      /* truncate to a length with no SSM snapshot */
+    DEVIO_E_ADAPTER_CAPACITY, /* max_loras loaded and none evictable */
+    DEVIO_E_UNSUPPORTED,      /* a feature this model or build lacks */
+    DEVIO_E_TOO_LARGE,        /* a plan over max_rows, max_batch_tokens or max_seq_len */
+    DEVIO_E_TORN_DOWN,        /* the device was torn down */
+    DEVIO_E_MODEL,            /* model files missing or malformed */
+    DEVIO_E_IO,               /* a file system error */
+    DEVIO_E_NOMEM,            /* an allocation failed */
+    DEVIO_E_DEVICE,           /* the backend failed */
+    /* The server's own codes (service/http/http_error.h). */
+    DEVIO_E_UNAUTHORIZED,
+    DEVIO_E_NOT_FOUND,
+    DEVIO_E_METHOD,
+    DEVIO_E_NOT_READY,
+    DEVIO_E_STORE_UNAVAILABLE,
+    DEVIO_E_BAD_FRAMING,
+    DEVIO_E_TOO_MANY_CONNECTIONS,
+    DEVIO_E_MEDIA_TYPE,
+    DEVIO_E_TICKET_REAPED,
+    DEVIO_E_KEY_IN_USE,
+    DEVIO_E_KEY_REUSED,
     DEVIO_STATUS_COUNT
 } devio_status;
 
@@ -79,10 +80,10 @@ typedef struct devio_error {
                             blocking ticket), 0 when none; details.ticket on the wire */
 } devio_error;
 
-typedef struct devio_model devio_model;   /* device/model.h */
+typedef struct devio_model devio_model;   /* device/model/model.h */
 typedef struct devio_device devio_device; /* opaque */
 
-/* Sampling parameters. Exact definitions live in device/sampler.h. */
+/* Sampling parameters. Exact definitions live in device/sample/sampler.h. */
 typedef struct devio_sample_params {
     float temperature; /* 0 = greedy */
     int32_t top_k;     /* 0 = off */
@@ -96,7 +97,7 @@ devio_sample_params devio_sample_params_default(void);
 /* Top logprobs a sample may ask for with each token. */
 #define DEVIO_TOP_LOGPROBS_MAX 20u
 
-/* What a sample does besides its params (device/sampler.h, steps 0b and 1b):
+/* What a sample does besides its params (device/sample/sampler.h, steps 0b and 1b):
  * logit processing before the draw, and the top logprobs reported with it.
  * Every pointer is borrowed for the call that takes it (a launch copies
  * them). A zeroed struct asks for nothing. */
@@ -239,7 +240,7 @@ typedef struct devio_facts {
 /* Snapshot lengths a sequence's info lists (its count is always exact). */
 #define DEVIO_SEQ_SNAPSHOTS_LISTED 64u
 
-/* State of one sequence, for GET /v1/sequences/{id}. */
+/* The state of one sequence: its length, blocks, ticket and snapshots. */
 typedef struct devio_seq_info {
     uint64_t seq;
     uint32_t len, blocks;
@@ -282,7 +283,7 @@ typedef enum devio_adapter_state {
 #define DEVIO_ADAPTER_TARGETS_MAX 128
 #define DEVIO_ADAPTER_REASON_MAX 320
 
-/* The one adapter record: what the device, the store, HTTP and scripts say
+/* The one adapter record: what the device and every layer above it say
  * about an adapter (api/adapter_record.h has its helpers). Plain data with
  * its own storage: copy it, keep it, free nothing. The device fills every
  * field but the store's (loaded_ms, last_used_ms, reason), which it leaves 0. */
@@ -311,7 +312,7 @@ typedef struct devio_adapter_ack {
 
 void devio_adapter_ack_free(devio_adapter_ack *a);
 
-/* strict: every number bit-identical to the reference (device/numspec.h);
+/* strict: every number bit-identical to the reference (device/numerics/numspec.h);
  * fast: a backend's own kernels, within a stated tolerance of it. */
 typedef enum devio_numerics {
     DEVIO_NUMERICS_STRICT = 0,
@@ -351,8 +352,6 @@ typedef struct devio_config {
     uint64_t first_seq_id;     /* sequence ids start here; 0 = 1 */
     uint64_t first_logits_id;  /* logits handle ids start here; 0 = 1 */
     bool use_worker_thread;    /* false: steps run inside devio_await/devio_apply */
-    bool skip_weight_scan;     /* read by the binaries when they load the model (not by
-                                  devio_open): devio_model_params.skip_weight_scan */
     /* Called on the worker thread, without the device lock, after each step
      * settles: an await of `ticket` would now answer at once. It must not
      * call the device and must return quickly (it delays the next step).
@@ -370,10 +369,10 @@ typedef struct devio_config {
 
 devio_config devio_config_default(void);
 
-typedef struct devio_backend_ops devio_backend_ops; /* device/backend.h */
+typedef struct devio_backend_ops devio_backend_ops; /* device/backend/backend.h */
 
-/* What GET /v1/device reports of the device: the backend actually running
- * and what it says of its hardware. */
+/* What the device is: the backend actually running and what it says of
+ * its hardware. */
 typedef struct devio_device_info {
     char backend[32];            /* the backend's name: "ref", "cuda", ... */
     devio_numerics numerics;
@@ -479,7 +478,7 @@ typedef enum devio_logits_state {
     DEVIO_LOGITS_FAILED,      /* its step failed: released when the ticket is awaited */
 } devio_logits_state;
 
-/* One live logits handle, for GET /v1/logits. */
+/* One live logits handle: whose it is and how many positions it holds. */
 typedef struct devio_logits_info {
     uint64_t logits, seq, ticket; /* the handle, the sequence that owns it, its step */
     uint32_t rows;                /* positions it holds */

@@ -67,7 +67,7 @@ def cuda_emu_targets():
         # everything that depends on it.
         includes = ["emu"],
         copts = EMU_CXX,
-        deps = ["//device:numerics"],
+        deps = ["//device/numerics"],
     )
     native.cc_library(
         name = "cuda_kernels_emu",
@@ -104,7 +104,7 @@ def cuda_emu_targets():
             ":cuda_kernels_emu",
             ":cuda_plan",
             ":emu_runtime",
-            "//device",
+            "//device/core",
         ],
     )
     devio_plugin(
@@ -164,7 +164,7 @@ def cuda_emu_mutants():
                 ":cuda_kernels_emu_" + m,
                 ":cuda_plan",
                 ":emu_runtime",
-                "//device",
+                "//device/core",
             ],
         )
         devio_plugin(
@@ -188,7 +188,7 @@ def cuda_backend_targets():
             "cuda_proc.h",
             "cuda_ssm.h",
         ],
-        deps = ["//device"],
+        deps = ["//device/core"],
     )
     if not HAS_NVCC:
         return
@@ -200,9 +200,9 @@ def cuda_backend_targets():
                 unit + ".cu",
                 "cuda_kernels.h",
                 "cuda_warp.cuh",
-                "//device:numerics.h",
-                "//device:quant.h",
-                "//device:sample_rule.h",
+                "//device/numerics:numerics.h",
+                "//device/numerics:quant.h",
+                "//device/numerics:sample_rule.h",
             ] + ([hdr] if hdr != "cuda_kernels.h" else []),
             outs = [unit + ".pic.o"],
             cmd = "%s %s -I. -c $(location %s.cu) -o $@" % (NVCC, NVCC_FLAGS, unit),
@@ -228,7 +228,7 @@ def cuda_backend_targets():
         linkopts = ["-lstdc++", "-ldl"],
         deps = [
             ":cuda_plan",
-            "//device",
+            "//device/core",
             "@cuda//:cudart",
         ],
     )
@@ -265,7 +265,7 @@ def devio_cuda_emu_test(name, src, deps = [], **kwargs):
         srcs = [src],
         deps = deps + [
             "//kernels:cuda_backend_emu",
-            "//device",
+            "//device/core",
             "@system//:cmocka",
         ],
         data = ["//kernels:libdevio-backend-cuda-emu.so"],
@@ -284,7 +284,7 @@ def devio_cuda_test(name, deps = [], data = [], srcs_extra = [], **kwargs):
         srcs = [name + ".c"] + srcs_extra,
         deps = deps + [
             "//kernels:cuda_backend",
-            "//device",
+            "//device/core",
             "@system//:cmocka",
         ],
         data = data + ["//kernels:libdevio-backend-cuda.so"],

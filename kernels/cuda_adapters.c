@@ -9,7 +9,7 @@
 #include "kernels/cuda_state.h"
 
 /* An adapter naming a target this backend does not apply (one that
- * device/adapter.h gains before cuda_plan_lora_dims knows it) is refused
+ * device/adapter/adapter.h gains before cuda_plan_lora_dims knows it) is refused
  * rather than run without it. */
 static devio_status targets_known(const cuda_state *st, const devio_adapter *a, devio_error *err)
 {

@@ -12,7 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "device/numerics.h"
+#include "device/numerics/numerics.h"
 #include "device/status.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_fast.h"

@@ -1,11 +1,11 @@
-/* cuda_backend.h - the CUDA backend: device/backend.h on one NVIDIA GPU
- * through the CUDA runtime, strict numerics (device/numspec.h) bit for bit.
+/* cuda_backend.h - the CUDA backend: device/backend/backend.h on one NVIDIA GPU
+ * through the CUDA runtime, strict numerics (device/numerics/numspec.h) bit for bit.
  * Shipped as the plugin libdevio-backend-cuda.so; linked directly only by
  * its tests. The state it creates is owned by the core through the vtable. */
 #ifndef DEVIO_CUDA_BACKEND_H
 #define DEVIO_CUDA_BACKEND_H
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 
 extern const devio_backend_ops devio_cuda_backend;
 

@@ -6,8 +6,8 @@
 #include <float.h>
 #include <stdint.h>
 
-#include "device/numerics.h"
-#include "device/quant.h"
+#include "device/numerics/numerics.h"
+#include "device/numerics/quant.h"
 #include "kernels/cuda_fast.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_warp.cuh"

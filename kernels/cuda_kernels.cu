@@ -1,4 +1,4 @@
-/* cuda_kernels.cu - the kernels of cuda_kernels.h: device/numspec.h on a GPU.
+/* cuda_kernels.cu - the kernels of cuda_kernels.h: device/numerics/numspec.h on a GPU.
  * The definition's 32 lanes are a warp's 32 threads: lane l accumulates the
  * terms l, l+32, ... in order, and fold() (kernels/cuda_warp.cuh) is its
  * xor-shuffle tree, so every reduction gives the reference's bits. Every
@@ -9,8 +9,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "device/numerics.h"
-#include "device/quant.h"
+#include "device/numerics/numerics.h"
+#include "device/numerics/quant.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_warp.cuh"
 
@@ -18,7 +18,7 @@
 #define TILE 8  /* token rows a warp's lanes hold partial sums for at once */
 #define KEYS 4  /* keys whose scores attention computes at once */
 
-/* ggml's number of a quantized dtype (device/quant.h), 0 for the others. */
+/* ggml's number of a quantized dtype (device/numerics/quant.h), 0 for the others. */
 __host__ __device__ constexpr uint32_t ggml_type(int dt)
 {
     return dt == CUDA_Q8_0 ? (uint32_t)DEVIO_QT_Q8_0 : dt == CUDA_Q4_0 ? (uint32_t)DEVIO_QT_Q4_0

@@ -1,5 +1,5 @@
 /* cuda_kernels.h - the CUDA backend's kernels, as C functions that enqueue
- * them on a stream: every one follows device/numspec.h operation for
+ * them on a stream: every one follows device/numerics/numspec.h operation for
  * operation (the rule numbers below are that header's), with one warp doing
  * what the definition calls the 32 lanes. Shared by cuda_kernels.cu (nvcc)
  * and cuda_backend.c (the C compiler): no CUDA types cross it.
@@ -17,9 +17,9 @@
 extern "C" {
 #endif
 
-/* Weight dtypes, as device/model.h numbers them. The block-quantized ones
+/* Weight dtypes, as device/model/model.h numbers them. The block-quantized ones
  * stay as GGUF stores them (rows of whole blocks, in place), and a kernel
- * widens each element with device/quant.h's devio_quant_elem. */
+ * widens each element with device/numerics/quant.h's devio_quant_elem. */
 enum {
     CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2,
     CUDA_Q8_0, CUDA_Q4_0, CUDA_Q4_1, CUDA_Q5_0, CUDA_Q5_1, CUDA_Q4_K, CUDA_Q5_K, CUDA_Q6_K,

@@ -2,7 +2,7 @@
  * counts in uint64_t with an overflow check; nothing here may allocate. */
 #include "kernels/cuda_plan.h"
 
-#include "device/adapter.h"
+#include "device/adapter/adapter.h"
 #include "kernels/cuda_fast.h"
 #include "kernels/cuda_sample.h"
 #include "kernels/cuda_ssm.h"

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 
 /* What the backend keeps free of its own allocations on the device, for the
  * CUDA context, kernels' stacks and the allocator's rounding: a fixed part

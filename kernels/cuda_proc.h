@@ -1,5 +1,5 @@
 /* cuda_proc.h - step 0b's record for the GPU sampler (kernels/cuda_sample.h gives the layout)
- * from the host's devio_logit_proc (device/sampler.h): host code only, inline, nothing owned;
+ * from the host's devio_logit_proc (device/sample/sampler.h): host code only, inline, nothing owned;
  * the record's arrays are copied, q's are borrowed for the call. */
 #ifndef DEVIO_CUDA_PROC_H
 #define DEVIO_CUDA_PROC_H
@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "device/sampler.h"
+#include "device/sample/sampler.h"
 #include "kernels/cuda_sample.h"
 
 /* The words of q's record. */

@@ -1,4 +1,4 @@
-/* cuda_sample.cu - device/sampler.h on the GPU for the rows cuda_sample.h takes: a block of
+/* cuda_sample.cu - device/sample/sampler.h on the GPU for the rows cuda_sample.h takes: a block of
  * SAMPLE_THREADS per row. Maxima and argmaxes are exact whatever the order of the reduction
  * (ties to the lowest id, as the definition says); the definition's sums (devio_lane_sum) run
  * as it writes them, lane l of warp 0 adding ids l, l + 32, ... in order and the lanes folded
@@ -8,8 +8,8 @@
 #include <float.h>
 #include <stdint.h>
 
-#include "device/numerics.h"
-#include "device/sample_rule.h"
+#include "device/numerics/numerics.h"
+#include "device/numerics/sample_rule.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_sample.h"
 #include "kernels/cuda_warp.cuh"
@@ -236,7 +236,7 @@ __device__ void process(const float *l, uint32_t V, const uint32_t *a, float *w,
     __syncthreads();
 }
 
-/* Block j: job j (cuda_sample.h), steps 0 to 8 of device/sampler.h without 1b. */
+/* Block j: job j (cuda_sample.h), steps 0 to 8 of device/sample/sampler.h without 1b. */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     k_sample(const float *logits, uint32_t V, const cuda_sample_job *jobs, const uint32_t *args,
              float *scratch, cuda_sample_out *out)

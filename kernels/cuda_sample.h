@@ -1,7 +1,7 @@
 /* cuda_sample.h - sampling on the GPU under fast numerics (kernels/cuda_sample.cu): device/
  * sampler.h's definition, bit for bit on the same logits, for every parameter the
  * definition has but top logprobs: step 0b's logit processing, greedy, temperature, top-k,
- * top-p, min-p; the Philox stream and Gumbel noise of device/sample_rule.h. As
+ * top-p, min-p; the Philox stream and Gumbel noise of device/numerics/sample_rule.h. As
  * cuda_kernels.h: no CUDA types cross it, 0 = cudaSuccess, device pointers borrowed for the
  * life of the enqueued work. */
 #ifndef DEVIO_CUDA_SAMPLE_H
@@ -27,7 +27,7 @@ typedef struct cuda_sample_job {
 /* Step 0b's record in args, 32-bit words: n_bias, n_banned, n_history, has_allowed, then the
  * bits of repetition_penalty, presence_penalty and frequency_penalty, then bias ids [n_bias],
  * biases [n_bias] (float bits), the allowed mask [(vocab + 31) / 32] when has_allowed, banned
- * ids [n_banned] and the history [n_history] (device/sampler.h's devio_logit_proc). */
+ * ids [n_banned] and the history [n_history] (device/sample/sampler.h's devio_logit_proc). */
 enum { CUDA_PROC_HEAD = 7 }; /* kernels/cuda_proc.h lays records down */
 
 /* A job's result: the token and its logprob (step 1), or token -1 when every logit of the row

@@ -1,17 +1,17 @@
 /* cuda_sampling.c - where a step's logits go after lm_head, and the backend's sample and
- * logits_read slots (device/backend.h). Strict numerics copy every output's logits to its
+ * logits_read slots (device/backend/backend.h). Strict numerics copy every output's logits to its
  * slot of the host arena (pinned here when it can be) and read them from there. Fast numerics
  * keep each slot's logits on the GPU (dlogits) and copy a row to the host only when the core
  * reads it; each row the core asks is sampled on the GPU from the logits staging rows
  * (kernels/cuda_sample.h), and a row only sampled is never kept; when the staging rows cannot
- * hold the step's outputs, device/sampler.c samples in wait, from the kept logits. Every
- * result is device/sampler.h's definition on the step's logits. */
+ * hold the step's outputs, device/sample/sampler.c samples in wait, from the kept logits. Every
+ * result is device/sample/sampler.h's definition on the step's logits. */
 #include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
 
-#include "device/sampler.h"
+#include "device/sample/sampler.h"
 #include "device/status.h"
 #include "kernels/cuda_proc.h"
 #include "kernels/cuda_sample.h"

@@ -10,7 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "device/numerics.h"
+#include "device/numerics/numerics.h"
 #include "kernels/cuda_ssm.h"
 #include "kernels/cuda_warp.cuh"
 

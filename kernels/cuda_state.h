@@ -12,9 +12,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "device/adapter.h"
-#include "device/backend.h"
-#include "device/sampler.h"
+#include "device/adapter/adapter.h"
+#include "device/backend/backend.h"
+#include "device/sample/sampler.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_plan.h"
 #include "kernels/cuda_sample.h"
@@ -29,7 +29,7 @@ typedef struct cuda_mixer_w {
     uint64_t state_off; /* its floats' offset inside a state slot */
 } cuda_mixer_w;
 
-/* A layer's projections as loaded (dtype as device/model.h numbers it). An
+/* A layer's projections as loaded (dtype as device/model/model.h numbers it). An
  * attention layer has wq..wo and KV pool `kv` (its attention ordinal); a
  * mixer layer has mx. Both have the MLP unless the shape says none. */
 typedef struct cuda_layer {

@@ -1,4 +1,4 @@
-/* cuda_warp.cuh - the 32-lane rule of device/numspec.h on a warp, shared by
+/* cuda_warp.cuh - the 32-lane rule of device/numerics/numspec.h on a warp, shared by
  * the backend's .cu files: the definition's 32 lanes are a warp's 32
  * threads, and fold() is the definition's tree (for w = 16 .. 1, p[l] =
  * p[l] + p[l + w] for l < w) as xor shuffles. Device code only. */
@@ -8,7 +8,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "device/numerics.h"
+#include "device/numerics/numerics.h"
 #include "kernels/cuda_kernels.h"
 
 #define FULL 0xffffffffu

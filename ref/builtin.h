@@ -3,7 +3,7 @@
 #ifndef DEVIO_REF_BUILTIN_H
 #define DEVIO_REF_BUILTIN_H
 
-#include "device/registry.h"
+#include "device/backend/registry.h"
 
 /* Fill *r with the built-in backends (ref) and the plugin directory
  * (borrowed; NULL = next to the running binary). Close it with

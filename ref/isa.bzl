@@ -78,8 +78,8 @@ def ref_isa_library(path, march, **kwargs):
         copts = march + REF_ISA_COPTS + ref_isa_renames(path),
         deps = [
             ":pool",
-            "//device",
-            "//device:numerics",
+            "//device/core",
+            "//device/numerics",
         ],
         **kwargs
     )

@@ -15,7 +15,7 @@
 #include <unistd.h>
 #endif
 
-#include "device/numerics.h"
+#include "device/numerics/numerics.h"
 #include "device/status.h"
 #include "ref/ref_state.h"
 
@@ -207,7 +207,7 @@ static bool create_buffers(ref_state *st)
 }
 
 /* Ask the kernel to page out [p, p + n): the model's bytes are anonymous
- * memory (device/safetensors.c), so with swap they are written out and come
+ * memory (device/model/safetensors.c), so with swap they are written out and come
  * back if anything reads them again, and without swap nothing happens.
  * MADV_PAGEOUT never discards data, so this is only ever a hint; where it
  * does nothing a model's projections are resident twice (its bytes and the

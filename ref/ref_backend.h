@@ -3,7 +3,7 @@
 #ifndef DEVIO_REF_BACKEND_H
 #define DEVIO_REF_BACKEND_H
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 
 extern const devio_backend_ops devio_ref_backend;
 

@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device/numerics.h"
-#include "device/numerics_vec.h"
-#include "device/quant.h"
+#include "device/numerics/numerics.h"
+#include "device/numerics/numerics_vec.h"
+#include "device/numerics/quant.h"
 #include "ref/ref_vec.h"
 
 /* Vectors per panel row of 16 outputs, the token group G (tokens whose x is
@@ -178,7 +178,7 @@ static ALWAYS_INLINE size_t qscale_at(const wsrc *q, uint32_t kk, uint32_t lane)
 }
 
 /* A quantized panel widened into dst as a binary32 panel (the same order):
- * S * q (+ M), each element's value (device/quant.h), VL rows at a time. */
+ * S * q (+ M), each element's value (device/numerics/quant.h), VL rows at a time. */
 static void widen_qpanel(const ref_panels *p, uint32_t panel, float *dst)
 {
     const wsrc src = qsrc(p, panel);
@@ -273,7 +273,7 @@ static void xpack_run(void *ctx, uint32_t g, uint32_t thread)
 /* ---- the micro-kernel -------------------------------------------------- */
 
 /* Pseudo-dtypes of the micro-kernel for a quantized panel, widened in
- * registers as S * q (MK_QO: then + M), device/quant.h's value. */
+ * registers as S * q (MK_QO: then + M), device/numerics/quant.h's value. */
 enum { MK_Q = 100, MK_QO = 101 };
 
 /* One panel (16 outputs) against the TN tokens of a packed group xp, over all

@@ -1,6 +1,6 @@
 /* ref_gemm.h - the reference backend's projections: weights packed once into
  * panels, activations packed per call, and a register-blocked micro-kernel
- * that computes every output by the lane rule of device/numspec.h (rule 3),
+ * that computes every output by the lane rule of device/numerics/numspec.h (rule 3),
  * bit for bit what ref_lane_dot gives, for any number of tokens.
  *
  * Layout (docs/numerics.md, "Projections"): a weight [m, n] becomes
@@ -14,7 +14,7 @@
  * and columns past n are zeros. The dtype is kept (bf16 and f16 are widened
  * in registers, or once per block of tokens into the thread's scratch when
  * a panel serves several groups), so a packed weight takes as many bytes as
- * the file's. A quantized weight (device/quant.h) keeps one int8 per element
+ * the file's. A quantized weight (device/numerics/quant.h) keeps one int8 per element
  * in that order (its split form's q) and, per step and row, the scale (and
  * offset) of each group of 32 inputs (16 for Q6_K); it is widened into the
  * thread's scratch, exactly, before every use: about 1.1 to 1.3 bytes per
@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 #include "ref/pool.h"
 #include "ref/ref_kernels.h"
 

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 
 /* The environment variable that names the path to run instead of the
  * widest this CPU runs: "baseline", "avx2" or "avx512" on x86-64. */

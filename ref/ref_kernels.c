@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device/numerics.h"
-#include "device/numerics_vec.h"
-#include "device/quant.h"
+#include "device/numerics/numerics.h"
+#include "device/numerics/numerics_vec.h"
+#include "device/numerics/quant.h"
 #include "ref/ref_vec.h"
 
 /* Keys ahead whose K or V row is prefetched in attention. */

@@ -1,5 +1,5 @@
 /* ref_kernels.h - the math of the reference backend: vectorised kernels that
- * follow device/numspec.h operation for operation (the rule numbers below are
+ * follow device/numerics/numspec.h operation for operation (the rule numbers below are
  * that header's). Never allocates; never calls libm. */
 #ifndef DEVIO_REF_KERNELS_H
 #define DEVIO_REF_KERNELS_H
@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device/backend.h"
-#include "device/model.h"
+#include "device/backend/backend.h"
+#include "device/model/model.h"
 #include "ref/pool.h"
 
 /* Floats of a thread's projection partials (ref_gemm.c): two operands x
@@ -45,7 +45,7 @@ float ref_lane_dot(const float *a, const float *b, uint32_t n);
 float ref_lane_sum(const float *x, uint32_t n);
 
 /* Widen n elements of dtype dt at src into dst (a quantized dtype: n a
- * whole number of blocks, each element's value by device/quant.h). */
+ * whole number of blocks, each element's value by device/numerics/quant.h). */
 void ref_widen(devio_dtype dt, const void *src, float *dst, size_t n);
 
 /* rmsnorm of rule 2: y[0..d) from x[0..d) (may not alias), w f32 [d]. */

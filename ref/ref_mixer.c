@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "device/numerics.h"
+#include "device/numerics/numerics.h"
 #include "ref/ref_kernels.h"
 
 /* Channels of the conv per job. */

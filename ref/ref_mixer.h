@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 #include "ref/pool.h"
 
 /* One mixer layer's small weights, widened to binary32 once at create. */

@@ -10,8 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device/adapter.h"
-#include "device/backend.h"
+#include "device/adapter/adapter.h"
+#include "device/backend/backend.h"
 #include "ref/pool.h"
 #include "ref/ref_gemm.h"
 #include "ref/ref_kernels.h"

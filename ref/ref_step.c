@@ -1,9 +1,9 @@
 /* ref_step.c - one forward step of the reference backend: embedding, every layer (attention
  * or Mamba-2 mixer, then the MLP), the final norm and the logits, in the order of
- * device/numspec.h. It never allocates; the state it works in is made by ref_backend.c. */
+ * device/numerics/numspec.h. It never allocates; the state it works in is made by ref_backend.c. */
 #include <string.h>
 
-#include "device/numerics.h"
+#include "device/numerics/numerics.h"
 #include "device/status.h"
 #include "ref/ref_state.h"
 

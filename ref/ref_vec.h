@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"

@@ -8,7 +8,7 @@
 
 #include "common/log.h"
 #include "common/clock.h"
-#include "device/adapter.h"
+#include "device/adapter/adapter.h"
 #include "device/status.h"
 #include "service/adapters.h"
 

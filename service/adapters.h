@@ -10,7 +10,7 @@
 
 #include "api/adapter_record.h"
 #include "device/devio.h"
-#include "service/store.h"
+#include "service/store/store.h"
 
 /* One per server. Commands are serialised by `mu`, so that the order of
  * the rows in SQLite is the order of the changes on the device. */

@@ -6,7 +6,7 @@
 
 #include "common/cli.h"
 #include "common/log.h"
-#include "device/options.h"
+#include "device/core/options.h"
 #include "service/config.h"
 
 #define S(f) offsetof(devio_server_config, f)
@@ -69,6 +69,7 @@ static const devio_opt opts[] = {
 
 static const devio_opt_group groups[] = {
     {devio_config_options, offsetof(devio_server_config, device)},
+    {devio_model_options, offsetof(devio_server_config, load)},
 };
 
 static const devio_cli cli = {
@@ -80,7 +81,7 @@ static const devio_cli cli = {
     .opts = opts,
     .n_opts = sizeof opts / sizeof *opts,
     .groups = groups,
-    .n_groups = 1,
+    .n_groups = 2,
     .env = true,
 };
 
@@ -105,6 +106,7 @@ void devio_server_config_default(devio_server_config *c)
     c->log_format = DEVIO_LOG_TEXT;
     c->log_level = DEVIO_LOG_INFO;
     c->device = devio_config_default();
+    c->load = devio_model_params_default();
 }
 
 int devio_server_config_parse(devio_server_config *c, int argc, char **argv, FILE *out,

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "device/devio.h"
+#include "device/model/model.h"
 
 typedef struct devio_server_config {
     const char *model;      /* --model DIR (required) */
@@ -37,7 +38,8 @@ typedef struct devio_server_config {
     int log_format;         /* --log-format: a devio_log_format (common/log.h), default text */
     int log_level;          /* --log-level: a devio_log_level, default info */
     bool adapters_given;    /* --adapters or DEVIO_ADAPTERS was set: a missing root is fatal */
-    devio_config device;    /* the options of device/options.h */
+    devio_config device;       /* the options of device/core/options.h */
+    devio_model_params load;   /* devio_model_options, same header */
 } devio_server_config;
 
 void devio_server_config_default(devio_server_config *c);

@@ -19,10 +19,10 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "device/status.h"
-#include "service/framing.h"
-#include "service/request_rules.h"
-#include "service/keys.h"
-#include "service/request.h"
+#include "service/http/framing.h"
+#include "service/http/request_rules.h"
+#include "service/routes/keys.h"
+#include "service/http/request.h"
 #include "service/server.h"
 
 /* libmicrohttpd's threading: --http-threads internal threads, each an epoll

@@ -9,20 +9,20 @@
 #include <stdbool.h>
 
 #include "device/devio.h"
-#include "device/model.h"
-#include "device/registry.h"
+#include "device/model/model.h"
+#include "device/backend/registry.h"
 #include "service/adapters.h"
-#include "service/parked_awaits.h"
+#include "service/tickets/parked_awaits.h"
 #include "service/config.h"
-#include "service/leases.h"
-#include "service/listener.h"
-#include "service/metrics.h"
-#include "service/offload.h"
-#include "service/keys.h"
-#include "service/route_match.h"
-#include "service/store.h"
-#include "service/tickets.h"
-#include "service/tls.h"
+#include "service/tickets/leases.h"
+#include "service/http/listener.h"
+#include "service/metrics/metrics.h"
+#include "service/http/offload.h"
+#include "service/routes/keys.h"
+#include "service/http/route_match.h"
+#include "service/store/store.h"
+#include "service/tickets/tickets.h"
+#include "service/http/tls.h"
 
 typedef struct devio_server {
     devio_server_config cfg;

@@ -8,10 +8,10 @@
 #include <time.h>
 
 #include "common/log.h"
-#include "device/backend.h"
+#include "device/backend/backend.h"
 #include "device/status.h"
 #include "ref/builtin.h"
-#include "service/route_handlers.h" /* devio_step_answer_text */
+#include "service/routes/route_handlers.h" /* devio_step_answer_text */
 #include "service/server.h"
 
 /* Workers for the routes that may wait (offload.h): adapter commands, history
@@ -78,8 +78,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         devio_log(DEVIO_LOG_INFO, "backend", "backend auto passed over %s", s->registry.note);
     if (st == DEVIO_OK)
         st = read_token(s, err);
-    devio_model_params mp = devio_model_params_default();
-    mp.skip_weight_scan = cfg->device.skip_weight_scan;
+    devio_model_params mp = cfg->load;
     if (st == DEVIO_OK)
         st = devio_model_load_with(cfg->model, &mp, &s->model, err);
     if (st == DEVIO_OK)

@@ -14,9 +14,9 @@
 
 #include <jansson.h>
 
-#include "device/adapter.h"
-#include "device/model.h"
-#include "device/safetensors.h"
+#include "device/adapter/adapter.h"
+#include "device/model/model.h"
+#include "device/model/safetensors.h"
 #include "tests/adapter_fixture.h"
 #include "tools/mkmodel/mkmodel.h"
 

@@ -8,10 +8,10 @@
 
 #include <jansson.h>
 
-#include "device/adapter.h"
+#include "device/adapter/adapter.h"
 #include "device/devio.h"
-#include "device/model.h"
-#include "device/safetensors.h"
+#include "device/model/model.h"
+#include "device/model/safetensors.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "tests/testutil.h" /* read_all, write_all */
 

@@ -16,11 +16,11 @@
 
 #include <jansson.h>
 
-#include "device/adapter.h"
-#include "device/model.h"
-#include "device/numerics.h"
-#include "device/safetensors.h"
-#include "device/sha256.h"
+#include "device/adapter/adapter.h"
+#include "device/model/model.h"
+#include "device/numerics/numerics.h"
+#include "device/model/safetensors.h"
+#include "common/sha256.h"
 #include "tests/adapter_fixture.h"
 #include "tools/mkmodel/mkmodel.h"
 

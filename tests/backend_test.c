@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "device/registry.h"
+#include "device/backend/registry.h"
 #include "ref/builtin.h"
 #include "ref/ref_backend.h"
 #include "tests/backend/stream_backend.h"

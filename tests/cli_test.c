@@ -16,7 +16,7 @@
 #include "common/cpus.h"
 #include "common/version.h"
 #include "device/devio.h"
-#include "device/options.h"
+#include "device/core/options.h"
 
 typedef struct flags {
     const char *name;

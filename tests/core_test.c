@@ -13,9 +13,9 @@
 
 #include <cmocka.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 #include "ref/ref_backend.h"
-#include "device/kv_pool.h"
+#include "device/core/kv_pool.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "tests/testutil.h"
 

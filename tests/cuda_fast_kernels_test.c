@@ -19,9 +19,9 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
-#include "device/numerics.h"
-#include "device/quant.h"
-#include "device/sampler.h"
+#include "device/numerics/numerics.h"
+#include "device/numerics/quant.h"
+#include "device/sample/sampler.h"
 #include "kernels/cuda_fast.h"
 #include "kernels/cuda_proc.h"
 #include "kernels/cuda_sample.h"
@@ -423,7 +423,7 @@ static void sample_procs(uint32_t V, devio_logit_proc *q, uint32_t **mask, int32
                               .banned = banned + 2, .n_banned = 1, .repetition_penalty = 1.0f};
 }
 
-/* The sampler kernel against device/sampler.c on the same rows of V logits: every token and
+/* The sampler kernel against device/sample/sampler.c on the same rows of V logits: every token and
  * logprob bit for bit, for greedy (ties among the largest included), a temperature below
  * DEVIO_GREEDY_BELOW, temperatures with and without min_p and top_k (1, 5 among tied largest
  * values, V - 1, V: off), seeds and positions past 32 bits, a row with NaN and +-inf and a row

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "device/adapter.h"
+#include "device/adapter/adapter.h"
 #include "kernels/cuda_plan.h"
 
 static const devio_model_shape shape = {

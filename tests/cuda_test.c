@@ -29,9 +29,9 @@
 
 #include <cmocka.h>
 
-#include "device/registry.h"
-#include "device/sampler.h"
-#include "device/shape.h"
+#include "device/backend/registry.h"
+#include "device/sample/sampler.h"
+#include "device/backend/shape.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_plan.h"
 #include "ref/builtin.h"
@@ -671,7 +671,7 @@ static void test_fast_f32(void **state)
 /* One step of fast numerics over 12 rows, twins 2i and 2i + 1 with the same tokens and sample
  * params P[i], 2i keeping its logits, 2i + 1 asking for the token only; the last pair with
  * step 0b too (a bias, a ban and every penalty over the step's own tokens). Each token and
- * logprob must be device/sampler.c's on row 2i's logits (the GPU samples every row), the twins
+ * logprob must be device/sample/sampler.c's on row 2i's logits (the GPU samples every row), the twins
  * the same. On the emulator `fault` (devio_emu_fault's spec, or NULL) is armed for the step.
  * Returns the emulator's launches. */
 static unsigned long sample_step(devio_device *d, const uint64_t *seqs, const int32_t *tokens,

@@ -7,6 +7,6 @@ def devio_test(name, deps = [], copts = [], linkopts = [], size = "small", **kwa
         copts = copts,
         linkopts = linkopts,
         size = size,
-        deps = deps + ["@system//:cmocka", "//device"],
+        deps = deps + ["@system//:cmocka", "//device/core"],
         **kwargs
     )

@@ -12,8 +12,8 @@
 
 #include <cmocka.h>
 
-#include "device/model.h"
-#include "device/shape.h"
+#include "device/model/model.h"
+#include "device/backend/shape.h"
 #include "tests/model_fixture.h"
 #include "tools/mkmodel/mkmodel.h"
 

@@ -17,10 +17,10 @@
 #include <sqlite3.h>
 
 #include "device/devio.h"
-#include "device/model.h"
+#include "device/model/model.h"
 #include "ref/ref_backend.h"
 #include "service/adapters.h"
-#include "service/store.h"
+#include "service/store/store.h"
 #include "tests/fault/fault.h"
 #include "tests/testutil.h"
 
@@ -361,7 +361,7 @@ static uint64_t site_adapter_load(sweep_ctx *c, fault_kind k, uint64_t n, devio_
     *fired = fault_fired();
     assert_clean_error(*st, &err);
     dev_state_get(d, NULL, 0, &after);
-    /* File errors of an adapter load answer invalid_input (device/adapter_table.c:
+    /* File errors of an adapter load answer invalid_input (device/core/adapter_table.c:
      * the command's directory is the caller's), so only allocations are held
      * to their code here. */
     if (k == FAULT_ALLOC)

@@ -1,4 +1,4 @@
-/* framing_test.c - Content-Length and Transfer-Encoding rules of service/framing.c: one reading or a refusal.
+/* framing_test.c - Content-Length and Transfer-Encoding rules of service/http/framing.c: one reading or a refusal.
  * Pure: headers are fed as name/value pairs; no socket is opened. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "service/framing.h"
+#include "service/http/framing.h"
 
 /* Check the headers given as name, value, ..., NULL. */
 static devio_status check(devio_framing *f, devio_error *err, ...)

@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device/gguf.h"
-#include "device/model.h"
+#include "device/model/gguf.h"
+#include "device/model/model.h"
 
 typedef struct gbuf {
     uint8_t *p;

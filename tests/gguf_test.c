@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "device/gguf.h"
+#include "device/model/gguf.h"
 #include "tests/gguf_fixture.h"
 
 /* The good file: version 3, metadata of every type, an F32 [3, 2] tensor

@@ -1,10 +1,10 @@
-/* http_status_table.c - prints service/http_error.c's mapping as one JSON object, for
+/* http_status_table.c - prints service/http/http_error.c's mapping as one JSON object, for
  * tests/python/status_table_check.py to compare with api/openapi.yaml. It must never hold a
  * mapping of its own: every number printed comes from devio_http_code. */
 #include <stdio.h>
 
 #include "device/devio.h"
-#include "service/http_error.h"
+#include "service/http/http_error.h"
 
 int main(void)
 {

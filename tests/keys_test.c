@@ -1,4 +1,4 @@
-/* keys_test.c - service/keys.c against a real store: a key under way refused, a 2xx answer
+/* keys_test.c - service/routes/keys.c against a real store: a key under way refused, a 2xx answer
  * recorded and replayed byte for byte, another request under the same key refused (a number
  * spelled another way is the same request), an error not recorded, a key row that fails taking
  * the answer back (503, what the request made undone), and a launch's key written with its
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "service/keys.h"
-#include "service/request.h"
+#include "service/routes/keys.h"
+#include "service/http/request.h"
 #include "service/server.h"
 #include "tests/store_fixture.h"
 

@@ -1,4 +1,4 @@
-/* leases_test.c - service/leases.c with recording ops: a lease runs from the settle, a closed
+/* leases_test.c - service/tickets/leases.c with recording ops: a lease runs from the settle, a closed
  * connection reaps at once, a taken ticket is never reaped, a failed reap is tried again, jobs run.
  * No device and no store: the ops only record what the reaper asked. */
 #include <pthread.h>
@@ -11,7 +11,7 @@
 #include <cmocka.h>
 
 #include "common/clock.h"
-#include "service/leases.h"
+#include "service/tickets/leases.h"
 
 typedef struct rec {
     pthread_mutex_t mu;

@@ -1,4 +1,4 @@
-/* listener_test.c - service/listener.c over real loopback and unix sockets: per-address (IPv4 and IPv6) and total caps answered 503, the header deadline, slots given back, --listen parsing.
+/* listener_test.c - service/http/listener.c over real loopback and unix sockets: per-address (IPv4 and IPv6) and total caps answered 503, the header deadline, slots given back, --listen parsing.
  * The HTTP loop is played by a table that records the sockets handed over; every wait is bounded. */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "service/listen_addr.h"
-#include "service/listener.h"
+#include "service/http/listen_addr.h"
+#include "service/http/listener.h"
 
 #define MAX_HELD 16
 

@@ -1,4 +1,4 @@
-/* metrics_test.c - service/metrics.c: histograms, the ticket and token counters, and the rendered exposition.
+/* metrics_test.c - service/metrics/metrics.c: histograms, the ticket and token counters, and the rendered exposition.
  * Renders real text and reads it back; process families from this test's own /proc/self. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "common/version.h"
-#include "service/metrics.h"
+#include "service/metrics/metrics.h"
 
 /* The value of the sample line that starts with `key` followed by a space;
  * fails the test when there is none. */

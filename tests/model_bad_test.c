@@ -13,7 +13,7 @@
 
 #include <jansson.h>
 
-#include "device/model.h"
+#include "device/model/model.h"
 #include "tests/model_fixture.h"
 #include "tools/mkmodel/mkmodel.h"
 

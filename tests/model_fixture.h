@@ -10,7 +10,7 @@
 #include <jansson.h>
 
 #include "device/devio.h"
-#include "device/model.h"
+#include "device/model/model.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "tests/testutil.h" /* read_all, write_all */
 

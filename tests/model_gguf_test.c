@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device/model.h"
+#include "device/model/model.h"
 #include "tests/gguf_fixture.h"
 #include "tests/model_fixture.h"
 

@@ -16,8 +16,8 @@
 
 #include <jansson.h>
 
-#include "device/model.h"
-#include "device/numerics.h"
+#include "device/model/model.h"
+#include "device/numerics/numerics.h"
 #include "tests/model_fixture.h"
 #include "tools/mkmodel/mkmodel.h"
 

@@ -1,4 +1,4 @@
-/* tests/numerics_test.c: device/numerics.h against double-precision libm (an oracle used only here), the lane rule and f16/bf16.
+/* tests/numerics_test.c: device/numerics/numerics.h against double-precision libm (an oracle used only here), the lane rule and f16/bf16.
  * Never loosens a bound to make a failure pass: a bound that stops holding is a numerics.h bug.
  * long because every function of numerics.h is swept here through one set of accuracy helpers and generators. */
 #include <math.h>
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device/numerics.h"
-#include "device/numerics_vec.h"
+#include "device/numerics/numerics.h"
+#include "device/numerics/numerics_vec.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 

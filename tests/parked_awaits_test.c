@@ -1,4 +1,4 @@
-/* parked_awaits_test.c - service/parked_awaits.c with recording ops: resumed by a settle, by the timer, by close.
+/* parked_awaits_test.c - service/tickets/parked_awaits.c with recording ops: resumed by a settle, by the timer, by close.
  * No sockets and no device: a "connection" is an int the ops count on. */
 #include <pthread.h>
 #include <setjmp.h>
@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "common/clock.h"
-#include "service/parked_awaits.h"
+#include "service/tickets/parked_awaits.h"
 
 /* Suspends and resumes per connection; touched under the table's lock or after a join. */
 typedef struct conn {

@@ -1,4 +1,4 @@
-/* quant_test.c - device/quant.h: the split form kernels widen (S * q, plus M) gives every
+/* quant_test.c - device/numerics/quant.h: the split form kernels widen (S * q, plus M) gives every
  * element's defined value bit for bit, for random blocks of every type (their f16 scales
  * finite, of every kind); and a hand-worked Q4_1 and Q4_K block. The values themselves are
  * checked against the gguf package by tests/python/quant_check.py. */
@@ -10,7 +10,7 @@
 
 #include <string.h>
 
-#include "device/quant.h"
+#include "device/numerics/quant.h"
 
 static const uint32_t types[] = {DEVIO_QT_Q4_0, DEVIO_QT_Q4_1, DEVIO_QT_Q5_0, DEVIO_QT_Q5_1,
                                  DEVIO_QT_Q8_0, DEVIO_QT_Q4_K, DEVIO_QT_Q5_K, DEVIO_QT_Q6_K};

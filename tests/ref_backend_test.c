@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device/backend.h"
-#include "device/model.h"
-#include "device/numerics.h"
-#include "device/shape.h"
+#include "device/backend/backend.h"
+#include "device/model/model.h"
+#include "device/numerics/numerics.h"
+#include "device/backend/shape.h"
 #include "ref/pool.h"
 #include "ref/ref_backend.h"
 #include "ref/ref_gemm.h"

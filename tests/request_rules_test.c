@@ -1,4 +1,4 @@
-/* request_rules_test.c - service/request_rules.h: JSON depth, media types, the bearer token, Allow lists, request ids. */
+/* request_rules_test.c - service/http/request_rules.h: JSON depth, media types, the bearer token, Allow lists, request ids. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-#include "service/request_rules.h"
+#include "service/http/request_rules.h"
 #include "service/server.h"
 
 static void test_json_depth(void **state)

@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "service/route_match.h"
+#include "service/http/route_match.h"
 #include "service/server.h"
 
 static void test_parse_id(void **state)

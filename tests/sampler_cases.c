@@ -12,7 +12,7 @@
 
 #include "api/codec.h"
 #include "device/devio.h"
-#include "device/sampler.h"
+#include "device/sample/sampler.h"
 #include "device/status.h"
 
 static bool logit_of(const json_t *v, float *out)

@@ -1,5 +1,5 @@
 /* sampler_proc_test.c - step 0b (logit bias, allowed and banned tokens,
- * penalties) and step 1b (top logprobs) of device/sampler.h: against a
+ * penalties) and step 1b (top logprobs) of device/sample/sampler.h: against a
  * plain re-statement of the definition on random cases, and at the edges
  * (a mask that leaves one token, one that leaves none, biases of +-inf). */
 #include <stdarg.h>
@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "device/devio.h"
-#include "device/numerics.h"
-#include "device/sampler.h"
+#include "device/numerics/numerics.h"
+#include "device/sample/sampler.h"
 
 #define V_MAX 300u
 

@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "device/devio.h"
-#include "device/numerics.h"
-#include "device/sampler.h"
+#include "device/numerics/numerics.h"
+#include "device/sample/sampler.h"
 
 /* ------------------------------------------------------------------ */
 /* Test fixtures                                                       */

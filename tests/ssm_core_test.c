@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 #include "device/status.h"
 #include "ref/ref_backend.h"
 #include "tools/mkmodel/mkmodel.h"

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "service/store.h"
+#include "service/store/store.h"
 
 typedef struct ctx {
     char dir[256];

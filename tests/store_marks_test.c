@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "service/store.h"
+#include "service/store/store.h"
 #include "tests/store_fixture.h"
 
 static devio_store *open_with(const ctx *c, uint32_t key_retention)

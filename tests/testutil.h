@@ -6,9 +6,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 #include "device/devio.h"
-#include "device/model.h"
+#include "device/model/model.h"
 #include "tools/mkmodel/mkmodel.h"
 
 typedef struct devio_fixture {

@@ -1,12 +1,12 @@
-/* tickets_fixture.h - what the service/tickets.c tests share: a tiny written model, a real
+/* tickets_fixture.h - what the service/tickets/tickets.c tests share: a tiny written model, a real
  * store beside it, a reference device whose ids continue the store's, and the tickets layer.
  * The fixture owns everything it opens; tickets_ctx_close releases it. */
 #ifndef DEVIO_TESTS_TICKETS_FIXTURE_H
 #define DEVIO_TESTS_TICKETS_FIXTURE_H
 
-#include "service/metrics.h"
-#include "service/store.h"
-#include "service/tickets.h"
+#include "service/metrics/metrics.h"
+#include "service/store/store.h"
+#include "service/tickets/tickets.h"
 #include "tests/testutil.h"
 
 typedef struct tickets_ctx {

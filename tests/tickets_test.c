@@ -1,4 +1,4 @@
-/* tickets_test.c - service/tickets.c over the real device and a real store: rows, metrics, and what is not recorded.
+/* tickets_test.c - service/tickets/tickets.c over the real device and a real store: rows, metrics, and what is not recorded.
  * A tiny written model in a temp directory; the store lives beside it. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "device/backend.h"
-#include "device/kv_pool.h"
+#include "device/backend/backend.h"
+#include "device/core/kv_pool.h"
 #include "device/status.h"
 #include "ref/ref_backend.h"
 #include "tests/testutil.h"

@@ -25,7 +25,7 @@
 #include <utility>
 
 #include "cuda_runtime_api.h"
-#include "device/numerics.h"
+#include "device/numerics/numerics.h"
 
 #define __global__
 #define __device__
@@ -242,7 +242,7 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline float __fsqrt_rn(float a) { return __builtin_sqrtf(a); }
 
-/* ---- 16-bit floats, converted by devio's own rules (device/numerics.h) ---- */
+/* ---- 16-bit floats, converted by devio's own rules (device/numerics/numerics.h) ---- */
 
 struct __half {
     uint16_t x;

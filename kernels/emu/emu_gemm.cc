@@ -9,7 +9,7 @@
 
 #include <cuda_runtime.h>
 
-#include "device/numerics.h"
+#include "device/numerics/numerics.h"
 #include "kernels/cuda_gemm.h"
 #include "kernels/cuda_kernels.h"
 

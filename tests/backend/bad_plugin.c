@@ -3,7 +3,7 @@
  * Test code only; nothing here ever computes. */
 #include <stddef.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 
 #ifndef NO_ENTRY
 static devio_status never_create(const devio_model *m, const devio_backend_config *c, void **s,

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "device/registry.h"
-#include "device/sampler.h"
+#include "device/backend/registry.h"
+#include "device/sample/sampler.h"
 #include "device/status.h"
 #include "ref/ref_backend.h"
 #include "tests/backend/stream_backend.h"

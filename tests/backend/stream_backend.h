@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "device/backend.h"
+#include "device/backend/backend.h"
 
 extern const devio_backend_ops devio_stream_backend;
 

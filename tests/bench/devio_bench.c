@@ -13,8 +13,8 @@
 
 #include "common/cli.h"
 #include "common/clock.h"
-#include "device/backend.h"
-#include "device/model.h"
+#include "device/backend/backend.h"
+#include "device/model/model.h"
 #include "ref/builtin.h"
 #include "tools/mkmodel/mkmodel.h"
 

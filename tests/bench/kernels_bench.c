@@ -10,7 +10,7 @@
 
 #include "common/cli.h"
 #include "common/clock.h"
-#include "device/model.h"
+#include "device/model/model.h"
 #include "ref/pool.h"
 #include "ref/ref_gemm.h"
 #include "ref/ref_kernels.h"

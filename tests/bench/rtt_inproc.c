@@ -9,9 +9,9 @@
 
 #include "common/cli.h"
 #include "common/clock.h"
-#include "device/backend.h"
+#include "device/backend/backend.h"
 #include "device/devio.h"
-#include "device/model.h"
+#include "device/model/model.h"
 #include "ref/builtin.h"
 #include "tools/mkmodel/mkmodel.h"
 

@@ -171,7 +171,7 @@ class Contract:
         out = "^"
         for seg in template.strip("/").split("/"):
             if re.fullmatch(r"\{([^}]+)\}", seg):
-                # Any segment takes a parameter's place (service/route_match.c): a
+                # Any segment takes a parameter's place (service/http/route_match.c): a
                 # bad id is a 400 of the route, not an unknown path.
                 out += "/[^/]+"
             else:

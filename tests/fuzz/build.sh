@@ -14,7 +14,7 @@ command -v "$CC" >/dev/null || { echo "build.sh: $CC not found (deploy/devio.sh 
 TARGETS=(dispatch config safetensors adapter script gguf)
 # The reference backend as its plain (baseline) path: no ref_isa.c, so the
 # symbols keep their own names (as in the WASI build).
-LIB_SRCS=(common/*.c device/*.c api/*.c
+LIB_SRCS=(common/*.c device/*.c device/*/*.c api/*.c
           ref/ref_backend.c ref/ref_gemm.c ref/ref_kernels.c ref/ref_mixer.c ref/ref_step.c
           ref/pool.c conform/inproc.c conform/script.c
           tools/mkmodel/mkadapter.c tools/mkmodel/mkfamily.c tools/mkmodel/mkmodel.c
@@ -28,7 +28,7 @@ LIBS=(-ljansson -lm -lpthread -ldl)
 
 mkdir -p "$OUT/obj"
 stamp=$( { printf '%s\n' "$CC" "${CFLAGS[*]}"; "$CC" --version | head -1;
-           cat "${LIB_SRCS[@]}" tests/fuzz/*.c tests/fuzz/*.h common/*.h device/*.h api/*.h \
+           cat "${LIB_SRCS[@]}" tests/fuzz/*.c tests/fuzz/*.h common/*.h device/*.h device/*/*.h api/*.h \
                conform/*.h ref/*.h tools/mkmodel/*.h; } | sha256sum | cut -c1-16)
 if [ "$(cat "$OUT/stamp" 2>/dev/null)" != "$stamp" ]; then
     rm -f "$OUT"/obj/*.o

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "device/adapter.h"
+#include "device/adapter/adapter.h"
 #include "ref/ref_backend.h"
 #include "tools/mkmodel/mkmodel.h"
 

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "device/devio.h"
-#include "device/model.h"
+#include "device/model/model.h"
 
 /* The process's scratch directory (created on first call, removed at exit):
  *   model/            the micro model: llama, vocab 32, hidden 16, 1 layer, F32

@@ -8,9 +8,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "device/gguf.h"
-#include "device/model.h"
-#include "device/shape.h"
+#include "device/model/gguf.h"
+#include "device/model/model.h"
+#include "device/backend/shape.h"
 #include "tests/fuzz/fuzz_common.h"
 
 /* What a model that loaded must hold, or the loader let a lie through. */

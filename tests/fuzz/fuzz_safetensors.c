@@ -4,8 +4,8 @@
 #include <stdint.h>
 #include <unistd.h>
 
-#include "device/model.h"
-#include "device/safetensors.h"
+#include "device/model/model.h"
+#include "device/model/safetensors.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

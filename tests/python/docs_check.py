@@ -27,9 +27,9 @@ Named checks (run all, or pick with --only / --skip):
                      third_party and .devio) cites the design brief that is
                      not part of the repository
   rope-scaling       the rope_scaling types docs/objects.md names as computed
-                     are those device/model_config.c accepts (and none it calls
+                     are those device/model/model_config.c accepts (and none it calls
                      refused is accepted); likewise the GGUF scaling types of
-                     device/model_gguf.c
+                     device/model/model_gguf.c
   alert-codes        every error code named in deploy/'s Prometheus rules,
                      their tests and the Grafana dashboard (alert and panel
                      texts, code/error label matchers) is in device/status.c's
@@ -38,13 +38,13 @@ Named checks (run all, or pick with --only / --skip):
                      has its buckets stated in docs/operations.md's Metrics
                      section, right (a full list, or first and last around
                      "to" or "…"), and no bucket statement names no histogram
-  record-fields      the ticket record's keys (service/routes_tickets.c) are
+  record-fields      the ticket record's keys (service/routes/routes_tickets.c) are
                      those of docs/http.md, in order, of the Python client's
                      TicketRecord and of api/openapi.yaml; docs/operations.md's
-                     tickets table lists the columns service/store_schema.c's
+                     tickets table lists the columns service/store/store_schema.c's
                      migrations make
   architectures      README.md's --model list and docs/objects.md's
-                     Architectures are the architectures device/model_config.c
+                     Architectures are the architectures device/model/model_config.c
                      loads
   suite-counts       every "N suites" in README.md and docs/*.md is the number
                      of suites of tests/conformance/suites.txt (dated reports
@@ -56,9 +56,10 @@ Named checks (run all, or pick with --only / --skip):
   source-counts      every "N sources" in the docs, build files and sources
                      stands where SOURCE_CLAIMS says which list it counts, and
                      matches that list (and the files named beside it)
-  folder-map         docs/README.md's folder map names every .c, .cc and .cu
-                     file of api/, common/, conform/, device/, kernels/, ref/,
-                     service/ and tools/
+  folder-map         docs/README.md's folder map has one row for each folder of
+                     api/, common/, conform/, device/, kernels/, ref/,
+                     service/ and tools/ that holds a source or BUILD file,
+                     names no folder that is not there, and stays under 40 rows
   test-map           docs/tests.md has one row for each of those files, and
                      every test a row names exists
 
@@ -533,9 +534,9 @@ def sets_differ(problems, have, want, have_name, want_name, what):
 
 def check_rope_scaling(ctx):
     problems = []
-    cfg = c_function(read("device/model_config.c"), "parse_rope")
+    cfg = c_function(read("device/model/model_config.c"), "parse_rope")
     accepted = set(re.findall(r'strcmp\(t, "([a-z0-9_]+)"\) == 0', cfg))
-    gguf = c_function(read("device/model_gguf.c"), "put_rope")
+    gguf = c_function(read("device/model/model_gguf.c"), "put_rope")
     gguf_accepted = set(re.findall(r'memcmp\(t, "([a-z0-9_]+)", \d+\) == 0', gguf))
     if not accepted or not gguf_accepted:
         raise RuntimeError("no rope types found in parse_rope or put_rope")
@@ -546,20 +547,20 @@ def check_rope_scaling(ctx):
         raise RuntimeError("docs/objects.md's RoPE scaling bullet names no 'of type ...'")
     named = set(BACKTICK_RE.findall(m.group(1)))
     sets_differ(problems, named, accepted, "docs/objects.md (RoPE scaling)",
-                "device/model_config.c (parse_rope)", "rope_scaling type")
+                "device/model/model_config.c (parse_rope)", "rope_scaling type")
     for sentence in re.split(r"\.\s", bullet):
         if "refused" in sentence:
             for t in BACKTICK_RE.findall(sentence):
                 if t in accepted:
                     problems.append("docs/objects.md says rope_scaling type %s is refused; "
-                                    "device/model_config.c accepts it" % t)
+                                    "device/model/model_config.c accepts it" % t)
     para = " ".join(objects[objects.find("RoPE scaling comes from"):].split("\n\n")[0].split())
     m = re.search(r"RoPE scaling comes from `[^`]*`:(.*?)read as", drop_parens(para))
     if not m:
         raise RuntimeError("docs/objects.md has no 'RoPE scaling comes from `...`: ... read as' "
                            "sentence for GGUF files")
     sets_differ(problems, set(BACKTICK_RE.findall(m.group(1))), gguf_accepted,
-                "docs/objects.md (GGUF)", "device/model_gguf.c (put_rope)", "rope scaling type")
+                "docs/objects.md (GGUF)", "device/model/model_gguf.c (put_rope)", "rope scaling type")
     return problems, ("rope_scaling types %s (config.json) and %s (GGUF) named alike in "
                       "docs/objects.md" % (", ".join(sorted(accepted)),
                                            ", ".join(sorted(gguf_accepted))))
@@ -641,12 +642,14 @@ BUCKET_TOKEN_RE = re.compile(r"(\d+(?:\.\d+)?)(?:\s*(µs|μs|us|ms|s)\b)?|(…|\
 
 
 def histogram_buckets():
-    """family -> list of bucket upper bounds, read from service/*.c."""
+    """family -> list of bucket upper bounds, read from service/**/*.c."""
     arrays, fields, families = {}, {}, {}
-    for name in sorted(os.listdir(os.path.join(ROOT, "service"))):
+    names = sorted(os.path.relpath(os.path.join(d, f), ROOT)
+                   for d, _, fs in os.walk(os.path.join(ROOT, "service")) for f in fs)
+    for name in names:
         if not name.endswith(".c"):
             continue
-        text = strip_c_comments(read("service/" + name))
+        text = strip_c_comments(read(name))
         for m in re.finditer(r"static const double (\w+)\[\]\s*=\s*\{([^}]*)\}", text):
             arrays[m.group(1)] = [float(x) for x in split_args(m.group(2))]
         for m in re.finditer(r"(\w+)\s*=\s*devio_hist_make\((\w+)", text):
@@ -661,7 +664,7 @@ def histogram_buckets():
                                % (fam, field, ", ".join(sorted(arr)) or "no devio_hist_make"))
         out[fam] = arrays[next(iter(arr))]
     if not out:
-        raise RuntimeError("no put_hist calls found in service/*.c")
+        raise RuntimeError("no put_hist calls found in service/**/*.c")
     return out
 
 
@@ -758,11 +761,11 @@ def json_pack_keys(body, what):
 
 
 def ticket_columns():
-    """The columns of the tickets table once every migration of service/store_schema.c has run."""
-    text = strip_c_comments(read("service/store_schema.c"))
+    """The columns of the tickets table once every migration of service/store/store_schema.c has run."""
+    text = strip_c_comments(read("service/store/store_schema.c"))
     m = re.search(r"migrations\[\]\s*=\s*\{(.*?)\n\};", text, re.S)
     if not m:
-        raise RuntimeError("service/store_schema.c has no migrations[] array")
+        raise RuntimeError("service/store/store_schema.c has no migrations[] array")
     sql = "".join(C_STRING_RE.findall(m.group(1))).encode().decode("unicode_escape")
     db = sqlite3.connect(":memory:")
     try:
@@ -781,18 +784,18 @@ def typed_dict_keys(text, name, rel):
 
 def check_record_fields(ctx):
     problems = []
-    src = read("service/routes_tickets.c")
+    src = read("service/routes/routes_tickets.c")
     keys = json_pack_keys(c_function(src, "ticket_row_json"), "ticket_row_json")
     extra = re.findall(r'json_object_set_new\(\w+,\s*"(\w+)"', src)
     if not extra:
-        raise RuntimeError("service/routes_tickets.c adds no key to the single-ticket record")
+        raise RuntimeError("service/routes/routes_tickets.c adds no key to the single-ticket record")
     http = " ".join(read("docs/http.md").split())
     m = re.search(r"Each record has (.*?)\.(?:\s|$)", http)
     if not m:
         raise RuntimeError("docs/http.md has no 'Each record has ...' sentence")
     doc = BACKTICK_RE.findall(drop_parens(m.group(1)))
     if doc != keys:
-        problems.append("docs/http.md: a ticket record has %s; service/routes_tickets.c "
+        problems.append("docs/http.md: a ticket record has %s; service/routes/routes_tickets.c "
                         "(ticket_row_json) encodes %s" % (", ".join(doc), ", ".join(keys)))
     for k in extra:
         if not re.search(r"`GET /v1/tickets/\{id\}`[^\n]*`%s`" % k, read("docs/http.md")):
@@ -815,7 +818,7 @@ def check_record_fields(ctx):
         raise RuntimeError("docs/operations.md has no '| `tickets` |' row in its SQLite table")
     doc_cols = BACKTICK_RE.findall(drop_parens(row.split("|")[2]))
     if doc_cols != cols:
-        problems.append("docs/operations.md: the tickets table has %s; service/store_schema.c's "
+        problems.append("docs/operations.md: the tickets table has %s; service/store/store_schema.c's "
                         "migrations make %s" % (", ".join(doc_cols), ", ".join(cols)))
     return problems, ("ticket record keys (%d, and %s) alike in the encoder, docs/http.md, the "
                       "Python client and api/openapi.yaml; %d columns of the tickets table in "
@@ -824,9 +827,9 @@ def check_record_fields(ctx):
 
 def architectures():
     archs = re.findall(r'strcmp\(arch, "(\w+)"\) == 0',
-                       c_function(read("device/model_config.c"), "parse_arch"))
+                       c_function(read("device/model/model_config.c"), "parse_arch"))
     if not archs:
-        raise RuntimeError("device/model_config.c (parse_arch) names no architecture")
+        raise RuntimeError("device/model/model_config.c (parse_arch) names no architecture")
     return archs
 
 
@@ -841,10 +844,10 @@ def check_architectures(ctx):
                            "directory (...)' list")
     named = {x for x in re.split(r",\s*|\s+or\s+|\s+and\s+", m.group(1)) if x}
     sets_differ(problems, named, short, "README.md's --model list",
-                "device/model_config.c (parse_arch)", "architecture")
+                "device/model/model_config.c (parse_arch)", "architecture")
     bullet = md_bullet(read("docs/objects.md"), "Architectures", "docs/objects.md")
     sets_differ(problems, set(re.findall(r"`(\w+ForCausalLM)`", bullet)), set(archs),
-                "docs/objects.md (Architectures)", "device/model_config.c (parse_arch)",
+                "docs/objects.md (Architectures)", "device/model/model_config.c (parse_arch)",
                 "architecture")
     return problems, ("the %d architectures of parse_arch named in README.md and docs/objects.md"
                       % len(archs))
@@ -878,9 +881,9 @@ def check_suite_counts(ctx):
 
 # Detail keys that never reach an HTTP answer: (key, file) -> why.
 DETAILS_NOT_ANSWERED = {
-    ("layer", "device/shape.c"): "the model's checks at start; printed, never answered",
-    ("max_bytes", "service/tls.c"): "--tls-cert and --tls-key, read at start",
-    ("max_path_bytes", "service/listen_addr.c"): "--listen, parsed at start",
+    ("layer", "device/backend/shape.c"): "the model's checks at start; printed, never answered",
+    ("max_bytes", "service/http/tls.c"): "--tls-cert and --tls-key, read at start",
+    ("max_path_bytes", "service/http/listen_addr.c"): "--listen, parsed at start",
 }
 
 
@@ -1004,40 +1007,38 @@ def covered(rel_in_folder, tokens):
     return False
 
 
+FOLDER_MAP_MAX_ROWS = 40
+
+
 def check_folder_map(ctx):
+    """One row a folder: every folder of the product that holds a source file
+    or a BUILD file has its row, every row names a folder that exists, and the
+    table fits on a screen."""
     text = read("docs/README.md")
-    rows = {}
+    rows, problems = [], []
     for line in text.splitlines():
-        m = re.match(r"^\|\s*`([a-z_]+)/`\s*\|(.*)\|\s*$", line)
+        m = re.match(r"^\|\s*`([a-z_/]+)/`\s*\|", line)
         if m:
-            rows[m.group(1)] = [t.strip() for t in BACKTICK_RE.findall(m.group(2))]
-    problems, n, sources = [], 0, product_sources()
+            rows.append(m.group(1))
+    want = set()
     for top in PRODUCT_DIRS:
-        if top not in rows:
-            problems.append("docs/README.md's folder map has no row for %s/" % top)
-            continue
-        tokens = [t[len(top) + 1:] if t.startswith(top + "/") else t for t in rows[top]]
-        for rel in sources:
-            if not rel.startswith(top + "/"):
-                continue
-            n += 1
-            if not covered(rel[len(top) + 1:], tokens):
-                problems.append("docs/README.md's row for %s/ does not name %s" % (top, rel))
-        here = [os.path.relpath(os.path.join(d, f), os.path.join(ROOT, top))
-                for d, _, fs in os.walk(os.path.join(ROOT, top)) for f in fs]
-        for t in tokens:
-            if not re.fullmatch(r"[\w*?][\w*?/.-]*\.(c|cc|cu|h)", t):
-                continue  # not a file name (an extension alone, a variable)
-            if "*" in t or "?" in t:
-                if not any(covered(r, [t]) for r in here):
-                    problems.append("docs/README.md's row for %s/ names %s, which matches no file"
-                                    % (top, t))
-            elif not (os.path.exists(os.path.join(ROOT, t)) or any(
-                    r == t or os.path.basename(r) == t for r in here)):
-                problems.append("docs/README.md's row for %s/ names %s, which does not exist"
-                                % (top, t))
-    return problems, "%d source files of %d folders named in docs/README.md's map" % (
-        n, len(PRODUCT_DIRS))
+        want.add(top)
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
+            dirnames[:] = [d for d in dirnames if d not in ("__pycache__", "node_modules")]
+            if any(f.endswith(PRODUCT_EXT) or f == "BUILD.bazel" for f in filenames):
+                want.add(os.path.relpath(dirpath, ROOT))
+    for d in sorted(want - set(rows)):
+        problems.append("docs/README.md's folder map has no row for %s/" % d)
+    for d in rows:
+        if not os.path.isdir(os.path.join(ROOT, d)):
+            problems.append("docs/README.md's folder map names %s/, which is no folder" % d)
+        if rows.count(d) > 1:
+            problems.append("docs/README.md's folder map names %s/ twice" % d)
+    if len(rows) >= FOLDER_MAP_MAX_ROWS:
+        problems.append("docs/README.md's folder map has %d rows; it must stay under %d"
+                        % (len(rows), FOLDER_MAP_MAX_ROWS))
+    return problems, "%d folders of the product, each a row of docs/README.md's map (%d rows)" % (
+        len(want), len(rows))
 
 
 TEST_MAP = "docs/tests.md"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""quant_check.py - devio's values of GGUF's quantized types (device/quant.h, docs/numerics.md)
+"""quant_check.py - devio's values of GGUF's quantized types (device/numerics/quant.h, docs/numerics.md)
 against the `gguf` package's own dequantization, bit for bit.
 
 Usage: python3 tests/python/quant_check.py --bin bazel-bin [--model FILE.gguf]

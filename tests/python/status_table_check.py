@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""status_table_check.py - service/http_error.c's status -> HTTP table against api/openapi.yaml.
+"""status_table_check.py - service/http/http_error.c's status -> HTTP table against api/openapi.yaml.
 
 Runs BIN/tests/http_status_table (which prints the C table through
 devio_http_code) and checks, in both directions:
@@ -101,7 +101,7 @@ def main():
             problems.append("the ErrorCode enum has %s, %s does not" % (x, name))
     for code in sorted(set(table) & set(hmap)):
         if table[code] != hmap[code]:
-            problems.append("%s: service/http_error.c answers %s, openapi says %s"
+            problems.append("%s: service/http/http_error.c answers %s, openapi says %s"
                             % (code, table[code], hmap[code]))
 
     # Every response that pins error codes is filed under their status.
@@ -130,7 +130,7 @@ def main():
     if problems:
         print("status_table_check: %d mismatches" % len(problems))
         return 1
-    print("status_table_check: %d codes agree between service/http_error.c, the ErrorCode enum "
+    print("status_table_check: %d codes agree between service/http/http_error.c, the ErrorCode enum "
           "and x-devio-http-status; %d responses naming codes are filed under their status"
           % (len(table), n_resp))
     return 0

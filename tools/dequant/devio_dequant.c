@@ -1,13 +1,13 @@
 /* devio_dequant.c - devio-dequant: one tensor of a GGUF file as devio reads its values, binary32
- * little-endian, for checking devio's definition of the quantized types (device/quant.h)
+ * little-endian, for checking devio's definition of the quantized types (device/numerics/quant.h)
  * against other readers (tests/python/quant_check.py). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "device/gguf.h"
-#include "device/numerics.h"
-#include "device/quant.h"
+#include "device/model/gguf.h"
+#include "device/numerics/numerics.h"
+#include "device/numerics/quant.h"
 
 static int widen(const devio_gguf_tensor *t, float *y, uint64_t n)
 {

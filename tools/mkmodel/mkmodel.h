@@ -7,9 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device/adapter.h"
+#include "device/adapter/adapter.h"
 #include "device/devio.h"
-#include "device/model.h"
+#include "device/model/model.h"
 
 #define DEVIO_MKMODEL_MAX_LAYERS 1024u
 
@@ -158,7 +158,7 @@ devio_status devio_mkmodel_write(const devio_mkmodel_opts *o, devio_error *err);
 
 /* The binary32 values of elements [start, start + n) of tensor `name` as
  * generated before conversion to o->dtype (round to nearest even, by
- * device/numerics.h), so tests can check what a loader reads.
+ * device/numerics/numerics.h), so tests can check what a loader reads.
  * Unknown tensor or range: DEVIO_E_INVALID. */
 devio_status devio_mkmodel_values(const devio_mkmodel_opts *o, const char *name, uint64_t start,
                                   size_t n, float *dst, devio_error *err);

@@ -11,7 +11,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "device/numerics.h"
+#include "device/numerics/numerics.h"
 
 void mk_buf_printf(mk_buf *b, const char *fmt, ...)
 {

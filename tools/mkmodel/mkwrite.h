@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "device/devio.h"
-#include "device/model.h"
+#include "device/model/model.h"
 #include "device/status.h" /* devio_fail, the writers' one way to report */
 
 #define MK_CHUNK ((size_t)65536) /* elements generated and written per step */

@@ -1,0 +1,62 @@
+/* route_table.c - devio-server's route table: every route of the contract (api/openapi.yaml)
+ * with its handler (service/routes/route_handlers.h) and the rules the server applies before the
+ * handler runs (service/http/route_match.h). Static data; nothing to own. */
+#include <stddef.h>
+
+#include "service/routes/route_handlers.h"
+#include "service/server.h"
+
+#define ROUTE(m, p, h, a, b, d)                                                                 \
+    {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
+     .refused_while_draining = d}
+/* A route that may wait on the device or SQLite: it runs on a worker (offload.h). */
+#define WAITS(m, p, h, a, b, k)                                                                 \
+    {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
+     .keyed = k, .may_wait = true}
+/* A route that changes state and takes an Idempotency-Key (keys.h). */
+#define KEYED(m, p, h, a, b, d)                                                                 \
+    {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
+     .refused_while_draining = d, .keyed = true}
+
+/* Every route of the contract (api/openapi.yaml): method, path template, handler, who may call
+ * it, its body, and whether it is refused while the server drains (or, for WAITS, whether it is
+ * keyed). Metrics label each answer with
+ * its route's path (a 405 with the path's first entry); answers decided before a route is known
+ * use "auth" (401), "framing" (400), "body" (413) and "unknown" (404). */
+static const devio_route routes[] = {
+    ROUTE("GET", "/healthz", devio_route_healthz, HEALTH, NO_BODY, false),
+    ROUTE("GET", "/readyz", devio_route_readyz, HEALTH, NO_BODY, false),
+    ROUTE("GET", "/metrics", devio_route_metrics, HEALTH, NO_BODY, false),
+    ROUTE("GET", "/v1/openapi.yaml", devio_route_openapi, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/sequences", devio_route_seq_list, TOKEN, NO_BODY, false),
+    KEYED("POST", "/v1/sequences", devio_route_seq_create, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/sequences/{id}", devio_route_seq_get, TOKEN, NO_BODY, false),
+    WAITS("DELETE", "/v1/sequences/{id}", devio_route_seq_delete, TOKEN, NO_BODY, true),
+    KEYED("POST", "/v1/launch", devio_route_launch, TOKEN, JSON_BODY, true),
+    KEYED("POST", "/v1/step", devio_route_step, TOKEN, JSON_BODY, true),
+    ROUTE("POST", "/v1/tickets/{id}/await", devio_route_await, TOKEN, NO_BODY, false),
+    WAITS("GET", "/v1/tickets", devio_route_tickets, TOKEN, NO_BODY, false),
+    WAITS("GET", "/v1/tickets/{id}", devio_route_ticket, TOKEN, NO_BODY, false),
+    WAITS("POST", "/v1/effects", devio_route_effects, TOKEN, JSON_BODY, true),
+    ROUTE("GET", "/v1/logits", devio_route_logits_list, TOKEN, NO_BODY, false),
+    WAITS("GET", "/v1/logits/{id}", devio_route_logits, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/facts", devio_route_facts, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/device", devio_route_device, TOKEN, NO_BODY, false),
+    ROUTE("GET", "/v1/model", devio_route_model, TOKEN, NO_BODY, false),
+    ROUTE("POST", "/v1/teardown", devio_route_teardown, TOKEN, NO_BODY, false),
+    WAITS("GET", "/v1/adapters", devio_route_adapters_list, TOKEN, NO_BODY, false),
+    WAITS("GET", "/v1/adapters/{name}", devio_route_adapter_get, TOKEN, NO_BODY, false),
+    WAITS("PUT", "/v1/adapters/{name}", devio_route_adapter_put, TOKEN, JSON_BODY, false),
+    WAITS("DELETE", "/v1/adapters/{name}", devio_route_adapter_delete, TOKEN, NO_BODY, false),
+    WAITS("POST", "/v1/adapters/{name}/pin", devio_route_adapter_pin, TOKEN, NO_BODY, false),
+    WAITS("POST", "/v1/adapters/{name}/unpin", devio_route_adapter_unpin, TOKEN, NO_BODY, false),
+};
+#undef ROUTE
+#undef KEYED
+#undef WAITS
+
+const devio_route *devio_server_routes(size_t *n)
+{
+    *n = sizeof routes / sizeof *routes;
+    return routes;
+}
