@@ -413,3 +413,11 @@ json_t *devio_json_error(const devio_error *e)
     return json_pack("{s:{s:s,s:s,s:o}}", "error", "code", devio_status_str(e->status), "message",
                      e->message, "details", details);
 }
+
+char *devio_step_answer_text(const devio_step_result *r)
+{
+    json_t *j = devio_json_step_result(r);
+    char *text = j ? json_dumps(j, DEVIO_JSON_FLAGS) : NULL;
+    json_decref(j);
+    return text;
+}

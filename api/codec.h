@@ -59,6 +59,10 @@ devio_status devio_json_await_decode(const json_t *j, uint64_t *ticket, int64_t 
 json_t *devio_json_seq_ref(uint64_t seq);       /* {"seq":N}, a created sequence */
 json_t *devio_json_ticket_ref(uint64_t ticket); /* {"ticket":N}, a launched step */
 json_t *devio_json_step_result(const devio_step_result *r);
+/* The answer text of a settled step, byte for byte what an await sends
+ * (malloc'd; NULL when out of memory): the server keeps it with the
+ * ticket's history row, so that a replay sends the same bytes. */
+char *devio_step_answer_text(const devio_step_result *r);
 /* The outcome of effect e (the effect applied, for what only it says: a release
  * of a sequence's snapshots answers freed_snapshots, a release of a logits handle
  * its kind only). */

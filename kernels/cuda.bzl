@@ -53,10 +53,15 @@ def cuda_emu_targets():
         name = "emu_runtime",
         srcs = [
             "emu/emu_block.cc",
+            "emu/emu_error.cc",
             "emu/emu_fiber.cc",
             "emu/emu_fiber.h",
+            "emu/emu_graph.cc",
             "emu/emu_internal.h",
+            "emu/emu_memory.cc",
             "emu/emu_runtime.cc",
+            "emu/emu_state.h",
+            "emu/emu_stream.cc",
         ],
         hdrs = [
             "emu/cuda_runtime.h",

@@ -105,7 +105,7 @@ static bool fast_bytes(const devio_backend_config *cfg, cuda_plan *p)
                                             s->head_dim + 2ull, F, &p->fast_buf.part)) ||
         !mul3(p->logits_rows, 2ull * s->vocab + (uint64_t)CUDA_SAMPLE_ROW_BYTES / F, F,
               &p->fast_buf.sample) ||
-        !mul3(cfg->logits_slots, s->vocab, F, &p->fast_buf.logits))
+        !mul3(cfg->logits_rows, s->vocab, F, &p->fast_buf.logits))
         return false;
     /* A row of more than one chunk has at most twice its tokens / CUDA_SSM_CHUNK chunks. */
     uint64_t chunks = 2 * ((T + CUDA_SSM_CHUNK - 1) / CUDA_SSM_CHUNK), cs;
@@ -162,8 +162,8 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
         return false;
 
     /* At most one output per token, and never more than the slots it names. */
-    p->logits_rows = cfg->max_batch_tokens < cfg->logits_slots ? cfg->max_batch_tokens
-                                                                : cfg->logits_slots;
+    p->logits_rows = cfg->max_batch_tokens < cfg->logits_rows ? cfg->max_batch_tokens
+                                                                : cfg->logits_rows;
     if (!mul3(p->logits_rows, s->vocab, F, &p->logits))
         return false;
 
@@ -172,7 +172,7 @@ bool cuda_plan_make(const devio_backend_config *cfg, uint64_t weight_bytes, cuda
         !mul(slot_floats, F, &p->lora_slot) || !mul(p->lora_slot, cfg->adapter_slots, &p->lora))
         return false;
 
-    /* tokens, pos, bt_off, slot, out_tok, out_pos, out_bt_off, out_slot per
+    /* tokens, pos, bt_off, slot, out_tok, out_pos, out_bt_off, out_row per
      * token, and every row's block table; with mixers, every row's
      * cuda_ssm_row and its snapshot slots (EACH: one per token, END: one);
      * under fast numerics with adapter slots, the SGMV groups of all tokens

@@ -38,7 +38,7 @@ typedef struct cuda_plan {
         uint64_t bqkv;    /* bq, bk, bv side by side per layer, when the model has biases */
         uint64_t part;    /* attention's ranges before they are combined (cuda_fast.h) */
         uint64_t sample;  /* sampling's jobs, results and [logits_rows, 2 * vocab] scratch */
-        uint64_t logits;  /* every logits slot the core names, [logits_slots, vocab]: logits
+        uint64_t logits;  /* every logits slot the core names, [logits_rows, vocab]: logits
                              stay on the GPU until read (cuda_sampling.c) */
         uint64_t deq;     /* the largest quantized projection widened to f16 for a GEMM
                              (cuda_plan_for; 0 when none is quantized) */

@@ -22,7 +22,7 @@ devio_status cuda_sampling_create(cuda_state *st, devio_error *err)
     if (!st->fast) {
         /* Pinned, the host logits arena takes asynchronous copies; when it cannot be pinned,
          * copies into it are synchronous and still right. */
-        size_t bytes = (size_t)st->cfg.logits_slots * st->sh.vocab * sizeof(float);
+        size_t bytes = (size_t)st->cfg.logits_rows * st->sh.vocab * sizeof(float);
         st->logits_pinned = cudaHostRegister(st->cfg.logits_host, bytes,
                                              cudaHostRegisterDefault) == cudaSuccess;
         if (!st->logits_pinned)
@@ -36,7 +36,7 @@ devio_status cuda_sampling_create(cuda_state *st, devio_error *err)
     if (!(st->read_buf = malloc((size_t)st->sh.vocab * sizeof *st->read_buf)))
         return devio_fail(err, DEVIO_E_NOMEM, "out of host memory");
     if ((s = cuda_dalloc(st, (void **)&st->dlogits,
-                         (uint64_t)st->cfg.logits_slots * st->sh.vocab * sizeof(float), err)))
+                         (uint64_t)st->cfg.logits_rows * st->sh.vocab * sizeof(float), err)))
         return s;
     if ((s = cuda_dalloc(st, (void **)&st->sample_jobs, (uint64_t)rows * sizeof(cuda_sample_job),
                          err)) ||
@@ -99,7 +99,7 @@ bool cuda_sampling_skips(const cuda_state *st, uint32_t ring, const devio_batch 
                          uint32_t slot)
 {
     for (uint32_t i = 0; st->rings && st->rings[ring].gpu && i < b->n_samples; i++)
-        if (b->samples[i].slot == slot)
+        if (b->samples[i].logits_row == slot)
             return b->samples[i].sample_only;
     return false;
 }
@@ -108,7 +108,7 @@ bool cuda_sampling_skips(const cuda_state *st, uint32_t ring, const devio_batch 
 static uint32_t staging_row(const devio_batch *b, uint32_t slot)
 {
     uint32_t k = 0;
-    while (k + 1 < b->n_out && b->out_slot[k] != slot)
+    while (k + 1 < b->n_out && b->out_row[k] != slot)
         k++;
     return k;
 }
@@ -168,7 +168,7 @@ devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *e
         float t = sm->params.temperature;
         int32_t k = sm->params.top_k;
         r->jobs[r->n_jobs] = (cuda_sample_job){
-            .row = staging_row(b, sm->slot), .temperature = t < DEVIO_GREEDY_BELOW ? 0.0f : t,
+            .row = staging_row(b, sm->logits_row), .temperature = t < DEVIO_GREEDY_BELOW ? 0.0f : t,
             .top_p = sm->params.top_p, .min_p = sm->params.min_p,
             .top_k = k > 0 && (uint32_t)k < st->sh.vocab ? (uint32_t)k : 0,
             .seed = sm->params.seed, .position = sm->position};
@@ -217,7 +217,7 @@ devio_status cuda_sampling_finish(cuda_state *st, uint32_t ring, const devio_bat
             sm->token = o->token;
             sm->logprob = o->logprob;
         } else {
-            devio_status s = cuda_logits_read(st, sm->slot, st->read_buf, err);
+            devio_status s = cuda_logits_read(st, sm->logits_row, st->read_buf, err);
             if (s != DEVIO_OK)
                 return s;
             ok = devio_sampler_run_ex(st->sampler, st->read_buf, &sm->params, sm->proc,

@@ -152,7 +152,7 @@ typedef struct cuda_state {
     /* Activations for max_batch_tokens tokens, tightly packed rows. */
     float *x, *x2, *h, *q, *q2, *k, *v, *att, *act, *o_tmp, *g_tmp, *u_tmp, *lora_a;
     float *logits;             /* [plan.logits_rows, vocab] staging */
-    float *dlogits;            /* fast numerics: [cfg.logits_slots, vocab], the slots' logits */
+    float *dlogits;            /* fast numerics: [cfg.logits_rows, vocab], the slots' logits */
     float *read_buf;           /* fast numerics, host: [vocab], a row read for the host sampler */
     uint32_t smem;             /* attention shared memory per block */
 

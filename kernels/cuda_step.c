@@ -47,7 +47,7 @@ static void pack_groups(uint32_t *w, const uint32_t *slot, uint32_t n, uint32_t 
 }
 
 /* The batch's tables into host words w, laid out as
- *   tokens[n] pos[n] bt_off[n] slot[n] out_tok[o] out_pos[o] out_bt[o] out_slot[o]
+ *   tokens[n] pos[n] bt_off[n] slot[n] out_tok[o] out_pos[o] out_bt[o] out_row[o]
  * then, under fast numerics with adapter slots, the SGMV groups of all
  * tokens and of the outputs (slots + 1 + n and slots + 1 + o words), then,
  * for hybrid models, the mixer's row tables (cuda_mixer_pack), then
@@ -60,11 +60,11 @@ static uint32_t pack(cuda_step *sp, uint32_t *w)
     uint32_t n = b->n_tokens, o = b->n_out, bs = st->cfg.block_size;
     uint32_t *tok = w, *pos = w + n, *bt_off = w + 2 * n, *slot = w + 3 * n;
     uint32_t *out_tok = w + 4 * n, *out_pos = out_tok + o, *out_bt = out_pos + o;
-    uint32_t *out_slot = out_bt + o, used = 4 * n + 4 * o, nb = 0;
+    uint32_t *out_row = out_bt + o, used = 4 * n + 4 * o, nb = 0;
     const uint32_t *d = st->meta;
     const uint32_t *groups_all = NULL, *groups_out = NULL; /* device */
     if (st->fast && st->cfg.adapter_slots > 0) {
-        /* filled below, once slot[] and out_slot[] are */
+        /* filled below, once slot[] and out_row[] are */
         groups_all = d + used;
         used += st->cfg.adapter_slots + 1 + n;
         groups_out = d + used;
@@ -95,11 +95,11 @@ static uint32_t pack(cuda_step *sp, uint32_t *w)
         out_tok[i] = t;
         out_pos[i] = pos[t];
         out_bt[i] = bt_off[t];
-        out_slot[i] = slot[t];
+        out_row[i] = slot[t];
     }
     if (groups_all) {
         pack_groups(w + (groups_all - d), slot, n, st->cfg.adapter_slots);
-        pack_groups(w + (groups_out - d), out_slot, o, st->cfg.adapter_slots);
+        pack_groups(w + (groups_out - d), out_row, o, st->cfg.adapter_slots);
     }
     sp->all = (step_tables){.tokens = (const int32_t *)d, .pos = d + n, .bt_off = d + 2 * n,
                             .slot = (const int32_t *)(d + 3 * n), .bt = d + used,
@@ -333,8 +333,8 @@ static devio_status copy_logits(cuda_step *sp, uint32_t i0, uint32_t k)
     cuda_state *st = sp->st;
     size_t row = (size_t)st->sh.vocab * sizeof(float);
     for (uint32_t i = 0; i < k; i++) {
-        size_t at = (size_t)sp->b->out_slot[i0 + i] * st->sh.vocab;
-        if (!cuda_sampling_skips(st, sp->ring, sp->b, sp->b->out_slot[i0 + i]))
+        size_t at = (size_t)sp->b->out_row[i0 + i] * st->sh.vocab;
+        if (!cuda_sampling_skips(st, sp->ring, sp->b, sp->b->out_row[i0 + i]))
             CHECK(sp,
                   cudaMemcpyAsync(st->fast ? st->dlogits + at : st->cfg.logits_host + at,
                                   (const char *)st->logits + i * row, row,

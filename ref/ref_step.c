@@ -320,7 +320,7 @@ devio_status ref_step_run(void *sp, const devio_batch *b, devio_error *err)
             st->tok_blocks[i] = st->tok_blocks[t];
             st->tok_adapter[i] = st->tok_adapter[t];
         }
-        st->out_ptr[i] = st->cfg.logits_host + (size_t)b->out_slot[i] * st->vocab;
+        st->out_ptr[i] = st->cfg.logits_host + (size_t)b->out_row[i] * st->vocab;
     }
     if (b->n_out > 0) {
         layer_second(st, last, b->n_out);

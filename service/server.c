@@ -1,5 +1,6 @@
 /* server.c - devio-server's libmicrohttpd plumbing: auth, body limits, framing, draining, routes that may wait sent to workers, metrics labels.
- * Routes live in routes_*.c; this file must never decode a body for a route, touch SQL or compute. */
+ * Routes live in service/routes/ (the table in service/routes/route_table.c, the handlers in its routes_*.c);
+ * this file must never decode a body for a route, touch SQL or compute. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdarg.h>

@@ -7,11 +7,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "api/codec.h"
 #include "common/log.h"
 #include "device/backend/backend.h"
 #include "device/status.h"
 #include "ref/builtin.h"
-#include "service/routes/route_handlers.h" /* devio_step_answer_text */
 #include "service/server.h"
 
 /* Workers for the routes that may wait (offload.h): adapter commands, history

@@ -34,7 +34,7 @@ static devio_backend_config small_cfg(void)
     return (devio_backend_config){
         .kv_blocks = 10, .block_size = 4, .max_batch_tokens = 16, .max_rows = 4,
         .max_seq_len = 32, .max_depth = 2, .adapter_slots = 2, .max_lora_rank = 8,
-        .logits_slots = 100, .shape = &shape,
+        .logits_rows = 100, .shape = &shape,
     };
 }
 
@@ -53,7 +53,7 @@ static void test_regions(void **state)
     assert_int_equal(p.kv, 10 * 2048);
     /* per token: 4 * d + 3 * q_dim + 2 * kv_dim + 3 * f + rank floats */
     assert_int_equal(p.activations, 904 * 4 * 16);
-    /* min(max_batch_tokens, logits_slots) rows of vocab floats */
+    /* min(max_batch_tokens, logits_rows) rows of vocab floats */
     assert_int_equal(p.logits_rows, 16);
     assert_int_equal(p.logits, 16 * 256 * 4);
     /* per layer rank * (in + out) over the seven targets: 1024 * 8 floats */
@@ -64,7 +64,7 @@ static void test_regions(void **state)
     assert_int_equal(p.meta, 4 * p.meta_words);
     assert_int_equal(p.total, 1000 + 4352 + 20480 + 57856 + 16384 + 131072 + 640);
 
-    cfg.logits_slots = 5;
+    cfg.logits_rows = 5;
     assert_true(cuda_plan_make(&cfg, 1000, &p));
     assert_int_equal(p.logits_rows, 5);
 }

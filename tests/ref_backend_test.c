@@ -331,7 +331,7 @@ static tbe *be_open(const devio_model *m, uint32_t threads)
     be->cfg = (devio_backend_config){.kv_blocks = T_KV_BLOCKS, .block_size = T_BLOCK,
                                      .max_batch_tokens = T_MAX_TOK, .max_rows = T_MAX_ROWS,
                                      .max_seq_len = T_MAX_SEQ, .max_depth = 1,
-                                     .threads = threads, .logits_slots = T_MAX_TOK,
+                                     .threads = threads, .logits_rows = T_MAX_TOK,
                                      .shape = &be->shape, .rope_cos = be->rope_cos,
                                      .rope_sin = be->rope_sin, .logits_host = be->logits};
     assert_int_equal(devio_backend_create(&devio_ref_backend, m, &be->cfg, &be->st, &err),
@@ -387,7 +387,7 @@ typedef struct tbatch {
     devio_batch_row rows[T_MAX_ROWS];
     int32_t tokens[T_MAX_TOK];
     uint32_t tok_pos[T_MAX_TOK], tok_row[T_MAX_TOK];
-    uint32_t out_tok[T_MAX_TOK], out_slot[T_MAX_TOK];
+    uint32_t out_tok[T_MAX_TOK], out_row[T_MAX_TOK];
     float *out_dst[T_MAX_TOK]; /* where the logits of output i are copied */
     uint32_t copy_src[8], copy_dst[8];
     uint32_t n_rows, n_tok, n_out, n_copies;
@@ -409,7 +409,7 @@ static void tb_add_some(tbatch *b, tseq *s, const int32_t *toks, uint32_t n, flo
         b->tok_row[b->n_tok] = b->n_rows;
         if (logits && (s->len + i) % every == every - 1) {
             b->out_dst[b->n_out] = logits + (size_t)i * vocab;
-            b->out_slot[b->n_out] = b->n_out;
+            b->out_row[b->n_out] = b->n_out;
             b->out_tok[b->n_out++] = b->n_tok;
         }
         b->n_tok++;
@@ -429,7 +429,7 @@ static devio_batch tb_batch(tbatch *b)
 {
     return (devio_batch){.n_rows = b->n_rows, .rows = b->rows, .n_tokens = b->n_tok,
                          .tokens = b->tokens, .tok_pos = b->tok_pos, .tok_row = b->tok_row,
-                         .n_out = b->n_out, .out_tok = b->out_tok, .out_slot = b->out_slot,
+                         .n_out = b->n_out, .out_tok = b->out_tok, .out_row = b->out_row,
                          .n_copies = b->n_copies, .copy_src = b->copy_src,
                          .copy_dst = b->copy_dst};
 }
@@ -444,7 +444,7 @@ static void tb_run(tbe *be, tbatch *b)
     assert_int_equal(devio_backend_wait(&devio_ref_backend, be->st, &batch, &err), DEVIO_OK);
     size_t vocab = be->shape.vocab;
     for (uint32_t i = 0; i < b->n_out; i++)
-        memcpy(b->out_dst[i], be->logits + (size_t)b->out_slot[i] * vocab,
+        memcpy(b->out_dst[i], be->logits + (size_t)b->out_row[i] * vocab,
                vocab * sizeof(float));
     memset(b, 0, sizeof *b);
 }
@@ -796,7 +796,7 @@ static void test_bad_batches(void **unused)
     assert_int_equal(submit(be, &b), DEVIO_E_INVALID);
     row->adapter = -1;
     tb->out_tok[0] = 1;
-    tb->out_slot[0] = T_MAX_TOK; /* logits slot past the arena */
+    tb->out_row[0] = T_MAX_TOK; /* logits slot past the arena */
     b.n_out = 1;
     assert_int_equal(submit(be, &b), DEVIO_E_INVALID);
     b.n_out = 0;

@@ -741,7 +741,7 @@ static void test_batch_check_accepts_released_only_below_window(void **state)
     (void)state;
     devio_model_shape shape = {.vocab = 256, .window = W};
     devio_backend_config cfg = {.kv_blocks = 16, .block_size = 4, .max_batch_tokens = 8,
-                                .max_rows = 2, .max_seq_len = 64, .logits_slots = 4,
+                                .max_rows = 2, .max_seq_len = 64, .logits_rows = 4,
                                 .shape = &shape};
     uint32_t blocks[6] = {DEVIO_KV_BLOCK_RELEASED, DEVIO_KV_BLOCK_RELEASED,
                           DEVIO_KV_BLOCK_RELEASED, 3, 4, 5};

@@ -232,7 +232,7 @@ devio_status devio_batch_check(const devio_backend_config *cfg, const devio_batc
                               b->tokens[t]);
     for (uint32_t i = 0; i < b->n_out; i++)
         if (b->out_tok[i] >= b->n_tokens || (i > 0 && b->out_tok[i] <= b->out_tok[i - 1]) ||
-            b->out_slot[i] >= cfg->logits_slots)
+            b->out_row[i] >= cfg->logits_rows)
             return devio_fail(err, DEVIO_E_INVALID, "logits output %u is out of order or range",
                               i);
     for (uint32_t c = 0; c < b->n_copies; c++)
@@ -240,7 +240,7 @@ devio_status devio_batch_check(const devio_backend_config *cfg, const devio_batc
             return devio_fail(err, DEVIO_E_INVALID, "block copy %u names a block outside the pool",
                               c);
     for (uint32_t i = 0; i < b->n_samples; i++)
-        if (b->samples[i].row >= b->n_rows || b->samples[i].slot >= cfg->logits_slots)
+        if (b->samples[i].row >= b->n_rows || b->samples[i].logits_row >= cfg->logits_rows)
             return devio_fail(err, DEVIO_E_INVALID, "sample %u names a row or slot out of range",
                               i);
     return DEVIO_OK;

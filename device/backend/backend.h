@@ -1,14 +1,18 @@
-/* backend.h - the backend seam, version 4: the vtable every compute engine
- * fills (the reference in ref/, CUDA in kernels/, test backends), the facts
- * the core hands it, and the checked wrappers through which the core calls it.
- * Version 3 added kv_blocks_fit; version 4 the recurrent state of hybrid
- * models (state and snapshot slots, ssm_copy).
+/* backend.h - the backend seam: the vtable every compute engine fills (the
+ * reference in ref/, CUDA in kernels/, test backends), the facts the core
+ * hands it, and the checked wrappers through which the core calls it. Its
+ * version is DEVIO_BACKEND_ABI, which every backend's ops carry and the core
+ * and the plugin registry check. Version 3 added kv_blocks_fit; version 4
+ * the recurrent state of hybrid models (state and snapshot slots, ssm_copy);
+ * version 5 copies_weights; version 6 device-side sampling
+ * (batch.device_sampling, sample.sample_only); version 7 the sampler's
+ * logit processing on the device (devio_batch_sample.proc).
  * A backend only computes: it never validates plans, counts blocks, owns
  * sequences or decides what a number must be (device/numerics/numspec.h does).
  *
  * The life of a step, as the core drives it:
  *   devio_launch    validates and reserves, builds a devio_batch in one of
- *                   max_depth ticket slots, checks it (devio_batch_check) and
+ *                   max_depth tickets, checks it (devio_batch_check) and
  *                   calls submit, which enqueues the step and returns at once;
  *                   optionally calls sample to enqueue device-side sampling.
  *   the worker      calls wait for the oldest submitted batch; when wait
@@ -46,7 +50,9 @@ struct devio_adapter; /* device/adapter/adapter.h */
 
 /* The model's dimensions, checked once by the core (device/backend/shape.h) before
  * any backend sees the model. Every weight of `model` has the shape these
- * say and a dtype of F32, F16 or BF16; gate_proj and up_proj share a dtype. */
+ * say and any dtype of devio_dtype: F32, F16 or BF16, or, as a 2-D weight
+ * whose rows are whole blocks, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or
+ * Q6_K; gate_proj and up_proj share a dtype. */
 typedef struct devio_model_shape {
     uint32_t n_layers;
     uint32_t d;          /* hidden_size */
@@ -91,18 +97,18 @@ typedef struct devio_backend_config {
     uint32_t max_depth;        /* batches submitted and not yet waited, at most */
     uint32_t threads;          /* host compute threads, >= 1 */
     devio_numerics numerics;   /* a backend refuses at create what it cannot keep */
-    uint32_t adapter_slots;    /* adapter_add slots are < this (max_loras) */
+    uint32_t adapter_slots;    /* adapter indices of adapter_add are < this (max_loras) */
     uint32_t max_lora_rank;    /* largest rank adapter_add may be given */
-    uint32_t logits_slots;     /* logits rows the core may name: out_slot < this */
+    uint32_t logits_rows;     /* logits rows the core may name: out_row < this */
     uint32_t ssm_slots;        /* recurrent-state slots (0 for attention-only models) */
     uint32_t ssm_snapshots;    /* snapshot slots (0 for attention-only models) */
     /* The RoPE tables below are [max_seq_len, rotary_dim/2]. */
     const devio_model_shape *shape;
     /* RoPE of numspec rule 4, built once by the core: [max_seq_len, rotary_dim/2]. */
     const float *rope_cos, *rope_sin;
-    /* The core's host logits arena, [logits_slots, vocab] f32. A backend
+    /* The core's host logits arena, [logits_rows, vocab] f32. A backend
      * without logits_read writes the logits of output i into row
-     * out_slot[i] of it; a backend with logits_read keeps its own. */
+     * out_row[i] of it; a backend with logits_read keeps its own. */
     float *logits_host;
 } devio_backend_config;
 
@@ -117,8 +123,8 @@ typedef struct devio_batch_row {
                                  with a sliding window, entries wholly below the first key
                                  the row's first token reads may be DEVIO_KV_BLOCK_RELEASED
                                  (above) and must never be read */
-    int32_t adapter;          /* adapter slot (see adapter_add), -1 = base model */
-    uint32_t adapter_gen;     /* the generation adapter_add was given for that slot */
+    int32_t adapter;          /* adapter index (see adapter_add), -1 = base model */
+    uint32_t adapter_gen;     /* the generation adapter_add was given for that index */
     /* Recurrent state (hybrid models; -1 / NONE for attention-only models):
      * the sequence's state slot, and where snapshots of it go. When pos0 is
      * 0 the state starts from zeros (the slot's old contents are ignored);
@@ -131,18 +137,18 @@ typedef struct devio_batch_row {
 } devio_batch_row;
 
 /* A sampled token a row asks for: from the logits of its last token,
- * written to logits slot `slot`, at sequence position `position`. */
+ * written to logits row `logits_row`, at sequence position `position`. */
 typedef struct devio_batch_sample {
     uint32_t row;
-    uint32_t slot;
+    uint32_t logits_row;
     uint64_t position;
     devio_sample_params params;
-    bool sample_only; /* no handle holds the slot: only this sample reads those logits, so a
+    bool sample_only; /* no handle holds the row: only this sample reads those logits, so a
                          backend that samples them need not bring them to the host */
     const devio_logit_proc *proc; /* step 0b of device/sample/sampler.h, or NULL: none; set (with
                                      its arrays) until wait returns when device_sampling */
-    int32_t token;  /* output of the sample slot */
-    float logprob;  /* output of the sample slot */
+    int32_t token;  /* output of the sample entry */
+    float logprob;  /* output of the sample entry */
 } devio_batch_sample;
 
 /* One step, built by the core and checked by devio_batch_check before any
@@ -157,10 +163,10 @@ typedef struct devio_batch {
     const uint32_t *tok_row;       /* [n_tokens] row of each token */
     /* Which tokens want logits, computed once by the core: output i is the
      * logits of token out_tok[i] (strictly increasing), written to logits
-     * slot out_slot[i]. */
+     * row out_row[i]. */
     uint32_t n_out;
     const uint32_t *out_tok;
-    const uint32_t *out_slot;
+    const uint32_t *out_row;
     uint32_t lora_targets;         /* union of the target bits of the rows' adapters */
     /* Block copies to do first, in order, before any token of the step is
      * computed (copy-on-write): dst <- src for every layer's K and V. */
@@ -168,10 +174,10 @@ typedef struct devio_batch {
     const uint32_t *copy_src;
     const uint32_t *copy_dst;
     /* Rows asking for a sampled token. The core samples them on the host
-     * after wait unless it called the backend's sample slot for the batch. */
+     * after wait unless it called the backend's sample entry for the batch. */
     uint32_t n_samples;
     devio_batch_sample *samples;
-    bool device_sampling; /* the core calls the backend's sample slot for this batch right
+    bool device_sampling; /* the core calls the backend's sample entry for this batch right
                              after submit (fast numerics, no row asking top logprobs, the
                              slot present) */
 } devio_batch;
@@ -184,8 +190,8 @@ typedef struct devio_ssm_ref {
 } devio_ssm_ref;
 
 /* The vtable. Filled with designated initializers as `static const` data;
- * callers use the wrappers below, never the slots. Every slot is required
- * unless marked optional. A slot that fails fills err and changes nothing
+ * callers use the wrappers below, never the entries. Every entry is required
+ * unless marked optional. An entry that fails fills err and changes nothing
  * the core can observe unless its contract says otherwise. */
 typedef struct devio_backend_ops {
     uint32_t abi;     /* DEVIO_BACKEND_ABI */
@@ -216,7 +222,7 @@ typedef struct devio_backend_ops {
 
     /* Enqueue one step and return without waiting for it: the block copies,
      * then every token of every row, writing each token's K and V into its
-     * block slot and the logits of every output. The numbers are those of
+     * block and the logits of every output. The numbers are those of
      * device/numerics/numspec.h: a row's numbers never depend on the other rows, on
      * how its tokens were split into steps, on the thread count or on what
      * else is in flight. May compute synchronously (the reference defers
@@ -228,20 +234,20 @@ typedef struct devio_backend_ops {
      * the batch's logits are unspecified; nothing else changed. */
     devio_status (*wait)(void *state, const devio_batch *batch, devio_error *err);
 
-    /* Optional pair (both or neither): adapter lifetime. Slot `slot` holds
-     * adapter `a` from adapter_add until adapter_remove(slot, generation);
+    /* Optional pair (both or neither): adapter lifetime. Index `index` holds
+     * adapter `a` from adapter_add until adapter_remove(index, generation);
      * `a` is borrowed for that time (a backend may copy it to its memory).
-     * A generation is never reused for a slot, so a stale copy can always be
-     * told apart. Rows name adapters by slot and generation. Without these
-     * slots a backend runs no adapters (loads are refused). */
-    devio_status (*adapter_add)(void *state, uint32_t slot, uint32_t generation,
+     * A generation is never reused for an index, so a stale copy can always be
+     * told apart. Rows name adapters by index and generation. Without these
+     * entries a backend runs no adapters (loads are refused). */
+    devio_status (*adapter_add)(void *state, uint32_t index, uint32_t generation,
                                 const struct devio_adapter *a, devio_error *err);
-    void (*adapter_remove)(void *state, uint32_t slot, uint32_t generation);
+    void (*adapter_remove)(void *state, uint32_t index, uint32_t generation);
 
-    /* Optional: logits stay in the backend's memory. Copy logits slot `slot`
+    /* Optional: logits stay in the backend's memory. Copy logits row `row`
      * (vocab floats) to host memory at dst. Called after the step that wrote
-     * the slot was waited. Without it the backend writes cfg->logits_host. */
-    devio_status (*logits_read)(void *state, uint32_t slot, float *dst, devio_error *err);
+     * the row was waited. Without it the backend writes cfg->logits_host. */
+    devio_status (*logits_read)(void *state, uint32_t row, float *dst, devio_error *err);
 
     /* Optional: sample on the device. Enqueue sampling of every entry of
      * batch->samples after the step (same definition as device/sample/sampler.h:
@@ -266,7 +272,7 @@ typedef struct devio_backend_ops {
 
 /* ---- checked wrappers: the only way the core reaches a backend ---------- */
 
-/* Every required slot present, optional pairs complete, the ABI ours. */
+/* Every required entry present, optional pairs complete, the ABI ours. */
 devio_status devio_backend_check(const devio_backend_ops *ops, devio_error *err);
 devio_status devio_backend_probe(const devio_backend_ops *ops, devio_error *err);
 devio_status devio_backend_create(const devio_backend_ops *ops, const devio_model *model,
@@ -284,13 +290,13 @@ devio_status devio_backend_submit(const devio_backend_ops *ops, void *state,
 devio_status devio_backend_wait(const devio_backend_ops *ops, void *state,
                                 const devio_batch *batch, devio_error *err);
 bool devio_backend_has_adapters(const devio_backend_ops *ops);
-devio_status devio_backend_adapter_add(const devio_backend_ops *ops, void *state, uint32_t slot,
+devio_status devio_backend_adapter_add(const devio_backend_ops *ops, void *state, uint32_t index,
                                        uint32_t generation, const struct devio_adapter *a,
                                        devio_error *err);
-void devio_backend_adapter_remove(const devio_backend_ops *ops, void *state, uint32_t slot,
+void devio_backend_adapter_remove(const devio_backend_ops *ops, void *state, uint32_t index,
                                   uint32_t generation);
 bool devio_backend_has_device_logits(const devio_backend_ops *ops);
-devio_status devio_backend_logits_read(const devio_backend_ops *ops, void *state, uint32_t slot,
+devio_status devio_backend_logits_read(const devio_backend_ops *ops, void *state, uint32_t row,
                                        float *dst, devio_error *err);
 bool devio_backend_has_sample(const devio_backend_ops *ops);
 bool devio_backend_has_ssm(const devio_backend_ops *ops);
@@ -304,7 +310,7 @@ devio_status devio_backend_sample(const devio_backend_ops *ops, void *state,
 /* The structural checks of a batch every backend relies on, so that none
  * reads or writes outside its buffers: sizes within cfg, rows contiguous,
  * tok_pos/tok_row consistent with the rows, positions below max_seq_len,
- * block, adapter, logits and state slots in range, out_tok increasing,
+ * blocks, adapter indices, logits rows and state slots in range, out_tok increasing,
  * tokens in the vocabulary. Changes nothing. */
 devio_status devio_batch_check(const devio_backend_config *cfg, const devio_batch *batch,
                                devio_error *err);

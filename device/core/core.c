@@ -20,7 +20,7 @@ static void ticket_bufs_free(dv_ticket *t)
     free(t->tok_pos);
     free(t->tok_row);
     free(t->out_tok);
-    free(t->out_slot);
+    free(t->out_row);
     free(t->copy_src);
     free(t->copy_dst);
     free(t->samples);
@@ -76,7 +76,7 @@ static bool alloc_ticket(dv_ticket *t, const devio_config *c)
     return ALLOC_N(t->rows, c->max_rows) && ALLOC_N(t->brows, c->max_rows) &&
            ALLOC_N(t->tokens, c->max_batch_tokens) && ALLOC_N(t->tok_pos, c->max_batch_tokens) &&
            ALLOC_N(t->tok_row, c->max_batch_tokens) && ALLOC_N(t->out_tok, c->max_batch_tokens) &&
-           ALLOC_N(t->out_slot, c->max_batch_tokens) && ALLOC_N(t->copy_src, c->max_rows) &&
+           ALLOC_N(t->out_row, c->max_batch_tokens) && ALLOC_N(t->copy_src, c->max_rows) &&
            ALLOC_N(t->copy_dst, c->max_rows) && ALLOC_N(t->samples, c->max_rows) &&
            ALLOC_N(t->snap_ids, c->max_batch_tokens) && ALLOC_N(t->procs, c->max_rows) && ALLOC_N(t->lprocs, c->max_rows) &&
            ALLOC_N(t->top_ids, (size_t)c->max_rows * DEVIO_TOP_LOGPROBS_MAX) &&
@@ -143,7 +143,7 @@ static devio_status open_backend(devio_device *d, devio_error *err)
         .numerics = c->numerics,
         .adapter_slots = c->max_loras,
         .max_lora_rank = c->max_lora_rank,
-        .logits_slots = c->logits_rows + c->max_depth * c->max_rows,
+        .logits_rows = c->logits_rows + c->max_depth * c->max_rows,
         .ssm_slots = c->ssm_slots,
         .ssm_snapshots = c->ssm_snapshots,
         .shape = &d->shape,

@@ -87,7 +87,7 @@ typedef struct dv_ticket {
     devio_batch_row *brows;     /* max_rows */
     int32_t *tokens;            /* max_batch_tokens */
     uint32_t *tok_pos, *tok_row;/* max_batch_tokens */
-    uint32_t *out_tok, *out_slot; /* max_batch_tokens */
+    uint32_t *out_tok, *out_row; /* max_batch_tokens */
     uint32_t *copy_src, *copy_dst; /* max_rows */
     devio_batch_sample *samples;/* max_rows */
     devio_sample_proc *procs;   /* max_rows: each sampled row's processing, arrays in proc_buf */
@@ -127,7 +127,7 @@ struct devio_device {
     /* Logits slots: [0, logits_rows) back handles, then max_rows scratch
      * slots per ticket entry for rows that sample without keeping logits. */
     dv_handle *handles;     /* logits_handles */
-    float *logits_arena;    /* logits_slots * vocab, host */
+    float *logits_arena;    /* logits_rows * vocab, host */
     uint32_t *row_free;     /* stack of free handle slots */
     uint32_t n_row_free;
     uint32_t n_handles_live;

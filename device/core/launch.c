@@ -210,12 +210,12 @@ static void layout_tokens(dv_ticket *t, uint32_t r, const devio_row *row, const 
         }
         if (logits_slot >= 0) {
             t->out_tok[b->n_out] = ti;
-            t->out_slot[b->n_out++] = (uint32_t)logits_slot;
+            t->out_row[b->n_out++] = (uint32_t)logits_slot;
         }
         if (last && row->has_sample) {
             tr->sample = (int32_t)b->n_samples;
             t->samples[b->n_samples++] = (devio_batch_sample){
-                .row = r, .slot = (uint32_t)logits_slot, .params = row->sample, .sample_only = !h,
+                .row = r, .logits_row = (uint32_t)logits_slot, .params = row->sample, .sample_only = !h,
                 /* The sampled token takes the position after the row's last token. */
                 .position = (uint64_t)q->len + row->n_tokens};
         }
@@ -345,7 +345,7 @@ static dv_ticket *ticket_take(devio_device *d)
     t->id = d->next_ticket_id;
     t->batch = (devio_batch){.ticket = t->id, .rows = t->brows, .tokens = t->tokens,
                              .tok_pos = t->tok_pos, .tok_row = t->tok_row,
-                             .out_tok = t->out_tok, .out_slot = t->out_slot,
+                             .out_tok = t->out_tok, .out_row = t->out_row,
                              .copy_src = t->copy_src, .copy_dst = t->copy_dst,
                              .samples = t->samples};
     t->device_sampled = false;

@@ -66,7 +66,7 @@ static void run_step(devio_device *d, dv_ticket *t)
          i++) {
         devio_batch_sample *sm = &t->samples[i];
         const float *logits;
-        t->status = dv_logits_row(d, sm->slot, d->step_buf, &logits, &t->err);
+        t->status = dv_logits_row(d, sm->logits_row, d->step_buf, &logits, &t->err);
         if (t->status != DEVIO_OK)
             break;
         if (sample_row(d, t, sm, logits) != DEVIO_OK)

@@ -12,7 +12,8 @@
  *   - atomics, the _rn intrinsics, half and bfloat16 conversions;
  *   - launch(): what LAUNCH (kernels/cuda_warp.cuh) becomes in this build.
  * Everything here runs inside an emulated thread, except launch(), which is
- * host code. Definitions: kernels/emu/emu_runtime.cc and emu_block.cc. */
+ * host code. Definitions: kernels/emu/emu_stream.cc (launches) and
+ * emu_block.cc. */
 #ifndef DEVIO_EMU_DEVICE_H
 #define DEVIO_EMU_DEVICE_H
 

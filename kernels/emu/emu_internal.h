@@ -1,7 +1,8 @@
-/* kernels/emu/emu_internal.h - what the emulator's runtime (emu_runtime.cc:
- * memory, streams, events, errors, faults on request) and its executor
- * (emu_block.cc: blocks of fibers, collectives, barriers, shared memory and
- * its race detector) say to each other. Private to kernels/emu/. */
+/* kernels/emu/emu_internal.h - what the emulator's runtime (emu_runtime.cc
+ * and the files it names: memory, streams, events, errors, faults on
+ * request) and its executor (emu_block.cc: blocks of fibers, collectives,
+ * barriers, shared memory and its race detector) say to each other.
+ * Private to kernels/emu/. */
 #ifndef DEVIO_EMU_INTERNAL_H
 #define DEVIO_EMU_INTERNAL_H
 

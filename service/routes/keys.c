@@ -8,7 +8,7 @@
 #include "device/status.h"
 #include "service/routes/keys.h"
 #include "service/http/request.h"
-#include "service/routes/route_handlers.h"
+#include "service/routes/ticket_replay.h"
 #include "service/server.h"
 
 void devio_keys_init(devio_keys *k)

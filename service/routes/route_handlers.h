@@ -12,19 +12,9 @@ devio_route_handler devio_route_seq_create, devio_route_seq_list, devio_route_se
     devio_route_effects, devio_route_logits, devio_route_logits_list, devio_route_facts, devio_route_device, devio_route_model,
     devio_route_teardown;
 
-/* The answer a keyed launch (`launch`: 202 {"ticket"}) or step (its settled
- * answer, or key_in_use while it runs) gives again for `ticket`, read from
- * the history: *found false when the history has no row (it never launched). */
-devio_status devio_ticket_replay(devio_server *s, uint64_t ticket, bool launch, devio_reply *out,
-                                 bool *found, devio_error *err);
-
 /* routes_tickets.c: launch, step, await, the history */
 devio_route_handler devio_route_launch, devio_route_step, devio_route_await, devio_route_tickets,
     devio_route_ticket;
-
-/* The answer text of a settled step, byte for byte what the await sends
- * (malloc'd; NULL when out of memory): kept with the ticket's history row. */
-char *devio_step_answer_text(const devio_step_result *r);
 
 /* routes_adapters.c: list, get, load, unload, pin, unpin */
 devio_route_handler devio_route_adapters_list, devio_route_adapter_get, devio_route_adapter_put,

@@ -11,6 +11,7 @@
 #include "device/status.h"
 #include "service/http/request.h"
 #include "service/routes/route_handlers.h"
+#include "service/routes/ticket_replay.h"
 #include "service/server.h"
 
 /* Long polls are capped at one hour; clients ask again while pending. */
@@ -115,7 +116,7 @@ static devio_status launch_outcome(devio_server *s, devio_ticket_op *op, devio_e
 
 /* One look at the ticket, without waiting: op SETTLING once it settled.
  * (A ticket already taken, by an await or the reaper, is the history's to
- * answer: from_history.) */
+ * answer: devio_ticket_from_history.) */
 static devio_status await_now(devio_server *s, devio_ticket_op *op, devio_error *err)
 {
     devio_device *dev;
@@ -225,91 +226,6 @@ static void uncount(devio_server *s, devio_ticket_op *op)
     op->counted = false;
 }
 
-char *devio_step_answer_text(const devio_step_result *r)
-{
-    json_t *j = devio_json_step_result(r);
-    char *text = j ? json_dumps(j, DEVIO_JSON_FLAGS) : NULL;
-    json_decref(j);
-    return text;
-}
-
-/* 200 with an answer the history kept, byte for byte: Idempotent-Replayed. */
-static devio_status replay_answer(devio_reply *out, const char *answer, devio_error *err)
-{
-    size_t n = strlen(answer);
-    char *body = malloc(n + 1);
-    if (!body)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of memory");
-    memcpy(body, answer, n + 1);
-    devio_reply_bytes(out, 200, "application/json", body, n);
-    out->replayed = true;
-    return DEVIO_OK;
-}
-
-/* What the history says of a ticket this process cannot answer from the
- * device (awaited already, reaped, or launched by an earlier process): the
- * answer it settled with, read again; its failure; or, with no row to say
- * more, st as the device answered it. */
-static devio_status from_history(devio_server *s, uint64_t ticket, devio_status st,
-                                 devio_reply *out, devio_error *err)
-{
-    devio_error herr = {0};
-    devio_ticket_page p = {0};
-    devio_status hs = devio_store_ticket_get(s->store, ticket, &p, &herr);
-    if (hs != DEVIO_OK || p.n == 0) {
-        devio_ticket_page_free(&p);
-        return st;
-    }
-    const devio_ticket_row *row = &p.rows[0];
-    if (strcmp(row->status, "ok") == 0 && row->answer) {
-        st = replay_answer(out, row->answer, err);
-    } else if (strcmp(row->status, "failed") == 0) {
-        st = devio_fail_at(err, devio_status_parse(row->error_code), "ticket", (int64_t)ticket,
-                           "%s", row->error_message ? row->error_message : "");
-    } else if (strcmp(row->status, "reaped") == 0) {
-        st = devio_fail_at(err, DEVIO_E_TICKET_REAPED, "ticket", (int64_t)ticket,
-                           "ticket %" PRIu64 " was settled by the server for nobody: %s%s",
-                           ticket, row->error_message ? row->error_message : "",
-                           row->answer ? "; its answer is in GET /v1/tickets/{id}" : "");
-    } else if (strcmp(row->status, "aborted") == 0) {
-        st = devio_fail_at(err, DEVIO_E_UNKNOWN_TICKET, "ticket", (int64_t)ticket,
-                           "ticket %" PRIu64 " was aborted: %s", ticket,
-                           row->error_message ? row->error_message : "");
-    }
-    devio_ticket_page_free(&p);
-    return st;
-}
-
-devio_status devio_ticket_replay(devio_server *s, uint64_t ticket, bool launch, devio_reply *out,
-                                 bool *found, devio_error *err)
-{
-    devio_ticket_page p = {0};
-    devio_status st = devio_store_ticket_get(s->store, ticket, &p, err);
-    *found = st == DEVIO_OK && p.n == 1;
-    if (!*found) {
-        devio_ticket_page_free(&p);
-        return st;
-    }
-    const devio_ticket_row *row = &p.rows[0];
-    if (launch) {
-        st = devio_reply_json(out, 202, devio_json_ticket_ref(ticket), err);
-    } else if (strcmp(row->status, "in_flight") == 0) {
-        out->retry_after_s = 1;
-        st = devio_fail_at(err, DEVIO_E_KEY_IN_USE, "ticket", (int64_t)ticket,
-                           "the step of this Idempotency-Key (ticket %" PRIu64 ") is still "
-                           "running; ask again",
-                           ticket);
-    } else if (row->answer) {
-        /* ok, or reaped when its client went: the answer it settled with */
-        st = replay_answer(out, row->answer, err);
-    } else {
-        st = from_history(s, ticket, DEVIO_E_UNKNOWN_TICKET, out, err);
-    }
-    out->replayed = st == DEVIO_OK;
-    devio_ticket_page_free(&p);
-    return st;
-}
-
 /* Answer a settled step and free it: the answer text the history keeps
  * when there is one (the same bytes a replay sends), else encoded now. */
 static devio_status reply_result(devio_reply *out, devio_ticket_op *op, devio_step_result *res,
@@ -377,7 +293,7 @@ devio_status devio_route_await(devio_server *s, const devio_request *rq, devio_r
     /* Awaited before (its answer lost on the way, say), reaped, or launched
      * by an earlier process: the history answers again. */
     if (st == DEVIO_E_TICKET_CONSUMED || st == DEVIO_E_UNKNOWN_TICKET)
-        return from_history(s, op->ticket, st, out, err);
+        return devio_ticket_from_history(s, op->ticket, st, out, err);
     return st;
 }
 

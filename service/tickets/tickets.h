@@ -1,5 +1,40 @@
 /* tickets.h - the steps of devio-server: launch, await and step on the device, each with its history row and metrics.
- * Typed all the way (devio_plan in, devio_step_result out); it never decodes or encodes JSON. */
+ * Typed all the way (devio_plan in, devio_step_result out); it never decodes or encodes JSON.
+ *
+ * The life of a ticket, in one picture. Each line starts from the phase of
+ * the request's op (devio_op_phase, below) and names the function that moves
+ * it on, the thread that runs it, what the device does (device/core/) and
+ * what the history row says (service/store/store.h). Threads: H an HTTP thread (service/server.c), W the store's writer thread
+ * (service/store/store_writer.c), D the device's worker (device/core/step.c),
+ * R the reaper (service/tickets/leases.c).
+ *
+ *  NONE ──devio_tickets_launch_begin (H, POST /v1/launch or /v1/step)──────────►
+ *     devio_launch_reserve: ids and blocks reserved; row "in_flight" queued;
+ *     lease taken (devio_leases_add), so that a settle right after is seen
+ *  LAUNCHING ──(the row written) devio_launches_end → devio_tickets_launch_end
+ *     (W when the request parked; H when it could not)──────────────────────────►
+ *     devio_launch_commit: the step is queued to the device.  Row failed or
+ *     backend refused: devio_launch_cancel, nothing stays reserved, lease
+ *     dropped, op NONE, the answer is the error.
+ *  AWAITING ── the step runs (D, run_step); on_settled → devio_server_settled
+ *     (D): parked awaits resumed (parked_awaits.h), the lease's clock starts ──►
+ *  AWAITING ──devio_tickets_await_begin (H, an await or the /v1/step itself;
+ *     R for a ticket reaped: lease out, or its /v1/step connection closed,
+ *     service/abandoned.c)──► devio_await_begin holds the settled ticket;
+ *     row "ok" / "failed" (or "reaped") queued
+ *  SETTLING ──(the row written) devio_tickets_await_end (H, or R)──────────────►
+ *     devio_await_end: the ticket ends, its result the answer; lease dropped
+ *     (devio_leases_taken); op NONE.  Row failed: the ticket stays settled
+ *     and awaitable, the answer store_unavailable.
+ *  NONE: the device holds nothing for the ticket; its answer is the history's
+ *     (service/routes/ticket_replay.c reads it again for a replay or a late
+ *     await).  A teardown aborts what was never awaited: every "in_flight"
+ *     row of this process "aborted" (devio_tickets_aborted).
+ *
+ * A request parks between the halves (never blocking an HTTP thread on the
+ * store or the device): service/routes/routes_tickets.c drives the halves,
+ * service/launches.c lists the launches the writer ends, and
+ * service/abandoned.c finishes those whose client went. */
 #ifndef DEVIO_TICKETS_H
 #define DEVIO_TICKETS_H
 

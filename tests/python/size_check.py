@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""size_check.py - no C source over 700 lines without a reason, no function over 120 lines.
+"""size_check.py - no source over 700 lines without a reason, no C function over 120 lines.
 
-Walks the repository's .c, .h and .cu files (skipping .git, bazel-*,
-third_party and .devio) and reports:
+Walks the repository's .c, .h, .cu, .cuh, .cc, .py and .sh files (skipping
+.git, bazel-*, third_party and .devio) and reports:
   - a file of more than 700 lines whose first 15 lines do not say why, in
     the words "long because ..." (any case);
-  - a function of more than 120 lines, where a function is a line starting
-    with "{" at column 0 through the next line starting with "}" at column 0
-    (both counted), the layout every devio file follows; the report names
-    the file and the function's signature line.
+  - in the C-like files (.c, .h, .cu, .cuh, .cc), a function of more than
+    120 lines, where a function is a line starting with "{" at column 0
+    through the next line starting with "}" at column 0 (both counted), the
+    layout every devio file follows; the report names the file and the
+    function's signature line.
 Lines are counted as wc -l counts them (plus an unterminated last line).
 Prints what it checked; exits 1 on any violation, 0 otherwise.
 
@@ -18,7 +19,8 @@ import argparse
 import os
 import sys
 
-EXTENSIONS = (".c", ".h", ".cu")
+C_LIKE = (".c", ".h", ".cu", ".cuh", ".cc")
+EXTENSIONS = C_LIKE + (".py", ".sh")
 SKIP_DIRS = {".git", "third_party", ".devio"}
 REASON = "long because"
 REASON_LINES = 15
@@ -85,7 +87,6 @@ def main():
         rel = os.path.relpath(path, args.root)
         lines = read_lines(path)
         n_files += 1
-        n_funcs += sum(1 for l in lines if l.startswith("{"))
         if len(lines) > args.max_file:
             head = "\n".join(lines[:REASON_LINES]).lower()
             if REASON in head:
@@ -93,13 +94,16 @@ def main():
             else:
                 problems.append("%s: %d lines (over %d) and no \"%s\" in its first %d lines"
                                 % (rel, len(lines), args.max_file, REASON, REASON_LINES))
+        if not path.endswith(C_LIKE):
+            continue
+        n_funcs += sum(1 for l in lines if l.startswith("{"))
         for sig, length in long_functions(lines, args.max_func):
             problems.append("%s:%d: function of %d lines (over %d): %s"
                             % (rel, sig + 1, length, args.max_func, lines[sig].strip()))
 
-    print("size_check: %d .c/.h/.cu files under %s, %d functions; files over %d lines "
+    print("size_check: %d %s files under %s, %d C-like functions; files over %d lines "
           "need \"%s\" in their first %d lines (%d do), functions at most %d lines"
-          % (n_files, args.root, n_funcs, args.max_file, REASON, REASON_LINES, n_long_ok,
+          % (n_files, "/".join(EXTENSIONS), args.root, n_funcs, args.max_file, REASON, REASON_LINES, n_long_ok,
              args.max_func))
     for p in problems:
         print("size_check: " + p)
