@@ -111,10 +111,9 @@ static devio_status decode_row(const json_t *jr, uint32_t r, devio_plan_buf *buf
     const json_t *js = json_object_get(jr, "sample");
     if (js && !json_is_null(js)) {
         row->has_sample = true;
-        s = devio_json_sample_decode(js, &row->sample, &buf->procs[r], err);
+        s = devio_json_sample_decode(js, &row->sample, &buf->samples[r], err);
         if (s != DEVIO_OK)
             return in_row(err, r, s);
-        row->proc = &buf->procs[r].proc;
     }
     const json_t *jn = json_object_get(jr, "snapshot");
     if (jn && !json_is_null(jn)) {
@@ -154,8 +153,8 @@ devio_status devio_json_plan_decode(const json_t *j, uint32_t max_rows, uint32_t
     buf->rows = calloc(n, sizeof *buf->rows);
     buf->tokens = calloc(total ? total : 1, sizeof *buf->tokens);
     buf->adapters = calloc(n, sizeof *buf->adapters);
-    buf->procs = calloc(n, sizeof *buf->procs);
-    if (!buf->rows || !buf->tokens || !buf->adapters || !buf->procs) {
+    buf->samples = calloc(n, sizeof *buf->samples);
+    if (!buf->rows || !buf->tokens || !buf->adapters || !buf->samples) {
         devio_plan_buf_free(buf);
         return devio_fail(err, DEVIO_E_NOMEM, "out of memory decoding the plan");
     }
@@ -177,10 +176,10 @@ void devio_plan_buf_free(devio_plan_buf *buf)
     if (buf->adapters)
         for (uint32_t r = 0; r < buf->plan.n_rows; r++)
             free(buf->adapters[r]);
-    if (buf->procs)
+    if (buf->samples)
         for (uint32_t r = 0; r < buf->plan.n_rows; r++)
-            devio_sample_proc_buf_free(&buf->procs[r]);
-    free(buf->procs);
+            devio_sample_buf_free(&buf->samples[r]);
+    free(buf->samples);
     free(buf->adapters);
     free(buf->rows);
     free(buf->tokens);
@@ -206,11 +205,11 @@ devio_status devio_json_await_decode(const json_t *j, uint64_t *ticket, int64_t 
 }
 
 devio_status devio_json_effect_decode(const json_t *j, devio_effect *out,
-                                      devio_sample_proc_buf *pb, devio_error *err)
+                                      devio_sample_buf *pb, devio_error *err)
 {
     static const char *const keys[] = {"kind", "seq", "len", "logits", "row", "params", NULL};
     memset(out, 0, sizeof *out);
-    *pb = (devio_sample_proc_buf){.proc = {.repetition_penalty = 1.0f}};
+    *pb = (devio_sample_buf){0};
     devio_status s = devio_json_check_object(j, keys, "the effect", err);
     if (s != DEVIO_OK)
         return s;
@@ -232,10 +231,8 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out,
         }
         const json_t *jp = json_object_get(j, "params");
         out->params = devio_sample_params_default();
-        if (s == DEVIO_OK && jp) {
+        if (s == DEVIO_OK && jp)
             s = devio_json_sample_decode(jp, &out->params, pb, err);
-            out->proc = &pb->proc;
-        }
         return s;
     }
     case DEVIO_EFFECT_TRUNCATE:

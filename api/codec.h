@@ -10,17 +10,16 @@
 /* Every float goes out with 9 significant digits: enough to round-trip binary32. */
 #define DEVIO_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 
-/* A decoded sample's processing (devio_sample_proc) and the arrays behind
- * it. Release with devio_sample_proc_buf_free(). */
-typedef struct devio_sample_proc_buf {
-    devio_sample_proc proc;
+/* The arrays behind a decoded sample's processing (the decoded
+ * devio_sample_params points into them). Release with devio_sample_buf_free(). */
+typedef struct devio_sample_buf {
     int32_t *ids;      /* logit_bias ids */
     float *bias;       /* logit_bias values */
     uint32_t *allowed; /* allowed_tokens words */
     int32_t *banned;   /* banned_tokens */
-} devio_sample_proc_buf;
+} devio_sample_buf;
 
-void devio_sample_proc_buf_free(devio_sample_proc_buf *pb);
+void devio_sample_buf_free(devio_sample_buf *pb);
 
 /* A decoded plan and the storage behind it. Release with devio_plan_buf_free(). */
 typedef struct devio_plan_buf {
@@ -28,7 +27,7 @@ typedef struct devio_plan_buf {
     devio_row *rows;
     int32_t *tokens;
     char **adapters;
-    devio_sample_proc_buf *procs; /* one per row: each sampled row's processing */
+    devio_sample_buf *samples; /* one per row: the arrays of each sampled row's processing */
 } devio_plan_buf;
 
 /* Decode {"rows":[...]} into buf (zeroed on failure). Caps the sizes it
@@ -37,14 +36,15 @@ devio_status devio_json_plan_decode(const json_t *j, uint32_t max_rows, uint32_t
                                     devio_plan_buf *buf, devio_error *err);
 void devio_plan_buf_free(devio_plan_buf *buf);
 
-/* A `sample` object (api/sample_codec.c): the params into *out, the logit
- * processing and top logprobs into *pb (zeroed first; released on failure). */
+/* A `sample` object (api/sample_codec.c) into *out, the arrays of its logit
+ * processing held by *pb (zeroed first; released on failure), which *out
+ * points into. */
 devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
-                                      devio_sample_proc_buf *pb, devio_error *err);
-/* An effect; a sample's processing lands in *pb, which out->proc points
- * into: release *pb after the effect (on failure it is empty). */
+                                      devio_sample_buf *pb, devio_error *err);
+/* An effect; a sample's arrays land in *pb, which out->params points into:
+ * release *pb after the effect (on failure it is empty). */
 devio_status devio_json_effect_decode(const json_t *j, devio_effect *out,
-                                      devio_sample_proc_buf *pb, devio_error *err);
+                                      devio_sample_buf *pb, devio_error *err);
 /* [{"id":..,"logprob":..}, ...] of n top logprobs. */
 json_t *devio_json_top_logprobs(const int32_t *ids, const float *lps, uint32_t n);
 

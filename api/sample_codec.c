@@ -58,7 +58,8 @@ static devio_status b64_decode(const char *s, size_t len, uint8_t **out, size_t 
 }
 
 /* allowed_tokens: base64 of the mask's 32-bit words, least significant byte first. */
-static devio_status decode_allowed(const json_t *v, devio_sample_proc_buf *pb, devio_error *err)
+static devio_status decode_allowed(const json_t *v, devio_sample_buf *pb, devio_sample_params *out,
+                                   devio_error *err)
 {
     if (!json_is_string(v))
         return devio_fail(err, DEVIO_E_INVALID,
@@ -83,8 +84,8 @@ static devio_status decode_allowed(const json_t *v, devio_sample_proc_buf *pb, d
         pb->allowed[w] = (uint32_t)bytes[4 * w] | (uint32_t)bytes[4 * w + 1] << 8 |
                          (uint32_t)bytes[4 * w + 2] << 16 | (uint32_t)bytes[4 * w + 3] << 24;
     free(bytes);
-    pb->proc.allowed = pb->allowed;
-    pb->proc.allowed_words = (uint32_t)(n / 4);
+    out->allowed = pb->allowed;
+    out->allowed_words = (uint32_t)(n / 4);
     return DEVIO_OK;
 }
 
@@ -117,7 +118,8 @@ static bool bias_of(const json_t *v, float *out)
 }
 
 /* logit_bias: {"<token id>": bias, ...}. */
-static devio_status decode_bias(const json_t *v, devio_sample_proc_buf *pb, devio_error *err)
+static devio_status decode_bias(const json_t *v, devio_sample_buf *pb, devio_sample_params *out,
+                                devio_error *err)
 {
     if (!json_is_object(v) || json_object_size(v) > PROC_LIST_MAX)
         return devio_fail(err, DEVIO_E_INVALID,
@@ -143,13 +145,14 @@ static devio_status decode_bias(const json_t *v, devio_sample_proc_buf *pb, devi
                               "\"-inf\"", id);
         pb->ids[k++] = (int32_t)id;
     }
-    pb->proc.bias_ids = pb->ids;
-    pb->proc.bias = pb->bias;
-    pb->proc.n_bias = k;
+    out->bias_ids = pb->ids;
+    out->bias = pb->bias;
+    out->n_bias = k;
     return DEVIO_OK;
 }
 
-static devio_status decode_banned(const json_t *v, devio_sample_proc_buf *pb, devio_error *err)
+static devio_status decode_banned(const json_t *v, devio_sample_buf *pb, devio_sample_params *out,
+                                  devio_error *err)
 {
     if (!json_is_array(v) || json_array_size(v) > PROC_LIST_MAX)
         return devio_fail(err, DEVIO_E_INVALID, "banned_tokens must be an array of token ids");
@@ -161,23 +164,23 @@ static devio_status decode_banned(const json_t *v, devio_sample_proc_buf *pb, de
         if (!token_of(json_array_get(v, i), &pb->banned[i]))
             return devio_fail(err, DEVIO_E_INVALID,
                               "banned_tokens: entry %zu is not a token id", i);
-    pb->proc.banned = pb->banned;
-    pb->proc.n_banned = (uint32_t)n;
+    out->banned = pb->banned;
+    out->n_banned = (uint32_t)n;
     return DEVIO_OK;
 }
 
-/* The processing fields of a sample object into pb. */
-static devio_status decode_proc(const json_t *j, devio_sample_proc_buf *pb, devio_error *err)
+/* The processing fields of a sample object into p, their arrays held by pb. */
+static devio_status decode_proc(const json_t *j, devio_sample_buf *pb, devio_sample_params *p,
+                                devio_error *err)
 {
-    devio_sample_proc *p = &pb->proc;
     const json_t *v;
     devio_status s = DEVIO_OK;
     if ((v = json_object_get(j, "logit_bias")) && !json_is_null(v))
-        s = decode_bias(v, pb, err);
+        s = decode_bias(v, pb, p, err);
     if (s == DEVIO_OK && (v = json_object_get(j, "allowed_tokens")) && !json_is_null(v))
-        s = decode_allowed(v, pb, err);
+        s = decode_allowed(v, pb, p, err);
     if (s == DEVIO_OK && (v = json_object_get(j, "banned_tokens")) && !json_is_null(v))
-        s = decode_banned(v, pb, err);
+        s = decode_banned(v, pb, p, err);
     if (s == DEVIO_OK)
         s = devio_json_get_float(j, "repetition_penalty", 0.0, true, FLT_MAX,
                                  &p->repetition_penalty, err);
@@ -198,14 +201,14 @@ static devio_status decode_proc(const json_t *j, devio_sample_proc_buf *pb, devi
 }
 
 devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
-                                      devio_sample_proc_buf *pb, devio_error *err)
+                                      devio_sample_buf *pb, devio_error *err)
 {
     static const char *const keys[] = {
         "temperature", "top_k", "top_p", "min_p", "seed", "logit_bias", "allowed_tokens",
         "banned_tokens", "repetition_penalty", "presence_penalty", "frequency_penalty",
         "penalty_from", "logprobs", NULL};
     *out = devio_sample_params_default();
-    *pb = (devio_sample_proc_buf){.proc = {.repetition_penalty = 1.0f}};
+    *pb = (devio_sample_buf){0};
     devio_status s = devio_json_check_object(j, keys, "sample params", err);
     uint64_t k = 0, seed = 0;
     if (s == DEVIO_OK)
@@ -221,13 +224,15 @@ devio_status devio_json_sample_decode(const json_t *j, devio_sample_params *out,
     out->top_k = (int32_t)k;
     out->seed = seed;
     if (s == DEVIO_OK)
-        s = decode_proc(j, pb, err);
-    if (s != DEVIO_OK)
-        devio_sample_proc_buf_free(pb);
+        s = decode_proc(j, pb, out, err);
+    if (s != DEVIO_OK) {
+        devio_sample_buf_free(pb);
+        *out = devio_sample_params_default();
+    }
     return s;
 }
 
-void devio_sample_proc_buf_free(devio_sample_proc_buf *pb)
+void devio_sample_buf_free(devio_sample_buf *pb)
 {
     if (!pb)
         return;
@@ -235,7 +240,7 @@ void devio_sample_proc_buf_free(devio_sample_proc_buf *pb)
     free(pb->bias);
     free(pb->allowed);
     free(pb->banned);
-    *pb = (devio_sample_proc_buf){.proc = {.repetition_penalty = 1.0f}};
+    *pb = (devio_sample_buf){0};
 }
 
 json_t *devio_json_top_logprobs(const int32_t *ids, const float *lps, uint32_t n)

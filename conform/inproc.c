@@ -88,7 +88,7 @@ static devio_status op_apply(devio_device *d, const json_t *body, json_t **resul
 {
     devio_effect e;
     devio_outcome o;
-    devio_sample_proc_buf pb;
+    devio_sample_buf pb;
     devio_status s = devio_json_effect_decode(body, &e, &pb, err);
     if (s == DEVIO_OK)
         s = devio_apply(d, &e, &o, err);
@@ -96,7 +96,7 @@ static devio_status op_apply(devio_device *d, const json_t *body, json_t **resul
         *result = devio_json_outcome(&e, &o);
         devio_outcome_free(&o);
     }
-    devio_sample_proc_buf_free(&pb);
+    devio_sample_buf_free(&pb);
     return s;
 }
 

@@ -83,25 +83,22 @@ typedef struct devio_error {
 typedef struct devio_model devio_model;   /* device/model/model.h */
 typedef struct devio_device devio_device; /* opaque */
 
-/* Sampling parameters. Exact definitions live in device/sample/sampler.h. */
+/* Top logprobs a sample may ask for with each token. */
+#define DEVIO_TOP_LOGPROBS_MAX 20u
+
+/* A sample: the one record that goes from a request to the sampler
+ * (device/sample/sampler.h defines every step): the draw (temperature, top_k,
+ * top_p, min_p, seed), the logit processing before it (step 0b: bias, masks,
+ * penalties) and the top logprobs reported with it (step 1b). Every pointer
+ * is borrowed for the call that takes it (a launch copies the arrays into its
+ * ticket). devio_sample_params_default() asks for a draw at temperature 1
+ * and nothing else. */
 typedef struct devio_sample_params {
     float temperature; /* 0 = greedy */
     int32_t top_k;     /* 0 = off */
     float top_p;       /* 1 = off */
     float min_p;       /* 0 = off */
     uint64_t seed;
-} devio_sample_params;
-
-devio_sample_params devio_sample_params_default(void);
-
-/* Top logprobs a sample may ask for with each token. */
-#define DEVIO_TOP_LOGPROBS_MAX 20u
-
-/* What a sample does besides its params (device/sample/sampler.h, steps 0b and 1b):
- * logit processing before the draw, and the top logprobs reported with it.
- * Every pointer is borrowed for the call that takes it (a launch copies
- * them). A zeroed struct asks for nothing. */
-typedef struct devio_sample_proc {
     const int32_t *bias_ids;  /* logit_bias: n_bias (token id, additive bias) pairs */
     const float *bias;
     uint32_t n_bias;
@@ -116,7 +113,9 @@ typedef struct devio_sample_proc {
     uint32_t penalty_from;    /* the penalties count the sequence's tokens at positions
                                  >= this one (0: the prompt too) */
     uint32_t logprobs;        /* top-n logprobs with each sampled token, <= DEVIO_TOP_LOGPROBS_MAX */
-} devio_sample_proc;
+} devio_sample_params;
+
+devio_sample_params devio_sample_params_default(void);
 
 /* Which SSM snapshots a plan row takes. Attention-only models accept both
  * and hold nothing (their KV cache is the whole state). */
@@ -147,7 +146,6 @@ typedef struct devio_row {
     const char *adapter; /* NULL = base model */
     bool has_sample;     /* sample the last position with `sample` */
     devio_sample_params sample;
-    const devio_sample_proc *proc; /* with has_sample: processing and top logprobs; NULL = none */
     bool prompt_logprobs; /* the raw logprob of each token of the row given those before it
                              (the first token's is NaN: its context is not in this step) */
     devio_snapshot snapshot; /* SSM snapshots this row takes (hybrid models) */
@@ -203,10 +201,8 @@ typedef struct devio_effect {
     uint64_t logits;     /* sample, release (one of logits and seq, not both) */
     bool has_row;        /* sample: one position; otherwise every position */
     uint32_t row;        /* sample: position index inside the handle */
-    devio_sample_params params; /* sample */
-    const devio_sample_proc *proc; /* sample: processing and top logprobs; NULL = none. The
-                                      penalties count the tokens of the handle's sequence
-                                      before each sampled position */
+    devio_sample_params params; /* sample; its penalties count the tokens of the handle's
+                                   sequence before each sampled position */
 } devio_effect;
 
 /* Outcome of devio_apply. Caller frees with devio_outcome_free(). */

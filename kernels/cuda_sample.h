@@ -27,7 +27,7 @@ typedef struct cuda_sample_job {
 /* Step 0b's record in args, 32-bit words: n_bias, n_banned, n_history, has_allowed, then the
  * bits of repetition_penalty, presence_penalty and frequency_penalty, then bias ids [n_bias],
  * biases [n_bias] (float bits), the allowed mask [(vocab + 31) / 32] when has_allowed, banned
- * ids [n_banned] and the history [n_history] (device/sample/sampler.h's devio_logit_proc). */
+ * ids [n_banned] and the history [n_history] (a sample's processing and history, device/sample/sampler.h step 0b). */
 enum { CUDA_PROC_HEAD = 7 }; /* kernels/cuda_proc.h lays records down */
 
 /* A job's result: the token and its logprob (step 1), or token -1 when every logit of the row

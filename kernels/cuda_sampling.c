@@ -143,8 +143,11 @@ void cuda_sampling_prepare(cuda_state *st, uint32_t ring, const devio_batch *b)
     r->active = false; /* until the sample slot runs for this step */
     r->gpu = b->device_sampling && b->n_out <= st->plan.logits_rows;
     size_t words = 0;
-    for (uint32_t i = 0; r->gpu && i < b->n_samples; i++)
-        words += b->samples[i].proc ? cuda_proc_words(b->samples[i].proc, st->sh.vocab) : 0;
+    for (uint32_t i = 0; r->gpu && i < b->n_samples; i++) {
+        const devio_batch_sample *sm = &b->samples[i];
+        words += devio_sample_processes(&sm->params, sm->n_history)
+                     ? cuda_proc_words(&sm->params, sm->n_history, st->sh.vocab) : 0;
+    }
     r->gpu = r->gpu && args_room(r, words);
 }
 
@@ -172,10 +175,11 @@ devio_status cuda_sample_batch(void *state, const devio_batch *b, devio_error *e
             .top_p = sm->params.top_p, .min_p = sm->params.min_p,
             .top_k = k > 0 && (uint32_t)k < st->sh.vocab ? (uint32_t)k : 0,
             .seed = sm->params.seed, .position = sm->position};
-        if (sm->proc) {
-            cuda_proc_record(sm->proc, st->sh.vocab, r->args + words);
+        if (devio_sample_processes(&sm->params, sm->n_history)) {
+            cuda_proc_record(&sm->params, sm->history, sm->n_history, st->sh.vocab,
+                             r->args + words);
             r->jobs[r->n_jobs].proc = (uint32_t)words + 1u;
-            words += cuda_proc_words(sm->proc, st->sh.vocab);
+            words += cuda_proc_words(&sm->params, sm->n_history, st->sh.vocab);
         }
         r->job_of[i] = (int32_t)r->n_jobs++;
     }
@@ -220,8 +224,9 @@ devio_status cuda_sampling_finish(cuda_state *st, uint32_t ring, const devio_bat
             devio_status s = cuda_logits_read(st, sm->logits_row, st->read_buf, err);
             if (s != DEVIO_OK)
                 return s;
-            ok = devio_sampler_run_ex(st->sampler, st->read_buf, &sm->params, sm->proc,
-                                      sm->position, &sm->token, &sm->logprob, NULL) == DEVIO_OK;
+            ok = devio_sampler_run_ex(st->sampler, st->read_buf, &sm->params, sm->history,
+                                      sm->n_history, sm->position, &sm->token, &sm->logprob,
+                                      NULL) == DEVIO_OK;
         }
         if (!ok)
             return devio_fail_at(err, DEVIO_E_DEVICE, "row", sm->row,

@@ -226,7 +226,7 @@ static void test_effect_decode(void **state)
 {
     (void)state;
     devio_effect e;
-    devio_sample_proc_buf pb;
+    devio_sample_buf pb;
     devio_error err = {0};
     json_t *j = parse("{\"kind\":\"sample\",\"logits\":31,\"row\":0,\"params\":{\"temperature\":0}}");
     assert_int_equal(devio_json_effect_decode(j, &e, &pb, &err), DEVIO_OK);
@@ -234,7 +234,21 @@ static void test_effect_decode(void **state)
     assert_int_equal(e.logits, 31);
     assert_true(e.has_row);
     assert_true(e.params.temperature == 0.0f);
-    devio_sample_proc_buf_free(&pb);
+    assert_int_equal(e.params.n_bias, 0);
+    devio_sample_buf_free(&pb);
+    json_decref(j);
+    /* One record: the processing and the top logprobs land beside temperature. */
+    j = parse("{\"kind\":\"sample\",\"logits\":31,\"params\":{\"temperature\":0.5,"
+              "\"logit_bias\":{\"5\":1.5},\"banned_tokens\":[2],\"presence_penalty\":0.25,"
+              "\"penalty_from\":3,\"logprobs\":4}}");
+    assert_int_equal(devio_json_effect_decode(j, &e, &pb, &err), DEVIO_OK);
+    const devio_sample_params *sp = &e.params;
+    assert_true(sp->temperature == 0.5f && sp->presence_penalty == 0.25f);
+    assert_true(sp->n_bias == 1 && sp->bias_ids[0] == 5 && sp->bias[0] == 1.5f);
+    assert_true(sp->n_banned == 1 && sp->banned[0] == 2);
+    assert_true(sp->penalty_from == 3 && sp->logprobs == 4);
+    assert_true(sp->bias_ids == pb.ids && sp->banned == pb.banned);
+    devio_sample_buf_free(&pb);
     json_decref(j);
     j = parse("{\"kind\":\"truncate\",\"seq\":7,\"len\":2}");
     assert_int_equal(devio_json_effect_decode(j, &e, &pb, &err), DEVIO_OK);
@@ -282,12 +296,12 @@ static void test_effect_decode(void **state)
 static char *outcome_text(const char *effect, const devio_outcome *o)
 {
     devio_effect e;
-    devio_sample_proc_buf pb;
+    devio_sample_buf pb;
     devio_error err = {0};
     json_t *je = parse(effect);
     assert_int_equal(devio_json_effect_decode(je, &e, &pb, &err), DEVIO_OK);
     json_decref(je);
-    devio_sample_proc_buf_free(&pb);
+    devio_sample_buf_free(&pb);
     json_t *j = devio_json_outcome(&e, o);
     assert_non_null(j);
     char *t = json_dumps(j, DEVIO_JSON_FLAGS);
@@ -517,7 +531,7 @@ static void test_sample_ranges(void **state)
 {
     (void)state;
     devio_sample_params p;
-    devio_sample_proc_buf pb;
+    devio_sample_buf pb;
     devio_error err = {0};
     json_t *j = parse("{\"temperature\":1e308}");
     assert_int_equal(devio_json_sample_decode(j, &p, &pb, &err), DEVIO_E_INVALID);

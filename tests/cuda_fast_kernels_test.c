@@ -397,8 +397,11 @@ static void test_tiled_prefill(void **state)
  * bias, a ban and penalties that leave that pick alone; (top-p) an id biased twice, the
  * mask of even ids, bans and every penalty over a history with repeats; (top-k, min-p) a
  * -inf bias on the largest logit's neighbourhood and repetition alone; (nothing left) the
- * mask of id 7 alone with 7 banned. The mask and history are the caller's to free/keep. */
-static void sample_procs(uint32_t V, devio_logit_proc *q, uint32_t **mask, int32_t *hist)
+ * mask of id 7 alone with 7 banned. Each q[i] holds the processing alone (its draw is the
+ * caller's), its penalties' history the first nh[i] tokens of hist. The mask and history are
+ * the caller's to free/keep. */
+static void sample_procs(uint32_t V, devio_sample_params *q, uint32_t *nh, uint32_t **mask,
+                         int32_t *hist)
 {
     static const int32_t bias_ids[] = {5, 9, 11, 9, 2, 3, 4};
     static const float bias[] = {100.0f, -3.0f, 2.5f, 1.5f, -INFINITY, -INFINITY, -INFINITY};
@@ -410,17 +413,20 @@ static void sample_procs(uint32_t V, devio_logit_proc *q, uint32_t **mask, int32
     (*mask)[words + 0] = 1u << 7;
     for (uint32_t k = 0; k < 64; k++)
         hist[k] = (int32_t)((k * k * 7u + 3u) % (V < 200 ? V : 200));
-    q[0] = (devio_logit_proc){.bias_ids = bias_ids, .bias = bias, .n_bias = 2,
-                              .banned = banned, .n_banned = 1, .repetition_penalty = 1.2f,
-                              .history = hist, .n_history = 8};
-    q[1] = (devio_logit_proc){.bias_ids = bias_ids + 1, .bias = bias + 1, .n_bias = 3,
-                              .allowed = *mask, .allowed_words = words, .banned = banned,
-                              .n_banned = 2, .repetition_penalty = 1.3f, .presence_penalty = 0.2f,
-                              .frequency_penalty = 0.5f, .history = hist, .n_history = 64};
-    q[2] = (devio_logit_proc){.bias_ids = bias_ids + 4, .bias = bias + 4, .n_bias = 3,
-                              .repetition_penalty = 0.7f, .history = hist, .n_history = 40};
-    q[3] = (devio_logit_proc){.allowed = *mask + words, .allowed_words = words,
-                              .banned = banned + 2, .n_banned = 1, .repetition_penalty = 1.0f};
+    q[0] = (devio_sample_params){.bias_ids = bias_ids, .bias = bias, .n_bias = 2,
+                                 .banned = banned, .n_banned = 1, .repetition_penalty = 1.2f};
+    nh[0] = 8;
+    q[1] = (devio_sample_params){.bias_ids = bias_ids + 1, .bias = bias + 1, .n_bias = 3,
+                                 .allowed = *mask, .allowed_words = words, .banned = banned,
+                                 .n_banned = 2, .repetition_penalty = 1.3f,
+                                 .presence_penalty = 0.2f, .frequency_penalty = 0.5f};
+    nh[1] = 64;
+    q[2] = (devio_sample_params){.bias_ids = bias_ids + 4, .bias = bias + 4, .n_bias = 3,
+                                 .repetition_penalty = 0.7f};
+    nh[2] = 40;
+    q[3] = (devio_sample_params){.allowed = *mask + words, .allowed_words = words,
+                                 .banned = banned + 2, .n_banned = 1, .repetition_penalty = 1.0f};
+    nh[3] = 0;
 }
 
 /* The sampler kernel against device/sample/sampler.c on the same rows of V logits: every token and
@@ -448,10 +454,11 @@ static void sample_case(uint32_t V)
         {0.0f, 0.0f, 1, 20, 0, 1},       {1.0f, 0.0f, 17, 21, 0, 0.9f},  {0.8f, 0.1f, 18, 22, 5, 1},
         {1.0f, 0.0f, 19, 23, 0, 1},
     };
-    devio_logit_proc q[ROWS - PROC0];
+    devio_sample_params q[ROWS - PROC0];
+    uint32_t nh[ROWS - PROC0];
     uint32_t *mask = NULL;
     int32_t hist[64];
-    sample_procs(V, q, &mask, hist);
+    sample_procs(V, q, nh, &mask, hist);
     uint64_t seed = 99u + V;
     float *l = malloc((size_t)ROWS * V * sizeof *l);
     for (uint32_t r = 0; r < ROWS; r++)
@@ -474,13 +481,14 @@ static void sample_case(uint32_t V)
     }
     size_t words = 0;
     for (uint32_t r = PROC0; r < ROWS; r++)
-        words += cuda_proc_words(&q[r - PROC0], V);
+        words += cuda_proc_words(&q[r - PROC0], nh[r - PROC0], V);
     uint32_t *args = malloc(words * sizeof *args);
     words = 0;
     for (uint32_t r = PROC0; r < ROWS; r++) {
-        cuda_proc_record(&q[r - PROC0], V, args + words);
+        uint32_t k = r - PROC0;
+        cuda_proc_record(&q[k], nh[k] ? hist : NULL, nh[k], V, args + words);
         jobs[r].proc = (uint32_t)words + 1u;
-        words += cuda_proc_words(&q[r - PROC0], V);
+        words += cuda_proc_words(&q[k], nh[k], V);
     }
     uint32_t *dargs = dev_copy(args, words * sizeof *args);
     float *dl = dev_copy(l, (size_t)ROWS * V * 4), *scratch = dev_copy(NULL, (size_t)ROWS * 2 * V * 4);
@@ -492,13 +500,15 @@ static void sample_case(uint32_t V)
     devio_sampler *smp = NULL;
     assert_int_equal(devio_sampler_create(V, &smp), DEVIO_OK);
     for (uint32_t r = 0; r < ROWS; r++) {
-        devio_sample_params p = {.temperature = P[r].t, .top_k = top_k[r], .top_p = P[r].top_p,
-                                 .min_p = P[r].min_p, .seed = P[r].seed};
+        /* the row's processing (none before PROC0) with P's draw */
+        devio_sample_params p = r >= PROC0 ? q[r - PROC0] : (devio_sample_params){0};
+        p.temperature = P[r].t, p.top_k = top_k[r], p.top_p = P[r].top_p;
+        p.min_p = P[r].min_p, p.seed = P[r].seed;
+        uint32_t n_hist = r >= PROC0 ? nh[r - PROC0] : 0;
         int32_t tok = -1;
         float lp = 0.0f;
-        devio_status st = devio_sampler_run_ex(smp, l + (size_t)r * V, &p,
-                                               r >= PROC0 ? &q[r - PROC0] : NULL, P[r].pos, &tok,
-                                               &lp, NULL);
+        devio_status st = devio_sampler_run_ex(smp, l + (size_t)r * V, &p, n_hist ? hist : NULL,
+                                               n_hist, P[r].pos, &tok, &lp, NULL);
         if (st != DEVIO_OK) {
             assert_int_equal(got[r].token, -1);
             continue;

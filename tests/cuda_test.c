@@ -689,21 +689,21 @@ static unsigned long sample_step(devio_device *d, const uint64_t *seqs, const in
     };
     static const int32_t bias_ids[] = {4, 9}, banned[] = {2};
     static const float bias[] = {40.0f, -2.0f}; /* id 4 taken whatever the model says */
-    const devio_sample_proc proc = {.bias_ids = bias_ids, .bias = bias, .n_bias = 2,
-                                    .banned = banned, .n_banned = 1,
-                                    .repetition_penalty = 1.4f, .presence_penalty = 0.3f,
-                                    .frequency_penalty = 0.6f, .penalty_from = len};
-    const devio_logit_proc lproc = {.bias_ids = bias_ids, .bias = bias, .n_bias = 2,
-                                    .banned = banned, .n_banned = 1,
-                                    .repetition_penalty = 1.4f, .presence_penalty = 0.3f,
-                                    .frequency_penalty = 0.6f,
-                                    .history = tokens + (PAIRS - 1) * n, .n_history = n};
+    /* The samples: P's draws, the last pair's with the processing too; its penalties count
+     * the step's own tokens (from position len on), the host's history below. */
+    devio_sample_params S[PAIRS];
+    for (uint32_t i = 0; i < PAIRS; i++)
+        S[i] = P[i];
+    S[PAIRS - 1].bias_ids = bias_ids, S[PAIRS - 1].bias = bias, S[PAIRS - 1].n_bias = 2;
+    S[PAIRS - 1].banned = banned, S[PAIRS - 1].n_banned = 1;
+    S[PAIRS - 1].repetition_penalty = 1.4f, S[PAIRS - 1].presence_penalty = 0.3f;
+    S[PAIRS - 1].frequency_penalty = 0.6f, S[PAIRS - 1].penalty_from = len;
+    const int32_t *history = tokens + (PAIRS - 1) * n;
     devio_row rows[2 * PAIRS];
     for (uint32_t r = 0; r < 2 * PAIRS; r++)
         rows[r] = (devio_row){.seq = seqs[r], .tokens = tokens + (r / 2) * n, .n_tokens = n,
                               .logits = r % 2 ? DEVIO_LOGITS_NONE : DEVIO_LOGITS_LAST,
-                              .has_sample = true, .sample = P[r / 2],
-                              .proc = r / 2 == PAIRS - 1 ? &proc : NULL};
+                              .has_sample = true, .sample = S[r / 2]};
     devio_plan plan = {.rows = rows, .n_rows = 2 * PAIRS};
     devio_error err = {0};
     uint64_t t;
@@ -727,8 +727,9 @@ static unsigned long sample_step(devio_device *d, const uint64_t *seqs, const in
         assert_int_equal(devio_logits_read(d, a->logits, 0, 1, logits, NULL, &err), DEVIO_OK);
         int32_t tok;
         float lp;
-        assert_int_equal(devio_sampler_run_ex(smp, logits, &P[i], i == PAIRS - 1 ? &lproc : NULL,
-                                              len + n, &tok, &lp, NULL),
+        bool last = i == PAIRS - 1;
+        assert_int_equal(devio_sampler_run_ex(smp, logits, &S[i], last ? history : NULL,
+                                              last ? n : 0, len + n, &tok, &lp, NULL),
                          DEVIO_OK);
         if (a->token != tok || b->token != tok || memcmp(&a->logprob, &lp, 4) ||
             memcmp(&b->logprob, &lp, 4))

@@ -40,7 +40,7 @@ static json_t *run_case(const json_t *c)
     int32_t *hist = malloc((nh ? nh : 1) * sizeof *hist);
     devio_sampler *s = NULL;
     devio_sample_params p;
-    devio_sample_proc_buf pb = {0};
+    devio_sample_buf pb = {0};
     devio_error err = {0};
     json_t *out = NULL;
     if (!logits || !hist || v == 0 || devio_sampler_create((uint32_t)v, &s) != DEVIO_OK) {
@@ -56,19 +56,11 @@ static json_t *run_case(const json_t *c)
         out = json_pack("{s:s,s:s}", "error", "decode", "message", err.message);
         goto done;
     }
-    const devio_sample_proc *q = &pb.proc;
-    devio_logit_proc l = {.bias_ids = q->bias_ids, .bias = q->bias, .n_bias = q->n_bias,
-                          .allowed = q->allowed, .allowed_words = q->allowed_words,
-                          .banned = q->banned, .n_banned = q->n_banned,
-                          .repetition_penalty = q->repetition_penalty,
-                          .presence_penalty = q->presence_penalty,
-                          .frequency_penalty = q->frequency_penalty, .history = hist,
-                          .n_history = (uint32_t)nh};
     int32_t ids[DEVIO_TOP_LOGPROBS_MAX], tok = -1;
     float lps[DEVIO_TOP_LOGPROBS_MAX], lp = 0.0f;
-    devio_top_logprobs top = {.n = q->logprobs, .ids = ids, .logprobs = lps};
+    devio_top_logprobs top = {.n = p.logprobs, .ids = ids, .logprobs = lps};
     uint64_t pos = (uint64_t)json_integer_value(json_object_get(c, "position"));
-    if (devio_sampler_run_ex(s, logits, &p, &l, pos, &tok, &lp, &top) != DEVIO_OK) {
+    if (devio_sampler_run_ex(s, logits, &p, hist, (uint32_t)nh, pos, &tok, &lp, &top) != DEVIO_OK) {
         out = json_pack("{s:s}", "error", "invalid");
         goto done;
     }
@@ -77,7 +69,7 @@ static json_t *run_case(const json_t *c)
         json_array_append_new(jt, json_pack("[i,o]", ids[i], devio_json_float(lps[i])));
     out = json_pack("{s:i,s:f,s:o}", "token", tok, "logprob", (double)lp, "top", jt);
 done:
-    devio_sample_proc_buf_free(&pb);
+    devio_sample_buf_free(&pb);
     devio_sampler_free(s);
     free(logits);
     free(hist);

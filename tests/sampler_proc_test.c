@@ -48,8 +48,10 @@ static float settle(float x)
 }
 
 /* Step 0b as sampler.h words it, one rule after another, with no shortcut:
- * counts by a scan of the history per id. Returns false when nothing is left. */
-static bool ref_process(const float *l, uint32_t v, const devio_logit_proc *q, float *out)
+ * counts by a scan of the history per id. Returns false when nothing is left.
+ * A repetition penalty of 0 (unset) is off, as 1 is (device/devio.h). */
+static bool ref_process(const float *l, uint32_t v, const devio_sample_params *q,
+                        const int32_t *history, uint32_t n_history, float *out)
 {
     for (uint32_t i = 0; i < v; i++)
         out[i] = settle(l[i]);
@@ -63,10 +65,10 @@ static bool ref_process(const float *l, uint32_t v, const devio_logit_proc *q, f
     bool any = false;
     for (uint32_t i = 0; i < v; i++) {
         uint32_t c = 0;
-        for (uint32_t k = 0; k < q->n_history; k++)
-            c += (uint32_t)q->history[k] == i;
+        for (uint32_t k = 0; k < n_history; k++)
+            c += (uint32_t)history[k] == i;
         if (c > 0 && out[i] != -INFINITY) {
-            if (q->repetition_penalty != 1.0f)
+            if (q->repetition_penalty != 1.0f && q->repetition_penalty != 0.0f)
                 out[i] = settle(out[i] > 0.0f ? out[i] / q->repetition_penalty
                                               : out[i] * q->repetition_penalty);
             if (q->frequency_penalty != 0.0f && out[i] != -INFINITY)
@@ -91,13 +93,31 @@ static float ref_logprob(const float *l, uint32_t v, uint32_t t)
     return (settle(l[t]) - m) - devio_logf(devio_lane_sum(e, v));
 }
 
+/* p's draw (temperature, top_k, top_p, min_p, seed) and no processing. */
+static devio_sample_params draw_of(const devio_sample_params *p)
+{
+    return (devio_sample_params){.temperature = p->temperature, .top_k = p->top_k,
+                                 .top_p = p->top_p, .min_p = p->min_p, .seed = p->seed};
+}
+
+/* proc's processing with draw's draw. */
+static devio_sample_params with_draw(devio_sample_params proc, const devio_sample_params *draw)
+{
+    proc.temperature = draw->temperature;
+    proc.top_k = draw->top_k;
+    proc.top_p = draw->top_p;
+    proc.min_p = draw->min_p;
+    proc.seed = draw->seed;
+    return proc;
+}
+
 typedef struct proc_case {
     float logits[V_MAX];
     int32_t bias_ids[8], banned[8], history[40];
     float bias[8];
     uint32_t mask[(V_MAX + 31) / 32];
-    devio_logit_proc q;
-    devio_sample_params p;
+    devio_sample_params p; /* the draw and the processing */
+    uint32_t n_history;    /* of history */
 } proc_case;
 
 /* A random case over v tokens: some raw -inf and NaN, biases (now and then
@@ -110,7 +130,7 @@ static void make_case(uint64_t *r, uint32_t v, proc_case *c)
         uint64_t k = rnd(r) % 40;
         c->logits[i] = k == 0 ? -INFINITY : k == 1 ? NAN : rnd_float(r, -8.0f, 8.0f);
     }
-    devio_logit_proc *q = &c->q;
+    devio_sample_params *q = &c->p; /* the processing; the draw comes last */
     q->repetition_penalty = 1.0f;
     q->n_bias = (uint32_t)(rnd(r) % 9);
     for (uint32_t k = 0; k < q->n_bias; k++) {
@@ -135,10 +155,9 @@ static void make_case(uint64_t *r, uint32_t v, proc_case *c)
     for (uint32_t k = 0; k < q->n_banned; k++)
         c->banned[k] = (int32_t)(rnd(r) % v);
     q->banned = c->banned;
-    q->n_history = (uint32_t)(rnd(r) % 41);
-    for (uint32_t k = 0; k < q->n_history; k++)
+    c->n_history = (uint32_t)(rnd(r) % 41);
+    for (uint32_t k = 0; k < c->n_history; k++)
         c->history[k] = (int32_t)(rnd(r) % (v < 24 ? v : 24)); /* repeats */
-    q->history = c->history;
     if (rnd(r) % 2)
         q->repetition_penalty = rnd_float(r, 0.5f, 2.0f);
     if (rnd(r) % 2)
@@ -146,11 +165,12 @@ static void make_case(uint64_t *r, uint32_t v, proc_case *c)
     if (rnd(r) % 2)
         q->frequency_penalty = rnd_float(r, -1.0f, 1.0f);
     uint64_t kind = rnd(r) % 4;
-    c->p = (devio_sample_params){.temperature = kind == 0 ? 0.0f : rnd_float(r, 0.2f, 2.0f),
-                                 .top_k = kind == 2 ? (int32_t)(rnd(r) % 20) : 0,
-                                 .top_p = kind == 3 ? rnd_float(r, 0.3f, 1.0f) : 1.0f,
-                                 .min_p = kind == 3 ? rnd_float(r, 0.0f, 0.3f) : 0.0f,
-                                 .seed = rnd(r)};
+    devio_sample_params draw = {.temperature = kind == 0 ? 0.0f : rnd_float(r, 0.2f, 2.0f),
+                                .top_k = kind == 2 ? (int32_t)(rnd(r) % 20) : 0,
+                                .top_p = kind == 3 ? rnd_float(r, 0.3f, 1.0f) : 1.0f,
+                                .min_p = kind == 3 ? rnd_float(r, 0.0f, 0.3f) : 0.0f,
+                                .seed = rnd(r)};
+    c->p = with_draw(c->p, &draw);
 }
 
 /* Sampling with step 0b picks what sampling l'' itself picks, and reports
@@ -170,17 +190,19 @@ static void test_processing_is_the_definition(void **state)
         bool raw_ok = false;
         for (uint32_t i = 0; i < v; i++)
             raw_ok = raw_ok || settle(c.logits[i]) != -INFINITY;
-        bool left = ref_process(c.logits, v, &c.q, want);
+        bool left = ref_process(c.logits, v, &c.p, c.history, c.n_history, want);
         int32_t tok = -1, tok2 = -1;
         float lp = 0.0f, lp2 = 0.0f;
         uint64_t pos = rnd(&r) % 1000;
-        devio_status st = devio_sampler_run_ex(s, c.logits, &c.p, &c.q, pos, &tok, &lp, NULL);
+        devio_status st =
+            devio_sampler_run_ex(s, c.logits, &c.p, c.history, c.n_history, pos, &tok, &lp, NULL);
         if (!raw_ok || !left) {
             assert_int_equal(st, DEVIO_E_INVALID);
             refused++;
         } else {
             assert_int_equal(st, DEVIO_OK);
-            assert_int_equal(devio_sampler_run(s, want, &c.p, pos, &tok2, &lp2), DEVIO_OK);
+            devio_sample_params draw = draw_of(&c.p); /* l'' with no processing again */
+            assert_int_equal(devio_sampler_run(s, want, &draw, pos, &tok2, &lp2), DEVIO_OK);
             if (tok != tok2)
                 fail_msg("case %d: token %d, sampling l'' gives %d", n, tok, tok2);
             assert_int_equal(bits(lp), bits(ref_logprob(c.logits, v, (uint32_t)tok)));
@@ -219,7 +241,7 @@ static void test_top_logprobs(void **state)
         devio_sample_params p = {.temperature = 1.0f, .top_p = 1.0f, .seed = (uint64_t)n};
         int32_t tok, tok2;
         float lp, lp2;
-        assert_int_equal(devio_sampler_run_ex(s, l, &p, NULL, 9, &tok, &lp, &top), DEVIO_OK);
+        assert_int_equal(devio_sampler_run_ex(s, l, &p, NULL, 0, 9, &tok, &lp, &top), DEVIO_OK);
         assert_int_equal(devio_sampler_run(s, l, &p, 9, &tok2, &lp2), DEVIO_OK);
         assert_int_equal(tok, tok2);
         assert_int_equal(bits(lp), bits(lp2));
@@ -246,28 +268,33 @@ static void test_edges(void **state)
     devio_sampler *s = NULL;
     assert_int_equal(devio_sampler_create(40, &s), DEVIO_OK);
     uint32_t mask[2] = {0, 1u << (33 - 32)};
-    devio_logit_proc q = {.allowed = mask, .allowed_words = 2, .repetition_penalty = 1.0f};
+    devio_sample_params q = {.allowed = mask, .allowed_words = 2, .repetition_penalty = 1.0f};
     int32_t tok;
     float lp;
     for (uint64_t seed = 0; seed < 50; seed++) {
-        devio_sample_params p = {.temperature = 2.0f, .top_p = 1.0f, .seed = seed};
-        assert_int_equal(devio_sampler_run_ex(s, l, &p, &q, seed, &tok, &lp, NULL), DEVIO_OK);
+        devio_sample_params d = {.temperature = 2.0f, .top_p = 1.0f, .seed = seed};
+        devio_sample_params p = with_draw(q, &d);
+        assert_int_equal(devio_sampler_run_ex(s, l, &p, NULL, 0, seed, &tok, &lp, NULL),
+                         DEVIO_OK);
         assert_int_equal(tok, 33);
     }
     devio_sample_params greedy = {.temperature = 0.0f, .top_p = 1.0f};
     int32_t ids[2] = {3, 13};
     float big[2] = {INFINITY, -INFINITY};
-    devio_logit_proc b = {.bias_ids = ids, .bias = big, .n_bias = 2, .repetition_penalty = 1.0f};
-    assert_int_equal(devio_sampler_run_ex(s, l, &greedy, &b, 0, &tok, &lp, NULL), DEVIO_OK);
+    devio_sample_params bias = {.bias_ids = ids, .bias = big, .n_bias = 2,
+                                .repetition_penalty = 1.0f};
+    devio_sample_params b = with_draw(bias, &greedy);
+    assert_int_equal(devio_sampler_run_ex(s, l, &b, NULL, 0, 0, &tok, &lp, NULL), DEVIO_OK);
     assert_int_equal(tok, 3);
     assert_int_equal(bits(lp), bits(ref_logprob(l, 40, 3))); /* the raw logprob */
     ids[0] = ids[1] = 6; /* l[6] = 6, the first of the largest, banned: then 13 */
     big[0] = 0.0f;
-    assert_int_equal(devio_sampler_run_ex(s, l, &greedy, &b, 0, &tok, &lp, NULL), DEVIO_OK);
+    assert_int_equal(devio_sampler_run_ex(s, l, &b, NULL, 0, 0, &tok, &lp, NULL), DEVIO_OK);
     assert_int_equal(tok, 13);
     uint32_t none[2] = {0, 0};
     q.allowed = none;
-    assert_int_equal(devio_sampler_run_ex(s, l, &greedy, &q, 0, &tok, &lp, NULL),
+    devio_sample_params g = with_draw(q, &greedy);
+    assert_int_equal(devio_sampler_run_ex(s, l, &g, NULL, 0, 0, &tok, &lp, NULL),
                      DEVIO_E_INVALID);
     devio_sampler_free(s);
 }
@@ -281,30 +308,41 @@ static void test_checks(void **state)
     float one[1] = {1.0f}, nan[1] = {NAN};
     int32_t ok_id[1] = {3};
     uint32_t mask[1] = {~0u};
-    devio_logit_proc cases[] = {
-        {.bias_ids = bad_id, .bias = one, .n_bias = 1, .repetition_penalty = 1.0f},
-        {.bias_ids = ok_id, .bias = nan, .n_bias = 1, .repetition_penalty = 1.0f},
-        {.allowed = mask, .allowed_words = 1, .repetition_penalty = 1.0f},
-        {.banned = bad_id, .n_banned = 1, .repetition_penalty = 1.0f},
-        {.history = bad_id, .n_history = 1, .repetition_penalty = 1.0f},
-        {.repetition_penalty = 0.0f},
-        {.repetition_penalty = INFINITY},
-        {.repetition_penalty = 1.0f, .presence_penalty = NAN},
-        {.repetition_penalty = 1.0f, .frequency_penalty = -INFINITY},
-        {.n_bias = 2, .repetition_penalty = 1.0f},
+    struct {
+        devio_sample_params p;
+        const int32_t *history;
+        uint32_t n_history;
+    } cases[] = {
+        {{.bias_ids = bad_id, .bias = one, .n_bias = 1, .repetition_penalty = 1.0f}, NULL, 0},
+        {{.bias_ids = ok_id, .bias = nan, .n_bias = 1, .repetition_penalty = 1.0f}, NULL, 0},
+        {{.allowed = mask, .allowed_words = 1, .repetition_penalty = 1.0f}, NULL, 0},
+        {{.banned = bad_id, .n_banned = 1, .repetition_penalty = 1.0f}, NULL, 0},
+        {{.repetition_penalty = 1.0f}, bad_id, 1},
+        {{.repetition_penalty = -1.0f}, NULL, 0}, /* 0 is off now: a negative one is refused */
+        {{.repetition_penalty = INFINITY}, NULL, 0},
+        {{.repetition_penalty = 1.0f, .presence_penalty = NAN}, NULL, 0},
+        {{.repetition_penalty = 1.0f, .frequency_penalty = -INFINITY}, NULL, 0},
+        {{.n_bias = 2, .repetition_penalty = 1.0f}, NULL, 0},
     };
     const char *words[] = {"logit_bias", "logit_bias", "allowed_tokens", "banned_tokens",
                            "history", "repetition_penalty", "repetition_penalty",
                            "presence_penalty", "frequency_penalty", "no array"};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         memset(&err, 0, sizeof err);
-        assert_int_equal(devio_logit_proc_check(&cases[i], 40, &err), DEVIO_E_INVALID);
+        assert_int_equal(devio_sample_check_tokens(&cases[i].p, 40, cases[i].history,
+                                                   cases[i].n_history, &err),
+                         DEVIO_E_INVALID);
         if (!strstr(err.message, words[i]))
             fail_msg("case %zu: '%s' does not name %s", i, err.message, words[i]);
     }
-    devio_logit_proc off = {.repetition_penalty = 1.0f};
-    assert_int_equal(devio_logit_proc_check(&off, 40, &err), DEVIO_OK);
-    assert_int_equal(devio_logit_proc_check(NULL, 40, &err), DEVIO_OK);
+    devio_sample_params off = {.repetition_penalty = 1.0f};
+    assert_int_equal(devio_sample_check_tokens(&off, 40, NULL, 0, &err), DEVIO_OK);
+    devio_sample_params nothing = {.temperature = 0.0f, .top_p = 1.0f}; /* no processing */
+    assert_int_equal(devio_sample_check_tokens(&nothing, 40, NULL, 0, &err), DEVIO_OK);
+    /* A repetition penalty of 0 is accepted, as off, even with a history to count. */
+    devio_sample_params zero = {.repetition_penalty = 0.0f};
+    assert_true(devio_sample_check_tokens(&zero, 40, ok_id, 1, &err) == DEVIO_OK &&
+                !devio_sample_penalised(&zero));
     /* Too many top logprobs. */
     devio_sampler *s = NULL;
     assert_int_equal(devio_sampler_create(40, &s), DEVIO_OK);
@@ -313,7 +351,8 @@ static void test_checks(void **state)
     float lps[DEVIO_TOP_LOGPROBS_MAX + 1], lp;
     devio_top_logprobs top = {.n = DEVIO_TOP_LOGPROBS_MAX + 1, .ids = ids, .logprobs = lps};
     devio_sample_params p = {.temperature = 0.0f, .top_p = 1.0f};
-    assert_int_equal(devio_sampler_run_ex(s, l, &p, NULL, 0, &tok, &lp, &top), DEVIO_E_INVALID);
+    assert_int_equal(devio_sampler_run_ex(s, l, &p, NULL, 0, 0, &tok, &lp, &top),
+                     DEVIO_E_INVALID);
     devio_sampler_free(s);
 }
 

@@ -6,7 +6,8 @@
  * the recurrent state of hybrid models (state and snapshot slots, ssm_copy);
  * version 5 copies_weights; version 6 device-side sampling
  * (batch.device_sampling, sample.sample_only); version 7 the sampler's
- * logit processing on the device (devio_batch_sample.proc).
+ * logit processing on the device; version 8 one sampling record
+ * (devio_batch_sample.params carries the processing, history beside it).
  * A backend only computes: it never validates plans, counts blocks, owns
  * sequences or decides what a number must be (device/numerics/numspec.h does).
  *
@@ -38,7 +39,7 @@
 #include "device/model/model.h"
 #include "device/sample/sampler.h"
 
-#define DEVIO_BACKEND_ABI 7u
+#define DEVIO_BACKEND_ABI 8u
 
 /* A block-table entry whose block the sequence gave back because every
  * position in it fell below the sliding window (docs/objects.md, KV pool):
@@ -142,11 +143,14 @@ typedef struct devio_batch_sample {
     uint32_t row;
     uint32_t logits_row;
     uint64_t position;
-    devio_sample_params params;
+    devio_sample_params params; /* the row's whole sample: draw, logit processing, top
+                                   logprobs; its arrays set until wait returns */
     bool sample_only; /* no handle holds the row: only this sample reads those logits, so a
                          backend that samples them need not bring them to the host */
-    const devio_logit_proc *proc; /* step 0b of device/sample/sampler.h, or NULL: none; set (with
-                                     its arrays) until wait returns when device_sampling */
+    const int32_t *history; /* the penalties' history (device/sample/sampler.h step 0b),
+                               n_history tokens, NULL when 0; set until wait returns when
+                               device_sampling */
+    uint32_t n_history;
     int32_t token;  /* output of the sample entry */
     float logprob;  /* output of the sample entry */
 } devio_batch_sample;

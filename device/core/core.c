@@ -25,8 +25,6 @@ static void ticket_bufs_free(dv_ticket *t)
     free(t->copy_dst);
     free(t->samples);
     free(t->snap_ids);
-    free(t->procs);
-    free(t->lprocs);
     free(t->proc_buf);
     free(t->top_ids);
     free(t->top_lps);
@@ -78,7 +76,7 @@ static bool alloc_ticket(dv_ticket *t, const devio_config *c)
            ALLOC_N(t->tok_row, c->max_batch_tokens) && ALLOC_N(t->out_tok, c->max_batch_tokens) &&
            ALLOC_N(t->out_row, c->max_batch_tokens) && ALLOC_N(t->copy_src, c->max_rows) &&
            ALLOC_N(t->copy_dst, c->max_rows) && ALLOC_N(t->samples, c->max_rows) &&
-           ALLOC_N(t->snap_ids, c->max_batch_tokens) && ALLOC_N(t->procs, c->max_rows) && ALLOC_N(t->lprocs, c->max_rows) &&
+           ALLOC_N(t->snap_ids, c->max_batch_tokens) &&
            ALLOC_N(t->top_ids, (size_t)c->max_rows * DEVIO_TOP_LOGPROBS_MAX) &&
            ALLOC_N(t->top_lps, (size_t)c->max_rows * DEVIO_TOP_LOGPROBS_MAX) &&
            ALLOC_N(t->prompt_lps, c->max_batch_tokens);

@@ -61,7 +61,8 @@ typedef struct dv_trow {
     int32_t adapter_entry; /* adapter table entry, -1 = none */
     uint32_t adapter_gen; /* the entry's generation at launch */
     bool took_ssm_slot;   /* the launch gave the sequence its SSM state slot */
-    bool proc;            /* the sample has processing or top logprobs: ticket procs[row] */
+    bool proc;            /* the sample has processing or top logprobs (its arrays in the
+                             ticket's proc_buf) */
     bool prompt;          /* prompt logprobs: ticket prompt_lps[tok_start ..] */
     uint64_t prompt_handle; /* a handle of its own holding positions 0..n-2 for them (the
                                row did not ask for every position's logits), 0 = none;
@@ -90,9 +91,8 @@ typedef struct dv_ticket {
     uint32_t *out_tok, *out_row; /* max_batch_tokens */
     uint32_t *copy_src, *copy_dst; /* max_rows */
     devio_batch_sample *samples;/* max_rows */
-    devio_sample_proc *procs;   /* max_rows: each sampled row's processing, arrays in proc_buf */
-    devio_logit_proc *lprocs;   /* max_rows: step 0b of each row the backend samples */
-    char *proc_buf;             /* owned: the arrays of procs, remade at each reserve */
+    char *proc_buf;             /* owned: the arrays of the samples' processing, remade at
+                                   each reserve */
     int32_t *top_ids;           /* max_rows * DEVIO_TOP_LOGPROBS_MAX: top logprobs by row */
     float *top_lps;
     float *prompt_lps;          /* max_batch_tokens: prompt logprobs by batch token */
@@ -252,18 +252,19 @@ void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran);
 
 /* ---- a sample's processing (sample_proc.c) ------------------------------- */
 
-/* p asks for processing or top logprobs (NULL: no). */
-bool dv_proc_asks(const devio_sample_proc *p);
-/* p asks for a penalty. */
-bool dv_proc_penalised(const devio_sample_proc *p);
-/* The sampler's view of p for a token drawn at `position` of q: the
- * penalties' history is q's tokens at [penalty_from, position). q NULL: none. */
-devio_logit_proc dv_logit_proc(const devio_sample_proc *p, const dv_seq *q, uint64_t position);
-/* p against the vocab and the ranges; a p that leaves no token is refused. */
-devio_status dv_proc_check(const devio_device *d, const devio_sample_proc *p, devio_error *err);
-/* Bytes of p's arrays, and p copied with its arrays placed at *buf (advanced). */
-size_t dv_proc_bytes(const devio_sample_proc *p);
-void dv_proc_copy(devio_sample_proc *dst, const devio_sample_proc *p, char **buf);
+/* p asks for processing or top logprobs. */
+bool dv_proc_asks(const devio_sample_params *p);
+/* The penalties' history of a token drawn at `position` of q: q's tokens
+ * at [p->penalty_from, position), none when p has no penalty or q is NULL. */
+uint32_t dv_proc_history(const devio_sample_params *p, const dv_seq *q, uint64_t position,
+                         const int32_t **history);
+/* p's processing against the vocab and the ranges; a p that leaves no token
+ * is refused. */
+devio_status dv_proc_check(const devio_device *d, const devio_sample_params *p, devio_error *err);
+/* Bytes of p's arrays, and p's arrays copied to *buf (advanced), dst's
+ * pointers set to the copies. */
+size_t dv_proc_bytes(const devio_sample_params *p);
+void dv_proc_copy(devio_sample_params *dst, char **buf);
 /* Room in q's token record for `need` positions; false when out of memory
  * (q unchanged). */
 bool dv_seq_toks_reserve(const devio_device *d, dv_seq *q, uint32_t need);

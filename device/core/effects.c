@@ -36,18 +36,19 @@ static devio_status apply_sample(devio_device *d, const devio_effect *e, devio_o
                              "row %u outside the handle's %u rows", e->row, h->n_rows);
     devio_status s = devio_sampler_check(&e->params, err);
     if (s == DEVIO_OK)
-        s = dv_proc_check(d, e->proc, err);
+        s = dv_proc_check(d, &e->params, err);
     if (s != DEVIO_OK)
         return s;
     uint32_t first = e->has_row ? e->row : 0;
     uint32_t n = e->has_row ? 1 : h->n_rows;
     /* The penalties count the handle's sequence's tokens before each position. */
-    const dv_seq *q = dv_proc_penalised(e->proc) ? dv_seq_find(d, h->seq) : NULL;
-    if (dv_proc_penalised(e->proc) && (!q || q->len <= h->pos[first + n - 1]))
+    const bool penalised = devio_sample_penalised(&e->params);
+    const dv_seq *q = penalised ? dv_seq_find(d, h->seq) : NULL;
+    if (penalised && (!q || q->len <= h->pos[first + n - 1]))
         return devio_fail_at(err, DEVIO_E_INVALID, "logits", (int64_t)e->logits,
                              "penalties need the tokens of the handle's sequence %llu, which no "
                              "longer holds the handle's positions", (unsigned long long)h->seq);
-    uint32_t n_top = e->proc ? e->proc->logprobs : 0;
+    uint32_t n_top = e->params.logprobs;
     o->tokens = malloc(n * sizeof *o->tokens);
     o->logprobs = malloc(n * sizeof *o->logprobs);
     if (n_top) {
@@ -68,11 +69,12 @@ static devio_status apply_sample(devio_device *d, const devio_effect *e, devio_o
         }
         /* The sampled token would follow the token whose logits these are. */
         uint64_t at = (uint64_t)h->pos[r] + 1;
-        devio_logit_proc l = dv_logit_proc(e->proc, q, at);
+        const int32_t *history;
+        uint32_t n_history = dv_proc_history(&e->params, q, at, &history);
         devio_top_logprobs top = {.n = n_top,
                                   .ids = n_top ? o->top_ids + (size_t)i * n_top : NULL,
                                   .logprobs = n_top ? o->top_logprobs + (size_t)i * n_top : NULL};
-        s = devio_sampler_run_ex(d->fx_sampler, logits, &e->params, e->proc ? &l : NULL, at,
+        s = devio_sampler_run_ex(d->fx_sampler, logits, &e->params, history, n_history, at,
                                  &o->tokens[i], &o->logprobs[i], &top);
         if (s != DEVIO_OK) {
             devio_outcome_free(o);

@@ -49,8 +49,8 @@ static bool needs_prompt_handle(const devio_row *row)
 static devio_status validate_proc(devio_device *d, const devio_row *row, uint32_t r, dv_seq *q,
                                   size_t *proc_bytes, devio_error *err)
 {
-    if (row->has_sample && dv_proc_asks(row->proc)) {
-        devio_status s = dv_proc_check(d, row->proc, err);
+    if (row->has_sample && dv_proc_asks(&row->sample)) {
+        devio_status s = dv_proc_check(d, &row->sample, err);
         if (s != DEVIO_OK) {
             devio_error_prefix(err, "row %u: ", r);
             if (err) {
@@ -59,7 +59,7 @@ static devio_status validate_proc(devio_device *d, const devio_row *row, uint32_
             }
             return s;
         }
-        *proc_bytes += dv_proc_bytes(row->proc);
+        *proc_bytes += dv_proc_bytes(&row->sample);
     }
     if (!dv_seq_toks_reserve(d, q, q->len + row->n_tokens))
         return devio_fail_at(err, DEVIO_E_NOMEM, "row", r,
@@ -284,10 +284,7 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
     }
     tr->prompt = row->prompt_logprobs;
     tr->prompt_slots = ph ? ph->slots : row->logits == DEVIO_LOGITS_ALL && h ? h->slots : NULL;
-    if (row->has_sample && dv_proc_asks(row->proc)) {
-        dv_proc_copy(&t->procs[r], row->proc, buf);
-        tr->proc = true;
-    }
+    tr->proc = row->has_sample && dv_proc_asks(&row->sample);
     /* validate_proc made the room. */
     memcpy(q->toks + q->len, row->tokens, (size_t)row->n_tokens * sizeof *row->tokens);
     t->brows[r] = (devio_batch_row){.pos0 = q->len, .n_tokens = row->n_tokens,
@@ -296,6 +293,10 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
                                     .ssm_slot = -1, .snapshot = DEVIO_SNAP_NONE};
     commit_ssm(d, t, row, q, tr, &t->brows[r]);
     layout_tokens(t, r, row, q, h, ph);
+    /* The sample's arrays are the caller's for the call only: the ticket's
+     * copies (validate_proc made the room). */
+    if (tr->proc)
+        dv_proc_copy(&t->samples[tr->sample].params, buf);
     q->len += row->n_tokens;
     q->busy = t->id;
 }
@@ -360,7 +361,7 @@ static devio_status submit(devio_device *d, dv_ticket *t, devio_error *err)
      * host's (run_step), so a batch with a row asking them is sampled there. */
     bool tops = false;
     for (uint32_t r = 0; r < t->n_rows; r++)
-        tops = tops || (t->rows[r].proc && t->procs[r].logprobs);
+        tops = tops || (t->rows[r].sample >= 0 && t->samples[t->rows[r].sample].params.logprobs);
     t->batch.device_sampling = t->batch.n_samples > 0 &&
                                d->cfg.numerics == DEVIO_NUMERICS_FAST && !tops &&
                                devio_backend_has_sample(d->ops);
@@ -368,9 +369,8 @@ static devio_status submit(devio_device *d, dv_ticket *t, devio_error *err)
         devio_batch_sample *sm = &t->samples[i];
         const dv_trow *tr = &t->rows[sm->row];
         /* The sequence's token record holds this step's tokens already (reserve). */
-        t->lprocs[sm->row] = dv_logit_proc(tr->proc ? &t->procs[sm->row] : NULL,
-                                           &d->seqs[tr->seq_index], sm->position);
-        sm->proc = devio_logit_proc_active(&t->lprocs[sm->row]) ? &t->lprocs[sm->row] : NULL;
+        sm->n_history = dv_proc_history(&sm->params, &d->seqs[tr->seq_index], sm->position,
+                                        &sm->history);
     }
     devio_status s = devio_backend_submit(d->ops, d->backend, &d->bcfg, &t->batch, err);
     if (s == DEVIO_OK && t->batch.device_sampling) {

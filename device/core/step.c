@@ -17,16 +17,14 @@ static devio_status sample_row(devio_device *d, dv_ticket *t, devio_batch_sample
                                const float *logits)
 {
     const dv_trow *tr = &t->rows[sm->row];
-    if (!tr->proc)
-        return devio_sampler_run(d->sampler, logits, &sm->params, sm->position, &sm->token,
-                                 &sm->logprob);
-    const devio_sample_proc *p = &t->procs[sm->row];
-    devio_logit_proc l = dv_logit_proc(p, &d->seqs[tr->seq_index], sm->position);
-    devio_top_logprobs top = {.n = p->logprobs,
+    const int32_t *history;
+    uint32_t n_history =
+        dv_proc_history(&sm->params, &d->seqs[tr->seq_index], sm->position, &history);
+    devio_top_logprobs top = {.n = sm->params.logprobs,
                               .ids = t->top_ids + (size_t)sm->row * DEVIO_TOP_LOGPROBS_MAX,
                               .logprobs = t->top_lps + (size_t)sm->row * DEVIO_TOP_LOGPROBS_MAX};
-    return devio_sampler_run_ex(d->sampler, logits, &sm->params, &l, sm->position, &sm->token,
-                                &sm->logprob, &top);
+    return devio_sampler_run_ex(d->sampler, logits, &sm->params, history, n_history,
+                                sm->position, &sm->token, &sm->logprob, &top);
 }
 
 /* The prompt logprobs of t's rows that asked: token i's raw logprob read
@@ -267,8 +265,8 @@ static devio_status result_of(devio_device *d, dv_ticket *t, devio_step_result *
             rows[r].n_prompt = tr->n_tokens;
             at += tr->n_tokens;
         }
-        if (sm && tr->proc && t->procs[r].logprobs) {
-            uint32_t n = t->procs[r].logprobs;
+        if (sm && sm->params.logprobs) {
+            uint32_t n = sm->params.logprobs;
             rows[r].n_top = n;
             memcpy(rows[r].top_ids, t->top_ids + (size_t)r * DEVIO_TOP_LOGPROBS_MAX,
                    n * sizeof *rows[r].top_ids);

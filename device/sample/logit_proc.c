@@ -9,16 +9,16 @@
 
 #define NEG_INF (-INFINITY)
 
-devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab, devio_error *err)
+devio_status devio_sample_check_tokens(const devio_sample_params *q, uint32_t vocab,
+                                       const int32_t *history, uint32_t n_history,
+                                       devio_error *err)
 {
-    if (!q)
-        return DEVIO_OK;
     if ((q->n_bias && (!q->bias_ids || !q->bias)) || (q->n_banned && !q->banned) ||
-        (q->n_history && !q->history))
+        (n_history && !history))
         return devio_fail(err, DEVIO_E_INVALID,
                           "logit_bias, banned_tokens and the penalty history: a count of "
                           "%u, %u and %u with no array",
-                          q->n_bias, q->n_banned, q->n_history);
+                          q->n_bias, q->n_banned, n_history);
     for (uint32_t k = 0; k < q->n_bias; k++)
         if (q->bias_ids[k] < 0 || (uint32_t)q->bias_ids[k] >= vocab || q->bias[k] != q->bias[k])
             return devio_fail(err, DEVIO_E_INVALID,
@@ -33,12 +33,13 @@ devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab, d
             return devio_fail(err, DEVIO_E_INVALID,
                               "banned_tokens: entry %u (token %d) is outside the vocabulary "
                               "of %u", k, q->banned[k], vocab);
-    for (uint32_t k = 0; k < q->n_history; k++)
-        if (q->history[k] < 0 || (uint32_t)q->history[k] >= vocab)
+    for (uint32_t k = 0; k < n_history; k++)
+        if (history[k] < 0 || (uint32_t)history[k] >= vocab)
             return devio_fail(err, DEVIO_E_INVALID,
                               "penalty history: token %d is outside the vocabulary of %u",
-                              q->history[k], vocab);
-    if (!(q->repetition_penalty > 0.0f) || q->repetition_penalty > FLT_MAX)
+                              history[k], vocab);
+    if (q->repetition_penalty != 0.0f &&
+        (!(q->repetition_penalty > 0.0f) || q->repetition_penalty > FLT_MAX))
         return devio_fail(err, DEVIO_E_INVALID,
                           "repetition_penalty must be finite and > 0 (1 = off)");
     if (!(q->presence_penalty == q->presence_penalty) ||
@@ -50,11 +51,11 @@ devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab, d
     return DEVIO_OK;
 }
 
-devio_status devio_logit_proc_excludes_all(const devio_logit_proc *q, uint32_t vocab,
-                                           bool *none)
+devio_status devio_sample_excludes_all(const devio_sample_params *q, uint32_t vocab,
+                                       bool *none)
 {
     *none = false;
-    if (!q || (!q->allowed && !q->n_banned && !q->n_bias))
+    if (!q->allowed && !q->n_banned && !q->n_bias)
         return DEVIO_OK;
     const uint32_t words = (vocab + 31u) / 32u;
     uint32_t *open = malloc(words * sizeof *open);

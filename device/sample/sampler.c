@@ -328,19 +328,22 @@ static uint32_t gumbel_pick(const devio_sampler *s, const uint32_t *ids, uint32_
     return best_id;
 }
 
-bool devio_logit_proc_active(const devio_logit_proc *q)
+bool devio_sample_penalised(const devio_sample_params *p)
 {
-    return q && (q->n_bias || q->allowed || q->n_banned ||
-                 (q->n_history && (q->repetition_penalty != 1.0f ||
-                                   q->presence_penalty != 0.0f ||
-                                   q->frequency_penalty != 0.0f)));
+    return (p->repetition_penalty != 0.0f && p->repetition_penalty != 1.0f) ||
+           p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
+bool devio_sample_processes(const devio_sample_params *p, uint32_t n_history)
+{
+    return p->n_bias || p->allowed || p->n_banned || (n_history && devio_sample_penalised(p));
 }
 
 /* Step 0b into s->w from the cleaned logits, every result read by
  * devio_clean_logit (NaN -> -inf, +inf -> FLT_MAX); false when it leaves every
  * value -inf. *argmax: the first largest of l''. */
-static bool process(devio_sampler *s, const float *logits, const devio_logit_proc *q,
-                    uint32_t *argmax)
+static bool process(devio_sampler *s, const float *logits, const devio_sample_params *q,
+                    const int32_t *history, uint32_t n_history, uint32_t *argmax)
 {
     const uint32_t V = s->vocab;
     float *w = s->w;
@@ -354,14 +357,15 @@ static bool process(devio_sampler *s, const float *logits, const devio_logit_pro
                 w[i] = NEG_INF;
     for (uint32_t k = 0; k < q->n_banned; k++)
         w[q->banned[k]] = NEG_INF;
-    const float rp = q->repetition_penalty, pp = q->presence_penalty,
-                fp = q->frequency_penalty;
+    /* A repetition penalty of 0 is unset: off, as 1 is. */
+    const float rp = q->repetition_penalty == 0.0f ? 1.0f : q->repetition_penalty,
+                pp = q->presence_penalty, fp = q->frequency_penalty;
     if (rp != 1.0f || pp != 0.0f || fp != 0.0f) {
-        for (uint32_t k = 0; k < q->n_history; k++)
-            s->count[q->history[k]]++;
+        for (uint32_t k = 0; k < n_history; k++)
+            s->count[history[k]]++;
         /* Each distinct id once: the first time it is met, its count then zeroed. */
-        for (uint32_t k = 0; k < q->n_history; k++) {
-            uint32_t i = (uint32_t)q->history[k], c = s->count[i];
+        for (uint32_t k = 0; k < n_history; k++) {
+            uint32_t i = (uint32_t)history[k], c = s->count[i];
             if (c == 0)
                 continue;
             s->count[i] = 0;
@@ -487,7 +491,7 @@ devio_status devio_sampler_run(devio_sampler *s, const float *logits,
                                const devio_sample_params *p, uint64_t position,
                                int32_t *token, float *logprob)
 {
-    return devio_sampler_run_ex(s, logits, p, NULL, position, token, logprob, NULL);
+    return devio_sampler_run_ex(s, logits, p, NULL, 0, position, token, logprob, NULL);
 }
 
 devio_status devio_sampler_logprob(devio_sampler *s, const float *logits, int32_t token,
@@ -510,14 +514,14 @@ devio_status devio_sampler_logprob(devio_sampler *s, const float *logits, int32_
 }
 
 devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
-                                  const devio_sample_params *p, const devio_logit_proc *q,
-                                  uint64_t position, int32_t *token, float *logprob,
-                                  devio_top_logprobs *top)
+                                  const devio_sample_params *p, const int32_t *history,
+                                  uint32_t n_history, uint64_t position, int32_t *token,
+                                  float *logprob, devio_top_logprobs *top)
 {
     if (!s || !logits || !p || !token || !logprob)
         return DEVIO_E_INVALID;
     if (devio_sampler_check(p, NULL) != DEVIO_OK ||
-        devio_logit_proc_check(q, s->vocab, NULL) != DEVIO_OK ||
+        devio_sample_check_tokens(p, s->vocab, history, n_history, NULL) != DEVIO_OK ||
         (top && top->n &&
          (!top->ids || !top->logprobs || top->n > DEVIO_TOP_LOGPROBS_MAX || top->n > s->vocab)))
         return DEVIO_E_INVALID;
@@ -540,7 +544,7 @@ devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
      * them as they are. */
     /* Below DEVIO_GREEDY_BELOW a temperature is greedy (sampler.h). */
     const float t = p->temperature < DEVIO_GREEDY_BELOW ? 0.0f : p->temperature;
-    const bool processed = devio_logit_proc_active(q);
+    const bool processed = devio_sample_processes(p, n_history);
     const bool keep_raw = top && top->n;
     for (uint32_t i = 0; i < V; i++) {
         float x = devio_clean_logit(logits[i]);
@@ -556,7 +560,7 @@ devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
         top_logprobs(s, top->n, m, log_z, top->ids, top->logprobs);
 
     /* Step 0b: steps 2 to 8 read l'' in place of l'. */
-    if (processed && !process(s, logits, q, &argmax))
+    if (processed && !process(s, logits, p, history, n_history, &argmax))
         return DEVIO_E_INVALID;
     if (t != 0.0f && (processed || keep_raw))
         for (uint32_t i = 0; i < V; i++)

@@ -14,7 +14,7 @@
  *    result l'. If every l' is -inf the call fails with DEVIO_E_INVALID
  *    (there is nothing to sample).
  *
- * 0b. Logit processing (devio_logit_proc; skipped when it asks for
+ * 0b. Logit processing (devio_sample_params' processing fields; skipped when it asks for
  *    nothing), on l' giving l''; every operation's result read as in step 0
  *    (NaN -> -inf, +inf -> FLT_MAX):
  *    a. logit_bias: for each entry (i, b) in order, l''_i = l''_i + b
@@ -126,23 +126,6 @@ uint32_t devio_sampler_vocab(const devio_sampler *s);
  * a message naming the field (err may be NULL). Does not depend on the vocab. */
 devio_status devio_sampler_check(const devio_sample_params *p, devio_error *err);
 
-/* Step 0b's inputs, every array borrowed for the call. A zeroed struct
- * with repetition_penalty 1 asks for nothing. */
-typedef struct devio_logit_proc {
-    const int32_t *bias_ids; /* logit_bias: n_bias (token id, bias) pairs */
-    const float *bias;
-    uint32_t n_bias;
-    const uint32_t *allowed; /* allowed_tokens bitmask, (vocab + 31) / 32 words; NULL = all */
-    uint32_t allowed_words;
-    const int32_t *banned;   /* banned_tokens */
-    uint32_t n_banned;
-    float repetition_penalty; /* > 0, finite; 1 = off */
-    float presence_penalty;   /* finite; 0 = off */
-    float frequency_penalty;  /* finite; 0 = off */
-    const int32_t *history;   /* the tokens the penalties count (any order, repeats count) */
-    uint32_t n_history;
-} devio_logit_proc;
-
 /* Temperatures below this are greedy (step 2). */
 #define DEVIO_GREEDY_BELOW 1e-5f
 
@@ -154,21 +137,33 @@ typedef struct devio_top_logprobs {
     float *logprobs;
 } devio_top_logprobs;
 
-/* Whether q asks step 0b to change anything (NULL: no). */
-bool devio_logit_proc_active(const devio_logit_proc *q);
+/* Step 0b's inputs are p's logit processing (device/devio.h) and the
+ * history: the tokens the penalties count (any order, repeats count), a
+ * sequence's token record from p->penalty_from up to the sampled position,
+ * borrowed for the call. */
 
-/* Step 0b's inputs against the ranges above and the vocab: token ids in
- * [0, vocab), biases not NaN, a mask of exactly (vocab + 31) / 32 words.
- * DEVIO_OK (q NULL included), or DEVIO_E_INVALID naming the field. */
-devio_status devio_logit_proc_check(const devio_logit_proc *q, uint32_t vocab,
-                                    devio_error *err);
+/* Whether p's penalties are on (repetition_penalty neither 0 nor 1, or a
+ * presence or frequency penalty). */
+bool devio_sample_penalised(const devio_sample_params *p);
 
-/* Whether q's mask, banned tokens and -inf biases exclude every token of
- * the vocab whatever the logits (q checked; NULL excludes none). Then step
- * 0b would fail for any row: a caller can refuse such q before a step runs.
- * DEVIO_E_NOMEM when its scratch cannot be had; else DEVIO_OK and *none. */
-devio_status devio_logit_proc_excludes_all(const devio_logit_proc *q, uint32_t vocab,
-                                           bool *none);
+/* Whether step 0b changes anything: a bias, a mask or a ban, or penalties
+ * that are on with a history to count. */
+bool devio_sample_processes(const devio_sample_params *p, uint32_t n_history);
+
+/* Step 0b's inputs against the ranges above and the vocab: token ids (of
+ * the bias, the ban and the history) in [0, vocab), biases not NaN, a mask of
+ * exactly (vocab + 31) / 32 words, finite penalties. DEVIO_OK, or
+ * DEVIO_E_INVALID naming the field. */
+devio_status devio_sample_check_tokens(const devio_sample_params *p, uint32_t vocab,
+                                       const int32_t *history, uint32_t n_history,
+                                       devio_error *err);
+
+/* Whether p's mask, banned tokens and -inf biases exclude every token of
+ * the vocab whatever the logits (p checked). Then step 0b would fail for
+ * any row: a caller can refuse such p before a step runs. DEVIO_E_NOMEM
+ * when its scratch cannot be had; else DEVIO_OK and *none. */
+devio_status devio_sample_excludes_all(const devio_sample_params *p, uint32_t vocab,
+                                       bool *none);
 
 /* Step 1 alone: the raw log-softmax of `logits` at `token`, the value a
  * sample of that token reports. DEVIO_E_INVALID for a bad token or when every
@@ -176,23 +171,24 @@ devio_status devio_logit_proc_excludes_all(const devio_logit_proc *q, uint32_t v
 devio_status devio_sampler_logprob(devio_sampler *s, const float *logits, int32_t token,
                                    float *out);
 
-/* Sample one token from `logits` (vocab floats, borrowed for the call).
- * `position` is the sequence position the sampled token will occupy. Writes
- * *token and *logprob on DEVIO_OK; leaves them untouched otherwise.
- * DEVIO_E_INVALID: a NULL pointer, params that devio_sampler_check refuses,
- * or every logit NaN or -inf. */
+/* Sample one token from `logits` (vocab floats, borrowed for the call),
+ * with p's logit processing and no history. `position` is the sequence
+ * position the sampled token will occupy. Writes *token and *logprob on
+ * DEVIO_OK; leaves them untouched otherwise. DEVIO_E_INVALID: a NULL
+ * pointer, params that devio_sampler_check refuses, or every logit NaN or
+ * -inf. */
 devio_status devio_sampler_run(devio_sampler *s, const float *logits,
                                const devio_sample_params *p, uint64_t position,
                                int32_t *token, float *logprob);
 
-/* devio_sampler_run with step 0b (q may be NULL) and step 1b (top may be
- * NULL or ask for 0). DEVIO_E_INVALID also for q that
- * devio_logit_proc_check refuses, top->n over DEVIO_TOP_LOGPROBS_MAX or
- * the vocab, and processing that allows no token. */
+/* devio_sampler_run with the penalties' history (n_history tokens, NULL
+ * when 0) and step 1b (top may be NULL or ask for 0). DEVIO_E_INVALID also
+ * for what devio_sample_check_tokens refuses, top->n over
+ * DEVIO_TOP_LOGPROBS_MAX or the vocab, and processing that allows no token. */
 devio_status devio_sampler_run_ex(devio_sampler *s, const float *logits,
-                                  const devio_sample_params *p, const devio_logit_proc *q,
-                                  uint64_t position, int32_t *token, float *logprob,
-                                  devio_top_logprobs *top);
+                                  const devio_sample_params *p, const int32_t *history,
+                                  uint32_t n_history, uint64_t position, int32_t *token,
+                                  float *logprob, devio_top_logprobs *top);
 
 /* Philox4x32-10 (Salmon et al., SC'11). With M0 = 0xD2511F53,
  * M1 = 0xCD9E8D57 and hi/lo the halves of a 32x32->64-bit product, one round

@@ -114,11 +114,11 @@ static devio_status effect_applied(devio_server *s, const devio_request *rq, dev
                                    json_t **j, devio_error *err)
 {
     devio_effect e;
-    devio_sample_proc_buf pb;
+    devio_sample_buf pb;
     devio_status st = devio_json_effect_decode(rq->body, &e, &pb, err);
     if (st == DEVIO_OK)
         st = outcome_of(s, rq, dev, &e, j, err);
-    devio_sample_proc_buf_free(&pb);
+    devio_sample_buf_free(&pb);
     return st;
 }
 

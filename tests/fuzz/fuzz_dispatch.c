@@ -36,12 +36,12 @@ static void decode_all(const json_t *j)
     if (devio_json_plan_decode(j, 8, 64, &pb, &err) == DEVIO_OK)
         devio_plan_buf_free(&pb);
     devio_effect e;
-    devio_sample_proc_buf proc;
+    devio_sample_buf proc;
     (void)devio_json_effect_decode(j, &e, &proc, &err);
-    devio_sample_proc_buf_free(&proc);
+    devio_sample_buf_free(&proc);
     devio_sample_params sp;
     if (devio_json_sample_decode(j, &sp, &proc, &err) == DEVIO_OK)
-        devio_sample_proc_buf_free(&proc);
+        devio_sample_buf_free(&proc);
     uint64_t id;
     int64_t t;
     (void)devio_json_await_decode(j, &id, &t, &err);
