@@ -1,5 +1,5 @@
 /* adapter_table.h - the device's table of loaded adapters: weights, pins, use, LRU,
- * and the backend's adapter slots kept in step with it (slot = entry index).
+ * and the backend's adapter indices kept in step with it (index = entry index).
  * Changed only at quiescence (under the device lock, after every launched step ran). */
 #ifndef DEVIO_ADAPTER_TABLE_H
 #define DEVIO_ADAPTER_TABLE_H
@@ -28,13 +28,13 @@ typedef struct devio_adapter_table {
     uint64_t clock;
     const char *root;          /* adapters root, borrowed; NULL = loading refused */
     const devio_model *model;  /* borrowed */
-    const devio_backend_ops *ops; /* borrowed: the backend holding the slots */
+    const devio_backend_ops *ops; /* borrowed: the backend holding the adapters */
     void *backend;                /* borrowed */
     devio_adapter_entry *entries; /* capacity entries */
 } devio_adapter_table;
 
 /* ops/backend receive adapter_add/adapter_remove for every change of an
- * entry; a backend without adapter slots makes every load DEVIO_E_UNSUPPORTED. */
+ * entry; a backend without the adapter entries makes every load DEVIO_E_UNSUPPORTED. */
 devio_status devio_adapter_table_init(devio_adapter_table *t, uint32_t capacity, uint32_t max_rank,
                                    const char *root, const devio_model *model,
                                    const devio_backend_ops *ops, void *backend);

@@ -35,7 +35,7 @@ static void device_free(devio_device *d)
 {
     if (!d)
         return;
-    /* The adapters leave the backend's slots before the backend goes. */
+    /* The adapters leave the backend before the backend goes. */
     devio_adapter_table_fini(&d->adapters);
     devio_backend_destroy(d->ops, d->backend);
     if (d->tickets)
@@ -43,7 +43,7 @@ static void device_free(devio_device *d)
             ticket_bufs_free(&d->tickets[i]);
     if (d->handles)
         for (uint32_t i = 0; i < d->cfg.logits_handles; i++) {
-            free(d->handles[i].slots);
+            free(d->handles[i].arena_rows);
             free(d->handles[i].pos);
         }
     free(d->tickets);
@@ -85,14 +85,14 @@ static bool alloc_ticket(dv_ticket *t, const devio_config *c)
 static devio_status alloc_tables(devio_device *d)
 {
     const devio_config *c = &d->cfg;
-    size_t slots = (size_t)c->logits_rows + (size_t)c->max_depth * c->max_rows;
+    size_t arena = (size_t)c->logits_rows + (size_t)c->max_depth * c->max_rows;
     if (devio_sampler_create(d->vocab, &d->sampler) != DEVIO_OK ||
         devio_sampler_create(d->vocab, &d->fx_sampler) != DEVIO_OK)
         return DEVIO_E_NOMEM;
     if (!ALLOC_N(d->seqs, c->max_seqs) ||
         !ALLOC_N(d->block_tables, (size_t)c->max_seqs * d->max_blocks_per_seq) ||
         !ALLOC_N(d->handles, c->logits_handles) ||
-        !ALLOC_N(d->logits_arena, slots * d->vocab) || !ALLOC_N(d->read_buf, d->vocab) ||
+        !ALLOC_N(d->logits_arena, arena * d->vocab) || !ALLOC_N(d->read_buf, d->vocab) ||
         !ALLOC_N(d->step_buf, d->vocab) ||
         !ALLOC_N(d->row_free, c->logits_rows) || !ALLOC_N(d->tickets, c->max_depth) ||
         !ALLOC_N(d->queue, c->max_depth))
@@ -102,7 +102,7 @@ static devio_status alloc_tables(devio_device *d)
         d->seqs[i].ssm_slot = -1;
     }
     for (uint32_t i = 0; i < c->logits_handles; i++)
-        if (!ALLOC_N(d->handles[i].slots, c->logits_rows) ||
+        if (!ALLOC_N(d->handles[i].arena_rows, c->logits_rows) ||
             !ALLOC_N(d->handles[i].pos, c->logits_rows))
             return DEVIO_E_NOMEM;
     for (uint32_t i = 0; i < c->logits_rows; i++)
@@ -111,7 +111,7 @@ static devio_status alloc_tables(devio_device *d)
     for (uint32_t i = 0; i < c->max_depth; i++) {
         if (!alloc_ticket(&d->tickets[i], c))
             return DEVIO_E_NOMEM;
-        d->tickets[i].sample_slot0 = c->logits_rows + i * c->max_rows;
+        d->tickets[i].sample_row0 = c->logits_rows + i * c->max_rows;
     }
     return DEVIO_OK;
 }

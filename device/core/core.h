@@ -41,7 +41,7 @@ typedef struct dv_handle {
     uint64_t id;      /* 0 = free */
     uint32_t n_rows;
     bool ready;       /* the step that fills it has run */
-    uint32_t *slots;  /* logits slot of each row, logits_rows entries */
+    uint32_t *arena_rows; /* the logits arena row of each of its rows, logits_rows entries */
     uint32_t *pos;    /* sequence position of the token of each row */
     uint64_t seq;     /* the sequence whose positions these are: freed with it */
     uint64_t ticket;  /* the step that fills it */
@@ -67,7 +67,7 @@ typedef struct dv_trow {
     uint64_t prompt_handle; /* a handle of its own holding positions 0..n-2 for them (the
                                row did not ask for every position's logits), 0 = none;
                                released when the step settles */
-    const uint32_t *prompt_slots; /* the logits slots of positions 0..n-2 (that handle's, or
+    const uint32_t *prompt_rows; /* the logits rows of positions 0..n-2 (that handle's, or
                                      the row's own handle's with logits "all") */
     uint32_t n_snaps;     /* snapshots the row takes: ticket snap_ids[tok_start ..] */
 } dv_trow;
@@ -97,7 +97,7 @@ typedef struct dv_ticket {
     float *top_lps;
     float *prompt_lps;          /* max_batch_tokens: prompt logprobs by batch token */
     int32_t *snap_ids;          /* max_batch_tokens: each row's snapshots at its tok_start */
-    uint32_t sample_slot0;      /* first of this ticket's max_rows scratch logits slots */
+    uint32_t sample_row0;      /* first of this ticket's max_rows scratch logits rows */
     bool device_sampled;        /* the backend's sample function took the batch's samples */
     bool held_seen;             /* another await found it HELD: tell the waits when it ends */
     devio_batch batch;
@@ -124,11 +124,11 @@ struct devio_device {
     uint32_t *block_tables; /* max_seqs * max_blocks_per_seq */
     uint64_t next_seq_id;
 
-    /* Logits slots: [0, logits_rows) back handles, then max_rows scratch
-     * slots per ticket entry for rows that sample without keeping logits. */
+    /* Logits arena rows: [0, logits_rows) back handles, then max_rows
+     * scratch rows per ticket entry for rows that sample without keeping logits. */
     dv_handle *handles;     /* logits_handles */
     float *logits_arena;    /* logits_rows * vocab, host */
-    uint32_t *row_free;     /* stack of free handle slots */
+    uint32_t *row_free;     /* stack of free logits arena rows */
     uint32_t n_row_free;
     uint32_t n_handles_live;
     uint64_t next_handle_id;
@@ -220,7 +220,7 @@ uint32_t dv_seq_release_window(devio_device *d, dv_seq *s);
 dv_handle *dv_handle_find(devio_device *d, uint64_t id);
 /* Allocate a handle of n rows; caller checked capacity. */
 dv_handle *dv_handle_alloc(devio_device *d, uint32_t n);
-/* Give h's logits slots back and free it. */
+/* Give h's logits rows back and free it. */
 void dv_handle_release(devio_device *d, dv_handle *h);
 /* The logits of logits slot `slot` in host memory: *out is the arena row, or
  * buf (vocab floats) read back from a backend that keeps its logits. */

@@ -62,7 +62,7 @@ static devio_status apply_sample(devio_device *d, const devio_effect *e, devio_o
     for (uint32_t i = 0; i < n; i++) {
         uint32_t r = first + i;
         const float *logits;
-        s = dv_logits_row(d, h->slots[r], d->read_buf, &logits, err);
+        s = dv_logits_row(d, h->arena_rows[r], d->read_buf, &logits, err);
         if (s != DEVIO_OK) {
             devio_outcome_free(o);
             return s;

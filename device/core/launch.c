@@ -197,25 +197,25 @@ static void layout_tokens(dv_ticket *t, uint32_t r, const devio_row *row, const 
         t->tokens[ti] = row->tokens[i];
         t->tok_pos[ti] = q->len + i;
         t->tok_row[ti] = r;
-        int64_t logits_slot = -1;
+        int64_t logits_row = -1;
         if (h && (row->logits == DEVIO_LOGITS_ALL || last)) {
             uint32_t hr = row->logits == DEVIO_LOGITS_ALL ? i : 0;
             h->pos[hr] = q->len + i;
-            logits_slot = h->slots[hr];
+            logits_row = h->arena_rows[hr];
         } else if (last && row->has_sample) {
-            logits_slot = t->sample_slot0 + r;
+            logits_row = t->sample_row0 + r;
         } else if (ph && !last) {
             ph->pos[i] = q->len + i;
-            logits_slot = ph->slots[i];
+            logits_row = ph->arena_rows[i];
         }
-        if (logits_slot >= 0) {
+        if (logits_row >= 0) {
             t->out_tok[b->n_out] = ti;
-            t->out_row[b->n_out++] = (uint32_t)logits_slot;
+            t->out_row[b->n_out++] = (uint32_t)logits_row;
         }
         if (last && row->has_sample) {
             tr->sample = (int32_t)b->n_samples;
             t->samples[b->n_samples++] = (devio_batch_sample){
-                .row = r, .logits_row = (uint32_t)logits_slot, .params = row->sample, .sample_only = !h,
+                .row = r, .logits_row = (uint32_t)logits_row, .params = row->sample, .sample_only = !h,
                 /* The sampled token takes the position after the row's last token. */
                 .position = (uint64_t)q->len + row->n_tokens};
         }
@@ -283,7 +283,7 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
         tr->prompt_handle = ph->id;
     }
     tr->prompt = row->prompt_logprobs;
-    tr->prompt_slots = ph ? ph->slots : row->logits == DEVIO_LOGITS_ALL && h ? h->slots : NULL;
+    tr->prompt_rows = ph ? ph->arena_rows : row->logits == DEVIO_LOGITS_ALL && h ? h->arena_rows : NULL;
     tr->proc = row->has_sample && dv_proc_asks(&row->sample);
     /* validate_proc made the room. */
     memcpy(q->toks + q->len, row->tokens, (size_t)row->n_tokens * sizeof *row->tokens);

@@ -1,5 +1,5 @@
 /* logits_handles.c - logits handles: find, allocate and release one, and read a logits slot.
- * Bookkeeping of slots sized at open: it never allocates memory or computes. */
+ * Bookkeeping of arena rows sized at open: it never allocates memory or computes. */
 #include "device/core/core.h"
 
 dv_handle *dv_handle_find(devio_device *d, uint64_t id)
@@ -33,7 +33,7 @@ dv_handle *dv_handle_alloc(devio_device *d, uint32_t n)
         h->n_rows = n;
         h->ready = false;
         for (uint32_t r = 0; r < n; r++)
-            h->slots[r] = d->row_free[--d->n_row_free];
+            h->arena_rows[r] = d->row_free[--d->n_row_free];
         d->n_handles_live++;
         return h;
     }
@@ -43,7 +43,7 @@ dv_handle *dv_handle_alloc(devio_device *d, uint32_t n)
 void dv_handle_release(devio_device *d, dv_handle *h)
 {
     for (uint32_t r = h->n_rows; r-- > 0;)
-        d->row_free[d->n_row_free++] = h->slots[r];
+        d->row_free[d->n_row_free++] = h->arena_rows[r];
     h->id = 0;
     h->n_rows = 0;
     d->n_handles_live--;

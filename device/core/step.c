@@ -40,7 +40,7 @@ static devio_status prompt_logprobs(devio_device *d, dv_ticket *t)
         t->prompt_lps[t0] = NAN;
         for (uint32_t i = 1; i < tr->n_tokens; i++) {
             const float *logits;
-            devio_status s = dv_logits_row(d, tr->prompt_slots[i - 1], d->step_buf, &logits,
+            devio_status s = dv_logits_row(d, tr->prompt_rows[i - 1], d->step_buf, &logits,
                                            &t->err);
             if (s != DEVIO_OK)
                 return s;
@@ -101,7 +101,7 @@ void dv_run_queue_head(devio_device *d)
         if (ph)
             dv_handle_release(d, ph);
         tr->prompt_handle = 0;
-        tr->prompt_slots = NULL;
+        tr->prompt_rows = NULL;
     }
 #ifndef DEVIO_NO_THREADS
     pthread_cond_broadcast(&d->cv_done);
@@ -438,7 +438,7 @@ devio_status devio_logits_read(devio_device *d, uint64_t logits, uint32_t row, u
         for (uint32_t i = 0; i < n && dst && s == DEVIO_OK; i++) {
             float *to = dst + (size_t)i * d->vocab;
             const float *src;
-            s = dv_logits_row(d, h->slots[row + i], to, &src, err);
+            s = dv_logits_row(d, h->arena_rows[row + i], to, &src, err);
             if (s == DEVIO_OK && src != to)
                 memcpy(to, src, sizeof(float) * d->vocab);
         }
