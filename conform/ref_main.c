@@ -9,6 +9,9 @@
 #include "common/cli.h"
 #include "conform/inproc.h"
 #include "conform/script.h"
+#if !defined(__wasm__)
+#include "cpu/cpu_backend.h"
+#endif
 #include "device/backend/backend.h"
 #include "device/model/model.h"
 #include "device/core/options.h"
@@ -61,12 +64,17 @@ int main(int argc, char **argv)
                .backend = "ref"};
     const char *script = NULL;
     uint32_t n_args = 0;
-    /* --help ends with the reference's instruction-set paths (ref/ref_isa.h).
-     * The WASI build has one path and no ref_isa.c (ref/wasm/BUILD.bazel). */
+    /* --help ends with the reference's and the cpu backend's instruction-set
+     * paths (ref/ref_isa.h, cpu/cpu_backend.h). The WASI build has one path,
+     * no ref_isa.c and no cpu backend (ref/wasm/BUILD.bazel). */
     devio_cli c = cli;
 #if !defined(__wasm__)
-    char paths[256];
-    devio_ref_isa_describe(paths, sizeof paths);
+    char paths[512];
+    devio_ref_isa_describe(paths, sizeof paths / 2);
+    size_t used = strlen(paths);
+    snprintf(paths + used, sizeof paths - used, "\n");
+    used = strlen(paths);
+    devio_cpu_isa_describe(paths + used, sizeof paths - used);
     c.epilog = paths;
 #endif
     devio_cli_result cr = devio_cli_parse(&c, &f, argc, argv, &script, &n_args, stdout, stderr);
@@ -92,6 +100,7 @@ int main(int argc, char **argv)
     devio_registry reg;
     const devio_backend_ops *ops = NULL;
     devio_registry_builtin(&reg, f.backend_path);
+    reg.numerics = f.dev.numerics;
     devio_model_params mp = f.load;
     if (devio_model_load_with(model_dir, &mp, &model, &err) != DEVIO_OK) {
         fprintf(stderr, "devio-ref: %s: %s\n", devio_status_str(err.status), err.message);

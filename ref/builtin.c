@@ -4,8 +4,17 @@
 
 #include "ref/builtin.h"
 #include "ref/ref_backend.h"
+#ifdef DEVIO_BUILTIN_CPU
+#include "cpu/cpu_backend.h"
+#endif
 
-static const devio_backend_ops *const builtin[] = {&devio_ref_backend};
+/* The first is auto's last resort (device/backend/registry.h). */
+static const devio_backend_ops *const builtin[] = {
+    &devio_ref_backend,
+#ifdef DEVIO_BUILTIN_CPU
+    &devio_cpu_backend,
+#endif
+};
 
 void devio_registry_builtin(devio_registry *r, const char *plugin_dir)
 {

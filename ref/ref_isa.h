@@ -1,4 +1,4 @@
-/* ref_isa.h - the reference backend's instruction-set paths, picked at run time.
+/* ref_isa.h - the reference backend's instruction-set paths, picked at run time (isa_dispatch.h).
  * Chooses which compiled copy of the same sources runs; it never computes and never changes a number. */
 #ifndef DEVIO_REF_ISA_H
 #define DEVIO_REF_ISA_H
@@ -7,10 +7,13 @@
 #include <stddef.h>
 
 #include "device/backend/backend.h"
+#include "ref/isa_dispatch.h"
 
 /* The environment variable that names the path to run instead of the
  * widest this CPU runs: "baseline", "avx2" or "avx512" on x86-64. */
 #define DEVIO_REF_ISA_ENV "DEVIO_REF_ISA"
+
+/* The reference backend's family (DEVIO_REF_ISA): */
 
 /* The paths built into this binary, widest first; NULL after the last.
  * "baseline" (SSE2), "avx2" (x86-64-v3), "avx512" (x86-64-v4) on x86-64;

@@ -72,6 +72,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     devio_config dc = cfg->device;
     const devio_backend_ops *ops = NULL;
     devio_registry_builtin(&s->registry, cfg->backend_path);
+    s->registry.numerics = cfg->device.numerics;
     if (st == DEVIO_OK)
         st = devio_registry_find(&s->registry, cfg->backend, &ops, err);
     if (st == DEVIO_OK && s->registry.note[0])

@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "cpu/cpu_backend.h"
 #include "device/backend/registry.h"
 #include "ref/builtin.h"
 #include "ref/ref_backend.h"
@@ -204,15 +205,59 @@ static void test_registry(void **state)
     expect_refused(&r, "wrongname", "calls itself 'somebody-else'");
     expect_refused(&r, "nope", "libdevio-backend-nope.so");
     /* A name nothing answers to is refused with the names that exist. */
-    expect_refused(&r, "nope", "no backend 'nope'; the backends here: ref (built in), badabi, "
+    expect_refused(&r, "nope", "no backend 'nope'; the backends here: ref, cpu (built in), badabi, "
                                "noentry, stream, wrongname (plugins); no libdevio-backend-nope.so");
-    /* No CUDA plugin here: auto takes the reference and says why. */
+    /* No CUDA plugin here: auto takes the reference and says why; under
+     * fast numerics it takes the cpu backend. */
     assert_int_equal(devio_registry_find(&r, "auto", &ops, &err), DEVIO_OK);
     assert_ptr_equal(ops, &devio_ref_backend);
     assert_non_null(strstr(r.note, "cuda"));
     assert_int_equal(r.n_handles, 1);
+    r.numerics = DEVIO_NUMERICS_FAST;
+    assert_int_equal(devio_registry_find(&r, "auto", &ops, &err), DEVIO_OK);
+    assert_ptr_equal(ops, &devio_cpu_backend);
+    assert_int_equal(devio_registry_find(&r, "cpu", &ops, &err), DEVIO_OK);
+    assert_string_equal(ops->name, "cpu");
     devio_registry_close(&r);
     assert_int_equal(r.n_handles, 0);
+}
+
+/* The cpu backend takes fast numerics only, says so, and its device says
+ * which path runs; the reference takes strict only. The model here has no
+ * quantized weight: its numbers are then the reference's bit for bit. */
+static void test_cpu_backend(void **state)
+{
+    ctx *c = *state;
+    devio_config cfg = cfg_of(c, DEVIO_NUMERICS_STRICT);
+    devio_device *d = NULL;
+    devio_error err = {0};
+    assert_int_equal(devio_open(c->fx.model, &devio_cpu_backend, &cfg, &d, &err),
+                     DEVIO_E_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "fast numerics only"));
+    cfg.numerics = DEVIO_NUMERICS_FAST;
+    assert_int_equal(devio_open(c->fx.model, &devio_ref_backend, &cfg, &d, &err),
+                     DEVIO_E_UNSUPPORTED);
+    d = open_with(c, &devio_cpu_backend, cfg);
+    devio_device_info info;
+    devio_device_info_get(d, &info);
+    assert_string_equal(info.backend, "cpu");
+    assert_non_null(strstr(info.device, "(fast numerics, "));
+    devio_device *r = open_with(c, &devio_ref_backend, cfg_of(c, DEVIO_NUMERICS_STRICT));
+    static const int32_t tok[] = {3, 1, 4, 1, 5};
+    uint64_t s1 = 0, s2 = 0, t1 = 0, t2 = 0;
+    assert_int_equal(devio_seq_create(d, &s1, NULL), DEVIO_OK);
+    assert_int_equal(devio_seq_create(r, &s2, NULL), DEVIO_OK);
+    assert_int_equal(launch_one(d, s1, tok, 5, NULL, &t1), DEVIO_OK);
+    assert_int_equal(launch_one(r, s2, tok, 5, NULL, &t2), DEVIO_OK);
+    devio_step_result a = {0}, b = {0};
+    assert_int_equal(devio_await(d, t1, -1, &a, NULL), DEVIO_OK);
+    assert_int_equal(devio_await(r, t2, -1, &b, NULL), DEVIO_OK);
+    assert_int_equal(a.rows[0].token, b.rows[0].token);
+    assert_true(a.rows[0].logprob == b.rows[0].logprob);
+    devio_step_result_free(&a);
+    devio_step_result_free(&b);
+    devio_teardown(r, NULL);
+    devio_teardown(d, NULL);
 }
 
 /* The plugin's vtable runs a real device, as devio-ref --backend stream does. */
@@ -552,6 +597,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_plugin_device),
+        cmocka_unit_test(test_cpu_backend),
         cmocka_unit_test(test_overlap_strict),
         cmocka_unit_test(test_overlap_fast),
         cmocka_unit_test(test_overlap_sync),

@@ -27,8 +27,10 @@ typedef const devio_backend_ops *(*plugin_entry)(void);
 #define PLUGIN_STAYS 0
 #endif
 
-/* Plugins `auto` tries before the built-in backends, best first. */
+/* Plugins `auto` tries before the built-in backends, best first; and the
+ * built-in one it takes next under fast numerics. */
 static const char *const auto_plugins[] = {"cuda"};
+static const char *const auto_fast_builtin = "cpu";
 
 static void note(devio_registry *r, const char *name, const devio_error *why)
 {
@@ -206,6 +208,11 @@ devio_status devio_registry_find(devio_registry *r, const char *name,
             return DEVIO_OK;
         }
         note(r, auto_plugins[i], &why);
+    }
+    const devio_backend_ops *fast = builtin(r, auto_fast_builtin);
+    if (r->numerics == DEVIO_NUMERICS_FAST && fast) {
+        *out = fast;
+        return devio_backend_check(*out, err);
     }
     if (r->n_builtin == 0 || !r->builtin[0])
         return devio_fail(err, DEVIO_E_UNSUPPORTED, "no backend available (%s)", r->note);

@@ -22,6 +22,8 @@ typedef struct devio_registry {
     const devio_backend_ops *const *builtin; /* borrowed; the first is auto's last resort */
     uint32_t n_builtin;
     const char *plugin_dir; /* borrowed; NULL = the directory of the running binary */
+    devio_numerics numerics; /* what the device will run: under fast, `auto` without a GPU
+                                takes the built-in cpu backend (0: strict) */
     /* What `auto` tried and passed over, for the log: "cuda: no plugin ...". */
     char note[512];
     void *handles[DEVIO_REGISTRY_MAX_PLUGINS]; /* dlopen handles, owned */
@@ -30,7 +32,9 @@ typedef struct devio_registry {
 
 /* The backend called `name`: a built-in one, else the plugin of that name.
  * "auto" takes the CUDA plugin when it loads and its probe finds a device,
- * else the first built-in backend, and says in r->note what it passed over.
+ * else, under fast numerics (r->numerics), the built-in cpu backend when
+ * this binary has it, else the first built-in backend, and says in r->note
+ * what it passed over.
  * DEVIO_E_UNSUPPORTED, naming the backends that do exist (built in, and the
  * plugin files in the directory) and the file looked for, when no backend of
  * that name is built in and no plugin of that name is found; DEVIO_E_UNSUPPORTED when a

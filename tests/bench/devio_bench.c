@@ -545,9 +545,8 @@ int main(int argc, char **argv)
      * past them one more sequence of up to 4096. */
     cfg.max_seq_len = longest + 64;
     uint32_t short_len = cfg.max_seq_len > 1024 ? 1024 : cfg.max_seq_len;
-    cfg.kv_blocks = 64 * ((short_len + 15) / 16);
-    if (cfg.max_seq_len > 1024)
-        cfg.kv_blocks += (cfg.max_seq_len + 15) / 16;
+    cfg.kv_blocks = 64 * ((short_len + 15) / 16) +
+                    (cfg.max_seq_len > 1024 ? (cfg.max_seq_len + 15) / 16 : 0);
     cfg.max_batch_tokens = longest > 64 ? longest : 64;
     cfg.numerics = f.numerics == 1 ? DEVIO_NUMERICS_FAST : DEVIO_NUMERICS_STRICT;
     char adapters[300] = "";
@@ -557,6 +556,7 @@ int main(int argc, char **argv)
     devio_registry reg;
     const devio_backend_ops *ops = NULL;
     devio_registry_builtin(&reg, f.backend_path);
+    reg.numerics = cfg.numerics; /* auto under fast takes the cpu backend */
     if (check(devio_registry_find(&reg, f.backend, &ops, &err), &err, "backend") < 0 ||
         check(devio_open(m, ops, &cfg, &d, &err), &err, "open") < 0 ||
         load_adapters(d, f.adapters, &err) < 0)

@@ -15,10 +15,13 @@ tests/conformance/expected/SUITE.out, and every `compare` line must say
     python3 tests/conformance/run.py --bin bazel-bin --isa --only isa-   # each ISA path
     python3 tests/conformance/run.py --bin bazel-bin --gpu --gpu-backend cuda-emu --jobs 2
     python3 tests/conformance/run.py --bin bazel-bin --gpu --gpu-backend cuda-emu --fast --jobs 2
+    python3 tests/conformance/run.py --bin bazel-bin --cpu-fast --cpu-isa baseline --jobs 2
 
 With --fast (and --gpu) the backend runs in fast numerics (--numerics fast) and each suite is
 judged by tolerance against the reference's run of the same script with every logits value
 printed, not against the expected file byte for byte: tests/conformance/tolerance.py says how.
+--cpu-fast does the same on the built-in cpu backend (on the instruction-set path --cpu-isa
+names, DEVIO_CPU_ISA; by default the widest this CPU runs).
 
 Ends with "N passed, M failed, K skipped, J not applicable in Xs" and a
 non-zero status on any failure. Not applicable: a suite that keeps two tickets
@@ -88,6 +91,36 @@ def make_adapters(bin_dir, models, tmp):
                         models[model]] + args.split() + ["--out", os.path.join(root, name)],
                        check=True, stdout=subprocess.DEVNULL, timeout=TIMEOUT_S)
     return root
+
+
+# With --cpu-fast --quant: the suites that run again on the tiny model's weights
+# quantized to each type (tools/gguf/quantize.py), judged like every fast run by the
+# reference's run on the same file. The K types need rows of whole 256-blocks: a
+# wider model of the tiny preset for them.
+QUANT_SUITES = ("batch", "chunks", "fork", "truncate", "sampling", "sampling_proc", "long")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+K_MODEL = "--preset tiny --seed 41 --hidden 256 --ffn 512 --heads 8 --kv-heads 2 --head-dim 32"
+
+
+def quant_suites(bin_dir, models, types, suites, tmp):
+    """(name@TYPE, script, model key, flags) rows, the models made under tmp."""
+    quantize = os.path.join(ROOT, "tools", "gguf", "quantize.py")
+    rows = []
+    for typ in types:
+        base = models["tiny"]
+        if typ in K_TYPES:
+            base = os.path.join(tmp, "model-k256")
+            if not os.path.isdir(base):
+                subprocess.run([os.path.join(bin_dir, "tools", "mkmodel", "devio-mkmodel")] +
+                               K_MODEL.split() + ["--out", base], check=True,
+                               stdout=subprocess.DEVNULL, timeout=TIMEOUT_S)
+        key = "q:" + typ
+        models[key] = os.path.join(tmp, "model-%s.gguf" % typ)
+        subprocess.run([sys.executable, quantize, "from-hf", base, models[key], "--type", typ],
+                       check=True, stdout=subprocess.DEVNULL, timeout=TIMEOUT_S)
+        rows += [(name + "@" + typ, script, key, flags) for name, script, model, flags in suites
+                 if model == "tiny" and name in QUANT_SUITES]
+    return rows
 
 
 def run(cmd, **kw):
@@ -180,6 +213,13 @@ def targets(args, bin_dir):
                 [sys.executable, wt, wasm, "--model", m] + f + [s])
     except ImportError:
         pass
+    if args.cpu_fast:
+        env = dict(os.environ)
+        if args.cpu_isa:
+            env["DEVIO_CPU_ISA"] = args.cpu_isa
+        name = "cpu-fast" + ("-" + args.cpu_isa if args.cpu_isa else "")
+        return {name: lambda m, f, s, t: run(
+            [ref, "--backend", "cpu", "--numerics", "fast", "--model", m] + f + [s], env=env)}
     if args.gpu:
         # Only the CUDA backend (strict numerics), at depth 1 and 2, with the
         # KV pool the reference has: left to itself (--kv-blocks 0) the CUDA
@@ -325,10 +365,21 @@ def main():
     ap.add_argument("--fast", action="store_true",
                     help="with --gpu: the backend in fast numerics, each suite judged by "
                          "tolerance against the reference (tests/conformance/tolerance.py)")
+    ap.add_argument("--cpu-fast", action="store_true",
+                    help="run the suites on the built-in cpu backend only, in fast numerics, "
+                         "each judged by tolerance against the reference")
+    ap.add_argument("--cpu-isa", help="with --cpu-fast: the cpu backend's instruction-set "
+                                      "path (DEVIO_CPU_ISA)")
+    ap.add_argument("--quant", help="with --cpu-fast: also run the tiny model's suites on its "
+                                    "weights quantized to these types (comma-separated: "
+                                    "Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K,Q5_K,Q6_K)")
     args = ap.parse_args()
     bin_dir = os.path.abspath(args.bin)
     if args.fast and not args.gpu:
         ap.error("--fast needs --gpu")
+    if args.cpu_fast and args.gpu:
+        ap.error("--cpu-fast and --gpu are two runs")
+    args.fast = args.fast or args.cpu_fast
     ref = os.path.join(bin_dir, "ref", "devio-ref")
     tallies = tolerance.Tally()
 
@@ -355,8 +406,11 @@ def main():
         timings = {k: 0.0 for k in tg}
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs))
         jobs = []  # (suite, target, "run" | "skip" | "n/a", expected or reason, future)
-        for name, script, model, flags in table("suites.txt"):
-            if args.suite and name not in args.suite.split(","):
+        suites = table("suites.txt")
+        if args.cpu_fast and args.quant:
+            suites += quant_suites(bin_dir, models, args.quant.split(","), suites, tmp)
+        for name, script, model, flags in suites:
+            if args.suite and name.split("@")[0] not in args.suite.split(","):
                 continue
             script = os.path.join(HERE, script)
             flags = flags.split() + ["--adapters", adapters]
@@ -366,7 +420,7 @@ def main():
                 open(exp_path, "wb").write(out)
                 print("regen %s: %d lines" % (name, out.count(b"\n")))
                 continue
-            expected = open(exp_path, "rb").read()
+            expected = None if args.fast else open(exp_path, "rb").read()
             if args.fast:
                 # The reference's own run of the same full script is what a fast run must
                 # hold to (a future, judged with the run).

@@ -137,6 +137,8 @@ OUTSIDE_FLAGS = {
 OTHER_ENV = {
     "DEVIO_TOKEN": "the bearer token of devio-server",
     "DEVIO_REF_ISA": "the reference's instruction-set path, any binary (docs/backends.md)",
+    "DEVIO_CPU_ISA": "the cpu backend's instruction-set path, any binary (docs/backends.md)",
+    "DEVIO_CPU_GEMM_BREAK": "the cpu backend's broken dot product, a negative control (docs/backends.md)",
     "DEVIO_CUDA_GRAPHS": "0 turns the CUDA backend's graphs off (docs/backends.md)",
     "DEVIO_CUDA_GEMV": "the CUDA backend's GEMV reach under fast numerics (docs/backends.md)",
 }
@@ -144,7 +146,7 @@ OTHER_ENV = {
 # Files the docs cite that other changes are writing now; reported, not failed.
 PENDING = {}
 
-PATH_ROOTS = ("docs", "api", "device", "ref", "service", "conform", "tools", "common", "tests",
+PATH_ROOTS = ("docs", "api", "device", "ref", "cpu", "service", "conform", "tools", "common", "tests",
               "deploy", "kernels", "third_party", ".ci")
 
 FLAG_RE = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:[-_][a-z0-9]+)*)")
@@ -453,7 +455,7 @@ def check_design_citations(ctx):
 # ---- what the code says, read from the sources -------------------------------
 
 # The folders whose .c, .cc and .cu files are the product (docs/README.md's map, docs/tests.md).
-PRODUCT_DIRS = ("api", "common", "conform", "device", "kernels", "ref", "service", "tools")
+PRODUCT_DIRS = ("api", "common", "conform", "cpu", "device", "kernels", "ref", "service", "tools")
 PRODUCT_EXT = (".c", ".cc", ".cu")
 
 NUMBER_WORDS = {w: i for i, w in enumerate(

@@ -14,8 +14,10 @@ reference's greedy token so that both servers see the same sequence. It must hol
 - the two argmaxes agree at >= 99% of the positions;
 - every field that is not a logit (lengths, token counts, handles' shapes) is the same.
 --negative runs the fast server with the emulator's broken GEMM (DEVIO_EMU_GEMM_BREAK=1, one input
-column left out of every sum) and exits 0 only when the logits' tolerance fails on it: the control
-that shows the check can fail. --negative --mutant NAME runs mutant NAME's cuda-emu plugin instead
+column left out of every sum; with --backend cpu, DEVIO_CPU_GEMM_BREAK=1, the last 128 inputs of
+every quantized projection left out) and exits 0 only when the logits' tolerance fails on it: the
+control that shows the check can fail. --backend cpu holds the built-in cpu backend to the
+reference (--cpu-isa picks its instruction-set path). --negative --mutant NAME runs mutant NAME's cuda-emu plugin instead
 (kernels/emu/mutate.py: "combine" adds attention's ranges without bringing them to a common max).
 --gemv N runs batches of up to N tokens on the GEMV of kernels/cuda_fast.h (DEVIO_CUDA_GEMV=N)
 instead of the GEMM: every decode position here. Prints the figures; exit 0 when they hold,
@@ -100,6 +102,8 @@ def main():
     ap.add_argument("--negative", action="store_true",
                     help="the broken-GEMM control: succeed only when the check fails")
     ap.add_argument("--mutant", help="with --negative: this mutant's plugin, not the broken GEMM")
+    ap.add_argument("--cpu-isa", help="with --backend cpu: its instruction-set path "
+                                      "(DEVIO_CPU_ISA)")
     ap.add_argument("--gemv", type=int, help="DEVIO_CUDA_GEMV for the fast server")
     a = ap.parse_args()
     if a.mutant and not a.negative:
@@ -124,7 +128,10 @@ def main():
             subprocess.run([str(bins / "tools/mkmodel/devio-mkmodel"), "--preset", a.preset,
                             "--arch", a.arch, "--dtype", a.dtype, "--out", str(model)], check=True,
                            capture_output=True, timeout=300)
-        env = {"DEVIO_EMU_GEMM_BREAK": "1"} if a.negative and not a.mutant else {}
+        brk = "DEVIO_CPU_GEMM_BREAK" if a.backend == "cpu" else "DEVIO_EMU_GEMM_BREAK"
+        env = {brk: "1"} if a.negative and not a.mutant else {}
+        if a.cpu_isa:
+            env["DEVIO_CPU_ISA"] = a.cpu_isa
         if a.gemv is not None:
             env["DEVIO_CUDA_GEMV"] = str(a.gemv)
         dev, rel, peak, agree, differ = run(bins, model, a.positions, a.backend, backend_path,
