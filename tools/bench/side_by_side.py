@@ -198,11 +198,15 @@ def make_models(bin_dir, cache, dtypes):
 
 # ---- the runs --------------------------------------------------------------
 
-def devio_round(bench, model_dir, threads, steps):
+# devio's fast numerics on the CPU (--fast): the cpu backend.
+FAST_ARGS = ["--backend", "cpu", "--numerics", "fast"]
+
+
+def devio_round(bench, model_dir, threads, steps, extra=()):
     """One devio-bench run; {metric: tok/s}, bandwidth GB/s, weight bytes."""
     out = run([bench, "--model", model_dir, "--threads", threads, "--steps", steps,
                "--batches", ",".join(map(str, BATCHES)),
-               "--prefill", ",".join(map(str, PREFILLS)), "--json"], nice=False)
+               "--prefill", ",".join(map(str, PREFILLS)), "--json", *extra], nice=False)
     j = json.loads(out.strip().splitlines()[-1])
     m = {f"decode b={d['batch']}": d["tok_s"] for d in j["decode"]}
     m.update({f"prefill {p['tokens']}": p["tok_s"] for p in j["prefill"]})
@@ -239,8 +243,15 @@ def cell(s, digits=1):
 
 
 def table(samples, threads, dtypes):
-    """The markdown table at one thread count."""
-    rows = ["| | devio | llama.cpp | devio / llama.cpp |", "|---|---|---|---|"]
+    """The markdown table at one thread count: devio (its fast numerics first
+    when measured, strict beside it) against llama.cpp."""
+    fast = "fast" in samples
+    if fast:
+        rows = ["| | devio fast | devio strict | llama.cpp | fast / llama.cpp "
+                "| strict / llama.cpp |",
+                "|---|---|---|---|---|---|"]
+    else:
+        rows = ["| | devio | llama.cpp | devio / llama.cpp |", "|---|---|---|---|"]
     metrics = ["decode b=1"] + [f"prefill {p}" for p in PREFILLS]
     metrics += [f"decode b={b}" for b in BATCHES if b != 1]
     for metric in metrics:
@@ -248,7 +259,13 @@ def table(samples, threads, dtypes):
             d = stat(samples["devio"][dt][threads].get(metric, []))
             l = stat(samples["llama"][dt][threads].get(metric, []))
             ratio = f"{d[0] / l[0]:.2f}" if d and l else "—"
-            rows.append(f"| {metric} {dt} (tok/s) | {cell(d)} | {cell(l)} | {ratio} |")
+            if not fast:
+                rows.append(f"| {metric} {dt} (tok/s) | {cell(d)} | {cell(l)} | {ratio} |")
+                continue
+            f = stat(samples["fast"][dt][threads].get(metric, []))
+            fr = f"{f[0] / l[0]:.2f}" if f and l else "—"
+            rows.append(f"| {metric} {dt} (tok/s) | {cell(f)} | {cell(d)} | {cell(l)} | {fr} | "
+                        f"{ratio} |")
     return "\n".join(rows)
 
 
@@ -276,13 +293,15 @@ def report(args, samples, bw, wbytes, thread_list, dtypes, cpu, date):
         "Q4_1 file of deploy/fetch-model.sh: for these both engines read the same GGUF file. "
         f"{args.rounds} round(s) alternating the engines, {args.steps} decode steps, "
         "median [min–max] tokens/s over the rounds; the ratio is of the medians. "
-        "Prefill: best of 3 (devio) or of the repetitions (llama.cpp) in each round.\n\n"
+        "Prefill: best of 3 (devio) or of the repetitions (llama.cpp) in each round."
+        + (" devio fast: the cpu backend (`--backend cpu --numerics fast`), devio strict: "
+           "the reference." if args.fast else "") + "\n\n"
         "```sh\n"
         "bazel build //tools/mkmodel:devio-mkmodel //tests/bench:devio-bench\n"
         f"python3 tools/bench/side_by_side.py --rounds {args.rounds} "
         f"--threads {','.join(map(str, thread_list))} --dtypes {','.join(dtypes)}"
         f"{'' if args.name == 'side_by_side' else ' --name ' + args.name}"
-        f"{' --quick' if args.quick else ''}\n"
+        f"{' --quick' if args.quick else ''}{' --fast' if args.fast else ''}\n"
         "```\n"
     )
     parts = [head, f"## {top} thread{'s' if top > 1 else ''}\n", table(samples, top, dtypes)]
@@ -307,17 +326,21 @@ def plot(path, samples, bw, wbytes, thread_list, dtypes, cpu, date):
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.2))
     cats = [(dt, t) for dt in dtypes for t in thread_list]
     x = list(range(len(cats)))
-    w = 0.38
     for ax, metric in zip(axes, metrics):
-        for k, (engine, label, color) in enumerate([("devio", "devio", "tab:blue"),
-                                                    ("llama", "llama.cpp", "tab:orange")]):
+        engines = [("devio", "devio strict" if "fast" in samples else "devio", "tab:blue"),
+                   ("llama", "llama.cpp", "tab:orange")]
+        if "fast" in samples:
+            engines.insert(0, ("fast", "devio fast", "tab:green"))
+        w = 0.76 / len(engines)
+        for k, (engine, label, color) in enumerate(engines):
             med, lo, hi = [], [], []
             for dt, t in cats:
                 s = stat(samples[engine][dt][t].get(metric, [])) or (0, 0, 0)
                 med.append(s[0])
                 lo.append(s[0] - s[1])
                 hi.append(s[2] - s[0])
-            ax.bar([i + (k - 0.5) * w for i in x], med, w, yerr=[lo, hi], capsize=3,
+            ax.bar([i + (k - (len(engines) - 1) / 2) * w for i in x], med, w, yerr=[lo, hi],
+                   capsize=3,
                    label=label, color=color)
         if metric == "decode b=1":
             for i, (dt, t) in enumerate(cats):
@@ -363,6 +386,9 @@ def parse_args(argv):
                     help="where side_by_side.{md,png,json} go [docs/, or CACHE/quick with "
                          "--quick]")
     ap.add_argument("--jobs", type=int, default=2, help="compile jobs for llama.cpp [2]")
+    ap.add_argument("--fast", action="store_true",
+                    help="also run devio's fast numerics on the CPU (the cpu backend), "
+                         "interleaved with the others")
     a = ap.parse_args(argv)
     a.rounds = a.rounds or (1 if a.quick else 4)
     a.steps = a.steps or (16 if a.quick else 64)
@@ -392,7 +418,8 @@ def main(argv):
     models = make_models(bin_dir, cache, args.dtype_list)
 
     dtypes, thread_list = args.dtype_list, args.thread_list
-    samples = {e: {dt: {t: {} for t in thread_list} for dt in dtypes} for e in ("devio", "llama")}
+    engines = ("devio", "llama") + (("fast",) if args.fast else ())
+    samples = {e: {dt: {t: {} for t in thread_list} for dt in dtypes} for e in engines}
     bw = {t: [] for t in thread_list}
     wbytes = {}
 
@@ -403,10 +430,12 @@ def main(argv):
     for r in range(args.rounds):
         for dt in dtypes:
             for t in thread_list:
-                order = ["devio", "llama"] if r % 2 == 0 else ["llama", "devio"]
+                order = list(engines) if r % 2 == 0 else list(reversed(engines))
                 for engine in order:
                     log(f"round {r + 1}/{args.rounds}: {engine} {dt} {t} thread(s)")
-                    if engine == "devio":
+                    if engine == "fast":
+                        m, _, _ = devio_round(bench, models[dt][0], t, args.steps, FAST_ARGS)
+                    elif engine == "devio":
                         m, b, wb = devio_round(bench, models[dt][0], t, args.steps)
                         bw[t].append(b)
                         wbytes[dt] = wb
