@@ -49,7 +49,7 @@
 #define JOBS_PER_THREAD 4u
 /* Tokens from which four rows are widened once for all of them (the
  * thread's scratch, ref_scratch.wide, holds two such fours). */
-#define WIDEN_MIN_TOKENS 16u
+#define WIDEN_MIN_TOKENS 2u
 /* Tokens from which rounding the activations is spread over the pool. */
 #define XQ_PARALLEL_TOKENS 32u
 /* A unit is 16 elements (a Q6_K group, half of any other type's group of
@@ -452,23 +452,41 @@ static size_t wide4_bytes(uint32_t width)
 static wide4 widen4(const ref_panels *w, uint32_t o, void *mem)
 {
     const uint32_t width = w->k32 * 32u, gs = w->qgroups, sn = sweep_scales_n(w);
+    const uint32_t sb = sweep_bytes(w);
     const bool nib = nibbles(devio_dtype_ggml(w->dtype));
     wide4 x = {.q = mem, .width = width};
     x.S = (float *)(void *)(x.q + (size_t)4 * width);
     x.M = w->qoffset ? x.S + (size_t)4 * (width / UNIT) : NULL;
+    const __m256i low = _mm256_set1_epi8(0x0f);
     for (uint32_t k = 0; k < 4u; k++)
         for (uint32_t s = 0; s < sweeps_of(w); s++) {
             const uint8_t *q = quants_at(w, o + k, s);
-            const uint16_t *S = halves_at(w, w->qscale, sn, o + k, s);
-            for (uint32_t j = 0; j < SWEEP / UNIT; j++) {
-                int16_t *dst = x.q + (size_t)k * width + s * SWEEP + j * UNIT;
-                for (uint32_t i = 0; i < UNIT; i++)
-                    dst[i] = (int16_t)quant(q, nib, j, i);
-                x.S[(size_t)k * (width / UNIT) + s * 8u + j] = devio_f16_to_f32(S[j * UNIT / gs]);
+            int16_t *dst = x.q + (size_t)k * width + s * SWEEP;
+            /* The units in order, as sweep_nib and sweep_i8 read them. */
+            for (uint32_t c = 0; c < sb; c += 32u) {
+                __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(q + c));
+                __m256i u[4];
+                if (nib) {
+                    __m256i l = _mm256_and_si256(b, low);
+                    __m256i h = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+                    u[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(l));
+                    u[1] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(h));
+                    u[2] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(l, 1));
+                    u[3] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1));
+                } else {
+                    u[0] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b));
+                    u[1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1));
+                }
+                for (uint32_t j = 0; j < (nib ? 4u : 2u); j++, dst += UNIT)
+                    _mm256_storeu_si256((__m256i *)(void *)dst, u[j]);
             }
-            for (uint32_t g = 0; x.M && g < SWEEP_OFFSETS; g++)
-                x.M[(size_t)k * (width / 32u) + s * 4u + g] = devio_f16_to_f32(
-                    halves_at(w, w->qoffset, SWEEP_OFFSETS, o + k, s)[g]);
+            _mm256_storeu_ps(x.S + (size_t)k * (width / UNIT) + s * 8u,
+                             unit_scales(halves_at(w, w->qscale, sn, o + k, s), gs));
+            if (x.M)
+                _mm_storeu_ps(x.M + (size_t)k * (width / 32u) + s * 4u,
+                              _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)
+                                                               halves_at(w, w->qoffset,
+                                                                         SWEEP_OFFSETS, o + k, s))));
         }
     return x;
 }
