@@ -795,13 +795,14 @@ def test_facts_and_device(c):
 
 
 def test_backend_choice(servers, tiny_model, bins):
-    """--backend picks through the registry: a plugin runs the same numbers; what is absent,
-    or refuses the numerics asked, stops the start with a message saying so."""
+    """--backend picks through the registry: a plugin runs the same numbers, and so does auto
+    under fast numerics without a GPU (the cpu backend, on a model with no quantized weight);
+    what is absent, or refuses the numerics asked, stops the start with a message saying so."""
     plugins = bins.root / "tests" / "backend"
     toks = [3, 1, 4, 1, 5]
     got = {}
     for args in ([], ["--backend", "stream", "--backend-path", plugins, "--numerics", "fast"],
-                 ["--backend", "ref"]):
+                 ["--backend", "ref"], ["--numerics", "fast"]):
         sv = servers.start(tiny_model, args)
         c = sv.client()
         s = c.create()
@@ -810,12 +811,13 @@ def test_backend_choice(servers, tiny_model, bins):
         got[d["backend"]] = (c.logits_raw(r["rows"][0]["logits"]), r["rows"][0]["tokens"],
                              d["numerics"])
         assert sv.stop() == 0
-    assert set(got) == {"ref", "stream"}
-    assert got["stream"][2] == "fast" and got["ref"][2] == "strict"
-    assert got["stream"][:2] == got["ref"][:2]
+    assert set(got) == {"ref", "stream", "cpu"}
+    assert got["stream"][2] == "fast" and got["ref"][2] == "strict" and got["cpu"][2] == "fast"
+    assert got["stream"][:2] == got["ref"][:2] == got["cpu"][:2]
     for args, says in ((["--backend", "cuda"], "libdevio-backend-cuda.so"),
                        (["--backend", "badabi", "--backend-path", plugins], "interface version 1"),
-                       (["--numerics", "fast"], "strict numerics only"),
+                       (["--backend", "ref", "--numerics", "fast"], "strict numerics only"),
+                       (["--backend", "cpu"], "fast numerics only"),
                        (["--numerics", "exact"], "--numerics takes strict|fast, not 'exact'")):
         with pytest.raises(AssertionError, match="exited") as e:
             servers.start(tiny_model, args)
@@ -830,14 +832,15 @@ def test_unknown_backend_names_those_that_exist(servers, tiny_model, bins):
         servers.start(tiny_model, ["--backend", "nosuch", "--backend-path", plugins])
     says = str(e.value)
     # The directory closes the message, so a long one is what an error's bounded text cuts.
-    assert ("no backend 'nosuch'; the backends here: ref (built in), badabi, noentry, stream, "
+    assert ("no backend 'nosuch'; the backends here: ref, cpu (built in), badabi, noentry, stream, "
             "wrongname (plugins); no libdevio-backend-nosuch.so in ") in says, says
     assert str(plugins)[:40] in says, says
     # Without a plugin directory, the one beside the binary is searched; the built-in ones
     # are named all the same.
     with pytest.raises(AssertionError, match="exited 1") as e:
         servers.start(tiny_model, ["--backend", "nosuch"])
-    assert "no backend 'nosuch'; the backends here: ref (built in)" in str(e.value), str(e.value)
+    assert "no backend 'nosuch'; the backends here: ref, cpu (built in)" in str(e.value), \
+        str(e.value)
 
 
 def test_broken_device(servers, tiny_model, bins):
