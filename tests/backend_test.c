@@ -237,6 +237,12 @@ static void test_cpu_backend(void **state)
     cfg.numerics = DEVIO_NUMERICS_FAST;
     assert_int_equal(devio_open(c->fx.model, &devio_ref_backend, &cfg, &d, &err),
                      DEVIO_E_UNSUPPORTED);
+    /* A path the binary lacks is refused, naming the variable. */
+    setenv(DEVIO_CPU_ISA_ENV, "nosuch", 1);
+    assert_int_equal(devio_open(c->fx.model, &devio_cpu_backend, &cfg, &d, &err),
+                     DEVIO_E_UNSUPPORTED);
+    unsetenv(DEVIO_CPU_ISA_ENV);
+    assert_non_null(strstr(err.message, "DEVIO_CPU_ISA=nosuch: no path 'nosuch'"));
     d = open_with(c, &devio_cpu_backend, cfg);
     devio_device_info info;
     devio_device_info_get(d, &info);

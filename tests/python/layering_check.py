@@ -55,11 +55,11 @@ def layers(root):
         groups[name] = ([s.lstrip(":") for s in strings(inc.group(1))] if inc else [],
                         strings(pk.group(1)) if pk else [])
     rank = {}
-    todo = [g for g in groups if not groups[g][0]]
-    if len(todo) != 1:
+    tops = [g for g in groups if not groups[g][0]]
+    if len(tops) != 1:
         raise SystemExit("layering_check: the root BUILD.bazel needs one top group "
-                         "(a group that includes none), found %s" % todo)
-    rank[todo[0]] = 0
+                         "(a group that includes none), found %s" % tops)
+    rank[tops[0]] = 0
     changed = True
     while changed:
         changed = False
