@@ -96,6 +96,7 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=penv,
                                      stdin=subprocess.DEVNULL)
         self.clients = []
+        self.ended = False  # stopped or killed by the test, not on its own
         try:
             self.port = self._read_port()
         except BaseException:
@@ -149,6 +150,7 @@ class Server:
 
     def stop(self, timeout=STOP_TIMEOUT_S):
         """SIGTERM and wait (bounded); the exit status, or raises after killing it."""
+        self.ended = True
         self._close_clients()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -162,6 +164,7 @@ class Server:
 
     def kill(self):
         """SIGKILL (kill -9) and reap."""
+        self.ended = True
         self._close_clients()
         if self.proc.poll() is None:
             self.proc.kill()
@@ -200,6 +203,23 @@ class Servers:
         for s in self.all:
             if s.alive():
                 s.kill()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test shows every server of its pools that ended on its own: its exit status
+    (a negative one is the signal) and the end of its log, so that a lost connection says why."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when != "call" or not rep.failed:
+        return
+    for name in ("servers", "module_servers"):
+        pool = item.funcargs.get(name) if hasattr(item, "funcargs") else None
+        for s in getattr(pool, "all", ()):
+            if not s.ended and not s.alive():
+                rep.sections.append(("devio-server %s" % s.log_path.name,
+                                     "exited on its own with status %s\n%s"
+                                     % (s.proc.returncode, s.log())))
 
 
 @pytest.fixture
