@@ -6,9 +6,11 @@
  * Q6_K, else 32), a scale S and an offset M, both kept as binary16: y = S * q + M. Types of 4
  * bits keep two quants a byte, as the file does (Q4_0's q - 8 becomes q with M = -8 S), so a
  * decode step streams about the file's bytes; the others keep one int8 quant an element.
- * Each token's activations are rounded per block of 32 to int16 with one binary32 scale (the
- * largest magnitude maps to 32767); a dot product is then, per unit of 16 elements, an exact
- * integer sum scaled by the weight's and the activation's scales:
+ * Each token's activations are rounded per block of 32 to integers of 15 bits with one binary32
+ * scale (the largest magnitude maps to 16255), kept as two bytes, v = 128 hi + lo; a dot
+ * product is then, per unit of 16 elements, an exact integer sum (byte products, vpmaddubsw,
+ * summed in fours, vpmaddwd, the quants stored in an order that leaves unit k's sum in lane k:
+ * lane_pos) scaled by the weight's and the activation's scales:
  *
  *   y[o] = sum over units u of (S[u] * sx[u]) * d[o][u]
  *        + sum over groups g of M[g] * (sx[g] * sum xq[g])
@@ -17,18 +19,19 @@
  * tolerance (tests/conformance/tolerance.py). Activations rounded to 8 bits, as other engines
  * round them, do not meet that rule here: on SmolLM2-135M-Instruct's Q4_1 file the logits
  * were up to 6.2% off (median 1.3%) and the greedy token disagreed at 1.5% of 65 positions, and
- * every type of the conformance suites' tiny models was 1.0-1.9% off; rounded to 16 bits they
- * hold. Weights of F32, F16 and BF16, and a weight whose scales do not fit binary16, keep the
- * reference's own projections (cpu_strict.h).
+ * every type of the conformance suites' tiny models was 1.0-1.9% off; rounded to 15 bits they
+ * hold (0.04% on that file). Weights of F32, F16 and BF16, and a weight whose scales do not
+ * fit binary16, keep the reference's own projections (cpu_strict.h).
  *
  * Every output is computed whole by one job, and a token's row never depends on the other
- * tokens of the batch: the bits are the same for any batch, chunking and thread count; they
- * differ between paths (AVX2 sums eight lanes, the baseline one).
+ * tokens of the batch (a tile of four tokens sums each as a single token is summed): the bits
+ * are the same for any batch, chunking and thread count; they differ between paths (AVX2 sums
+ * eight lanes, the baseline one).
  *
  * Ownership: a packed weight (a ref_panels) owns data (the quants, [m][width] or, 4 bits,
- * [m][width / 2] bytes, zero past n up to whole sweeps of 128), qscale and qoffset (binary16
- * S and M, [m][width / group], in float-sized storage; qoffset NULL without offsets); k32 is
- * width / 32 and qgroups the group size. */
+ * [m][width / 2] bytes, zero past n up to whole sweeps of 128, rows interleaved in fours a
+ * sweep at a time), qscale and qoffset (binary16 S and M, [m][width / group], in float-sized
+ * storage; qoffset NULL without offsets); k32 is width / 32 and qgroups the group size. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -47,9 +50,6 @@
 /* Output rows per job at least, and jobs per thread in a region. */
 #define ROWS_MIN 4u
 #define JOBS_PER_THREAD 4u
-/* Tokens from which four rows are widened once for all of them (the
- * thread's scratch, ref_scratch.wide, holds two such fours). */
-#define WIDEN_MIN_TOKENS 2u
 /* Tokens from which rounding the activations is spread over the pool. */
 #define XQ_PARALLEL_TOKENS 32u
 /* A unit is 16 elements (a Q6_K group, half of any other type's group of
@@ -113,6 +113,18 @@ static uint16_t *halves_at(const ref_panels *p, const float *base, uint32_t per,
            (o % 4u) * per;
 }
 
+/* Where element e (0..127) of a sweep sits in the sweep's lane order: in
+ * chunk (e % 16) / 4 of 32, at lane e / 16 (its unit), byte e % 4. A
+ * 32-byte chunk then holds four elements of each of the eight units, and
+ * an integer dot product that sums four neighbouring bytes into a 32-bit
+ * lane (vpmaddubsw then vpmaddwd) leaves unit k's sum in lane
+ * k: no horizontal folds. 4-bit quants keep position i (0..63) in byte i's
+ * low nibble, position 64 + i in its high nibble. */
+static inline uint32_t lane_pos(uint32_t e)
+{
+    return (e % UNIT) / 4u * 32u + e / UNIT * 4u + e % 4u;
+}
+
 /* ---- packing --------------------------------------------------------------- */
 
 typedef struct pack_job {
@@ -157,14 +169,16 @@ static void pack_rows(void *ctx, uint32_t job, uint32_t thread)
                                   shift ? -8.0f * S[g] : M[g]) &&
                          ok;
             }
-            /* Per block of 32 elements: one byte each, or (4 bits) byte i
-             * holding element i (low) and element i + 16 (high). */
-            for (uint32_t b = 0; b < blk; b += 32u) {
-                uint32_t k = k0 + b;
-                uint8_t *dst = quants_at(p, o, k / SWEEP) + (nib ? k % SWEEP / 2u : k % SWEEP);
-                for (uint32_t i = 0; i < (nib ? 16u : 32u); i++)
-                    dst[i] = nib ? (uint8_t)((q[b + i] + shift) | ((q[b + 16u + i] + shift) << 4))
-                                 : (uint8_t)q[b + i];
+            /* Each element at its place in its sweep's lane order (lane_pos). */
+            uint8_t *dst = NULL;
+            for (uint32_t i = 0; i < blk && k0 + i < p->n; i++) {
+                uint32_t k = k0 + i, at = lane_pos(k % SWEEP);
+                if (i == 0 || k % SWEEP == 0)
+                    dst = quants_at(p, o, k / SWEEP);
+                if (nib)
+                    dst[at % 64u] |= (uint8_t)(((q[i] + shift) & 15) << (at >= 64u ? 4 : 0));
+                else
+                    dst[at] = (uint8_t)q[i];
             }
         }
     }
@@ -215,12 +229,18 @@ void ref_panels_free(ref_panels *p)
 
 /* ---- activations ------------------------------------------------------------- */
 
-/* Where a run's rounded activations are, in the work's xpack: per token
- * `width` int16 quants, then per token and unit the scale of the unit's
- * block of 32, then per token and block that scale times the block's sum
- * of quants (what an offset multiplies). */
+/* Each token's activations, rounded per block of 32 to integers v of at
+ * most XQ_MAX in magnitude, are kept as two signed bytes in the sweeps'
+ * lane order, v = 128 hi + lo (hi in -127..126, lo in 0..127): a byte
+ * product's pair sum then fits int16 for every quant (|q| <= 128 read as
+ * unsigned, or as sign and magnitude). Where a run's are, in the work's
+ * xpack: per token `width` bytes hi, then `width` bytes lo; per token and
+ * unit the scale of the unit's block; per token and block that scale times
+ * the block's sum of v (what an offset multiplies). */
+#define XQ_MAX 16255
+
 typedef struct xq_view {
-    int16_t *q;
+    int8_t *hi, *lo;
     float *scale;
     float *offset_x;
     uint32_t width;
@@ -228,7 +248,7 @@ typedef struct xq_view {
 
 static size_t xq_floats(uint32_t tokens, uint32_t width)
 {
-    return (size_t)tokens * (width * sizeof(int16_t) / sizeof(float) + width / UNIT + width / 32u);
+    return (size_t)tokens * (2u * width / sizeof(float) + width / UNIT + width / 32u);
 }
 
 size_t ref_gemm_xpack_floats(uint32_t max_tokens, uint32_t max_n)
@@ -240,10 +260,10 @@ size_t ref_gemm_xpack_floats(uint32_t max_tokens, uint32_t max_n)
 
 static xq_view xq_at(float *xpack, uint32_t tokens, uint32_t width)
 {
-    int16_t *q = (int16_t *)(void *)xpack;
-    float *scale = xpack + (size_t)tokens * (width * sizeof(int16_t) / sizeof(float));
-    return (xq_view){.q = q, .scale = scale, .offset_x = scale + (size_t)tokens * (width / UNIT),
-                     .width = width};
+    int8_t *hi = (int8_t *)(void *)xpack;
+    float *scale = xpack + (size_t)tokens * (2u * width / sizeof(float));
+    return (xq_view){.hi = hi, .lo = hi + (size_t)tokens * width, .scale = scale,
+                     .offset_x = scale + (size_t)tokens * (width / UNIT), .width = width};
 }
 
 typedef struct xq_job {
@@ -251,7 +271,7 @@ typedef struct xq_job {
     xq_view v;
 } xq_job;
 
-/* Token t's row: each block of 32 rounded to int16 by its largest magnitude. */
+/* Token t's row: each block of 32 rounded by its largest magnitude. */
 static void round_token(void *ctx, uint32_t t, uint32_t thread)
 {
     (void)thread;
@@ -259,7 +279,7 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
     const ref_matmul *mm = j->mm;
     const float *x = mm->x + (size_t)t * mm->ldx;
     uint32_t n = mm->w->n, width = j->v.width;
-    int16_t *q = j->v.q + (size_t)t * width;
+    int8_t *hi = j->v.hi + (size_t)t * width, *lo = j->v.lo + (size_t)t * width;
     float *us = j->v.scale + (size_t)t * (width / UNIT);
     float *uo = j->v.offset_x + (size_t)t * (width / 32u);
     for (uint32_t k0 = 0; k0 < width; k0 += 32u) {
@@ -269,12 +289,14 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
             float a = x[k0 + i] < 0.0f ? -x[k0 + i] : x[k0 + i];
             amax = a > amax ? a : amax;
         }
-        float id = amax > 0.0f ? 32767.0f / amax : 0.0f, sx = amax / 32767.0f;
+        float id = amax > 0.0f ? (float)XQ_MAX / amax : 0.0f, sx = amax / (float)XQ_MAX;
         int sum = 0;
         for (uint32_t i = 0; i < 32u; i++) {
             int v = i < kn ? (int)nearbyintf(x[k0 + i] * id) : 0;
-            v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
-            q[k0 + i] = (int16_t)v;
+            v = v > XQ_MAX ? XQ_MAX : v < -XQ_MAX ? -XQ_MAX : v;
+            uint32_t k = k0 + i, at = k / SWEEP * SWEEP + lane_pos(k % SWEEP);
+            hi[at] = (int8_t)((v - (v & 127)) / 128);
+            lo[at] = (int8_t)(v & 127);
             sum += v;
         }
         us[k0 / UNIT] = us[k0 / UNIT + 1u] = sx;
@@ -298,60 +320,6 @@ static int gemm_broken(void)
     return broken;
 }
 
-#if defined(__AVX2__)
-/* One unit's dot: 16 quants (widened to int16) by 16 activations, as
- * eight partial sums of two products each. */
-static inline __m256i unit_dot(__m256i w16, const int16_t *x)
-{
-    return _mm256_madd_epi16(w16, _mm256_loadu_si256((const __m256i *)(const void *)x));
-}
-
-/* Eight units' partial sums folded to one sum a lane, unit k in lane k. */
-static inline __m256i fold8(__m256i d0, __m256i d1, __m256i d2, __m256i d3, __m256i d4,
-                            __m256i d5, __m256i d6, __m256i d7)
-{
-    __m256i s0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(d0, d1), _mm256_hadd_epi32(d2, d3));
-    __m256i s4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(d4, d5), _mm256_hadd_epi32(d6, d7));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
-                            _mm256_permute2x128_si256(s0123, s4567, 0x31));
-}
-
-static inline __m256i w8(const uint8_t *p)
-{
-    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p));
-}
-
-/* One sweep of int8 quants (128 bytes). */
-static inline __m256i sweep_i8(const uint8_t *w, const int16_t *x)
-{
-    return fold8(unit_dot(w8(w), x), unit_dot(w8(w + 16), x + 16),
-                 unit_dot(w8(w + 32), x + 32), unit_dot(w8(w + 48), x + 48),
-                 unit_dot(w8(w + 64), x + 64), unit_dot(w8(w + 80), x + 80),
-                 unit_dot(w8(w + 96), x + 96), unit_dot(w8(w + 112), x + 112));
-}
-
-/* One sweep of 4-bit quants (64 bytes): per block of 32, the low nibbles
- * are its first unit, the high its second. */
-static inline __m256i sweep_nib(const uint8_t *w, const int16_t *x)
-{
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    __m256i b01 = _mm256_loadu_si256((const __m256i *)(const void *)w);
-    __m256i b23 = _mm256_loadu_si256((const __m256i *)(const void *)(w + 32));
-    __m256i l01 = _mm256_and_si256(b01, low);
-    __m256i h01 = _mm256_and_si256(_mm256_srli_epi16(b01, 4), low);
-    __m256i l23 = _mm256_and_si256(b23, low);
-    __m256i h23 = _mm256_and_si256(_mm256_srli_epi16(b23, 4), low);
-#define U(v, hi) \
-    _mm256_cvtepu8_epi16(hi ? _mm256_extracti128_si256(v, 1) : _mm256_castsi256_si128(v))
-    return fold8(unit_dot(U(l01, 0), x), unit_dot(U(h01, 0), x + 16),
-                 unit_dot(U(l01, 1), x + 32), unit_dot(U(h01, 1), x + 48),
-                 unit_dot(U(l23, 0), x + 64), unit_dot(U(h23, 0), x + 80),
-                 unit_dot(U(l23, 1), x + 96), unit_dot(U(h23, 1), x + 112));
-#undef U
-}
-
-#endif
-
 /* Sweeps a dot product sums: the padded width's, less the last when broken
  * on purpose. */
 static uint32_t sweeps_used(const ref_panels *w)
@@ -360,13 +328,53 @@ static uint32_t sweeps_used(const ref_panels *w)
     return n - (gemm_broken() && n > 1u ? 1u : 0u);
 }
 
-/* A quant of unit j (0..7) of a row's sweep, element i (0..15). */
-static inline int quant(const uint8_t *q, bool nib, uint32_t j, uint32_t i)
+#if defined(__AVX2__)
+static inline __m256i ld(const void *p)
 {
-    return nib ? (q[(j / 2u) * 16u + i] >> (j % 2u ? 4 : 0)) & 15 : (int)(int8_t)q[j * UNIT + i];
+    return _mm256_loadu_si256((const __m256i *)p);
 }
 
-#if defined(__AVX2__)
+/* Unit k's integer dot product of a row's sweep of quants at w with a
+ * token's activations there (hi, lo in the same lane order), in lane k:
+ * byte products summed in pairs (vpmaddubsw), then in fours (vpmaddwd). 4-bit quants are unsigned; int8
+ * quants are taken as magnitudes, their signs given to the activations.
+ * 4-bit quants by activations of at most 128 in magnitude sum to at most
+ * 15 * 128 * 8 over the four chunks' pairs, within int16, so they are
+ * added before widening. */
+static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w, const bool nib,
+                                                                const int8_t *hi,
+                                                                const int8_t *lo)
+{
+    __m256i h = _mm256_setzero_si256(), l = _mm256_setzero_si256();
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    /* 4-bit chunk k: bytes 32 (k % 2) on, low nibbles for k < 2, high else. */
+#define NIB(k)                                                                       \
+    _mm256_and_si256((k) < 2 ? ld(w + 32 * ((k) % 2))                                \
+                             : _mm256_srli_epi16(ld(w + 32 * ((k) % 2)), 4), low)
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (nib) {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __m256i c = NIB(k);
+            h = _mm256_add_epi16(h, _mm256_maddubs_epi16(c, ld(hi + 32 * k)));
+            l = _mm256_add_epi16(l, _mm256_maddubs_epi16(c, ld(lo + 32 * k)));
+        }
+        h = _mm256_madd_epi16(h, ones);
+        l = _mm256_madd_epi16(l, ones);
+    } else {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __m256i q = ld(w + 32 * k), u = _mm256_abs_epi8(q);
+            __m256i ph = _mm256_maddubs_epi16(u, _mm256_sign_epi8(ld(hi + 32 * k), q));
+            __m256i pl = _mm256_maddubs_epi16(u, _mm256_sign_epi8(ld(lo + 32 * k), q));
+            h = _mm256_add_epi32(h, _mm256_madd_epi16(ph, ones));
+            l = _mm256_add_epi32(l, _mm256_madd_epi16(pl, ones));
+        }
+    }
+#undef NIB
+    return _mm256_add_epi32(_mm256_slli_epi32(h, 7), l);
+}
+
 /* The scales of one sweep's eight units from a row's binary16 scales there:
  * their own (groups of 16) or each group of 32's twice. */
 static inline __m256 unit_scales(const uint16_t *S, uint32_t gs)
@@ -376,13 +384,6 @@ static inline __m256 unit_scales(const uint16_t *S, uint32_t gs)
     __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)S));
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s4),
                                     _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-}
-
-/* One row's sweep: its eight units' dots d, scaled (the same operations
- * whichever form the quants were read from, so that both give the same bits). */
-static inline void sweep_acc(__m256i d, __m256 sc, __m256 xs, __m256 *acc)
-{
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sc, xs), *acc);
 }
 
 /* Four rows' sums folded together, their offsets' sums added. */
@@ -395,140 +396,142 @@ static inline void store4(const __m256 *acc, const __m128 *off, float *out)
 }
 
 /* How far ahead of a four's sweep its stream is prefetched. */
-#define PREFETCH_BYTES 1024u
+#define PREFETCH_BYTES 2048u
 
 /* The dot products of the four rows from o (a multiple of four) with token
- * t: the four's stream read in order, each sweep's activations once. */
-static void dots4(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *out)
+ * t: the four's stream read in order, each sweep's activations once. Built
+ * once for each form of quants and scales (nib, gs constant), so that the
+ * four accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *out,
+         const bool nib, const uint32_t gs)
 {
-    const uint32_t width = v->width, gs = w->qgroups, sb = sweep_bytes(w);
-    const uint32_t sn = sweep_scales_n(w), n = sweeps_used(w);
-    const bool nib = nibbles(devio_dtype_ggml(w->dtype));
-    const int16_t *xq = v->q + (size_t)t * width;
+    const uint32_t width = v->width, sb = nib ? SWEEP / 2u : SWEEP;
+    const uint32_t sn = SWEEP / gs, n = sweeps_used(w);
+    const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
     const float *uo = v->offset_x + (size_t)t * (width / 32u);
     const uint8_t *q = quants_at(w, o, 0);
     const uint16_t *S = halves_at(w, w->qscale, sn, o, 0);
     const uint16_t *M = w->qoffset ? halves_at(w, w->qoffset, SWEEP_OFFSETS, o, 0) : NULL;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    __m128 off[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (uint32_t s = 0; s < n; s++, q += 4u * sb, S += 4u * sn) {
         const __m256 xs = _mm256_loadu_ps(us + s * 8u);
-        const int16_t *x = xq + s * SWEEP;
-        _mm_prefetch((const char *)(q + PREFETCH_BYTES), _MM_HINT_T0);
-        _mm_prefetch((const char *)(q + PREFETCH_BYTES + 64u), _MM_HINT_T0);
-        for (uint32_t k = 0; k < 4u; k++) {
-            __m256i d = nib ? sweep_nib(q + k * sb, x) : sweep_i8(q + k * sb, x);
-            sweep_acc(d, unit_scales(S + k * sn, gs), xs, &acc[k]);
-        }
-        if (M) {
-            const __m128 xo = _mm_loadu_ps(uo + s * 4u);
-            for (uint32_t k = 0; k < 4u; k++)
-                off[k] = _mm_fmadd_ps(_mm_cvtph_ps(_mm_loadl_epi64(
-                                          (const __m128i *)(const void *)(M + k * 4u))),
-                                      xo, off[k]);
-            M += 4u * SWEEP_OFFSETS;
-        }
+        const int8_t *h = xh + s * SWEEP, *l = xl + s * SWEEP;
+        for (uint32_t b = 0; b < 4u * sb; b += 64u)
+            _mm_prefetch((const char *)(q + PREFETCH_BYTES + b), _MM_HINT_T0);
+#define ROW(k, acc)                                                                          \
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(unit_dots(q + (k) * sb, nib, h, l)),            \
+                          _mm256_mul_ps(unit_scales(S + (k) * sn, gs), xs), acc)
+        ROW(0, a0);
+        ROW(1, a1);
+        ROW(2, a2);
+        ROW(3, a3);
+#undef ROW
     }
+    /* The offsets' terms: a small stream of their own, after the quants'. */
+    __m128 f0 = _mm_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    for (uint32_t s = 0; M && s < n; s++, M += 4u * SWEEP_OFFSETS) {
+        const __m128 xo = _mm_loadu_ps(uo + s * 4u);
+#define OFF(k) _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(M + (k) * 4u)))
+        f0 = _mm_fmadd_ps(OFF(0), xo, f0);
+        f1 = _mm_fmadd_ps(OFF(1), xo, f1);
+        f2 = _mm_fmadd_ps(OFF(2), xo, f2);
+        f3 = _mm_fmadd_ps(OFF(3), xo, f3);
+#undef OFF
+    }
+    const __m128 off[4] = {f0, f1, f2, f3};
+    const __m256 acc[4] = {a0, a1, a2, a3};
     store4(acc, off, out);
 }
 
-/* Four rows from o widened once for many tokens: their quants as int16
- * ([4][width]), their unit scales and group offsets as binary32. */
-typedef struct wide4 {
-    int16_t *q;
-    float *S, *M; /* [4][width / 16], [4][width / 32]; M NULL without offsets */
-    uint32_t width;
-} wide4;
-
-/* Bytes a wide4 takes for rows of `width`. */
-static size_t wide4_bytes(uint32_t width)
+static void dots4(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *out)
 {
-    return (size_t)4 * width * sizeof(int16_t) +
-           (size_t)4 * (width / UNIT + width / 32u) * sizeof(float);
+    bool nib = nibbles(devio_dtype_ggml(w->dtype));
+    if (nib && w->qgroups == UNIT)
+        dots4_of(w, o, v, t, out, true, UNIT);
+    else if (nib)
+        dots4_of(w, o, v, t, out, true, 32u);
+    else if (w->qgroups == UNIT)
+        dots4_of(w, o, v, t, out, false, UNIT);
+    else
+        dots4_of(w, o, v, t, out, false, 32u);
 }
 
-static wide4 widen4(const ref_panels *w, uint32_t o, void *mem)
-{
-    const uint32_t width = w->k32 * 32u, gs = w->qgroups, sn = sweep_scales_n(w);
-    const uint32_t sb = sweep_bytes(w);
-    const bool nib = nibbles(devio_dtype_ggml(w->dtype));
-    wide4 x = {.q = mem, .width = width};
-    x.S = (float *)(void *)(x.q + (size_t)4 * width);
-    x.M = w->qoffset ? x.S + (size_t)4 * (width / UNIT) : NULL;
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    for (uint32_t k = 0; k < 4u; k++)
-        for (uint32_t s = 0; s < sweeps_of(w); s++) {
-            const uint8_t *q = quants_at(w, o + k, s);
-            int16_t *dst = x.q + (size_t)k * width + s * SWEEP;
-            /* The units in order, as sweep_nib and sweep_i8 read them. */
-            for (uint32_t c = 0; c < sb; c += 32u) {
-                __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(q + c));
-                __m256i u[4];
-                if (nib) {
-                    __m256i l = _mm256_and_si256(b, low);
-                    __m256i h = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-                    u[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(l));
-                    u[1] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(h));
-                    u[2] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(l, 1));
-                    u[3] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1));
-                } else {
-                    u[0] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b));
-                    u[1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1));
-                }
-                for (uint32_t j = 0; j < (nib ? 4u : 2u); j++, dst += UNIT)
-                    _mm256_storeu_si256((__m256i *)(void *)dst, u[j]);
-            }
-            _mm256_storeu_ps(x.S + (size_t)k * (width / UNIT) + s * 8u,
-                             unit_scales(halves_at(w, w->qscale, sn, o + k, s), gs));
-            if (x.M)
-                _mm_storeu_ps(x.M + (size_t)k * (width / 32u) + s * 4u,
-                              _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)
-                                                               halves_at(w, w->qoffset,
-                                                                         SWEEP_OFFSETS, o + k, s))));
-        }
-    return x;
-}
+/* Tokens a tile of one row takes at once (n_tok of at least TILE_TOKENS). */
+#define TILE_TOKENS 4u
 
-/* dots4 over rows widened by widen4: the same sums, without unpacking the
- * quants again for every token. */
-static void dots4_wide(const ref_panels *w, const wide4 *wd, const xq_view *v, uint32_t t,
-                       float *out)
+/* Row o's dot products with the four tokens from t0: each sweep's quants
+ * read (and 4-bit ones unpacked) once for the four. The same bits as
+ * dots4 gives each token: the same sums in the same order, and store4's
+ * fold, which is lane-wise, over the tokens' sums instead of the rows'. */
+static inline __attribute__((always_inline)) void
+tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *out,
+        const bool nib, const uint32_t gs)
 {
-    const uint32_t width = v->width, n = sweeps_used(w), per = width / UNIT;
-    const int16_t *xq = v->q + (size_t)t * width;
-    const float *us = v->scale + (size_t)t * per;
-    const float *uo = v->offset_x + (size_t)t * (width / 32u);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    __m128 off[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
-    for (uint32_t s = 0; s < n; s++) {
-        const __m256 xs = _mm256_loadu_ps(us + s * 8u);
-        const int16_t *x = xq + s * SWEEP;
-        for (uint32_t k = 0; k < 4u; k++) {
-            const int16_t *q = wd->q + (size_t)k * width + s * SWEEP;
-#define WD(j) \
-    unit_dot(_mm256_loadu_si256((const __m256i *)(const void *)(q + 16 * (j))), x + 16 * (j))
-            __m256i d = fold8(WD(0), WD(1), WD(2), WD(3), WD(4), WD(5), WD(6), WD(7));
-#undef WD
-            sweep_acc(d, _mm256_loadu_ps(wd->S + (size_t)k * per + s * 8u), xs, &acc[k]);
-        }
-        for (uint32_t k = 0; wd->M && k < 4u; k++)
-            off[k] = _mm_fmadd_ps(_mm_loadu_ps(wd->M + (size_t)k * (width / 32u) + s * 4u),
-                                  _mm_loadu_ps(uo + s * 4u), off[k]);
+    const uint32_t width = v->width, sb = nib ? SWEEP / 2u : SWEEP;
+    const uint32_t sn = SWEEP / gs, n = sweeps_used(w), per = width / UNIT;
+    const int8_t *xh = v->hi + (size_t)t0 * width, *xl = v->lo + (size_t)t0 * width;
+    const float *us = v->scale + (size_t)t0 * per;
+    const float *uo = v->offset_x + (size_t)t0 * (width / 32u);
+    const uint8_t *q = quants_at(w, o, 0);
+    const uint16_t *S = halves_at(w, w->qscale, sn, o, 0);
+    /* Sums in named registers, not an array: an array whose address store4
+     * takes stays in memory through the loop. */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (uint32_t s = 0; s < n; s++, q += 4u * sb, S += 4u * sn) {
+        const __m256 sc = unit_scales(S, gs);
+#define TOK(k, acc)                                                                           \
+    acc = _mm256_fmadd_ps(                                                                    \
+        _mm256_cvtepi32_ps(unit_dots(q, nib, xh + (size_t)(k) * width + s * SWEEP,           \
+                                     xl + (size_t)(k) * width + s * SWEEP)),                  \
+        _mm256_mul_ps(sc, _mm256_loadu_ps(us + (size_t)(k) * per + s * 8u)), acc)
+        TOK(0, a0);
+        TOK(1, a1);
+        TOK(2, a2);
+        TOK(3, a3);
+#undef TOK
     }
+    const uint16_t *M = w->qoffset ? halves_at(w, w->qoffset, SWEEP_OFFSETS, o, 0) : NULL;
+    const uint32_t po = width / 32u;
+    __m128 f0 = _mm_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    for (uint32_t s = 0; M && s < n; s++, M += 4u * SWEEP_OFFSETS) {
+        const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)M));
+        f0 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + s * 4u), f0);
+        f1 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + po + s * 4u), f1);
+        f2 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + 2u * po + s * 4u), f2);
+        f3 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + 3u * po + s * 4u), f3);
+    }
+    const __m256 acc[4] = {a0, a1, a2, a3};
+    const __m128 off[4] = {f0, f1, f2, f3};
     store4(acc, off, out);
 }
-#endif
 
-#if !defined(__AVX2__)
+static void tile(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *out)
+{
+    bool nib = nibbles(devio_dtype_ggml(w->dtype));
+    if (nib && w->qgroups == UNIT)
+        tile_of(w, o, v, t0, out, true, UNIT);
+    else if (nib)
+        tile_of(w, o, v, t0, out, true, 32u);
+    else if (w->qgroups == UNIT)
+        tile_of(w, o, v, t0, out, false, UNIT);
+    else
+        tile_of(w, o, v, t0, out, false, 32u);
+}
+#else
+/* A quant at place `at` (0..127) of a row's sweep. */
+static inline int quant(const uint8_t *q, bool nib, uint32_t at)
+{
+    return nib ? (q[at % 64u] >> (at >= 64u ? 4 : 0)) & 15 : (int)(int8_t)q[at];
+}
+
 /* The dot product of row o with token t alone (the baseline path's). */
 static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t)
 {
     const uint32_t width = v->width, gs = w->qgroups, sn = sweep_scales_n(w), n = sweeps_used(w);
     const bool nib = nibbles(devio_dtype_ggml(w->dtype));
-    const int16_t *xq = v->q + (size_t)t * width;
+    const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
     const float *uo = v->offset_x + (size_t)t * (width / 32u);
     float acc = 0.0f, off = 0.0f;
@@ -536,10 +539,11 @@ static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t
         const uint8_t *q = quants_at(w, o, s);
         const uint16_t *S = halves_at(w, w->qscale, sn, o, s);
         for (uint32_t j = 0; j < SWEEP / UNIT; j++) {
-            const int16_t *c = xq + s * SWEEP + j * UNIT;
             int d = 0;
-            for (uint32_t i = 0; i < UNIT; i++)
-                d += quant(q, nib, j, i) * (int)c[i];
+            for (uint32_t i = 0; i < UNIT; i++) {
+                uint32_t at = lane_pos(j * UNIT + i);
+                d += quant(q, nib, at) * (128 * xh[s * SWEEP + at] + xl[s * SWEEP + at]);
+            }
             acc += (devio_f16_to_f32(S[j * UNIT / gs]) * us[s * 8u + j]) * (float)d;
         }
         for (uint32_t g = 0; w->qoffset && g < SWEEP_OFFSETS; g++)
@@ -568,7 +572,6 @@ static void row_dots(const ref_panels *w, uint32_t o, uint32_t nr, const xq_view
 
 typedef struct run_job {
     const ref_matmul *mm;
-    ref_scratch *scratch; /* each thread's: rows widened for many tokens */
     uint32_t count;
     xq_view v;
     uint32_t job_start[5]; /* each projection's first job; [count] the total */
@@ -604,7 +607,7 @@ static inline void store(const ref_matmul *mm, uint32_t o, uint32_t t, float dot
 
 static void run_rows(void *ctx, uint32_t job, uint32_t thread)
 {
-    (void)thread; /* the baseline path widens nothing */
+    (void)thread;
     const run_job *r = ctx;
     uint32_t k = 0;
     while (job >= r->job_start[k + 1])
@@ -617,23 +620,20 @@ static void run_rows(void *ctx, uint32_t job, uint32_t thread)
     /* Rows in fours from the job's start (a multiple of four), every token
      * for each four: their quants stay in the nearest cache meanwhile. */
     for (uint32_t o = o0; o < o1; o += 4u) {
-        uint32_t nr = o1 - o < 4u ? o1 - o : 4u;
+        uint32_t nr = o1 - o < 4u ? o1 - o : 4u, t = 0;
 #if defined(__AVX2__)
-        if (mm->n_tok >= WIDEN_MIN_TOKENS) {
-            char *mem = (char *)(void *)r->scratch[thread].wide;
-            wide4 a = widen4(mm->w, o, mem);
-            wide4 b = silu ? widen4(mm->w2, o, mem + wide4_bytes(a.width)) : a;
-            for (uint32_t t = 0; t < mm->n_tok; t++) {
-                dots4_wide(mm->w, &a, &r->v, t, d);
+        /* Whole tiles of tokens a row at a time; their activations stay in
+         * the nearest cache for the four's rows. */
+        for (; t + TILE_TOKENS <= mm->n_tok; t += TILE_TOKENS)
+            for (uint32_t k = 0; k < nr; k++) {
+                tile(mm->w, o + k, &r->v, t, d);
                 if (silu)
-                    dots4_wide(mm->w2, &b, &r->v, t, d2);
-                for (uint32_t k = 0; k < nr; k++)
-                    store(mm, o + k, t, d[k], d2[k]);
+                    tile(mm->w2, o + k, &r->v, t, d2);
+                for (uint32_t j = 0; j < TILE_TOKENS; j++)
+                    store(mm, o + k, t + j, d[j], d2[j]);
             }
-            continue;
-        }
 #endif
-        for (uint32_t t = 0; t < mm->n_tok; t++) {
+        for (; t < mm->n_tok; t++) {
             row_dots(mm->w, o, nr, &r->v, t, d);
             if (silu)
                 row_dots(mm->w2, o, nr, &r->v, t, d2);
@@ -674,7 +674,6 @@ void ref_matmul_run(const ref_gemm_work *wk, ref_matmul *mm, uint32_t count)
         for (uint32_t t = 0; t < n_tok; t++)
             round_token(&xj, t, 0);
     r.mm = fm;
-    r.scratch = wk->scratch;
     r.v = xj.v;
     uint32_t want = devio_pool_threads(wk->pool) * JOBS_PER_THREAD, total = 0;
     for (uint32_t k = 0; k < r.count; k++) {

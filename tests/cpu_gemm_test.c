@@ -1,6 +1,7 @@
 /* cpu_gemm_test.c - the cpu backend's projections (cpu/cpu_gemm.c) on one instruction-set path:
- * quantized weights packed and multiplied within tolerance of their values, rows and widths that
- * are not whole fours and sweeps, a token's numbers the same alone or in a batch, and a weight
+ * quantized weights of each form packed and multiplied within tolerance of their values, rows and
+ * widths that are not whole fours and sweeps, a token's numbers the same alone or in a batch (tiles
+ * of tokens and single tokens), and a weight
  * whose scales do not fit binary16 kept in the reference's form. The copts name the path. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,62 +42,69 @@ static uint32_t next(void)
     return rng >> 8;
 }
 
-/* m rows of n Q4_0 elements, random quants, scales of about 0.01. */
-static uint8_t *q4_0_rows(uint32_t m, uint32_t n)
+/* m rows of n elements of GGML type t: random quants, binary16 scales
+ * (and minimums) of about 0.01 where the type keeps them. */
+static uint8_t *rand_rows(uint32_t t, uint32_t m, uint32_t n)
 {
-    uint32_t bb = devio_quant_block_bytes(DEVIO_QT_Q4_0);
-    uint8_t *w = malloc((size_t)m * n / 32u * bb);
-    for (size_t b = 0; b < (size_t)m * n / 32u; b++) {
+    uint32_t bb = devio_quant_block_bytes(t), blocks = m * n / devio_quant_block(t);
+    uint8_t *w = malloc((size_t)blocks * bb);
+    for (size_t b = 0; b < blocks; b++) {
+        uint8_t *p = w + b * bb;
+        for (uint32_t i = 0; i < bb; i++)
+            p[i] = (uint8_t)next();
         uint16_t d = devio_f32_to_f16_rne(0.005f + (float)(next() % 100) * 1e-4f);
-        memcpy(w + b * bb, &d, 2);
-        for (uint32_t i = 2; i < bb; i++)
-            w[b * bb + i] = (uint8_t)next();
+        uint16_t mn = devio_f32_to_f16_rne(0.002f + (float)(next() % 10) * 1e-3f);
+        memcpy(t == DEVIO_QT_Q6_K ? p + bb - 2 : p, &d, 2);
+        if (t == DEVIO_QT_Q4_1 || t == DEVIO_QT_Q4_K)
+            memcpy(p + 2, &mn, 2);
     }
     return w;
 }
 
-static void test_q4_0_within_tolerance_and_batch_independent(void **state)
+/* Each type's rows (a four and two rows; widths not whole sweeps where the
+ * block allows) times 9 tokens: two tiles of four and one token alone on
+ * the path's kernels. Every output within `limit` of the float64 product
+ * of the dequantized weights (relative, 2-norm per token): 1e-4 where the
+ * file's scales are binary16 already, 1e-3 for the K-quants, whose scale
+ * products d * sc are rounded to binary16 (2^-11 relative); and every
+ * token's numbers the same bits when it is run alone. */
+static void check_type(devio_dtype dt, uint32_t n, double limit)
 {
-    (void)state;
-    if (!runs())
-        return;
-    const uint32_t m = 6, n = 160, T = 3; /* a four and two rows; a sweep and a quarter */
-    uint8_t *w = q4_0_rows(m, n);
+    enum { M = 6, T = 9, NMAX = 512 };
+    uint32_t t = devio_dtype_ggml(dt), blk = devio_quant_block(t);
+    uint8_t *w = rand_rows(t, M, n);
     devio_pool *pool = devio_pool_create(2);
     ref_panels p;
-    assert_int_equal(ref_panels_pack(&p, pool, w, DEVIO_Q4_0, m, n), 0);
+    assert_int_equal(ref_panels_pack(&p, pool, w, dt, M, n), 0);
+    assert_true(p.qgroups >= 16u); /* the fast form */
     ref_scratch scratch[2];
     for (int i = 0; i < 2; i++)
         assert_int_equal(ref_scratch_init(&scratch[i], 16, 64, n), 0);
     float *xpack = calloc(ref_gemm_xpack_floats(T, n), sizeof(float));
-    float x[3 * 160], y[3 * 6], alone[6];
+    static float x[T * NMAX], y[T * M], alone[M], row[NMAX];
     for (uint32_t i = 0; i < T * n; i++)
         x[i] = (float)((int)(next() % 2001) - 1000) / 250.0f;
     ref_gemm_work wk = {.pool = pool, .scratch = scratch, .xpack = xpack};
-    ref_matmul mm = {.w = &p, .epi = REF_EPI_STORE, .x = x, .ldx = n, .n_tok = T, .y = y, .ldy = m};
+    ref_matmul mm = {.w = &p, .epi = REF_EPI_STORE, .x = x, .ldx = n, .n_tok = T, .y = y, .ldy = M};
     ref_matmul_run(&wk, &mm, 1);
-    float row[160];
-    for (uint32_t t = 0; t < T; t++) {
+    for (uint32_t k = 0; k < T; k++) {
         double err = 0, norm = 0;
-        for (uint32_t o = 0; o < m; o++) {
+        for (uint32_t o = 0; o < M; o++) {
             double want = 0;
-            for (uint32_t b = 0; b < n / 32u; b++) {
-                devio_dequant_block(DEVIO_QT_Q4_0,
-                                    w + ((size_t)o * n / 32u + b) * devio_quant_block_bytes(
-                                                                        DEVIO_QT_Q4_0),
-                                    row + b * 32u);
-            }
-            for (uint32_t k = 0; k < n; k++)
-                want += (double)row[k] * x[t * n + k];
-            err += (y[t * m + o] - want) * (y[t * m + o] - want);
+            for (uint32_t b = 0; b < n / blk; b++)
+                devio_dequant_block(t, w + ((size_t)o * n / blk + b) * devio_quant_block_bytes(t),
+                                    row + b * blk);
+            for (uint32_t i = 0; i < n; i++)
+                want += (double)row[i] * x[k * n + i];
+            err += (y[k * M + o] - want) * (y[k * M + o] - want);
             norm += want * want;
         }
-        assert_true(err <= 1e-8 * norm); /* relative 1e-4 in the 2-norm */
-        /* The last token alone: the same bits as in the batch. */
-        ref_matmul one = {.w = &p, .epi = REF_EPI_STORE, .x = x + t * n, .ldx = n, .n_tok = 1,
-                          .y = alone, .ldy = m};
+        if (err > limit * limit * norm)
+            fail_msg("type %u token %u: relative error %g", t, k, err / norm);
+        ref_matmul one = {.w = &p, .epi = REF_EPI_STORE, .x = x + k * n, .ldx = n, .n_tok = 1,
+                          .y = alone, .ldy = M};
         ref_matmul_run(&wk, &one, 1);
-        assert_memory_equal(alone, y + t * m, m * sizeof(float));
+        assert_memory_equal(alone, y + k * M, M * sizeof(float));
     }
     ref_panels_free(&p);
     for (int i = 0; i < 2; i++)
@@ -104,6 +112,18 @@ static void test_q4_0_within_tolerance_and_batch_independent(void **state)
     free(xpack);
     devio_pool_free(pool);
     free(w);
+}
+
+static void test_each_form_within_tolerance_and_batch_independent(void **state)
+{
+    (void)state;
+    if (!runs())
+        return;
+    check_type(DEVIO_Q4_0, 160, 1e-4); /* 4 bits, groups of 32, an offset */
+    check_type(DEVIO_Q4_1, 160, 1e-4);
+    check_type(DEVIO_Q8_0, 160, 1e-4); /* int8, groups of 32 */
+    check_type(DEVIO_Q4_K, 256, 1e-3);
+    check_type(DEVIO_Q6_K, 512, 1e-3); /* int8, groups of 16 */
 }
 
 /* A Q4_K weight whose sub-block scales (d * sc) pass binary16's range is
@@ -137,7 +157,7 @@ static void test_scales_past_binary16_keep_the_reference_form(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_q4_0_within_tolerance_and_batch_independent),
+        cmocka_unit_test(test_each_form_within_tolerance_and_batch_independent),
         cmocka_unit_test(test_scales_past_binary16_keep_the_reference_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
