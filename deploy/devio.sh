@@ -14,7 +14,8 @@ usage: deploy/devio.sh setup
   up     setup, build everything; without --model serve SmolLM2-135M-Instruct
          (fetched into .devio/models by deploy/fetch-model.sh), or, when it cannot be
          fetched, a random demo model made under .devio/; then run the main job
-         (devio-server) in the foreground
+         (devio-server) in the foreground, with fast numerics unless the extra
+         arguments give --numerics (--numerics strict: the exact reference)
   test   setup, then run every Bazel test and every check in tests/checks.txt;
          the last line is "N passed, M failed" and the exit status is non-zero
          when anything failed
@@ -123,7 +124,8 @@ ensure_demo_model() {
 # ---------------------------------------------------------------------------
 # The main job that `up` runs in the foreground, given the model directory
 # and the caller's extra arguments: devio-server on the CUDA backend when a GPU
-# answers and the plugin was built, else on the reference,
+# answers and the plugin was built, else on the CPU (the cpu backend under fast
+# numerics, the reference under strict),
 # its SQLite file and adapters root under .devio/ unless DEVIO_DB /
 # DEVIO_ADAPTERS say otherwise.
 run_main_job() {
@@ -166,6 +168,17 @@ cmd_up() {
     fi
     case "$model" in /*) ;; *) model="$CALLER_DIR/$model" ;; esac
     [ -e "$model" ] || die "model not found: $model"
+    # Fast numerics unless the caller chose: the CUDA backend's where a GPU
+    # answers, else the cpu backend's (docs/backends.md).
+    local a chosen=""
+    for a in "${extra[@]+"${extra[@]}"}"; do
+        case "$a" in --numerics|--numerics=*) chosen=1 ;; esac
+    done
+    if [ -z "$chosen" ]; then
+        extra+=(--numerics fast)
+        log "fast numerics (the GPU's, else the cpu backend's), held to the reference by" \
+            "tolerance; --numerics strict serves the exact reference"
+    fi
     run_main_job "$model" "${extra[@]+"${extra[@]}"}"
 }
 
