@@ -8,9 +8,10 @@
  * decode step streams about the file's bytes; the others keep one int8 quant an element.
  * Each token's activations are rounded per block of 32 to integers of 15 bits with one binary32
  * scale (the largest magnitude maps to 16255), kept as two bytes, v = 128 hi + lo; a dot
- * product is then, per unit of 16 elements, an exact integer sum (byte products, vpmaddubsw,
- * summed in fours, vpmaddwd, the quants stored in an order that leaves unit k's sum in lane k:
- * lane_pos) scaled by the weight's and the activation's scales:
+ * product is then, per unit of 16 elements, an exact integer sum (4-bit quants by the two
+ * bytes, vpmaddubsw; int8 quants widened, by the int16 integers, vpmaddwd; the quants stored
+ * in an order that leaves unit k's sum in lane k: lane_pos, i8_pos) scaled by the weight's
+ * and the activation's scales:
  *
  *   y[o] = sum over units u of (S[u] * sx[u]) * d[o][u]
  *        + sum over groups g of M[g] * (sx[g] * sum xq[g])
@@ -125,6 +126,24 @@ static inline uint32_t lane_pos(uint32_t e)
     return (e % UNIT) / 4u * 32u + e / UNIT * 4u + e % 4u;
 }
 
+/* int8 quants are widened to int16 and summed in pairs (vpmaddwd), so a
+ * unit's four elements of a chunk fill two lanes; their chunks keep the
+ * units in the order 0 1 4 5 2 3 6 7, so that adding neighbouring lanes of
+ * the first halves' sums and of the second halves' (vphaddd) leaves unit k
+ * in lane k again. Element e's place in a sweep of int8 quants, and of the
+ * activations as int16 beside them: */
+static inline uint32_t i8_pos(uint32_t e)
+{
+    static const uint8_t slot[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+    return (e % UNIT) / 4u * 32u + slot[e / UNIT] * 4u + e % 4u;
+}
+
+/* Where element e of a sweep sits among a weight's quants. */
+static inline uint32_t quant_pos(bool nib, uint32_t e)
+{
+    return nib ? lane_pos(e) : i8_pos(e);
+}
+
 /* ---- packing --------------------------------------------------------------- */
 
 typedef struct pack_job {
@@ -169,10 +188,10 @@ static void pack_rows(void *ctx, uint32_t job, uint32_t thread)
                                   shift ? -8.0f * S[g] : M[g]) &&
                          ok;
             }
-            /* Each element at its place in its sweep's lane order (lane_pos). */
+            /* Each element at its place in its sweep (quant_pos). */
             uint8_t *dst = NULL;
             for (uint32_t i = 0; i < blk && k0 + i < p->n; i++) {
-                uint32_t k = k0 + i, at = lane_pos(k % SWEEP);
+                uint32_t k = k0 + i, at = quant_pos(nib, k % SWEEP);
                 if (i == 0 || k % SWEEP == 0)
                     dst = quants_at(p, o, k / SWEEP);
                 if (nib)
@@ -232,15 +251,17 @@ void ref_panels_free(ref_panels *p)
 /* Each token's activations, rounded per block of 32 to integers v of at
  * most XQ_MAX in magnitude, are kept as two signed bytes in the sweeps'
  * lane order, v = 128 hi + lo (hi in -127..126, lo in 0..127): a byte
- * product's pair sum then fits int16 for every quant (|q| <= 128 read as
- * unsigned, or as sign and magnitude). Where a run's are, in the work's
- * xpack: per token `width` bytes hi, then `width` bytes lo; per token and
+ * product's pair sum with 4-bit quants then fits int16 with room to add a
+ * sweep's four. The same integers are kept as int16 too, for int8 quants.
+ * Where a run's are, in the work's xpack: per token `width` bytes hi, then
+ * `width` bytes lo, then `width` int16 (i8_pos's order); per token and
  * unit the scale of the unit's block; per token and block that scale times
  * the block's sum of v (what an offset multiplies). */
 #define XQ_MAX 16255
 
 typedef struct xq_view {
     int8_t *hi, *lo;
+    int16_t *x16; /* the same integers as int16, in i8_pos's order */
     float *scale;
     float *offset_x;
     uint32_t width;
@@ -248,7 +269,7 @@ typedef struct xq_view {
 
 static size_t xq_floats(uint32_t tokens, uint32_t width)
 {
-    return (size_t)tokens * (2u * width / sizeof(float) + width / UNIT + width / 32u);
+    return (size_t)tokens * (4u * width / sizeof(float) + width / UNIT + width / 32u);
 }
 
 size_t ref_gemm_xpack_floats(uint32_t max_tokens, uint32_t max_n)
@@ -261,8 +282,9 @@ size_t ref_gemm_xpack_floats(uint32_t max_tokens, uint32_t max_n)
 static xq_view xq_at(float *xpack, uint32_t tokens, uint32_t width)
 {
     int8_t *hi = (int8_t *)(void *)xpack;
-    float *scale = xpack + (size_t)tokens * (2u * width / sizeof(float));
-    return (xq_view){.hi = hi, .lo = hi + (size_t)tokens * width, .scale = scale,
+    int16_t *x16 = (int16_t *)(void *)(hi + (size_t)2 * tokens * width);
+    float *scale = xpack + (size_t)tokens * (4u * width / sizeof(float));
+    return (xq_view){.hi = hi, .lo = hi + (size_t)tokens * width, .x16 = x16, .scale = scale,
                      .offset_x = scale + (size_t)tokens * (width / UNIT), .width = width};
 }
 
@@ -280,6 +302,7 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
     const float *x = mm->x + (size_t)t * mm->ldx;
     uint32_t n = mm->w->n, width = j->v.width;
     int8_t *hi = j->v.hi + (size_t)t * width, *lo = j->v.lo + (size_t)t * width;
+    int16_t *x16 = j->v.x16 + (size_t)t * width;
     float *us = j->v.scale + (size_t)t * (width / UNIT);
     float *uo = j->v.offset_x + (size_t)t * (width / 32u);
     for (uint32_t k0 = 0; k0 < width; k0 += 32u) {
@@ -297,6 +320,7 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
             uint32_t k = k0 + i, at = k / SWEEP * SWEEP + lane_pos(k % SWEEP);
             hi[at] = (int8_t)((v - (v & 127)) / 128);
             lo[at] = (int8_t)(v & 127);
+            x16[k / SWEEP * SWEEP + i8_pos(k % SWEEP)] = (int16_t)v;
             sum += v;
         }
         us[k0 / UNIT] = us[k0 / UNIT + 1u] = sx;
@@ -335,43 +359,42 @@ static inline __m256i ld(const void *p)
 }
 
 /* Unit k's integer dot product of a row's sweep of quants at w with a
- * token's activations there (hi, lo in the same lane order), in lane k:
- * byte products summed in pairs (vpmaddubsw), then in fours (vpmaddwd). 4-bit quants are unsigned; int8
- * quants are taken as magnitudes, their signs given to the activations.
- * 4-bit quants by activations of at most 128 in magnitude sum to at most
- * 15 * 128 * 8 over the four chunks' pairs, within int16, so they are
- * added before widening. */
+ * token's activations there, in lane k. 4-bit quants (unsigned) by the
+ * activations' two bytes (hi, lo, in lane_pos's order): byte products
+ * summed in pairs (vpmaddubsw), which by activations of at most 128 in
+ * magnitude sum to at most 15 * 128 * 8 over the sweep's four chunks,
+ * within int16, then in fours (vpmaddwd). int8 quants widened to int16 by
+ * the activations as int16 (x16, in i8_pos's order): products summed in
+ * pairs (vpmaddwd), then neighbouring lanes (vphaddd). */
 static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w, const bool nib,
                                                                 const int8_t *hi,
-                                                                const int8_t *lo)
+                                                                const int8_t *lo,
+                                                                const int16_t *x16)
 {
-    __m256i h = _mm256_setzero_si256(), l = _mm256_setzero_si256();
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    /* 4-bit chunk k: bytes 32 (k % 2) on, low nibbles for k < 2, high else. */
-#define NIB(k)                                                                       \
-    _mm256_and_si256((k) < 2 ? ld(w + 32 * ((k) % 2))                                \
-                             : _mm256_srli_epi16(ld(w + 32 * ((k) % 2)), 4), low)
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (nib) {
+    if (!nib) {
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            __m256i c = NIB(k);
-            h = _mm256_add_epi16(h, _mm256_maddubs_epi16(c, ld(hi + 32 * k)));
-            l = _mm256_add_epi16(l, _mm256_maddubs_epi16(c, ld(lo + 32 * k)));
+        for (int c = 0; c < 4; c++) {
+            __m256i wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * c)));
+            __m256i wb =
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * c + 16)));
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(wa, ld(x16 + 32 * c)));
+            b = _mm256_add_epi32(b, _mm256_madd_epi16(wb, ld(x16 + 32 * c + 16)));
         }
-        h = _mm256_madd_epi16(h, ones);
-        l = _mm256_madd_epi16(l, ones);
-    } else {
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            __m256i q = ld(w + 32 * k), u = _mm256_abs_epi8(q);
-            __m256i ph = _mm256_maddubs_epi16(u, _mm256_sign_epi8(ld(hi + 32 * k), q));
-            __m256i pl = _mm256_maddubs_epi16(u, _mm256_sign_epi8(ld(lo + 32 * k), q));
-            h = _mm256_add_epi32(h, _mm256_madd_epi16(ph, ones));
-            l = _mm256_add_epi32(l, _mm256_madd_epi16(pl, ones));
-        }
+        return _mm256_hadd_epi32(a, b);
     }
-#undef NIB
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i h = _mm256_setzero_si256(), l = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        /* chunk k: bytes 32 (k % 2) on, low nibbles for k < 2, high else */
+        __m256i raw = ld(w + 32 * (k % 2));
+        __m256i c = _mm256_and_si256(k < 2 ? raw : _mm256_srli_epi16(raw, 4), low);
+        h = _mm256_add_epi16(h, _mm256_maddubs_epi16(c, ld(hi + 32 * k)));
+        l = _mm256_add_epi16(l, _mm256_maddubs_epi16(c, ld(lo + 32 * k)));
+    }
+    h = _mm256_madd_epi16(h, ones);
+    l = _mm256_madd_epi16(l, ones);
     return _mm256_add_epi32(_mm256_slli_epi32(h, 7), l);
 }
 
@@ -409,6 +432,7 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
     const uint32_t width = v->width, sb = nib ? SWEEP / 2u : SWEEP;
     const uint32_t sn = SWEEP / gs, n = sweeps_used(w);
     const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
+    const int16_t *x16 = v->x16 + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
     const float *uo = v->offset_x + (size_t)t * (width / 32u);
     const uint8_t *q = quants_at(w, o, 0);
@@ -418,10 +442,11 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
     for (uint32_t s = 0; s < n; s++, q += 4u * sb, S += 4u * sn) {
         const __m256 xs = _mm256_loadu_ps(us + s * 8u);
         const int8_t *h = xh + s * SWEEP, *l = xl + s * SWEEP;
+        const int16_t *x = x16 + s * SWEEP;
         for (uint32_t b = 0; b < 4u * sb; b += 64u)
             _mm_prefetch((const char *)(q + PREFETCH_BYTES + b), _MM_HINT_T0);
 #define ROW(k, acc)                                                                          \
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(unit_dots(q + (k) * sb, nib, h, l)),            \
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(unit_dots(q + (k) * sb, nib, h, l, x)),         \
                           _mm256_mul_ps(unit_scales(S + (k) * sn, gs), xs), acc)
         ROW(0, a0);
         ROW(1, a1);
@@ -472,6 +497,7 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
     const uint32_t width = v->width, sb = nib ? SWEEP / 2u : SWEEP;
     const uint32_t sn = SWEEP / gs, n = sweeps_used(w), per = width / UNIT;
     const int8_t *xh = v->hi + (size_t)t0 * width, *xl = v->lo + (size_t)t0 * width;
+    const int16_t *x16 = v->x16 + (size_t)t0 * width;
     const float *us = v->scale + (size_t)t0 * per;
     const float *uo = v->offset_x + (size_t)t0 * (width / 32u);
     const uint8_t *q = quants_at(w, o, 0);
@@ -484,7 +510,8 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
 #define TOK(k, acc)                                                                           \
     acc = _mm256_fmadd_ps(                                                                    \
         _mm256_cvtepi32_ps(unit_dots(q, nib, xh + (size_t)(k) * width + s * SWEEP,           \
-                                     xl + (size_t)(k) * width + s * SWEEP)),                  \
+                                     xl + (size_t)(k) * width + s * SWEEP,                    \
+                                     x16 + (size_t)(k) * width + s * SWEEP)),                 \
         _mm256_mul_ps(sc, _mm256_loadu_ps(us + (size_t)(k) * per + s * 8u)), acc)
         TOK(0, a0);
         TOK(1, a1);
@@ -520,9 +547,10 @@ static void tile(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0,
         tile_of(w, o, v, t0, out, false, 32u);
 }
 #else
-/* A quant at place `at` (0..127) of a row's sweep. */
-static inline int quant(const uint8_t *q, bool nib, uint32_t at)
+/* Element e (0..127) of a row's sweep of quants. */
+static inline int quant(const uint8_t *q, bool nib, uint32_t e)
 {
+    uint32_t at = quant_pos(nib, e);
     return nib ? (q[at % 64u] >> (at >= 64u ? 4 : 0)) & 15 : (int)(int8_t)q[at];
 }
 
@@ -542,7 +570,7 @@ static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t
             int d = 0;
             for (uint32_t i = 0; i < UNIT; i++) {
                 uint32_t at = lane_pos(j * UNIT + i);
-                d += quant(q, nib, at) * (128 * xh[s * SWEEP + at] + xl[s * SWEEP + at]);
+                d += quant(q, nib, j * UNIT + i) * (128 * xh[s * SWEEP + at] + xl[s * SWEEP + at]);
             }
             acc += (devio_f16_to_f32(S[j * UNIT / gs]) * us[s * 8u + j]) * (float)d;
         }
