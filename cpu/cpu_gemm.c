@@ -78,21 +78,27 @@ static bool nibbles(uint32_t t)
     return t == DEVIO_QT_Q4_0 || t == DEVIO_QT_Q4_1 || t == DEVIO_QT_Q4_K;
 }
 
-/* Bytes of quants one row has in a sweep, and its binary16 scales there
- * (offsets: one per group of 32, four a sweep). */
-static uint32_t sweep_bytes(const ref_panels *p)
+/* The same of a weight's dtype, without a call (the kernels ask per four). */
+static inline bool nib_dtype(devio_dtype d)
 {
-    return nibbles(devio_dtype_ggml(p->dtype)) ? SWEEP / 2u : SWEEP;
+    return d == DEVIO_Q4_0 || d == DEVIO_Q4_1 || d == DEVIO_Q4_K;
 }
 
-static uint32_t sweep_scales_n(const ref_panels *p)
+/* Bytes of quants one row has in a sweep, and its binary16 scales there
+ * (offsets: one per group of 32, four a sweep). */
+static inline uint32_t sweep_bytes(const ref_panels *p)
+{
+    return nib_dtype(p->dtype) ? SWEEP / 2u : SWEEP;
+}
+
+static inline uint32_t sweep_scales_n(const ref_panels *p)
 {
     return SWEEP / p->qgroups;
 }
 
 #define SWEEP_OFFSETS (SWEEP / 32u)
 
-static uint32_t sweeps_of(const ref_panels *p)
+static inline uint32_t sweeps_of(const ref_panels *p)
 {
     return p->k32 * 32u / SWEEP;
 }
@@ -100,14 +106,14 @@ static uint32_t sweeps_of(const ref_panels *p)
 /* Rows are kept in fours, each four's sweeps side by side (row 0's sweep s,
  * row 1's, row 2's, row 3's, then sweep s + 1): a four is one stream, as a
  * step reads it. Row o's quants of sweep s: */
-static uint8_t *quants_at(const ref_panels *p, uint32_t o, uint32_t s)
+static inline uint8_t *quants_at(const ref_panels *p, uint32_t o, uint32_t s)
 {
     uint32_t sb = sweep_bytes(p);
     return (uint8_t *)p->data + ((size_t)(o / 4u) * sweeps_of(p) + s) * 4u * sb + (o % 4u) * sb;
 }
 
 /* Row o's `per` binary16 values of sweep s in the array at base. */
-static uint16_t *halves_at(const ref_panels *p, const float *base, uint32_t per, uint32_t o,
+static inline uint16_t *halves_at(const ref_panels *p, const float *base, uint32_t per, uint32_t o,
                            uint32_t s)
 {
     return (uint16_t *)(void *)base + ((size_t)(o / 4u) * sweeps_of(p) + s) * 4u * per +
@@ -346,7 +352,7 @@ static int gemm_broken(void)
 
 /* Sweeps a dot product sums: the padded width's, less the last when broken
  * on purpose. */
-static uint32_t sweeps_used(const ref_panels *w)
+static inline uint32_t sweeps_used(const ref_panels *w)
 {
     uint32_t n = sweeps_of(w);
     return n - (gemm_broken() && n > 1u ? 1u : 0u);
@@ -472,7 +478,7 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
 
 static void dots4(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *out)
 {
-    bool nib = nibbles(devio_dtype_ggml(w->dtype));
+    bool nib = nib_dtype(w->dtype);
     if (nib && w->qgroups == UNIT)
         dots4_of(w, o, v, t, out, true, UNIT);
     else if (nib)
@@ -536,7 +542,7 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
 
 static void tile(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *out)
 {
-    bool nib = nibbles(devio_dtype_ggml(w->dtype));
+    bool nib = nib_dtype(w->dtype);
     if (nib && w->qgroups == UNIT)
         tile_of(w, o, v, t0, out, true, UNIT);
     else if (nib)
@@ -558,7 +564,7 @@ static inline int quant(const uint8_t *q, bool nib, uint32_t e)
 static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t)
 {
     const uint32_t width = v->width, gs = w->qgroups, sn = sweep_scales_n(w), n = sweeps_used(w);
-    const bool nib = nibbles(devio_dtype_ggml(w->dtype));
+    const bool nib = nib_dtype(w->dtype);
     const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
     const float *uo = v->offset_x + (size_t)t * (width / 32u);

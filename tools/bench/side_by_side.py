@@ -111,8 +111,14 @@ def in_venv(py):
 
 def ensure_llama_bench(cache, py, jobs):
     """Fetch, check and build llama-bench once; return its path."""
+    return ensure_llama_tool(cache, py, jobs, "llama-bench")
+
+
+def ensure_llama_tool(cache, py, jobs, target):
+    """Fetch, check and build one of llama.cpp's programs (llama-bench, llama-perplexity)
+    once, from the pinned source; return its path."""
     build = cache / f"llama.cpp-{LLAMA_CPP_COMMIT}-build"
-    exe = build / "bin" / "llama-bench"
+    exe = build / "bin" / target
     if exe.exists():
         return exe
     src_root = cache / "src"
@@ -136,10 +142,11 @@ def ensure_llama_bench(cache, py, jobs):
         raise SystemExit(f"side_by_side: llama-cpp-python {LLAMA_CPP_PYTHON} does not say it "
                          f"vendors llama.cpp {LLAMA_CPP_COMMIT}")
     src = top / "vendor" / "llama.cpp"
-    log(f"building llama-bench ({LLAMA_CPP_COMMIT}) in {build}: a while on a few cores")
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    run(["cmake", "-S", src, "-B", build, *gen, *CMAKE_FLAGS])
-    run(["cmake", "--build", build, "--target", "llama-bench", "-j", jobs])
+    log(f"building {target} ({LLAMA_CPP_COMMIT}) in {build}: a while on a few cores")
+    if not (build / "CMakeCache.txt").exists():
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        run(["cmake", "-S", src, "-B", build, *gen, *CMAKE_FLAGS])
+    run(["cmake", "--build", build, "--target", target, "-j", jobs])
     return exe
 
 

@@ -11,7 +11,9 @@ log-probability over every scored token.
 
 --url measures a running server (which must serve that GGUF file); --serve starts devio-server
 from that build folder for each --numerics given (strict: the reference, fast: the cpu backend),
-on a loopback port, and prints each beside the first. --max-diff P exits 1 unless every run's
+on a loopback port, and prints each beside the first. --llama also runs llama.cpp's
+llama-perplexity on the same file and text (-c CTX, the same windows), built once from the
+pinned source tools/bench/side_by_side.py builds llama-bench from, into its cache. --max-diff P exits 1 unless every run's
 perplexity is within P percent of the first's. The text defaults to the GNU GPL v3 under
 /usr/share/common-licenses, which every Debian machine has.
 """
@@ -76,6 +78,29 @@ def measure(client, wins, progress=None):
     return math.exp(nll / n), n, time.monotonic() - t0
 
 
+def llama_perplexity(a, n_windows):
+    """llama.cpp's llama-perplexity on the same file, text and windows: (name, (ppl, n, s))."""
+    import re
+    import subprocess
+    sys.path.insert(0, str(ROOT / "tools" / "bench"))
+    import side_by_side
+    cache = pathlib.Path(a.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    exe = side_by_side.ensure_llama_tool(cache, side_by_side.ensure_venv(cache), "2",
+                                         "llama-perplexity")
+    t0 = time.monotonic()
+    p = subprocess.run([str(exe), "-m", a.gguf, "-f", a.text, "-c", str(a.ctx), "--chunks",
+                        str(n_windows), "-t", str(a.threads), "-b", str(a.ctx)],
+                       capture_output=True, text=True, timeout=3600)
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr)
+    if p.returncode != 0 or not m:
+        raise SystemExit("perplexity: llama-perplexity failed (%d):\n%s"
+                         % (p.returncode, (p.stdout + p.stderr)[-2000:]))
+    n = n_windows * (a.ctx - a.ctx // 2 - 1)
+    return ("llama.cpp %s llama-perplexity" % side_by_side.LLAMA_CPP_COMMIT,
+            (float(m.group(1)), n, time.monotonic() - t0))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf", required=True, help="the GGUF file (its vocabulary; with --serve "
@@ -90,6 +115,10 @@ def main():
     ap.add_argument("--text", default=DEFAULT_TEXT, help="a UTF-8 text file [%s]" % DEFAULT_TEXT)
     ap.add_argument("--ctx", type=int, default=512, help="tokens a window [512]")
     ap.add_argument("--windows", type=int, default=0, help="at most this many windows [all]")
+    ap.add_argument("--llama", action="store_true",
+                    help="also run llama.cpp's llama-perplexity (built into --cache)")
+    ap.add_argument("--cache", default=str(pathlib.Path.home() / ".cache" / "devio-side"),
+                    help="with --llama: side_by_side.py's cache [~/.cache/devio-side]")
     ap.add_argument("--max-diff", type=float, help="percent: exit 1 unless every run's perplexity "
                     "is within this of the first's")
     a = ap.parse_args()
@@ -134,6 +163,8 @@ def main():
                         results.append((name, measure(c, wins)))
                 finally:
                     stop_server(proc)
+    if a.llama:
+        results.append(llama_perplexity(a, len(wins)))
     first = results[0][1][0]
     worst = 0.0
     for name, (ppl, n, secs) in results:
