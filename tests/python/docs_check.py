@@ -125,6 +125,7 @@ SCRIPTS = [
     ["python3", "tests/bench/openai_example_bench.py"],
     ["python3", "tests/bench/depth_bench.py"],
     ["python3", "tests/python/fast_numerics_check.py"],
+    ["python3", "tools/perplexity/perplexity.py"],
 ]
 
 # Flags of tools outside the repository that the docs show, and whose they are.
