@@ -476,19 +476,6 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
     store4(acc, off, out);
 }
 
-static void dots4(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *out)
-{
-    bool nib = nib_dtype(w->dtype);
-    if (nib && w->qgroups == UNIT)
-        dots4_of(w, o, v, t, out, true, UNIT);
-    else if (nib)
-        dots4_of(w, o, v, t, out, true, 32u);
-    else if (w->qgroups == UNIT)
-        dots4_of(w, o, v, t, out, false, UNIT);
-    else
-        dots4_of(w, o, v, t, out, false, 32u);
-}
-
 /* Tokens a tile of one row takes at once (n_tok of at least TILE_TOKENS). */
 #define TILE_TOKENS 4u
 
@@ -540,17 +527,20 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
     store4(acc, off, out);
 }
 
-static void tile(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *out)
+/* dots4 (the four rows from o, token t) or, tiled, tile_of (row o, the
+ * four tokens from t), each built once for every form of quants and scales. */
+static void kernel4(bool tiled, const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t,
+                    float *out)
 {
-    bool nib = nib_dtype(w->dtype);
-    if (nib && w->qgroups == UNIT)
-        tile_of(w, o, v, t0, out, true, UNIT);
-    else if (nib)
-        tile_of(w, o, v, t0, out, true, 32u);
-    else if (w->qgroups == UNIT)
-        tile_of(w, o, v, t0, out, false, UNIT);
+    const bool nib = nib_dtype(w->dtype), g16 = w->qgroups == UNIT;
+#define FORMS(f)                                                                      \
+    (nib ? (g16 ? f(w, o, v, t, out, true, UNIT) : f(w, o, v, t, out, true, 32u))     \
+         : (g16 ? f(w, o, v, t, out, false, UNIT) : f(w, o, v, t, out, false, 32u)))
+    if (tiled)
+        FORMS(tile_of);
     else
-        tile_of(w, o, v, t0, out, false, 32u);
+        FORMS(dots4_of);
+#undef FORMS
 }
 #else
 /* Element e (0..127) of a row's sweep of quants. */
@@ -595,7 +585,7 @@ static void row_dots(const ref_panels *w, uint32_t o, uint32_t nr, const xq_view
 {
 #if defined(__AVX2__)
     (void)nr;
-    dots4(w, o, v, t, out);
+    kernel4(false, w, o, v, t, out);
 #else
     for (uint32_t k = 0; k < nr; k++)
         out[k] = dots1(w, o + k, v, t);
@@ -660,9 +650,9 @@ static void run_rows(void *ctx, uint32_t job, uint32_t thread)
          * the nearest cache for the four's rows. */
         for (; t + TILE_TOKENS <= mm->n_tok; t += TILE_TOKENS)
             for (uint32_t k = 0; k < nr; k++) {
-                tile(mm->w, o + k, &r->v, t, d);
+                kernel4(true, mm->w, o + k, &r->v, t, d);
                 if (silu)
-                    tile(mm->w2, o + k, &r->v, t, d2);
+                    kernel4(true, mm->w2, o + k, &r->v, t, d2);
                 for (uint32_t j = 0; j < TILE_TOKENS; j++)
                     store(mm, o + k, t + j, d[j], d2[j]);
             }
