@@ -320,14 +320,23 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
         }
         float id = amax > 0.0f ? (float)XQ_MAX / amax : 0.0f, sx = amax / (float)XQ_MAX;
         int sum = 0;
+        int8_t h[32], l[32];
+        int16_t w16[32];
         for (uint32_t i = 0; i < 32u; i++) {
             int v = i < kn ? (int)nearbyintf(x[k0 + i] * id) : 0;
             v = v > XQ_MAX ? XQ_MAX : v < -XQ_MAX ? -XQ_MAX : v;
-            uint32_t k = k0 + i, at = k / SWEEP * SWEEP + lane_pos(k % SWEEP);
-            hi[at] = (int8_t)((v - (v & 127)) / 128);
-            lo[at] = (int8_t)(v & 127);
-            x16[k / SWEEP * SWEEP + i8_pos(k % SWEEP)] = (int16_t)v;
+            h[i] = (int8_t)((v - (v & 127)) / 128);
+            l[i] = (int8_t)(v & 127);
+            w16[i] = (int16_t)v;
             sum += v;
+        }
+        /* Four neighbouring elements keep their order in both layouts. */
+        uint32_t base = k0 / SWEEP * SWEEP;
+        for (uint32_t g = 0; g < 32u; g += 4u) {
+            uint32_t e = k0 % SWEEP + g;
+            memcpy(hi + base + lane_pos(e), h + g, 4);
+            memcpy(lo + base + lane_pos(e), l + g, 4);
+            memcpy(x16 + base + i8_pos(e), w16 + g, 4 * sizeof(int16_t));
         }
         us[k0 / UNIT] = us[k0 / UNIT + 1u] = sx;
         uo[k0 / 32u] = sx * (float)sum;
