@@ -45,6 +45,16 @@ def percentile(sorted_values, p):
 # ---- the server ---------------------------------------------------------------------------
 
 
+def fetch_smollm2():
+    """(path, None): the SmolLM2 GGUF file, fetched by deploy/fetch-model.sh once into
+    .devio/models; (None, why) when it cannot be had."""
+    p = subprocess.run(["bash", str(REPO / "deploy" / "fetch-model.sh")], capture_output=True,
+                       text=True, timeout=900)
+    if p.returncode != 0:
+        return None, p.stderr.strip()[-300:]
+    return Path(p.stdout.strip().splitlines()[-1]), None
+
+
 def start_server(server_bin, model, workdir, threads, depth, extra=(), env_extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEVIO_")}
     env.update(env_extra or {})

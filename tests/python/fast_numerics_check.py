@@ -35,7 +35,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients" / "python"))
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 from devio_client import Client  # noqa: E402
-from server_bench import start_server, stop_server  # noqa: E402
+from server_bench import fetch_smollm2, start_server, stop_server  # noqa: E402
 
 PROMPT = 16
 REL_TOL = 1e-2
@@ -109,13 +109,11 @@ def main():
     if a.mutant and not a.negative:
         ap.error("--mutant goes with --negative")
     if a.model == "fetch":
-        p = subprocess.run(["bash", str(ROOT / "deploy" / "fetch-model.sh")], capture_output=True,
-                           text=True, timeout=900)
-        if p.returncode != 0:
-            print("fast_numerics_check: skipped, the model cannot be fetched: "
-                  + p.stderr.strip()[-300:])
+        path, why = fetch_smollm2()
+        if path is None:
+            print("fast_numerics_check: skipped, the model cannot be fetched: " + why)
             return 77
-        a.model = p.stdout.strip().splitlines()[-1]
+        a.model = str(path)
     bins = pathlib.Path(a.bin).resolve()
     backend_path = bins / "kernels" / "mutants" / a.mutant if a.mutant else bins / "kernels"
     broken = "mutant %s" % a.mutant if a.mutant else "broken GEMM"

@@ -218,12 +218,12 @@ def on_cuda_emu(label, bin_dir, model, tmp, script=SCRIPT, flags=()):
 def fetch_smollm2():
     """The SmolLM2 file, fetched by deploy/fetch-model.sh once; None, saying why, when it
     cannot be had."""
-    p = subprocess.run(["bash", str(ROOT / "deploy" / "fetch-model.sh")], capture_output=True,
-                       text=True, timeout=900)
-    if p.returncode != 0:
-        print("skip SmolLM2: " + p.stderr.strip()[-200:])
-        return None
-    return pathlib.Path(p.stdout.strip().splitlines()[-1])
+    sys.path.insert(0, str(ROOT / "tests" / "bench"))
+    from server_bench import fetch_smollm2 as fetch
+    path, why = fetch()
+    if path is None:
+        print("skip SmolLM2: " + why[-200:])
+    return path
 
 
 sys.path.insert(0, str(ROOT / "tests" / "conformance"))

@@ -58,12 +58,13 @@ def http(port, method, path, body=None, binary=False):
 def fetch(model):
     if model:
         return pathlib.Path(model)
-    p = subprocess.run(["bash", str(ROOT / "deploy" / "fetch-model.sh")], capture_output=True,
-                       text=True, timeout=900)
-    if p.returncode != 0:
-        print("smollm2_check: skipped, the model cannot be fetched: " + p.stderr.strip()[-300:])
+    sys.path.insert(0, str(ROOT / "tests" / "bench"))
+    from server_bench import fetch_smollm2
+    path, why = fetch_smollm2()
+    if path is None:
+        print("smollm2_check: skipped, the model cannot be fetched: " + why)
         sys.exit(77)
-    return pathlib.Path(p.stdout.strip().splitlines()[-1])
+    return path
 
 
 def main():

@@ -109,11 +109,6 @@ def in_venv(py):
     return Path(sys.prefix).resolve() == py.parent.parent.resolve()
 
 
-def ensure_llama_bench(cache, py, jobs):
-    """Fetch, check and build llama-bench once; return its path."""
-    return ensure_llama_tool(cache, py, jobs, "llama-bench")
-
-
 def ensure_llama_tool(cache, py, jobs, target):
     """Fetch, check and build one of llama.cpp's programs (llama-bench, llama-perplexity)
     once, from the pinned source; return its path."""
@@ -421,7 +416,7 @@ def main(argv):
         if not exe.exists():
             raise SystemExit(f"side_by_side: {exe} missing: bazel build "
                              "//tools/mkmodel:devio-mkmodel //tests/bench:devio-bench")
-    llama = ensure_llama_bench(cache, py, args.jobs)
+    llama = ensure_llama_tool(cache, py, args.jobs, "llama-bench")
     models = make_models(bin_dir, cache, args.dtype_list)
 
     dtypes, thread_list = args.dtype_list, args.thread_list

@@ -55,10 +55,10 @@ def windows(ids, ctx, bos, limit):
     return out
 
 
-def measure(client, wins, progress=None):
+def measure(client, wins):
     """(perplexity, scored tokens, seconds): each window a prefill with prompt_logprobs."""
     nll, n, t0 = 0.0, 0, time.monotonic()
-    for k, w in enumerate(wins):
+    for w in wins:
         # The first half as context, then the second with prompt_logprobs: lps[j] is
         # log p(w[h + j] | w[:h + j]), j >= 1 (the first is null: its context was the
         # step before). Scoring only the second half keeps the logits rows a step
@@ -73,8 +73,6 @@ def measure(client, wins, progress=None):
         for lp in r["rows"][0]["prompt_logprobs"][1:]:
             nll -= lp
             n += 1
-        if progress:
-            progress(k + 1, len(wins), math.exp(nll / n))
     return math.exp(nll / n), n, time.monotonic() - t0
 
 
@@ -127,13 +125,12 @@ def main():
     if a.ctx < 4:
         ap.error("--ctx must be at least 4")
     if a.gguf == "fetch":
-        import subprocess
-        p = subprocess.run(["bash", str(ROOT / "deploy" / "fetch-model.sh")], capture_output=True,
-                           text=True, timeout=900)
-        if p.returncode != 0:
-            print("perplexity: skipped, the model cannot be fetched: " + p.stderr.strip()[-300:])
+        from server_bench import fetch_smollm2
+        path, why = fetch_smollm2()
+        if path is None:
+            print("perplexity: skipped, the model cannot be fetched: " + why)
             return 77
-        a.gguf = p.stdout.strip().splitlines()[-1]
+        a.gguf = str(path)
     ids, bos = tokenize(a.gguf, pathlib.Path(a.text).read_text(encoding="utf-8"))
     wins = windows(ids, a.ctx, bos, a.windows)
     if not wins:
