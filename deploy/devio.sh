@@ -15,7 +15,7 @@ usage: deploy/devio.sh setup
          (fetched into .devio/models by deploy/fetch-model.sh), or, when it cannot be
          fetched, a random demo model made under .devio/; then run the main job
          (devio-server) in the foreground, with fast numerics unless the extra
-         arguments give --numerics (--numerics strict: the exact reference)
+         arguments give --numerics or --backend (--numerics strict: the exact reference)
   test   setup, then run every Bazel test and every check in tests/checks.txt;
          the last line is "N passed, M failed" and the exit status is non-zero
          when anything failed
@@ -168,11 +168,12 @@ cmd_up() {
     fi
     case "$model" in /*) ;; *) model="$CALLER_DIR/$model" ;; esac
     [ -e "$model" ] || die "model not found: $model"
-    # Fast numerics unless the caller chose: the CUDA backend's where a GPU
-    # answers, else the cpu backend's (docs/backends.md).
+    # Fast numerics unless the caller chose the numerics or a backend (the
+    # reference takes strict only): the CUDA backend's where a GPU answers,
+    # else the cpu backend's (docs/backends.md).
     local a chosen=""
     for a in "${extra[@]+"${extra[@]}"}"; do
-        case "$a" in --numerics|--numerics=*) chosen=1 ;; esac
+        case "$a" in --numerics|--numerics=*|--backend|--backend=*) chosen=1 ;; esac
     done
     if [ -z "$chosen" ]; then
         extra+=(--numerics fast)
