@@ -272,7 +272,7 @@ count_check() {
 # after the Bazel tests; blank lines and lines starting with # are skipped.
 # Adds to the caller's `passed`, `failed` and `skipped` (bash locals are dynamically scoped).
 run_checks() {
-    local file="$ROOT/tests/checks.txt" cmd crc out
+    local file="$ROOT/tests/checks.txt" cmd crc out t0
     [ -f "$file" ] || return 0
     out="$STATE_DIR/check.out"
     while IFS= read -r cmd || [ -n "$cmd" ]; do
@@ -280,17 +280,18 @@ run_checks() {
         case "$cmd" in ''|'#'*) continue ;; esac
         log "check: $cmd"
         crc=0
+        t0=$SECONDS
         set +e
         bash -c "$cmd" </dev/null 2>&1 | tee "$out"
         crc=${PIPESTATUS[0]}
         set -e
         count_check "$out" "$crc"
         if [ "$crc" -eq 0 ]; then
-            log "PASSED: $cmd"
+            log "PASSED in $((SECONDS - t0)) s: $cmd"
         elif [ "$crc" -eq 77 ]; then
-            log "SKIPPED: $cmd"
+            log "SKIPPED in $((SECONDS - t0)) s: $cmd"
         else
-            log "FAILED: $cmd (exit $crc)"
+            log "FAILED in $((SECONDS - t0)) s: $cmd (exit $crc)"
         fi
     done <"$file"
 }
