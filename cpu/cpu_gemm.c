@@ -4,8 +4,9 @@
  * A quantized weight (every type of device/numerics/quant.h) is split once at load
  * (devio_quant_split) into small integer quants q and, per group of its elements (16 for
  * Q6_K, else 32), a scale S and an offset M, both kept as binary16: y = S * q + M. Types of 4
- * bits keep two quants a byte, as the file does (Q4_0's q - 8 becomes q with M = -8 S), so a
- * decode step streams about the file's bytes; the others keep one int8 quant an element.
+ * bits keep two quants a byte, as the file does (Q4_0's q - 8 becomes q with M = -8 S, M not
+ * stored but made from S as it is used), so a decode step streams the file's bytes; the others
+ * keep one int8 quant an element.
  * Each token's activations are rounded per block of 32 to integers of 15 bits with one binary32
  * scale (the largest magnitude maps to 16255), kept as two bytes, v = 128 hi + lo; a dot
  * product is then, per unit of 16 elements, an exact integer sum (4-bit quants by the two
@@ -46,6 +47,7 @@
 #include "cpu/cpu_strict.h"
 #include "device/model/model.h"
 #include "device/numerics/numerics.h"
+#include "device/numerics/numerics_vec.h"
 #include "device/numerics/quant.h"
 #include "ref/ref_gemm.h"
 
@@ -96,7 +98,7 @@ static void pack_rows(void *ctx, uint32_t job, uint32_t thread)
                 if (p->qoffset)
                     ok = put_half(halves_at(p, p->qoffset, SWEEP_OFFSETS, o, k / SWEEP) +
                                       k % SWEEP / 32u,
-                                  shift ? -8.0f * S[g] : M[g]) &&
+                                  M[g]) &&
                          ok;
             }
             /* Each element at its place in its sweep (quant_pos). */
@@ -123,7 +125,7 @@ int ref_panels_pack(ref_panels *p, devio_pool *pool, const void *w, devio_dtype 
         return ref_strict_panels_pack(p, pool, w, dt, m, n);
     memset(p, 0, sizeof *p);
     uint32_t t = devio_dtype_ggml(dt), width = width_of(n), gs = devio_quant_group(t);
-    bool offsets = devio_quant_has_offset(t) || t == DEVIO_QT_Q4_0;
+    bool offsets = devio_quant_has_offset(t);
     *p = (ref_panels){.dtype = dt, .m = m, .n = n, .k32 = width / 32u, .qgroups = gs};
     /* Rows in whole fours: the last four's missing rows are zeros. */
     size_t rows = (size_t)(m + 3u) / 4u * 4u, sweeps = sweeps_of(p);
@@ -272,6 +274,21 @@ static inline uint32_t sweeps_used(const ref_panels *w)
     return n - (gemm_broken() && n > 1u ? 1u : 0u);
 }
 
+/* Row o's binary16 offsets of its first sweep, a sweep's four after every
+ * four rows' (NULL: none), each to be multiplied by *mul: Q4_0's are its
+ * scales times -8, exactly (that factor goes on the activations' term,
+ * which a power of two scales exactly, so the product is M's). */
+static inline const uint16_t *offsets_of(const ref_panels *w, uint32_t o, float *mul)
+{
+    *mul = 1.0f;
+    if (w->qoffset)
+        return halves_at(w, w->qoffset, SWEEP_OFFSETS, o, 0);
+    if (w->dtype != DEVIO_Q4_0)
+        return NULL;
+    *mul = -8.0f; /* groups of 32: four scales a sweep, as offsets are kept */
+    return halves_at(w, w->qscale, SWEEP_OFFSETS, o, 0);
+}
+
 #if defined(__AVX2__)
 static inline __m256i ld(const void *p)
 {
@@ -357,7 +374,8 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
     const float *uo = v->offset_x + (size_t)t * (width / 32u);
     const uint8_t *q = quants_at(w, o, 0);
     const uint16_t *S = halves_at(w, w->qscale, sn, o, 0);
-    const uint16_t *M = w->qoffset ? halves_at(w, w->qoffset, SWEEP_OFFSETS, o, 0) : NULL;
+    float m8;
+    const uint16_t *M = offsets_of(w, o, &m8);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (uint32_t s = 0; s < n; s++, q += 4u * sb, S += 4u * sn) {
         const __m256 xs = _mm256_loadu_ps(us + s * 8u);
@@ -377,7 +395,7 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
     /* The offsets' terms: a small stream of their own, after the quants'. */
     __m128 f0 = _mm_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
     for (uint32_t s = 0; M && s < n; s++, M += 4u * SWEEP_OFFSETS) {
-        const __m128 xo = _mm_loadu_ps(uo + s * 4u);
+        const __m128 xo = _mm_mul_ps(_mm_loadu_ps(uo + s * 4u), _mm_set1_ps(m8));
 #define OFF(k) _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(M + (k) * 4u)))
         f0 = _mm_fmadd_ps(OFF(0), xo, f0);
         f1 = _mm_fmadd_ps(OFF(1), xo, f1);
@@ -426,11 +444,13 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
         TOK(3, a3);
 #undef TOK
     }
-    const uint16_t *M = w->qoffset ? halves_at(w, w->qoffset, SWEEP_OFFSETS, o, 0) : NULL;
+    float m8;
+    const uint16_t *M = offsets_of(w, o, &m8);
     const uint32_t po = width / 32u;
     __m128 f0 = _mm_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
     for (uint32_t s = 0; M && s < n; s++, M += 4u * SWEEP_OFFSETS) {
-        const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)M));
+        const __m128 m4 = _mm_mul_ps(
+            _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)M)), _mm_set1_ps(m8));
         f0 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + s * 4u), f0);
         f1 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + po + s * 4u), f1);
         f2 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + 2u * po + s * 4u), f2);
@@ -472,7 +492,8 @@ static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t
     const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
     const float *uo = v->offset_x + (size_t)t * (width / 32u);
-    float acc = 0.0f, off = 0.0f;
+    float acc = 0.0f, off = 0.0f, m8;
+    const uint16_t *M = offsets_of(w, o, &m8);
     for (uint32_t s = 0; s < n; s++) {
         const uint8_t *q = quants_at(w, o, s);
         const uint16_t *S = halves_at(w, w->qscale, sn, o, s);
@@ -484,9 +505,8 @@ static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t
             }
             acc += (devio_f16_to_f32(S[j * UNIT / gs]) * us[s * 8u + j]) * (float)d;
         }
-        for (uint32_t g = 0; w->qoffset && g < SWEEP_OFFSETS; g++)
-            off += devio_f16_to_f32(halves_at(w, w->qoffset, SWEEP_OFFSETS, o, s)[g]) *
-                   uo[s * 4u + g];
+        for (uint32_t g = 0; M && g < SWEEP_OFFSETS; g++)
+            off += devio_f16_to_f32(M[s * 4u * SWEEP_OFFSETS + g]) * (m8 * uo[s * 4u + g]);
     }
     return acc + off;
 }
@@ -543,6 +563,24 @@ static inline void store(const ref_matmul *mm, uint32_t o, uint32_t t, float dot
     }
 }
 
+/* Four outputs: each d[k] stored as store does, SiLU's four at once (the
+ * vector form gives the scalar's bits, numerics_vec.h). */
+static inline void store4_outs(const ref_matmul *mm, const uint32_t *o, const uint32_t *t,
+                               uint32_t n, float *d, const float *d2)
+{
+    if (mm->epi == REF_EPI_SILU_MUL) {
+        float g[8] = {0}, u[8] = {0};
+        memcpy(g, d, 4 * sizeof(float));
+        memcpy(u, d2, 4 * sizeof(float));
+        devio_silu_mul_n(g, g, u, 8);
+        for (uint32_t k = 0; k < n; k++)
+            out_row(mm, t[k])[o[k]] = g[k];
+        return;
+    }
+    for (uint32_t k = 0; k < n; k++)
+        store(mm, o[k], t[k], d[k], d2[k]);
+}
+
 static void run_rows(void *ctx, uint32_t job, uint32_t thread)
 {
     (void)thread;
@@ -553,7 +591,7 @@ static void run_rows(void *ctx, uint32_t job, uint32_t thread)
     const ref_matmul *mm = &r->mm[k];
     uint32_t o0 = (job - r->job_start[k]) * r->rows_per_job[k];
     uint32_t o1 = o0 + r->rows_per_job[k] < mm->w->m ? o0 + r->rows_per_job[k] : mm->w->m;
-    float d[4], d2[4] = {0};
+    float d[4] = {0}, d2[4] = {0};
     const bool silu = mm->epi == REF_EPI_SILU_MUL;
     /* Rows in fours from the job's start (a multiple of four), every token
      * for each four: their quants stay in the nearest cache meanwhile. */
@@ -567,16 +605,17 @@ static void run_rows(void *ctx, uint32_t job, uint32_t thread)
                 kernel4(true, mm->w, o + k, &r->v, t, d);
                 if (silu)
                     kernel4(true, mm->w2, o + k, &r->v, t, d2);
-                for (uint32_t j = 0; j < TILE_TOKENS; j++)
-                    store(mm, o + k, t + j, d[j], d2[j]);
+                const uint32_t os[4] = {o + k, o + k, o + k, o + k};
+                const uint32_t ts[4] = {t, t + 1, t + 2, t + 3};
+                store4_outs(mm, os, ts, TILE_TOKENS, d, d2);
             }
 #endif
         for (; t < mm->n_tok; t++) {
             row_dots(mm->w, o, nr, &r->v, t, d);
             if (silu)
                 row_dots(mm->w2, o, nr, &r->v, t, d2);
-            for (uint32_t k = 0; k < nr; k++)
-                store(mm, o + k, t, d[k], d2[k]);
+            const uint32_t os[4] = {o, o + 1, o + 2, o + 3}, ts[4] = {t, t, t, t};
+            store4_outs(mm, os, ts, nr, d, d2);
         }
     }
 }

@@ -68,7 +68,11 @@ DTYPES = ["bf16", "f16", "f32"]
 # Q4_1 file deploy/fetch-model.sh fetches.
 QUANT = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
 SMOLLM2 = "smollm2-q4_1"
-KINDS = DTYPES + list(QUANT) + [SMOLLM2]
+# That file re-quantized by llama.cpp's own llama-quantize (--allow-requantize: the
+# Q4_1 weights widened, then rounded to the type), as a llama.cpp user makes them.
+SMOLLM2_REQUANT = {"smollm2-" + t.lower(): t
+                   for t in ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "F16", "BF16", "F32")}
+KINDS = DTYPES + list(QUANT) + [SMOLLM2] + list(SMOLLM2_REQUANT)
 PREFILLS = [128, 512]
 BATCHES = [1, 8, 32]
 
@@ -163,9 +167,10 @@ def cpu_name():
 
 # ---- the models ------------------------------------------------------------
 
-def make_models(bin_dir, cache, dtypes):
+def make_models(bin_dir, cache, dtypes, quantize_tool=None):
     """{kind: (what devio loads, the GGUF llama.cpp loads)}: devio's bench preset in each
-    dtype and its GGUF; for a quantized kind one GGUF file that both load."""
+    dtype and its GGUF; for a quantized kind and SmolLM2 one GGUF file that both load.
+    quantize_tool(): llama-quantize's path, built when a re-quantization needs it."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import llama_gguf
 
@@ -176,6 +181,15 @@ def make_models(bin_dir, cache, dtypes):
         if dt == SMOLLM2:
             f = Path(run(["bash", REPO / "deploy" / "fetch-model.sh"]).strip().splitlines()[-1])
             out[dt] = (f, f)
+            continue
+        if dt in SMOLLM2_REQUANT:
+            src = make_models(bin_dir, cache, [SMOLLM2])[SMOLLM2][0]
+            g = cache / "models" / f"{dt}.gguf"
+            if not g.exists():
+                log(f"re-quantizing SmolLM2 to {SMOLLM2_REQUANT[dt]} with llama-quantize")
+                g.parent.mkdir(parents=True, exist_ok=True)
+                run([quantize_tool(), "--allow-requantize", src, g, SMOLLM2_REQUANT[dt]])
+            out[dt] = (g, g)
             continue
         if dt in QUANT:
             d = make_models(bin_dir, cache, ["f32"])["f32"][0]
@@ -292,7 +306,9 @@ def report(args, samples, bw, wbytes, thread_list, dtypes, cpu, date):
         "12 heads, ffn 2048, untied), the same weights for both engines, converted to GGUF by "
         "tools/bench/llama_gguf.py; its quantized kinds (q8_0, q4_0, q4_k_m) made by "
         "tools/gguf/quantize.py from its F32 form, and smollm2-q4_1 the SmolLM2-135M-Instruct "
-        "Q4_1 file of deploy/fetch-model.sh: for these both engines read the same GGUF file. "
+        "Q4_1 file of deploy/fetch-model.sh, smollm2-TYPE that file re-quantized by llama.cpp's "
+        "own llama-quantize (--allow-requantize): for these both engines read the same GGUF "
+        "file. "
         f"{args.rounds} round(s) alternating the engines, {args.steps} decode steps, "
         "median [min–max] tokens/s over the rounds; the ratio is of the medians. "
         "Prefill: best of 3 (devio) or of the repetitions (llama.cpp) in each round."
@@ -417,7 +433,8 @@ def main(argv):
             raise SystemExit(f"side_by_side: {exe} missing: bazel build "
                              "//tools/mkmodel:devio-mkmodel //tests/bench:devio-bench")
     llama = ensure_llama_tool(cache, py, args.jobs, "llama-bench")
-    models = make_models(bin_dir, cache, args.dtype_list)
+    models = make_models(bin_dir, cache, args.dtype_list,
+                         lambda: ensure_llama_tool(cache, py, args.jobs, "llama-quantize"))
 
     dtypes, thread_list = args.dtype_list, args.thread_list
     engines = ("devio", "llama") + (("fast",) if args.fast else ())
