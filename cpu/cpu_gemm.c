@@ -1,18 +1,19 @@
 /* cpu_gemm.c - the cpu backend's projections under fast numerics (ref/ref_gemm.h's functions,
  * built in place of the reference's in every path of the cpu backend, cpu/isa.bzl).
  *
- * A quantized weight (every type of device/numerics/quant.h) is split once at load
- * (devio_quant_split) into small integer quants q and, per group of its elements (16 for
- * Q6_K, else 32), a scale S and an offset M, both kept as binary16: y = S * q + M. Types of 4
- * bits keep two quants a byte, as the file does (Q4_0's q - 8 becomes q with M = -8 S, M not
- * stored but made from S as it is used), so a decode step streams the file's bytes; the others
- * keep one int8 quant an element.
+ * A quantized weight (every type of device/numerics/quant.h) is split once at load (cpu_pack.c,
+ * devio_quant_split) into small integer quants q and, per group of its elements (16 for Q6_K,
+ * else 32), a scale S and an offset M, both kept as binary16: y = S * q + M. The quants
+ * are kept unsigned (q + quant_shift) in the bits the type has (cpu_layout.h's pack_kind):
+ * 4-bit types two a byte, as the file does (Q4_0's q - 8 becomes q with M = -8 S, M not
+ * stored but made from S as it is used); 5- and 6-bit types as a plane of 4 bits and one of 2;
+ * Q8_0 one int8 an element. So a decode step streams about the file's bytes.
  * Each token's activations are rounded per block of 32 to integers of 15 bits with one binary32
  * scale (the largest magnitude maps to 16255), kept as two bytes, v = 128 hi + lo; a dot
- * product is then, per unit of 16 elements, an exact integer sum (4-bit quants by the two
- * bytes, vpmaddubsw; int8 quants widened, by the int16 integers, vpmaddwd; the quants stored
- * in an order that leaves unit k's sum in lane k: lane_pos, i8_pos) scaled by the weight's
- * and the activation's scales:
+ * product is then, per unit of 16 elements, an exact integer sum (unsigned 4- and 6-bit quants
+ * by the two bytes, vpmaddubsw, less the shift times the unit's sum of v; int8 quants widened,
+ * by the int16 integers, vpmaddwd; the quants stored in an order that leaves unit k's sum in
+ * lane k: lane_pos, i8_pos) scaled by the weight's and the activation's scales:
  *
  *   y[o] = sum over units u of (S[u] * sx[u]) * d[o][u]
  *        + sum over groups g of M[g] * (sx[g] * sum xq[g])
@@ -30,8 +31,8 @@
  * are the same for any batch, chunking and thread count; they differ between paths (AVX2 sums
  * eight lanes, the baseline one).
  *
- * Ownership: a packed weight (a ref_panels) owns data (the quants, [m][width] or, 4 bits,
- * [m][width / 2] bytes, zero past n up to whole sweeps of 128, rows interleaved in fours a
+ * Ownership: a packed weight (a ref_panels) owns data (the quants, [m][width / 128] sweeps of
+ * sweep_bytes each, zero past n up to whole sweeps of 128, rows interleaved in fours a
  * sweep at a time), qscale and qoffset (binary16 S and M, [m][width / group], in float-sized
  * storage; qoffset NULL without offsets); k32 is width / 32 and qgroups the group size. */
 #include <math.h>
@@ -57,108 +58,6 @@
 /* Tokens from which rounding the activations is spread over the pool. */
 #define XQ_PARALLEL_TOKENS 32u
 
-/* ---- packing --------------------------------------------------------------- */
-
-typedef struct pack_job {
-    ref_panels *p;
-    const void *w;
-    uint32_t rows_per_job;
-    int *overflow; /* set by any job that met a scale past binary16 */
-} pack_job;
-
-/* x as binary16; false when it is not finite there. */
-static bool put_half(uint16_t *dst, float x)
-{
-    *dst = devio_f32_to_f16_rne(x);
-    return (*dst & 0x7c00u) != 0x7c00u;
-}
-
-static void pack_rows(void *ctx, uint32_t job, uint32_t thread)
-{
-    (void)thread;
-    const pack_job *j = ctx;
-    ref_panels *p = j->p;
-    uint32_t t = devio_dtype_ggml(p->dtype), blk = devio_quant_block(t), gs = p->qgroups;
-    uint32_t sn = sweep_scales_n(p);
-    bool nib = nibbles(t);
-    size_t src_bytes = (size_t)devio_dtype_row_bytes(p->dtype, p->n);
-    uint32_t o1 = (job + 1) * j->rows_per_job < p->m ? (job + 1) * j->rows_per_job : p->m;
-    bool ok = true;
-    for (uint32_t o = job * j->rows_per_job; o < o1; o++) {
-        for (uint32_t k0 = 0; k0 < p->n; k0 += blk) {
-            int8_t q[256];
-            float S[16], M[16] = {0};
-            devio_quant_split(t, (const uint8_t *)j->w + o * src_bytes +
-                                     k0 / blk * devio_quant_block_bytes(t), q, S, M);
-            int shift = t == DEVIO_QT_Q4_0 ? 8 : 0; /* Q4_0's q - 8 as q with M = -8 S */
-            for (uint32_t g = 0; g < blk / gs; g++) {
-                uint32_t k = k0 + g * gs;
-                ok = put_half(halves_at(p, p->qscale, sn, o, k / SWEEP) + k % SWEEP / gs, S[g]) &&
-                     ok;
-                if (p->qoffset)
-                    ok = put_half(halves_at(p, p->qoffset, SWEEP_OFFSETS, o, k / SWEEP) +
-                                      k % SWEEP / 32u,
-                                  M[g]) &&
-                         ok;
-            }
-            /* Each element at its place in its sweep (quant_pos). */
-            uint8_t *dst = NULL;
-            for (uint32_t i = 0; i < blk && k0 + i < p->n; i++) {
-                uint32_t k = k0 + i, at = quant_pos(nib, k % SWEEP);
-                if (i == 0 || k % SWEEP == 0)
-                    dst = quants_at(p, o, k / SWEEP);
-                if (nib)
-                    dst[at % 64u] |= (uint8_t)(((q[i] + shift) & 15) << (at >= 64u ? 4 : 0));
-                else
-                    dst[at] = (uint8_t)q[i];
-            }
-        }
-    }
-    if (!ok)
-        __atomic_store_n(j->overflow, 1, __ATOMIC_RELAXED);
-}
-
-int ref_panels_pack(ref_panels *p, devio_pool *pool, const void *w, devio_dtype dt, uint32_t m,
-                    uint32_t n)
-{
-    if (!devio_dtype_quantized(dt))
-        return ref_strict_panels_pack(p, pool, w, dt, m, n);
-    memset(p, 0, sizeof *p);
-    uint32_t t = devio_dtype_ggml(dt), width = width_of(n), gs = devio_quant_group(t);
-    bool offsets = devio_quant_has_offset(t);
-    *p = (ref_panels){.dtype = dt, .m = m, .n = n, .k32 = width / 32u, .qgroups = gs};
-    /* Rows in whole fours: the last four's missing rows are zeros. */
-    size_t rows = (size_t)(m + 3u) / 4u * 4u, sweeps = sweeps_of(p);
-    size_t qbytes = rows * sweeps * sweep_bytes(p);
-    size_t sc_floats = (rows * sweeps * sweep_scales_n(p) + 1u) / 2u; /* binary16 pairs */
-    size_t of_floats = rows * sweeps * SWEEP_OFFSETS / 2u;
-    if (posix_memalign(&p->data, 64, qbytes ? qbytes : 64) != 0) {
-        p->data = NULL;
-        return -1;
-    }
-    memset(p->data, 0, qbytes);
-    p->qscale = calloc(sc_floats ? sc_floats : 1, sizeof(float));
-    p->qoffset = offsets ? calloc(of_floats ? of_floats : 1, sizeof(float)) : NULL;
-    if (!p->qscale || (offsets && !p->qoffset)) {
-        ref_panels_free(p);
-        return -1;
-    }
-    p->bytes = qbytes + (sc_floats + (p->qoffset ? of_floats : 0u)) * sizeof(float);
-    int overflow = 0;
-    pack_job j = {.p = p, .w = w, .rows_per_job = 64, .overflow = &overflow};
-    devio_pool_run(pool, (m + j.rows_per_job - 1) / j.rows_per_job, pack_rows, &j);
-    if (!overflow)
-        return 0;
-    /* A scale past binary16's range: this weight keeps the reference's form. */
-    ref_panels_free(p);
-    return ref_strict_panels_pack(p, pool, w, dt, m, n);
-}
-
-void ref_panels_free(ref_panels *p)
-{
-    ref_strict_panels_free(p); /* the same three buffers, whoever packed them */
-}
-
 /* ---- activations ------------------------------------------------------------- */
 
 /* Each token's activations, rounded per block of 32 to integers v of at
@@ -169,7 +68,8 @@ void ref_panels_free(ref_panels *p)
  * Where a run's are, in the work's xpack: per token `width` bytes hi, then
  * `width` bytes lo, then `width` int16 (i8_pos's order); per token and
  * unit the scale of the unit's block; per token and block that scale times
- * the block's sum of v (what an offset multiplies). */
+ * the block's sum of v (what an offset multiplies); per token and unit the
+ * unit's sum of v (what a quant_shift multiplies). */
 #define XQ_MAX 16255
 
 typedef struct xq_view {
@@ -177,12 +77,13 @@ typedef struct xq_view {
     int16_t *x16; /* the same integers as int16, in i8_pos's order */
     float *scale;
     float *offset_x;
+    int32_t *usum;
     uint32_t width;
 } xq_view;
 
 static size_t xq_floats(uint32_t tokens, uint32_t width)
 {
-    return (size_t)tokens * (4u * width / sizeof(float) + width / UNIT + width / 32u);
+    return (size_t)tokens * (4u * width / sizeof(float) + 2u * width / UNIT + width / 32u);
 }
 
 size_t ref_gemm_xpack_floats(uint32_t max_tokens, uint32_t max_n)
@@ -197,8 +98,11 @@ static xq_view xq_at(float *xpack, uint32_t tokens, uint32_t width)
     int8_t *hi = (int8_t *)(void *)xpack;
     int16_t *x16 = (int16_t *)(void *)(hi + (size_t)2 * tokens * width);
     float *scale = xpack + (size_t)tokens * (4u * width / sizeof(float));
+    float *offset_x = scale + (size_t)tokens * (width / UNIT);
     return (xq_view){.hi = hi, .lo = hi + (size_t)tokens * width, .x16 = x16, .scale = scale,
-                     .offset_x = scale + (size_t)tokens * (width / UNIT), .width = width};
+                     .offset_x = offset_x,
+                     .usum = (int32_t *)(void *)(offset_x + (size_t)tokens * (width / 32u)),
+                     .width = width};
 }
 
 typedef struct xq_job {
@@ -218,6 +122,7 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
     int16_t *x16 = j->v.x16 + (size_t)t * width;
     float *us = j->v.scale + (size_t)t * (width / UNIT);
     float *uo = j->v.offset_x + (size_t)t * (width / 32u);
+    int32_t *usum = j->v.usum + (size_t)t * (width / UNIT);
     for (uint32_t k0 = 0; k0 < width; k0 += 32u) {
         uint32_t kn = k0 >= n ? 0 : n - k0 < 32u ? n - k0 : 32u;
         float amax = 0.0f;
@@ -226,7 +131,7 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
             amax = a > amax ? a : amax;
         }
         float id = amax > 0.0f ? (float)XQ_MAX / amax : 0.0f, sx = amax / (float)XQ_MAX;
-        int sum = 0;
+        int sum = 0, half = 0;
         int8_t h[32], l[32];
         int16_t w16[32];
         for (uint32_t i = 0; i < 32u; i++) {
@@ -236,6 +141,8 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
             l[i] = (int8_t)(v & 127);
             w16[i] = (int16_t)v;
             sum += v;
+            if (i == UNIT - 1u)
+                half = sum;
         }
         /* Four neighbouring elements keep their order in both layouts. */
         uint32_t base = k0 / SWEEP * SWEEP;
@@ -246,6 +153,8 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
             memcpy(x16 + base + i8_pos(e), w16 + g, 4 * sizeof(int16_t));
         }
         us[k0 / UNIT] = us[k0 / UNIT + 1u] = sx;
+        usum[k0 / UNIT] = half;
+        usum[k0 / UNIT + 1u] = sum - half;
         uo[k0 / 32u] = sx * (float)sum;
     }
 }
@@ -295,20 +204,21 @@ static inline __m256i ld(const void *p)
     return _mm256_loadu_si256((const __m256i *)p);
 }
 
-/* Unit k's integer dot product of a row's sweep of quants at w with a
- * token's activations there, in lane k. 4-bit quants (unsigned) by the
- * activations' two bytes (hi, lo, in lane_pos's order): byte products
- * summed in pairs (vpmaddubsw), which by activations of at most 128 in
- * magnitude sum to at most 15 * 128 * 8 over the sweep's four chunks,
- * within int16, then in fours (vpmaddwd). int8 quants widened to int16 by
- * the activations as int16 (x16, in i8_pos's order): products summed in
- * pairs (vpmaddwd), then neighbouring lanes (vphaddd). */
-static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w, const bool nib,
+/* Unit k's integer dot product of a row's sweep of quants at w (as kept,
+ * q + quant_shift) with a token's activations there, in lane k. Unsigned
+ * quants of 4 or 6 bits by the activations' two bytes (hi, lo, in
+ * lane_pos's order): byte products summed in pairs (vpmaddubsw), within
+ * int16 over a sweep's four chunks for 4 bits (15 * 127 * 8) and over two
+ * for 6 (63 * 127 * 4), then in fours (vpmaddwd). int8 quants widened to
+ * int16 by the activations as int16 (x16, in i8_pos's order): products
+ * summed in pairs (vpmaddwd), then neighbouring lanes (vphaddd). */
+static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
+                                                                const pack_kind kind,
                                                                 const int8_t *hi,
                                                                 const int8_t *lo,
                                                                 const int16_t *x16)
 {
-    if (!nib) {
+    if (kind == PK_I8) {
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
@@ -321,18 +231,42 @@ static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
         return _mm256_hadd_epi32(a, b);
     }
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256i h = _mm256_setzero_si256(), l = _mm256_setzero_si256();
+    const __m256i top = _mm256_set1_epi8(0x30);
+    const __m256i hb = kind == PK_SIX ? ld(w + 64) : _mm256_setzero_si256();
+    __m256i h = _mm256_setzero_si256(), l = h, h32 = h, l32 = h;
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         /* chunk k: bytes 32 (k % 2) on, low nibbles for k < 2, high else */
         __m256i raw = ld(w + 32 * (k % 2));
         __m256i c = _mm256_and_si256(k < 2 ? raw : _mm256_srli_epi16(raw, 4), low);
+        if (kind == PK_SIX) {
+            /* its high bits, 2k and 2k + 1 of each byte, moved to 4 and 5 */
+            __m256i b = k == 0   ? _mm256_slli_epi16(hb, 4)
+                        : k == 1 ? _mm256_slli_epi16(hb, 2)
+                        : k == 2 ? hb
+                                 : _mm256_srli_epi16(hb, 2);
+            c = _mm256_or_si256(c, _mm256_and_si256(b, top));
+        }
         h = _mm256_add_epi16(h, _mm256_maddubs_epi16(c, ld(hi + 32 * k)));
         l = _mm256_add_epi16(l, _mm256_maddubs_epi16(c, ld(lo + 32 * k)));
+        if (kind == PK_SIX && k % 2 == 1) {
+            h32 = _mm256_add_epi32(h32, _mm256_madd_epi16(h, ones));
+            l32 = _mm256_add_epi32(l32, _mm256_madd_epi16(l, ones));
+            h = l = _mm256_setzero_si256();
+        }
     }
-    h = _mm256_madd_epi16(h, ones);
-    l = _mm256_madd_epi16(l, ones);
-    return _mm256_add_epi32(_mm256_slli_epi32(h, 7), l);
+    if (kind != PK_SIX) {
+        h32 = _mm256_madd_epi16(h, ones);
+        l32 = _mm256_madd_epi16(l, ones);
+    }
+    return _mm256_add_epi32(_mm256_slli_epi32(h32, 7), l32);
+}
+
+/* What a sweep's eight unit sums of quants kept shifted (PK_SIX) lose to
+ * be the quants' own: the shift times the activations' sum over each unit. */
+static inline __m256i unshift(const int32_t *usum, const __m256i shift)
+{
+    return _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)(const void *)usum), shift);
 }
 
 /* The scales of one sweep's eight units from a row's binary16 scales there:
@@ -360,14 +294,16 @@ static inline void store4(const __m256 *acc, const __m128 *off, float *out)
 
 /* The dot products of the four rows from o (a multiple of four) with token
  * t: the four's stream read in order, each sweep's activations once. Built
- * once for each form of quants and scales (nib, gs constant), so that the
+ * once for each form of quants and scales (kind, gs constant), so that the
  * four accumulators stay in registers. */
 static inline __attribute__((always_inline)) void
 dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *out,
-         const bool nib, const uint32_t gs)
+         const pack_kind kind, const uint32_t gs)
 {
-    const uint32_t width = v->width, sb = nib ? SWEEP / 2u : SWEEP;
+    const uint32_t width = v->width, sb = sweep_bytes(w);
     const uint32_t sn = SWEEP / gs, n = sweeps_used(w);
+    const int32_t *usum = v->usum + (size_t)t * (width / UNIT);
+    const __m256i shift = _mm256_set1_epi32(kind == PK_SIX ? quant_shift(w->dtype) : 0);
     const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
     const int16_t *x16 = v->x16 + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
@@ -381,11 +317,13 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
         const __m256 xs = _mm256_loadu_ps(us + s * 8u);
         const int8_t *h = xh + s * SWEEP, *l = xl + s * SWEEP;
         const int16_t *x = x16 + s * SWEEP;
+        const __m256i sub = kind == PK_SIX ? unshift(usum + s * 8u, shift) : shift;
         for (uint32_t b = 0; b < 4u * sb; b += 64u)
             _mm_prefetch((const char *)(q + PREFETCH_BYTES + b), _MM_HINT_T0);
 #define ROW(k, acc)                                                                          \
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(unit_dots(q + (k) * sb, nib, h, l, x)),         \
-                          _mm256_mul_ps(unit_scales(S + (k) * sn, gs), xs), acc)
+    acc = _mm256_fmadd_ps(                                                                   \
+        _mm256_cvtepi32_ps(_mm256_sub_epi32(unit_dots(q + (k) * sb, kind, h, l, x), sub)),   \
+        _mm256_mul_ps(unit_scales(S + (k) * sn, gs), xs), acc)
         ROW(0, a0);
         ROW(1, a1);
         ROW(2, a2);
@@ -417,10 +355,12 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
  * fold, which is lane-wise, over the tokens' sums instead of the rows'. */
 static inline __attribute__((always_inline)) void
 tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *out,
-        const bool nib, const uint32_t gs)
+        const pack_kind kind, const uint32_t gs)
 {
-    const uint32_t width = v->width, sb = nib ? SWEEP / 2u : SWEEP;
+    const uint32_t width = v->width, sb = sweep_bytes(w);
     const uint32_t sn = SWEEP / gs, n = sweeps_used(w), per = width / UNIT;
+    const int32_t *usum = v->usum + (size_t)t0 * per;
+    const __m256i shift = _mm256_set1_epi32(kind == PK_SIX ? quant_shift(w->dtype) : 0);
     const int8_t *xh = v->hi + (size_t)t0 * width, *xl = v->lo + (size_t)t0 * width;
     const int16_t *x16 = v->x16 + (size_t)t0 * width;
     const float *us = v->scale + (size_t)t0 * per;
@@ -434,9 +374,11 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
         const __m256 sc = unit_scales(S, gs);
 #define TOK(k, acc)                                                                           \
     acc = _mm256_fmadd_ps(                                                                    \
-        _mm256_cvtepi32_ps(unit_dots(q, nib, xh + (size_t)(k) * width + s * SWEEP,           \
-                                     xl + (size_t)(k) * width + s * SWEEP,                    \
-                                     x16 + (size_t)(k) * width + s * SWEEP)),                 \
+        _mm256_cvtepi32_ps(_mm256_sub_epi32(                                                  \
+            unit_dots(q, kind, xh + (size_t)(k) * width + s * SWEEP,                          \
+                      xl + (size_t)(k) * width + s * SWEEP,                                   \
+                      x16 + (size_t)(k) * width + s * SWEEP),                                 \
+            kind == PK_SIX ? unshift(usum + (size_t)(k) * per + s * 8u, shift) : shift)),     \
         _mm256_mul_ps(sc, _mm256_loadu_ps(us + (size_t)(k) * per + s * 8u)), acc)
         TOK(0, a0);
         TOK(1, a1);
@@ -466,10 +408,15 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
 static void kernel4(bool tiled, const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t,
                     float *out)
 {
-    const bool nib = nib_dtype(w->dtype), g16 = w->qgroups == UNIT;
+    /* The forms the types take: 4 bits by 32 (Q4_*), 6 bits by 32 (Q5_*) or
+     * 16 (Q6_K), int8 by 32 (Q8_0). */
+    const pack_kind kind = kind_of(w->dtype);
+    const bool g16 = w->qgroups == UNIT;
 #define FORMS(f)                                                                      \
-    (nib ? (g16 ? f(w, o, v, t, out, true, UNIT) : f(w, o, v, t, out, true, 32u))     \
-         : (g16 ? f(w, o, v, t, out, false, UNIT) : f(w, o, v, t, out, false, 32u)))
+    (kind == PK_NIB  ? f(w, o, v, t, out, PK_NIB, 32u)                                \
+     : kind == PK_I8 ? f(w, o, v, t, out, PK_I8, 32u)                                 \
+     : g16           ? f(w, o, v, t, out, PK_SIX, UNIT)                               \
+                     : f(w, o, v, t, out, PK_SIX, 32u))
     if (tiled)
         FORMS(tile_of);
     else
@@ -477,18 +424,25 @@ static void kernel4(bool tiled, const ref_panels *w, uint32_t o, const xq_view *
 #undef FORMS
 }
 #else
-/* Element e (0..127) of a row's sweep of quants. */
-static inline int quant(const uint8_t *q, bool nib, uint32_t e)
+/* Element e (0..127) of a row's sweep of quants: q (Q4_0's q + 8, its
+ * offsets take the 8 back). */
+static inline int quant(const uint8_t *q, pack_kind kind, int shift, uint32_t e)
 {
-    uint32_t at = quant_pos(nib, e);
-    return nib ? (q[at % 64u] >> (at >= 64u ? 4 : 0)) & 15 : (int)(int8_t)q[at];
+    uint32_t at = quant_pos(kind, e);
+    if (kind == PK_I8)
+        return (int8_t)q[at];
+    int u = (q[at % 64u] >> (at >= 64u ? 4 : 0)) & 15;
+    if (kind == PK_NIB)
+        return u;
+    return (u | ((q[64u + at % 32u] >> (2u * (at / 32u))) & 3) << 4) - shift;
 }
 
 /* The dot product of row o with token t alone (the baseline path's). */
 static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t)
 {
     const uint32_t width = v->width, gs = w->qgroups, sn = sweep_scales_n(w), n = sweeps_used(w);
-    const bool nib = nib_dtype(w->dtype);
+    const pack_kind kind = kind_of(w->dtype);
+    const int shift = quant_shift(w->dtype);
     const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
     const float *uo = v->offset_x + (size_t)t * (width / 32u);
@@ -501,7 +455,8 @@ static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t
             int d = 0;
             for (uint32_t i = 0; i < UNIT; i++) {
                 uint32_t at = lane_pos(j * UNIT + i);
-                d += quant(q, nib, j * UNIT + i) * (128 * xh[s * SWEEP + at] + xl[s * SWEEP + at]);
+                d += quant(q, kind, shift, j * UNIT + i) *
+                     (128 * xh[s * SWEEP + at] + xl[s * SWEEP + at]);
             }
             acc += (devio_f16_to_f32(S[j * UNIT / gs]) * us[s * 8u + j]) * (float)d;
         }

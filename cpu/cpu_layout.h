@@ -31,23 +31,45 @@ static inline uint32_t width_of(uint32_t n)
     return (n + SWEEP - 1u) / SWEEP * SWEEP;
 }
 
-/* Whether the type keeps two quants a byte (its q in 0..15 after the shift). */
-static inline bool nibbles(uint32_t t)
+/* How a type's quants are kept, each as q + quant_shift, which is then
+ * unsigned: PK_NIB 4 bits, two a byte; PK_SIX 6 bits (the 5-bit types' top
+ * bit 0), their low 4 bits as PK_NIB's and after them a plane of their two
+ * high bits; PK_I8 one int8 a byte (Q8_0). So a step streams 4.5 to 7 bits
+ * a weight, about the file's (4.5 to 6.6), not a widened form. */
+typedef enum { PK_NIB, PK_SIX, PK_I8 } pack_kind;
+
+static inline pack_kind kind_of(devio_dtype d)
 {
-    return t == DEVIO_QT_Q4_0 || t == DEVIO_QT_Q4_1 || t == DEVIO_QT_Q4_K;
+    switch (d) {
+    case DEVIO_Q4_0:
+    case DEVIO_Q4_1:
+    case DEVIO_Q4_K:
+        return PK_NIB;
+    case DEVIO_Q5_0:
+    case DEVIO_Q5_1:
+    case DEVIO_Q5_K:
+    case DEVIO_Q6_K:
+        return PK_SIX;
+    default:
+        return PK_I8;
+    }
 }
 
-/* The same of a weight's dtype, without a call (the kernels ask per four). */
-static inline bool nib_dtype(devio_dtype d)
+/* What is added to a type's q (device/numerics/quant.h's split form) to
+ * keep it unsigned. Q4_0's 8 is taken back by its offsets (M = -8 S, made
+ * from S); Q5_0's 16 and Q6_K's 32 by the activations' sum over each unit
+ * times the shift, out of each unit's integer sum. */
+static inline int quant_shift(devio_dtype d)
 {
-    return d == DEVIO_Q4_0 || d == DEVIO_Q4_1 || d == DEVIO_Q4_K;
+    return d == DEVIO_Q4_0 ? 8 : d == DEVIO_Q5_0 ? 16 : d == DEVIO_Q6_K ? 32 : 0;
 }
 
 /* Bytes of quants one row has in a sweep, and its binary16 scales there
  * (offsets: one per group of 32, four a sweep). */
 static inline uint32_t sweep_bytes(const ref_panels *p)
 {
-    return nib_dtype(p->dtype) ? SWEEP / 2u : SWEEP;
+    pack_kind k = kind_of(p->dtype);
+    return k == PK_NIB ? SWEEP / 2u : k == PK_SIX ? SWEEP / 2u + SWEEP / 4u : SWEEP;
 }
 
 static inline uint32_t sweep_scales_n(const ref_panels *p)
@@ -85,7 +107,9 @@ static inline uint16_t *halves_at(const ref_panels *p, const float *base, uint32
  * an integer dot product that sums four neighbouring bytes into a 32-bit
  * lane (vpmaddubsw then vpmaddwd) leaves unit k's sum in lane
  * k: no horizontal folds. 4-bit quants keep position i (0..63) in byte i's
- * low nibble, position 64 + i in its high nibble. */
+ * low nibble, position 64 + i in its high nibble; PK_SIX keeps position p's
+ * two high bits in byte 64 + p % 32 of the sweep, at bits 2 (p / 32), so
+ * that chunk c's are one shift and a mask away from bits 4 and 5. */
 static inline uint32_t lane_pos(uint32_t e)
 {
     return (e % UNIT) / 4u * 32u + e / UNIT * 4u + e % 4u;
@@ -104,9 +128,9 @@ static inline uint32_t i8_pos(uint32_t e)
 }
 
 /* Where element e of a sweep sits among a weight's quants. */
-static inline uint32_t quant_pos(bool nib, uint32_t e)
+static inline uint32_t quant_pos(pack_kind k, uint32_t e)
 {
-    return nib ? lane_pos(e) : i8_pos(e);
+    return k == PK_I8 ? i8_pos(e) : lane_pos(e);
 }
 
 #endif

@@ -64,6 +64,7 @@ def cpu_isa_library(path, march, **kwargs):
         name = "cpu_" + path,
         srcs = ["//ref:" + s for s in REF_ISA_SRCS if s != "ref_gemm.c"] + [
             "cpu_gemm.c",
+            "cpu_pack.c",
             "cpu_layout.h",
             "cpu_strict.h",
         ] + REF_HDRS,

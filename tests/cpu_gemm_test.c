@@ -55,7 +55,7 @@ static uint8_t *rand_rows(uint32_t t, uint32_t m, uint32_t n)
         uint16_t d = devio_f32_to_f16_rne(0.005f + (float)(next() % 100) * 1e-4f);
         uint16_t mn = devio_f32_to_f16_rne(0.002f + (float)(next() % 10) * 1e-3f);
         memcpy(t == DEVIO_QT_Q6_K ? p + bb - 2 : p, &d, 2);
-        if (t == DEVIO_QT_Q4_1 || t == DEVIO_QT_Q4_K)
+        if (t == DEVIO_QT_Q4_1 || t == DEVIO_QT_Q4_K || t == DEVIO_QT_Q5_1 || t == DEVIO_QT_Q5_K)
             memcpy(p + 2, &mn, 2);
     }
     return w;
@@ -119,11 +119,17 @@ static void test_each_form_within_tolerance_and_batch_independent(void **state)
     (void)state;
     if (!runs())
         return;
-    check_type(DEVIO_Q4_0, 160, 1e-4); /* 4 bits, groups of 32, an offset */
+    check_type(DEVIO_Q4_0, 160, 1e-4); /* 4 bits, groups of 32, offsets made from scales */
     check_type(DEVIO_Q4_1, 160, 1e-4);
     check_type(DEVIO_Q8_0, 160, 1e-4); /* int8, groups of 32 */
     check_type(DEVIO_Q4_K, 256, 1e-3);
-    check_type(DEVIO_Q6_K, 512, 1e-3); /* int8, groups of 16 */
+    check_type(DEVIO_Q5_0, 160, 1e-4); /* 6 bits (the top one 0), groups of 32, a shift */
+    /* The same, offsets, no shift: with q unsigned and offsets of one sign
+     * every weight here is positive, so the products cancel and the 15-bit
+     * activations' error is larger against the small result (1.6e-4). */
+    check_type(DEVIO_Q5_1, 160, 1e-3);
+    check_type(DEVIO_Q5_K, 256, 1e-3);
+    check_type(DEVIO_Q6_K, 512, 1e-3); /* 6 bits, groups of 16, a shift */
 }
 
 /* A Q4_K weight whose sub-block scales (d * sc) pass binary16's range is
