@@ -1,7 +1,8 @@
 """The cpu backend's instruction-set paths: the reference's step (ref/isa.bzl's sources) with
-cpu_gemm.c in place of ref/ref_gemm.c, built once per path with every symbol renamed
-NAME_cpu_PATH. ref/ref_gemm.c is built beside it under the names ref_strict_* (cpu_strict.h),
-for the weights the fast kernels do not take.
+cpu_gemm.c and cpu_pack.c in place of ref/ref_gemm.c and its KV cache in binary16
+(REF_KV_F16, ref/ref_kv.h), built once per path with every symbol renamed NAME_cpu_PATH.
+ref/ref_gemm.c is built beside it under the names ref_strict_* (cpu_strict.h), for the
+weights the fast kernels do not take.
 """
 
 load("//ref:isa.bzl", "REF_ISA_COPTS", "REF_ISA_SRCS", "REF_ISA_SYMBOLS")
@@ -29,6 +30,7 @@ REF_HDRS = [
     "//ref:ref_backend.h",
     "//ref:ref_gemm.h",
     "//ref:ref_kernels.h",
+    "//ref:ref_kv.h",
     "//ref:ref_mixer.h",
     "//ref:ref_state.h",
     "//ref:ref_vec.h",
@@ -68,7 +70,8 @@ def cpu_isa_library(path, march, **kwargs):
             "cpu_layout.h",
             "cpu_strict.h",
         ] + REF_HDRS,
-        copts = march + REF_ISA_COPTS + cpu_renames(path),
+        # K and V kept as binary16 (ref/ref_kv.h).
+        copts = march + REF_ISA_COPTS + cpu_renames(path) + ["-DREF_KV_F16"],
         deps = [
             ":strict_gemm_" + path,
             "//device/core",

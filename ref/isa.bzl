@@ -68,7 +68,7 @@ def ref_isa_library(path, march, **kwargs):
     """The path's copy of the backend: REF_ISA_SRCS with that path's flags and names."""
     native.cc_library(
         name = "ref_" + path,
-        srcs = REF_ISA_SRCS + ["ref_state.h", "ref_vec.h"],
+        srcs = REF_ISA_SRCS + ["ref_kv.h", "ref_state.h", "ref_vec.h"],
         hdrs = [
             "ref_backend.h",
             "ref_gemm.h",

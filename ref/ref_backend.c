@@ -36,7 +36,7 @@ static void *calloc_n(ref_state *st, size_t a, size_t b, size_t size)
 /* The KV pools, zeroed so that no slot ever holds a non-finite value. */
 static bool create_kv(ref_state *st, uint32_t L)
 {
-    st->block_floats = (size_t)st->cfg.block_size * st->kv_dim;
+    st->block_elems = (size_t)st->cfg.block_size * st->kv_dim;
     st->k_cache = calloc_n(st, L, 1, sizeof *st->k_cache);
     st->v_cache = calloc_n(st, L, 1, sizeof *st->v_cache);
     if (!st->k_cache || !st->v_cache)
@@ -44,8 +44,8 @@ static bool create_kv(ref_state *st, uint32_t L)
     for (uint32_t i = 0; i < L; i++) {
         if (st->model->layers[i].kind != DEVIO_LAYER_ATTENTION)
             continue; /* a mixer layer keeps no KV */
-        st->k_cache[i] = calloc_n(st, st->cfg.kv_blocks, st->block_floats, sizeof(float));
-        st->v_cache[i] = calloc_n(st, st->cfg.kv_blocks, st->block_floats, sizeof(float));
+        st->k_cache[i] = calloc_n(st, st->cfg.kv_blocks, st->block_elems, sizeof(ref_kv));
+        st->v_cache[i] = calloc_n(st, st->cfg.kv_blocks, st->block_elems, sizeof(ref_kv));
         if (!st->k_cache[i] || !st->v_cache[i])
             return false;
     }

@@ -12,6 +12,7 @@
 #include "device/numerics/numerics.h"
 #include "device/numerics/numerics_vec.h"
 #include "device/numerics/quant.h"
+#include "ref/ref_kv.h"
 #include "ref/ref_vec.h"
 
 /* Keys ahead whose K or V row is prefetched in attention. */
@@ -109,9 +110,10 @@ void ref_rope(float *x, uint32_t n_heads, uint32_t hd, uint32_t rd, const float 
 
 /* ---- attention --------------------------------------------------------- */
 
-/* lane_dot(q, k, hd) with q zero padded to a multiple of 32 and k read only
- * inside [0, hd): the tail of k is copied into kbuf (zero padded). */
-static ALWAYS_INLINE float dot_qk(const float *q, const float *k, uint32_t hd, float *kbuf)
+/* lane_dot(q, k, hd) with q zero padded to a multiple of 32 and k (a row
+ * of the K cache, ref_kv.h) read only inside [0, hd): the tail of k is
+ * copied into kbuf (zero padded). */
+static ALWAYS_INLINE float dot_qk(const float *q, const ref_kv *k, uint32_t hd, float *kbuf)
 {
     /* Unrolled over the vectors so the accumulators stay in registers (a
      * rolled loop keeps them on the stack, one store-to-load per chunk). */
@@ -123,9 +125,10 @@ static ALWAYS_INLINE float dot_qk(const float *q, const float *k, uint32_t hd, f
     for (; i + 32 <= hd; i += 32)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
-            acc[v] = acc[v] + ldv(q + i + v * VL) * ldv(k + i + v * VL);
+            acc[v] = acc[v] + ldv(q + i + v * VL) * ref_kv_ldv(k + i + v * VL);
     if (i < hd) {
-        memcpy(kbuf, k + i, (hd - i) * sizeof(float));
+        for (uint32_t j = 0; j < hd - i; j++)
+            kbuf[j] = ref_kv_get(k + i + j);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
             acc[v] = acc[v] + ldv(q + i + v * VL) * ldv(kbuf + v * VL);
@@ -133,15 +136,15 @@ static ALWAYS_INLINE float dot_qk(const float *q, const float *k, uint32_t hd, f
     return fold_lanes(acc);
 }
 
-static ALWAYS_INLINE void prefetch_row(const float *p, uint32_t n)
+static ALWAYS_INLINE void prefetch_row(const ref_kv *p, uint32_t n)
 {
-    for (uint32_t c = 0; c < n; c += 16) /* 16 floats = one 64-byte line */
+    for (uint32_t c = 0; c < n; c += 64u / sizeof(ref_kv)) /* one 64-byte line */
         __builtin_prefetch(p + c);
 }
 
 /* Floats [c, c + NC * VL) of lane sum out = sum of e_k * v_k over the keys
  * k0, k0 + 32, ... below n_keys, added in that order from +0. */
-static ALWAYS_INLINE void pv_lane(int NC, const float *v_cache, const size_t *rows,
+static ALWAYS_INLINE void pv_lane(int NC, const ref_kv *v_cache, const size_t *rows,
                                   const float *sc, uint32_t k0, uint32_t n_keys, uint32_t c,
                                   float *out)
 {
@@ -150,13 +153,13 @@ static ALWAYS_INLINE void pv_lane(int NC, const float *v_cache, const size_t *ro
     for (int i = 0; i < NC; i++)
         acc[i] = (vf){0};
     for (uint32_t k = k0; k < n_keys; k += 32) {
-        const float *v = v_cache + rows[k] + c;
+        const ref_kv *v = v_cache + rows[k] + c;
         if (k + 32u * 2u < n_keys)
             __builtin_prefetch(v_cache + rows[k + 64] + c);
         vf e = (vf){0} + sc[k];
 #pragma GCC unroll 8
         for (int i = 0; i < NC; i++)
-            acc[i] = acc[i] + e * ldv(v + i * VL);
+            acc[i] = acc[i] + e * ref_kv_ldv(v + i * VL);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < NC; i++)
@@ -233,7 +236,7 @@ void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scrat
         for (; c < hd; c++) {
             float x = 0.0f;
             for (uint32_t k = k0; k < n_keys; k += 32)
-                x = x + sc[k] * a->v_cache[rows[k] + c];
+                x = x + sc[k] * ref_kv_get(a->v_cache + rows[k] + c);
             al[c] = x;
         }
     }

@@ -11,6 +11,14 @@
 #include "device/model/model.h"
 #include "ref/pool.h"
 
+/* One element of the KV cache: binary32, or binary16 in a build that
+ * defines REF_KV_F16 (ref_kv.h writes and reads it). */
+#if defined(REF_KV_F16)
+typedef uint16_t ref_kv;
+#else
+typedef float ref_kv;
+#endif
+
 /* Floats of a thread's projection partials (ref_gemm.c): two operands x
  * 32 lanes x up to 12 tokens x 16 outputs. */
 #define REF_GEMM_PART_FLOATS (2u * 32u * 12u * 16u)
@@ -61,8 +69,8 @@ void ref_rope(float *x, uint32_t n_heads, uint32_t hd, uint32_t rd, const float 
 typedef struct ref_attention {
     const float *q;          /* [n_tok, n_heads * hd] after RoPE, stride ldq */
     size_t ldq;
-    const float *k_cache;    /* the layer's pools, [kv_blocks, n_kv, block_size, hd] */
-    const float *v_cache;
+    const ref_kv *k_cache;   /* the layer's pools, [kv_blocks, n_kv, block_size, hd] */
+    const ref_kv *v_cache;
     uint32_t block_size, n_heads, n_kv_heads, head_dim;
     uint32_t n_tok;
     const uint32_t *tok_pos;           /* [n_tok] absolute position */

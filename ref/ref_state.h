@@ -33,8 +33,8 @@ typedef struct ref_state {
 
     /* n_layers pools of [kv_blocks, n_kv, block_size, hd]: head-major inside
      * a block, so one head's keys are contiguous for attention. */
-    float **k_cache, **v_cache;
-    size_t block_floats;        /* block_size * kv_dim */
+    ref_kv **k_cache, **v_cache;
+    size_t block_elems;         /* block_size * kv_dim */
     const float *rope_cos, *rope_sin; /* [max_seq_len, hd / 2], the core's */
     size_t bytes;               /* everything create allocated, for info */
 

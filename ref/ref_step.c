@@ -5,6 +5,7 @@
 
 #include "device/numerics/numerics.h"
 #include "device/status.h"
+#include "ref/ref_kv.h"
 #include "ref/ref_state.h"
 
 /* Per-token tables of a checked batch: positions, block tables, adapters.
@@ -91,7 +92,7 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
 {
     const ref_panels *P = st->panels + (size_t)li * REF_W_N;
     uint32_t rd = st->cfg.shape->rotary_dim, half = rd / 2;
-    float *kc = st->k_cache[li], *vc = st->v_cache[li];
+    ref_kv *kc = st->k_cache[li], *vc = st->v_cache[li];
     uint32_t bs = st->cfg.block_size;
 
     rmsnorm_rows(st, st->h, st->x, st->attn_norm + (size_t)li * st->d, n_tok);
@@ -124,8 +125,8 @@ static void layer_qkv(ref_state *st, uint32_t li, uint32_t n_tok)
         for (uint32_t g = 0; g < st->n_kv; g++) {
             size_t slot = ((blk * st->n_kv + g) * bs + pos % bs) * st->hd;
             size_t src = (size_t)t * st->kv_dim + (size_t)g * st->hd;
-            memcpy(kc + slot, st->k + src, st->hd * sizeof(float));
-            memcpy(vc + slot, st->v + src, st->hd * sizeof(float));
+            ref_kv_put(kc + slot, st->k + src, st->hd);
+            ref_kv_put(vc + slot, st->v + src, st->hd);
         }
     }
 }
@@ -165,7 +166,7 @@ static void residual_proj(ref_state *st, uint32_t li, devio_lora_target target, 
 static void layer_attn_out(ref_state *st, uint32_t li, uint32_t n_tok)
 {
     const ref_panels *P = st->panels + (size_t)li * REF_W_N;
-    float *kc = st->k_cache[li], *vc = st->v_cache[li];
+    const ref_kv *kc = st->k_cache[li], *vc = st->v_cache[li];
     uint32_t bs = st->cfg.block_size;
 
     ref_attention at = {
@@ -269,15 +270,15 @@ devio_status ref_step_run(void *sp, const devio_batch *b, devio_error *err)
     uint32_t L = st->cfg.shape->n_layers;
 
     for (uint32_t c = 0; c < b->n_copies; c++) {
-        size_t src = (size_t)b->copy_src[c] * st->block_floats;
-        size_t dst = (size_t)b->copy_dst[c] * st->block_floats;
+        size_t src = (size_t)b->copy_src[c] * st->block_elems;
+        size_t dst = (size_t)b->copy_dst[c] * st->block_elems;
         if (src == dst)
             continue;
         for (uint32_t li = 0; li < L; li++) {
             if (!st->k_cache[li])
                 continue;
-            memcpy(st->k_cache[li] + dst, st->k_cache[li] + src, st->block_floats * sizeof(float));
-            memcpy(st->v_cache[li] + dst, st->v_cache[li] + src, st->block_floats * sizeof(float));
+            memcpy(st->k_cache[li] + dst, st->k_cache[li] + src, st->block_elems * sizeof(ref_kv));
+            memcpy(st->v_cache[li] + dst, st->v_cache[li] + src, st->block_elems * sizeof(ref_kv));
         }
     }
     if (n_tok == 0)

@@ -2,7 +2,7 @@
  * register width VL, the 32 lanes of the reduction rule as NV = 32 / VL
  * vectors, unaligned loads and stores, the lane fold, and exact widening of
  * bf16 and f16. Included only by ref/ sources that vectorise (ref_kernels.c,
- * ref_gemm.c); everything here is static and inlined, so each translation
+ * ref_gemm.c, and ref_kv.h's readers); everything here is static and inlined, so each translation
  * unit is compiled for its own target. Allocates nothing; owns nothing. */
 #ifndef DEVIO_REF_VEC_H
 #define DEVIO_REF_VEC_H

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -224,7 +225,8 @@ static void test_registry(void **state)
 
 /* The cpu backend takes fast numerics only, says so, and its device says
  * which path runs; the reference takes strict only. The model here has no
- * quantized weight: its numbers are then the reference's bit for bit. */
+ * quantized weight: its numbers then differ from the reference's only by
+ * its binary16 K and V (the same token, its logprob within 1e-3). */
 static void test_cpu_backend(void **state)
 {
     ctx *c = *state;
@@ -259,7 +261,7 @@ static void test_cpu_backend(void **state)
     assert_int_equal(devio_await(d, t1, -1, &a, NULL), DEVIO_OK);
     assert_int_equal(devio_await(r, t2, -1, &b, NULL), DEVIO_OK);
     assert_int_equal(a.rows[0].token, b.rows[0].token);
-    assert_true(a.rows[0].logprob == b.rows[0].logprob);
+    assert_true(fabsf(a.rows[0].logprob - b.rows[0].logprob) < 1e-3f);
     devio_step_result_free(&a);
     devio_step_result_free(&b);
     devio_teardown(r, NULL);
