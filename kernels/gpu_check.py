@@ -271,10 +271,13 @@ def hybrid_bits(c, tmp):
 
 
 def feature_bits(c, tmp):
+    """Each feature on tiny and small (emulated, tiny alone: the suite's conformance runs
+    every feature's model on cuda-emu apart)."""
+    sizes = (("tiny", 64),) if c.emulated else (("tiny", 64), ("small", 24))
     return versus_reference(c, tmp, [
         ("%s_%s" % (name, preset),
          make_model(c, tmp, preset, flags=flags, tag="feature-%s-%s" % (name, preset)), n)
-        for name, flags in FEATURES for preset, n in (("tiny", 64), ("small", 24))])
+        for name, flags in FEATURES for preset, n in sizes])
 
 
 # Every quantized weight type devio reads, and llama.cpp's usual mix.
@@ -300,11 +303,12 @@ def quant_bits(c, tmp):
 
 def unit_tests(c):
     """cuda_test (the backend against the reference) and cuda_fast_kernels_test (fast
-    attention against float64), their cmocka counts added up."""
+    attention against float64), their cmocka counts added up. Emulated, the second alone:
+    the suite runs both on cuda-emu (bazel test), so here only the step's logic is new."""
     fig, ok, logs = {"passed": 0, "failed": 0, "skipped": 0}, True, []
-    for name in ("cuda_test", "cuda_fast_kernels_test"):
-        if c.emulated:
-            name = name.replace("_test", "_emu_test")
+    names = ("cuda_fast_kernels_emu_test",) if c.emulated else ("cuda_test",
+                                                                 "cuda_fast_kernels_test")
+    for name in names:
         # cwd: the plugin is found as kernels/ beside the test, as in its runfiles.
         p = c.sh([c.path("tests", name)], 200, cwd=c.bin)
         out = p.stdout + p.stderr
