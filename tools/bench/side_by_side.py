@@ -68,7 +68,7 @@ DTYPES = ["bf16", "f16", "f32"]
 # Q4_1 file deploy/fetch-model.sh fetches.
 QUANT = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
 SMOLLM2 = "smollm2-q4_1"
-# That file re-quantized by llama.cpp's own llama-quantize (--allow-requantize: the
+# That file re-quantized by llama.cpp's own llama-quantize (re-quantization allowed: the
 # Q4_1 weights widened, then rounded to the type), as a llama.cpp user makes them.
 SMOLLM2_REQUANT = {"smollm2-" + t.lower(): t
                    for t in ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "F16", "BF16", "F32")}
@@ -307,7 +307,7 @@ def report(args, samples, bw, wbytes, thread_list, dtypes, cpu, date):
         "tools/bench/llama_gguf.py; its quantized kinds (q8_0, q4_0, q4_k_m) made by "
         "tools/gguf/quantize.py from its F32 form, and smollm2-q4_1 the SmolLM2-135M-Instruct "
         "Q4_1 file of deploy/fetch-model.sh, smollm2-TYPE that file re-quantized by llama.cpp's "
-        "own llama-quantize (--allow-requantize): for these both engines read the same GGUF "
+        "own llama-quantize (re-quantization allowed): for these both engines read the same GGUF "
         "file. "
         f"{args.rounds} round(s) alternating the engines, {args.steps} decode steps, "
         "median [min–max] tokens/s over the rounds; the ratio is of the medians. "
