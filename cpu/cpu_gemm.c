@@ -6,7 +6,7 @@
  * else 32), a scale S and an offset M, both kept as binary16: y = S * q + M. The quants
  * are kept unsigned (q + quant_shift) in the bits the type has (cpu_layout.h's pack_kind):
  * 4-bit types two a byte, as the file does (Q4_0's q - 8 becomes q with M = -8 S, M not
- * stored but made from S as it is used); 5- and 6-bit types as a plane of 4 bits and one of 2;
+ * stored but made from S as it is used); 5- and 6-bit types as a plane of 4 bits and one of 1 or 2;
  * Q8_0 one int8 an element. So a decode step streams about the file's bytes.
  * Each token's activations are rounded per block of 32 to integers of 15 bits with one binary32
  * scale (the largest magnitude maps to 16255), kept as two bytes, v = 128 hi + lo; a dot
@@ -206,10 +206,10 @@ static inline __m256i ld(const void *p)
 
 /* Unit k's integer dot product of a row's sweep of quants at w (as kept,
  * q + quant_shift) with a token's activations there, in lane k. Unsigned
- * quants of 4 or 6 bits by the activations' two bytes (hi, lo, in
+ * quants of 4 to 6 bits by the activations' two bytes (hi, lo, in
  * lane_pos's order): byte products summed in pairs (vpmaddubsw), within
- * int16 over a sweep's four chunks for 4 bits (15 * 127 * 8) and over two
- * for 6 (63 * 127 * 4), then in fours (vpmaddwd). int8 quants widened to
+ * int16 over a sweep's four chunks for 4 and 5 bits (31 * 127 * 8) and over
+ * two for 6 (63 * 127 * 4), then in fours (vpmaddwd). int8 quants widened to
  * int16 by the activations as int16 (x16, in i8_pos's order): products
  * summed in pairs (vpmaddwd), then neighbouring lanes (vphaddd). */
 static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
@@ -232,7 +232,10 @@ static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
     }
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i top = _mm256_set1_epi8(0x30);
-    const __m256i hb = kind == PK_SIX ? ld(w + 64) : _mm256_setzero_si256();
+    const __m256i hb = kind == PK_SIX    ? ld(w + 64)
+                       : kind == PK_FIVE ? _mm256_broadcastsi128_si256(
+                                               _mm_loadu_si128((const __m128i *)(w + 64)))
+                                         : _mm256_setzero_si256();
     __m256i h = _mm256_setzero_si256(), l = h, h32 = h, l32 = h;
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
@@ -246,6 +249,15 @@ static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
                         : k == 2 ? hb
                                  : _mm256_srli_epi16(hb, 2);
             c = _mm256_or_si256(c, _mm256_and_si256(b, top));
+        }
+        if (kind == PK_FIVE) {
+            /* its high bit, k in the low half's bytes and 4 + k in the high
+             * half's, moved to 4 (a count of 32 gives zero) */
+            __m256i b = _mm256_or_si256(
+                _mm256_sllv_epi32(hb, _mm256_setr_epi32(4 - k, 4 - k, 4 - k, 4 - k, 32, 32, 32,
+                                                        32)),
+                _mm256_srlv_epi32(hb, _mm256_setr_epi32(32, 32, 32, 32, k, k, k, k)));
+            c = _mm256_or_si256(c, _mm256_and_si256(b, _mm256_set1_epi8(0x10)));
         }
         h = _mm256_add_epi16(h, _mm256_maddubs_epi16(c, ld(hi + 32 * k)));
         l = _mm256_add_epi16(l, _mm256_maddubs_epi16(c, ld(lo + 32 * k)));
@@ -262,7 +274,13 @@ static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
     return _mm256_add_epi32(_mm256_slli_epi32(h32, 7), l32);
 }
 
-/* What a sweep's eight unit sums of quants kept shifted (PK_SIX) lose to
+/* Whether a kind keeps quants past 4 bits, shifted by quant_shift. */
+static inline bool high_bits(pack_kind kind)
+{
+    return kind == PK_FIVE || kind == PK_SIX;
+}
+
+/* What a sweep's eight unit sums of quants kept shifted (PK_FIVE, PK_SIX) lose to
  * be the quants' own: the shift times the activations' sum over each unit. */
 static inline __m256i unshift(const int32_t *usum, const __m256i shift)
 {
@@ -303,7 +321,7 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
     const uint32_t width = v->width, sb = sweep_bytes(w);
     const uint32_t sn = SWEEP / gs, n = sweeps_used(w);
     const int32_t *usum = v->usum + (size_t)t * (width / UNIT);
-    const __m256i shift = _mm256_set1_epi32(kind == PK_SIX ? quant_shift(w->dtype) : 0);
+    const __m256i shift = _mm256_set1_epi32(high_bits(kind) ? quant_shift(w->dtype) : 0);
     const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
     const int16_t *x16 = v->x16 + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
@@ -317,7 +335,7 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
         const __m256 xs = _mm256_loadu_ps(us + s * 8u);
         const int8_t *h = xh + s * SWEEP, *l = xl + s * SWEEP;
         const int16_t *x = x16 + s * SWEEP;
-        const __m256i sub = kind == PK_SIX ? unshift(usum + s * 8u, shift) : shift;
+        const __m256i sub = high_bits(kind) ? unshift(usum + s * 8u, shift) : shift;
         for (uint32_t b = 0; b < 4u * sb; b += 64u)
             _mm_prefetch((const char *)(q + PREFETCH_BYTES + b), _MM_HINT_T0);
 #define ROW(k, acc)                                                                          \
@@ -360,7 +378,7 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
     const uint32_t width = v->width, sb = sweep_bytes(w);
     const uint32_t sn = SWEEP / gs, n = sweeps_used(w), per = width / UNIT;
     const int32_t *usum = v->usum + (size_t)t0 * per;
-    const __m256i shift = _mm256_set1_epi32(kind == PK_SIX ? quant_shift(w->dtype) : 0);
+    const __m256i shift = _mm256_set1_epi32(high_bits(kind) ? quant_shift(w->dtype) : 0);
     const int8_t *xh = v->hi + (size_t)t0 * width, *xl = v->lo + (size_t)t0 * width;
     const int16_t *x16 = v->x16 + (size_t)t0 * width;
     const float *us = v->scale + (size_t)t0 * per;
@@ -378,7 +396,7 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
             unit_dots(q, kind, xh + (size_t)(k) * width + s * SWEEP,                          \
                       xl + (size_t)(k) * width + s * SWEEP,                                   \
                       x16 + (size_t)(k) * width + s * SWEEP),                                 \
-            kind == PK_SIX ? unshift(usum + (size_t)(k) * per + s * 8u, shift) : shift)),     \
+            high_bits(kind) ? unshift(usum + (size_t)(k) * per + s * 8u, shift) : shift)),    \
         _mm256_mul_ps(sc, _mm256_loadu_ps(us + (size_t)(k) * per + s * 8u)), acc)
         TOK(0, a0);
         TOK(1, a1);
@@ -408,15 +426,14 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
 static void kernel4(bool tiled, const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t,
                     float *out)
 {
-    /* The forms the types take: 4 bits by 32 (Q4_*), 6 bits by 32 (Q5_*) or
-     * 16 (Q6_K), int8 by 32 (Q8_0). */
+    /* The forms the types take: 4 bits by 32 (Q4_*), 5 bits by 32 (Q5_*), 6
+     * bits by 16 (Q6_K), int8 by 32 (Q8_0). */
     const pack_kind kind = kind_of(w->dtype);
-    const bool g16 = w->qgroups == UNIT;
 #define FORMS(f)                                                                      \
-    (kind == PK_NIB  ? f(w, o, v, t, out, PK_NIB, 32u)                                \
-     : kind == PK_I8 ? f(w, o, v, t, out, PK_I8, 32u)                                 \
-     : g16           ? f(w, o, v, t, out, PK_SIX, UNIT)                               \
-                     : f(w, o, v, t, out, PK_SIX, 32u))
+    (kind == PK_NIB    ? f(w, o, v, t, out, PK_NIB, 32u)                              \
+     : kind == PK_I8   ? f(w, o, v, t, out, PK_I8, 32u)                               \
+     : kind == PK_FIVE ? f(w, o, v, t, out, PK_FIVE, 32u)                             \
+                       : f(w, o, v, t, out, PK_SIX, UNIT))
     if (tiled)
         FORMS(tile_of);
     else
@@ -434,6 +451,8 @@ static inline int quant(const uint8_t *q, pack_kind kind, int shift, uint32_t e)
     int u = (q[at % 64u] >> (at >= 64u ? 4 : 0)) & 15;
     if (kind == PK_NIB)
         return u;
+    if (kind == PK_FIVE)
+        return (u | ((q[high5_byte(at)] >> high5_bit(at)) & 1) << 4) - shift;
     return (u | ((q[64u + at % 32u] >> (2u * (at / 32u))) & 3) << 4) - shift;
 }
 

@@ -32,11 +32,11 @@ static inline uint32_t width_of(uint32_t n)
 }
 
 /* How a type's quants are kept, each as q + quant_shift, which is then
- * unsigned: PK_NIB 4 bits, two a byte; PK_SIX 6 bits (the 5-bit types' top
- * bit 0), their low 4 bits as PK_NIB's and after them a plane of their two
- * high bits; PK_I8 one int8 a byte (Q8_0). So a step streams 4.5 to 7 bits
- * a weight, about the file's (4.5 to 6.6), not a widened form. */
-typedef enum { PK_NIB, PK_SIX, PK_I8 } pack_kind;
+ * unsigned: PK_NIB 4 bits, two a byte; PK_FIVE and PK_SIX 5 and 6 bits,
+ * their low 4 bits as PK_NIB's and after them a plane of their high bit
+ * (one) or bits (two); PK_I8 one int8 a byte (Q8_0). So a step streams 4.5
+ * to 7 bits a weight, about the file's (4.5 to 6.6), not a widened form. */
+typedef enum { PK_NIB, PK_FIVE, PK_SIX, PK_I8 } pack_kind;
 
 static inline pack_kind kind_of(devio_dtype d)
 {
@@ -48,6 +48,7 @@ static inline pack_kind kind_of(devio_dtype d)
     case DEVIO_Q5_0:
     case DEVIO_Q5_1:
     case DEVIO_Q5_K:
+        return PK_FIVE;
     case DEVIO_Q6_K:
         return PK_SIX;
     default:
@@ -69,7 +70,10 @@ static inline int quant_shift(devio_dtype d)
 static inline uint32_t sweep_bytes(const ref_panels *p)
 {
     pack_kind k = kind_of(p->dtype);
-    return k == PK_NIB ? SWEEP / 2u : k == PK_SIX ? SWEEP / 2u + SWEEP / 4u : SWEEP;
+    return k == PK_NIB    ? SWEEP / 2u
+           : k == PK_FIVE ? SWEEP / 2u + SWEEP / 8u
+           : k == PK_SIX  ? SWEEP / 2u + SWEEP / 4u
+                          : SWEEP;
 }
 
 static inline uint32_t sweep_scales_n(const ref_panels *p)
@@ -109,7 +113,11 @@ static inline uint16_t *halves_at(const ref_panels *p, const float *base, uint32
  * k: no horizontal folds. 4-bit quants keep position i (0..63) in byte i's
  * low nibble, position 64 + i in its high nibble; PK_SIX keeps position p's
  * two high bits in byte 64 + p % 32 of the sweep, at bits 2 (p / 32), so
- * that chunk c's are one shift and a mask away from bits 4 and 5. */
+ * that chunk c's are one shift and a mask away from bits 4 and 5; PK_FIVE
+ * keeps position p's high bit in byte 64 + p % 16, at bit p / 32 for
+ * p % 32 below 16 and bit 4 + p / 32 above: the 16 bytes loaded into both
+ * halves of a register, chunk c's bits are one shift a half away from bit
+ * 4 (high_pos). */
 static inline uint32_t lane_pos(uint32_t e)
 {
     return (e % UNIT) / 4u * 32u + e / UNIT * 4u + e % 4u;
@@ -125,6 +133,18 @@ static inline uint32_t i8_pos(uint32_t e)
 {
     static const uint8_t slot[8] = {0, 1, 4, 5, 2, 3, 6, 7};
     return (e % UNIT) / 4u * 32u + slot[e / UNIT] * 4u + e % 4u;
+}
+
+/* PK_FIVE: the byte (after the 64 of low bits) and the bit of position p's
+ * high bit. */
+static inline uint32_t high5_byte(uint32_t p)
+{
+    return 64u + p % 16u;
+}
+
+static inline uint32_t high5_bit(uint32_t p)
+{
+    return p / 32u + (p % 32u >= 16u ? 4u : 0u);
 }
 
 /* Where element e of a sweep sits among a weight's quants. */

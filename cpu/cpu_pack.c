@@ -69,6 +69,8 @@ static void pack_rows(void *ctx, uint32_t job, uint32_t thread)
                     dst[at] = (uint8_t)q[i];
                 else
                     dst[at % 64u] |= (uint8_t)((u & 15) << (at >= 64u ? 4 : 0));
+                if (kind == PK_FIVE)
+                    dst[high5_byte(at)] |= (uint8_t)(((u >> 4) & 1) << high5_bit(at));
                 if (kind == PK_SIX)
                     dst[64u + at % 32u] |= (uint8_t)(((u >> 4) & 3) << (2u * (at / 32u)));
             }
