@@ -453,7 +453,7 @@ static inline int quant(const uint8_t *q, pack_kind kind, int shift, uint32_t e)
         return u;
     if (kind == PK_FIVE)
         return (u | ((q[high5_byte(at)] >> high5_bit(at)) & 1) << 4) - shift;
-    return (u | ((q[64u + at % 32u] >> (2u * (at / 32u))) & 3) << 4) - shift;
+    return (u | ((q[high6_byte(at)] >> high6_bit(at)) & 3) << 4) - shift;
 }
 
 /* The dot product of row o with token t alone (the baseline path's). */

@@ -135,6 +135,18 @@ static inline uint32_t i8_pos(uint32_t e)
     return (e % UNIT) / 4u * 32u + slot[e / UNIT] * 4u + e % 4u;
 }
 
+/* PK_SIX: the byte (after the 64 of low bits) and the lowest bit of
+ * position p's two high bits. */
+static inline uint32_t high6_byte(uint32_t p)
+{
+    return 64u + p % 32u;
+}
+
+static inline uint32_t high6_bit(uint32_t p)
+{
+    return 2u * (p / 32u);
+}
+
 /* PK_FIVE: the byte (after the 64 of low bits) and the bit of position p's
  * high bit. */
 static inline uint32_t high5_byte(uint32_t p)

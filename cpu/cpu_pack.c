@@ -72,7 +72,7 @@ static void pack_rows(void *ctx, uint32_t job, uint32_t thread)
                 if (kind == PK_FIVE)
                     dst[high5_byte(at)] |= (uint8_t)(((u >> 4) & 1) << high5_bit(at));
                 if (kind == PK_SIX)
-                    dst[64u + at % 32u] |= (uint8_t)(((u >> 4) & 3) << (2u * (at / 32u)));
+                    dst[high6_byte(at)] |= (uint8_t)(((u >> 4) & 3) << high6_bit(at));
             }
         }
     }
