@@ -568,8 +568,6 @@ devio_status devio_server_http_start(devio_server *s, const devio_listen_addr *s
     if (st == DEVIO_OK)
         st = devio_listener_run(&s->listener, add_connection, s, err);
     if (st == DEVIO_OK)
-        st = devio_listener_run(&s->listener, add_connection, s, err);
-    if (st == DEVIO_OK)
         s->port = s->listener.port;
     return st;
 }

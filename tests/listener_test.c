@@ -87,6 +87,8 @@ static void start_at(devio_listener *l, loop *lp, const char *where, uint32_t ma
     assert_int_equal(devio_listener_open(l, &cfg, &addr, &err), DEVIO_OK);
     assert_true((l->port != 0) == (addr.sa.ss_family != AF_UNIX));
     assert_int_equal(devio_listener_run(l, loop_add, lp, &err), DEVIO_OK);
+    /* One accept thread per socket: a second would outlive stop's join. */
+    assert_int_equal(devio_listener_run(l, loop_add, lp, &err), DEVIO_E_INVALID);
 }
 
 static void start(devio_listener *l, loop *lp, uint32_t max, uint32_t per, uint32_t header_ms)

@@ -428,6 +428,9 @@ devio_status devio_listener_open(devio_listener *l, const devio_listener_config 
 devio_status devio_listener_run(devio_listener *l, devio_listener_add_fn add, void *ctx,
                                 devio_error *err)
 {
+    if (l->thread_started || l->fd < 0)
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "the accept thread is already running or the socket is closed");
     l->add = add;
     l->add_ctx = ctx;
     if (pthread_create(&l->thread, NULL, listener_main, l) != 0)

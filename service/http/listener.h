@@ -64,7 +64,8 @@ typedef struct devio_listener {
  * On failure nothing stays open and err says why. */
 devio_status devio_listener_open(devio_listener *l, const devio_listener_config *cfg,
                                  const devio_listen_addr *addr, devio_error *err);
-/* Start the thread that accepts, refuses and sweeps; accepted sockets go to add. */
+/* Start the thread that accepts, refuses and sweeps; accepted sockets go to add.
+ * Once per open: a second call (or one after stop) is refused, DEVIO_E_INVALID. */
 devio_status devio_listener_run(devio_listener *l, devio_listener_add_fn add, void *ctx,
                                 devio_error *err);
 /* Stop the thread and close the listening socket. The table stays valid for
