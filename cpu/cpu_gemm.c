@@ -5,8 +5,7 @@
  * devio_quant_split) into small integer quants q and, per group of its elements (16 for Q6_K,
  * else 32), a scale S and an offset M, both kept as binary16: y = S * q + M. The quants
  * are kept unsigned (q + quant_shift) in the bits the type has (cpu_layout.h's pack_kind):
- * 4-bit types two a byte, as the file does (Q4_0's q - 8 becomes q with M = -8 S, M not
- * stored but made from S as it is used); 5- and 6-bit types as a plane of 4 bits and one of 1 or 2;
+ * 4-bit types two a byte, as the file does; 5- and 6-bit types as a plane of 4 bits and one of 1 or 2;
  * Q8_0 one int8 an element. So a decode step streams about the file's bytes.
  * Each token's activations are rounded per block of 32 to integers of 15 bits with one binary32
  * scale (the largest magnitude maps to 16255), kept as two bytes, v = 128 hi + lo; a dot
@@ -26,10 +25,16 @@
  * hold (0.04% on that file). Weights of F32, F16 and BF16, and a weight whose scales do not
  * fit binary16, keep the reference's own projections (cpu_strict.h).
  *
+ * A batch of WIDE_TOKENS or more (a prefill's chunk) takes wide tiles on AVX2: a four's rows
+ * widened once to int16 (widen4), then two rows by four tokens at a time by vpmaddwd with the
+ * activations' int16, 16 products a lane pair per instruction and no unpacking in the loop.
+ *
  * Every output is computed whole by one job, and a token's row never depends on the other
- * tokens of the batch (a tile of four tokens sums each as a single token is summed): the bits
- * are the same for any batch, chunking and thread count; they differ between paths (AVX2 sums
- * eight lanes, the baseline one).
+ * tokens of the batch (a tile of four tokens, wide or not, sums each as a single token is
+ * summed: the units' integer sums are exact whichever instructions make them, and the floats
+ * made from them are the same operations in the same order): the bits are the same for any
+ * batch, chunking and thread count; they differ between paths (AVX2 sums eight lanes, the
+ * baseline one).
  *
  * Ownership: a packed weight (a ref_panels) owns data (the quants, [m][width / 128] sweeps of
  * sweep_bytes each, zero past n up to whole sweeps of 128, rows interleaved in fours a
@@ -110,6 +115,111 @@ typedef struct xq_job {
     xq_view v;
 } xq_job;
 
+/* A block's kn (<= 32) values rounded by their largest magnitude (v[i] 0
+ * from kn on); the largest magnitude is returned. */
+static float round_block(const float *x, uint32_t kn, int32_t *v)
+{
+#if defined(__AVX2__)
+    if (kn == 32u) {
+        /* The scalar form's numbers: |x| by the sign bit cleared, the
+         * largest by max (a NaN left out, as the comparison leaves it), the
+         * product rounded to nearest even by cvtps (nearbyintf's). */
+        const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++)
+            m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + 8 * i), abs), m);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        const float amax = _mm_cvtss_f32(h);
+        const __m256 id = _mm256_set1_ps(amax > 0.0f ? (float)XQ_MAX / amax : 0.0f);
+        for (int i = 0; i < 4; i++) {
+            __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), id));
+            r = _mm256_max_epi32(_mm256_min_epi32(r, _mm256_set1_epi32(XQ_MAX)),
+                                 _mm256_set1_epi32(-XQ_MAX));
+            _mm256_storeu_si256((__m256i *)(void *)(v + 8 * i), r);
+        }
+        return amax;
+    }
+#endif
+    float amax = 0.0f;
+    for (uint32_t i = 0; i < kn; i++) {
+        float a = x[i] < 0.0f ? -x[i] : x[i];
+        amax = a > amax ? a : amax;
+    }
+    float id = amax > 0.0f ? (float)XQ_MAX / amax : 0.0f;
+    for (uint32_t i = 0; i < 32u; i++) {
+        int r = i < kn ? (int)nearbyintf(x[i] * id) : 0;
+        v[i] = r > XQ_MAX ? XQ_MAX : r < -XQ_MAX ? -XQ_MAX : r;
+    }
+    return amax;
+}
+
+/* A block's rounded values (the block from element k0 of the row) put in
+ * their places: hi and lo in lane_pos's, as int16 in i8_pos's; *sum is
+ * their sum, *half the first 16's. */
+static void place_block(const int32_t *vs, uint32_t k0, int8_t *hi, int8_t *lo, int16_t *x16,
+                        int *sum, int *half)
+{
+    uint32_t base = k0 / SWEEP * SWEEP;
+#if defined(__AVX2__)
+    uint32_t b = k0 % SWEEP / 32u;
+    /* Elements 0-15 (A, the unit 2b) and 16-31 (B, unit 2b + 1) as int16;
+     * interleaved by 32 bits, A's pair p then B's is the 8 bytes i8_pos
+     * keeps at pair p's place; the bytes of A's four q then B's are lane_pos's
+     * 8 bytes of chunk q. */
+    const __m128i *v = (const __m128i *)(const void *)vs;
+    __m128i a0 = _mm_packs_epi32(_mm_loadu_si128(v), _mm_loadu_si128(v + 1));
+    __m128i a1 = _mm_packs_epi32(_mm_loadu_si128(v + 2), _mm_loadu_si128(v + 3));
+    __m128i b0 = _mm_packs_epi32(_mm_loadu_si128(v + 4), _mm_loadu_si128(v + 5));
+    __m128i b1 = _mm_packs_epi32(_mm_loadu_si128(v + 6), _mm_loadu_si128(v + 7));
+    const __m128i w[4] = {_mm_unpacklo_epi32(a0, b0), _mm_unpackhi_epi32(a0, b0),
+                          _mm_unpacklo_epi32(a1, b1), _mm_unpackhi_epi32(a1, b1)};
+    for (int k = 0; k < 4; k++) {
+        _mm_storel_epi64((__m128i *)(void *)(x16 + base + (2 * k) * 16 + 4 * b), w[k]);
+        _mm_storel_epi64((__m128i *)(void *)(x16 + base + (2 * k + 1) * 16 + 4 * b),
+                         _mm_unpackhi_epi64(w[k], w[k]));
+    }
+    const __m128i m127 = _mm_set1_epi16(127);
+    __m128i ha = _mm_packs_epi16(_mm_srai_epi16(a0, 7), _mm_srai_epi16(a1, 7));
+    __m128i hb = _mm_packs_epi16(_mm_srai_epi16(b0, 7), _mm_srai_epi16(b1, 7));
+    __m128i la = _mm_packs_epi16(_mm_and_si128(a0, m127), _mm_and_si128(a1, m127));
+    __m128i lb = _mm_packs_epi16(_mm_and_si128(b0, m127), _mm_and_si128(b1, m127));
+    const __m128i hs[2] = {_mm_unpacklo_epi32(ha, hb), _mm_unpackhi_epi32(ha, hb)};
+    const __m128i ls[2] = {_mm_unpacklo_epi32(la, lb), _mm_unpackhi_epi32(la, lb)};
+    for (int k = 0; k < 2; k++) {
+        _mm_storel_epi64((__m128i *)(void *)(hi + base + (2 * k) * 32 + 8 * b), hs[k]);
+        _mm_storel_epi64((__m128i *)(void *)(hi + base + (2 * k + 1) * 32 + 8 * b),
+                         _mm_unpackhi_epi64(hs[k], hs[k]));
+        _mm_storel_epi64((__m128i *)(void *)(lo + base + (2 * k) * 32 + 8 * b), ls[k]);
+        _mm_storel_epi64((__m128i *)(void *)(lo + base + (2 * k + 1) * 32 + 8 * b),
+                         _mm_unpackhi_epi64(ls[k], ls[k]));
+    }
+    __m128i sa = _mm_add_epi32(_mm_add_epi32(_mm_loadu_si128(v), _mm_loadu_si128(v + 1)),
+                               _mm_add_epi32(_mm_loadu_si128(v + 2), _mm_loadu_si128(v + 3)));
+    __m128i sb = _mm_add_epi32(_mm_add_epi32(_mm_loadu_si128(v + 4), _mm_loadu_si128(v + 5)),
+                               _mm_add_epi32(_mm_loadu_si128(v + 6), _mm_loadu_si128(v + 7)));
+    __m128i s2 = _mm_hadd_epi32(sa, sb);
+    s2 = _mm_hadd_epi32(s2, s2); /* A's sum, B's, A's, B's */
+    *half = _mm_cvtsi128_si32(s2);
+    *sum = *half + _mm_extract_epi32(s2, 1);
+#else
+    int s = 0;
+    *half = 0;
+    for (uint32_t i = 0; i < 32u; i++) {
+        int v = vs[i];
+        uint32_t e = k0 % SWEEP + i;
+        hi[base + lane_pos(e)] = (int8_t)((v - (v & 127)) / 128);
+        lo[base + lane_pos(e)] = (int8_t)(v & 127);
+        x16[base + i8_pos(e)] = (int16_t)v;
+        s += v;
+        if (i == UNIT - 1u)
+            *half = s;
+    }
+    *sum = s;
+#endif
+}
+
 /* Token t's row: each block of 32 rounded by its largest magnitude. */
 static void round_token(void *ctx, uint32_t t, uint32_t thread)
 {
@@ -125,33 +235,10 @@ static void round_token(void *ctx, uint32_t t, uint32_t thread)
     int32_t *usum = j->v.usum + (size_t)t * (width / UNIT);
     for (uint32_t k0 = 0; k0 < width; k0 += 32u) {
         uint32_t kn = k0 >= n ? 0 : n - k0 < 32u ? n - k0 : 32u;
-        float amax = 0.0f;
-        for (uint32_t i = 0; i < kn; i++) {
-            float a = x[k0 + i] < 0.0f ? -x[k0 + i] : x[k0 + i];
-            amax = a > amax ? a : amax;
-        }
-        float id = amax > 0.0f ? (float)XQ_MAX / amax : 0.0f, sx = amax / (float)XQ_MAX;
-        int sum = 0, half = 0;
-        int8_t h[32], l[32];
-        int16_t w16[32];
-        for (uint32_t i = 0; i < 32u; i++) {
-            int v = i < kn ? (int)nearbyintf(x[k0 + i] * id) : 0;
-            v = v > XQ_MAX ? XQ_MAX : v < -XQ_MAX ? -XQ_MAX : v;
-            h[i] = (int8_t)((v - (v & 127)) / 128);
-            l[i] = (int8_t)(v & 127);
-            w16[i] = (int16_t)v;
-            sum += v;
-            if (i == UNIT - 1u)
-                half = sum;
-        }
-        /* Four neighbouring elements keep their order in both layouts. */
-        uint32_t base = k0 / SWEEP * SWEEP;
-        for (uint32_t g = 0; g < 32u; g += 4u) {
-            uint32_t e = k0 % SWEEP + g;
-            memcpy(hi + base + lane_pos(e), h + g, 4);
-            memcpy(lo + base + lane_pos(e), l + g, 4);
-            memcpy(x16 + base + i8_pos(e), w16 + g, 4 * sizeof(int16_t));
-        }
+        int32_t vs[32];
+        float amax = round_block(x + k0, kn, vs), sx = amax / (float)XQ_MAX;
+        int sum, half;
+        place_block(vs, k0, hi, lo, x16, &sum, &half);
         us[k0 / UNIT] = us[k0 / UNIT + 1u] = sx;
         usum[k0 / UNIT] = half;
         usum[k0 / UNIT + 1u] = sum - half;
@@ -184,24 +271,54 @@ static inline uint32_t sweeps_used(const ref_panels *w)
 }
 
 /* Row o's binary16 offsets of its first sweep, a sweep's four after every
- * four rows' (NULL: none), each to be multiplied by *mul: Q4_0's are its
- * scales times -8, exactly (that factor goes on the activations' term,
- * which a power of two scales exactly, so the product is M's). */
-static inline const uint16_t *offsets_of(const ref_panels *w, uint32_t o, float *mul)
+ * four rows' (NULL: none). */
+static inline const uint16_t *offsets_of(const ref_panels *w, uint32_t o)
 {
-    *mul = 1.0f;
-    if (w->qoffset)
-        return halves_at(w, w->qoffset, SWEEP_OFFSETS, o, 0);
-    if (w->dtype != DEVIO_Q4_0)
-        return NULL;
-    *mul = -8.0f; /* groups of 32: four scales a sweep, as offsets are kept */
-    return halves_at(w, w->qscale, SWEEP_OFFSETS, o, 0);
+    return w->qoffset ? halves_at(w, w->qoffset, SWEEP_OFFSETS, o, 0) : NULL;
 }
 
 #if defined(__AVX2__)
 static inline __m256i ld(const void *p)
 {
     return _mm256_loadu_si256((const __m256i *)p);
+}
+
+/* The high-bit plane of a row's sweep of quants at w (PK_FIVE's 16 bytes
+ * in both halves, PK_SIX's 32), for chunk_quants. */
+static inline __m256i high_plane(const uint8_t *w, const pack_kind kind)
+{
+    return kind == PK_SIX    ? ld(w + 64)
+           : kind == PK_FIVE ? _mm256_broadcastsi128_si256(
+                                   _mm_loadu_si128((const __m128i *)(w + 64)))
+                             : _mm256_setzero_si256();
+}
+
+/* Chunk k (0..3) of a row's sweep of unsigned quants at w, as kept (q +
+ * quant_shift), one a byte in lane_pos's order; hb is high_plane's. */
+static inline __attribute__((always_inline)) __m256i chunk_quants(const uint8_t *w,
+                                                                   const pack_kind kind,
+                                                                   const __m256i hb, const int k)
+{
+    /* bytes 32 (k % 2) on, low nibbles for k < 2, high else */
+    __m256i raw = ld(w + 32 * (k % 2));
+    __m256i c = _mm256_and_si256(k < 2 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
+    if (kind == PK_SIX) {
+        /* its high bits, 2k and 2k + 1 of each byte, moved to 4 and 5 */
+        __m256i b = k == 0   ? _mm256_slli_epi16(hb, 4)
+                    : k == 1 ? _mm256_slli_epi16(hb, 2)
+                    : k == 2 ? hb
+                             : _mm256_srli_epi16(hb, 2);
+        c = _mm256_or_si256(c, _mm256_and_si256(b, _mm256_set1_epi8(0x30)));
+    }
+    if (kind == PK_FIVE) {
+        /* its high bit, k in the low half's bytes and 4 + k in the high
+         * half's, moved to 4 (a count of 32 gives zero) */
+        __m256i b = _mm256_or_si256(
+            _mm256_sllv_epi32(hb, _mm256_setr_epi32(4 - k, 4 - k, 4 - k, 4 - k, 32, 32, 32, 32)),
+            _mm256_srlv_epi32(hb, _mm256_setr_epi32(32, 32, 32, 32, k, k, k, k)));
+        c = _mm256_or_si256(c, _mm256_and_si256(b, _mm256_set1_epi8(0x10)));
+    }
+    return c;
 }
 
 /* Unit k's integer dot product of a row's sweep of quants at w (as kept,
@@ -211,7 +328,7 @@ static inline __m256i ld(const void *p)
  * int16 over a sweep's four chunks for 4 and 5 bits (31 * 127 * 8) and over
  * two for 6 (63 * 127 * 4), then in fours (vpmaddwd). int8 quants widened to
  * int16 by the activations as int16 (x16, in i8_pos's order): products
- * summed in pairs (vpmaddwd), then neighbouring lanes (vphaddd). */
+ * summed in pairs (vpmaddwd), a group of 16 at a time. */
 static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
                                                                 const pack_kind kind,
                                                                 const int8_t *hi,
@@ -221,44 +338,21 @@ static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
     if (kind == PK_I8) {
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            __m256i wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * c)));
+        for (int j = 0; j < 8; j += 2) {
+            __m256i wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * j)));
             __m256i wb =
-                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * c + 16)));
-            a = _mm256_add_epi32(a, _mm256_madd_epi16(wa, ld(x16 + 32 * c)));
-            b = _mm256_add_epi32(b, _mm256_madd_epi16(wb, ld(x16 + 32 * c + 16)));
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * j + 16)));
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(wa, ld(x16 + 16 * j)));
+            b = _mm256_add_epi32(b, _mm256_madd_epi16(wb, ld(x16 + 16 * j + 16)));
         }
-        return _mm256_hadd_epi32(a, b);
+        return _mm256_add_epi32(a, b);
     }
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    const __m256i top = _mm256_set1_epi8(0x30);
-    const __m256i hb = kind == PK_SIX    ? ld(w + 64)
-                       : kind == PK_FIVE ? _mm256_broadcastsi128_si256(
-                                               _mm_loadu_si128((const __m128i *)(w + 64)))
-                                         : _mm256_setzero_si256();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i hb = high_plane(w, kind);
     __m256i h = _mm256_setzero_si256(), l = h, h32 = h, l32 = h;
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        /* chunk k: bytes 32 (k % 2) on, low nibbles for k < 2, high else */
-        __m256i raw = ld(w + 32 * (k % 2));
-        __m256i c = _mm256_and_si256(k < 2 ? raw : _mm256_srli_epi16(raw, 4), low);
-        if (kind == PK_SIX) {
-            /* its high bits, 2k and 2k + 1 of each byte, moved to 4 and 5 */
-            __m256i b = k == 0   ? _mm256_slli_epi16(hb, 4)
-                        : k == 1 ? _mm256_slli_epi16(hb, 2)
-                        : k == 2 ? hb
-                                 : _mm256_srli_epi16(hb, 2);
-            c = _mm256_or_si256(c, _mm256_and_si256(b, top));
-        }
-        if (kind == PK_FIVE) {
-            /* its high bit, k in the low half's bytes and 4 + k in the high
-             * half's, moved to 4 (a count of 32 gives zero) */
-            __m256i b = _mm256_or_si256(
-                _mm256_sllv_epi32(hb, _mm256_setr_epi32(4 - k, 4 - k, 4 - k, 4 - k, 32, 32, 32,
-                                                        32)),
-                _mm256_srlv_epi32(hb, _mm256_setr_epi32(32, 32, 32, 32, k, k, k, k)));
-            c = _mm256_or_si256(c, _mm256_and_si256(b, _mm256_set1_epi8(0x10)));
-        }
+        const __m256i c = chunk_quants(w, kind, hb, k);
         h = _mm256_add_epi16(h, _mm256_maddubs_epi16(c, ld(hi + 32 * k)));
         l = _mm256_add_epi16(l, _mm256_maddubs_epi16(c, ld(lo + 32 * k)));
         if (kind == PK_SIX && k % 2 == 1) {
@@ -274,14 +368,9 @@ static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
     return _mm256_add_epi32(_mm256_slli_epi32(h32, 7), l32);
 }
 
-/* Whether a kind keeps quants past 4 bits, shifted by quant_shift. */
-static inline bool high_bits(pack_kind kind)
-{
-    return kind == PK_FIVE || kind == PK_SIX;
-}
-
-/* What a sweep's eight unit sums of quants kept shifted (PK_FIVE, PK_SIX) lose to
- * be the quants' own: the shift times the activations' sum over each unit. */
+/* What a sweep's eight unit sums of quants kept shifted (a quant_shift, a
+ * type's `shifted` form) lose to be the quants' own: the shift times the
+ * activations' sum over each unit. */
 static inline __m256i unshift(const int32_t *usum, const __m256i shift)
 {
     return _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)(const void *)usum), shift);
@@ -316,26 +405,25 @@ static inline void store4(const __m256 *acc, const __m128 *off, float *out)
  * four accumulators stay in registers. */
 static inline __attribute__((always_inline)) void
 dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *out,
-         const pack_kind kind, const uint32_t gs)
+         const pack_kind kind, const uint32_t gs, const bool shifted)
 {
     const uint32_t width = v->width, sb = sweep_bytes(w);
     const uint32_t sn = SWEEP / gs, n = sweeps_used(w);
     const int32_t *usum = v->usum + (size_t)t * (width / UNIT);
-    const __m256i shift = _mm256_set1_epi32(high_bits(kind) ? quant_shift(w->dtype) : 0);
+    const __m256i shift = _mm256_set1_epi32(quant_shift(w->dtype));
     const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
     const int16_t *x16 = v->x16 + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
     const float *uo = v->offset_x + (size_t)t * (width / 32u);
     const uint8_t *q = quants_at(w, o, 0);
     const uint16_t *S = halves_at(w, w->qscale, sn, o, 0);
-    float m8;
-    const uint16_t *M = offsets_of(w, o, &m8);
+    const uint16_t *M = offsets_of(w, o);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (uint32_t s = 0; s < n; s++, q += 4u * sb, S += 4u * sn) {
         const __m256 xs = _mm256_loadu_ps(us + s * 8u);
         const int8_t *h = xh + s * SWEEP, *l = xl + s * SWEEP;
         const int16_t *x = x16 + s * SWEEP;
-        const __m256i sub = high_bits(kind) ? unshift(usum + s * 8u, shift) : shift;
+        const __m256i sub = shifted ? unshift(usum + s * 8u, shift) : _mm256_setzero_si256();
         for (uint32_t b = 0; b < 4u * sb; b += 64u)
             _mm_prefetch((const char *)(q + PREFETCH_BYTES + b), _MM_HINT_T0);
 #define ROW(k, acc)                                                                          \
@@ -351,7 +439,7 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
     /* The offsets' terms: a small stream of their own, after the quants'. */
     __m128 f0 = _mm_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
     for (uint32_t s = 0; M && s < n; s++, M += 4u * SWEEP_OFFSETS) {
-        const __m128 xo = _mm_mul_ps(_mm_loadu_ps(uo + s * 4u), _mm_set1_ps(m8));
+        const __m128 xo = _mm_loadu_ps(uo + s * 4u);
 #define OFF(k) _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(M + (k) * 4u)))
         f0 = _mm_fmadd_ps(OFF(0), xo, f0);
         f1 = _mm_fmadd_ps(OFF(1), xo, f1);
@@ -367,22 +455,42 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
 /* Tokens a tile of one row takes at once (n_tok of at least TILE_TOKENS). */
 #define TILE_TOKENS 4u
 
+typedef struct off4 {
+    __m128 f[4];
+} off4;
+
+/* Row o's offsets' terms for the four tokens from t0 (zeros without offsets). */
+static inline off4 tile_offsets(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0)
+{
+    const uint32_t po = v->width / 32u, n = sweeps_used(w);
+    const float *uo = v->offset_x + (size_t)t0 * po;
+    const uint16_t *M = offsets_of(w, o);
+    __m128 f0 = _mm_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    for (uint32_t s = 0; M && s < n; s++, M += 4u * SWEEP_OFFSETS) {
+        const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)M));
+        f0 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + s * 4u), f0);
+        f1 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + po + s * 4u), f1);
+        f2 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + 2u * po + s * 4u), f2);
+        f3 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + 3u * po + s * 4u), f3);
+    }
+    return (off4){{f0, f1, f2, f3}};
+}
+
 /* Row o's dot products with the four tokens from t0: each sweep's quants
  * read (and 4-bit ones unpacked) once for the four. The same bits as
  * dots4 gives each token: the same sums in the same order, and store4's
  * fold, which is lane-wise, over the tokens' sums instead of the rows'. */
 static inline __attribute__((always_inline)) void
 tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *out,
-        const pack_kind kind, const uint32_t gs)
+        const pack_kind kind, const uint32_t gs, const bool shifted)
 {
     const uint32_t width = v->width, sb = sweep_bytes(w);
     const uint32_t sn = SWEEP / gs, n = sweeps_used(w), per = width / UNIT;
     const int32_t *usum = v->usum + (size_t)t0 * per;
-    const __m256i shift = _mm256_set1_epi32(high_bits(kind) ? quant_shift(w->dtype) : 0);
+    const __m256i shift = _mm256_set1_epi32(quant_shift(w->dtype));
     const int8_t *xh = v->hi + (size_t)t0 * width, *xl = v->lo + (size_t)t0 * width;
     const int16_t *x16 = v->x16 + (size_t)t0 * width;
     const float *us = v->scale + (size_t)t0 * per;
-    const float *uo = v->offset_x + (size_t)t0 * (width / 32u);
     const uint8_t *q = quants_at(w, o, 0);
     const uint16_t *S = halves_at(w, w->qscale, sn, o, 0);
     /* Sums in named registers, not an array: an array whose address store4
@@ -396,7 +504,8 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
             unit_dots(q, kind, xh + (size_t)(k) * width + s * SWEEP,                          \
                       xl + (size_t)(k) * width + s * SWEEP,                                   \
                       x16 + (size_t)(k) * width + s * SWEEP),                                 \
-            high_bits(kind) ? unshift(usum + (size_t)(k) * per + s * 8u, shift) : shift)),    \
+            shifted ? unshift(usum + (size_t)(k) * per + s * 8u, shift)                       \
+                    : _mm256_setzero_si256())),                                               \
         _mm256_mul_ps(sc, _mm256_loadu_ps(us + (size_t)(k) * per + s * 8u)), acc)
         TOK(0, a0);
         TOK(1, a1);
@@ -404,21 +513,8 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
         TOK(3, a3);
 #undef TOK
     }
-    float m8;
-    const uint16_t *M = offsets_of(w, o, &m8);
-    const uint32_t po = width / 32u;
-    __m128 f0 = _mm_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
-    for (uint32_t s = 0; M && s < n; s++, M += 4u * SWEEP_OFFSETS) {
-        const __m128 m4 = _mm_mul_ps(
-            _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)M)), _mm_set1_ps(m8));
-        f0 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + s * 4u), f0);
-        f1 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + po + s * 4u), f1);
-        f2 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + 2u * po + s * 4u), f2);
-        f3 = _mm_fmadd_ps(m4, _mm_loadu_ps(uo + 3u * po + s * 4u), f3);
-    }
     const __m256 acc[4] = {a0, a1, a2, a3};
-    const __m128 off[4] = {f0, f1, f2, f3};
-    store4(acc, off, out);
+    store4(acc, tile_offsets(w, o, v, t0).f, out);
 }
 
 /* dots4 (the four rows from o, token t) or, tiled, tile_of (row o, the
@@ -426,23 +522,154 @@ tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *o
 static void kernel4(bool tiled, const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t,
                     float *out)
 {
-    /* The forms the types take: 4 bits by 32 (Q4_*), 5 bits by 32 (Q5_*), 6
-     * bits by 16 (Q6_K), int8 by 32 (Q8_0). */
+    /* The forms the types take: 4 bits by 32, shifted (Q4_0) or not (Q4_1,
+     * Q4_K), 5 bits by 32, shifted (Q5_0) or not (Q5_1, Q5_K), 6 bits by 16,
+     * shifted (Q6_K), int8 by 32 (Q8_0). */
     const pack_kind kind = kind_of(w->dtype);
+    const bool sh = quant_shift(w->dtype) != 0;
 #define FORMS(f)                                                                      \
-    (kind == PK_NIB    ? f(w, o, v, t, out, PK_NIB, 32u)                              \
-     : kind == PK_I8   ? f(w, o, v, t, out, PK_I8, 32u)                               \
-     : kind == PK_FIVE ? f(w, o, v, t, out, PK_FIVE, 32u)                             \
-                       : f(w, o, v, t, out, PK_SIX, UNIT))
+    (kind == PK_NIB    ? (sh ? f(w, o, v, t, out, PK_NIB, 32u, true)                  \
+                             : f(w, o, v, t, out, PK_NIB, 32u, false))                \
+     : kind == PK_I8   ? f(w, o, v, t, out, PK_I8, 32u, false)                        \
+     : kind == PK_FIVE ? (sh ? f(w, o, v, t, out, PK_FIVE, 32u, true)                 \
+                             : f(w, o, v, t, out, PK_FIVE, 32u, false))               \
+                       : f(w, o, v, t, out, PK_SIX, UNIT, true))
     if (tiled)
         FORMS(tile_of);
     else
         FORMS(dots4_of);
 #undef FORMS
 }
+/* Tokens from which a four's rows are widened to int16 once and taken by
+ * wide tiles (a batch's; decode of one token never is), and how many
+ * tokens' activations a four's widened rows meet before the next four's
+ * (a block's x16 stays in the second-level cache: 64 tokens of 1536
+ * elements are 192 KiB). */
+#define WIDE_TOKENS 16u
+#define WIDE_BLOCK 64u
+
+/* The four rows from o widened to int16, each its type's quant q (as kept,
+ * less quant_shift), in i8_pos's order: dst[r * width + sweep * SWEEP +
+ * i8_pos(e)]. */
+static inline __attribute__((always_inline)) void
+widen_sweep(const uint8_t *q, const pack_kind kind, const __m256i sh, int16_t *d)
+{
+    if (kind == PK_I8) {
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_si256(
+                (__m256i *)(void *)(d + 16 * j),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * j))));
+        return;
+    }
+    /* A chunk's bytes, unit u's elements 4k..4k+3 at 4u (units 0-3 in the
+     * low half, 4-7 in the high): each half's elements 4k and 4k + 1 to its
+     * low eight bytes, 4k + 2 and 4k + 3 to its high eight; then the halves'
+     * low eights together (group 2k in i8_pos's order), and high eights. */
+    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0,
+                                          1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i hb = high_plane(q, kind);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        __m256i p = _mm256_permute4x64_epi64(
+            _mm256_shuffle_epi8(chunk_quants(q, kind, hb, k), pick), 0xd8);
+        __m256i g0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(p));
+        __m256i g1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(p, 1));
+        _mm256_storeu_si256((__m256i *)(void *)(d + 32 * k), _mm256_sub_epi16(g0, sh));
+        _mm256_storeu_si256((__m256i *)(void *)(d + 32 * k + 16), _mm256_sub_epi16(g1, sh));
+    }
+}
+
+static void widen4(const ref_panels *w, uint32_t o, uint32_t width, int16_t *dst)
+{
+    const pack_kind kind = kind_of(w->dtype);
+    const uint32_t sb = sweep_bytes(w), n = sweeps_of(w);
+    const __m256i sh = _mm256_set1_epi16((short)quant_shift(w->dtype));
+    const uint8_t *q = quants_at(w, o, 0);
+    for (uint32_t s = 0; s < n; s++)
+        for (uint32_t r = 0; r < 4u; r++, q += sb) {
+            int16_t *d = dst + (size_t)r * width + (size_t)s * SWEEP;
+            switch (kind) { /* each form built once, its kind constant */
+            case PK_NIB:
+                widen_sweep(q, PK_NIB, sh, d);
+                break;
+            case PK_FIVE:
+                widen_sweep(q, PK_FIVE, sh, d);
+                break;
+            case PK_SIX:
+                widen_sweep(q, PK_SIX, sh, d);
+                break;
+            case PK_I8:
+                widen_sweep(q, PK_I8, sh, d);
+                break;
+            }
+        }
+}
+
+/* Rows o and o + 1 (widened at w16, a row every width) with the four tokens
+ * from t0: out[4 r + k] row o + r's product with token t0 + k. Each unit's
+ * integer sum is the same integer the other kernels take (vpmaddwd of the
+ * widened quants by x16, eight groups a sweep), the floats are made from it
+ * as tile_of makes them: the same bits. */
+static inline __attribute__((always_inline)) void
+wide_tile_of(const ref_panels *w, const int16_t *w16, uint32_t o, const xq_view *v, uint32_t t0,
+             float *out, const uint32_t gs)
+{
+    const uint32_t width = v->width, sn = SWEEP / gs, n = sweeps_used(w), per = width / UNIT;
+    const int16_t *x16 = v->x16 + (size_t)t0 * width;
+    const float *us = v->scale + (size_t)t0 * per;
+    const uint16_t *S0 = halves_at(w, w->qscale, sn, o, 0);
+    const uint16_t *S1 = halves_at(w, w->qscale, sn, o + 1u, 0);
+    __m256 f00 = _mm256_setzero_ps(), f01 = f00, f02 = f00, f03 = f00;
+    __m256 f10 = f00, f11 = f00, f12 = f00, f13 = f00;
+    for (uint32_t s = 0; s < n; s++) {
+        const int16_t *p0 = w16 + s * SWEEP, *p1 = p0 + width;
+        const int16_t *x0 = x16 + s * SWEEP, *x1 = x0 + width, *x2 = x1 + width, *x3 = x2 + width;
+        __m256i a00 = _mm256_setzero_si256(), a01 = a00, a02 = a00, a03 = a00;
+        __m256i a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+#pragma GCC unroll 2
+        for (uint32_t j = 0; j < SWEEP; j += 16u) {
+            const __m256i w0 = ld(p0 + j), w1 = ld(p1 + j);
+#define TOK(xk, r0, r1)                                                                \
+    do {                                                                               \
+        const __m256i v = ld(xk + j);                                                  \
+        r0 = _mm256_add_epi32(r0, _mm256_madd_epi16(w0, v));                           \
+        r1 = _mm256_add_epi32(r1, _mm256_madd_epi16(w1, v));                           \
+    } while (0)
+            TOK(x0, a00, a10);
+            TOK(x1, a01, a11);
+            TOK(x2, a02, a12);
+            TOK(x3, a03, a13);
+#undef TOK
+            /* The sums stay in registers, a group at a time: without this
+             * the compiler makes the sweep's 64 products first and spills
+             * them (integer sums may be reordered), at half the speed. */
+            __asm__("" : "+x"(a00), "+x"(a01), "+x"(a02), "+x"(a03), "+x"(a10), "+x"(a11),
+                    "+x"(a12), "+x"(a13));
+        }
+        const __m256 sc0 = unit_scales(S0 + s * 4u * sn, gs), sc1 = unit_scales(S1 + s * 4u * sn, gs);
+#define FL(k, r0, r1, g0, g1)                                                                     do {                                                                                              const __m256 xs = _mm256_loadu_ps(us + (size_t)(k) * per + s * 8u);                          g0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r0), _mm256_mul_ps(sc0, xs), g0);                     g1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r1), _mm256_mul_ps(sc1, xs), g1);                 } while (0)
+        FL(0, a00, a10, f00, f10);
+        FL(1, a01, a11, f01, f11);
+        FL(2, a02, a12, f02, f12);
+        FL(3, a03, a13, f03, f13);
+#undef FL
+    }
+    const __m256 acc0[4] = {f00, f01, f02, f03}, acc1[4] = {f10, f11, f12, f13};
+    store4(acc0, tile_offsets(w, o, v, t0).f, out);
+    store4(acc1, tile_offsets(w, o + 1u, v, t0).f, out + 4);
+}
+
+/* wide_tile_of built once for each group size. */
+static void wide_tile(const ref_panels *w, const int16_t *w16, uint32_t o, const xq_view *v,
+                      uint32_t t0, float *out)
+{
+    if (w->qgroups == UNIT)
+        wide_tile_of(w, w16, o, v, t0, out, UNIT);
+    else
+        wide_tile_of(w, w16, o, v, t0, out, 32u);
+}
 #else
-/* Element e (0..127) of a row's sweep of quants: q (Q4_0's q + 8, its
- * offsets take the 8 back). */
+/* Element e (0..127) of a row's sweep of quants: q. */
 static inline int quant(const uint8_t *q, pack_kind kind, int shift, uint32_t e)
 {
     uint32_t at = quant_pos(kind, e);
@@ -450,7 +677,7 @@ static inline int quant(const uint8_t *q, pack_kind kind, int shift, uint32_t e)
         return (int8_t)q[at];
     int u = (q[at % 64u] >> (at >= 64u ? 4 : 0)) & 15;
     if (kind == PK_NIB)
-        return u;
+        return u - shift;
     if (kind == PK_FIVE)
         return (u | ((q[high5_byte(at)] >> high5_bit(at)) & 1) << 4) - shift;
     return (u | ((q[high6_byte(at)] >> high6_bit(at)) & 3) << 4) - shift;
@@ -465,8 +692,8 @@ static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t
     const int8_t *xh = v->hi + (size_t)t * width, *xl = v->lo + (size_t)t * width;
     const float *us = v->scale + (size_t)t * (width / UNIT);
     const float *uo = v->offset_x + (size_t)t * (width / 32u);
-    float acc = 0.0f, off = 0.0f, m8;
-    const uint16_t *M = offsets_of(w, o, &m8);
+    float acc = 0.0f, off = 0.0f;
+    const uint16_t *M = offsets_of(w, o);
     for (uint32_t s = 0; s < n; s++) {
         const uint8_t *q = quants_at(w, o, s);
         const uint16_t *S = halves_at(w, w->qscale, sn, o, s);
@@ -480,7 +707,7 @@ static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t
             acc += (devio_f16_to_f32(S[j * UNIT / gs]) * us[s * 8u + j]) * (float)d;
         }
         for (uint32_t g = 0; M && g < SWEEP_OFFSETS; g++)
-            off += devio_f16_to_f32(M[s * 4u * SWEEP_OFFSETS + g]) * (m8 * uo[s * 4u + g]);
+            off += devio_f16_to_f32(M[s * 4u * SWEEP_OFFSETS + g]) * uo[s * 4u + g];
     }
     return acc + off;
 }
@@ -506,6 +733,7 @@ typedef struct run_job {
     const ref_matmul *mm;
     uint32_t count;
     xq_view v;
+    ref_scratch *scratch; /* one per thread: its `wide` holds a four's rows widened */
     uint32_t job_start[5]; /* each projection's first job; [count] the total */
     uint32_t rows_per_job[4];
 } run_job;
@@ -537,15 +765,15 @@ static inline void store(const ref_matmul *mm, uint32_t o, uint32_t t, float dot
     }
 }
 
-/* Four outputs: each d[k] stored as store does, SiLU's four at once (the
- * vector form gives the scalar's bits, numerics_vec.h). */
-static inline void store4_outs(const ref_matmul *mm, const uint32_t *o, const uint32_t *t,
-                               uint32_t n, float *d, const float *d2)
+/* n (up to 8) outputs: each d[k] stored as store does, SiLU's all at once
+ * (the vector form gives the scalar's bits, numerics_vec.h). */
+static inline void store_outs(const ref_matmul *mm, const uint32_t *o, const uint32_t *t,
+                              uint32_t n, float *d, const float *d2)
 {
     if (mm->epi == REF_EPI_SILU_MUL) {
         float g[8] = {0}, u[8] = {0};
-        memcpy(g, d, 4 * sizeof(float));
-        memcpy(u, d2, 4 * sizeof(float));
+        memcpy(g, d, n * sizeof(float));
+        memcpy(u, d2, n * sizeof(float));
         devio_silu_mul_n(g, g, u, 8);
         for (uint32_t k = 0; k < n; k++)
             out_row(mm, t[k])[o[k]] = g[k];
@@ -555,9 +783,42 @@ static inline void store4_outs(const ref_matmul *mm, const uint32_t *o, const ui
         store(mm, o[k], t[k], d[k], d2[k]);
 }
 
+#if defined(__AVX2__)
+/* A batch's whole tiles of tokens (the first `tiles`) against rows o0..o1:
+ * token blocks of WIDE_BLOCK, each meeting every four of the rows widened
+ * (w16: the four's rows of w, then of w2 for SiLU's), wide tiles of two
+ * rows by four tokens. */
+static void run_wide(const run_job *r, const ref_matmul *mm, uint32_t o0, uint32_t o1,
+                     uint32_t tiles, int16_t *w16)
+{
+    const uint32_t width = r->v.width;
+    const bool silu = mm->epi == REF_EPI_SILU_MUL;
+    int16_t *g16 = w16 + (size_t)4 * width;
+    float d[8] = {0}, d2[8] = {0};
+    for (uint32_t tb = 0; tb < tiles; tb += WIDE_BLOCK) {
+        uint32_t te = tiles - tb < WIDE_BLOCK ? tiles : tb + WIDE_BLOCK;
+        for (uint32_t o = o0; o < o1; o += 4u) {
+            uint32_t nr = o1 - o < 4u ? o1 - o : 4u;
+            widen4(mm->w, o, width, w16);
+            if (silu)
+                widen4(mm->w2, o, width, g16);
+            for (uint32_t t = tb; t < te; t += TILE_TOKENS)
+                for (uint32_t k = 0; k < nr; k += 2u) {
+                    wide_tile(mm->w, w16 + (size_t)k * width, o + k, &r->v, t, d);
+                    if (silu)
+                        wide_tile(mm->w2, g16 + (size_t)k * width, o + k, &r->v, t, d2);
+                    const uint32_t a = o + k, b = a + 1u;
+                    const uint32_t os[8] = {a, a, a, a, b, b, b, b};
+                    const uint32_t ts[8] = {t, t + 1, t + 2, t + 3, t, t + 1, t + 2, t + 3};
+                    store_outs(mm, os, ts, k + 1u < nr ? 8u : 4u, d, d2);
+                }
+        }
+    }
+}
+#endif
+
 static void run_rows(void *ctx, uint32_t job, uint32_t thread)
 {
-    (void)thread;
     const run_job *r = ctx;
     uint32_t k = 0;
     while (job >= r->job_start[k + 1])
@@ -567,10 +828,19 @@ static void run_rows(void *ctx, uint32_t job, uint32_t thread)
     uint32_t o1 = o0 + r->rows_per_job[k] < mm->w->m ? o0 + r->rows_per_job[k] : mm->w->m;
     float d[4] = {0}, d2[4] = {0};
     const bool silu = mm->epi == REF_EPI_SILU_MUL;
+    uint32_t t_from = 0; /* tokens the wide tiles took */
+#if defined(__AVX2__)
+    if (mm->n_tok >= WIDE_TOKENS) {
+        t_from = mm->n_tok / TILE_TOKENS * TILE_TOKENS;
+        run_wide(r, mm, o0, o1, t_from, (int16_t *)(void *)r->scratch[thread].wide);
+    }
+#else
+    (void)thread;
+#endif
     /* Rows in fours from the job's start (a multiple of four), every token
      * for each four: their quants stay in the nearest cache meanwhile. */
     for (uint32_t o = o0; o < o1; o += 4u) {
-        uint32_t nr = o1 - o < 4u ? o1 - o : 4u, t = 0;
+        uint32_t nr = o1 - o < 4u ? o1 - o : 4u, t = t_from;
 #if defined(__AVX2__)
         /* Whole tiles of tokens a row at a time; their activations stay in
          * the nearest cache for the four's rows. */
@@ -581,7 +851,7 @@ static void run_rows(void *ctx, uint32_t job, uint32_t thread)
                     kernel4(true, mm->w2, o + k, &r->v, t, d2);
                 const uint32_t os[4] = {o + k, o + k, o + k, o + k};
                 const uint32_t ts[4] = {t, t + 1, t + 2, t + 3};
-                store4_outs(mm, os, ts, TILE_TOKENS, d, d2);
+                store_outs(mm, os, ts, TILE_TOKENS, d, d2);
             }
 #endif
         for (; t < mm->n_tok; t++) {
@@ -589,7 +859,7 @@ static void run_rows(void *ctx, uint32_t job, uint32_t thread)
             if (silu)
                 row_dots(mm->w2, o, nr, &r->v, t, d2);
             const uint32_t os[4] = {o, o + 1, o + 2, o + 3}, ts[4] = {t, t, t, t};
-            store4_outs(mm, os, ts, nr, d, d2);
+            store_outs(mm, os, ts, nr, d, d2);
         }
     }
 }
@@ -626,6 +896,7 @@ void ref_matmul_run(const ref_gemm_work *wk, ref_matmul *mm, uint32_t count)
             round_token(&xj, t, 0);
     r.mm = fm;
     r.v = xj.v;
+    r.scratch = wk->scratch;
     uint32_t want = devio_pool_threads(wk->pool) * JOBS_PER_THREAD, total = 0;
     for (uint32_t k = 0; k < r.count; k++) {
         uint32_t m = fm[k].w->m, per = (m + want - 1) / want;

@@ -57,9 +57,9 @@ static inline pack_kind kind_of(devio_dtype d)
 }
 
 /* What is added to a type's q (device/numerics/quant.h's split form) to
- * keep it unsigned. Q4_0's 8 is taken back by its offsets (M = -8 S, made
- * from S); Q5_0's 16 and Q6_K's 32 by the activations' sum over each unit
- * times the shift, out of each unit's integer sum. */
+ * keep it unsigned: Q4_0's 8, Q5_0's 16 and Q6_K's 32, each taken back out
+ * of each unit's integer sum as the activations' sum over the unit times
+ * the shift (the other types' q are unsigned already). */
 static inline int quant_shift(devio_dtype d)
 {
     return d == DEVIO_Q4_0 ? 8 : d == DEVIO_Q5_0 ? 16 : d == DEVIO_Q6_K ? 32 : 0;
@@ -124,15 +124,15 @@ static inline uint32_t lane_pos(uint32_t e)
 }
 
 /* int8 quants are widened to int16 and summed in pairs (vpmaddwd), so a
- * unit's four elements of a chunk fill two lanes; their chunks keep the
- * units in the order 0 1 4 5 2 3 6 7, so that adding neighbouring lanes of
- * the first halves' sums and of the second halves' (vphaddd) leaves unit k
- * in lane k again. Element e's place in a sweep of int8 quants, and of the
- * activations as int16 beside them: */
+ * unit's elements fill a lane two at a time: a group of 16 (one 16-byte
+ * load, widened to a register of int16) holds elements 2j and 2j + 1 of each
+ * unit, unit by unit, and a sweep's eight groups summed leave unit k in lane
+ * k. Element e's place in a sweep of int8 quants, of the activations as
+ * int16 beside them, and of any type's quants widened to int16 for a batch
+ * of tokens (cpu_gemm.c's wide tiles): */
 static inline uint32_t i8_pos(uint32_t e)
 {
-    static const uint8_t slot[8] = {0, 1, 4, 5, 2, 3, 6, 7};
-    return (e % UNIT) / 4u * 32u + slot[e / UNIT] * 4u + e % 4u;
+    return (e % UNIT) / 2u * 16u + e / UNIT * 2u + e % 2u;
 }
 
 /* PK_SIX: the byte (after the 64 of low bits) and the lowest bit of
