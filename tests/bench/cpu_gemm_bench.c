@@ -27,19 +27,21 @@ static uint32_t next(void)
     return rng;
 }
 
-/* m rows of n elements of GGML type t: random quants, binary16 scales (and
- * minimums) of about 0.01. Q4_0, Q4_1 and Q8_0 only. */
+/* m rows of n elements of GGML type t (n a whole number of its blocks):
+ * random quants, binary16 scales (and minimums) of about 0.01, where the
+ * block keeps them (its last two bytes for Q6_K, its first two else). */
 static uint8_t *rand_rows(uint32_t t, uint32_t m, uint32_t n)
 {
-    uint32_t bb = devio_quant_block_bytes(t), blocks = m * (n / 32u);
+    uint32_t bb = devio_quant_block_bytes(t), blocks = m * (n / devio_quant_block(t));
     uint8_t *w = malloc((size_t)blocks * bb);
     for (size_t b = 0; w && b < blocks; b++) {
         uint8_t *p = w + b * bb;
         for (uint32_t i = 0; i < bb; i++)
             p[i] = (uint8_t)next();
         uint16_t d = devio_f32_to_f16_rne(0.005f + (float)(next() % 100) * 1e-4f);
-        memcpy(p, &d, 2);
-        if (t == DEVIO_QT_Q4_1) {
+        memcpy(t == DEVIO_QT_Q6_K ? p + bb - 2 : p, &d, 2);
+        if (t == DEVIO_QT_Q4_1 || t == DEVIO_QT_Q5_1 || t == DEVIO_QT_Q4_K ||
+            t == DEVIO_QT_Q5_K) {
             uint16_t mn = devio_f32_to_f16_rne(-0.04f);
             memcpy(p + 2, &mn, 2);
         }
@@ -119,8 +121,9 @@ int main(int argc, char **argv)
                                    (threads = (uint32_t)atoi(argv[1])) < 1 || threads > 64))) {
         printf("usage: devio-bench-cpu-gemm [THREADS]\n"
                "The cpu backend's fast projections beside the reference's strict ones on the\n"
-               "same random Q4_0, Q4_1 and Q8_0 weights (SmolLM2-135M's shapes), 1, 8 and 128\n"
-               "tokens: CPU time per projection (best of 5 rounds) over THREADS threads [1].\n");
+               "same random Q4_0, Q4_1, Q8_0, Q5_0, Q4_K and Q6_K weights (SmolLM2-135M's\n"
+               "shapes, those whose width is whole blocks of the type), 1, 8 and 128 tokens:\n"
+               "CPU time per projection (best of 5 rounds) over THREADS threads [1].\n");
         return argc == 2 && !strcmp(argv[1], "--help") ? 0 : 2;
     }
     devio_pool *pool = devio_pool_create(threads);
@@ -134,14 +137,16 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         devio_dtype dt;
-    } types[] = {{"q4_0", DEVIO_Q4_0}, {"q4_1", DEVIO_Q4_1}, {"q8_0", DEVIO_Q8_0}};
+    } types[] = {{"q4_0", DEVIO_Q4_0}, {"q4_1", DEVIO_Q4_1}, {"q8_0", DEVIO_Q8_0},
+                 {"q5_0", DEVIO_Q5_0}, {"q4_k", DEVIO_Q4_K}, {"q6_k", DEVIO_Q6_K}};
     static const uint32_t shapes[][2] = {{1536, 576}, {576, 1536}};
     static const uint32_t toks[] = {1, 8, 128};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             for (size_t k = 0; k < sizeof toks / sizeof *toks; k++)
-                bench(pool, scratch, threads, types[i].name, types[i].dt, shapes[s][0],
-                      shapes[s][1], toks[k]);
+                if (shapes[s][1] % devio_quant_block(devio_dtype_ggml(types[i].dt)) == 0)
+                        bench(pool, scratch, threads, types[i].name, types[i].dt, shapes[s][0],
+                          shapes[s][1], toks[k]);
     for (uint32_t i = 0; i < threads; i++)
         ref_scratch_fini(&scratch[i]);
     free(scratch);
