@@ -548,9 +548,8 @@ static void kernel4(bool tiled, const ref_panels *w, uint32_t o, const xq_view *
 #define WIDE_TOKENS 16u
 #define WIDE_BLOCK 64u
 
-/* The four rows from o widened to int16, each its type's quant q (as kept,
- * less quant_shift), in i8_pos's order: dst[r * width + sweep * SWEEP +
- * i8_pos(e)]. */
+/* One row's sweep of quants at q widened to int16 at d, each its type's
+ * quant q (as kept, less the shift sh), in i8_pos's order. */
 static inline __attribute__((always_inline)) void
 widen_sweep(const uint8_t *q, const pack_kind kind, const __m256i sh, int16_t *d)
 {
@@ -579,6 +578,7 @@ widen_sweep(const uint8_t *q, const pack_kind kind, const __m256i sh, int16_t *d
     }
 }
 
+/* The four rows from o widened: dst[r * width + sweep * SWEEP + i8_pos(e)]. */
 static void widen4(const ref_panels *w, uint32_t o, uint32_t width, int16_t *dst)
 {
     const pack_kind kind = kind_of(w->dtype);
