@@ -27,7 +27,7 @@
  *
  * A batch of WIDE_TOKENS or more (a prefill's chunk) takes wide tiles on AVX2: a four's rows
  * widened once to int16 (widen4), then two rows by four tokens at a time by vpmaddwd with the
- * activations' int16, 16 products a lane pair per instruction and no unpacking in the loop.
+ * activations' int16, 16 products an instruction and no unpacking in the loop.
  *
  * Every output is computed whole by one job, and a token's row never depends on the other
  * tokens of the batch (a tile of four tokens, wide or not, sums each as a single token is
