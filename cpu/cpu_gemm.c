@@ -1,5 +1,7 @@
 /* cpu_gemm.c - the cpu backend's projections under fast numerics (ref/ref_gemm.h's functions,
- * built in place of the reference's in every path of the cpu backend, cpu/isa.bzl).
+ * built in place of the reference's in every path of the cpu backend, cpu/isa.bzl);
+ * long because the kernels of every form (decode, tiles, wide tiles, the baseline's) share
+ * static inline helpers that must inline into each, and a run's jobs drive them all.
  *
  * A quantized weight (every type of device/numerics/quant.h) is split once at load (cpu_pack.c,
  * devio_quant_split) into small integer quants q and, per group of its elements (16 for Q6_K,
