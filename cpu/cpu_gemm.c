@@ -7,8 +7,8 @@
  * devio_quant_split) into small integer quants q and, per group of its elements (16 for Q6_K,
  * else 32), a scale S and an offset M, both kept as binary16: y = S * q + M. The quants
  * are kept unsigned (q + quant_shift) in the bits the type has (cpu_layout.h's pack_kind):
- * 4-bit types two a byte, as the file does; 5- and 6-bit types as a plane of 4 bits and one of 1 or 2;
- * Q8_0 one int8 an element. So a decode step streams about the file's bytes.
+ * 4-bit types two a byte, as the file does; 5- and 6-bit types as a plane of 4 bits and one
+ * of 1 or 2; Q8_0 one int8 an element. So a decode step streams about the file's bytes.
  * Each token's activations are rounded per block of 32 to integers of 15 bits with one binary32
  * scale (the largest magnitude maps to 16255), kept as two bytes, v = 128 hi + lo; a dot
  * product is then, per unit of 16 elements, an exact integer sum (unsigned 4- and 6-bit quants
@@ -590,20 +590,9 @@ static void widen4(const ref_panels *w, uint32_t o, uint32_t width, int16_t *dst
     for (uint32_t s = 0; s < n; s++)
         for (uint32_t r = 0; r < 4u; r++, q += sb) {
             int16_t *d = dst + (size_t)r * width + (size_t)s * SWEEP;
-            switch (kind) { /* each form built once, its kind constant */
-            case PK_NIB:
-                widen_sweep(q, PK_NIB, sh, d);
-                break;
-            case PK_FIVE:
-                widen_sweep(q, PK_FIVE, sh, d);
-                break;
-            case PK_SIX:
-                widen_sweep(q, PK_SIX, sh, d);
-                break;
-            case PK_I8:
-                widen_sweep(q, PK_I8, sh, d);
-                break;
-            }
+            /* The kind known only here: widening is a small part of a batch's
+             * time, so one form serves every kind. */
+            widen_sweep(q, kind, sh, d);
         }
 }
 
@@ -648,8 +637,14 @@ wide_tile_of(const ref_panels *w, const int16_t *w16, uint32_t o, const xq_view 
             __asm__("" : "+x"(a00), "+x"(a01), "+x"(a02), "+x"(a03), "+x"(a10), "+x"(a11),
                     "+x"(a12), "+x"(a13));
         }
-        const __m256 sc0 = unit_scales(S0 + s * 4u * sn, gs), sc1 = unit_scales(S1 + s * 4u * sn, gs);
-#define FL(k, r0, r1, g0, g1)                                                                     do {                                                                                              const __m256 xs = _mm256_loadu_ps(us + (size_t)(k) * per + s * 8u);                          g0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r0), _mm256_mul_ps(sc0, xs), g0);                     g1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r1), _mm256_mul_ps(sc1, xs), g1);                 } while (0)
+        const __m256 sc0 = unit_scales(S0 + s * 4u * sn, gs);
+        const __m256 sc1 = unit_scales(S1 + s * 4u * sn, gs);
+#define FL(k, r0, r1, g0, g1)                                                             \
+    do {                                                                                   \
+        const __m256 xs = _mm256_loadu_ps(us + (size_t)(k) * per + s * 8u);              \
+        g0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r0), _mm256_mul_ps(sc0, xs), g0);         \
+        g1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r1), _mm256_mul_ps(sc1, xs), g1);         \
+    } while (0)
         FL(0, a00, a10, f00, f10);
         FL(1, a01, a11, f01, f11);
         FL(2, a02, a12, f02, f12);

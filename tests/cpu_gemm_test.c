@@ -135,7 +135,8 @@ static void test_each_form_within_tolerance_and_batch_independent(void **state)
      * over these 70 tokens). */
     check_type(DEVIO_Q4_1, 160, 1e-3);
     check_type(DEVIO_Q5_1, 160, 1e-3);
-    check_type(DEVIO_Q5_K, 256, 2e-3); /* 1.005e-3 at worst here: rounded scale products and offsets */
+    /* 1.005e-3 at worst here: rounded scale products and offsets. */
+    check_type(DEVIO_Q5_K, 256, 2e-3);
     check_type(DEVIO_Q6_K, 512, 1e-3); /* 6 bits, groups of 16, a shift */
 }
 
