@@ -1,5 +1,6 @@
 """The cpu backend's instruction-set paths: the reference's step (ref/isa.bzl's sources) with
-cpu_gemm.c and cpu_pack.c in place of ref/ref_gemm.c and its KV cache in binary16
+cpu_gemm.c and cpu_pack.c in place of ref/ref_gemm.c, cpu_attention.c in place of
+ref/ref_attention.c, and its KV cache in binary16
 (REF_KV_F16, ref/ref_kv.h), built once per path with every symbol renamed NAME_cpu_PATH.
 ref/ref_gemm.c is built beside it under the names ref_strict_* (cpu_strict.h), for the
 weights the fast kernels do not take.
@@ -64,7 +65,8 @@ def cpu_isa_library(path, march, **kwargs):
     )
     native.cc_library(
         name = "cpu_" + path,
-        srcs = ["//ref:" + s for s in REF_ISA_SRCS if s != "ref_gemm.c"] + [
+        srcs = ["//ref:" + s for s in REF_ISA_SRCS if s not in ("ref_attention.c", "ref_gemm.c")] + [
+            "cpu_attention.c",
             "cpu_gemm.c",
             "cpu_pack.c",
             "cpu_layout.h",

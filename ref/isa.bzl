@@ -7,6 +7,7 @@ hold a flag that changes a number: -ffp-contract=off (.bazelrc) holds for all.
 # The sources whose code depends on the instruction set (generic vectors,
 # F16C). pool.c, builtin.c and ref_isa.c are built once, for the baseline.
 REF_ISA_SRCS = [
+    "ref_attention.c",
     "ref_backend.c",
     "ref_gemm.c",
     "ref_kernels.c",

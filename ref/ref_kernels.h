@@ -39,8 +39,19 @@ typedef struct ref_scratch {
     float *acc;      /* 32 * ref_pad32(head_dim): per-lane attention sums */
     float *qbuf;     /* ref_pad32(head_dim): a query head, zero padded */
     float *kbuf;     /* ref_pad32(head_dim): a key tail, zero padded */
-    float *wide;     /* 2 * 16 * ref_pad32(max_k): 16-bit weight panels widened (ref_gemm.c) */
+    float *wide;     /* ref_scratch_wide_floats: 16-bit weight panels widened (ref_gemm.c); in
+                      * the cpu backend also its attention's tiles (cpu/cpu_attention.c) */
 } ref_scratch;
+
+/* Floats of ref_scratch.wide: two panels of 16 rows of the widest input, and at least 128
+ * padded heads and 1024 floats more (what a blocked attention keeps: keys and values of a
+ * block, the rows of queries it serves and their scores). */
+static inline size_t ref_scratch_wide_floats(uint32_t max_k, uint32_t head_dim)
+{
+    size_t panels = (size_t)2 * 16 * ref_pad32(max_k ? max_k : 1);
+    size_t tiles = (size_t)128 * ref_pad32(head_dim) + 1024;
+    return panels > tiles ? panels : tiles;
+}
 
 /* Allocate scratch for sequences up to max_seq_len, head dimension
  * head_dim and projections whose input width is at most max_k. Returns 0 on success, -1 when memory is short (then nothing is

@@ -4,7 +4,7 @@
  * backend, fast numerics: cpu/isa.bzl) keeps binary16 instead, half the memory and half the
  * bytes a decode step's attention reads: each value rounded to nearest even as it is written,
  * widened exactly as it is read. The element type, ref_kv, is ref_kernels.h's. Static inline
- * only, for the sources that write or read the cache (ref_step.c, ref_kernels.c); owns
+ * only, for the sources that write or read the cache (ref_step.c, ref_attention.c, cpu/cpu_attention.c); owns
  * nothing. */
 #ifndef DEVIO_REF_KV_H
 #define DEVIO_REF_KV_H

@@ -284,7 +284,8 @@ def find_rtt(bin_dir, tmp):
     out = tmp / "rtt_inproc"
     srcs = ([str(REPO / "tests/bench/rtt_inproc.c")] +
             sorted(str(p) for d in ("common", "device") for p in (REPO / d).glob("*.c")) +
-            [str(REPO / f) for f in ("ref/builtin.c", "ref/pool.c", "ref/ref_backend.c", "ref/ref_kernels.c",
+            [str(REPO / f) for f in ("ref/builtin.c", "ref/pool.c", "ref/ref_backend.c",
+                                     "ref/ref_attention.c", "ref/ref_kernels.c",
                                      "tools/mkmodel/mkmodel.c", "tools/mkmodel/mkadapter.c",
                                      "tools/mkmodel/mkwrite.c")])
     cmd = ["gcc", "-std=c11", "-O2", "-ffp-contract=off", "-march=native", "-D_POSIX_C_SOURCE=200809L",

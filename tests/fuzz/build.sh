@@ -15,7 +15,7 @@ TARGETS=(dispatch config safetensors adapter script gguf)
 # The reference backend as its plain (baseline) path: no ref_isa.c, so the
 # symbols keep their own names (as in the WASI build).
 LIB_SRCS=(common/*.c device/*.c device/*/*.c api/*.c
-          ref/ref_backend.c ref/ref_gemm.c ref/ref_kernels.c ref/ref_mixer.c ref/ref_step.c
+          ref/ref_attention.c ref/ref_backend.c ref/ref_gemm.c ref/ref_kernels.c ref/ref_mixer.c ref/ref_step.c
           ref/pool.c conform/inproc.c conform/script.c
           tools/mkmodel/mkadapter.c tools/mkmodel/mkfamily.c tools/mkmodel/mkmodel.c
           tools/mkmodel/mkssm.c tools/mkmodel/mkwrite.c
