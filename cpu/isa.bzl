@@ -3,7 +3,9 @@ cpu_gemm.c and cpu_pack.c in place of ref/ref_gemm.c, cpu_attention.c in place o
 ref/ref_attention.c, and its KV cache in binary16
 (REF_KV_F16, ref/ref_kv.h), built once per path with every symbol renamed NAME_cpu_PATH.
 ref/ref_gemm.c is built beside it under the names ref_strict_* (cpu_strict.h), for the
-weights the fast kernels do not take.
+weights the fast kernels do not take. Both are compiled with -ffp-contract=fast: the paths with
+FMA fuse each product into its add (fast numerics; the reference stays uncontracted), and every
+source alike, so that fused and unfused code paths keep giving a token the same bits.
 """
 
 load("//ref:isa.bzl", "REF_ISA_COPTS", "REF_ISA_SRCS", "REF_ISA_SYMBOLS")
@@ -15,6 +17,9 @@ GEMM_API = [
     "ref_panels_free",
     "ref_panels_pack",
 ]
+
+# After .bazelrc's -ffp-contract=off, which it overrides for this backend's sources only.
+CONTRACT = ["-ffp-contract=fast"]
 
 # path -> compiler flags. Elsewhere than x86-64 one path, this CPU's.
 # cpu/cpu_backend.c lists the same paths under the same names.
@@ -55,7 +60,7 @@ def cpu_isa_library(path, march, **kwargs):
     native.cc_library(
         name = "strict_gemm_" + path,
         srcs = ["//ref:ref_gemm.c"] + REF_HDRS,
-        copts = march + REF_ISA_COPTS + strict_renames(path),
+        copts = march + REF_ISA_COPTS + strict_renames(path) + CONTRACT,
         deps = [
             "//device/core",
             "//device/numerics",
@@ -73,7 +78,7 @@ def cpu_isa_library(path, march, **kwargs):
             "cpu_strict.h",
         ] + REF_HDRS,
         # K and V kept as binary16 (ref/ref_kv.h).
-        copts = march + REF_ISA_COPTS + cpu_renames(path) + ["-DREF_KV_F16"],
+        copts = march + REF_ISA_COPTS + cpu_renames(path) + CONTRACT + ["-DREF_KV_F16"],
         deps = [
             ":strict_gemm_" + path,
             "//device/core",
