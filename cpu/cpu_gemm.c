@@ -27,12 +27,13 @@
  * hold (0.04% on that file). Weights of F32, F16 and BF16, and a weight whose scales do not
  * fit binary16, keep the reference's own projections (cpu_strict.h).
  *
- * A batch of WIDE_TOKENS or more (a prefill's chunk) takes wide tiles on AVX2: a four's rows
- * widened once to int16 (widen4), then two rows by four tokens at a time by vpmaddwd with the
- * activations' int16, 16 products an instruction and no unpacking in the loop.
+ * A batch's whole fours of tokens (a prefill's chunk, a decode batch of four or more) take
+ * wide tiles on AVX2: a four's rows widened once to int16 (widen4), then two rows by four tokens
+ * at a time by vpmaddwd with the activations' int16, 16 products an instruction and no
+ * unpacking in the loop; the tokens left over, and a decode of one token, take dots4.
  *
  * Every output is computed whole by one job, and a token's row never depends on the other
- * tokens of the batch (a tile of four tokens, wide or not, sums each as a single token is
+ * tokens of the batch (a wide tile of four tokens sums each as a single token is
  * summed: the units' integer sums are exact whichever instructions make them, and the floats
  * made from them are the same operations in the same order): the bits are the same for any
  * batch, chunking and thread count; they differ between paths (AVX2 sums eight lanes, the
@@ -454,7 +455,7 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
     store4(acc, off, out);
 }
 
-/* Tokens a tile of one row takes at once (n_tok of at least TILE_TOKENS). */
+/* Tokens a wide tile takes at once: a batch of at least this many takes wide tiles. */
 #define TILE_TOKENS 4u
 
 typedef struct off4 {
@@ -478,76 +479,32 @@ static inline off4 tile_offsets(const ref_panels *w, uint32_t o, const xq_view *
     return (off4){{f0, f1, f2, f3}};
 }
 
-/* Row o's dot products with the four tokens from t0: each sweep's quants
- * read (and 4-bit ones unpacked) once for the four. The same bits as
- * dots4 gives each token: the same sums in the same order, and store4's
- * fold, which is lane-wise, over the tokens' sums instead of the rows'. */
-static inline __attribute__((always_inline)) void
-tile_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t0, float *out,
-        const pack_kind kind, const uint32_t gs, const bool shifted)
-{
-    const uint32_t width = v->width, sb = sweep_bytes(w);
-    const uint32_t sn = SWEEP / gs, n = sweeps_used(w), per = width / UNIT;
-    const int32_t *usum = v->usum + (size_t)t0 * per;
-    const __m256i shift = _mm256_set1_epi32(quant_shift(w->dtype));
-    const int8_t *xh = v->hi + (size_t)t0 * width, *xl = v->lo + (size_t)t0 * width;
-    const int16_t *x16 = v->x16 + (size_t)t0 * width;
-    const float *us = v->scale + (size_t)t0 * per;
-    const uint8_t *q = quants_at(w, o, 0);
-    const uint16_t *S = halves_at(w, w->qscale, sn, o, 0);
-    /* Sums in named registers, not an array: an array whose address store4
-     * takes stays in memory through the loop. */
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (uint32_t s = 0; s < n; s++, q += 4u * sb, S += 4u * sn) {
-        const __m256 sc = unit_scales(S, gs);
-#define TOK(k, acc)                                                                           \
-    acc = _mm256_fmadd_ps(                                                                    \
-        _mm256_cvtepi32_ps(_mm256_sub_epi32(                                                  \
-            unit_dots(q, kind, xh + (size_t)(k) * width + s * SWEEP,                          \
-                      xl + (size_t)(k) * width + s * SWEEP,                                   \
-                      x16 + (size_t)(k) * width + s * SWEEP),                                 \
-            shifted ? unshift(usum + (size_t)(k) * per + s * 8u, shift)                       \
-                    : _mm256_setzero_si256())),                                               \
-        _mm256_mul_ps(sc, _mm256_loadu_ps(us + (size_t)(k) * per + s * 8u)), acc)
-        TOK(0, a0);
-        TOK(1, a1);
-        TOK(2, a2);
-        TOK(3, a3);
-#undef TOK
-    }
-    const __m256 acc[4] = {a0, a1, a2, a3};
-    store4(acc, tile_offsets(w, o, v, t0).f, out);
-}
-
-/* dots4 (the four rows from o, token t) or, tiled, tile_of (row o, the
- * four tokens from t), each built once for every form of quants and scales. */
-static void kernel4(bool tiled, const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t,
-                    float *out)
+/* dots4_of (the four rows from o, token t), built once for every form of quants and scales. */
+static void dots4(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *out)
 {
     /* The forms the types take: 4 bits by 32, shifted (Q4_0) or not (Q4_1,
      * Q4_K), 5 bits by 32, shifted (Q5_0) or not (Q5_1, Q5_K), 6 bits by 16,
      * shifted (Q6_K), int8 by 32 (Q8_0). */
     const pack_kind kind = kind_of(w->dtype);
     const bool sh = quant_shift(w->dtype) != 0;
-#define FORMS(f)                                                                      \
-    (kind == PK_NIB    ? (sh ? f(w, o, v, t, out, PK_NIB, 32u, true)                  \
-                             : f(w, o, v, t, out, PK_NIB, 32u, false))                \
-     : kind == PK_I8   ? f(w, o, v, t, out, PK_I8, 32u, false)                        \
-     : kind == PK_FIVE ? (sh ? f(w, o, v, t, out, PK_FIVE, 32u, true)                 \
-                             : f(w, o, v, t, out, PK_FIVE, 32u, false))               \
-                       : f(w, o, v, t, out, PK_SIX, UNIT, true))
-    if (tiled)
-        FORMS(tile_of);
+    if (kind == PK_NIB)
+        sh ? dots4_of(w, o, v, t, out, PK_NIB, 32u, true)
+           : dots4_of(w, o, v, t, out, PK_NIB, 32u, false);
+    else if (kind == PK_I8)
+        dots4_of(w, o, v, t, out, PK_I8, 32u, false);
+    else if (kind == PK_FIVE)
+        sh ? dots4_of(w, o, v, t, out, PK_FIVE, 32u, true)
+           : dots4_of(w, o, v, t, out, PK_FIVE, 32u, false);
     else
-        FORMS(dots4_of);
-#undef FORMS
+        dots4_of(w, o, v, t, out, PK_SIX, UNIT, true);
 }
-/* Tokens from which a four's rows are widened to int16 once and taken by
- * wide tiles (a batch's; decode of one token never is), and how many
- * tokens' activations a four's widened rows meet before the next four's
- * (a block's x16 stays in the second-level cache: 64 tokens of 1536
- * elements are 192 KiB). */
-#define WIDE_TOKENS 16u
+
+/* How many tokens' activations a four's widened rows meet before the next
+ * four's (a block's x16 stays in the second-level cache: 64 tokens of 1536
+ * elements are 192 KiB). Wide tiles pay from a batch of four tokens on: the
+ * rows are widened once for all of them, where dots4 unpacks them for each
+ * (SmolLM2 q8_0 and q4_0, decode batch 4: 1.3x, batch 8: 1.2x against tiles
+ * of four by dots of bytes, which they replace). */
 #define WIDE_BLOCK 64u
 
 /* One row's sweep of quants at q widened to int16 at d, each its type's
@@ -600,7 +557,7 @@ static void widen4(const ref_panels *w, uint32_t o, uint32_t width, int16_t *dst
  * from t0: out[4 r + k] row o + r's product with token t0 + k. Each unit's
  * integer sum is the same integer the other kernels take (vpmaddwd of the
  * widened quants by x16, eight groups a sweep), the floats are made from it
- * as tile_of makes them: the same bits. */
+ * as dots4_of makes them for each token: the same bits. */
 static inline __attribute__((always_inline)) void
 wide_tile_of(const ref_panels *w, const int16_t *w16, uint32_t o, const xq_view *v, uint32_t t0,
              float *out, const uint32_t gs)
@@ -717,7 +674,7 @@ static void row_dots(const ref_panels *w, uint32_t o, uint32_t nr, const xq_view
 {
 #if defined(__AVX2__)
     (void)nr;
-    kernel4(false, w, o, v, t, out);
+    dots4(w, o, v, t, out);
 #else
     for (uint32_t k = 0; k < nr; k++)
         out[k] = dots1(w, o + k, v, t);
@@ -827,7 +784,7 @@ static void run_rows(void *ctx, uint32_t job, uint32_t thread)
     const bool silu = mm->epi == REF_EPI_SILU_MUL;
     uint32_t t_from = 0; /* tokens the wide tiles took */
 #if defined(__AVX2__)
-    if (mm->n_tok >= WIDE_TOKENS) {
+    if (mm->n_tok >= TILE_TOKENS) {
         t_from = mm->n_tok / TILE_TOKENS * TILE_TOKENS;
         run_wide(r, mm, o0, o1, t_from, (int16_t *)(void *)r->scratch[thread].wide);
     }
@@ -837,21 +794,8 @@ static void run_rows(void *ctx, uint32_t job, uint32_t thread)
     /* Rows in fours from the job's start (a multiple of four), every token
      * for each four: their quants stay in the nearest cache meanwhile. */
     for (uint32_t o = o0; o < o1; o += 4u) {
-        uint32_t nr = o1 - o < 4u ? o1 - o : 4u, t = t_from;
-#if defined(__AVX2__)
-        /* Whole tiles of tokens a row at a time; their activations stay in
-         * the nearest cache for the four's rows. */
-        for (; t + TILE_TOKENS <= mm->n_tok; t += TILE_TOKENS)
-            for (uint32_t k = 0; k < nr; k++) {
-                kernel4(true, mm->w, o + k, &r->v, t, d);
-                if (silu)
-                    kernel4(true, mm->w2, o + k, &r->v, t, d2);
-                const uint32_t os[4] = {o + k, o + k, o + k, o + k};
-                const uint32_t ts[4] = {t, t + 1, t + 2, t + 3};
-                store_outs(mm, os, ts, TILE_TOKENS, d, d2);
-            }
-#endif
-        for (; t < mm->n_tok; t++) {
+        uint32_t nr = o1 - o < 4u ? o1 - o : 4u;
+        for (uint32_t t = t_from; t < mm->n_tok; t++) {
             row_dots(mm->w, o, nr, &r->v, t, d);
             if (silu)
                 row_dots(mm->w2, o, nr, &r->v, t, d2);

@@ -63,7 +63,7 @@ static uint8_t *rand_rows(uint32_t t, uint32_t m, uint32_t n)
 
 /* Each type's rows (a four and two rows; widths not whole sweeps where the
  * block allows) times 70 tokens (wide tiles, a block of 64 and one of 4,
- * then two tokens alone) and its first 9 (two tiles of four, one alone) on
+ * then two tokens alone) and its first 9 (two wide tiles, one alone) on
  * the path's kernels. Every output within `limit` of the float64 product
  * of the dequantized weights (relative, 2-norm per token): 1e-4 where the
  * file's scales are binary16 already, 1e-3 for the K-quants, whose scale
