@@ -135,33 +135,46 @@ static void load_block(tile *T, uint32_t kb, uint32_t klo, uint32_t khi)
     }
 }
 
-/* Scores of NR rows (1 or 2) from r against the block's KEY_BLOCK keys. */
-static ALWAYS_INLINE void scores_rows(const tile *T, int NR, uint32_t r)
+/* For NR rows (1 or 2) and NC vectors: y_r[0, NC * VL) = (y_r if add, else 0) + the sum over
+ * j in [j0, j1) of a_r[j] times b[j * ldb ..], in increasing j, the NC vectors of both rows in
+ * registers. Scores are that over the dimensions (a = the queries, b = the keys transposed),
+ * outputs over the keys (a = the weights, b = the values). */
+static ALWAYS_INLINE void rows_madd(int NR, int NC, bool add, const float *a0, const float *a1,
+                                    const float *b, size_t ldb, uint32_t j0, uint32_t j1,
+                                    float *y0, float *y1)
 {
-    vf acc[2][NV];
+    vf acc[2][8];
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; v++)
-        acc[0][v] = acc[1][v] = (vf){0};
-    const float *q0 = T->q + (size_t)r * T->hd;
-    const float *q1 = q0 + T->hd;
-    for (uint32_t d = 0; d < T->hd; d++) {
-        const float *kd = T->kt + (size_t)d * KEY_BLOCK;
-        vf b0 = bcast(q0[d]);
-        vf b1 = NR == 2 ? bcast(q1[d]) : b0;
+    for (int i = 0; i < NC; i++) {
+        acc[0][i] = add ? ldv(y0 + i * VL) : (vf){0};
+        acc[1][i] = add && NR == 2 ? ldv(y1 + i * VL) : (vf){0};
+    }
+    for (uint32_t j = j0; j < j1; j++) {
+        const float *bj = b + (size_t)j * ldb;
+        vf b0 = bcast(a0[j]);
+        vf b1 = NR == 2 ? bcast(a1[j]) : b0;
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) {
-            vf kv = ldv(kd + v * VL);
-            acc[0][v] = fmadd(b0, kv, acc[0][v]);
+        for (int i = 0; i < NC; i++) {
+            vf x = ldv(bj + i * VL);
+            acc[0][i] = fmadd(b0, x, acc[0][i]);
             if (NR == 2)
-                acc[1][v] = fmadd(b1, kv, acc[1][v]);
+                acc[1][i] = fmadd(b1, x, acc[1][i]);
         }
     }
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) {
-        stv(T->sc + (size_t)r * KEY_BLOCK + v * VL, acc[0][v]);
+    for (int i = 0; i < NC; i++) {
+        stv(y0 + i * VL, acc[0][i]);
         if (NR == 2)
-            stv(T->sc + (size_t)(r + 1) * KEY_BLOCK + v * VL, acc[1][v]);
+            stv(y1 + i * VL, acc[1][i]);
     }
+}
+
+/* Scores of NR rows (1 or 2) from r against the block's KEY_BLOCK keys. */
+static ALWAYS_INLINE void scores_rows(const tile *T, int NR, uint32_t r)
+{
+    const float *q0 = T->q + (size_t)r * T->hd;
+    float *s0 = T->sc + (size_t)r * KEY_BLOCK;
+    rows_madd(NR, NV, false, q0, q0 + T->hd, T->kt, KEY_BLOCK, 0, T->hd, s0, s0 + KEY_BLOCK);
 }
 
 /* Row r's scores of the block [kb, kb + KEY_BLOCK) made weights: exp(s - m) over the row's
@@ -211,38 +224,13 @@ static void softmax_row(tile *T, uint32_t r, uint32_t kb, uint32_t klo, uint32_t
 }
 
 /* o[r..r+NR) += weights times values over keys [j0, j1) of the block, NC vectors of the
- * head at a time in registers. */
+ * head from c. */
 static ALWAYS_INLINE void pv_rows(const tile *T, int NR, int NC, uint32_t r, uint32_t c,
                                   uint32_t j0, uint32_t j1)
 {
     float *o0 = T->o + (size_t)r * T->hp + c;
-    float *o1 = o0 + T->hp;
     const float *p0 = T->sc + (size_t)r * KEY_BLOCK;
-    const float *p1 = p0 + KEY_BLOCK;
-    vf acc[2][4];
-#pragma GCC unroll 4
-    for (int i = 0; i < NC; i++) {
-        acc[0][i] = ldv(o0 + i * VL);
-        acc[1][i] = NR == 2 ? ldv(o1 + i * VL) : acc[0][i];
-    }
-    for (uint32_t j = j0; j < j1; j++) {
-        const float *v = T->vw + (size_t)j * T->hp + c;
-        vf b0 = bcast(p0[j]);
-        vf b1 = NR == 2 ? bcast(p1[j]) : b0;
-#pragma GCC unroll 4
-        for (int i = 0; i < NC; i++) {
-            vf x = ldv(v + i * VL);
-            acc[0][i] = fmadd(b0, x, acc[0][i]);
-            if (NR == 2)
-                acc[1][i] = fmadd(b1, x, acc[1][i]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < NC; i++) {
-        stv(o0 + i * VL, acc[0][i]);
-        if (NR == 2)
-            stv(o1 + i * VL, acc[1][i]);
-    }
+    rows_madd(NR, NC, true, p0, p0 + KEY_BLOCK, T->vw + c, T->hp, j0, j1, o0, o0 + T->hp);
 }
 
 /* Rows [r, r + NR) through the block's values: their keys [j0, j1) relative to kb. */

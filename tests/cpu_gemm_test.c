@@ -15,25 +15,10 @@
 #include "device/model/model.h"
 #include "device/numerics/numerics.h"
 #include "device/numerics/quant.h"
-#include "ref/isa_dispatch.h"
 #include "ref/pool.h"
 #include "ref/ref_gemm.h"
 #include "ref/ref_kernels.h"
-
-extern const devio_backend_ops CPU_TEST_OPS;
-
-/* Whether this CPU runs the path under test; a skip says so when not. */
-static bool runs(void)
-{
-    devio_isa_path p = {.name = CPU_TEST_PATH, .ops = &CPU_TEST_OPS, .level = CPU_TEST_LEVEL,
-                        .needs = "the path's -march"};
-    devio_isa_family f = {.what = "cpu", .env = "DEVIO_CPU_TEST_UNSET", .paths = &p, .n_paths = 1};
-    char why[160];
-    if (devio_isa_runs(&f, CPU_TEST_PATH, why, sizeof why))
-        return true;
-    print_message("skipped: %s\n", why);
-    return false;
-}
+#include "tests/cpu_path_test.h"
 
 static uint32_t rng = 12345u;
 static uint32_t next(void)
