@@ -63,7 +63,7 @@ int main(int argc, char **argv)
     const devio_config *dc = devio_config_of(srv.dev);
     uint64_t kv_tokens = (uint64_t)dc->kv_blocks * dc->block_size;
     unsigned long long kv_mib = (unsigned long long)(devio_kv_block_bytes(
-                                    &srv.model->cfg, dc->block_size) * dc->kv_blocks >> 20);
+        &srv.model->cfg, dc->block_size, dc->numerics == DEVIO_NUMERICS_FAST) * dc->kv_blocks >> 20);
     devio_log_field f[] = {
         DEVIO_LF_S("model", cfg.model),      DEVIO_LF_S("listen", cfg.listen),
         DEVIO_LF_U("port", srv.port),

@@ -15,6 +15,7 @@
 
 #include "device/backend/backend.h"
 #include "ref/ref_backend.h"
+#include "device/core/core.h"
 #include "device/core/kv_pool.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "tests/testutil.h"
@@ -729,12 +730,20 @@ static void test_derived_limits(void **state)
     assert_int_equal(devio_config_of(d)->max_seq_len, mc->max_position_embeddings);
     assert_int_equal(devio_config_of(d)->kv_blocks, 16 * (mc->max_position_embeddings / 16));
     devio_teardown(d, NULL);
-    /* tiny: 2 attention layers x 2 kv heads x 16 x 8 bytes x 16 positions = 8 KiB a block. */
-    assert_int_equal(devio_kv_block_bytes(mc, 16), 8192);
+    /* tiny: 2 attention layers x 2 kv heads x 16 x 8 bytes x 16 positions = 8 KiB a block;
+     * half that under fast numerics (binary16 K and V). */
+    assert_int_equal(devio_kv_block_bytes(mc, 16, false), 8192);
+    assert_int_equal(devio_kv_block_bytes(mc, 16, true), 4096);
     cfg.kv_memory_mib = 1;
     d = open_dev(c, cfg);
     assert_int_equal(devio_config_of(d)->kv_blocks, 128);
     devio_teardown(d, NULL);
+    /* The same budget under fast numerics (binary16 K and V) holds twice the blocks. */
+    devio_config fast = cfg;
+    fast.numerics = DEVIO_NUMERICS_FAST;
+    devio_error err = {0};
+    assert_int_equal(dv_config_check(&fast, c->fx.model, &err), DEVIO_OK);
+    assert_int_equal(fast.kv_blocks, 256);
     uint32_t declared = mc->max_position_embeddings;
     mc->max_position_embeddings = 8192; /* only the RoPE tables and the limits read it */
     cfg.kv_memory_mib = 0;

@@ -83,7 +83,8 @@ devio_status dv_config_check(devio_config *c, const devio_model *m, devio_error 
         /* 16 full-length sequences, within the memory budget, and one at
          * least (a smaller pool could never hold a sequence it admits). */
         uint64_t want = (uint64_t)per_seq * (c->max_seqs < 16 ? c->max_seqs : 16);
-        uint64_t per_block = devio_kv_block_bytes(&m->cfg, c->block_size);
+        uint64_t per_block = devio_kv_block_bytes(&m->cfg, c->block_size,
+                                                  c->numerics == DEVIO_NUMERICS_FAST);
         uint64_t budget = (uint64_t)(c->kv_memory_mib ? c->kv_memory_mib : 1024) << 20;
         if (per_block > 0 && want > budget / per_block)
             want = budget / per_block > per_seq ? budget / per_block : per_seq;

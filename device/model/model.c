@@ -544,12 +544,13 @@ void devio_model_free(devio_model *m)
     free(m);
 }
 
-uint64_t devio_kv_block_bytes(const devio_model_config *c, uint32_t block_size)
+uint64_t devio_kv_block_bytes(const devio_model_config *c, uint32_t block_size, bool fast)
 {
     uint64_t layers = 0;
     for (uint32_t i = 0; i < c->n_layers; i++)
         layers += devio_config_layer_is_attn(c, i) ? 1u : 0u;
-    return layers * c->n_kv_heads * c->head_dim * 2u * sizeof(float) * block_size;
+    uint64_t elem = fast ? sizeof(uint16_t) : sizeof(float);
+    return layers * c->n_kv_heads * c->head_dim * 2u * elem * block_size;
 }
 
 static uint32_t dtype_bit(const devio_tensor *t)

@@ -215,9 +215,10 @@ void devio_model_free(devio_model *m);
 void devio_model_release_weights(devio_model *m);
 bool devio_model_weights_released(const devio_model *m);
 
-/* Bytes of K and V (binary32) one KV block of block_size positions takes
- * over every attention layer; 0 for a model without attention. */
-uint64_t devio_kv_block_bytes(const devio_model_config *c, uint32_t block_size);
+/* Bytes of K and V one KV block of block_size positions takes over every
+ * attention layer: binary32 under strict numerics, binary16 under fast (what
+ * every backend with fast numerics keeps); 0 for a model without attention. */
+uint64_t devio_kv_block_bytes(const devio_model_config *c, uint32_t block_size, bool fast);
 
 /* The dtypes of the model's weights, bit (1 << dtype) for each. */
 uint32_t devio_model_dtypes(const devio_model *m);
