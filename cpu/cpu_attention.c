@@ -12,8 +12,8 @@
  * A row's numbers depend on its own query, its own keys and the absolute block boundaries
  * only: keys of the tile outside a row's range are given weight exactly zero, never a score.
  * So a token's output is the same bits whatever tile, batch, chunking or thread count it
- * runs in; they differ between paths (fused multiply-adds on AVX2, rounded products on the
- * baseline). The reference's own attention (ref/ref_attention.c) is the definition these
+ * runs in; they differ between paths (on AVX2 each product is fused into its add, as the
+ * whole backend is built with -ffp-contract=fast, cpu/isa.bzl; the baseline has no FMA). The reference's own attention (ref/ref_attention.c) is the definition these
  * are held to by tolerance (tests/conformance/tolerance.py).
  *
  * Scratch: the thread's ref_scratch.wide (ref_scratch_wide_floats leaves room for a tile) and
@@ -30,18 +30,6 @@
 
 #define KEY_BLOCK 32u  /* keys a block: NV vectors of scores */
 #define TILE_ROWS 16u  /* query rows a tile at most */
-
-/* a * b + c, one rounding where the path has fused multiply-adds. */
-static ALWAYS_INLINE vf fmadd(vf a, vf b, vf c)
-{
-#if VL == 16 && defined(__AVX512F__)
-    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif VL == 8 && defined(__FMA__)
-    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-    return a * b + c;
-#endif
-}
 
 static ALWAYS_INLINE vf bcast(float x)
 {
@@ -65,12 +53,6 @@ typedef struct tile {
 static uint32_t pad_vl(uint32_t n)
 {
     return (n + VL - 1) / VL * VL;
-}
-
-/* The first key position pos attends (rule 6's window). */
-static uint32_t first_key(const ref_attention *a, uint32_t pos)
-{
-    return a->window && pos + 1 > a->window ? pos + 1 - a->window : 0;
 }
 
 #if VL == 8 && defined(__F16C__)
@@ -156,9 +138,9 @@ static ALWAYS_INLINE void rows_madd(int NR, int NC, bool add, const float *a0, c
 #pragma GCC unroll 8
         for (int i = 0; i < NC; i++) {
             vf x = ldv(bj + i * VL);
-            acc[0][i] = fmadd(b0, x, acc[0][i]);
+            acc[0][i] = acc[0][i] + b0 * x;
             if (NR == 2)
-                acc[1][i] = fmadd(b1, x, acc[1][i]);
+                acc[1][i] = acc[1][i] + b1 * x;
         }
     }
 #pragma GCC unroll 8
@@ -286,10 +268,10 @@ static void run_block(tile *T, uint32_t kb)
 static void run_tile(const ref_attention *a, uint32_t t0, uint32_t nt, uint32_t h0, uint32_t nh,
                      ref_scratch *s)
 {
-    uint32_t hd = a->head_dim, hp = pad_vl(hd), bs = a->block_size;
+    uint32_t hd = a->head_dim, hp = pad_vl(hd);
     uint32_t kvh = h0 / (a->n_heads / a->n_kv_heads);
     tile T = {.a = a, .hd = hd, .hp = hp, .n_rows = nt * nh, .rows = s->rows};
-    T.ulo = first_key(a, a->tok_pos[t0]);
+    T.ulo = ref_attention_first_key(a, a->tok_pos[t0]);
     T.uhi = a->tok_pos[t0 + nt - 1] + 1;
     float *f = s->wide;
     T.kt = f, f += (size_t)hd * KEY_BLOCK;
@@ -303,7 +285,7 @@ static void run_tile(const ref_attention *a, uint32_t t0, uint32_t nt, uint32_t 
     for (uint32_t i = 0; i < nt; i++)
         for (uint32_t j = 0; j < nh; j++) {
             uint32_t r = i * nh + j, pos = a->tok_pos[t0 + i];
-            T.lo[r] = first_key(a, pos);
+            T.lo[r] = ref_attention_first_key(a, pos);
             T.hi[r] = pos + 1;
             const float *q = a->q + (size_t)(t0 + i) * a->ldq + (size_t)(h0 + j) * hd;
             float *qs = T.q + (size_t)r * hd;
@@ -317,16 +299,7 @@ static void run_tile(const ref_attention *a, uint32_t t0, uint32_t nt, uint32_t 
             T.l[r] = 0.0f;
         }
 
-    /* Each key's row of this KV head in the pools, walked once. */
-    const uint32_t *blocks = a->tok_blocks[t0];
-    size_t *rows = s->rows;
-    for (uint32_t j = T.ulo, blk = j / bs, off = j % bs; j < T.uhi; j++) {
-        rows[j - T.ulo] = (((size_t)blocks[blk] * a->n_kv_heads + kvh) * bs + off) * hd;
-        if (++off == bs) {
-            off = 0;
-            blk++;
-        }
-    }
+    ref_attention_rows(a, a->tok_blocks[t0], kvh, T.ulo, T.uhi - T.ulo, s->rows);
 
     for (uint32_t kb = T.ulo - T.ulo % KEY_BLOCK; kb < T.uhi; kb += KEY_BLOCK)
         run_block(&T, kb);

@@ -1,6 +1,7 @@
 /* cpu_backend.c - devio_cpu_backend: the table that forwards to the instruction-set path picked
  * at create (ref/isa_dispatch.h). Each path is the reference's step (ref/) with this backend's
- * projections (cpu_gemm.c), so it takes fast numerics only: strict numerics are the reference's. */
+ * projections (cpu_gemm.c) and attention (cpu_attention.c), so it takes fast numerics only:
+ * strict numerics are the reference's. */
 #include "cpu/cpu_backend.h"
 
 #include <stdio.h>

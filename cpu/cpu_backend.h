@@ -1,6 +1,7 @@
 /* cpu_backend.h - the cpu backend: the reference's step on the CPU with fast numerics, its
- * projections of quantized weights by 8-bit integer dot products (cpu_gemm.c), one copy per
- * instruction-set path picked at run time (DEVIO_CPU_ISA). Static data only. */
+ * projections of quantized weights by integer dot products on 15-bit activations (cpu_gemm.c)
+ * and its own attention (cpu_attention.c), one copy per instruction-set path picked at run
+ * time (DEVIO_CPU_ISA). Static data only. */
 #ifndef DEVIO_CPU_BACKEND_H
 #define DEVIO_CPU_BACKEND_H
 

@@ -1,6 +1,6 @@
 /* cpu_gemm.c - the cpu backend's projections under fast numerics (ref/ref_gemm.h's functions,
  * built in place of the reference's in every path of the cpu backend, cpu/isa.bzl);
- * long because the kernels of every form (decode, tiles, wide tiles, the baseline's) share
+ * long because the kernels of every form (decode, wide tiles, the baseline's) share
  * static inline helpers that must inline into each, and a run's jobs drive them all.
  *
  * A quantized weight (every type of device/numerics/quant.h) is split once at load (cpu_pack.c,
@@ -25,7 +25,8 @@
  * were up to 6.2% off (median 1.3%) and the greedy token disagreed at 1.5% of 65 positions, and
  * every type of the conformance suites' tiny models was 1.0-1.9% off; rounded to 15 bits they
  * hold (0.04% on that file). Weights of F32, F16 and BF16, and a weight whose scales do not
- * fit binary16, keep the reference's own projections (cpu_strict.h).
+ * fit binary16, take the reference's projection code (cpu_strict.h), built here with fused
+ * multiply-adds (cpu/isa.bzl).
  *
  * A batch's whole fours of tokens (a prefill's chunk, a decode batch of four or more) take
  * wide tiles on AVX2: a four's rows widened once to int16 (widen4), then two rows by four tokens

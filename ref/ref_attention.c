@@ -73,31 +73,19 @@ static ALWAYS_INLINE void pv_lane(int NC, const ref_kv *v_cache, const size_t *r
 void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scratch *s)
 {
     uint32_t hd = a->head_dim;
-    uint32_t bs = a->block_size;
     uint32_t pos = a->tok_pos[t];
     /* Keys j0 .. pos: all of them, or the last `window` (rule 6). Scores sit
      * at sc[j - j0]; every sum still runs in lane j mod 32. */
-    uint32_t j0 = a->window && pos + 1 > a->window ? pos + 1 - a->window : 0;
+    uint32_t j0 = ref_attention_first_key(a, pos);
     uint32_t n_keys = pos + 1 - j0;
-    const uint32_t *blocks = a->tok_blocks[t];
-    uint32_t n_kv = a->n_kv_heads;
-    uint32_t kvh = h / (a->n_heads / n_kv);
+    uint32_t kvh = h / (a->n_heads / a->n_kv_heads);
     float *sc = s->scores;
 
     /* qbuf and kbuf keep zeros past hd from their allocation. */
     memcpy(s->qbuf, a->q + (size_t)t * a->ldq + (size_t)h * hd, hd * sizeof(float));
 
-    /* Where each key's row of this head is, in the K pool and the V pool
-     * alike (the keys of a head are contiguous inside a block, blocks lie
-     * anywhere): walked once, so no key costs a division. */
     size_t *rows = s->rows;
-    for (uint32_t k = 0, blk = j0 / bs, off = j0 % bs; k < n_keys; k++) {
-        rows[k] = (((size_t)blocks[blk] * n_kv + kvh) * bs + off) * hd;
-        if (++off == bs) {
-            off = 0;
-            blk++;
-        }
-    }
+    ref_attention_rows(a, a->tok_blocks[t], kvh, j0, n_keys, rows);
     /* Rows KV_PREFETCH keys ahead are asked for explicitly: the hardware
      * cannot guess the next block. */
     for (uint32_t k = 0; k < n_keys; k++) {

@@ -94,6 +94,28 @@ typedef struct ref_attention {
 
 void ref_attention_run(devio_pool *pool, ref_scratch *scratch, const ref_attention *a);
 
+/* The first key position a token at pos attends: 0, or the last `window` (rule 6). */
+static inline uint32_t ref_attention_first_key(const ref_attention *a, uint32_t pos)
+{
+    return a->window && pos + 1 > a->window ? pos + 1 - a->window : 0;
+}
+
+/* rows[k] = where key j0 + k's row of KV head kvh starts in the K pool and the V pool alike,
+ * for k < n, through the block table `blocks` (the keys of a head are contiguous inside a
+ * block, blocks lie anywhere): walked once, so no key costs a division. */
+static inline void ref_attention_rows(const ref_attention *a, const uint32_t *blocks,
+                                      uint32_t kvh, uint32_t j0, uint32_t n, size_t *rows)
+{
+    uint32_t bs = a->block_size;
+    for (uint32_t k = 0, blk = j0 / bs, off = j0 % bs; k < n; k++) {
+        rows[k] = (((size_t)blocks[blk] * a->n_kv_heads + kvh) * bs + off) * a->head_dim;
+        if (++off == bs) {
+            off = 0;
+            blk++;
+        }
+    }
+}
+
 /* One (token, head) of ref_attention, on one thread's scratch. */
 void ref_attention_one(const ref_attention *a, uint32_t t, uint32_t h, ref_scratch *s);
 
