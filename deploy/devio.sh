@@ -228,23 +228,39 @@ cmd_test() {
 
 # Add a test target's cases to `passed`/`failed`/`skipped`: the cmocka summary
 # of its log when there is one ("[  PASSED  ] N test(s)."), else the given fallback.
+# A sharded target (shard_count) has a log a shard (shard_K_of_N/test.log); their sums count
+# (a target's test.log older than them is one from before it was sharded).
 count_cases() {
-    local target=$1 p=$2 f=$3 tl n s
-    tl="bazel-testlogs/${target#//}"
-    tl="${tl/://}/test.log"
-    if [ -f "$tl" ] && n=$(grep -oE '^\[  PASSED  \] [0-9]+ test' "$tl" | grep -oE '[0-9]+' | tail -n 1); then
-        p=$n
-        f=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$tl" | grep -oE '[0-9]+' | tail -n 1 || true)
-        f=${f:-0}
+    local target=$1 p=$2 f=$3 dir tl s logs=()
+    dir="bazel-testlogs/${target#//}"
+    dir="${dir/://}"
+    for tl in "$dir"/shard_*_of_*/test.log; do
+        [ -f "$tl" ] && { [ ! -f "$dir/test.log" ] || [ "$tl" -nt "$dir/test.log" ]; } && logs+=("$tl")
+    done
+    [ "${#logs[@]}" -gt 0 ] || [ ! -f "$dir/test.log" ] || logs=("$dir/test.log")
+    if [ "${#logs[@]}" -gt 0 ] && grep -qE '^\[  PASSED  \] [0-9]+ test' "${logs[@]}"; then
+        p=$(sum_of '^\[  PASSED  \] [0-9]+ test' "${logs[@]}")
+        f=$(sum_of '^\[  FAILED  \] [0-9]+ test' "${logs[@]}")
         [ "$3" -eq 0 ] || [ "$f" -gt 0 ] || f=1
-        s=$(grep -oE '^\[  SKIPPED \] [0-9]+ test' "$tl" | grep -oE '[0-9]+' | tail -n 1 || true)
-        if [ -n "$s" ]; then
+        s=$(sum_of '^\[  SKIPPED \] [0-9]+ test' "${logs[@]}")
+        if [ "$s" -gt 0 ]; then
             skipped=$((skipped + s))
             log "SKIPPED: $s case(s) of $target"
         fi
     fi
     passed=$((passed + p))
     failed=$((failed + f))
+}
+
+# The sum over the logs of the number in the last line of each that matches the pattern.
+sum_of() {
+    local pattern=$1 tl v total=0
+    shift
+    for tl in "$@"; do
+        v=$(grep -oE "$pattern" "$tl" | grep -oE '[0-9]+' | tail -n 1 || true)
+        total=$((total + ${v:-0}))
+    done
+    echo "$total"
 }
 
 # Counts of a check: pytest's summary ("38 passed, 1 failed in 2s") when the

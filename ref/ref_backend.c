@@ -33,6 +33,19 @@ static void *calloc_n(ref_state *st, size_t a, size_t b, size_t size)
     return p;
 }
 
+/* calloc_n's, 64-byte aligned (posix_memalign, then zeroed). */
+static void *calloc_aligned(ref_state *st, size_t n, size_t size)
+{
+    void *p = NULL;
+    if (size != 0 && n > SIZE_MAX / size)
+        return NULL;
+    if (posix_memalign(&p, 64, n * size > 0 ? n * size : 64) != 0)
+        return NULL;
+    memset(p, 0, n * size);
+    st->bytes += n * size;
+    return p;
+}
+
 /* The KV pools, zeroed so that no slot ever holds a non-finite value. */
 static bool create_kv(ref_state *st, uint32_t L)
 {
@@ -322,8 +335,8 @@ static devio_status ref_create(const devio_model *model, const devio_backend_con
         if (ref_scratch_init(&st->scratch[i], cfg->max_seq_len, st->hd, max_in) != 0)
             goto out_nomem;
     }
-    st->work.xpack = calloc_n(st, ref_gemm_xpack_floats(cfg->max_batch_tokens, max_in), 1,
-                              sizeof(float));
+    st->work.xpack =
+        calloc_aligned(st, ref_gemm_xpack_floats(cfg->max_batch_tokens, max_in), sizeof(float));
     if (!st->work.xpack || !pack_weights(st, m->n_layers))
         goto out_nomem;
     st->work.pool = st->pool;

@@ -80,7 +80,9 @@ typedef struct ref_matmul {
 
 /* What a run needs besides its projections: the pool, one scratch per pool
  * thread, and the packed activations, ref_gemm_xpack_floats(T, n) floats
- * for batches up to T tokens of width up to n. All borrowed. */
+ * for batches up to T tokens of width up to n, 64-byte aligned (the cpu
+ * backend's 32-byte loads from them then never span two cache lines, as
+ * from calloc's 16 bytes half of them do). All borrowed. */
 typedef struct ref_gemm_work {
     devio_pool *pool;
     ref_scratch *scratch;

@@ -1158,5 +1158,5 @@ int main(void)
     const char *only = getenv("DEVIO_CUDA_TEST_ONLY");
     if (only)
         cmocka_set_test_filter(only);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return devio_run_tests("cuda_test", tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

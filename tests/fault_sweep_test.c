@@ -1092,5 +1092,5 @@ int main(void)
         cmocka_unit_test(test_effects),      cmocka_unit_test(test_store_open),
         cmocka_unit_test(test_store_launch), cmocka_unit_test(test_store_settle),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return devio_run_tests("fault_sweep_test", tests, sizeof tests / sizeof tests[0], setup, teardown);
 }

@@ -51,4 +51,12 @@ int devio_append_zeros(const char *path, size_t n);
 /* Remove a directory tree (test temp dirs only). */
 void devio_rmtree(const char *dir);
 
+/* cmocka's group run of tests[0..n), or, when Bazel shards the target
+ * (shard_count: TEST_TOTAL_SHARDS, TEST_SHARD_INDEX), of every
+ * TEST_TOTAL_SHARDS-th case from TEST_SHARD_INDEX; setup and teardown run
+ * around each shard's cases. What cmocka_run_group_tests returns. */
+struct CMUnitTest;
+int devio_run_tests(const char *name, const struct CMUnitTest *tests, size_t n,
+                    int (*setup)(void **), int (*teardown)(void **));
+
 #endif

@@ -88,7 +88,9 @@ static void bench(devio_pool *pool, ref_scratch *scratch, uint32_t threads, cons
     float *x = calloc((size_t)n_tok * ldx, sizeof(float));
     float *y = calloc((size_t)n_tok * m, sizeof(float));
     size_t xf = ref_gemm_xpack_floats(n_tok, n);
-    float *xpack = calloc(xf, sizeof(float));
+    float *xpack = NULL; /* 64-byte aligned, as ref_gemm.h asks */
+    if (posix_memalign((void **)&xpack, 64, xf * sizeof(float)) == 0)
+        memset(xpack, 0, xf * sizeof(float));
     if (!x || !y || !xpack)
         exit(1);
     for (uint32_t k = 0; k < n_tok; k++)
