@@ -36,6 +36,17 @@ static ALWAYS_INLINE vf bcast(float x)
     return (vf){0} + x;
 }
 
+/* *p in every lane, straight from memory where AVX has the load (one instruction, not a
+ * scalar load and a shuffle; the same numbers, as a sum that starts at +0 never reads -0). */
+static ALWAYS_INLINE vf bcast_at(const float *p)
+{
+#if VL == 8 && defined(__AVX__)
+    return (vf)_mm256_broadcast_ss(p);
+#else
+    return bcast(*p);
+#endif
+}
+
 /* One tile's buffers, carved from the thread's scratch. Floats: kt [hd][KEY_BLOCK] (the
  * block's keys transposed), vw [KEY_BLOCK][hp] (its values), q [rows][hd] (queries times the
  * scale), sc [rows][KEY_BLOCK] (scores, then weights), o [rows][hp] (output sums), m and l
@@ -117,46 +128,54 @@ static void load_block(tile *T, uint32_t kb, uint32_t klo, uint32_t khi)
     }
 }
 
-/* For NR rows (1 or 2) and NC vectors: y_r[0, NC * VL) = (y_r if add, else 0) + the sum over
- * j in [j0, j1) of a_r[j] times b[j * ldb ..], in increasing j, the NC vectors of both rows in
- * registers. Scores are that over the dimensions (a = the queries, b = the keys transposed),
- * outputs over the keys (a = the weights, b = the values). */
-static ALWAYS_INLINE void rows_madd(int NR, int NC, bool add, const float *a0, const float *a1,
+/* Query rows a pass of rows_madd takes at most: on AVX2 three rows by four vectors keep
+ * twelve sums, three broadcasts and the loaded vector in its sixteen registers, and each
+ * loaded vector feeds three multiply-adds; narrower vectors (eight of them a row of scores)
+ * take two. */
+#define PASS_ROWS (NV <= 4 ? 3 : 2)
+
+/* For NR rows (1 to PASS_ROWS) and NC vectors: y_r[0, NC * VL) = (y_r if add, else 0) + the sum
+ * over j in [j0, j1) of a_r[j] times b[j * ldb ..], in increasing j, the NC vectors of every
+ * row in registers; row r's a at a + r * lda, its y at y + r * ldy. Each row's operations are
+ * the same whatever NR: its bits do not depend on the rows beside it. Scores are that over the
+ * dimensions (a = the queries, b = the keys transposed), outputs over the keys (a = the
+ * weights, b = the values). */
+static ALWAYS_INLINE void rows_madd(int NR, int NC, bool add, const float *a, size_t lda,
                                     const float *b, size_t ldb, uint32_t j0, uint32_t j1,
-                                    float *y0, float *y1)
+                                    float *y, size_t ldy)
 {
-    vf acc[2][8];
+    vf acc[3][NV > 4 ? NV : 4]; /* NR <= PASS_ROWS <= 3; NC is NV (scores) or at most 4 */
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
 #pragma GCC unroll 8
-    for (int i = 0; i < NC; i++) {
-        acc[0][i] = add ? ldv(y0 + i * VL) : (vf){0};
-        acc[1][i] = add && NR == 2 ? ldv(y1 + i * VL) : (vf){0};
-    }
+        for (int i = 0; i < NC; i++)
+            acc[r][i] = add ? ldv(y + r * ldy + i * VL) : (vf){0};
     for (uint32_t j = j0; j < j1; j++) {
         const float *bj = b + (size_t)j * ldb;
-        vf b0 = bcast(a0[j]);
-        vf b1 = NR == 2 ? bcast(a1[j]) : b0;
+        vf w[3];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+            w[r] = bcast_at(a + r * lda + j);
 #pragma GCC unroll 8
         for (int i = 0; i < NC; i++) {
             vf x = ldv(bj + i * VL);
-            acc[0][i] = acc[0][i] + b0 * x;
-            if (NR == 2)
-                acc[1][i] = acc[1][i] + b1 * x;
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++)
+                acc[r][i] = acc[r][i] + w[r] * x;
         }
     }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
 #pragma GCC unroll 8
-    for (int i = 0; i < NC; i++) {
-        stv(y0 + i * VL, acc[0][i]);
-        if (NR == 2)
-            stv(y1 + i * VL, acc[1][i]);
-    }
+        for (int i = 0; i < NC; i++)
+            stv(y + r * ldy + i * VL, acc[r][i]);
 }
 
-/* Scores of NR rows (1 or 2) from r against the block's KEY_BLOCK keys. */
+/* Scores of NR rows (1 to PASS_ROWS) from r against the block's KEY_BLOCK keys. */
 static ALWAYS_INLINE void scores_rows(const tile *T, int NR, uint32_t r)
 {
-    const float *q0 = T->q + (size_t)r * T->hd;
-    float *s0 = T->sc + (size_t)r * KEY_BLOCK;
-    rows_madd(NR, NV, false, q0, q0 + T->hd, T->kt, KEY_BLOCK, 0, T->hd, s0, s0 + KEY_BLOCK);
+    rows_madd(NR, NV, false, T->q + (size_t)r * T->hd, T->hd, T->kt, KEY_BLOCK, 0, T->hd,
+              T->sc + (size_t)r * KEY_BLOCK, KEY_BLOCK);
 }
 
 /* Row r's scores of the block [kb, kb + KEY_BLOCK) made weights: exp(s - m) over the row's
@@ -210,9 +229,8 @@ static void softmax_row(tile *T, uint32_t r, uint32_t kb, uint32_t klo, uint32_t
 static ALWAYS_INLINE void pv_rows(const tile *T, int NR, int NC, uint32_t r, uint32_t c,
                                   uint32_t j0, uint32_t j1)
 {
-    float *o0 = T->o + (size_t)r * T->hp + c;
-    const float *p0 = T->sc + (size_t)r * KEY_BLOCK;
-    rows_madd(NR, NC, true, p0, p0 + KEY_BLOCK, T->vw + c, T->hp, j0, j1, o0, o0 + T->hp);
+    rows_madd(NR, NC, true, T->sc + (size_t)r * KEY_BLOCK, KEY_BLOCK, T->vw + c, T->hp, j0, j1,
+              T->o + (size_t)r * T->hp + c, T->hp);
 }
 
 /* Rows [r, r + NR) through the block's values: their keys [j0, j1) relative to kb. */
@@ -225,14 +243,16 @@ static ALWAYS_INLINE void pv_block(const tile *T, int NR, uint32_t r, uint32_t j
         pv_rows(T, NR, 1, r, c, j0, j1);
 }
 
-/* Keys [j0, j1) of rows r and r + 1 relative to kb, within [klo, khi). */
-static void pair_range(const tile *T, uint32_t r, uint32_t nr, uint32_t kb, uint32_t klo,
+/* Keys [j0, j1) of rows [r, r + nr) relative to kb (the union of theirs: a row's weights are
+ * zero outside its own, and adding a zero product leaves its sums as they are), within
+ * [klo, khi). */
+static void rows_range(const tile *T, uint32_t r, uint32_t nr, uint32_t kb, uint32_t klo,
                        uint32_t khi, uint32_t *j0, uint32_t *j1)
 {
     uint32_t lo = T->lo[r], hi = T->hi[r];
-    if (nr == 2) {
-        lo = T->lo[r + 1] < lo ? T->lo[r + 1] : lo;
-        hi = T->hi[r + 1] > hi ? T->hi[r + 1] : hi;
+    for (uint32_t i = 1; i < nr; i++) {
+        lo = T->lo[r + i] < lo ? T->lo[r + i] : lo;
+        hi = T->hi[r + i] > hi ? T->hi[r + i] : hi;
     }
     lo = lo > klo ? lo : klo;
     hi = hi < khi ? hi : khi;
@@ -245,19 +265,26 @@ static void run_block(tile *T, uint32_t kb)
     uint32_t klo = kb > T->ulo ? kb : T->ulo;
     uint32_t khi = kb + KEY_BLOCK < T->uhi ? kb + KEY_BLOCK : T->uhi;
     load_block(T, kb, klo, khi);
-    uint32_t r = 0;
-    for (; r + 2 <= T->n_rows; r += 2)
-        scores_rows(T, 2, r);
-    if (r < T->n_rows)
-        scores_rows(T, 1, r);
-    for (r = 0; r < T->n_rows; r++)
+    /* Passes of PASS_ROWS rows, each count built alone (NR constant in rows_madd). */
+    for (uint32_t r = 0; r < T->n_rows; r += PASS_ROWS) {
+        uint32_t nr = T->n_rows - r < PASS_ROWS ? T->n_rows - r : PASS_ROWS;
+        if (nr == 3)
+            scores_rows(T, 3, r);
+        else if (nr == 2)
+            scores_rows(T, 2, r);
+        else
+            scores_rows(T, 1, r);
+    }
+    for (uint32_t r = 0; r < T->n_rows; r++)
         softmax_row(T, r, kb, klo, khi);
-    for (r = 0; r < T->n_rows; r += 2) {
-        uint32_t nr = r + 2 <= T->n_rows ? 2 : 1, j0, j1;
-        pair_range(T, r, nr, kb, klo, khi, &j0, &j1);
+    for (uint32_t r = 0; r < T->n_rows; r += PASS_ROWS) {
+        uint32_t nr = T->n_rows - r < PASS_ROWS ? T->n_rows - r : PASS_ROWS, j0, j1;
+        rows_range(T, r, nr, kb, klo, khi, &j0, &j1);
         if (j0 == j1)
             continue;
-        if (nr == 2)
+        if (nr == 3)
+            pv_block(T, 3, r, j0, j1);
+        else if (nr == 2)
             pv_block(T, 2, r, j0, j1);
         else
             pv_block(T, 1, r, j0, j1);

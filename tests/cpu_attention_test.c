@@ -135,6 +135,8 @@ static void check_shape(const shape *sh)
                 n += want[d] * want[d];
             }
             double rel = sqrt(e / n);
+            if (!(rel < 1e-5)) /* a NaN too */
+                fail_msg("token %u head %u: relative error %g", t, h, rel);
             worst = rel > worst ? rel : worst;
         }
     print_message("%u heads / %u, hd %u, blocks of %u, window %u: worst relative error %.2e\n",
