@@ -41,8 +41,8 @@
  * baseline one).
  *
  * Ownership: a packed weight (a ref_panels) owns data (the quants, [m][width / 128] sweeps of
- * sweep_bytes each, zero past n up to whole sweeps of 128, rows interleaved in fours a
- * sweep at a time), qscale and qoffset (binary16 S and M, [m][width / group], in float-sized
+ * sweep_bytes each, zero past n up to whole sweeps of 128, a last sweep of at most 64
+ * elements kept as a half tail (cpu_layout.h), rows interleaved in fours a sweep at a time), qscale and qoffset (binary16 S and M, [m][width / group], in float-sized
  * storage; qoffset NULL without offsets); k32 is width / 32 and qgroups the group size. */
 #include <math.h>
 #include <stdbool.h>
@@ -289,22 +289,29 @@ static inline __m256i ld(const void *p)
 
 /* The high-bit plane of a row's sweep of quants at w (PK_FIVE's 16 bytes
  * in both halves, PK_SIX's 32), for chunk_quants. */
-static inline __m256i high_plane(const uint8_t *w, const pack_kind kind)
+static inline __m256i high_plane(const uint8_t *w, const pack_kind kind, const bool tail)
 {
     return kind == PK_SIX    ? ld(w + 64)
            : kind == PK_FIVE ? _mm256_broadcastsi128_si256(
-                                   _mm_loadu_si128((const __m128i *)(w + 64)))
+                                   _mm_loadu_si128((const __m128i *)(w + (tail ? 32 : 64))))
                              : _mm256_setzero_si256();
+}
+
+/* Bytes 32 c .. 32 c + 31 of a sweep's low plane at w: of a half tail
+ * (cpu_layout.h) its 16 kept, units 4-7's zero. */
+static inline __m256i low_chunk(const uint8_t *w, const int c, const bool tail)
+{
+    return tail ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(w + 16 * c)))
+                : ld(w + 32 * c);
 }
 
 /* Chunk k (0..3) of a row's sweep of unsigned quants at w, as kept (q +
  * quant_shift), one a byte in lane_pos's order; hb is high_plane's. */
-static inline __attribute__((always_inline)) __m256i chunk_quants(const uint8_t *w,
-                                                                   const pack_kind kind,
-                                                                   const __m256i hb, const int k)
+static inline __attribute__((always_inline)) __m256i
+chunk_quants(const uint8_t *w, const pack_kind kind, const __m256i hb, const int k, const bool tail)
 {
     /* bytes 32 (k % 2) on, low nibbles for k < 2, high else */
-    __m256i raw = ld(w + 32 * (k % 2));
+    __m256i raw = low_chunk(w, k % 2, tail);
     __m256i c = _mm256_and_si256(k < 2 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
     if (kind == PK_SIX) {
         /* its high bits, 2k and 2k + 1 of each byte, moved to 4 and 5 */
@@ -333,30 +340,32 @@ static inline __attribute__((always_inline)) __m256i chunk_quants(const uint8_t 
  * two for 6 (63 * 127 * 4), then in fours (vpmaddwd). int8 quants widened to
  * int16 by the activations as int16 (x16, in i8_pos's order): products
  * summed in pairs (vpmaddwd), a group of 16 at a time. */
-static inline __attribute__((always_inline)) __m256i unit_dots(const uint8_t *w,
-                                                                const pack_kind kind,
-                                                                const int8_t *hi,
-                                                                const int8_t *lo,
-                                                                const int16_t *x16)
+static inline __attribute__((always_inline)) __m256i
+unit_dots(const uint8_t *w, const pack_kind kind, const int8_t *hi, const int8_t *lo,
+          const int16_t *x16, const bool tail)
 {
     if (kind == PK_I8) {
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+        /* group j's 16 bytes, or a half tail's 8 kept (units 0-3) */
+#define GROUP(j)                                                                             \
+    _mm256_cvtepi8_epi16(tail ? _mm_loadl_epi64((const __m128i *)(w + 8 * (j)))               \
+                              : _mm_loadu_si128((const __m128i *)(w + 16 * (j))))
 #pragma GCC unroll 4
         for (int j = 0; j < 8; j += 2) {
-            __m256i wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * j)));
-            __m256i wb =
-                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * j + 16)));
+            __m256i wa = GROUP(j);
+            __m256i wb = GROUP(j + 1);
+#undef GROUP
             a = _mm256_add_epi32(a, _mm256_madd_epi16(wa, ld(x16 + 16 * j)));
             b = _mm256_add_epi32(b, _mm256_madd_epi16(wb, ld(x16 + 16 * j + 16)));
         }
         return _mm256_add_epi32(a, b);
     }
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i hb = high_plane(w, kind);
+    const __m256i hb = high_plane(w, kind, tail);
     __m256i h = _mm256_setzero_si256(), l = h, h32 = h, l32 = h;
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        const __m256i c = chunk_quants(w, kind, hb, k);
+        const __m256i c = chunk_quants(w, kind, hb, k, tail);
         h = _mm256_add_epi16(h, _mm256_maddubs_epi16(c, ld(hi + 32 * k)));
         l = _mm256_add_epi16(l, _mm256_maddubs_epi16(c, ld(lo + 32 * k)));
         if (kind == PK_SIX && k % 2 == 1) {
@@ -423,23 +432,33 @@ dots4_of(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t, float *o
     const uint16_t *S = halves_at(w, w->qscale, sn, o, 0);
     const uint16_t *M = offsets_of(w, o);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (uint32_t s = 0; s < n; s++, q += 4u * sb, S += 4u * sn) {
-        const __m256 xs = _mm256_loadu_ps(us + s * 8u);
-        const int8_t *h = xh + s * SWEEP, *l = xl + s * SWEEP;
-        const int16_t *x = x16 + s * SWEEP;
-        const __m256i sub = shifted ? unshift(usum + s * 8u, shift) : _mm256_setzero_si256();
-        for (uint32_t b = 0; b < 4u * sb; b += 64u)
-            _mm_prefetch((const char *)(q + PREFETCH_BYTES + b), _MM_HINT_T0);
-#define ROW(k, acc)                                                                          \
-    acc = _mm256_fmadd_ps(                                                                   \
-        _mm256_cvtepi32_ps(_mm256_sub_epi32(unit_dots(q + (k) * sb, kind, h, l, x), sub)),   \
-        _mm256_mul_ps(unit_scales(S + (k) * sn, gs), xs), acc)
-        ROW(0, a0);
-        ROW(1, a1);
-        ROW(2, a2);
-        ROW(3, a3);
+    /* Sweep s, its rows rb bytes apart (a half tail's when tail). */
+#define SWEEP4(s, rb, tail)                                                                   \
+    do {                                                                                      \
+        const __m256 xs = _mm256_loadu_ps(us + (s) * 8u);                                     \
+        const int8_t *h = xh + (s) * SWEEP, *l = xl + (s) * SWEEP;                            \
+        const int16_t *x = x16 + (s) * SWEEP;                                                 \
+        const __m256i sub =                                                                   \
+            shifted ? unshift(usum + (s) * 8u, shift) : _mm256_setzero_si256();               \
+        for (uint32_t b = 0; b < 4u * (rb); b += 64u)                                         \
+            _mm_prefetch((const char *)(q + PREFETCH_BYTES + b), _MM_HINT_T0);                \
+        ROW(0, a0, rb, tail);                                                                 \
+        ROW(1, a1, rb, tail);                                                                 \
+        ROW(2, a2, rb, tail);                                                                 \
+        ROW(3, a3, rb, tail);                                                                 \
+    } while (0)
+#define ROW(k, acc, rb, tail)                                                                 \
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(                               \
+                              unit_dots(q + (k) * (rb), kind, h, l, x, tail), sub)),          \
+                          _mm256_mul_ps(unit_scales(S + (k) * sn, gs), xs), acc)
+    /* Whole sweeps, then a half tail read in place (cpu_layout.h's half_tail). */
+    const uint32_t whole = half_tail(w) && n == sweeps_of(w) ? n - 1u : n;
+    for (uint32_t s = 0; s < whole; s++, q += 4u * sb, S += 4u * sn)
+        SWEEP4(s, sb, false);
+    if (whole < n)
+        SWEEP4(whole, tail_bytes(w), true);
 #undef ROW
-    }
+#undef SWEEP4
     /* The offsets' terms: a small stream of their own, after the quants'. */
     __m128 f0 = _mm_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
     for (uint32_t s = 0; M && s < n; s++, M += 4u * SWEEP_OFFSETS) {
@@ -526,11 +545,11 @@ widen_sweep(const uint8_t *q, const pack_kind kind, const __m256i sh, int16_t *d
      * low eights together (group 2k in i8_pos's order), and high eights. */
     const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0,
                                           1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-    const __m256i hb = high_plane(q, kind);
+    const __m256i hb = high_plane(q, kind, false);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         __m256i p = _mm256_permute4x64_epi64(
-            _mm256_shuffle_epi8(chunk_quants(q, kind, hb, k), pick), 0xd8);
+            _mm256_shuffle_epi8(chunk_quants(q, kind, hb, k, false), pick), 0xd8);
         __m256i g0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(p));
         __m256i g1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(p, 1));
         _mm256_storeu_si256((__m256i *)(void *)(d + 32 * k), _mm256_sub_epi16(g0, sh));
@@ -545,12 +564,20 @@ static void widen4(const ref_panels *w, uint32_t o, uint32_t width, int16_t *dst
     const uint32_t sb = sweep_bytes(w), n = sweeps_of(w);
     const __m256i sh = _mm256_set1_epi16((short)quant_shift(w->dtype));
     const uint8_t *q = quants_at(w, o, 0);
+    const bool ht = half_tail(w);
     for (uint32_t s = 0; s < n; s++)
-        for (uint32_t r = 0; r < 4u; r++, q += sb) {
+        for (uint32_t r = 0; r < 4u; r++) {
             int16_t *d = dst + (size_t)r * width + (size_t)s * SWEEP;
+            uint8_t whole[SWEEP];
+            const uint8_t *qs = q;
+            if (ht && s + 1u == n) {
+                expand_tail(w, q, whole);
+                qs = whole;
+            }
             /* The kind known only here: widening is a small part of a batch's
              * time, so one form serves every kind. */
-            widen_sweep(q, kind, sh, d);
+            widen_sweep(qs, kind, sh, d);
+            q += s + 1u == n ? tail_bytes(w) : sb;
         }
 }
 
@@ -649,8 +676,13 @@ static float dots1(const ref_panels *w, uint32_t o, const xq_view *v, uint32_t t
     const float *uo = v->offset_x + (size_t)t * (width / 32u);
     float acc = 0.0f, off = 0.0f;
     const uint16_t *M = offsets_of(w, o);
+    uint8_t whole[SWEEP];
     for (uint32_t s = 0; s < n; s++) {
         const uint8_t *q = quants_at(w, o, s);
+        if (half_tail(w) && s + 1u == sweeps_of(w)) {
+            expand_tail(w, q, whole);
+            q = whole;
+        }
         const uint16_t *S = halves_at(w, w->qscale, sn, o, s);
         for (uint32_t j = 0; j < SWEEP / UNIT; j++) {
             int d = 0;

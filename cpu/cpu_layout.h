@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "device/model/model.h"
 #include "device/numerics/quant.h"
@@ -88,13 +89,68 @@ static inline uint32_t sweeps_of(const ref_panels *p)
     return p->k32 * 32u / SWEEP;
 }
 
+/* Whether a row's last sweep holds at most 64 elements (units 0-3: n 576
+ * of SmolLM2 is 4.5 sweeps). Then only the bytes of those units are kept
+ * for it, tail_bytes of them (tail_byte's places), and a step streams the
+ * file's bytes, not 11% more of zeros; a kernel expands the tail back to a
+ * whole sweep (expand_tail) before it reads it. The K-quants' rows are
+ * whole sweeps. */
+static inline bool half_tail(const ref_panels *p)
+{
+    return p->n % SWEEP != 0 && p->n % SWEEP <= SWEEP / 2u && kind_of(p->dtype) != PK_SIX;
+}
+
+/* Where a whole sweep's byte b is kept in a half tail, or -1 when it holds
+ * only units 4-7: the low planes' bytes 0-15 and 32-47 (lane_pos: units 0-3
+ * are a chunk's first 16 bytes, and byte i holds positions i and 64 + i),
+ * PK_FIVE's plane of high bits (64-79) after them, and int8 quants' low 8
+ * bytes of each group of 16 (i8_pos). */
+static inline int tail_byte(pack_kind k, uint32_t b)
+{
+    if (k == PK_I8)
+        return b % 16u < 8u ? (int)(b / 16u * 8u + b % 16u) : -1;
+    if (b >= 64u)
+        return (int)(b - 32u);
+    return b % 32u < 16u ? (int)(b / 32u * 16u + b % 32u) : -1;
+}
+
+static inline uint32_t tail_bytes(const ref_panels *p)
+{
+    return half_tail(p) ? sweep_bytes(p) / 2u + (kind_of(p->dtype) == PK_FIVE ? 8u : 0u)
+                        : sweep_bytes(p);
+}
+
+/* Bytes of quants one row keeps: whole sweeps, the last perhaps a half tail. */
+static inline size_t row_quant_bytes(const ref_panels *p)
+{
+    return (size_t)(sweeps_of(p) - 1u) * sweep_bytes(p) + tail_bytes(p);
+}
+
 /* Rows are kept in fours, each four's sweeps side by side (row 0's sweep s,
  * row 1's, row 2's, row 3's, then sweep s + 1): a four is one stream, as a
- * step reads it. Row o's quants of sweep s: */
+ * step reads it. Row o's quants of sweep s (of tail_bytes for the last): */
 static inline uint8_t *quants_at(const ref_panels *p, uint32_t o, uint32_t s)
 {
-    uint32_t sb = sweep_bytes(p);
-    return (uint8_t *)p->data + ((size_t)(o / 4u) * sweeps_of(p) + s) * 4u * sb + (o % 4u) * sb;
+    uint32_t sb = sweep_bytes(p), last = s + 1u == sweeps_of(p) ? tail_bytes(p) : sb;
+    return (uint8_t *)p->data + (size_t)(o / 4u) * 4u * row_quant_bytes(p) +
+           (size_t)s * 4u * sb + (o % 4u) * last;
+}
+
+/* A half tail's kept bytes at t as the whole sweep they are part of, at w
+ * (sweep_bytes; zeros where units 4-7 would be). */
+static inline void expand_tail(const ref_panels *p, const uint8_t *t, uint8_t *w)
+{
+    pack_kind k = kind_of(p->dtype);
+    memset(w, 0, sweep_bytes(p));
+    if (k == PK_I8) {
+        for (uint32_t g = 0; g < 8u; g++)
+            memcpy(w + 16u * g, t + 8u * g, 8u);
+        return;
+    }
+    memcpy(w, t, 16u);
+    memcpy(w + 32u, t + 16u, 16u);
+    if (k == PK_FIVE)
+        memcpy(w + 64u, t + 32u, 16u);
 }
 
 /* Row o's `per` binary16 values of sweep s in the array at base. */

@@ -42,7 +42,12 @@ static void pack_rows(void *ctx, uint32_t job, uint32_t thread)
     size_t src_bytes = (size_t)devio_dtype_row_bytes(p->dtype, p->n);
     uint32_t o1 = (job + 1) * j->rows_per_job < p->m ? (job + 1) * j->rows_per_job : p->m;
     bool ok = true;
+    /* A half tail is packed whole here, then its kept bytes moved to their places. */
+    const bool ht = half_tail(p);
+    const uint32_t last = sweeps_of(p) - 1u;
+    uint8_t tail[SWEEP];
     for (uint32_t o = job * j->rows_per_job; o < o1; o++) {
+        memset(tail, 0, sizeof tail);
         for (uint32_t k0 = 0; k0 < p->n; k0 += blk) {
             int8_t q[256];
             float S[16], M[16] = {0};
@@ -63,7 +68,7 @@ static void pack_rows(void *ctx, uint32_t job, uint32_t thread)
             for (uint32_t i = 0; i < blk && k0 + i < p->n; i++) {
                 uint32_t k = k0 + i, at = quant_pos(kind, k % SWEEP);
                 if (i == 0 || k % SWEEP == 0)
-                    dst = quants_at(p, o, k / SWEEP);
+                    dst = ht && k / SWEEP == last ? tail : quants_at(p, o, k / SWEEP);
                 int u = q[i] + shift;
                 if (kind == PK_I8)
                     dst[at] = (uint8_t)q[i];
@@ -75,6 +80,9 @@ static void pack_rows(void *ctx, uint32_t job, uint32_t thread)
                     dst[high6_byte(at)] |= (uint8_t)(((u >> 4) & 3) << high6_bit(at));
             }
         }
+        for (uint32_t b = 0; ht && b < sweep_bytes(p); b++)
+            if (tail_byte(kind, b) >= 0)
+                quants_at(p, o, last)[tail_byte(kind, b)] = tail[b];
     }
     if (!ok)
         __atomic_store_n(j->overflow, 1, __ATOMIC_RELAXED);
@@ -91,7 +99,7 @@ int ref_panels_pack(ref_panels *p, devio_pool *pool, const void *w, devio_dtype 
     *p = (ref_panels){.dtype = dt, .m = m, .n = n, .k32 = width / 32u, .qgroups = gs};
     /* Rows in whole fours: the last four's missing rows are zeros. */
     size_t rows = (size_t)(m + 3u) / 4u * 4u, sweeps = sweeps_of(p);
-    size_t qbytes = rows * sweeps * sweep_bytes(p);
+    size_t qbytes = rows * row_quant_bytes(p);
     size_t sc_floats = (rows * sweeps * sweep_scales_n(p) + 1u) / 2u; /* binary16 pairs */
     size_t of_floats = rows * sweeps * SWEEP_OFFSETS / 2u;
     if (posix_memalign(&p->data, 64, qbytes ? qbytes : 64) != 0) {

@@ -114,6 +114,7 @@ static void test_each_form_within_tolerance_and_batch_independent(void **state)
     check_type(DEVIO_Q8_0, 160, 1e-4); /* int8, groups of 32 */
     check_type(DEVIO_Q4_K, 256, 1e-3);
     check_type(DEVIO_Q5_0, 160, 1e-4); /* 5 bits, groups of 32, a shift */
+    check_type(DEVIO_Q5_0, 192, 1e-4); /* a last sweep of 64, a half tail at its widest */
     /* Offsets, no shift: with q unsigned and offsets of one sign every
      * weight here is positive, so the products cancel and the 15-bit
      * activations' error is larger against the small result (up to 1.6e-4
