@@ -13,8 +13,9 @@
  * only: keys of the tile outside a row's range are given weight exactly zero, never a score.
  * So a token's output is the same bits whatever tile, batch, chunking or thread count it
  * runs in; they differ between paths (on AVX2 each product is fused into its add, as the
- * whole backend is built with -ffp-contract=fast, cpu/isa.bzl; the baseline has no FMA). The reference's own attention (ref/ref_attention.c) is the definition these
- * are held to by tolerance (tests/conformance/tolerance.py).
+ * whole backend is built with -ffp-contract=fast, cpu/isa.bzl; the baseline has no FMA).
+ * The reference's own attention (ref/ref_attention.c) is the definition these are held to
+ * by tolerance (tests/conformance/tolerance.py).
  *
  * Scratch: the thread's ref_scratch.wide (ref_scratch_wide_floats leaves room for a tile) and
  * rows; never allocates. */

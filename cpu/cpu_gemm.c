@@ -42,8 +42,9 @@
  *
  * Ownership: a packed weight (a ref_panels) owns data (the quants, [m][width / 128] sweeps of
  * sweep_bytes each, zero past n up to whole sweeps of 128, a last sweep of at most 64
- * elements kept as a half tail (cpu_layout.h), rows interleaved in fours a sweep at a time), qscale and qoffset (binary16 S and M, [m][width / group], in float-sized
- * storage; qoffset NULL without offsets); k32 is width / 32 and qgroups the group size. */
+ * elements kept as a half tail (cpu_layout.h), rows interleaved in fours a sweep at a time),
+ * qscale and qoffset (binary16 S and M, [m][width / group], in float-sized storage; qoffset
+ * NULL without offsets); k32 is width / 32 and qgroups the group size. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>

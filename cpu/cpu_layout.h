@@ -137,7 +137,8 @@ static inline uint8_t *quants_at(const ref_panels *p, uint32_t o, uint32_t s)
 }
 
 /* A half tail's kept bytes at t as the whole sweep they are part of, at w
- * (sweep_bytes; zeros where units 4-7 would be). */
+ * (sweep_bytes; zeros where units 4-7 would be): tail_byte's places read
+ * back, a run of them at a time. */
 static inline void expand_tail(const ref_panels *p, const uint8_t *t, uint8_t *w)
 {
     pack_kind k = kind_of(p->dtype);

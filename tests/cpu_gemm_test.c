@@ -126,6 +126,33 @@ static void test_each_form_within_tolerance_and_batch_independent(void **state)
     check_type(DEVIO_Q6_K, 512, 1e-3); /* 6 bits, groups of 16, a shift */
 }
 
+/* A row whose last sweep holds at most 64 elements (SmolLM2's 576 is 4.5
+ * sweeps) keeps only those elements' quants there, not a padded sweep:
+ * at width 192, Q4_0 its 96 bytes of nibbles (a padded row: 128), Q8_0
+ * its 192 int8 (256); six rows are kept as eight (whole fours), with the
+ * binary16 scales of two sweeps of four groups each. */
+static void test_half_tail_keeps_the_files_quants(void **state)
+{
+    (void)state;
+    if (!runs())
+        return;
+    enum { M = 6, N = 192, ROWS = 8, SCALES = 2 * ROWS * 2 * 4 };
+    devio_pool *pool = devio_pool_create(1);
+    static const struct {
+        devio_dtype dt;
+        size_t row_bytes;
+    } cases[] = {{DEVIO_Q4_0, N / 2}, {DEVIO_Q8_0, N}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint8_t *w = rand_rows(devio_dtype_ggml(cases[i].dt), M, N);
+        ref_panels p;
+        assert_int_equal(ref_panels_pack(&p, pool, w, cases[i].dt, M, N), 0);
+        assert_int_equal(p.bytes, ROWS * cases[i].row_bytes + SCALES);
+        ref_panels_free(&p);
+        free(w);
+    }
+    devio_pool_free(pool);
+}
+
 /* A Q4_K weight whose sub-block scales (d * sc) pass binary16's range is
  * packed by the reference's code (its qgroups, 1 or 2), not refused; one
  * in range takes the fast form (qgroups 32, the group size). */
@@ -159,6 +186,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_form_within_tolerance_and_batch_independent),
         cmocka_unit_test(test_scales_past_binary16_keep_the_reference_form),
+        cmocka_unit_test(test_half_tail_keeps_the_files_quants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1092,5 +1092,6 @@ int main(void)
         cmocka_unit_test(test_effects),      cmocka_unit_test(test_store_open),
         cmocka_unit_test(test_store_launch), cmocka_unit_test(test_store_settle),
     };
-    return devio_run_tests("fault_sweep_test", tests, sizeof tests / sizeof tests[0], setup, teardown);
+    return devio_run_tests("fault_sweep_test", tests, sizeof tests / sizeof tests[0], setup,
+                           teardown);
 }

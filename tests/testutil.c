@@ -171,7 +171,8 @@ int devio_run_tests(const char *name, const struct CMUnitTest *tests, size_t n,
 {
     const char *total = getenv("TEST_TOTAL_SHARDS"), *index = getenv("TEST_SHARD_INDEX");
     const char *status = getenv("TEST_SHARD_STATUS_FILE");
-    unsigned long k = total ? strtoul(total, NULL, 10) : 1, first = index ? strtoul(index, NULL, 10) : 0;
+    unsigned long k = total ? strtoul(total, NULL, 10) : 1;
+    unsigned long first = index ? strtoul(index, NULL, 10) : 0;
     if (status) { /* tells Bazel the sharding is honoured */
         FILE *fp = fopen(status, "w");
         if (fp)
