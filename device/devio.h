@@ -377,6 +377,7 @@ typedef struct devio_device_info {
     uint64_t memory_free;
     uint64_t memory_used;        /* bytes the backend holds: KV pool, buffers, weight copies */
     char compute_capability[16]; /* "9.0"; "" for a CPU */
+    char path[24];               /* the instruction-set path a CPU backend runs: "avx2" */
     char driver[32], runtime[32];/* versions; "" for a CPU */
     char failure[200];           /* why the device can compute no more; "" while it can */
 } devio_device_info;
@@ -405,6 +406,48 @@ devio_status devio_seq_info_get(devio_device *d, uint64_t seq, devio_seq_info *o
  * with cap 0), their count into *n. For a scheduler that lost its own record. */
 devio_status devio_seq_list(devio_device *d, devio_seq_info *out, uint32_t cap, uint32_t *n,
                             devio_error *err);
+
+/* ---- a sequence's state, exported and imported (docs/state.md) ---------
+ * The state is one versioned, checksummed stream of bytes: the model's
+ * fingerprint, the numerics and KV element, the tokens, the K and V of every
+ * position held, the recurrent state of a hybrid model and, when asked, its
+ * snapshots. It continues bit for bit on any device of the same model and
+ * numbers. Both directions are cursors, so that neither side holds a long
+ * sequence's state whole in memory. */
+typedef struct devio_export devio_export;
+typedef struct devio_import devio_import;
+
+/* Begin exporting sequence `seq` (with its snapshots when `snapshots`). The
+ * sequence is pinned until devio_export_close: a launch naming it or an
+ * effect on it is refused DEVIO_E_SEQ_BUSY. DEVIO_E_SEQ_BUSY when a ticket
+ * not yet awaited holds it; DEVIO_E_UNSUPPORTED when the backend cannot read
+ * its state. *bytes: the stream's whole size. *out owned by the caller. */
+devio_status devio_export_open(devio_device *d, uint64_t seq, bool snapshots, devio_export **out,
+                               uint64_t *bytes, devio_error *err);
+/* The next bytes of the stream, at most cap, into buf; *n is 0 at its end.
+ * Waits for the steps in flight at each part it reads from the backend. */
+devio_status devio_export_read(devio_export *x, void *buf, size_t cap, size_t *n,
+                               devio_error *err);
+/* Unpin the sequence and free x; x may be NULL. */
+void devio_export_close(devio_export *x);
+
+/* Begin importing a state of at most max_bytes (0: no limit) as a new
+ * sequence. Nothing is visible until devio_import_finish succeeds. */
+devio_status devio_import_open(devio_device *d, uint64_t max_bytes, devio_import **out,
+                               devio_error *err);
+/* Feed the next n bytes. The header is checked as soon as it is whole
+ * (another model, numerics, KV element or version: DEVIO_E_INVALID; over
+ * max_bytes: DEVIO_E_TOO_LARGE) and everything the sequence needs is then
+ * reserved (DEVIO_E_OUT_OF_SEQS, _KV_BLOCKS, _SSM_SLOTS, _SNAPSHOTS); bytes
+ * past the stream's end are refused. After a failure the import holds
+ * nothing and every later call fails. */
+devio_status devio_import_write(devio_import *m, const void *buf, size_t n, devio_error *err);
+/* The stream whole and its checksum right: the sequence goes live, its id in
+ * *seq. Otherwise DEVIO_E_INVALID and nothing is kept. Either way m stays
+ * the caller's, to close. */
+devio_status devio_import_finish(devio_import *m, uint64_t *seq, devio_error *err);
+/* Free m, giving back whatever an unfinished import reserved; m may be NULL. */
+void devio_import_close(devio_import *m);
 
 /* Validate `plan`, reserve every KV block and logits handle it needs, and
  * queue it. On failure nothing is reserved. `plan` is copied; the caller may

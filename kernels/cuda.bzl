@@ -34,6 +34,7 @@ GLUE = [
     "cuda_project.c",
     "cuda_sampling.c",
     "cuda_state.h",
+    "cuda_state_io.c",
     "cuda_step.c",
     "cuda_step.h",
 ]

@@ -549,6 +549,8 @@ const devio_backend_ops devio_cuda_backend = {
     .adapter_remove = cuda_adapter_remove,
     .kv_blocks_fit = cuda_kv_blocks_fit,
     .ssm_copy = cuda_ssm_copy,
+    .state_read = cuda_state_read,
+    .state_write = cuda_state_write,
     .sample = cuda_sample_batch,
     .logits_read = cuda_logits_read,
 };

@@ -238,5 +238,9 @@ devio_status cuda_mixer_supported(const devio_model_shape *sh, devio_error *err)
 devio_status cuda_mixer_create(cuda_state *st, devio_error *err);
 /* The backend's ssm_copy: one whole slot or snapshot onto another. */
 devio_status cuda_ssm_copy(void *state, devio_ssm_ref dst, devio_ssm_ref src, devio_error *err);
+/* The backend's state_read and state_write (cuda_state_io.c). */
+devio_status cuda_state_read(void *state, devio_state_ref what, void *dst, devio_error *err);
+devio_status cuda_state_write(void *state, devio_state_ref what, const void *src,
+                              devio_error *err);
 
 #endif

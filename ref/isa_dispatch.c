@@ -121,7 +121,8 @@ static bool same_slots(const devio_backend_ops *a, const devio_backend_ops *b)
 #define SAME(slot) (!a->slot == !b->slot)
     return a->abi == b->abi && SAME(probe) && SAME(create) && SAME(destroy) && SAME(info) &&
            SAME(submit) && SAME(wait) && SAME(adapter_add) && SAME(adapter_remove) &&
-           SAME(logits_read) && SAME(sample) && SAME(kv_blocks_fit) && SAME(ssm_copy);
+           SAME(logits_read) && SAME(sample) && SAME(kv_blocks_fit) && SAME(ssm_copy) &&
+           SAME(state_read) && SAME(state_write);
 #undef SAME
 }
 
@@ -164,6 +165,7 @@ void devio_isa_info(void *sp, devio_device_info *out)
 {
     isa_state *st = sp;
     st->path->ops->info(st->inner, out);
+    snprintf(out->path, sizeof out->path, "%s", st->path->name);
     size_t len = strlen(out->device), room = sizeof out->device - len;
     if (len > 0 && out->device[len - 1] == ')')
         snprintf(out->device + len - 1, room + 1, ", %s)", st->path->name);
@@ -201,4 +203,17 @@ devio_status devio_isa_ssm_copy(void *sp, devio_ssm_ref dst, devio_ssm_ref src,
 {
     isa_state *st = sp;
     return st->path->ops->ssm_copy(st->inner, dst, src, err);
+}
+
+devio_status devio_isa_state_read(void *sp, devio_state_ref what, void *dst, devio_error *err)
+{
+    isa_state *st = sp;
+    return st->path->ops->state_read(st->inner, what, dst, err);
+}
+
+devio_status devio_isa_state_write(void *sp, devio_state_ref what, const void *src,
+                                   devio_error *err)
+{
+    isa_state *st = sp;
+    return st->path->ops->state_write(st->inner, what, src, err);
 }

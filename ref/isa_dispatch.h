@@ -54,5 +54,8 @@ devio_status devio_isa_adapter_add(void *state, uint32_t index, uint32_t generat
 void devio_isa_adapter_remove(void *state, uint32_t index, uint32_t generation);
 devio_status devio_isa_ssm_copy(void *state, devio_ssm_ref dst, devio_ssm_ref src,
                                 devio_error *err);
+devio_status devio_isa_state_read(void *state, devio_state_ref what, void *dst, devio_error *err);
+devio_status devio_isa_state_write(void *state, devio_state_ref what, const void *src,
+                                   devio_error *err);
 
 #endif

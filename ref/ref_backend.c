@@ -441,6 +441,43 @@ static devio_status ref_ssm_copy(void *sp, devio_ssm_ref dst, devio_ssm_ref src,
     return DEVIO_OK;
 }
 
+/* The cache's bytes of one state part (backend.h): a K or V half of an
+ * attention layer's block in this build's KV element (ref_kv: binary16 in
+ * the cpu backend's copies, whose cfg says strict), or a slot; *n its size. */
+static void *state_at(ref_state *st, devio_state_ref w, size_t *n)
+{
+    *n = w.part == DEVIO_STATE_SSM ? st->cfg.shape->slot_floats * sizeof(float)
+                                   : st->block_elems * sizeof(ref_kv);
+    if (w.part == DEVIO_STATE_SSM)
+        return (w.ssm.snapshot ? st->ssm_snaps : st->ssm_slots) +
+               (size_t)w.ssm.index * st->cfg.shape->slot_floats;
+    uint32_t li = 0;
+    for (uint32_t a = 0;; li++) /* the model layer of attention ordinal w.layer */
+        if (st->model->layers[li].kind == DEVIO_LAYER_ATTENTION && a++ == w.layer)
+            break;
+    ref_kv *half = w.part == DEVIO_STATE_K ? st->k_cache[li] : st->v_cache[li];
+    return half + (size_t)w.block * st->block_elems;
+}
+
+static devio_status ref_state_read(void *sp, devio_state_ref w, void *dst, devio_error *err)
+{
+    (void)err;
+    size_t n;
+    const void *at = state_at(sp, w, &n);
+    memcpy(dst, at, n);
+    return DEVIO_OK;
+}
+
+static devio_status ref_state_write(void *sp, devio_state_ref w, const void *src,
+                                    devio_error *err)
+{
+    (void)err;
+    size_t n;
+    void *at = state_at(sp, w, &n);
+    memcpy(at, src, n);
+    return DEVIO_OK;
+}
+
 /* Nothing to enqueue: the step runs in wait, which the core calls next for it. */
 static devio_status ref_submit(void *sp, const devio_batch *b, devio_error *err)
 {
@@ -465,4 +502,6 @@ const devio_backend_ops devio_ref_backend = {
     .adapter_add = ref_adapter_add,
     .adapter_remove = ref_adapter_remove,
     .ssm_copy = ref_ssm_copy,
+    .state_read = ref_state_read,
+    .state_write = ref_state_write,
 };

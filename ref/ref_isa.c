@@ -77,4 +77,6 @@ const devio_backend_ops devio_ref_backend = {
     .adapter_add = devio_isa_adapter_add,
     .adapter_remove = devio_isa_adapter_remove,
     .ssm_copy = devio_isa_ssm_copy,
+    .state_read = devio_isa_state_read,
+    .state_write = devio_isa_state_write,
 };

@@ -166,6 +166,54 @@ float *devio_test_step(devio_device *d, uint64_t seq, const int32_t *tok, uint32
     return out;
 }
 
+uint8_t *devio_test_export(devio_device *d, uint64_t seq, bool snapshots, size_t piece,
+                           size_t *n)
+{
+    devio_export *x = NULL;
+    uint64_t total = 0;
+    devio_error err = {0};
+    assert_int_equal(devio_export_open(d, seq, snapshots, &x, &total, &err), DEVIO_OK);
+    uint8_t *b = malloc((size_t)total + 1);
+    assert_non_null(b);
+    size_t got = 0, k = 1;
+    while (k > 0) {
+        assert_true(got <= total);
+        size_t cap = (size_t)total + 1 - got < piece ? (size_t)total + 1 - got : piece;
+        assert_int_equal(devio_export_read(x, b + got, cap, &k, &err), DEVIO_OK);
+        got += k;
+    }
+    devio_export_close(x);
+    assert_int_equal(got, total);
+    *n = got;
+    return b;
+}
+
+devio_status devio_test_import(devio_device *d, const uint8_t *b, size_t n, size_t piece,
+                               uint64_t max_bytes, uint64_t *seq, devio_error *err)
+{
+    devio_import *m = NULL;
+    devio_status s = devio_import_open(d, max_bytes, &m, err);
+    for (size_t at = 0; s == DEVIO_OK && at < n; at += piece)
+        s = devio_import_write(m, b + at, n - at < piece ? n - at : piece, err);
+    if (s == DEVIO_OK)
+        s = devio_import_finish(m, seq, err);
+    devio_import_close(m);
+    return s;
+}
+
+uint64_t devio_test_move(devio_device *from, uint64_t seq, bool snapshots, devio_device *to)
+{
+    size_t n;
+    uint8_t *b = devio_test_export(from, seq, snapshots, 333, &n);
+    uint64_t id = 0;
+    devio_error err = {0};
+    devio_status s = devio_test_import(to, b, n, 1000, 0, &id, &err);
+    if (s != DEVIO_OK)
+        fail_msg("import: %s", err.message);
+    free(b);
+    return id;
+}
+
 int devio_run_tests(const char *name, const struct CMUnitTest *tests, size_t n,
                     int (*setup)(void **), int (*teardown)(void **))
 {

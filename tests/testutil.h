@@ -3,6 +3,7 @@
 #ifndef DEVIO_TESTUTIL_H
 #define DEVIO_TESTUTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,19 @@ void devio_test_tokens(int32_t *t, uint32_t n, uint32_t salt, uint32_t vocab);
  * are read and their handle released; otherwise NULL. */
 float *devio_test_step(devio_device *d, uint64_t seq, const int32_t *tok, uint32_t n,
                        devio_snapshot snap, devio_status want);
+
+/* Sequence seq of d exported whole into memory (with its snapshots when
+ * `snapshots`), read in pieces of `piece` bytes; asserted to succeed. Caller
+ * frees; its size in *n. */
+uint8_t *devio_test_export(devio_device *d, uint64_t seq, bool snapshots, size_t piece,
+                           size_t *n);
+/* n bytes imported into d in pieces of `piece` bytes with limit max_bytes:
+ * the status of the first call that fails (open, write or finish), the new
+ * sequence in *seq when none does. */
+devio_status devio_test_import(devio_device *d, const uint8_t *b, size_t n, size_t piece,
+                               uint64_t max_bytes, uint64_t *seq, devio_error *err);
+/* Export seq from `from` and import it into `to` (asserted); the new id. */
+uint64_t devio_test_move(devio_device *from, uint64_t seq, bool snapshots, devio_device *to);
 
 /* The whole file, NUL-terminated (not counted in *size); NULL on failure.
  * Caller frees. */

@@ -27,6 +27,10 @@ devio_status devio_backend_check(const devio_backend_ops *ops, devio_error *err)
         return devio_fail(err, DEVIO_E_UNSUPPORTED,
                           "backend '%s' has only one of adapter_add and adapter_remove",
                           name_of(ops));
+    if (!ops->state_read != !ops->state_write)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "backend '%s' has only one of state_read and state_write",
+                          name_of(ops));
     return DEVIO_OK;
 }
 
@@ -102,6 +106,51 @@ bool devio_backend_has_ssm(const devio_backend_ops *ops) { return ops->ssm_copy;
 static bool ssm_ref_ok(const devio_backend_config *cfg, devio_ssm_ref r)
 {
     return r.index < (r.snapshot ? cfg->ssm_snapshots : cfg->ssm_slots);
+}
+
+bool devio_backend_has_state_io(const devio_backend_ops *ops) { return ops->state_read; }
+
+uint64_t devio_state_part_bytes(const devio_backend_config *cfg, devio_state_part part)
+{
+    const devio_model_shape *sh = cfg->shape;
+    if (part == DEVIO_STATE_SSM)
+        return sh->slot_floats * sizeof(float);
+    uint64_t elem = cfg->numerics == DEVIO_NUMERICS_FAST ? sizeof(uint16_t) : sizeof(float);
+    return (uint64_t)cfg->block_size * sh->kv_dim * elem;
+}
+
+/* what within cfg: an attention layer and a block of the pool, or a slot. */
+static devio_status state_ref_ok(const devio_backend_ops *ops, const devio_backend_config *cfg,
+                                 devio_state_ref what, devio_error *err)
+{
+    if (!ops->state_read)
+        return devio_fail(err, DEVIO_E_UNSUPPORTED,
+                          "backend '%s' cannot read or write a sequence's state", name_of(ops));
+    const devio_model_shape *sh = cfg->shape;
+    bool ok = what.part == DEVIO_STATE_SSM ? sh->n_mixers > 0 && ssm_ref_ok(cfg, what.ssm)
+              : what.part == DEVIO_STATE_K || what.part == DEVIO_STATE_V
+                  ? what.layer < sh->n_attn && what.block < cfg->kv_blocks
+                  : false;
+    if (!ok)
+        return devio_fail(err, DEVIO_E_INVALID, "state part %d (layer %u, block %u) is out of range",
+                          (int)what.part, what.layer, what.block);
+    return DEVIO_OK;
+}
+
+devio_status devio_backend_state_read(const devio_backend_ops *ops, void *state,
+                                      const devio_backend_config *cfg, devio_state_ref what,
+                                      void *dst, devio_error *err)
+{
+    devio_status s = state_ref_ok(ops, cfg, what, err);
+    return s != DEVIO_OK ? s : ops->state_read(state, what, dst, err);
+}
+
+devio_status devio_backend_state_write(const devio_backend_ops *ops, void *state,
+                                       const devio_backend_config *cfg, devio_state_ref what,
+                                       const void *src, devio_error *err)
+{
+    devio_status s = state_ref_ok(ops, cfg, what, err);
+    return s != DEVIO_OK ? s : ops->state_write(state, what, src, err);
 }
 
 devio_status devio_backend_ssm_copy(const devio_backend_ops *ops, void *state,

@@ -7,7 +7,9 @@
  * version 5 copies_weights; version 6 device-side sampling
  * (batch.device_sampling, sample.sample_only); version 7 the sampler's
  * logit processing on the device; version 8 one sampling record
- * (devio_batch_sample.params carries the processing, history beside it).
+ * (devio_batch_sample.params carries the processing, history beside it);
+ * version 9 a sequence's state read and written (state_read, state_write)
+ * for export and import (docs/state.md).
  * A backend only computes: it never validates plans, counts blocks, owns
  * sequences or decides what a number must be (device/numerics/numspec.h does).
  *
@@ -39,7 +41,7 @@
 #include "device/model/model.h"
 #include "device/sample/sampler.h"
 
-#define DEVIO_BACKEND_ABI 8u
+#define DEVIO_BACKEND_ABI 9u
 
 /* A block-table entry whose block the sequence gave back because every
  * position in it fell below the sliding window (docs/objects.md, KV pool):
@@ -193,6 +195,21 @@ typedef struct devio_ssm_ref {
     uint32_t index;
 } devio_ssm_ref;
 
+/* What state_read and state_write move: the K half or the V half of one
+ * KV block of one attention layer, block_size * kv_dim elements of the
+ * backend's KV element (binary32 under strict numerics, binary16 under
+ * fast: devio_state_part_bytes) laid out [n_kv_heads][block_size][head_dim],
+ * as every backend keeps a block; or one whole state slot or snapshot,
+ * slot_floats binary32 (devio_model_shape says their order). `layer` is
+ * the attention layer's ordinal (0 for the first attention layer of the
+ * model, whatever mixers come before it). */
+typedef enum devio_state_part { DEVIO_STATE_K = 0, DEVIO_STATE_V, DEVIO_STATE_SSM } devio_state_part;
+typedef struct devio_state_ref {
+    devio_state_part part;
+    uint32_t layer, block; /* K and V */
+    devio_ssm_ref ssm;     /* SSM */
+} devio_state_ref;
+
 /* The vtable. Filled with designated initializers as `static const` data;
  * callers use the wrappers below, never the entries. Every entry is required
  * unless marked optional. An entry that fails fills err and changes nothing
@@ -272,6 +289,17 @@ typedef struct devio_backend_ops {
      * snapshot, truncate) when no batch is in flight; when it returns the
      * copy is complete. dst != src. */
     devio_status (*ssm_copy)(void *state, devio_ssm_ref dst, devio_ssm_ref src, devio_error *err);
+
+    /* Optional pair (both or neither): copy one part of the cache (see
+     * devio_state_ref) to host memory at dst, or from host memory at src
+     * into it, in exactly the bytes the backend computes with, so that a
+     * state read on one backend and written on another that keeps the same
+     * numbers continues bit for bit. Called by export and import when no
+     * batch is in flight; when it returns the copy is complete. Without
+     * them a device neither exports nor imports. */
+    devio_status (*state_read)(void *state, devio_state_ref what, void *dst, devio_error *err);
+    devio_status (*state_write)(void *state, devio_state_ref what, const void *src,
+                                devio_error *err);
 } devio_backend_ops;
 
 /* ---- checked wrappers: the only way the core reaches a backend ---------- */
@@ -310,6 +338,16 @@ devio_status devio_backend_ssm_copy(const devio_backend_ops *ops, void *state,
                                     devio_ssm_ref src, devio_error *err);
 devio_status devio_backend_sample(const devio_backend_ops *ops, void *state,
                                   const devio_batch *batch, devio_error *err);
+bool devio_backend_has_state_io(const devio_backend_ops *ops);
+/* Bytes of one part `what` names (devio_state_ref) for a backend created with cfg. */
+uint64_t devio_state_part_bytes(const devio_backend_config *cfg, devio_state_part part);
+/* Check `what` against cfg (layer, block and slot in range) before the backend sees it. */
+devio_status devio_backend_state_read(const devio_backend_ops *ops, void *state,
+                                      const devio_backend_config *cfg, devio_state_ref what,
+                                      void *dst, devio_error *err);
+devio_status devio_backend_state_write(const devio_backend_ops *ops, void *state,
+                                       const devio_backend_config *cfg, devio_state_ref what,
+                                       const void *src, devio_error *err);
 
 /* The structural checks of a batch every backend relies on, so that none
  * reads or writes outside its buffers: sizes within cfg, rows contiguous,

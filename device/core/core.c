@@ -224,6 +224,10 @@ devio_status devio_open(const devio_model *model, const devio_backend_ops *backe
         s = devio_fail(err, DEVIO_E_NOMEM, "out of memory for the KV block table");
     if (s != DEVIO_OK)
         goto out_free;
+    /* A backend that copies the weights lets the process give the host's back
+     * (devio_model_release_weights), after which they cannot be hashed. */
+    if (backend->copies_weights && backend->state_read)
+        (void)dv_fingerprint(d);
 #ifndef DEVIO_NO_THREADS
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv_work, NULL);
@@ -313,7 +317,7 @@ devio_facts devio_facts_get(devio_device *d)
         .epoch = d->cfg.epoch,
     };
     for (uint32_t i = 0; i < d->cfg.max_seqs; i++)
-        f.seqs_live += d->seqs[i].id != 0;
+        f.seqs_live += d->seqs[i].id != 0 && d->seqs[i].id != DV_SEQ_IMPORTING;
     dv_unlock(d);
     return f;
 }

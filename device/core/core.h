@@ -18,6 +18,10 @@
 #include <pthread.h>
 #endif
 
+/* The id of a sequence table entry an import holds, not yet live: never found, listed or
+ * counted, and never handed out free (state_io.c). */
+#define DV_SEQ_IMPORTING UINT64_MAX
+
 typedef struct dv_seq {
     uint64_t id;      /* 0 = free entry */
     uint32_t len;     /* tokens cached, including those of a launched step */
@@ -32,6 +36,7 @@ typedef struct dv_seq {
     uint64_t busy;    /* ticket id while inside an unawaited ticket, else 0 */
     int32_t ssm_slot; /* SSM state slot (hybrid models, length > 0), else -1 */
     bool state_lost;  /* a failed step left the state in ssm_slot undefined */
+    uint32_t pins;    /* exports open on it (state_io.c): launches and effects refused */
     int32_t *toks;    /* the token at each position [0, len): the penalties' history;
                          owned, toks_cap entries (4 bytes per token, grown as needed) */
     uint32_t toks_cap;
@@ -157,6 +162,8 @@ struct devio_device {
     devio_sampler *sampler; /* used by the step runner only */
     devio_sampler *fx_sampler; /* used by effects (under the lock) */
     devio_adapter_table adapters;
+    uint8_t fingerprint[32]; /* the model's (devio_model_fingerprint), once has_fingerprint */
+    bool has_fingerprint;
 
 #ifndef DEVIO_NO_THREADS
     pthread_mutex_t mu;
@@ -195,6 +202,11 @@ dv_seq *dv_seq_find(devio_device *d, uint64_t id);
 uint64_t dv_new_seq_id(devio_device *d);
 /* Tell cfg.on_ids the highest sequence and logits ids handed out (lock held). */
 void dv_ids_used(devio_device *d);
+
+/* ---- a sequence's state (state_io.c) ------------------------------------ */
+
+/* The model's fingerprint, taken at the first call (lock held; the weights not released). */
+const uint8_t *dv_fingerprint(devio_device *d);
 
 /* ---- a sequence's blocks and the sliding window (seq_blocks.c) ---------- */
 

@@ -17,6 +17,9 @@ static devio_status idle_seq(devio_device *d, uint64_t id, dv_seq **out, devio_e
         return devio_fail_at(err, DEVIO_E_SEQ_BUSY, "ticket", (int64_t)q->busy,
                              "sequence %llu is busy in ticket %llu", (unsigned long long)id,
                              (unsigned long long)q->busy);
+    if (q->pins)
+        return devio_fail_at(err, DEVIO_E_SEQ_BUSY, "seq", (int64_t)id,
+                             "sequence %llu is being exported", (unsigned long long)id);
     *out = q;
     return DEVIO_OK;
 }
@@ -140,6 +143,7 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
     if (p->len)
         memcpy(c->toks, p->toks, (size_t)p->len * sizeof *c->toks);
     c->busy = 0;
+    c->pins = 0;
     c->n_blocks = p->n_blocks;
     /* The child shares the blocks the parent holds and inherits its
      * released entries (below the window: neither will read them). */

@@ -7,7 +7,7 @@
 
 dv_seq *dv_seq_find(devio_device *d, uint64_t id)
 {
-    if (id == 0)
+    if (id == 0 || id == DV_SEQ_IMPORTING)
         return NULL;
     for (uint32_t i = 0; i < d->cfg.max_seqs; i++)
         if (d->seqs[i].id == id)
@@ -45,6 +45,7 @@ devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
         q->n_blocks = 0;
         q->n_released = 0;
         q->busy = 0;
+        q->pins = 0;
         q->ssm_slot = -1;
         q->state_lost = false;
         *seq = q->id;
@@ -113,7 +114,7 @@ devio_status devio_seq_list(devio_device *d, devio_seq_info *out, uint32_t cap, 
     if (d->torn_down)
         s = devio_fail(err, DEVIO_E_TORN_DOWN, "device torn down");
     for (uint32_t i = 0; s == DEVIO_OK && i < d->cfg.max_seqs; i++) {
-        if (!d->seqs[i].id)
+        if (!d->seqs[i].id || d->seqs[i].id == DV_SEQ_IMPORTING)
             continue;
         if (*n < cap)
             seq_info_fill(d, &d->seqs[i], &out[*n]);

@@ -305,6 +305,21 @@ static void stream_adapter_remove(void *sp, uint32_t slot, uint32_t generation)
     s->stats.adapters_removed++;
 }
 
+/* Export and import run with no batch in flight: the stream thread is idle. */
+static devio_status stream_state_read(void *sp, devio_state_ref what, void *dst,
+                                      devio_error *err)
+{
+    stream *s = sp;
+    return devio_ref_backend.state_read(s->ref, what, dst, err);
+}
+
+static devio_status stream_state_write(void *sp, devio_state_ref what, const void *src,
+                                       devio_error *err)
+{
+    stream *s = sp;
+    return devio_ref_backend.state_write(s->ref, what, src, err);
+}
+
 const devio_backend_ops devio_stream_backend = {
     .abi = DEVIO_BACKEND_ABI,
     .name = "stream",
@@ -317,6 +332,8 @@ const devio_backend_ops devio_stream_backend = {
     .adapter_remove = stream_adapter_remove,
     .logits_read = stream_logits_read,
     .sample = stream_sample,
+    .state_read = stream_state_read,
+    .state_write = stream_state_write,
 };
 
 /* The plugin entry (registry.h): what dlopen of libdevio-backend-stream.so finds. */
