@@ -187,7 +187,7 @@ int main(int argc, char **argv)
     /* Line buffering: each line reaches the sink while the target's state
      * still describes the operation that printed it. */
     setvbuf(out, NULL, _IOLBF, 0);
-    devio_script_target t;
+    devio_script_target t = {0};
     devio_http_target_fill(h, &t);
     char why[512];
     int run = devio_script_run(&t, in, out, why, sizeof why);

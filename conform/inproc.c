@@ -178,9 +178,52 @@ static devio_status inproc_logits(void *ctx, uint64_t id, float **data, uint32_t
     return DEVIO_OK;
 }
 
+static devio_status inproc_export(void *ctx, uint64_t seq, bool snapshots, uint8_t **data,
+                                  size_t *n, devio_error *err)
+{
+    devio_export *x = NULL;
+    uint64_t total = 0;
+    *data = NULL;
+    devio_status s = devio_export_open(ctx, seq, snapshots, &x, &total, err);
+    if (s != DEVIO_OK)
+        return s;
+    uint8_t *buf = malloc((size_t)total);
+    size_t got = 0, k = 1;
+    if (!buf)
+        s = devio_fail(err, DEVIO_E_NOMEM, "out of memory for a state of %llu bytes",
+                       (unsigned long long)total);
+    while (s == DEVIO_OK && k > 0 && got < total) {
+        s = devio_export_read(x, buf + got, (size_t)total - got, &k, err);
+        got += k;
+    }
+    devio_export_close(x);
+    if (s != DEVIO_OK) {
+        free(buf);
+        return s;
+    }
+    *data = buf;
+    *n = got;
+    return DEVIO_OK;
+}
+
+static devio_status inproc_import(void *ctx, const uint8_t *data, size_t n, uint64_t *seq,
+                                  devio_error *err)
+{
+    devio_import *m = NULL;
+    devio_status s = devio_import_open(ctx, 0, &m, err);
+    if (s == DEVIO_OK)
+        s = devio_import_write(m, data, n, err);
+    if (s == DEVIO_OK)
+        s = devio_import_finish(m, seq, err);
+    devio_import_close(m);
+    return s;
+}
+
 void devio_inproc_target(devio_device *d, devio_script_target *t)
 {
     t->ctx = d;
     t->call = inproc_call;
     t->logits = inproc_logits;
+    t->state_export = inproc_export;
+    t->state_import = inproc_import;
 }

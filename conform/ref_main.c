@@ -113,7 +113,7 @@ int main(int argc, char **argv)
     }
     if (ops->copies_weights) /* the backend (CUDA) holds them now */
         devio_model_release_weights(model);
-    devio_script_target t;
+    devio_script_target t = {0};
     devio_inproc_target(dev, &t);
     char why[512];
     if (devio_script_run(&t, in, stdout, why, sizeof why) != 0) {

@@ -23,9 +23,18 @@ typedef struct name_table {
     uint32_t n, cap;
 } name_table;
 
+/* A state an export op kept under its `as` name, for import ops. */
+typedef struct state_blob {
+    char *name;
+    uint8_t *data;
+    size_t n;
+} state_blob;
+
 typedef struct runner {
     const devio_script_target *t;
     json_t *bindings; /* name -> raw result */
+    state_blob *blobs;
+    uint32_t n_blobs;
     name_table seqs, tickets, logits;
     char *why;
     size_t why_len;
@@ -329,6 +338,98 @@ static int compare(runner *r, const json_t *line, json_t **result, devio_error *
     return 0;
 }
 
+/* ---- states: export and import ------------------------------------------ */
+
+static state_blob *blob_find(runner *r, const char *name)
+{
+    for (uint32_t i = 0; i < r->n_blobs; i++)
+        if (strcmp(r->blobs[i].name, name) == 0)
+            return &r->blobs[i];
+    return NULL;
+}
+
+/* Keep data (taken) under name, replacing what was there. */
+static int blob_keep(runner *r, const char *name, uint8_t *data, size_t n)
+{
+    state_blob *b = blob_find(r, name);
+    if (!b) {
+        state_blob *v = realloc(r->blobs, (r->n_blobs + 1) * sizeof *v);
+        if (!v || !(v[r->n_blobs].name = strdup(name))) {
+            free(data);
+            r->blobs = v ? v : r->blobs;
+            return fail(r, "out of memory");
+        }
+        r->blobs = v;
+        b = &v[r->n_blobs++];
+        b->data = NULL;
+    }
+    free(b->data);
+    b->data = data;
+    b->n = n;
+    return 0;
+}
+
+/* {"op":"export","seq":S,"snapshots":bool?,"as":NAME}: the state's size and
+ * digest, the bytes kept under NAME. */
+static int export_op(runner *r, const json_t *line, const char *as, json_t **result,
+                     devio_error *err)
+{
+    const json_t *seq = json_object_get(line, "seq");
+    if (!json_is_integer(seq) || !as)
+        return fail(r, "op export needs \"seq\" and \"as\"");
+    *result = NULL;
+    if (!r->t->state_export) {
+        devio_fail(err, DEVIO_E_UNSUPPORTED, "this target does not export states");
+        return 0;
+    }
+    uint8_t *data = NULL;
+    size_t n = 0;
+    if (r->t->state_export(r->t->ctx, (uint64_t)json_integer_value(seq),
+                           json_is_true(json_object_get(line, "snapshots")), &data, &n,
+                           err) != DEVIO_OK)
+        return 0;
+    uint8_t d[32];
+    char hex[65];
+    devio_sha256 h;
+    devio_sha256_init(&h);
+    devio_sha256_update(&h, data, n);
+    devio_sha256_final(&h, d);
+    devio_sha256_hex(d, hex);
+    *result = json_pack("{s:I,s:s}", "bytes", (json_int_t)n, "sha256", hex);
+    return blob_keep(r, as, data, n);
+}
+
+/* {"op":"import","state":NAME,"flip":i?,"cut":k?}: the state NAME imported
+ * as a new sequence; flip xors byte i, cut drops the last k bytes first. */
+static int import_op(runner *r, const json_t *line, json_t **result, devio_error *err)
+{
+    const char *name = json_string_value(json_object_get(line, "state"));
+    state_blob *b = name ? blob_find(r, name) : NULL;
+    const json_t *flip = json_object_get(line, "flip"), *cut = json_object_get(line, "cut");
+    if (!b)
+        return fail(r, "op import needs \"state\", the name an export kept");
+    if ((flip && (!json_is_integer(flip) || (uint64_t)json_integer_value(flip) >= b->n)) ||
+        (cut && (!json_is_integer(cut) || (uint64_t)json_integer_value(cut) > b->n)))
+        return fail(r, "op import: \"flip\" and \"cut\" must lie inside the state");
+    *result = NULL;
+    if (!r->t->state_import) {
+        devio_fail(err, DEVIO_E_UNSUPPORTED, "this target does not import states");
+        return 0;
+    }
+    uint8_t *data = malloc(b->n + 1);
+    if (!data)
+        return fail(r, "out of memory");
+    memcpy(data, b->data, b->n);
+    size_t n = b->n - (cut ? (size_t)json_integer_value(cut) : 0);
+    if (flip)
+        data[json_integer_value(flip)] ^= 1u;
+    uint64_t seq = 0;
+    if (r->t->state_import(r->t->ctx, data, n, &seq, err) == DEVIO_OK)
+        *result = json_pack("{s:I}", "seq", (json_int_t)seq);
+    free(data);
+    return 0;
+}
+
 static int run_line(runner *r, json_t *line, FILE *out)
 {
     const char *op = json_string_value(json_object_get(line, "op"));
@@ -341,8 +442,9 @@ static int run_line(runner *r, json_t *line, FILE *out)
     if (as && as[0] == '$')
         return fail(r, "\"as\" names a binding and cannot be a reference ('%.60s')", as);
     bool full = json_is_true(json_object_get(line, "full"));
-    static const char *const ops[] = {"create", "seq",  "launch", "await",  "step",
-                                      "apply",  "facts", "lora",  "logits", "compare"};
+    static const char *const ops[] = {"create", "seq",   "launch", "await",  "step",
+                                      "apply",  "facts", "lora",   "logits", "compare",
+                                      "export", "import"};
     bool known = false;
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
         known |= strcmp(op, ops[i]) == 0;
@@ -356,6 +458,12 @@ static int run_line(runner *r, json_t *line, FILE *out)
     devio_status s;
     if (strcmp(op, "compare") == 0) {
         if (compare(r, line, &result, &err) < 0)
+            return -1;
+        s = result ? DEVIO_OK : err.status;
+    } else if (strcmp(op, "export") == 0 || strcmp(op, "import") == 0) {
+        int rc = op[0] == 'e' ? export_op(r, line, as, &result, &err)
+                              : import_op(r, line, &result, &err);
+        if (rc < 0)
             return -1;
         s = result ? DEVIO_OK : err.status;
     } else if (strcmp(op, "logits") == 0) {
@@ -434,5 +542,10 @@ int devio_script_run(const devio_script_target *t, FILE *in, FILE *out, char *wh
     table_free(&r.seqs);
     table_free(&r.tickets);
     table_free(&r.logits);
+    for (uint32_t i = 0; i < r.n_blobs; i++) {
+        free(r.blobs[i].name);
+        free(r.blobs[i].data);
+    }
+    free(r.blobs);
     return rc;
 }

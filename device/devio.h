@@ -378,6 +378,8 @@ typedef struct devio_device_info {
     uint64_t memory_used;        /* bytes the backend holds: KV pool, buffers, weight copies */
     char compute_capability[16]; /* "9.0"; "" for a CPU */
     char path[24];               /* the instruction-set path a CPU backend runs: "avx2" */
+    uint32_t kv_elem_bytes;      /* bytes of one K or V element the backend keeps: 4
+                                    (binary32) or 2 (binary16); 0 when it does not say */
     char driver[32], runtime[32];/* versions; "" for a CPU */
     char failure[200];           /* why the device can compute no more; "" while it can */
 } devio_device_info;

@@ -509,6 +509,7 @@ static void cuda_info(void *sp, devio_device_info *out)
     out->memory_total = total_b;
     out->memory_free = free_b;
     out->memory_used = st->bytes;
+    out->kv_elem_bytes = st->kv_elem;
     int v = 0;
     if (cudaDriverGetVersion(&v) == cudaSuccess)
         version(out->driver, sizeof out->driver, v);

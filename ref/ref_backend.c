@@ -404,6 +404,7 @@ static void ref_info(void *sp, devio_device_info *out)
     snprintf(out->device, sizeof out->device, "%s CPU, %u thread%s (reference)", arch,
              st->n_scratch, st->n_scratch == 1 ? "" : "s");
     out->memory_used = st->bytes;
+    out->kv_elem_bytes = sizeof(ref_kv);
 }
 
 static devio_status ref_adapter_add(void *sp, uint32_t slot, uint32_t generation,

@@ -1117,6 +1117,77 @@ static void test_device_info(void **state)
     devio_fixture_free(&fx);
 }
 
+/* ---- a sequence's state moved between devices (docs/state.md) ------------- */
+
+/* `steps` one-token steps on sa of a and sb of b: the same logits bits on both. */
+static void steps_alike(devio_device *a, uint64_t sa, devio_device *b, uint64_t sb,
+                        uint32_t steps, uint32_t salt)
+{
+    uint32_t V = devio_model_of(a)->cfg.vocab_size;
+    for (uint32_t i = 0; i < steps; i++) {
+        int32_t tok;
+        devio_test_tokens(&tok, 1, salt + i, V);
+        float *la = devio_test_step(a, sa, &tok, 1, DEVIO_SNAP_NONE, DEVIO_OK);
+        float *lb = devio_test_step(b, sb, &tok, 1, DEVIO_SNAP_NONE, DEVIO_OK);
+        assert_memory_equal(la, lb, V * sizeof *la);
+        free(la);
+        free(lb);
+    }
+}
+
+/* Strict: prefilled on the reference, continued on the GPU, and back, the same bits as on
+ * the reference alone; a hybrid model's state slot and snapshots go along (truncate to one).
+ * Fast: from one GPU device to another. */
+static void state_case(const char *arch)
+{
+    devio_fixture fx;
+    char adapters[300];
+    hybrid_fixture(&fx, arch, DEVIO_BF16, false, adapters, sizeof adapters);
+    bool hybrid = strcmp(arch, "llama") != 0;
+    devio_device *ref = open_dev(&fx, &devio_ref_backend, 1, NULL);
+    devio_device *gpu = open_dev(&fx, &devio_cuda_backend, 2, NULL);
+    uint64_t sr = devio_test_seq(ref);
+    int32_t tok[13];
+    devio_test_tokens(tok, 13, 5, fx.model->cfg.vocab_size);
+    free(devio_test_step(ref, sr, tok, 13, hybrid ? DEVIO_SNAP_EACH : DEVIO_SNAP_NONE,
+                         DEVIO_OK));
+    uint64_t sg = devio_test_move(ref, sr, true, gpu);
+    steps_alike(ref, sr, gpu, sg, 4, 10);
+    if (hybrid) {
+        devio_effect cut = {.kind = DEVIO_EFFECT_TRUNCATE, .seq = sr, .len = 6};
+        devio_outcome o;
+        devio_error err = {0};
+        assert_int_equal(devio_apply(ref, &cut, &o, &err), DEVIO_OK);
+        cut.seq = sg;
+        assert_int_equal(devio_apply(gpu, &cut, &o, &err), DEVIO_OK);
+    }
+    uint64_t back = devio_test_move(gpu, sg, true, ref);
+    steps_alike(gpu, sg, ref, back, 3, 20);
+    devio_teardown(ref, NULL);
+    devio_teardown(gpu, NULL);
+
+    run_numerics = DEVIO_NUMERICS_FAST;
+    devio_device *f1 = open_dev(&fx, &devio_cuda_backend, 2, NULL);
+    devio_device *f2 = open_dev(&fx, &devio_cuda_backend, 1, NULL);
+    run_numerics = DEVIO_NUMERICS_STRICT;
+    uint64_t s1 = devio_test_seq(f1);
+    free(devio_test_step(f1, s1, tok, 13, DEVIO_SNAP_NONE, DEVIO_OK));
+    uint64_t s2 = devio_test_move(f1, s1, false, f2);
+    steps_alike(f1, s1, f2, s2, 3, 30);
+    devio_teardown(f1, NULL);
+    devio_teardown(f2, NULL);
+    devio_fixture_free(&fx);
+}
+
+static void test_state_moves(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    state_case("llama");
+    state_case("bamba");
+    state_case("mamba2");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1145,6 +1216,7 @@ int main(void)
         cmocka_unit_test(test_mamba2_f32),
         cmocka_unit_test(test_mamba2_f16_lora),
         cmocka_unit_test(test_features_on_reference),
+        cmocka_unit_test(test_state_moves),
         FEATURE_TEST("test_mistral_window_f32", 0),
         FEATURE_TEST("test_mistral_window_bf16_lora", 1),
         FEATURE_TEST("test_granite_f32", 2),

@@ -110,13 +110,13 @@ static bool ssm_ref_ok(const devio_backend_config *cfg, devio_ssm_ref r)
 
 bool devio_backend_has_state_io(const devio_backend_ops *ops) { return ops->state_read; }
 
-uint64_t devio_state_part_bytes(const devio_backend_config *cfg, devio_state_part part)
+uint64_t devio_state_part_bytes(const devio_backend_config *cfg, uint32_t kv_elem,
+                                devio_state_part part)
 {
     const devio_model_shape *sh = cfg->shape;
     if (part == DEVIO_STATE_SSM)
         return sh->slot_floats * sizeof(float);
-    uint64_t elem = cfg->numerics == DEVIO_NUMERICS_FAST ? sizeof(uint16_t) : sizeof(float);
-    return (uint64_t)cfg->block_size * sh->kv_dim * elem;
+    return (uint64_t)cfg->block_size * sh->kv_dim * kv_elem;
 }
 
 /* what within cfg: an attention layer and a block of the pool, or a slot. */

@@ -197,8 +197,9 @@ typedef struct devio_ssm_ref {
 
 /* What state_read and state_write move: the K half or the V half of one
  * KV block of one attention layer, block_size * kv_dim elements of the
- * backend's KV element (binary32 under strict numerics, binary16 under
- * fast: devio_state_part_bytes) laid out [n_kv_heads][block_size][head_dim],
+ * backend's KV element (devio_device_info.kv_elem_bytes: binary32 under
+ * strict numerics, binary16 or binary32 under fast) laid out
+ * [n_kv_heads][block_size][head_dim],
  * as every backend keeps a block; or one whole state slot or snapshot,
  * slot_floats binary32 (devio_model_shape says their order). `layer` is
  * the attention layer's ordinal (0 for the first attention layer of the
@@ -339,8 +340,10 @@ devio_status devio_backend_ssm_copy(const devio_backend_ops *ops, void *state,
 devio_status devio_backend_sample(const devio_backend_ops *ops, void *state,
                                   const devio_batch *batch, devio_error *err);
 bool devio_backend_has_state_io(const devio_backend_ops *ops);
-/* Bytes of one part `what` names (devio_state_ref) for a backend created with cfg. */
-uint64_t devio_state_part_bytes(const devio_backend_config *cfg, devio_state_part part);
+/* Bytes of one part (devio_state_ref) for a backend created with cfg whose KV
+ * elements are kv_elem bytes (its devio_device_info.kv_elem_bytes). */
+uint64_t devio_state_part_bytes(const devio_backend_config *cfg, uint32_t kv_elem,
+                                devio_state_part part);
 /* Check `what` against cfg (layer, block and slot in range) before the backend sees it. */
 devio_status devio_backend_state_read(const devio_backend_ops *ops, void *state,
                                       const devio_backend_config *cfg, devio_state_ref what,

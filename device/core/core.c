@@ -228,6 +228,10 @@ devio_status devio_open(const devio_model *model, const devio_backend_ops *backe
      * (devio_model_release_weights), after which they cannot be hashed. */
     if (backend->copies_weights && backend->state_read)
         (void)dv_fingerprint(d);
+    devio_device_info di = {0};
+    devio_backend_info_get(backend, d->backend, &di);
+    d->kv_elem = di.kv_elem_bytes ? di.kv_elem_bytes
+                 : d->cfg.numerics == DEVIO_NUMERICS_FAST ? 2u : 4u;
 #ifndef DEVIO_NO_THREADS
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv_work, NULL);

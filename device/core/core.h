@@ -162,6 +162,8 @@ struct devio_device {
     devio_sampler *sampler; /* used by the step runner only */
     devio_sampler *fx_sampler; /* used by effects (under the lock) */
     devio_adapter_table adapters;
+    uint32_t kv_elem;        /* bytes of a K or V element in the backend (its info's, or 4
+                                strict and 2 fast when it does not say) */
     uint8_t fingerprint[32]; /* the model's (devio_model_fingerprint), once has_fingerprint */
     bool has_fingerprint;
 

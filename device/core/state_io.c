@@ -1,7 +1,7 @@
 /* state_io.c - a sequence's state exported and imported: the stream docs/state.md defines,
  * written by an export cursor and read by an import cursor, one unit at a time (the header,
  * a thousand tokens, the K or V rows of one block of one attention layer, a state slot, a
- * snapshot, the checksum), so that neither side ever holds a long sequence's state whole.
+ * snapshot, the checksum: common/sum64.h, fast enough not to slow a move), so that neither side ever holds a long sequence's state whole.
  * The stream's K and V rows are position-major, whatever block size or block table either
  * device has; each side walks them in blocks of its own size.
  *
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/sha256.h"
+#include "common/sum64.h"
 #include "device/core/core.h"
 #include "device/status.h"
 
@@ -25,7 +25,7 @@
 #define ST_MAGIC "DEVIOSEQ"
 #define ST_VERSION 1u
 #define ST_HEADER 160u
-#define ST_SUM 32u
+#define ST_SUM 8u
 #define ST_TOKENS 1024u /* tokens a unit */
 #define ST_HAS_SLOT 1u  /* flags: the state slot follows the K and V */
 
@@ -199,7 +199,7 @@ static void header_own(devio_device *d, st_header *h)
     memcpy(h->fingerprint, dv_fingerprint(d), 32);
     bool fast = d->cfg.numerics == DEVIO_NUMERICS_FAST;
     h->numerics = fast ? 1u : 0u;
-    h->kv_elem = fast ? 2u : 4u; /* as devio_state_part_bytes */
+    h->kv_elem = d->kv_elem;
     if (fast) {
         /* Fast numerics are a backend's own: its name and its path or GPU. */
         devio_device_info di = {0};
@@ -310,7 +310,7 @@ static uint32_t owned_snaps(const devio_device *d, const dv_seq *q, uint32_t *ou
 /* Buffers for a unit: the stream's side (rows) and the backend's (raw). */
 static bool unit_buffers(const devio_device *d, uint8_t **rows, uint8_t **raw)
 {
-    uint64_t part = devio_state_part_bytes(&d->bcfg, DEVIO_STATE_K);
+    uint64_t part = devio_state_part_bytes(&d->bcfg, d->kv_elem, DEVIO_STATE_K);
     uint64_t slot = d->shape.slot_floats * sizeof(float) + 8u;
     uint64_t n = part > slot ? part : slot;
     if (n < (uint64_t)ST_TOKENS * 4u)
@@ -331,7 +331,7 @@ struct devio_export {
     uint32_t *snaps; /* snapshot slots exported, by length */
     uint8_t *rows, *raw;
     uint64_t n, off; /* bytes of the current unit in rows, and those given out */
-    devio_sha256 sum;
+    devio_sum64 sum;
 };
 
 devio_status devio_export_open(devio_device *d, uint64_t seq, bool snapshots, devio_export **out,
@@ -382,7 +382,7 @@ devio_status devio_export_open(devio_device *d, uint64_t seq, bool snapshots, de
     }
     x->d = d;
     x->c = (st_cursor){.kind = U_HEADER};
-    devio_sha256_init(&x->sum);
+    devio_sum64_init(&x->sum, 0);
     *bytes = x->h.total;
     *out = x;
     return DEVIO_OK;
@@ -420,11 +420,11 @@ static devio_status export_unit(devio_export *x, devio_error *err)
         devio_state_ref w = {.part = DEVIO_STATE_SSM, .ssm = r};
         s = devio_backend_state_read(d->ops, d->backend, &d->bcfg, w, at, err);
     } else if (c->kind == U_SUM) {
-        devio_sha256_final(&x->sum, x->rows);
+        put64(x->rows, devio_sum64_final(&x->sum));
         return DEVIO_OK;
     }
     if (s == DEVIO_OK)
-        devio_sha256_update(&x->sum, x->rows, (size_t)x->n);
+        devio_sum64_update(&x->sum, x->rows, (size_t)x->n);
     return s;
 }
 
@@ -486,7 +486,7 @@ struct devio_import {
     uint32_t n_snaps;  /* of them taken */
     uint8_t *rows, *raw;
     uint64_t n;        /* bytes of the current unit gathered in rows */
-    devio_sha256 sum;
+    devio_sum64 sum;
     devio_status failed; /* DEVIO_OK until a call fails */
     devio_error why;
     bool live;         /* finished: the sequence is the device's */
@@ -508,7 +508,7 @@ devio_status devio_import_open(devio_device *d, uint64_t max_bytes, devio_import
     m->d = d;
     m->max_bytes = max_bytes;
     m->c = (st_cursor){.kind = U_HEADER};
-    devio_sha256_init(&m->sum);
+    devio_sum64_init(&m->sum, 0);
     *out = m;
     return DEVIO_OK;
 }
@@ -599,7 +599,7 @@ static devio_status import_unit(devio_import *m, devio_error *err)
     if (c->kind == U_KV) {
         uint32_t r0, r1;
         block_rows(&m->p, c->block, &r0, &r1);
-        memset(m->raw, 0, (size_t)devio_state_part_bytes(&d->bcfg, DEVIO_STATE_K));
+        memset(m->raw, 0, (size_t)devio_state_part_bytes(&d->bcfg, d->kv_elem, DEVIO_STATE_K));
         rows_move(d, m->raw, m->rows, r0, r1, m->h.kv_elem, false);
         devio_state_ref w = {.part = c->half ? DEVIO_STATE_V : DEVIO_STATE_K, .layer = c->layer,
                              .block = q->blocks[c->block]};
@@ -621,9 +621,7 @@ static devio_status import_unit(devio_import *m, devio_error *err)
         devio_state_ref w = {.part = DEVIO_STATE_SSM, .ssm = r};
         return devio_backend_state_write(d->ops, d->backend, &d->bcfg, w, at, err);
     }
-    uint8_t sum[32];
-    devio_sha256_final(&m->sum, sum);
-    if (memcmp(sum, m->rows, 32) != 0)
+    if (devio_sum64_final(&m->sum) != get64(m->rows))
         return devio_fail(err, DEVIO_E_INVALID,
                           "the state's checksum does not match its bytes (altered or cut)");
     return DEVIO_OK;
@@ -667,7 +665,7 @@ devio_status devio_import_write(devio_import *m, const void *buf, size_t n, devi
         if (m->n < need)
             break;
         if (m->c.kind != U_SUM)
-            devio_sha256_update(&m->sum, m->rows, (size_t)need);
+            devio_sum64_update(&m->sum, m->rows, (size_t)need);
         devio_device *d = m->d;
         dv_lock(d);
         devio_status s = d->torn_down ? devio_fail(e, DEVIO_E_TORN_DOWN, "device torn down")

@@ -1,4 +1,6 @@
-/* fingerprint.c - devio_model_fingerprint: one SHA-256 over what decides a model's numbers,
+/* fingerprint.c - devio_model_fingerprint: a 128-bit sum (two common/sum64.h sums of other
+ * seeds, at memory speed: a model's weights are hashed once per device) over what decides a
+ * model's numbers,
  * so that a sequence's state (docs/state.md) is only ever continued on the same model. It
  * covers every field of the config that the loader filled (each written as a little-endian
  * number in a fixed order, so that every target, wasm32 included, hashes the same bytes) and,
@@ -7,25 +9,36 @@
  * from safetensors to GGUF with the same dtypes give the same fingerprint. */
 #include <string.h>
 
-#include "common/sha256.h"
+#include "common/sum64.h"
 #include "device/model/model.h"
 
-static void put_u64(devio_sha256 *h, uint64_t v)
+/* Both sums of one stream. */
+typedef struct fp_sum {
+    devio_sum64 s[2];
+} fp_sum;
+
+static void put_bytes(fp_sum *h, const void *p, size_t n)
+{
+    devio_sum64_update(&h->s[0], p, n);
+    devio_sum64_update(&h->s[1], p, n);
+}
+
+static void put_u64(fp_sum *h, uint64_t v)
 {
     uint8_t b[8];
     for (int i = 0; i < 8; i++)
         b[i] = (uint8_t)(v >> (8 * i));
-    devio_sha256_update(h, b, sizeof b);
+    put_bytes(h, b, sizeof b);
 }
 
-static void put_f32(devio_sha256 *h, float f)
+static void put_f32(fp_sum *h, float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     put_u64(h, u);
 }
 
-static void put_tensor(devio_sha256 *h, const devio_tensor *t)
+static void put_tensor(fp_sum *h, const devio_tensor *t)
 {
     put_u64(h, t->data != NULL);
     if (!t->data)
@@ -36,14 +49,14 @@ static void put_tensor(devio_sha256 *h, const devio_tensor *t)
     put_u64(h, t->shape[1]);
     uint64_t n = devio_tensor_bytes(t);
     put_u64(h, n);
-    devio_sha256_update(h, t->data, (size_t)n);
+    put_bytes(h, t->data, (size_t)n);
 }
 
-static void put_config(devio_sha256 *h, const devio_model_config *c)
+static void put_config(fp_sum *h, const devio_model_config *c)
 {
     char arch[sizeof c->architecture] = {0};
     memcpy(arch, c->architecture, strnlen(c->architecture, sizeof arch));
-    devio_sha256_update(h, arch, sizeof arch);
+    put_bytes(h, arch, sizeof arch);
     const uint64_t ints[] = {
         (uint64_t)c->arch, c->vocab_size, c->hidden_size, c->intermediate_size, c->n_layers,
         c->n_heads, c->n_kv_heads, c->head_dim, c->max_position_embeddings,
@@ -69,8 +82,9 @@ static void put_config(devio_sha256 *h, const devio_model_config *c)
 
 void devio_model_fingerprint(const devio_model *m, uint8_t out[32])
 {
-    devio_sha256 h;
-    devio_sha256_init(&h);
+    fp_sum h;
+    devio_sum64_init(&h.s[0], 1);
+    devio_sum64_init(&h.s[1], 2);
     put_config(&h, &m->cfg);
     put_tensor(&h, &m->embed);
     put_tensor(&h, &m->norm);
@@ -90,5 +104,10 @@ void devio_model_fingerprint(const devio_model *m, uint8_t out[32])
         for (size_t k = 0; k < sizeof ts / sizeof *ts; k++)
             put_tensor(&h, ts[k]);
     }
-    devio_sha256_final(&h, out);
+    memset(out, 0, 32);
+    for (int k = 0; k < 2; k++) {
+        uint64_t v = devio_sum64_final(&h.s[k]);
+        for (int i = 0; i < 8; i++)
+            out[8 * k + i] = (uint8_t)(v >> (8 * i));
+    }
 }

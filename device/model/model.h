@@ -220,10 +220,10 @@ bool devio_model_weights_released(const devio_model *m);
  * every backend with fast numerics keeps); 0 for a model without attention. */
 uint64_t devio_kv_block_bytes(const devio_model_config *c, uint32_t block_size, bool fast);
 
-/* SHA-256 of the model's config and weights (fingerprint.c says what it
- * covers): what a sequence's exported state names its model by. Reads every
- * weight byte, so it needs weights not released; about 0.3 s for 100 MB here
- * (docs/state.md). */
+/* A 128-bit sum of the model's config and weights (fingerprint.c says what
+ * it covers), in out[0..16), zeros after: what a sequence's exported state
+ * names its model by. Reads every weight byte, so it needs weights not
+ * released; docs/state.md gives its cost. */
 void devio_model_fingerprint(const devio_model *m, uint8_t out[32]);
 
 /* The dtypes of the model's weights, bit (1 << dtype) for each. */

@@ -1433,6 +1433,73 @@ def suite_window_free_reuse():
 
 
 # name -> (builder, model, device flags)
+def state_moves(s, prompt, more, snapshot=None):
+    """Sequence a prefilled with `prompt`, exported (`snapshots` along when the rows took
+    them) and imported as b; the next rows `more` on a and b alike give the same bits; then
+    a fork's child moves too."""
+    s.create("a")
+    s.step([snap_row("a", prompt, "none", snapshot)])
+    s.op(op="export", seq="$a", snapshots=snapshot is not None, **{"as": "st"})
+    s.op(op="import", state="st", **{"as": "b"})
+    seq_op(s, "b")
+    s.op(op="facts")
+    for i, t in enumerate(more):
+        s.step([row("a", t, "all"), row("b", t, "all")], "m%d" % i)
+        s.compare("$m%d.rows[0].logits" % i, "$m%d.rows[1].logits" % i)
+        s.release("$m%d.rows[0].logits" % i)
+        s.release("$m%d.rows[1].logits" % i)
+    s.note("a fork's child, its blocks shared with the parent, moves as well")
+    effect(s, "fork", "f", seq="a")
+    s.op(op="export", seq="$f", **{"as": "fs"})
+    s.op(op="import", state="fs", **{"as": "g"})
+    t = toks(3, 77)
+    s.step([row("f", t, "all"), row("g", t, "all")], "fg")
+    s.compare("$fg.rows[0].logits", "$fg.rows[1].logits")
+    s.release("$fg.rows[0].logits")
+    s.release("$fg.rows[1].logits")
+
+
+def state_refusals(s):
+    """An altered byte, a state cut short and the export of a sequence in a ticket not yet
+    awaited are refused; the facts say nothing was kept."""
+    s.note("refused: an altered byte (checksum), a state cut short, a busy sequence")
+    s.op(op="import", state="st", flip=300)
+    s.op(op="import", state="st", cut=20)
+    s.op(op="import", state="st", cut=1)
+    s.op(op="facts")
+    s.op(op="launch", plan={"rows": [row("b", toks(1, 78), "none")]}, **{"as": "t"})
+    s.op(op="export", seq="$b", **{"as": "busy"})
+    s.op(op="await", ticket="$t")
+    s.note("the exporting sequence freed, its import goes on alone")
+    s.free("a")
+    s.step([row("b", toks(2, 79), "all")], "after")
+    s.op(op="facts")
+
+
+def suite_state():
+    s = Script("a sequence's state exported and imported continues bit for bit; its bytes "
+               "are the same on every target")
+    state_moves(s, toks(21, 70), [toks(1, 71), toks(4, 72), toks(1, 73)])
+    state_refusals(s)
+    return s
+
+
+def suite_ssm_state():
+    s = Script("a hybrid sequence's state (its state slot and snapshots) exported and imported "
+               "continues bit for bit, also after a truncate to a snapshot it carried")
+    state_moves(s, toks(13, 80), [toks(1, 81), toks(3, 82)], snapshot="each")
+    s.note("truncate both to a snapshot the state carried, continue alike")
+    effect(s, "truncate", seq="a", len=7)
+    effect(s, "truncate", seq="b", len=7)
+    t = toks(2, 83)
+    s.step([row("a", t, "all"), row("b", t, "all")], "tr")
+    s.compare("$tr.rows[0].logits", "$tr.rows[1].logits")
+    s.release("$tr.rows[0].logits")
+    s.release("$tr.rows[1].logits")
+    state_refusals(s)
+    return s
+
+
 SUITES = {
     "batch": (suite_batch, "tiny", ""),
     "chunks": (suite_chunks, "tiny", ""),
@@ -1453,6 +1520,12 @@ SUITES = {
     "long_gqa": (suite_long, "gqa", ""),
     "chunks_bias": (suite_chunks, "bias", ""),
     "sampling_bias": (suite_sampling, "bias", ""),
+    "state": (suite_state, "tiny", ""),
+    "state_gqa": (suite_state, "gqa", ""),
+    "state_qwen3": (suite_state, "qwen3", ""),
+    "state_w8": (suite_state, "mistral_w8", "--block-size 4"),
+    "ssm_state": (suite_ssm_state, "bamba", ""),
+    "ssm_state_mamba2": (suite_ssm_state, "mamba2", ""),
     "lora_batch": (suite_lora_batch, "tiny", ""),
     "lora_lifecycle": (suite_lora_lifecycle, "tiny", ""),
     "lora_evict": (suite_lora_evict, "tiny", "--max-loras 2"),

@@ -41,6 +41,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -333,6 +334,15 @@ def timed(fn, *a):
         return None, str(e), time.time() - start
 
 
+EXPORT_SUM = re.compile(rb'("op":"export","ok":true,"result":\{"bytes":\d+,"sha256":")[0-9a-f]{64}')
+
+
+def without_export_sums(b):
+    """A run's lines with each export's digest blanked: a state's header names its numerics, so
+    a target computing the reference's numbers under fast numerics exports other bytes."""
+    return EXPORT_SUM.sub(rb"\1*", b)
+
+
 def first_difference(a, b):
     la, lb = a.decode().splitlines(), b.decode().splitlines()
     for i in range(max(len(la), len(lb))):
@@ -465,7 +475,10 @@ def main():
                            "chunk invariance" % got.count(b'"equal":false'))
             elif err is not None:  # a crash or a non-zero exit is a failure
                 why = err
-            elif got != expected:
+            elif tname.endswith("-fast") and \
+                    without_export_sums(got) != without_export_sums(expected):
+                why = first_difference(without_export_sums(expected), without_export_sums(got))
+            elif got != expected and not tname.endswith("-fast"):
                 why = first_difference(expected, got)
             elif expected.count(b'"equal":false'):
                 why = "%d compare lines say equal:false" % expected.count(b'"equal":false')
