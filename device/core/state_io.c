@@ -546,13 +546,13 @@ static devio_status import_reserve(devio_import *m, devio_error *err)
         return devio_fail_at(err, DEVIO_E_OUT_OF_SEQS, "max_seqs", d->cfg.max_seqs,
                              "all %u sequence slots are in use", d->cfg.max_seqs);
     if (blocks > d->pool.n_free)
-        return devio_fail_at(err, DEVIO_E_OUT_OF_KV_BLOCKS, "blocks", blocks,
+        return devio_fail_at(err, DEVIO_E_OUT_OF_KV_BLOCKS, "needed", blocks,
                              "the state needs %u KV blocks; %u are free", blocks, d->pool.n_free);
     if (p->has_slot && d->n_ssm_free == 0)
         return devio_fail_at(err, DEVIO_E_OUT_OF_SSM_SLOTS, "ssm_slots", d->bcfg.ssm_slots,
                              "all %u SSM state slots are in use", d->bcfg.ssm_slots);
     if (p->n_snaps > d->n_snap_free)
-        return devio_fail_at(err, DEVIO_E_OUT_OF_SNAPSHOTS, "snapshots", p->n_snaps,
+        return devio_fail_at(err, DEVIO_E_OUT_OF_SNAPSHOTS, "needed", p->n_snaps,
                              "the state has %u snapshots; %u snapshot slots are free", p->n_snaps,
                              d->n_snap_free);
     if (!dv_seq_toks_reserve(d, q, p->len))
@@ -589,9 +589,9 @@ static devio_status import_unit(devio_import *m, devio_error *err)
         for (uint32_t i = 0; i < m->n / 4u; i++) {
             uint32_t t = get32(m->rows + 4u * i);
             if (t >= d->vocab)
-                return devio_fail_at(err, DEVIO_E_INVALID, "position", c->tok + i,
-                                     "the state's token %u at position %u is outside the "
-                                     "vocabulary", t, c->tok + i);
+                return devio_fail(err, DEVIO_E_INVALID,
+                                  "the state's token %u at position %u is outside the "
+                                  "vocabulary", t, c->tok + i);
             q->toks[c->tok + i] = (int32_t)t;
         }
         return DEVIO_OK;
