@@ -14,6 +14,7 @@ static const char *const effect_names[] = {
     [DEVIO_EFFECT_SAMPLE] = "sample",     [DEVIO_EFFECT_FORK] = "fork",
     [DEVIO_EFFECT_TRUNCATE] = "truncate", [DEVIO_EFFECT_SNAPSHOT] = "snapshot",
     [DEVIO_EFFECT_FREE] = "free",         [DEVIO_EFFECT_RELEASE] = "release",
+    [DEVIO_EFFECT_PARK] = "park",         [DEVIO_EFFECT_RESTORE] = "restore",
 };
 
 const char *devio_effect_kind_str(devio_effect_kind k)
@@ -244,6 +245,8 @@ devio_status devio_json_effect_decode(const json_t *j, devio_effect *out,
     case DEVIO_EFFECT_FORK:
     case DEVIO_EFFECT_SNAPSHOT:
     case DEVIO_EFFECT_FREE:
+    case DEVIO_EFFECT_PARK:
+    case DEVIO_EFFECT_RESTORE:
         return devio_json_get_uint(j, "seq", UINT64_MAX, true, &out->seq, err);
     case DEVIO_EFFECT_RELEASE: {
         /* A logits handle, or every snapshot of a sequence: exactly one of the two. */
@@ -340,6 +343,16 @@ json_t *devio_json_outcome(const devio_effect *e, const devio_outcome *o)
         json_object_set_new(j, "freed_blocks", json_integer(o->freed_blocks));
         json_object_set_new(j, "freed_snapshots", json_integer(o->freed_snapshots));
         json_object_set_new(j, "freed_logits", json_integer(o->freed_logits));
+        if (o->parked_bytes) /* the sequence was parked: its host bytes went too */
+            json_object_set_new(j, "parked_bytes", json_integer((json_int_t)o->parked_bytes));
+        break;
+    case DEVIO_EFFECT_PARK:
+        json_object_set_new(j, "freed_blocks", json_integer(o->freed_blocks));
+        json_object_set_new(j, "freed_snapshots", json_integer(o->freed_snapshots));
+        json_object_set_new(j, "parked_bytes", json_integer((json_int_t)o->parked_bytes));
+        break;
+    case DEVIO_EFFECT_RESTORE:
+        json_object_set_new(j, "parked_bytes", json_integer((json_int_t)o->parked_bytes));
         break;
     case DEVIO_EFFECT_RELEASE:
         /* Releasing a logits handle answers its kind only; a sequence's snapshots, their count. */
@@ -352,13 +365,15 @@ json_t *devio_json_outcome(const devio_effect *e, const devio_outcome *o)
 
 json_t *devio_json_facts(const devio_facts *f)
 {
-    return json_pack("{s:{s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i},s:i,s:i,s:i,s:i,s:I}", "kv",
-                     "block_size", f->block_size, "blocks_total", f->blocks_total, "blocks_free",
-                     f->blocks_free, "blocks_shared", f->blocks_shared, "ssm", "slots_total",
-                     f->ssm_slots_total, "slots_used", f->ssm_slots_used, "snapshots_total",
-                     f->ssm_snapshots_total, "snapshots_used", f->ssm_snapshots_used,
-                     "tickets_in_flight", f->tickets_in_flight, "logits_live", f->logits_live,
-                     "logits_rows_live", f->logits_rows_live, "adapters_loaded", f->adapters_loaded, "epoch", (json_int_t)f->epoch);
+    return json_pack("{s:{s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i},s:{s:i,s:I},s:i,s:i,s:i,s:i,s:I}",
+                     "kv", "block_size", f->block_size, "blocks_total", f->blocks_total,
+                     "blocks_free", f->blocks_free, "blocks_shared", f->blocks_shared, "ssm",
+                     "slots_total", f->ssm_slots_total, "slots_used", f->ssm_slots_used,
+                     "snapshots_total", f->ssm_snapshots_total, "snapshots_used",
+                     f->ssm_snapshots_used, "parked", "seqs", f->seqs_parked, "bytes",
+                     (json_int_t)f->parked_bytes, "tickets_in_flight", f->tickets_in_flight,
+                     "logits_live", f->logits_live, "logits_rows_live", f->logits_rows_live,
+                     "adapters_loaded", f->adapters_loaded, "epoch", (json_int_t)f->epoch);
 }
 
 json_t *devio_json_logits_list(const devio_logits_info *h, uint32_t n)
@@ -382,11 +397,11 @@ json_t *devio_json_seq_info(const devio_seq_info *s)
     json_t *snaps = json_array();
     for (uint32_t i = 0; snaps && i < s->n_snapshots && i < DEVIO_SEQ_SNAPSHOTS_LISTED; i++)
         json_array_append_new(snaps, json_integer(s->snapshots[i]));
-    return json_pack("{s:I,s:i,s:i,s:o,s:b,s:i,s:o}", "seq", (json_int_t)s->seq, "len", s->len,
-                     "blocks", s->blocks, "busy",
+    return json_pack("{s:I,s:i,s:i,s:o,s:b,s:i,s:o,s:b}", "seq", (json_int_t)s->seq, "len",
+                     s->len, "blocks", s->blocks, "busy",
                      s->busy_ticket ? json_integer((json_int_t)s->busy_ticket) : json_null(),
                      "ssm_slot", s->ssm_slot, "snapshots_held", s->n_snapshots, "snapshots",
-                     snaps);
+                     snaps, "parked", s->parked);
 }
 
 json_t *devio_json_seq_list(const devio_seq_info *s, uint32_t n)

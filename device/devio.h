@@ -192,11 +192,14 @@ typedef enum devio_effect_kind {
     DEVIO_EFFECT_SNAPSHOT,
     DEVIO_EFFECT_FREE,
     DEVIO_EFFECT_RELEASE,
+    DEVIO_EFFECT_PARK,    /* the sequence's state to host memory, its blocks and slots freed */
+    DEVIO_EFFECT_RESTORE, /* a parked sequence's state back into the pool */
 } devio_effect_kind;
 
 typedef struct devio_effect {
     devio_effect_kind kind;
-    uint64_t seq;        /* fork, truncate, snapshot, free; release: drop its snapshots */
+    uint64_t seq;        /* fork, truncate, snapshot, free, park, restore; release: drop its
+                            snapshots */
     uint32_t len;        /* truncate */
     uint64_t logits;     /* sample, release (one of logits and seq, not both) */
     bool has_row;        /* sample: one position; otherwise every position */
@@ -211,8 +214,11 @@ typedef struct devio_outcome {
     uint64_t seq;          /* fork: the new sequence */
     uint32_t len;          /* snapshot: the length snapshotted */
     uint32_t shared_blocks;/* fork */
-    uint32_t freed_blocks; /* truncate, free */
-    uint32_t freed_snapshots; /* truncate, free, release of a sequence's snapshots */
+    uint32_t freed_blocks; /* truncate, free, park: blocks back to the pool (a block a fork
+                              still holds stays with it and is not counted) */
+    uint32_t freed_snapshots; /* truncate, free, park, release of a sequence's snapshots */
+    uint64_t parked_bytes; /* park: host bytes the state now takes; restore: host bytes
+                              given back */
     uint32_t freed_logits; /* free: the sequence's logits handles released with it */
     uint32_t n_tokens;     /* sample */
     int32_t *tokens;       /* sample; owned by the outcome */
@@ -230,6 +236,8 @@ typedef struct devio_facts {
     uint32_t tickets_in_flight, logits_live, adapters_loaded;
     uint32_t logits_rows_live; /* positions the live handles hold, of logits_rows */
     uint32_t seqs_live;        /* sequences created and not freed, of max_seqs */
+    uint32_t seqs_parked;      /* of them, parked in host memory */
+    uint64_t parked_bytes;     /* host bytes the parked states take, of park_memory_mib */
     uint64_t epoch;
 } devio_facts;
 
@@ -245,6 +253,7 @@ typedef struct devio_seq_info {
     uint32_t n_snapshots;  /* snapshots held */
     /* their lengths, ascending, the first min(n_snapshots, DEVIO_SEQ_SNAPSHOTS_LISTED) */
     uint32_t snapshots[DEVIO_SEQ_SNAPSHOTS_LISTED];
+    bool parked;           /* its state is in host memory (park); it holds no blocks or slots */
 } devio_seq_info;
 
 /* Adapter commands (devio_adapter_command). Applied at quiescence. */
@@ -339,6 +348,7 @@ typedef struct devio_config {
     uint32_t max_lora_rank;    /* default 64 */
     uint32_t ssm_slots;        /* SSM state slots (hybrid models), 0 = derive from memory */
     uint32_t ssm_snapshots;    /* SSM snapshot slots (hybrid models), 0 = derive from memory */
+    uint32_t park_memory_mib;  /* host memory parked sequences may take, MiB; 0 = 1024 */
     const char *adapters_root; /* PEFT adapter directories live below it; borrowed, may be NULL
                                   (then loading adapters is refused) */
     uint32_t threads;          /* backend compute threads, 0 = all cores */

@@ -3,7 +3,8 @@
  * logits bits as the same steps on one device, across thread counts, block sizes and
  * backends (the reference, the stream test backend), for Llama, Qwen3, Mistral (a sliding
  * window that released blocks), Bamba and Mamba2 (state slots and snapshots), with a fork
- * involved; every refusal leaves both devices as they were. */
+ * involved; every refusal leaves both devices as they were. Parked sequences: their blocks
+ * and slots given back, refused by steps and effects, restored bit for bit, limits kept. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -363,6 +364,131 @@ static void test_fingerprint(void **state)
     assert_memory_not_equal(x, z, 32);
 }
 
+/* ---- parked sequences ---------------------------------------------------- */
+
+static devio_status effect_on(devio_device *d, devio_effect_kind kind, uint64_t seq,
+                              devio_outcome *o)
+{
+    devio_effect e = {.kind = kind, .seq = seq};
+    devio_error err = {0};
+    return devio_apply(d, &e, o, &err);
+}
+
+/* Parked, its blocks and slots given back (a fork keeps those it shares), refused by steps
+ * and effects, then restored: the next steps the same bits as a twin that never moved. */
+static void park_case(const devio_fixture *f, bool hybrid)
+{
+    devio_device *a = open_dev(f, 1, 4), *twin = open_dev(f, 2, 4);
+    devio_snapshot snap = hybrid ? DEVIO_SNAP_EACH : DEVIO_SNAP_NONE;
+    uint64_t sa = prefilled(a, 13, 7, snap), st = prefilled(twin, 13, 7, snap);
+    devio_outcome o;
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_FORK, sa, &o), DEVIO_OK);
+    uint64_t child = o.seq;
+    continue_alike(a, sa, twin, st, 3, 40); /* the parent's own blocks past the shared ones */
+    devio_facts before = devio_facts_get(a);
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_PARK, sa, &o), DEVIO_OK);
+    devio_facts parked = devio_facts_get(a);
+    assert_int_equal(parked.blocks_free - before.blocks_free, o.freed_blocks);
+    assert_true(o.freed_blocks > 0 && o.parked_bytes > 0);
+    assert_int_equal(parked.seqs_parked, 1);
+    assert_int_equal(parked.parked_bytes, o.parked_bytes);
+    if (hybrid)
+        assert_int_equal(o.freed_snapshots, 13);
+    devio_seq_info info;
+    devio_error err = {0};
+    assert_int_equal(devio_seq_info_get(a, sa, &info, &err), DEVIO_OK);
+    assert_true(info.parked);
+    assert_int_equal(info.blocks, 0);
+    assert_int_equal(info.len, 16);
+    int32_t tok = 1;
+    assert_null(devio_test_step(a, sa, &tok, 1, DEVIO_SNAP_NONE, DEVIO_E_SEQ_BUSY));
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_FORK, sa, &o), DEVIO_E_SEQ_BUSY);
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_PARK, sa, &o), DEVIO_E_SEQ_BUSY);
+    devio_export *x = NULL;
+    uint64_t bytes;
+    assert_int_equal(devio_export_open(a, sa, false, &x, &bytes, &err), DEVIO_E_SEQ_BUSY);
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_RESTORE, child, &o), DEVIO_E_INVALID);
+    /* The child that shares the parent's first blocks goes on as before. */
+    free(devio_test_step(a, child, &tok, 1, DEVIO_SNAP_NONE, DEVIO_OK));
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_RESTORE, sa, &o), DEVIO_OK);
+    assert_int_equal(o.parked_bytes, parked.parked_bytes);
+    devio_facts back = devio_facts_get(a);
+    assert_int_equal(back.seqs_parked, 0);
+    assert_int_equal(back.parked_bytes, 0);
+    continue_alike(a, sa, twin, st, 3, 50);
+    if (hybrid) { /* the snapshots came back too */
+        devio_effect cut = {.kind = DEVIO_EFFECT_TRUNCATE, .seq = sa, .len = 6};
+        assert_int_equal(devio_apply(a, &cut, &o, &err), DEVIO_OK);
+        cut.seq = st;
+        assert_int_equal(devio_apply(twin, &cut, &o, &err), DEVIO_OK);
+        continue_alike(a, sa, twin, st, 2, 60);
+    }
+    /* A parked sequence freed gives its host bytes back. */
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_PARK, sa, &o), DEVIO_OK);
+    uint64_t held = o.parked_bytes;
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_FREE, sa, &o), DEVIO_OK);
+    assert_int_equal(o.parked_bytes, held);
+    assert_int_equal(devio_facts_get(a).parked_bytes, 0);
+    devio_teardown(a, NULL);
+    devio_teardown(twin, NULL);
+}
+
+static void test_park_llama(void **state)
+{
+    ctx *c = *state;
+    park_case(&c->llama, false);
+    park_case(&c->mistral, false);
+}
+
+static void test_park_hybrid(void **state)
+{
+    ctx *c = *state;
+    park_case(&c->bamba, true);
+    park_case(&c->mamba2, true);
+}
+
+/* A restore that finds no room fails and leaves the sequence parked; parking past
+ * --park-memory is refused and leaves the sequence as it was. */
+static void test_park_limits(void **state)
+{
+    ctx *c = *state;
+    devio_device *a = open_on(&c->llama, &devio_ref_backend, 1, 4, 12);
+    uint64_t s = prefilled(a, 20, 8, DEVIO_SNAP_NONE); /* 5 of the 12 blocks */
+    devio_outcome o;
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_PARK, s, &o), DEVIO_OK);
+    uint64_t filler = prefilled(a, 40, 9, DEVIO_SNAP_NONE); /* 10 blocks: 2 left */
+    devio_facts before = devio_facts_get(a);
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_RESTORE, s, &o), DEVIO_E_OUT_OF_KV_BLOCKS);
+    devio_facts after = devio_facts_get(a);
+    assert_int_equal(after.blocks_free, before.blocks_free);
+    assert_int_equal(after.seqs_parked, 1);
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_FREE, filler, &o), DEVIO_OK);
+    assert_int_equal(effect_on(a, DEVIO_EFFECT_RESTORE, s, &o), DEVIO_OK);
+    devio_teardown(a, NULL);
+
+    devio_config cfg = devio_config_default();
+    cfg.kv_blocks = 2048;
+    cfg.block_size = 4;
+    cfg.max_seq_len = 96;
+    cfg.max_seqs = 64;
+    cfg.threads = 1;
+    cfg.park_memory_mib = 1;
+    devio_device *d = NULL;
+    devio_error err = {0};
+    assert_int_equal(devio_open(c->llama.model, &devio_ref_backend, &cfg, &d, &err), DEVIO_OK);
+    devio_status st = DEVIO_OK;
+    uint64_t last = 0;
+    for (uint32_t i = 0; i < 60 && st == DEVIO_OK; i++) {
+        last = prefilled(d, 64, 10 + i, DEVIO_SNAP_NONE);
+        st = effect_on(d, DEVIO_EFFECT_PARK, last, &o);
+    }
+    assert_int_equal(st, DEVIO_E_TOO_LARGE);
+    devio_facts f = devio_facts_get(d);
+    assert_true(f.parked_bytes <= (1u << 20) && f.seqs_parked > 0);
+    free(devio_test_step(d, last, &(int32_t){3}, 1, DEVIO_SNAP_NONE, DEVIO_OK));
+    devio_teardown(d, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -371,6 +497,8 @@ int main(void)
         cmocka_unit_test(test_mamba2_moves), cmocka_unit_test(test_between_backends),
         cmocka_unit_test(test_empty_moves),  cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_busy),         cmocka_unit_test(test_fingerprint),
+        cmocka_unit_test(test_park_llama),   cmocka_unit_test(test_park_hybrid),
+        cmocka_unit_test(test_park_limits),
     };
     return devio_run_tests("state", tests, sizeof tests / sizeof *tests, setup, teardown);
 }

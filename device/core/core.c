@@ -53,8 +53,10 @@ static void device_free(devio_device *d)
     free(d->read_buf);
     free(d->step_buf);
     free(d->row_free);
-    for (uint32_t i = 0; d->seqs && i < d->cfg.max_seqs; i++)
+    for (uint32_t i = 0; d->seqs && i < d->cfg.max_seqs; i++) {
         free(d->seqs[i].toks);
+        free(d->seqs[i].parked);
+    }
     free(d->seqs);
     free(d->block_tables);
     free(d->rope_cos);
@@ -322,6 +324,8 @@ devio_facts devio_facts_get(devio_device *d)
     };
     for (uint32_t i = 0; i < d->cfg.max_seqs; i++)
         f.seqs_live += d->seqs[i].id != 0 && d->seqs[i].id != DV_SEQ_IMPORTING;
+    f.seqs_parked = d->n_parked;
+    f.parked_bytes = d->parked_bytes;
     dv_unlock(d);
     return f;
 }

@@ -36,7 +36,10 @@ typedef struct dv_seq {
     uint64_t busy;    /* ticket id while inside an unawaited ticket, else 0 */
     int32_t ssm_slot; /* SSM state slot (hybrid models, length > 0), else -1 */
     bool state_lost;  /* a failed step left the state in ssm_slot undefined */
-    uint32_t pins;    /* exports open on it (state_io.c): launches and effects refused */
+    uint32_t pins;    /* exports open on it (state_export.c): launches and effects refused */
+    uint8_t *parked;  /* its state stream in host memory when parked (state_park.c), owned;
+                         it then holds no blocks, state slot or snapshots */
+    uint64_t parked_bytes;
     int32_t *toks;    /* the token at each position [0, len): the penalties' history;
                          owned, toks_cap entries (4 bytes per token, grown as needed) */
     uint32_t toks_cap;
@@ -162,6 +165,8 @@ struct devio_device {
     devio_sampler *sampler; /* used by the step runner only */
     devio_sampler *fx_sampler; /* used by effects (under the lock) */
     devio_adapter_table adapters;
+    uint64_t parked_bytes;   /* host bytes of every parked state */
+    uint32_t n_parked;       /* parked sequences */
     uint32_t kv_elem;        /* bytes of a K or V element in the backend (its info's, or 4
                                 strict and 2 fast when it does not say) */
     uint8_t fingerprint[32]; /* the model's (devio_model_fingerprint), once has_fingerprint */
@@ -205,10 +210,15 @@ uint64_t dv_new_seq_id(devio_device *d);
 /* Tell cfg.on_ids the highest sequence and logits ids handed out (lock held). */
 void dv_ids_used(devio_device *d);
 
-/* ---- a sequence's state (state_io.c) ------------------------------------ */
+/* ---- a sequence's state (state_io.c, state_park.c) ---------------------- */
 
 /* The model's fingerprint, taken at the first call (lock held; the weights not released). */
 const uint8_t *dv_fingerprint(devio_device *d);
+/* The park and restore effects (docs/state.md): q is idle, nothing in flight, lock held. */
+devio_status dv_seq_park(devio_device *d, dv_seq *q, devio_outcome *o, devio_error *err);
+devio_status dv_seq_restore(devio_device *d, dv_seq *q, devio_outcome *o, devio_error *err);
+/* Free q's parked state, if any (a free of a parked sequence, teardown). */
+void dv_seq_unpark(devio_device *d, dv_seq *q);
 
 /* ---- a sequence's blocks and the sliding window (seq_blocks.c) ---------- */
 

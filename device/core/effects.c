@@ -6,8 +6,10 @@
 #include "device/core/core.h"
 #include "device/status.h"
 
-/* The sequence an effect names, if it may be changed now. */
-static devio_status idle_seq(devio_device *d, uint64_t id, dv_seq **out, devio_error *err)
+/* The sequence an effect names, if it may be changed now: not in a ticket, not being
+ * exported, and not parked unless `parked_ok` (free and restore). */
+static devio_status idle_seq_of(devio_device *d, uint64_t id, bool parked_ok, dv_seq **out,
+                                devio_error *err)
 {
     dv_seq *q = dv_seq_find(d, id);
     if (!q)
@@ -20,8 +22,16 @@ static devio_status idle_seq(devio_device *d, uint64_t id, dv_seq **out, devio_e
     if (q->pins)
         return devio_fail_at(err, DEVIO_E_SEQ_BUSY, "seq", (int64_t)id,
                              "sequence %llu is being exported", (unsigned long long)id);
+    if (q->parked && !parked_ok)
+        return devio_fail_at(err, DEVIO_E_SEQ_BUSY, "seq", (int64_t)id,
+                             "sequence %llu is parked; restore it first", (unsigned long long)id);
     *out = q;
     return DEVIO_OK;
+}
+
+static devio_status idle_seq(devio_device *d, uint64_t id, dv_seq **out, devio_error *err)
+{
+    return idle_seq_of(d, id, false, out, err);
 }
 
 static devio_status apply_sample(devio_device *d, const devio_effect *e, devio_outcome *o,
@@ -144,6 +154,8 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
         memcpy(c->toks, p->toks, (size_t)p->len * sizeof *c->toks);
     c->busy = 0;
     c->pins = 0;
+    c->parked = NULL;
+    c->parked_bytes = 0;
     c->n_blocks = p->n_blocks;
     /* The child shares the blocks the parent holds and inherits its
      * released entries (below the window: neither will read them). */
@@ -244,9 +256,11 @@ static devio_status apply_free(devio_device *d, const devio_effect *e, devio_out
                                devio_error *err)
 {
     dv_seq *q;
-    devio_status s = idle_seq(d, e->seq, &q, err);
+    devio_status s = idle_seq_of(d, e->seq, true, &q, err);
     if (s != DEVIO_OK)
         return s;
+    o->parked_bytes = q->parked_bytes;
+    dv_seq_unpark(d, q);
     o->freed_blocks = dv_seq_shrink(d, q, 0);
     o->freed_snapshots = dv_ssm_release(d, q);
     /* Its logits handles go with it: every one of them is settled (q is idle). */
@@ -283,6 +297,17 @@ static devio_status apply_release(devio_device *d, const devio_effect *e, devio_
     return DEVIO_OK;
 }
 
+/* park and restore (state_park.c): the sequence's state to host memory and back. */
+static devio_status apply_park(devio_device *d, const devio_effect *e, devio_outcome *o,
+                               devio_error *err)
+{
+    dv_seq *q;
+    devio_status s = idle_seq_of(d, e->seq, e->kind == DEVIO_EFFECT_RESTORE, &q, err);
+    if (s != DEVIO_OK)
+        return s;
+    return e->kind == DEVIO_EFFECT_PARK ? dv_seq_park(d, q, o, err) : dv_seq_restore(d, q, o, err);
+}
+
 /* What an effect waits for, and no more, so that steps of other sequences
  * keep running: the step that fills the logits handle it reads or releases;
  * for a free or a truncate (its sequence is idle, or it is refused busy),
@@ -296,9 +321,10 @@ static void effect_wait(devio_device *d, const devio_effect *e)
 {
     if (e->logits)
         dv_wait_handle(d, e->logits);
-    else if (d->hybrid && (e->kind == DEVIO_EFFECT_FORK || e->kind == DEVIO_EFFECT_TRUNCATE ||
-                           e->kind == DEVIO_EFFECT_SNAPSHOT))
-        dv_drain(d);
+    else if ((d->hybrid && (e->kind == DEVIO_EFFECT_FORK || e->kind == DEVIO_EFFECT_TRUNCATE ||
+                            e->kind == DEVIO_EFFECT_SNAPSHOT)) ||
+             e->kind == DEVIO_EFFECT_PARK || e->kind == DEVIO_EFFECT_RESTORE)
+        dv_drain(d); /* a backend copies state only with no batch in flight */
     else if (e->kind == DEVIO_EFFECT_FREE || e->kind == DEVIO_EFFECT_TRUNCATE)
         dv_wait_copies_from(d, e->seq);
 }
@@ -322,6 +348,8 @@ devio_status devio_apply(devio_device *d, const devio_effect *e, devio_outcome *
     case DEVIO_EFFECT_SNAPSHOT: s = apply_snapshot(d, e, out, err); break;
     case DEVIO_EFFECT_FREE: s = apply_free(d, e, out, err); break;
     case DEVIO_EFFECT_RELEASE: s = apply_release(d, e, out, err); break;
+    case DEVIO_EFFECT_PARK:
+    case DEVIO_EFFECT_RESTORE: s = apply_park(d, e, out, err); break;
     default: s = devio_fail(err, DEVIO_E_INVALID, "unknown effect kind %d", (int)e->kind); break;
     }
 out:

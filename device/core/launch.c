@@ -100,10 +100,10 @@ static devio_status validate_plan(devio_device *d, const devio_plan *p, uint32_t
                 err->ticket = q->busy;
             return DEVIO_E_SEQ_BUSY;
         }
-        if (q->pins)
+        if (q->pins || q->parked)
             return devio_fail_at(err, DEVIO_E_SEQ_BUSY, "row", r,
-                                 "row %u: sequence %llu is being exported", r,
-                                 (unsigned long long)row->seq);
+                                 "row %u: sequence %llu is %s", r, (unsigned long long)row->seq,
+                                 q->parked ? "parked; restore it first" : "being exported");
         if (row->n_tokens == 0 || !row->tokens)
             return devio_fail_at(err, DEVIO_E_INVALID, "row", r, "row %u has no tokens", r);
         for (uint32_t i = 0; i < row->n_tokens; i++)

@@ -47,6 +47,8 @@ const devio_opt devio_config_options[] = {
      .help = "SSM state slots (hybrid models), 0 = derived from memory [0]"},
     {.flag = "ssm-snapshots", .type = DEVIO_OPT_U32, .offset = D(ssm_snapshots), .metavar = "N",
      .help = "SSM snapshots (hybrid models), 0 = derived from memory [0]"},
+    {.flag = "park-memory", .type = DEVIO_OPT_U32, .offset = D(park_memory_mib), .metavar = "MIB",
+     .help = "host memory parked sequences' states may take, MiB [1024]"},
     {.flag = NULL},
 };
 #undef D

@@ -46,6 +46,8 @@ devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
         q->n_released = 0;
         q->busy = 0;
         q->pins = 0;
+        q->parked = NULL;
+        q->parked_bytes = 0;
         q->ssm_slot = -1;
         q->state_lost = false;
         *seq = q->id;
@@ -63,7 +65,8 @@ static void seq_info_fill(const devio_device *d, const dv_seq *q, devio_seq_info
 {
     /* blocks: those the sequence holds, not the entries its window released. */
     *out = (devio_seq_info){.seq = q->id, .len = q->len, .blocks = dv_seq_blocks_held(q),
-                            .busy_ticket = q->busy, .ssm_slot = q->ssm_slot >= 0};
+                            .busy_ticket = q->busy, .ssm_slot = q->ssm_slot >= 0,
+                            .parked = q->parked != NULL};
     int32_t owner = (int32_t)(q - d->seqs);
     uint32_t cap = sizeof out->snapshots / sizeof *out->snapshots;
     for (uint32_t i = 0; i < d->bcfg.ssm_snapshots; i++) {

@@ -1500,6 +1500,79 @@ def suite_ssm_state():
     return s
 
 
+def park_moves(s, snapshot=None):
+    """Sequence a parked and restored against its twin t that stays: the same bits after; a
+    fork of a holds the blocks they share through the park; what a parked sequence refuses."""
+    prompt = toks(18, 90)
+    for q in ("a", "t"):
+        s.create(q)
+        s.step([snap_row(q, prompt, "none", snapshot)])
+    effect(s, "fork", "c", seq="a")
+    s.step([row("a", toks(5, 91), "none"), row("t", toks(5, 91), "none")])
+    s.op(op="facts")
+    effect(s, "park", "p", seq="a")
+    seq_op(s, "a")
+    s.op(op="facts")
+    s.note("a parked sequence takes no step and no effect but free and restore")
+    s.step([row("a", toks(1, 92), "last")])
+    effect(s, "fork", seq="a")
+    effect(s, "truncate", seq="a", len=4)
+    effect(s, "park", seq="a")
+    effect(s, "restore", seq="c")
+    s.op(op="export", seq="$a", **{"as": "pa"})
+    s.note("its fork goes on through the blocks they share")
+    s.step([row("c", toks(2, 93), "all")], "cc")
+    s.release("$cc.rows[0].logits")
+    effect(s, "restore", "r", seq="a")
+    seq_op(s, "a")
+    s.op(op="facts")
+    t = toks(3, 94)
+    s.step([row("a", t, "all"), row("t", t, "all")], "after")
+    s.compare("$after.rows[0].logits", "$after.rows[1].logits")
+    s.release("$after.rows[0].logits")
+    s.release("$after.rows[1].logits")
+    if snapshot:
+        s.note("the snapshots came back with it")
+        effect(s, "truncate", seq="a", len=9)
+        effect(s, "truncate", seq="t", len=9)
+        s.step([row("a", t, "all"), row("t", t, "all")], "tr")
+        s.compare("$tr.rows[0].logits", "$tr.rows[1].logits")
+        s.release("$tr.rows[0].logits")
+        s.release("$tr.rows[1].logits")
+    s.note("parked, then freed: its host bytes go")
+    effect(s, "park", seq="a")
+    s.free("a")
+    s.op(op="facts")
+
+
+def suite_park():
+    s = Script("park and restore: a sequence's state to host memory and back continues bit "
+               "for bit; a fork keeps the blocks it shares; a parked sequence refuses steps "
+               "and effects but free and restore; a restore without room changes nothing")
+    park_moves(s)
+    s.note("no room to restore: refused, still parked; room made, restored")
+    s.create("big")
+    s.step([row("big", toks(30, 95), "none")])
+    effect(s, "park", seq="big")
+    s.create("fill")
+    s.step([row("fill", toks(44, 96), "none")])
+    s.op(op="facts")
+    effect(s, "restore", seq="big")
+    s.op(op="facts")
+    s.free("fill")
+    effect(s, "restore", seq="big")
+    s.op(op="facts")
+    return s
+
+
+def suite_ssm_park():
+    s = Script("park and restore on a hybrid model: the state slot and every snapshot go to "
+               "host memory and come back; after the restore a truncate to a snapshot continues "
+               "as the twin that stayed")
+    park_moves(s, snapshot="each")
+    return s
+
+
 SUITES = {
     "batch": (suite_batch, "tiny", ""),
     "chunks": (suite_chunks, "tiny", ""),
@@ -1524,6 +1597,10 @@ SUITES = {
     "state_gqa": (suite_state, "gqa", ""),
     "state_qwen3": (suite_state, "qwen3", ""),
     "state_w8": (suite_state, "mistral_w8", "--block-size 4"),
+    "park": (suite_park, "tiny", "--kv-blocks 24 --block-size 4"),
+    "park_w8": (suite_park, "mistral_w8", "--kv-blocks 24 --block-size 4"),
+    "ssm_park": (suite_ssm_park, "bamba", ""),
+    "ssm_park_mamba2": (suite_ssm_park, "mamba2", ""),
     "ssm_state": (suite_ssm_state, "bamba", ""),
     "ssm_state_mamba2": (suite_ssm_state, "mamba2", ""),
     "lora_batch": (suite_lora_batch, "tiny", ""),
