@@ -324,6 +324,15 @@ static void test_outcome_encode(void **state)
         {"{\"kind\":\"free\",\"seq\":7}",
          {.kind = DEVIO_EFFECT_FREE, .freed_blocks = 2, .freed_snapshots = 0, .freed_logits = 3},
          "{\"kind\":\"free\",\"freed_blocks\":2,\"freed_snapshots\":0,\"freed_logits\":3}"},
+        {"{\"kind\":\"free\",\"seq\":7}",
+         {.kind = DEVIO_EFFECT_FREE, .freed_blocks = 0, .freed_logits = 1, .parked_bytes = 900},
+         "{\"kind\":\"free\",\"freed_blocks\":0,\"freed_snapshots\":0,\"freed_logits\":1,"
+         "\"parked_bytes\":900}"},
+        {"{\"kind\":\"park\",\"seq\":7}",
+         {.kind = DEVIO_EFFECT_PARK, .freed_blocks = 3, .freed_snapshots = 2, .parked_bytes = 4100},
+         "{\"kind\":\"park\",\"freed_blocks\":3,\"freed_snapshots\":2,\"parked_bytes\":4100}"},
+        {"{\"kind\":\"restore\",\"seq\":7}", {.kind = DEVIO_EFFECT_RESTORE, .parked_bytes = 4100},
+         "{\"kind\":\"restore\",\"parked_bytes\":4100}"},
         {"{\"kind\":\"release\",\"seq\":7}",
          {.kind = DEVIO_EFFECT_RELEASE, .freed_snapshots = 4},
          "{\"kind\":\"release\",\"freed_snapshots\":4}"},
@@ -352,7 +361,7 @@ static void test_seq_info_encode(void **state)
     char *t = json_dumps(j, DEVIO_JSON_FLAGS);
     assert_string_equal(
         t, "{\"seq\":7,\"len\":3,\"blocks\":1,\"busy\":null,\"ssm_slot\":false,"
-           "\"snapshots_held\":0,\"snapshots\":[]}");
+           "\"snapshots_held\":0,\"snapshots\":[],\"parked\":false}");
     free(t);
     json_decref(j);
     /* A hybrid sequence: its slot, its snapshots counted exactly and listed
@@ -370,7 +379,7 @@ static void test_seq_info_encode(void **state)
     j = devio_json_seq_info(&s);
     t = json_dumps(j, DEVIO_JSON_FLAGS);
     assert_string_equal(t, "{\"seq\":7,\"len\":90,\"blocks\":6,\"busy\":12,\"ssm_slot\":true,"
-                           "\"snapshots_held\":2,\"snapshots\":[1,2]}");
+                           "\"snapshots_held\":2,\"snapshots\":[1,2],\"parked\":false}");
     free(t);
     json_decref(j);
 }
