@@ -332,6 +332,41 @@ bool devio_numerics_parse(const char *s, devio_numerics *out);
 /* The longest context max_seq_len 0 gives, however long the model's. */
 #define DEVIO_MAX_SEQ_LEN_DEFAULT 131072u
 
+/* ---- events (docs/state.md, "Events") -----------------------------------
+ * What changed on the device that a router may want to know: a sequence made, freed,
+ * parked, restored, exported or imported; a KV block filled (its whole prefix of tokens now
+ * computed here) or given back; an adapter loaded or unloaded; the device failing. */
+typedef enum devio_event_kind {
+    DEVIO_EVENT_SEQ_CREATED = 0, /* create, or fork (parent set) */
+    DEVIO_EVENT_SEQ_FREED,
+    DEVIO_EVENT_SEQ_PARKED,
+    DEVIO_EVENT_SEQ_RESTORED,
+    DEVIO_EVENT_SEQ_EXPORTED,    /* an export read to its end */
+    DEVIO_EVENT_SEQ_IMPORTED,
+    DEVIO_EVENT_BLOCK_STORED,    /* a block became full: its prefix is here */
+    DEVIO_EVENT_BLOCK_REMOVED,   /* a full block went back to the pool, or will be rewritten */
+    DEVIO_EVENT_ADAPTER_LOADED,
+    DEVIO_EVENT_ADAPTER_UNLOADED,
+    DEVIO_EVENT_DEVICE_FAILED,
+} devio_event_kind;
+
+typedef struct devio_event {
+    devio_event_kind kind;
+    uint64_t seq;         /* sequence events; a stored block: the sequence that filled it */
+    uint64_t parent;      /* a fork's parent, else 0 */
+    uint32_t block;       /* block events: its index in the pool */
+    uint32_t prefix_len;  /* block events: the tokens its prefix holds, (index + 1) * block_size */
+    uint64_t prefix_hash; /* block events: devio_prefix_hash of those tokens */
+    const char *name;     /* adapter events: its name; device failed: the message; borrowed */
+} devio_event;
+
+/* The hash of a token prefix that block events carry, chained block by block:
+ * hash(block i) = devio_prefix_hash(hash(block i-1), its block_size tokens), with 0
+ * before block 0. Each token is hashed as 4 little-endian bytes with common/sum64.h's sum
+ * seeded by the previous hash. A router hashes a prompt's blocks the same way to find the
+ * devices where its longest prefix already is. */
+uint64_t devio_prefix_hash(uint64_t prev, const int32_t *tokens, uint32_t n);
+
 /* Device configuration. Fill with devio_config_default() then override. */
 typedef struct devio_config {
     uint32_t kv_blocks;        /* 0 = derive: 16 full-length sequences, within kv_memory_mib */
@@ -371,6 +406,10 @@ typedef struct devio_config {
      * It must not call the device and must return at once. NULL: none. */
     void (*on_ids)(void *ctx, uint64_t seq_high, uint64_t logits_high);
     void *on_ids_ctx;          /* borrowed; outlives the device */
+    /* Called under the device lock for every event, in order: it must copy what it keeps,
+     * not call the device, and return at once (a step waits on it). NULL: none. */
+    void (*on_event)(void *ctx, const devio_event *e);
+    void *on_event_ctx;        /* borrowed; outlives the device */
 } devio_config;
 
 devio_config devio_config_default(void);

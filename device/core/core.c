@@ -58,6 +58,8 @@ static void device_free(devio_device *d)
         free(d->seqs[i].parked);
     }
     free(d->seqs);
+    free(d->block_hash);
+    free(d->block_stored);
     free(d->block_tables);
     free(d->rope_cos);
     free(d->rope_sin);
@@ -222,7 +224,9 @@ devio_status devio_open(const devio_model *model, const devio_backend_ops *backe
         goto out_free;
     }
     s = open_backend(d, err);
-    if (s == DEVIO_OK && devio_kv_pool_init(&d->pool, d->cfg.kv_blocks) != DEVIO_OK)
+    if (s == DEVIO_OK && (devio_kv_pool_init(&d->pool, d->cfg.kv_blocks) != DEVIO_OK ||
+                          !ALLOC_N(d->block_hash, d->cfg.kv_blocks) ||
+                          !ALLOC_N(d->block_stored, d->cfg.kv_blocks)))
         s = devio_fail(err, DEVIO_E_NOMEM, "out of memory for the KV block table");
     if (s != DEVIO_OK)
         goto out_free;

@@ -40,6 +40,8 @@ typedef struct dv_seq {
     uint8_t *parked;  /* its state stream in host memory when parked (state_park.c), owned;
                          it then holds no blocks, state slot or snapshots */
     uint64_t parked_bytes;
+    uint32_t hashed;     /* full blocks whose prefix hash is chained (events.c) */
+    uint64_t last_hash;  /* the prefix hash of block hashed - 1; 0 when none */
     int32_t *toks;    /* the token at each position [0, len): the penalties' history;
                          owned, toks_cap entries (4 bytes per token, grown as needed) */
     uint32_t toks_cap;
@@ -128,6 +130,8 @@ struct devio_device {
     bool torn_down;
 
     devio_kv_pool pool;
+    uint64_t *block_hash;   /* kv_blocks: the prefix a full block holds (events.c) */
+    uint8_t *block_stored;  /* kv_blocks: block_hash is valid */
     dv_seq *seqs;           /* max_seqs */
     uint32_t *block_tables; /* max_seqs * max_blocks_per_seq */
     uint64_t next_seq_id;
@@ -219,6 +223,22 @@ devio_status dv_seq_park(devio_device *d, dv_seq *q, devio_outcome *o, devio_err
 devio_status dv_seq_restore(devio_device *d, dv_seq *q, devio_outcome *o, devio_error *err);
 /* Free q's parked state, if any (a free of a parked sequence, teardown). */
 void dv_seq_unpark(devio_device *d, dv_seq *q);
+
+/* ---- events (events.c) ---------------------------------------------------- */
+
+void dv_emit(devio_device *d, devio_event e);
+void dv_emit_seq(devio_device *d, devio_event_kind kind, uint64_t seq, uint64_t parent);
+/* One holder fewer of block b; 1 when it went back to the pool (its prefix, if stored, is
+ * told removed), else 0. Every unref of the core goes through it. */
+uint32_t dv_block_unref(devio_device *d, uint32_t b);
+/* Hash and tell stored the blocks q filled since its last call (a step settled, an import). */
+void dv_blocks_stored(devio_device *d, dv_seq *q);
+/* A step is about to write into q's partial last block in place (no copy-on-write): a prefix
+ * it was stored with (q was truncated inside it while a fork shared it) is told removed. */
+void dv_block_rewritten(devio_device *d, const dv_seq *q);
+/* q was truncated to q->len: its hash chain back to the blocks still full, the block it now
+ * ends inside (when q alone holds it) told removed. */
+void dv_hashes_truncated(devio_device *d, dv_seq *q);
 
 /* ---- a sequence's blocks and the sliding window (seq_blocks.c) ---------- */
 

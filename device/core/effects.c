@@ -154,6 +154,8 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
         memcpy(c->toks, p->toks, (size_t)p->len * sizeof *c->toks);
     c->busy = 0;
     c->pins = 0;
+    c->hashed = p->hashed;
+    c->last_hash = p->last_hash;
     c->parked = NULL;
     c->parked_bytes = 0;
     c->n_blocks = p->n_blocks;
@@ -167,6 +169,7 @@ static devio_status apply_fork(devio_device *d, const devio_effect *e, devio_out
     }
     o->seq = c->id;
     o->shared_blocks = dv_seq_blocks_held(p);
+    dv_emit_seq(d, DEVIO_EVENT_SEQ_CREATED, c->id, p->id);
     return DEVIO_OK;
 }
 
@@ -221,6 +224,7 @@ static devio_status apply_truncate(devio_device *d, const devio_effect *e, devio
         o->freed_snapshots = dv_snap_drop_after(d, q, e->len);
     }
     o->freed_blocks = dv_seq_shrink(d, q, e->len);
+    dv_hashes_truncated(d, q);
     o->len = e->len;
     return DEVIO_OK;
 }
@@ -269,6 +273,7 @@ static devio_status apply_free(devio_device *d, const devio_effect *e, devio_out
             dv_handle_release(d, &d->handles[i]);
             o->freed_logits++;
         }
+    dv_emit_seq(d, DEVIO_EVENT_SEQ_FREED, q->id, 0);
     q->id = 0;
     free(q->toks);
     q->toks = NULL;

@@ -179,7 +179,7 @@ static void cow_last_block(devio_device *d, dv_ticket *t, dv_seq *q, dv_trow *tr
         return;
     uint32_t src = q->blocks[q->n_blocks - 1];
     uint32_t dst = devio_kv_pool_take(&d->pool);
-    devio_kv_pool_unref(&d->pool, src);
+    dv_block_unref(d, src);
     q->blocks[q->n_blocks - 1] = dst;
     tr->cow_src = src;
     tr->cow_taken = d->pool.taken[src];
@@ -267,6 +267,7 @@ static void commit_row(devio_device *d, dv_ticket *t, uint32_t r, const devio_ro
         devio_adapter_table_acquire(&d->adapters, tr->adapter_entry);
     }
     cow_last_block(d, t, q, tr);
+    dv_block_rewritten(d, q);
     uint32_t want = (q->len + row->n_tokens + d->cfg.block_size - 1) / d->cfg.block_size;
     while (q->n_blocks < want)
         q->blocks[q->n_blocks++] = devio_kv_pool_take(&d->pool);
@@ -326,7 +327,7 @@ void dv_ticket_undo(devio_device *d, dv_ticket *t, bool ran)
             uint32_t copy = q->blocks[tr->old_blocks - 1];
             devio_kv_pool_ref(&d->pool, (uint32_t)tr->cow_src);
             q->blocks[tr->old_blocks - 1] = (uint32_t)tr->cow_src;
-            devio_kv_pool_unref(&d->pool, copy);
+            dv_block_unref(d, copy);
         }
         dv_seq_shrink(d, q, tr->old_len);
         dv_handle *h = dv_handle_find(d, tr->handle);

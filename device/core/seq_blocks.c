@@ -9,7 +9,7 @@ uint32_t dv_seq_shrink(devio_device *d, dv_seq *s, uint32_t new_len)
     while (s->n_blocks > keep) {
         uint32_t i = --s->n_blocks;
         if (dv_seq_block_live(s, i))
-            freed += devio_kv_pool_unref(&d->pool, s->blocks[i]);
+            freed += dv_block_unref(d, s->blocks[i]);
     }
     if (s->n_released > s->n_blocks)
         s->n_released = s->n_blocks;
@@ -34,7 +34,7 @@ uint32_t dv_seq_release_window(devio_device *d, dv_seq *s)
         upto = s->n_blocks;
     uint32_t freed = 0;
     for (; s->n_released < upto; s->n_released++) {
-        freed += devio_kv_pool_unref(&d->pool, s->blocks[s->n_released]);
+        freed += dv_block_unref(d, s->blocks[s->n_released]);
         s->blocks[s->n_released] = DEVIO_KV_BLOCK_RELEASED;
     }
     return freed;

@@ -46,11 +46,14 @@ devio_status devio_seq_create(devio_device *d, uint64_t *seq, devio_error *err)
         q->n_released = 0;
         q->busy = 0;
         q->pins = 0;
+        q->hashed = 0;
+        q->last_hash = 0;
         q->parked = NULL;
         q->parked_bytes = 0;
         q->ssm_slot = -1;
         q->state_lost = false;
         *seq = q->id;
+        dv_emit_seq(d, DEVIO_EVENT_SEQ_CREATED, q->id, 0);
         goto out;
     }
     s = devio_fail_at(err, DEVIO_E_OUT_OF_SEQS, "max_seqs", d->cfg.max_seqs,

@@ -124,6 +124,8 @@ devio_status devio_export_read(devio_export *x, void *buf, size_t cap, size_t *n
             if (s == DEVIO_OK) {
                 dv_drain(d);
                 s = st_export_unit(x, err);
+                if (s == DEVIO_OK && x->c.kind == U_SUM)
+                    dv_emit_seq(d, DEVIO_EVENT_SEQ_EXPORTED, x->q->id, 0);
             }
             dv_unlock(d);
             if (s != DEVIO_OK)

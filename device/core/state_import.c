@@ -37,7 +37,7 @@ void st_import_drop(devio_import *m)
     if (!q)
         return;
     for (uint32_t i = q->n_released; i < q->n_blocks; i++)
-        devio_kv_pool_unref(&d->pool, q->blocks[i]);
+        dv_block_unref(d, q->blocks[i]);
     if (q->ssm_slot >= 0)
         dv_ssm_slot_put(d, q);
     for (uint32_t i = 0; i < m->n_snaps; i++)
@@ -83,6 +83,8 @@ static devio_status import_reserve(devio_import *m, devio_error *err)
         q->busy = 0;
         q->pins = 0;
         q->parked = NULL;
+        q->hashed = 0;
+        q->last_hash = 0;
     }
     q->len = p->len;
     q->n_blocks = p->end_block;
@@ -237,6 +239,8 @@ devio_status devio_import_finish(devio_import *m, uint64_t *seq, devio_error *er
     m->q->id = dv_new_seq_id(d);
     *seq = m->q->id;
     m->live = true;
+    dv_blocks_stored(d, m->q);
+    dv_emit_seq(d, DEVIO_EVENT_SEQ_IMPORTED, m->q->id, 0);
     dv_unlock(d);
     return DEVIO_OK;
 }

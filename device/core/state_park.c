@@ -86,6 +86,7 @@ devio_status dv_seq_park(devio_device *d, dv_seq *q, devio_outcome *o, devio_err
     d->parked_bytes += n;
     d->n_parked++;
     o->parked_bytes = n;
+    dv_emit_seq(d, DEVIO_EVENT_SEQ_PARKED, q->id, 0);
     return DEVIO_OK;
 }
 
@@ -115,6 +116,10 @@ devio_status dv_seq_restore(devio_device *d, dv_seq *q, devio_outcome *o, devio_
         return s;
     o->parked_bytes = q->parked_bytes;
     dv_seq_unpark(d, q);
+    q->hashed = 0; /* its blocks are new: each full one stored again */
+    q->last_hash = 0;
+    dv_blocks_stored(d, q);
+    dv_emit_seq(d, DEVIO_EVENT_SEQ_RESTORED, q->id, 0);
     return DEVIO_OK;
 }
 

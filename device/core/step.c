@@ -290,12 +290,15 @@ static void await_finish(devio_device *d, dv_ticket *t)
 {
     if (t->status != DEVIO_OK) {
         dv_ticket_undo(d, t, true);
+        if (t->status == DEVIO_E_DEVICE)
+            dv_emit(d, (devio_event){.kind = DEVIO_EVENT_DEVICE_FAILED, .name = t->err.message});
     } else {
         for (uint32_t r = 0; r < t->n_rows; r++) {
             const dv_trow *tr = &t->rows[r];
             dv_seq *q = &d->seqs[tr->seq_index];
             q->busy = 0;
             devio_adapter_table_release(&d->adapters, tr->adapter_entry, tr->adapter_gen);
+            dv_blocks_stored(d, q);
             dv_seq_release_window(d, q);
         }
     }
@@ -494,6 +497,14 @@ devio_status devio_adapter_command(devio_device *d, const devio_adapter_cmd *cmd
         if (cmd->kind != DEVIO_ADAPTER_CMD_LIST)
             dv_drain(d);
         s = devio_adapter_table_apply(&d->adapters, cmd, ack, err);
+        if (s == DEVIO_OK && ack->evicted[0])
+            dv_emit(d, (devio_event){.kind = DEVIO_EVENT_ADAPTER_UNLOADED, .name = ack->evicted});
+        if (s == DEVIO_OK && (cmd->kind == DEVIO_ADAPTER_CMD_LOAD ||
+                              cmd->kind == DEVIO_ADAPTER_CMD_UNLOAD))
+            dv_emit(d, (devio_event){.kind = cmd->kind == DEVIO_ADAPTER_CMD_LOAD
+                                                 ? DEVIO_EVENT_ADAPTER_LOADED
+                                                 : DEVIO_EVENT_ADAPTER_UNLOADED,
+                                     .name = cmd->name});
     }
     dv_unlock(d);
     return s;
