@@ -92,30 +92,31 @@ static size_t on_body(char *p, size_t size, size_t n, void *cls)
     return k;
 }
 
+/* A request body: `n` bytes of `type` (NULL: none). */
+typedef struct http_body {
+    const char *type; /* "application/json", "application/octet-stream" */
+    const void *data;
+    size_t n;
+} http_body;
+
 /* One exchange. DEVIO_OK when an HTTP answer came back, whatever its status
  * (h->code, h->buf/len, h->ctype); otherwise the target is broken. */
-static devio_status exchange(devio_http_target *h, const char *method, const char *path,
-                             const json_t *body, const char *accept, long timeout_ms,
-                             devio_error *err)
+static devio_status exchange_body(devio_http_target *h, const char *method, const char *path,
+                                  const http_body *body, const char *accept, long timeout_ms,
+                                  devio_error *err)
 {
     char url[URL_MAX];
-    char *text = NULL;
     struct curl_slist *hdrs = NULL, *tmp;
     devio_status s = DEVIO_OK;
     int n = snprintf(url, sizeof url, "%s%s", h->base, path);
     if (n < 0 || (size_t)n >= sizeof url)
         return broken(h, err, "URL too long: %s%s", h->base, path);
-    if (body) {
-        /* Full double precision: the server must decode the very numbers the script holds. */
-        text = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
-        if (!text)
-            return devio_fail(err, DEVIO_E_NOMEM, "out of memory encoding the request");
-    }
-    char accept_h[96];
+    char accept_h[96], ctype_h[96] = "Content-Type:";
     snprintf(accept_h, sizeof accept_h, "Accept: %s", accept);
+    if (body->type)
+        snprintf(ctype_h, sizeof ctype_h, "Content-Type: %s", body->type);
     /* "Expect:" and an empty Content-Type stop curl adding its own defaults. */
-    const char *lines[] = {accept_h, body ? "Content-Type: application/json" : "Content-Type:",
-                           "Expect:", h->auth_header};
+    const char *lines[] = {accept_h, ctype_h, "Expect:", h->auth_header};
     for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
         if (!lines[i])
             continue;
@@ -150,8 +151,10 @@ static devio_status exchange(devio_http_target *h, const char *method, const cha
         curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
     } else {
         curl_easy_setopt(c, CURLOPT_POST, 1L);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, text ? text : "");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)(text ? strlen(text) : 0));
+        /* Never NULL: curl would read the body from its read callback (stdin) instead. */
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body->type && body->data ? body->data : "");
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
+                         (curl_off_t)(body->type ? body->n : 0));
         if (strcmp(method, "POST") != 0)
             curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     }
@@ -175,6 +178,24 @@ static devio_status exchange(devio_http_target *h, const char *method, const cha
         snprintf(h->ctype, sizeof h->ctype, "%s", ct);
 out:
     curl_slist_free_all(hdrs);
+    return s;
+}
+
+/* One exchange with a JSON body (NULL: none), as exchange_body. */
+static devio_status exchange(devio_http_target *h, const char *method, const char *path,
+                             const json_t *body, const char *accept, long timeout_ms,
+                             devio_error *err)
+{
+    http_body b = {0};
+    char *text = NULL;
+    if (body) {
+        /* Full double precision: the server must decode the very numbers the script holds. */
+        text = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!text)
+            return devio_fail(err, DEVIO_E_NOMEM, "out of memory encoding the request");
+        b = (http_body){.type = "application/json", .data = text, .n = strlen(text)};
+    }
+    devio_status s = exchange_body(h, method, path, &b, accept, timeout_ms, err);
     free(text);
     return s;
 }
@@ -464,6 +485,71 @@ static devio_status http_logits(void *ctx, uint64_t id, float **data, uint32_t *
     return DEVIO_OK;
 }
 
+/* GET /v1/sequences/{id}/state: the state's bytes, taken from the answer's buffer. */
+static devio_status http_state_export(void *ctx, uint64_t seq, bool snapshots, uint8_t **data,
+                                      size_t *n, devio_error *err)
+{
+    devio_http_target *h = ctx;
+    char path[96];
+    *data = NULL;
+    *n = 0;
+    if (h->failed)
+        return devio_fail(err, DEVIO_E_IO, "%s", h->failure);
+    if (seq > (uint64_t)INT64_MAX)
+        return devio_fail(err, DEVIO_E_UNKNOWN_SEQ, "no sequence %llu", (unsigned long long)seq);
+    snprintf(path, sizeof path, "/v1/sequences/%llu/state?snapshots=%s",
+             (unsigned long long)seq, snapshots ? "true" : "false");
+    devio_status s = exchange(h, "GET", path, NULL, "application/octet-stream", timeout_of(h, 0),
+                              err);
+    if (s != DEVIO_OK)
+        return s;
+    if (h->code < 200 || h->code > 299)
+        return answer_error(h, "GET", path, err);
+    if (strncmp(h->ctype, "application/octet-stream", 24) != 0)
+        return broken(h, err, "GET %s answered '%s', not application/octet-stream", path,
+                      h->ctype);
+    if (!h->buf) {
+        /* An empty answer (no state is): a buffer of its own all the same. */
+        h->buf = malloc(1);
+        if (!h->buf)
+            return devio_fail(err, DEVIO_E_NOMEM, "out of memory reading a state");
+    }
+    /* The answer's buffer is the caller's now; the next exchange makes another. */
+    *data = (uint8_t *)h->buf;
+    *n = h->len;
+    h->buf = NULL;
+    h->len = h->cap = 0;
+    return DEVIO_OK;
+}
+
+/* POST /v1/sequences with the state as an application/octet-stream body: the new sequence. */
+static devio_status http_state_import(void *ctx, const uint8_t *data, size_t n, uint64_t *seq,
+                                      devio_error *err)
+{
+    devio_http_target *h = ctx;
+    const char *path = "/v1/sequences";
+    if (h->failed)
+        return devio_fail(err, DEVIO_E_IO, "%s", h->failure);
+    http_body b = {.type = "application/octet-stream", .data = data, .n = n};
+    devio_status s = exchange_body(h, "POST", path, &b, "application/json", timeout_of(h, 0),
+                                   err);
+    if (s != DEVIO_OK)
+        return s;
+    if (h->code < 200 || h->code > 299)
+        return answer_error(h, "POST", path, err);
+    json_error_t je;
+    json_t *j = json_loadb(h->buf ? h->buf : "", h->len, 0, &je);
+    if (!j)
+        return broken(h, err, "POST %s answered HTTP %ld with a body that is not JSON: %s", path,
+                      h->code, je.text);
+    devio_error why = {0};
+    s = devio_json_id_decode(j, "seq", seq, &why);
+    json_decref(j);
+    if (s != DEVIO_OK)
+        return broken(h, err, "POST %s answered no sequence id: %s", path, why.message);
+    return DEVIO_OK;
+}
+
 devio_status devio_http_target_open(const devio_http_options *opt, devio_http_target **out,
                                     devio_error *err)
 {
@@ -552,6 +638,8 @@ void devio_http_target_fill(devio_http_target *h, devio_script_target *t)
     t->ctx = h;
     t->call = http_call;
     t->logits = http_logits;
+    t->state_export = http_state_export;
+    t->state_import = http_state_import;
 }
 
 const char *devio_http_target_failure(const devio_http_target *h)

@@ -37,8 +37,9 @@ static devio_status state_copy(cuda_state *st, devio_state_ref w, void *host, bo
     uint64_t n = 0;
     char *dev = part_at(st, w, &n);
     if (!dev)
-        return devio_fail(err, DEVIO_E_INVALID, "state part %d (layer %u, block %u) is out of range",
-                          (int)w.part, w.layer, w.block);
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "state part %d (layer %u, block %u) is out of range", (int)w.part,
+                          w.layer, w.block);
     const char *what = to_host ? "reading a sequence's state" : "writing a sequence's state";
     if ((s = cuda_check(st,
                         cudaMemcpyAsync(to_host ? host : dev, to_host ? (const void *)dev : host,

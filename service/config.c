@@ -35,6 +35,10 @@ static const devio_opt opts[] = {
      .help = "file holding the bearer token (or DEVIO_TOKEN)"},
     {.flag = "max-body", .type = DEVIO_OPT_U32, .offset = S(max_body), .metavar = "N",
      .help = "largest request body in bytes [1048576]"},
+    {.flag = "max-state-bytes", .type = DEVIO_OPT_U64, .offset = S(max_state_bytes),
+     .metavar = "N",
+     .help = "largest sequence state imported (POST /v1/sequences, application/octet-stream), "
+             "bytes; --max-body does not bound it [4294967296]"},
     {.flag = "max-json-depth", .type = DEVIO_OPT_U32, .offset = S(max_json_depth), .metavar = "N",
      .help = "deepest JSON nesting accepted [32]"},
     {.flag = "max-connections", .type = DEVIO_OPT_U32, .offset = S(max_connections), .metavar = "N",
@@ -93,6 +97,7 @@ void devio_server_config_default(devio_server_config *c)
     c->adapters = default_adapters;
     c->backend = "auto";
     c->max_body = 1u << 20;
+    c->max_state_bytes = 4ull << 30;
     c->max_json_depth = 32;
     c->max_connections = 1024;
     c->max_per_address = 64;
@@ -121,6 +126,10 @@ int devio_server_config_parse(devio_server_config *c, int argc, char **argv, FIL
         c->token = tok;
     if (c->http_threads < 1 || c->http_threads > 64) {
         fprintf(errf, "devio-server: --http-threads must be 1 to 64\n");
+        return -1;
+    }
+    if (c->max_state_bytes < 1) {
+        fprintf(errf, "devio-server: --max-state-bytes must be at least 1\n");
         return -1;
     }
     if (c->max_connections < 1) {

@@ -23,6 +23,8 @@ typedef struct devio_server_config {
     const char *token;      /* DEVIO_TOKEN (environment only: flags show in ps) */
     const char *token_file; /* --token-file F */
     uint32_t max_body;      /* --max-body bytes, default 1 MiB */
+    uint64_t max_state_bytes; /* --max-state-bytes: largest sequence state imported (its
+                                 body streamed, never held; --max-body does not apply), 4 GiB */
     uint32_t max_json_depth;/* --max-json-depth, default 32 */
     uint32_t max_connections; /* --max-connections open at once, default 1024 */
     uint32_t max_per_address; /* --max-per-address: open at once from one address, default 64 */

@@ -20,6 +20,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "device/status.h"
+#include "service/http/body_in.h"
+#include "service/http/body_out.h"
 #include "service/http/framing.h"
 #include "service/http/request_rules.h"
 #include "service/routes/keys.h"
@@ -56,6 +58,10 @@ typedef struct req {
     devio_wait wait;            /* an await's place among the parked ones (parked_awaits.h) */
     devio_ticket_op op;         /* the launch or await under way (tickets.h) */
     devio_keyed keyed;          /* its Idempotency-Key (keys.h) */
+    /* A streamed body (DEVIO_ROUTE_STREAM_BODY): its sink, and its way there on workers. */
+    void *sink;                 /* opened by route->sink on the headers; closed on completion */
+    devio_body_in upload;
+    char body_digest[65];       /* the body's SHA-256 once it is whole, when keyed */
     bool handled;               /* its handler ran once: a resumed request is never refused
                                    for a drain that began after it was taken */
     bool parked;                /* its connection was set aside at least once */
@@ -128,6 +134,14 @@ static devio_status run_route(devio_server *s, struct MHD_Connection *c, req *q,
                         .request_id = q->request_id, .keyed = &q->keyed};
     json_t *body = NULL;
     devio_status st = DEVIO_OK;
+    if (q->route->body == DEVIO_ROUTE_STREAM_BODY) {
+        /* The rest written (this runs on a worker: may_wait). A refusal is the handler's to
+         * answer, after the key's lookup: a retry whose first answer is kept gets that. */
+        devio_body_in_end(&q->upload, q->body_digest, NULL);
+        rq.upload = &q->upload;
+        rq.sink = q->sink;
+        rq.body_digest = q->body_digest[0] ? q->body_digest : NULL;
+    }
     if (q->route->body == DEVIO_ROUTE_JSON_BODY) {
         st = devio_http_json_media_type(
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"), err);
@@ -250,12 +264,30 @@ static enum MHD_Result take_upload(const devio_server *s, req *q, const char *up
     return MHD_YES;
 }
 
+/* Take one piece of a streamed body: to its sink on a worker, never on this thread. A body
+ * past --max-state-bytes is one the sink refuses (no state it takes is larger): the connection
+ * is closed rather than read on. */
+static enum MHD_Result take_stream(const devio_server *s, struct MHD_Connection *c, req *q,
+                                   const char *upload, size_t size)
+{
+    if (q->upload.received + size > s->cfg.max_state_bytes)
+        return MHD_NO;
+    return devio_body_in_take(&q->upload, c, upload, size) ? MHD_YES : MHD_NO;
+}
+
 static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, devio_reply *r,
                                   const char *label, const req *q)
 {
     size_t bytes = r->len;
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *resp;
+    if (r->stream) {
+        /* Made on workers as it is sent (body_out.h); the response owns it from here. */
+        bytes = (size_t)devio_body_out_total(r->stream);
+        resp = devio_body_out_response(r->stream, c);
+        r->stream = NULL;
+    } else {
+        resp = MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_FREE);
+    }
     if (!resp) {
         devio_reply_free(r);
         return MHD_NO;
@@ -312,6 +344,19 @@ static enum MHD_Result answer_early(devio_server *s, struct MHD_Connection *c, r
     return send_reply(s, c, &r, label, q);
 }
 
+/* A streamed body's sink, opened before any of the body is read; when it cannot be, the
+ * request is refused at once (the body unread, the connection closed). Its bytes are hashed
+ * only for an Idempotency-Key's digest. */
+static enum MHD_Result open_stream(devio_server *s, struct MHD_Connection *c, req *q)
+{
+    devio_error err = {0};
+    if (q->route->sink->open(s, &q->sink, &err) != DEVIO_OK)
+        return answer_early(s, c, q, &err, q->route->path);
+    bool keyed = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key") != NULL;
+    devio_body_in_start(&q->upload, &s->offload, q->route->sink->write, q->sink, keyed);
+    return MHD_YES;
+}
+
 /* The request's headers are in and none of its body has been read. Refused
  * here, before anything is buffered: framing that two parsers could read two
  * ways, for every method; and for POST and PUT (whose bodies routes keep), a
@@ -331,11 +376,17 @@ static enum MHD_Result on_headers(devio_server *s, struct MHD_Connection *c, con
     MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
     if (devio_framing_check(&f, &err) != DEVIO_OK)
         return answer_early(s, c, q, &err, "framing");
-    if (upload && f.n_length == 1 && f.length > s->cfg.max_body) {
-        devio_fail(&err, DEVIO_E_TOO_LARGE, "request body of %llu bytes is larger than %u bytes",
-                   (unsigned long long)f.length, s->cfg.max_body);
+    bool stream = q->route && q->route->body == DEVIO_ROUTE_STREAM_BODY;
+    uint64_t limit = stream ? s->cfg.max_state_bytes : s->cfg.max_body;
+    if (upload && f.n_length == 1 && f.length > limit) {
+        devio_fail(&err, DEVIO_E_TOO_LARGE,
+                   "request body of %llu bytes is larger than %llu bytes%s",
+                   (unsigned long long)f.length, (unsigned long long)limit,
+                   stream ? " (--max-state-bytes)" : "");
         return answer_early(s, c, q, &err, "body");
     }
+    if (stream)
+        return open_stream(s, c, q);
     /* A declared length is the body's size: held once, not grown by doubling
      * (a large body then costs its size, not about three times it). */
     if (q->keep_body && f.n_length == 1 && f.length > 0 && f.length <= s->cfg.max_body) {
@@ -383,6 +434,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         size_t n_routes;
         const devio_route *routes = devio_server_routes(&n_routes);
         q->route = devio_route_find(routes, n_routes, as, url, &q->params, &q->on_path);
+        /* One method and path, two bodies: an application/octet-stream body has its own entry. */
+        if (q->route && q->route->octet_stream &&
+            devio_http_octet_stream(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                                "Content-Type")))
+            q->route = q->route->octet_stream;
         q->keep_body = q->route && q->route->body == DEVIO_ROUTE_JSON_BODY;
         *req_cls = q;
         atomic_fetch_add(&s->active, 1);
@@ -402,7 +458,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         /* Bodies of reads are ignored, whatever their size. */
         bool read = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-        enum MHD_Result ok = read ? MHD_YES : take_upload(s, q, upload, *upload_size);
+        enum MHD_Result ok = read     ? MHD_YES
+                             : q->sink ? take_stream(s, c, q, upload, *upload_size)
+                                       : take_upload(s, q, upload, *upload_size);
         *upload_size = 0;
         return ok;
     }
@@ -420,7 +478,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->parked = true;
         return MHD_YES; /* parked: this runs again once the connection is resumed */
     }
-    if (!r.body) {
+    if (!r.body && !r.stream) {
         /* A handler that answered nothing: an error, never an empty 200. */
         devio_fail(&err, DEVIO_E_NOMEM, "no reply");
         answer_error(s, &r, &err);
@@ -443,6 +501,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
     devio_keyed_end(s, &q->keyed);
     devio_server_abandon(s, &q->op);
     devio_reply_free(&q->wreply);
+    /* An import not finished gives back what it reserved. */
+    if (q->sink)
+        q->route->sink->close(q->sink);
+    devio_body_in_free(&q->upload);
     free(q->body);
     free(q);
     *req_cls = NULL;

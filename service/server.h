@@ -20,6 +20,7 @@
 #include "service/http/offload.h"
 #include "service/routes/keys.h"
 #include "service/http/route_match.h"
+#include "service/state_cursors.h"
 #include "service/store/store.h"
 #include "service/tickets/tickets.h"
 #include "service/http/tls.h"
@@ -38,6 +39,9 @@ typedef struct devio_server {
                                   on_settled hook) or their history row is written (the
                                   store's on_written hook) */
     devio_keys keys;           /* Idempotency-Keys of requests under way (keys.h) */
+    pthread_mutex_t cursors_mu;/* guards cursors */
+    devio_state_cursor *cursors; /* state exports and imports under way (state_cursors.h),
+                                  closed by a teardown before it frees the device */
     devio_offload offload;     /* workers running the routes that may wait */
     bool offload_started;
     devio_leases leases;       /* launched tickets until taken; the reaper (abandoned.c) */
@@ -93,10 +97,10 @@ extern const devio_waits_ops devio_server_mhd_waits;
 /* The route table: *n entries, static. */
 const devio_route *devio_server_routes(size_t *n);
 
-/* Tear the device down under the write lock, then record its unawaited
- * tickets as aborted with `reason`. Launches half made are let finish first
- * (their rows are being written; new ones are refused meanwhile). False when
- * it was already torn down. */
+/* Tear the device down under the write lock (the state exports and imports under way
+ * closed first), then record its unawaited tickets as aborted with `reason`. Launches
+ * half made are let finish first (their rows are being written; new ones are refused
+ * meanwhile). False when it was already torn down. */
 bool devio_server_teardown(devio_server *s, const char *reason, uint32_t *aborted);
 
 /* ---- launches whose row is being written (launches.c) ------------------------

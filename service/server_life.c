@@ -60,6 +60,7 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
     s->cfg = *cfg;
     pthread_rwlock_init(&s->dev_lock, NULL);
     pthread_mutex_init(&s->launch_mu, NULL);
+    pthread_mutex_init(&s->cursors_mu, NULL);
     devio_metrics_init(&s->metrics);
     devio_adapters_init(&s->adapters);
     devio_keys_init(&s->keys);
@@ -194,4 +195,5 @@ void devio_server_stop(devio_server *s)
     devio_metrics_fini(&s->metrics);
     pthread_rwlock_destroy(&s->dev_lock);
     pthread_mutex_destroy(&s->launch_mu);
+    pthread_mutex_destroy(&s->cursors_mu);
 }

@@ -36,6 +36,8 @@ bool devio_server_teardown(devio_server *s, const char *reason, uint32_t *aborte
     pthread_rwlock_wrlock(&s->dev_lock);
     bool was_up = s->dev != NULL;
     if (was_up)
+        devio_state_cursors_close_all(s);
+    if (was_up)
         devio_teardown(s->dev, aborted);
     s->dev = NULL;
     pthread_rwlock_unlock(&s->dev_lock);

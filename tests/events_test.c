@@ -220,8 +220,7 @@ static void test_events_balance(void **state)
             if (!seqs[j] && apply(d, DEVIO_EFFECT_FORK, seqs[k], 0, &o) == DEVIO_OK)
                 seqs[j] = o.seq;
         } else if (op == 3 && !info.parked) {
-            apply(d, DEVIO_EFFECT_TRUNCATE, seqs[k], info.len / 2 + (rng >> 20) % 3 % (info.len + 1),
-                  &o);
+            apply(d, DEVIO_EFFECT_TRUNCATE, seqs[k], (rng >> 20) % (info.len + 1), &o);
         } else if (op == 4) {
             apply(d, info.parked ? DEVIO_EFFECT_RESTORE : DEVIO_EFFECT_PARK, seqs[k], 0, &o);
         } else if (op == 5) {

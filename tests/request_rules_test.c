@@ -43,6 +43,21 @@ static void test_media_type(void **state)
     }
 }
 
+/* The body an octet_stream entry takes (a state imported by POST /v1/sequences). */
+static void test_octet_stream(void **state)
+{
+    (void)state;
+    static const char *const yes[] = {"application/octet-stream", "Application/Octet-Stream",
+                                      "application/octet-stream; charset=binary",
+                                      "application/octet-stream\t;x=1"};
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++)
+        assert_true(devio_http_octet_stream(yes[i]));
+    static const char *const no[] = {NULL, "", "application/json", "application/octet-streams",
+                                     "application/octet", "text/octet-stream"};
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++)
+        assert_false(devio_http_octet_stream(no[i]));
+}
+
 static void test_bearer(void **state)
 {
     (void)state;
@@ -106,7 +121,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_depth), cmocka_unit_test(test_media_type),
         cmocka_unit_test(test_bearer),     cmocka_unit_test(test_allowed),
-        cmocka_unit_test(test_request_id),
+        cmocka_unit_test(test_request_id), cmocka_unit_test(test_octet_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

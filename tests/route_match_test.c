@@ -142,6 +142,25 @@ static void test_table_routes(void **state)
     }
     assert_int_equal(draining, 2);
     assert_int_equal(health, 3);
+    /* One path, two bodies: POST /v1/sequences creates, or (application/octet-stream) imports
+     * a state streamed to its sink, on a worker, keyed like the create. Only it has a second. */
+    assert_int_equal(lookup("POST", "/v1/sequences", &label, &r), 0);
+    const devio_route *imp = r->octet_stream;
+    assert_non_null(imp);
+    assert_string_equal(imp->method, "POST");
+    assert_string_equal(imp->path, "/v1/sequences");
+    assert_int_equal(imp->body, DEVIO_ROUTE_STREAM_BODY);
+    assert_true(imp->keyed && imp->may_wait && imp->sink && imp->sink->open && imp->sink->write &&
+                imp->sink->close);
+    assert_null(imp->octet_stream);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(!t[i].octet_stream || &t[i] == r);
+        assert_true(t[i].body != DEVIO_ROUTE_STREAM_BODY && !t[i].sink);
+    }
+    assert_int_equal(lookup("GET", "/v1/sequences/3/state", &label, &r), 0);
+    assert_string_equal(r->path, "/v1/sequences/{id}/state");
+    assert_false(r->may_wait); /* opens at once; its bytes are made on workers (body_out.h) */
+    assert_int_equal(lookup("POST", "/v1/sequences/3/state", &label, &r), 405);
 }
 
 int main(void)

@@ -132,8 +132,9 @@ static devio_status state_ref_ok(const devio_backend_ops *ops, const devio_backe
                   ? what.layer < sh->n_attn && what.block < cfg->kv_blocks
                   : false;
     if (!ok)
-        return devio_fail(err, DEVIO_E_INVALID, "state part %d (layer %u, block %u) is out of range",
-                          (int)what.part, what.layer, what.block);
+        return devio_fail(err, DEVIO_E_INVALID,
+                          "state part %d (layer %u, block %u) is out of range", (int)what.part,
+                          what.layer, what.block);
     return DEVIO_OK;
 }
 

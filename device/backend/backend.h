@@ -204,7 +204,11 @@ typedef struct devio_ssm_ref {
  * slot_floats binary32 (devio_model_shape says their order). `layer` is
  * the attention layer's ordinal (0 for the first attention layer of the
  * model, whatever mixers come before it). */
-typedef enum devio_state_part { DEVIO_STATE_K = 0, DEVIO_STATE_V, DEVIO_STATE_SSM } devio_state_part;
+typedef enum devio_state_part {
+    DEVIO_STATE_K = 0,
+    DEVIO_STATE_V,
+    DEVIO_STATE_SSM,
+} devio_state_part;
 typedef struct devio_state_ref {
     devio_state_part part;
     uint32_t layer, block; /* K and V */

@@ -27,7 +27,10 @@ uint64_t st_unit_bytes(const st_plan *p, const st_cursor *c)
     uint32_t r0, r1;
     switch (c->kind) {
     case U_HEADER: return ST_HEADER;
-    case U_TOKENS: return (uint64_t)(p->len - c->tok < ST_TOKENS ? p->len - c->tok : ST_TOKENS) * 4u;
+    case U_TOKENS: {
+        uint32_t left = p->len - c->tok;
+        return (uint64_t)(left < ST_TOKENS ? left : ST_TOKENS) * 4u;
+    }
     case U_KV: st_block_rows(p, c->block, &r0, &r1); return (uint64_t)(r1 - r0) * p->row_bytes;
     case U_SLOT: return p->slot_bytes;
     case U_SNAP: return 8u + p->slot_bytes;

@@ -7,6 +7,7 @@
 
 #include "api/codec.h"
 #include "device/status.h"
+#include "service/http/body_out.h"
 #include "service/http/http_error.h"
 #include "service/http/request.h"
 
@@ -53,6 +54,8 @@ devio_status devio_reply_json(devio_reply *r, unsigned code, json_t *j, devio_er
 void devio_reply_bytes(devio_reply *r, unsigned code, const char *ctype, char *body, size_t len)
 {
     free(r->body);
+    devio_body_out_free(r->stream);
+    r->stream = NULL;
     r->code = code;
     r->ctype = ctype;
     r->body = body;
@@ -70,9 +73,17 @@ void devio_reply_error(devio_reply *r, const devio_error *e)
     devio_reply_bytes(r, 500, "application/json", text, text ? strlen(text) : 0);
 }
 
+void devio_reply_stream(devio_reply *r, unsigned code, const char *ctype, devio_body_out *body)
+{
+    devio_reply_bytes(r, code, ctype, NULL, 0);
+    r->stream = body;
+}
+
 void devio_reply_free(devio_reply *r)
 {
     free(r->body);
     r->body = NULL;
     r->len = 0;
+    devio_body_out_free(r->stream);
+    r->stream = NULL;
 }

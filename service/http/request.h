@@ -34,6 +34,8 @@ devio_status devio_request_name(const devio_request *rq, char name[DEVIO_ADAPTER
 devio_status devio_reply_json(devio_reply *r, unsigned code, json_t *j, devio_error *err);
 /* Fill r with `len` bytes of `body` (malloc'd; the reply takes it). */
 void devio_reply_bytes(devio_reply *r, unsigned code, const char *ctype, char *body, size_t len);
+/* Fill r with a body made as it is sent (the reply takes it; body_out.h). */
+void devio_reply_stream(devio_reply *r, unsigned code, const char *ctype, devio_body_out *body);
 /* Replace whatever r holds with the error body of e and its HTTP code. Never
  * fails: without memory it answers a static out_of_memory body. */
 void devio_reply_error(devio_reply *r, const devio_error *e);

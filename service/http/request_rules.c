@@ -87,6 +87,13 @@ devio_status devio_http_json_media_type(const char *ctype, devio_error *err)
                       (int)(n > 80 ? 80 : n), ctype);
 }
 
+bool devio_http_octet_stream(const char *ctype)
+{
+    static const char octet[] = "application/octet-stream";
+    size_t n = ctype ? strcspn(ctype, "; \t") : 0;
+    return n == sizeof octet - 1 && strncasecmp(ctype, octet, n) == 0;
+}
+
 void devio_http_request_id(const char *given, uint64_t epoch, uint64_t seq, char *out, size_t n)
 {
     size_t len = given ? strlen(given) : 0;

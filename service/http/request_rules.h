@@ -38,6 +38,10 @@ devio_json_size devio_http_json_size(const char *p, size_t n);
  * with any parameters (charset). Anything else is DEVIO_E_MEDIA_TYPE (415). */
 devio_status devio_http_json_media_type(const char *ctype, devio_error *err);
 
+/* Whether a Content-Type is application/octet-stream (any parameters, any case): the body
+ * a route's octet_stream entry takes (route_match.h). */
+bool devio_http_octet_stream(const char *ctype);
+
 /* The Authorization header against the token (token_len bytes), in constant
  * time: the Bearer scheme in any case (RFC 9110, 11.1), then one or more spaces. */
 bool devio_http_bearer_ok(const char *header, const char *token, size_t token_len);

@@ -14,6 +14,8 @@
 typedef struct devio_server devio_server; /* service/server.h */
 typedef struct devio_wait devio_wait;     /* service/tickets/parked_awaits.h */
 typedef struct devio_ticket_op devio_ticket_op; /* service/tickets/tickets.h */
+typedef struct devio_body_in devio_body_in;     /* service/http/body_in.h */
+typedef struct devio_body_out devio_body_out;   /* service/http/body_out.h */
 
 /* Who may call a route. */
 typedef enum devio_route_auth {
@@ -22,12 +24,27 @@ typedef enum devio_route_auth {
     DEVIO_ROUTE_HEALTH,   /* anyone, unless --auth-health asks for the token */
 } devio_route_auth;
 
-/* What a route does with a request body. Either way a body larger than
- * --max-body is answered 413 before the route runs; bodies of GET are ignored. */
+/* What a route does with a request body. A body larger than --max-body is answered 413
+ * before the route runs, except a streamed one (bounded by --max-state-bytes instead); bodies
+ * of GET are ignored. */
 typedef enum devio_route_body {
     DEVIO_ROUTE_NO_BODY = 0, /* a body is counted and dropped */
     DEVIO_ROUTE_JSON_BODY,   /* a JSON body is required: parsed and depth-limited first */
+    DEVIO_ROUTE_STREAM_BODY, /* bytes written to the route's sink as they arrive (body_in.h),
+                                never held whole; the handler runs once the body is in */
 } devio_route_body;
+
+/* Where a DEVIO_ROUTE_STREAM_BODY route's body goes: a sink opened on the request's headers
+ * (before any of the body is read), written on workers as the body arrives, and closed when
+ * the request ends, whatever its answer. */
+typedef struct devio_route_sink {
+    /* DEVIO_OK with *sink set, or the status the request is refused with at once. */
+    devio_status (*open)(devio_server *s, void **sink, devio_error *err);
+    /* The next bytes, on a worker (devio_body_sink_write). */
+    devio_status (*write)(void *sink, const void *buf, size_t n, devio_error *err);
+    /* Give back whatever the sink still holds and free it. */
+    void (*close)(void *sink);
+} devio_route_sink;
 
 /* Longest X-Request-Id taken from a client; longer ones are replaced by a generated id. */
 #define DEVIO_REQUEST_ID_MAX 128
@@ -56,6 +73,11 @@ typedef struct devio_request {
                             finishes what it holds when the connection ends first */
     struct devio_keyed *keyed; /* its Idempotency-Key (service/routes/keys.h), kept like wait;
                             a launch writes the key's row with its ticket's */
+    devio_body_in *upload; /* a streamed body (DEVIO_ROUTE_STREAM_BODY), written whole to its
+                              sink before the handler runs (its outcome: body_in.h); else NULL */
+    void *sink;            /* that body's sink, opened by the route's devio_route_sink */
+    const char *body_digest; /* hex SHA-256 of a streamed body when the request has an
+                                Idempotency-Key (keys.h), else NULL */
 } devio_request;
 
 /* What a handler answers on success. */
@@ -63,6 +85,8 @@ typedef struct devio_reply {
     unsigned code;
     char *body;        /* malloc'd, owned by the reply (devio_reply_free) */
     size_t len;
+    devio_body_out *stream; /* instead of body: a body made as it is sent (body_out.h),
+                               owned by the reply until it is sent */
     const char *ctype; /* static */
     bool close;        /* ask the client to close the connection */
     char allow[48];    /* a 405's Allow header ("GET, HEAD"), or "" */
@@ -90,6 +114,10 @@ typedef struct devio_route {
     bool keyed;           /* takes an Idempotency-Key: a retry gets the first answer (keys.h) */
     bool may_wait;        /* may wait on the device or SQLite: runs on a worker (offload.h),
                              never on an HTTP thread */
+    const devio_route_sink *sink; /* a DEVIO_ROUTE_STREAM_BODY route's sink, else NULL */
+    const struct devio_route *octet_stream; /* the entry that serves this method and path
+                             instead when the body is application/octet-stream (kept out of
+                             the table, whose entries are one per method and path), or NULL */
 } devio_route;
 
 /* Decimal id: 1 to 19 digits, at most INT64_MAX (JSON integers are signed). */

@@ -80,7 +80,7 @@ static json_t *canonical(json_t *v)
 
 /* The request as a key answers it: method and path, and the decoded body
  * with its keys sorted, no spaces and numbers by value, so that a retry need
- * not send the same bytes. */
+ * not send the same bytes; or a streamed body's bytes, by their digest. */
 static void digest_of(const devio_request *rq, devio_keyed *k)
 {
     const char *q = strchr(rq->url, '?');
@@ -95,6 +95,9 @@ static void digest_of(const devio_request *rq, devio_keyed *k)
     devio_sha256_update(&h, k->request, strlen(k->request) + 1);
     if (body)
         devio_sha256_update(&h, body, strlen(body));
+    /* A streamed body (a state) counts by its bytes' digest. */
+    if (rq->body_digest)
+        devio_sha256_update(&h, rq->body_digest, strlen(rq->body_digest));
     devio_sha256_final(&h, d);
     devio_sha256_hex(d, k->digest);
     free(body);

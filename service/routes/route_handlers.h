@@ -20,6 +20,14 @@ devio_route_handler devio_route_launch, devio_route_step, devio_route_await, dev
 devio_route_handler devio_route_adapters_list, devio_route_adapter_get, devio_route_adapter_put,
     devio_route_adapter_delete, devio_route_adapter_pin, devio_route_adapter_unpin;
 
+/* routes_state.c: a sequence's state exported (a streamed answer) and imported (a streamed
+ * body, taken by devio_route_state_sink) */
+devio_route_handler devio_route_seq_state, devio_route_seq_import;
+extern const devio_route_sink devio_route_state_sink;
+
+/* routes_device.c: a keyed request's undo (keys.h) for a sequence it made: freed */
+void devio_route_free_made_seq(devio_server *s, uint64_t seq);
+
 /* routes_ops.c: health, readiness, metrics, the contract document */
 devio_route_handler devio_route_healthz, devio_route_readyz, devio_route_metrics,
     devio_route_openapi;

@@ -18,6 +18,15 @@
     {.method = m, .path = p, .handler = h, .auth = DEVIO_ROUTE_##a, .body = DEVIO_ROUTE_##b,     \
      .refused_while_draining = d, .keyed = true}
 
+/* POST /v1/sequences with an application/octet-stream body: a sequence's state imported as a
+ * new sequence, answered as a create is (routes_state.c). Its body is streamed to the state sink
+ * as it arrives, bounded by --max-state-bytes; it runs on a worker (the device is waited on), and
+ * is keyed like the create. Not in the table: the create's entry names it (octet_stream). */
+static const devio_route seq_import = {
+    .method = "POST", .path = "/v1/sequences", .handler = devio_route_seq_import,
+    .auth = DEVIO_ROUTE_TOKEN, .body = DEVIO_ROUTE_STREAM_BODY, .sink = &devio_route_state_sink,
+    .keyed = true, .may_wait = true};
+
 /* Every route of the contract (api/openapi.yaml): method, path template, handler, who may call
  * it, its body, and whether it is refused while the server drains (or, for WAITS, whether it is
  * keyed). Metrics label each answer with
@@ -29,8 +38,12 @@ static const devio_route routes[] = {
     ROUTE("GET", "/metrics", devio_route_metrics, HEALTH, NO_BODY, false),
     ROUTE("GET", "/v1/openapi.yaml", devio_route_openapi, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/sequences", devio_route_seq_list, TOKEN, NO_BODY, false),
-    KEYED("POST", "/v1/sequences", devio_route_seq_create, TOKEN, NO_BODY, false),
+    {.method = "POST", .path = "/v1/sequences", .handler = devio_route_seq_create,
+     .auth = DEVIO_ROUTE_TOKEN, .body = DEVIO_ROUTE_NO_BODY, .keyed = true,
+     .octet_stream = &seq_import},
     ROUTE("GET", "/v1/sequences/{id}", devio_route_seq_get, TOKEN, NO_BODY, false),
+    /* Streamed as it is made (routes_state.c): its bytes are made on workers. */
+    ROUTE("GET", "/v1/sequences/{id}/state", devio_route_seq_state, TOKEN, NO_BODY, false),
     WAITS("DELETE", "/v1/sequences/{id}", devio_route_seq_delete, TOKEN, NO_BODY, true),
     KEYED("POST", "/v1/launch", devio_route_launch, TOKEN, JSON_BODY, true),
     KEYED("POST", "/v1/step", devio_route_step, TOKEN, JSON_BODY, true),

@@ -32,9 +32,9 @@ static devio_status answer(devio_server *s, const devio_request *rq, device_answ
     return st == DEVIO_OK ? devio_reply_json(out, code, j, err) : st;
 }
 
-/* A keyed request that made a sequence (create, fork) whose answer could not
+/* A keyed request that made a sequence (create, fork, import) whose answer could not
  * be kept under its key: the sequence goes, so that the retry makes it once. */
-static void free_made_seq(devio_server *s, uint64_t seq)
+void devio_route_free_made_seq(devio_server *s, uint64_t seq)
 {
     devio_device *dev;
     if (devio_server_hold(s, &dev, NULL) != DEVIO_OK)
@@ -53,7 +53,7 @@ static devio_status seq_created(devio_server *s, const devio_request *rq, devio_
     uint64_t seq = 0;
     devio_status st = devio_seq_create(dev, &seq, err);
     if (st == DEVIO_OK) {
-        devio_keyed_undo_with(rq->keyed, free_made_seq, seq);
+        devio_keyed_undo_with(rq->keyed, devio_route_free_made_seq, seq);
         *j = devio_json_seq_ref(seq);
     }
     return st;
@@ -95,7 +95,7 @@ static devio_status outcome_of(devio_server *s, const devio_request *rq, devio_d
         if (e->kind == DEVIO_EFFECT_SAMPLE)
             devio_metrics_sampled(&s->metrics, o.n_tokens);
         if (e->kind == DEVIO_EFFECT_FORK)
-            devio_keyed_undo_with(rq->keyed, free_made_seq, o.seq);
+            devio_keyed_undo_with(rq->keyed, devio_route_free_made_seq, o.seq);
         *j = devio_json_outcome(e, &o);
         devio_outcome_free(&o);
     }

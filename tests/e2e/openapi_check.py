@@ -465,6 +465,7 @@ def _self_test(api):
     facts = {
         "kv": {"block_size": 16, "blocks_total": 64, "blocks_free": 60, "blocks_shared": 0},
         "ssm": {"slots_total": 0, "slots_used": 0, "snapshots_total": 0, "snapshots_used": 0},
+        "parked": {"seqs": 0, "bytes": 0},
         "tickets_in_flight": 0,
         "logits_live": 1,
         "logits_rows_live": 1,
@@ -525,10 +526,10 @@ def _self_test(api):
         ("POST", "/v1/sequences", 201, J, '{"seq":7}'),
         ("GET", "/v1/sequences/7", 200, J,
          '{"seq":7,"len":3,"blocks":1,"busy":null,"ssm_slot":false,"snapshots_held":0,'
-         '"snapshots":[]}'),
+         '"snapshots":[],"parked":false}'),
         ("GET", "/v1/sequences/7", 200, J,
          '{"seq":7,"len":3,"blocks":1,"busy":12,"ssm_slot":true,"snapshots_held":1,'
-         '"snapshots":[3]}'),
+         '"snapshots":[3],"parked":false}'),
         ("GET", "/v1/sequences/99", 404, J, err("unknown_seq", {"seq": 99})),
         ("DELETE", "/v1/sequences/7", 200, J, '{"kind":"free","freed_blocks":1,"freed_snapshots":0,"freed_logits":0}'),
         ("DELETE", "/v1/sequences/7", 409, J, err("seq_busy", {"ticket": 12})),

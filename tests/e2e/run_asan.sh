@@ -10,7 +10,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 bazel build --config=asan //service:devio-server //tools/mkmodel:devio-mkmodel //ref:devio-ref \
-    //conform:devio-conform //tests/bench:devio-bench //kernels:libdevio-backend-cuda-emu.so
+    //conform:devio-conform //tests/bench:devio-bench //kernels:libdevio-backend-cuda-emu.so \
+    //tests/backend:libdevio-backend-stream.so
 BIN=$(bazel info --config=asan bazel-bin 2>/dev/null)
 logs=$(mktemp -d "${TMPDIR:-/tmp}/devio-asan-XXXXXX")
 trap 'rm -rf "$logs"' EXIT

@@ -39,6 +39,8 @@ def test_every_route(bins, tiny_model, srv):
         t = c.launch({"rows": [{"seq": seq, "tokens": [4]}]})
         assert c.await_ticket(t, timeout_ms=10000)["rows"][0]["len"] == 4
         assert c.sequence(seq)["len"] == 4
+        moved = c.import_state(c.export_state(seq))
+        assert c.sequence(moved)["len"] == 4 and c.free(moved)["kind"] == "free"
         child = c.fork(seq)
         assert c.truncate(child, 2)["len"] == 2
         assert c.snapshot(seq)["kind"] == "snapshot"

@@ -25,6 +25,8 @@ SUITES = [
     SCRIPTS / "logits.jsonl",
     SCRIPTS / "effects.jsonl",
     SCRIPTS / "errors.jsonl",
+    # A sequence's state exported and imported (GET /v1/sequences/{id}/state, POST /v1/sequences).
+    REPO / "tests" / "conformance" / "state.jsonl",
 ]
 
 

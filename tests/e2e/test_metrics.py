@@ -213,10 +213,17 @@ def test_operator_gauges_and_errors(driven):
     assert metric(m2, "devio_sequences_live") == 3 and metric(m2, "devio_logits_live") == 1
     assert metric(m2, "devio_http_errors_total", code="invalid_input") == \
         metric(m1, "devio_http_errors_total", code="invalid_input") + 1
+    # Parked: counted with its host bytes; its logits handle still released as before.
+    parked = c.effect({"kind": "park", "seq": s})["parked_bytes"]
+    mp = parse_metrics(c.metrics())[0]
+    assert metric(mp, "devio_sequences_parked") == 1
+    assert metric(mp, "devio_parked_bytes") == parked > 0
+    assert c.call("GET", "/v1/facts").json["parked"] == {"seqs": 1, "bytes": parked}
     c.effect({"kind": "release", "logits": h})
     c.call("DELETE", "/v1/sequences/%d" % s)
     m3 = parse_metrics(c.metrics())[0]
     assert metric(m3, "devio_sequences_live") == 2 and metric(m3, "devio_logits_live") == 0
+    assert metric(m3, "devio_sequences_parked") == 0 and metric(m3, "devio_parked_bytes") == 0
 
 
 def test_build_info_and_process(driven):

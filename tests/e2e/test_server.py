@@ -234,7 +234,7 @@ def test_sequence_create_get_delete(c):
     a, b = c.create(), c.create()
     assert b > a > 0
     assert c.seq(a) == {"seq": a, "len": 0, "blocks": 0, "busy": None, "ssm_slot": False,
-                        "snapshots_held": 0, "snapshots": []}
+                        "snapshots_held": 0, "snapshots": [], "parked": False}
     c.step(plan(row(a, prompt(20))))
     info = c.seq(a)
     assert (info["len"], info["blocks"], info["busy"]) == (20, 2, None)

@@ -132,6 +132,7 @@ SCRIPTS = [
 OUTSIDE_FLAGS = {
     "no-warnings": "node (how ref/wasm/run-node.mjs is run)",
     "config": "bazel (bazel test --config=asan)",
+    "data-binary": "curl (a state's bytes sent as they are, README.md)",
 }
 
 # Environment variables that are not the twin of a flag.

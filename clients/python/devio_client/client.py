@@ -198,16 +198,19 @@ class Client:
         return self._call(method, path, value, expect).json()
 
     def _retrying(self, method: str, path: str, value: Any = None,
-                  expect: Tuple[int, ...] = (200,), key: Optional[str] = None) -> Response:
+                  expect: Tuple[int, ...] = (200,), key: Optional[str] = None,
+                  raw: Optional[bytes] = None,
+                  content_type: str = "application/json") -> Response:
         """A request that is safe to send again: with an Idempotency-Key when `key`, or one
         whose answer the server gives again (an await). Retried on a lost connection, a 503
-        and a 409 key_in_use, after Retry-After (at most 5 s) or a doubling delay."""
-        body = None if value is None else json.dumps(value)
+        and a 409 key_in_use, after Retry-After (at most 5 s) or a doubling delay. `raw`
+        is sent as it is (with `content_type`) instead of `value` as JSON."""
+        body = raw if raw is not None else (None if value is None else json.dumps(value))
         headers = {"Idempotency-Key": key} if key else None
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                r = self.request(method, path, body, headers=headers)
+                r = self.request(method, path, body, headers=headers, content_type=content_type)
             except ConnectionLost:
                 if last:
                     raise
@@ -271,6 +274,25 @@ class Client:
 
     def delete_sequence(self, seq: int, key: Optional[str] = None) -> Outcome:
         return self._keyed("DELETE", "/v1/sequences/%d" % seq, key=key)
+
+    # ---- a sequence's state -------------------------------------------------
+
+    def export_state(self, seq: int, snapshots: bool = False) -> bytes:
+        """Sequence seq's whole state (its tokens, keys and values, a hybrid model's recurrent
+        state and, with `snapshots`, its SSM snapshots): bytes that import_state takes on any
+        server of the same model and numerics. A sequence in an unawaited ticket is 409
+        seq_busy; while the bytes stream, launches and effects on it are refused the same way."""
+        q = "true" if snapshots else "false"
+        return self._call("GET", "/v1/sequences/%d/state?snapshots=%s" % (seq, q)).body
+
+    def import_state(self, data: bytes, key: Optional[str] = None) -> int:
+        """A state export_state gave, made a new sequence of this server; returns its id.
+        Keyed and retried as create_sequence is. A state of another model or numerics, or
+        altered or cut short, is 400 invalid_input; one over --max-state-bytes 413 too_large;
+        no room for it 409 (out_of_kv_blocks, out_of_seqs, ...). A refused import holds nothing."""
+        r = self._retrying("POST", "/v1/sequences", expect=(201,), key=key or uuid.uuid4().hex,
+                           raw=bytes(data), content_type="application/octet-stream")
+        return r.json()["seq"]
 
     # ---- steps --------------------------------------------------------------
 

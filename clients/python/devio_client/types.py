@@ -76,6 +76,7 @@ class Sequence(TypedDict):
     ssm_slot: bool
     snapshots_held: int
     snapshots: List[int]
+    parked: bool
 
 
 class Outcome(TypedDict, total=False):
@@ -120,9 +121,15 @@ class SsmFacts(TypedDict):
     snapshots_used: int
 
 
+class ParkedFacts(TypedDict):
+    seqs: int
+    bytes: int
+
+
 class Facts(TypedDict):
     kv: KvFacts
     ssm: SsmFacts
+    parked: ParkedFacts
     tickets_in_flight: int
     logits_live: int
     logits_rows_live: int
