@@ -11,7 +11,7 @@ OUT=${1:-$ROOT/.devio/fuzz}
 CC=${FUZZ_CC:-clang}
 command -v "$CC" >/dev/null || { echo "build.sh: $CC not found (deploy/devio.sh setup installs clang)" >&2; exit 1; }
 
-TARGETS=(dispatch config safetensors adapter script gguf)
+TARGETS=(dispatch config safetensors adapter script gguf state)
 # The reference backend as its plain (baseline) path: no ref_isa.c, so the
 # symbols keep their own names (as in the WASI build).
 LIB_SRCS=(common/*.c device/*.c device/*/*.c api/*.c

@@ -10,7 +10,7 @@ cd "$ROOT"
 SECS=${1:-30}
 shift || true
 TARGETS=("$@")
-[ "${#TARGETS[@]}" -gt 0 ] || TARGETS=(dispatch config safetensors adapter script gguf)
+[ "${#TARGETS[@]}" -gt 0 ] || TARGETS=(dispatch config safetensors adapter script gguf state)
 OUT=$ROOT/.devio/fuzz
 bash tests/fuzz/build.sh "$OUT" >/dev/null
 mkdir -p "$OUT/findings"
