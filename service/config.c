@@ -60,6 +60,11 @@ static const devio_opt opts[] = {
     {.flag = "ticket-lease-ms", .type = DEVIO_OPT_U32, .offset = S(ticket_lease_ms), .metavar = "N",
      .help = "a settled ticket not awaited within this is reaped: its sequences and logits handles "
              "freed, its history row 'reaped'; 0 = never [30000]"},
+    {.flag = "event-buffer", .type = DEVIO_OPT_U32, .offset = S(event_buffer), .metavar = "N",
+     .help = "device events kept for GET /v1/events; a stream resumed further back is told "
+             "how many it missed, 1.. [4096]"},
+    {.flag = "event-subscribers", .type = DEVIO_OPT_U32, .offset = S(event_subscribers),
+     .metavar = "N", .help = "GET /v1/events streams open at once; more are answered 503 [16]"},
     {.flag = "auth-health", .type = DEVIO_OPT_BOOL, .offset = S(auth_health),
      .help = "require the token on /healthz, /readyz, /metrics"},
     {.flag = "log-format", .type = DEVIO_OPT_CHOICE, .offset = S(log_format), .metavar = "F",
@@ -108,6 +113,8 @@ void devio_server_config_default(devio_server_config *c)
     c->key_retention = 1000000;
     c->drain_ms = 10000;
     c->ticket_lease_ms = 30000;
+    c->event_buffer = 4096;
+    c->event_subscribers = 16;
     c->log_format = DEVIO_LOG_TEXT;
     c->log_level = DEVIO_LOG_INFO;
     c->device = devio_config_default();
@@ -130,6 +137,10 @@ int devio_server_config_parse(devio_server_config *c, int argc, char **argv, FIL
     }
     if (c->max_state_bytes < 1) {
         fprintf(errf, "devio-server: --max-state-bytes must be at least 1\n");
+        return -1;
+    }
+    if (c->event_buffer < 1) {
+        fprintf(errf, "devio-server: --event-buffer must be at least 1\n");
         return -1;
     }
     if (c->max_connections < 1) {

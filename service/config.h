@@ -34,6 +34,8 @@ typedef struct devio_server_config {
     uint32_t retention;     /* --retention ticket rows kept, default 100000 */
     uint32_t key_retention; /* --key-retention Idempotency-Key rows kept, default 1000000 */
     uint32_t drain_ms;      /* --drain-ms on SIGTERM, default 10000 */
+    uint32_t event_buffer;  /* --event-buffer: device events kept for GET /v1/events */
+    uint32_t event_subscribers; /* --event-subscribers: GET /v1/events streams open at once */
     uint32_t ticket_lease_ms; /* --ticket-lease-ms: a settled ticket nobody awaits this long
                                  is reaped, 0 = never; default 30000 */
     bool auth_health;       /* --auth-health: token needed for /healthz /readyz /metrics too */

@@ -285,6 +285,10 @@ static enum MHD_Result send_reply(devio_server *s, struct MHD_Connection *c, dev
         bytes = (size_t)devio_body_out_total(r->stream);
         resp = devio_body_out_response(r->stream, c);
         r->stream = NULL;
+    } else if (r->response) {
+        /* Made by its handler (an event stream); queued here, and ours no longer. */
+        resp = r->response;
+        r->response = NULL;
     } else {
         resp = MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_FREE);
     }
@@ -478,7 +482,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->parked = true;
         return MHD_YES; /* parked: this runs again once the connection is resumed */
     }
-    if (!r.body && !r.stream) {
+    if (!r.body && !r.stream && !r.response) {
         /* A handler that answered nothing: an error, never an empty 200. */
         devio_fail(&err, DEVIO_E_NOMEM, "no reply");
         answer_error(s, &r, &err);

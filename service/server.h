@@ -14,6 +14,7 @@
 #include "service/adapters.h"
 #include "service/tickets/parked_awaits.h"
 #include "service/config.h"
+#include "service/events.h"
 #include "service/tickets/leases.h"
 #include "service/http/listener.h"
 #include "service/metrics/metrics.h"
@@ -42,6 +43,8 @@ typedef struct devio_server {
     pthread_mutex_t cursors_mu;/* guards cursors */
     devio_state_cursor *cursors; /* state exports and imports under way (state_cursors.h),
                                   closed by a teardown before it frees the device */
+    devio_events events;       /* the device's events for GET /v1/events (events.h): started
+                                  before the device, stopped after the daemon */
     devio_offload offload;     /* workers running the routes that may wait */
     bool offload_started;
     devio_leases leases;       /* launched tickets until taken; the reaper (abandoned.c) */

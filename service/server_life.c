@@ -108,6 +108,12 @@ devio_status devio_server_start(devio_server *s, const devio_server_config *cfg,
         dc.use_worker_thread = true;
         dc.on_settled = devio_server_settled;
         dc.on_settled_ctx = s;
+        st = devio_events_start(&s->events, cfg->event_buffer, cfg->event_subscribers,
+                                dc.epoch, err);
+    }
+    if (st == DEVIO_OK) {
+        dc.on_event = devio_events_hook;
+        dc.on_event_ctx = &s->events;
         st = devio_adapters_root(cfg->adapters, cfg->adapters_given, &dc.adapters_root, err);
     }
     if (st == DEVIO_OK) {
@@ -156,6 +162,9 @@ void devio_server_stop(devio_server *s)
 {
     atomic_store(&s->ready, false);
     atomic_store(&s->draining, true);
+    /* Event streams never end by themselves: they end now, so that the drain below does not
+     * wait on them. */
+    devio_events_close(&s->events);
     if (s->mhd) {
         /* Drain for a bounded time: /readyz answers 503 and launches are
          * refused (not_ready), but the listener stays open, so that clients,
@@ -178,6 +187,7 @@ void devio_server_stop(devio_server *s)
         devio_offload_stop(&s->offload);
     s->offload_started = false;
     devio_server_http_stop(s);
+    devio_events_stop(&s->events);
     /* The daemon's last completions may have queued jobs for the reaper,
      * which find the device gone; the store's last batches resume nothing
      * (no connection is left), then the table stops. */

@@ -56,6 +56,9 @@ void devio_reply_bytes(devio_reply *r, unsigned code, const char *ctype, char *b
     free(r->body);
     devio_body_out_free(r->stream);
     r->stream = NULL;
+    if (r->response)
+        MHD_destroy_response(r->response);
+    r->response = NULL;
     r->code = code;
     r->ctype = ctype;
     r->body = body;
@@ -86,4 +89,7 @@ void devio_reply_free(devio_reply *r)
     r->len = 0;
     devio_body_out_free(r->stream);
     r->stream = NULL;
+    if (r->response)
+        MHD_destroy_response(r->response);
+    r->response = NULL;
 }

@@ -11,6 +11,8 @@
 
 #include "device/devio.h"
 
+struct MHD_Response;
+
 typedef struct devio_server devio_server; /* service/server.h */
 typedef struct devio_wait devio_wait;     /* service/tickets/parked_awaits.h */
 typedef struct devio_ticket_op devio_ticket_op; /* service/tickets/tickets.h */
@@ -87,6 +89,8 @@ typedef struct devio_reply {
     size_t len;
     devio_body_out *stream; /* instead of body: a body made as it is sent (body_out.h),
                                owned by the reply until it is sent */
+    struct MHD_Response *response; /* instead of body: a response the handler made (an event
+                               stream), owned by the reply until it is queued */
     const char *ctype; /* static */
     bool close;        /* ask the client to close the connection */
     char allow[48];    /* a 405's Allow header ("GET, HEAD"), or "" */

@@ -179,6 +179,13 @@ void devio_metrics_set_connections_refused(devio_metrics *m, uint64_t n)
     pthread_mutex_unlock(&m->mu);
 }
 
+void devio_metrics_set_event_subscribers(devio_metrics *m, uint32_t n)
+{
+    pthread_mutex_lock(&m->mu);
+    m->event_subscribers = n;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* A label value in the exposition format: backslash, quote and newline escaped. */
 static void put_label(FILE *o, const char *v)
 {
@@ -384,6 +391,7 @@ char *devio_metrics_render(devio_metrics *m, const devio_metrics_device *f,
         return NULL;
     pthread_mutex_lock(&m->mu);
     put_counted(o, m);
+    uint32_t subscribers = m->event_subscribers;
     pthread_mutex_unlock(&m->mu);
     if (f)
         put_facts(o, f);
@@ -395,6 +403,8 @@ char *devio_metrics_render(devio_metrics *m, const devio_metrics_device *f,
     fprintf(o, "devio_up %d\n", f ? 1 : 0);
     family(o, "devio_ready", "gauge", "1 while GET /readyz answers 200, else 0.");
     fprintf(o, "devio_ready %d\n", ready ? 1 : 0);
+    family(o, "devio_event_subscribers", "gauge", "GET /v1/events streams open.");
+    fprintf(o, "devio_event_subscribers %u\n", subscribers);
     devio_process_stats_write(o, &ps);
     if (fclose(o) != 0) {
         free(buf);

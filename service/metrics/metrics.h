@@ -48,6 +48,7 @@ typedef struct devio_metrics {
     char backend[32]; /* devio_build_info's backend label; "" until set */
     uint64_t errors[DEVIO_STATUS_COUNT]; /* error answers by status (errors[0] unused) */
     uint64_t connections_refused; /* the listener's 503 too_many_connections, as last read */
+    uint32_t event_subscribers;   /* GET /v1/events streams open, as last read */
 } devio_metrics;
 
 void devio_metrics_init(devio_metrics *m);
@@ -81,6 +82,8 @@ void devio_metrics_error(devio_metrics *m, devio_status s);
  * too_many_connections so far (it counts them itself, before any HTTP):
  * added to that code's count at render. */
 void devio_metrics_set_connections_refused(devio_metrics *m, uint64_t n);
+/* GET /v1/events streams open now (service/events.h), for devio_event_subscribers. */
+void devio_metrics_set_event_subscribers(devio_metrics *m, uint32_t n);
 
 /* The device's limits and memory, read from it at render time beside its
  * facts. */

@@ -23,6 +23,7 @@ devio_route_handler devio_route_adapters_list, devio_route_adapter_get, devio_ro
 /* routes_state.c: a sequence's state exported (a streamed answer) and imported (a streamed
  * body, taken by devio_route_state_sink) */
 devio_route_handler devio_route_seq_state, devio_route_seq_import;
+devio_route_handler devio_route_events;
 extern const devio_route_sink devio_route_state_sink;
 
 /* routes_device.c: a keyed request's undo (keys.h) for a sequence it made: freed */

@@ -56,6 +56,8 @@ static const devio_route routes[] = {
     ROUTE("GET", "/v1/facts", devio_route_facts, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/device", devio_route_device, TOKEN, NO_BODY, false),
     ROUTE("GET", "/v1/model", devio_route_model, TOKEN, NO_BODY, false),
+    /* Server-sent events, open until the client goes or the server stops (events.h). */
+    ROUTE("GET", "/v1/events", devio_route_events, TOKEN, NO_BODY, false),
     ROUTE("POST", "/v1/teardown", devio_route_teardown, TOKEN, NO_BODY, false),
     WAITS("GET", "/v1/adapters", devio_route_adapters_list, TOKEN, NO_BODY, false),
     WAITS("GET", "/v1/adapters/{name}", devio_route_adapter_get, TOKEN, NO_BODY, false),

@@ -109,6 +109,7 @@ devio_status devio_route_metrics(devio_server *s, const devio_request *rq, devio
         ma.capacity = cfg->max_loras;
         devio_server_release(s);
     }
+    devio_metrics_set_event_subscribers(&s->metrics, devio_events_subscribers(&s->events));
     devio_metrics_set_connections_refused(&s->metrics,
                                           atomic_load(&s->listener.refused_total) +
                                               atomic_load(&s->listener.refused_address));
