@@ -442,6 +442,21 @@ static devio_status http_call(void *ctx, const char *op, const json_t *body, jso
     return devio_fail(err, DEVIO_E_INVALID, "unknown operation '%s'", op);
 }
 
+/* GET path asking for application/octet-stream: its bytes in h->buf, h->len. */
+static devio_status get_octets(devio_http_target *h, const char *path, devio_error *err)
+{
+    devio_status s = exchange(h, "GET", path, NULL, "application/octet-stream",
+                              timeout_of(h, 0), err);
+    if (s != DEVIO_OK)
+        return s;
+    if (h->code < 200 || h->code > 299)
+        return answer_error(h, "GET", path, err);
+    if (strncmp(h->ctype, "application/octet-stream", 24) != 0)
+        return broken(h, err, "GET %s answered '%s', not application/octet-stream", path,
+                      h->ctype);
+    return DEVIO_OK;
+}
+
 static devio_status http_logits(void *ctx, uint64_t id, float **data, uint32_t *n_rows,
                                 uint32_t *vocab, devio_error *err)
 {
@@ -455,15 +470,9 @@ static devio_status http_logits(void *ctx, uint64_t id, float **data, uint32_t *
         return devio_fail(err, DEVIO_E_UNKNOWN_LOGITS, "no logits handle %llu",
                           (unsigned long long)id);
     snprintf(path, sizeof path, "/v1/logits/%llu", (unsigned long long)id);
-    devio_status s = exchange(h, "GET", path, NULL, "application/octet-stream",
-                              timeout_of(h, 0), err);
+    devio_status s = get_octets(h, path, err);
     if (s != DEVIO_OK)
         return s;
-    if (h->code < 200 || h->code > 299)
-        return answer_error(h, "GET", path, err);
-    if (strncmp(h->ctype, "application/octet-stream", 24) != 0)
-        return broken(h, err, "GET %s answered '%s', not application/octet-stream", path,
-                      h->ctype);
     size_t row_bytes = (size_t)h->vocab * 4;
     if (h->len % row_bytes != 0)
         return broken(h, err, "GET %s answered %zu bytes, not whole rows of %u floats", path,
@@ -499,15 +508,9 @@ static devio_status http_state_export(void *ctx, uint64_t seq, bool snapshots, u
         return devio_fail(err, DEVIO_E_UNKNOWN_SEQ, "no sequence %llu", (unsigned long long)seq);
     snprintf(path, sizeof path, "/v1/sequences/%llu/state?snapshots=%s",
              (unsigned long long)seq, snapshots ? "true" : "false");
-    devio_status s = exchange(h, "GET", path, NULL, "application/octet-stream", timeout_of(h, 0),
-                              err);
+    devio_status s = get_octets(h, path, err);
     if (s != DEVIO_OK)
         return s;
-    if (h->code < 200 || h->code > 299)
-        return answer_error(h, "GET", path, err);
-    if (strncmp(h->ctype, "application/octet-stream", 24) != 0)
-        return broken(h, err, "GET %s answered '%s', not application/octet-stream", path,
-                      h->ctype);
     if (!h->buf) {
         /* An empty answer (no state is): a buffer of its own all the same. */
         h->buf = malloc(1);

@@ -1119,22 +1119,6 @@ static void test_device_info(void **state)
 
 /* ---- a sequence's state moved between devices (docs/state.md) ------------- */
 
-/* `steps` one-token steps on sa of a and sb of b: the same logits bits on both. */
-static void steps_alike(devio_device *a, uint64_t sa, devio_device *b, uint64_t sb,
-                        uint32_t steps, uint32_t salt)
-{
-    uint32_t V = devio_model_of(a)->cfg.vocab_size;
-    for (uint32_t i = 0; i < steps; i++) {
-        int32_t tok;
-        devio_test_tokens(&tok, 1, salt + i, V);
-        float *la = devio_test_step(a, sa, &tok, 1, DEVIO_SNAP_NONE, DEVIO_OK);
-        float *lb = devio_test_step(b, sb, &tok, 1, DEVIO_SNAP_NONE, DEVIO_OK);
-        assert_memory_equal(la, lb, V * sizeof *la);
-        free(la);
-        free(lb);
-    }
-}
-
 /* Strict: prefilled on the reference, continued on the GPU, and back, the same bits as on
  * the reference alone; a hybrid model's state slot and snapshots go along (truncate to one).
  * Fast: from one GPU device to another. */
@@ -1152,7 +1136,7 @@ static void state_case(const char *arch)
     free(devio_test_step(ref, sr, tok, 13, hybrid ? DEVIO_SNAP_EACH : DEVIO_SNAP_NONE,
                          DEVIO_OK));
     uint64_t sg = devio_test_move(ref, sr, true, gpu);
-    steps_alike(ref, sr, gpu, sg, 4, 10);
+    devio_test_steps_alike(ref, sr, gpu, sg, 4, 10);
     if (hybrid) {
         devio_effect cut = {.kind = DEVIO_EFFECT_TRUNCATE, .seq = sr, .len = 6};
         devio_outcome o;
@@ -1162,7 +1146,7 @@ static void state_case(const char *arch)
         assert_int_equal(devio_apply(gpu, &cut, &o, &err), DEVIO_OK);
     }
     uint64_t back = devio_test_move(gpu, sg, true, ref);
-    steps_alike(gpu, sg, ref, back, 3, 20);
+    devio_test_steps_alike(gpu, sg, ref, back, 3, 20);
     devio_teardown(ref, NULL);
     devio_teardown(gpu, NULL);
 
@@ -1173,7 +1157,7 @@ static void state_case(const char *arch)
     uint64_t s1 = devio_test_seq(f1);
     free(devio_test_step(f1, s1, tok, 13, DEVIO_SNAP_NONE, DEVIO_OK));
     uint64_t s2 = devio_test_move(f1, s1, false, f2);
-    steps_alike(f1, s1, f2, s2, 3, 30);
+    devio_test_steps_alike(f1, s1, f2, s2, 3, 30);
     devio_teardown(f1, NULL);
     devio_teardown(f2, NULL);
     devio_fixture_free(&fx);

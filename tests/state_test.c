@@ -85,22 +85,6 @@ static devio_device *open_dev(const devio_fixture *f, uint32_t threads, uint32_t
 
 static uint32_t vocab_of(const devio_device *d) { return devio_model_of(d)->cfg.vocab_size; }
 
-/* Decode `steps` tokens one at a time on seq of a and seq of b; every step's logits the same
- * bits on both. */
-static void continue_alike(devio_device *a, uint64_t sa, devio_device *b, uint64_t sb,
-                           uint32_t steps, uint32_t salt)
-{
-    uint32_t V = vocab_of(a);
-    for (uint32_t i = 0; i < steps; i++) {
-        int32_t tok;
-        devio_test_tokens(&tok, 1, salt + i, V);
-        float *la = devio_test_step(a, sa, &tok, 1, DEVIO_SNAP_NONE, DEVIO_OK);
-        float *lb = devio_test_step(b, sb, &tok, 1, DEVIO_SNAP_NONE, DEVIO_OK);
-        assert_memory_equal(la, lb, V * sizeof *la);
-        free(la);
-        free(lb);
-    }
-}
 
 static uint64_t prefilled(devio_device *d, uint32_t n, uint32_t salt, devio_snapshot snap)
 {
@@ -129,14 +113,14 @@ static void move_case(const devio_fixture *f, uint32_t bs_from, uint32_t bs_to)
     uint64_t sa = prefilled(a, 13, 1, DEVIO_SNAP_NONE);
     uint64_t sb = devio_test_move(a, sa, false, b);
     expect_info(a, sa, b, sb);
-    continue_alike(a, sa, b, sb, 6, 100);
+    devio_test_steps_alike(a, sa, b, sb, 6, 100);
     devio_effect fork = {.kind = DEVIO_EFFECT_FORK, .seq = sa};
     devio_outcome o;
     devio_error err = {0};
     assert_int_equal(devio_apply(a, &fork, &o, &err), DEVIO_OK);
     uint64_t child_b = devio_test_move(a, o.seq, false, b);
-    continue_alike(a, o.seq, b, child_b, 3, 200);
-    continue_alike(a, sa, b, sb, 2, 300);
+    devio_test_steps_alike(a, o.seq, b, child_b, 3, 200);
+    devio_test_steps_alike(a, sa, b, sb, 2, 300);
     devio_teardown(a, NULL);
     devio_teardown(b, NULL);
 }
@@ -191,18 +175,18 @@ static void hybrid_case(const devio_fixture *f)
     assert_int_equal(devio_seq_info_get(b, sb, &ib, &err), DEVIO_OK);
     assert_int_equal(ib.n_snapshots, ia.n_snapshots);
     assert_memory_equal(ib.snapshots, ia.snapshots, ia.n_snapshots * sizeof *ia.snapshots);
-    continue_alike(a, sa, b, sb, 4, 400);
+    devio_test_steps_alike(a, sa, b, sb, 4, 400);
     devio_effect cut = {.kind = DEVIO_EFFECT_TRUNCATE, .seq = sa, .len = 5};
     devio_outcome o;
     assert_int_equal(devio_apply(a, &cut, &o, &err), DEVIO_OK);
     cut.seq = sb;
     assert_int_equal(devio_apply(b, &cut, &o, &err), DEVIO_OK);
-    continue_alike(a, sa, b, sb, 3, 500);
+    devio_test_steps_alike(a, sa, b, sb, 3, 500);
     /* Without snapshots the state slot still moves; no snapshot comes along. */
     uint64_t sc = devio_test_move(a, sa, false, b);
     assert_int_equal(devio_seq_info_get(b, sc, &ib, &err), DEVIO_OK);
     assert_int_equal(ib.n_snapshots, 0);
-    continue_alike(a, sa, b, sc, 2, 600);
+    devio_test_steps_alike(a, sa, b, sc, 2, 600);
     devio_teardown(a, NULL);
     devio_teardown(b, NULL);
 }
@@ -228,9 +212,9 @@ static void test_between_backends(void **state)
     devio_device *b = open_on(&c->llama, &devio_stream_backend, 1, 8, 64);
     uint64_t sa = prefilled(a, 11, 4, DEVIO_SNAP_NONE);
     uint64_t sb = devio_test_move(a, sa, false, b);
-    continue_alike(a, sa, b, sb, 3, 700);
+    devio_test_steps_alike(a, sa, b, sb, 3, 700);
     uint64_t back = devio_test_move(b, sb, false, a);
-    continue_alike(b, sb, a, back, 3, 800);
+    devio_test_steps_alike(b, sb, a, back, 3, 800);
     devio_teardown(a, NULL);
     devio_teardown(b, NULL);
 }
@@ -312,7 +296,7 @@ static void test_refusals(void **state)
     uint64_t sb = 0;
     devio_error err = {0};
     assert_int_equal(devio_test_import(b, good, n, 4096, n, &sb, &err), DEVIO_OK);
-    continue_alike(a, sa, b, sb, 2, 900);
+    devio_test_steps_alike(a, sa, b, sb, 2, 900);
     free(good);
     free(bad);
     devio_teardown(a, NULL);
@@ -384,7 +368,8 @@ static void park_case(const devio_fixture *f, bool hybrid)
     devio_outcome o;
     assert_int_equal(effect_on(a, DEVIO_EFFECT_FORK, sa, &o), DEVIO_OK);
     uint64_t child = o.seq;
-    continue_alike(a, sa, twin, st, 3, 40); /* the parent's own blocks past the shared ones */
+    /* the parent's own blocks past the shared ones */
+    devio_test_steps_alike(a, sa, twin, st, 3, 40);
     devio_facts before = devio_facts_get(a);
     assert_int_equal(effect_on(a, DEVIO_EFFECT_PARK, sa, &o), DEVIO_OK);
     devio_facts parked = devio_facts_get(a);
@@ -415,13 +400,13 @@ static void park_case(const devio_fixture *f, bool hybrid)
     devio_facts back = devio_facts_get(a);
     assert_int_equal(back.seqs_parked, 0);
     assert_int_equal(back.parked_bytes, 0);
-    continue_alike(a, sa, twin, st, 3, 50);
+    devio_test_steps_alike(a, sa, twin, st, 3, 50);
     if (hybrid) { /* the snapshots came back too */
         devio_effect cut = {.kind = DEVIO_EFFECT_TRUNCATE, .seq = sa, .len = 6};
         assert_int_equal(devio_apply(a, &cut, &o, &err), DEVIO_OK);
         cut.seq = st;
         assert_int_equal(devio_apply(twin, &cut, &o, &err), DEVIO_OK);
-        continue_alike(a, sa, twin, st, 2, 60);
+        devio_test_steps_alike(a, sa, twin, st, 2, 60);
     }
     /* A parked sequence freed gives its host bytes back. */
     assert_int_equal(effect_on(a, DEVIO_EFFECT_PARK, sa, &o), DEVIO_OK);

@@ -201,6 +201,21 @@ devio_status devio_test_import(devio_device *d, const uint8_t *b, size_t n, size
     return s;
 }
 
+void devio_test_steps_alike(devio_device *a, uint64_t sa, devio_device *b, uint64_t sb,
+                            uint32_t steps, uint32_t salt)
+{
+    uint32_t V = devio_model_of(a)->cfg.vocab_size;
+    for (uint32_t i = 0; i < steps; i++) {
+        int32_t tok;
+        devio_test_tokens(&tok, 1, salt + i, V);
+        float *la = devio_test_step(a, sa, &tok, 1, DEVIO_SNAP_NONE, DEVIO_OK);
+        float *lb = devio_test_step(b, sb, &tok, 1, DEVIO_SNAP_NONE, DEVIO_OK);
+        assert_memory_equal(la, lb, V * sizeof *la);
+        free(la);
+        free(lb);
+    }
+}
+
 uint64_t devio_test_move(devio_device *from, uint64_t seq, bool snapshots, devio_device *to)
 {
     size_t n;

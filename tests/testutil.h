@@ -48,6 +48,10 @@ uint8_t *devio_test_export(devio_device *d, uint64_t seq, bool snapshots, size_t
  * sequence in *seq when none does. */
 devio_status devio_test_import(devio_device *d, const uint8_t *b, size_t n, size_t piece,
                                uint64_t max_bytes, uint64_t *seq, devio_error *err);
+/* `steps` one-token decode steps on sa of a and sb of b (tokens varied by salt): every
+ * step's logits the same bits on both (asserted). */
+void devio_test_steps_alike(devio_device *a, uint64_t sa, devio_device *b, uint64_t sb,
+                            uint32_t steps, uint32_t salt);
 /* Export seq from `from` and import it into `to` (asserted); the new id. */
 uint64_t devio_test_move(devio_device *from, uint64_t seq, bool snapshots, devio_device *to);
 
