@@ -32,18 +32,29 @@ static void unlist(devio_server *s, devio_state_cursor *c)
     c->prev = c->next = NULL;
 }
 
-devio_status devio_state_export_open(devio_server *s, uint64_t seq, bool snapshots,
-                                     devio_state_cursor **out, uint64_t *bytes, devio_error *err)
+/* What a cursor opens on the device: an export (seq, snapshots, *bytes) or an import. */
+typedef struct open_args {
+    bool is_export;
+    uint64_t seq;
+    bool snapshots;
+    uint64_t *bytes;
+    uint64_t max_bytes;
+} open_args;
+
+static devio_status cursor_open(devio_server *s, const open_args *a, devio_state_cursor **out,
+                                devio_error *err)
 {
     *out = NULL;
     devio_state_cursor *c = calloc(1, sizeof *c);
     if (!c)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of memory for an export");
+        return devio_fail(err, DEVIO_E_NOMEM, "out of memory for an %s",
+                          a->is_export ? "export" : "import");
     c->s = s;
     devio_device *dev;
     devio_status st = devio_server_hold(s, &dev, err);
     if (st == DEVIO_OK) {
-        st = devio_export_open(dev, seq, snapshots, &c->x, bytes, err);
+        st = a->is_export ? devio_export_open(dev, a->seq, a->snapshots, &c->x, a->bytes, err)
+                          : devio_import_open(dev, a->max_bytes, &c->m, err);
         if (st == DEVIO_OK)
             list(s, c);
         devio_server_release(s);
@@ -54,6 +65,13 @@ devio_status devio_state_export_open(devio_server *s, uint64_t seq, bool snapsho
     }
     *out = c;
     return DEVIO_OK;
+}
+
+devio_status devio_state_export_open(devio_server *s, uint64_t seq, bool snapshots,
+                                     devio_state_cursor **out, uint64_t *bytes, devio_error *err)
+{
+    open_args a = {.is_export = true, .seq = seq, .snapshots = snapshots, .bytes = bytes};
+    return cursor_open(s, &a, out, err);
 }
 
 devio_status devio_state_export_read(void *cursor, void *buf, size_t cap, size_t *n,
@@ -74,25 +92,8 @@ devio_status devio_state_export_read(void *cursor, void *buf, size_t cap, size_t
 devio_status devio_state_import_open(devio_server *s, uint64_t max_bytes,
                                      devio_state_cursor **out, devio_error *err)
 {
-    *out = NULL;
-    devio_state_cursor *c = calloc(1, sizeof *c);
-    if (!c)
-        return devio_fail(err, DEVIO_E_NOMEM, "out of memory for an import");
-    c->s = s;
-    devio_device *dev;
-    devio_status st = devio_server_hold(s, &dev, err);
-    if (st == DEVIO_OK) {
-        st = devio_import_open(dev, max_bytes, &c->m, err);
-        if (st == DEVIO_OK)
-            list(s, c);
-        devio_server_release(s);
-    }
-    if (st != DEVIO_OK) {
-        free(c);
-        return st;
-    }
-    *out = c;
-    return DEVIO_OK;
+    open_args a = {.max_bytes = max_bytes};
+    return cursor_open(s, &a, out, err);
 }
 
 devio_status devio_state_import_write(void *cursor, const void *buf, size_t n, devio_error *err)

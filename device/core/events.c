@@ -2,7 +2,8 @@
  * lock, in order. Here too the prefix hashes of full KV blocks: each sequence keeps the hash
  * of its last full block (dv_seq.hashed, last_hash), each pool block whether it holds a full
  * prefix and which (block_hash, block_stored), so that a block given back or about to be
- * rewritten can say what left. */
+ * rewritten can say what left. A device opened without on_event keeps none of it: the step
+ * path then hashes nothing. */
 #include <string.h>
 
 #include "common/sum64.h"
@@ -58,6 +59,8 @@ uint32_t dv_block_unref(devio_device *d, uint32_t b)
 
 void dv_blocks_stored(devio_device *d, dv_seq *q)
 {
+    if (!d->cfg.on_event)
+        return;
     uint32_t bs = d->cfg.block_size, full = q->len / bs;
     for (; q->hashed < full; q->hashed++) {
         uint32_t i = q->hashed;
@@ -76,6 +79,8 @@ void dv_blocks_stored(devio_device *d, dv_seq *q)
 
 void dv_block_rewritten(devio_device *d, const dv_seq *q)
 {
+    if (!d->cfg.on_event)
+        return;
     uint32_t last = q->n_blocks - 1;
     if (q->len % d->cfg.block_size && q->n_blocks && dv_seq_block_live(q, last))
         unstore(d, q->blocks[last]);
@@ -83,6 +88,8 @@ void dv_block_rewritten(devio_device *d, const dv_seq *q)
 
 void dv_hashes_truncated(devio_device *d, dv_seq *q)
 {
+    if (!d->cfg.on_event)
+        return;
     uint32_t bs = d->cfg.block_size, full = q->len / bs;
     /* The block the new length ends inside is written again by the next step: unless a fork
      * still shares it (the step then copies it), its stored prefix goes. */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "device/backend/registry.h"
@@ -63,6 +64,18 @@ static double import_once(devio_device *d, const uint8_t *buf, uint64_t n)
     if (s != DEVIO_OK || devio_apply(d, &fr, &o, &err) != DEVIO_OK)
         return -1.0;
     return dt;
+}
+
+/* The tiny model main wrote into dir: config.json, model.safetensors, the folder. */
+static void remove_model(const char *dir)
+{
+    char path[96];
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
 }
 
 int main(int argc, char **argv)
@@ -178,5 +191,7 @@ int main(int argc, char **argv)
     devio_teardown(d, NULL);
     devio_registry_close(&reg);
     devio_model_free(m);
+    if (tmp[0])
+        remove_model(tmp);
     return 0;
 }
