@@ -123,7 +123,8 @@ class Api:
         ], lifespan=lifespan)
 
     async def health(self, request):
-        return JSONResponse({"status": "ok"})
+        stats = getattr(self.engine, "stats", None)   # the router's servers, when several
+        return JSONResponse({"status": "ok", **(stats() if stats else {})})
 
     async def models(self, request):
         return JSONResponse({"object": "list", "data": [

@@ -82,7 +82,9 @@ class Job:
     sink: object
     seq: Optional[int] = None
     blocks: int = 0                 # KV blocks reserved for it
-    fed: int = 0                    # prompt tokens launched so far
+    feed: Optional[list] = None     # the tokens to prefill: the prompt, or after a lost
+                                    # devio-server the prompt and the tokens sampled so far
+    fed: int = 0                    # of `feed`, the tokens launched so far
     pending: Optional[int] = None   # the last sampled token, input of its next decode row
     tokens: list = field(default_factory=list)      # every sampled (id, logprob, top), EOS too
     published: int = 0              # of `tokens`, those turned into text
@@ -95,6 +97,16 @@ class Job:
     done: bool = False              # its last event was sent
     seq_key: str = field(default_factory=lambda: uuid.uuid4().hex)  # its create's Idempotency-Key
     refused_since: Optional[float] = None   # when devio first refused to create its sequence
+    handoff: bool = False           # prefilled on a prefill engine: its state moves to a decode one
+    engine: object = None           # the engine it runs on (the router's cancel wakes it)
+    moves: int = 0                  # times its state moved to another devio-server
+    resumes: int = 0                # times it was prefilled again after a devio-server was lost
+
+    def resume_feed(self):
+        """What to prefill on another devio-server: the prompt and every token sampled so far,
+        whose last chunk samples the next token (at the same position, so in strict numerics
+        the same token the lost server would have sampled)."""
+        return list(self.prompt) + [t[0] for t in self.tokens]
 
 
 @dataclass
@@ -112,7 +124,14 @@ class Engine:
     """The scheduler. submit() and cancel() may be called from any thread; everything else
     runs on the engine's own thread, which alone talks to devio-server."""
 
-    def __init__(self, url, token=None, step_tokens=512, max_running=0, retry_s=RETRY_S):
+    def __init__(self, url, token=None, step_tokens=512, max_running=0, retry_s=RETRY_S,
+                 role="both", on_lost=None, on_handoff=None):
+        self.url, self.role = url, role
+        self.on_lost = on_lost          # router: called with the jobs of a lost devio-server
+        self.on_handoff = on_handoff    # router: called with a prefilled job (role "prefill")
+        self.alive = True               # False once the connection to devio-server was lost
+        self.lost_at = 0.0              # time.monotonic() when it was last lost
+        self.aborts = []                # (job, reason, status) failed by another thread
         self.client = Client(url, token=token, timeout=60.0)
         self.retry_s = retry_s
         self.refused: Optional[Refused] = None   # the step waiting to be launched again
@@ -124,6 +143,10 @@ class Engine:
         self.max_seq_len = lim["max_seq_len"]
         self.block_size = lim["block_size"]
         self.kv_blocks = lim["kv_blocks"]
+        # a new request may fork a running one that computed its prompt's first blocks (not on
+        # a hybrid model, whose recurrent state cannot be truncated back to a block's end)
+        self.share = lim.get("ssm_slots", 0) == 0
+        self.shared_tokens = 0          # prompt tokens taken from forks instead of prefilled
         self.max_rows = lim["max_rows"]
         self.step_tokens = min(step_tokens, lim["max_batch_tokens"])
         self.max_running = min(max_running or min(lim["max_rows"], self.step_tokens),
@@ -132,6 +155,7 @@ class Engine:
             raise ValueError("--step-tokens %d is below the %d decode rows a step may carry"
                              % (self.step_tokens, self.max_running))
         self.waiting = collections.deque()
+        self.adopted = collections.deque()   # jobs whose sequence was imported here, reserved
         self.running: List[Job] = []
         self.reserved = 0
         self.touched: List[Job] = []    # jobs with something to tell their client
@@ -156,12 +180,48 @@ class Engine:
         return None
 
     def submit(self, job):
+        if job.feed is None:
+            job.feed = job.prompt
+        job.engine = self
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the server is shutting down")
             self.waiting.append(job)
             self._woken = True
             self._cond.notify()
+
+    def adopt(self, job):
+        """A job whose sequence (job.seq) is already on this engine's devio-server, its KV blocks
+        reserved with try_reserve(): it joins the batch with its next decode row."""
+        job.engine = self
+        with self._cond:
+            self.adopted.append(job)
+            self._woken = True
+            self._cond.notify()
+
+    def abort(self, job, reason, status=500):
+        """Fail a job that is on no engine's list (the router's mover holds it): its client gets
+        the error from this engine's thread, which published its earlier events."""
+        with self._cond:
+            self.aborts.append((job, reason, status))
+            self._woken = True
+            self._cond.notify()
+
+    def try_reserve(self, blocks):
+        """Reserve KV blocks for a job, when they are free (False when not)."""
+        with self._cond:
+            if self.reserved + blocks > self.kv_blocks:
+                return False
+            self.reserved += blocks
+            return True
+
+    def release(self, blocks):
+        with self._cond:
+            self.reserved -= blocks
+
+    def load(self):
+        """Requests placed here and not yet ended."""
+        return len(self.running) + len(self.waiting) + len(self.adopted)
 
     def cancel(self, job):
         """The client went away: the job ends at the next step without another event."""
@@ -195,8 +255,9 @@ class Engine:
                     self._retire()
                     self._admit()
                 step = self._launch()
-                busy = bool(self.touched) or step is not None
+                busy = bool(self.touched or self.aborts) or step is not None
                 self._publish()
+                self._handoffs()
             except Exception as e:  # keep serving: fail what was running, start afresh
                 log.exception("scheduler")
                 self.refused = None
@@ -250,7 +311,7 @@ class Engine:
                     self._fail([j for j, _ in jobs], "devio step %d did not settle" % ticket)
                     return
             except ConnectionLost as e:
-                self._fail(self.running, "devio-server: %s" % e, 503)
+                self._lost("devio-server: %s" % e)
                 return
             except DevioError as e:
                 # 503 store_unavailable: the ticket stays settled and awaitable; ask again
@@ -276,6 +337,8 @@ class Engine:
             job.finish = "stop"
         elif len(job.tokens) >= job.max_tokens:
             job.finish = "length"
+        elif self.role == "prefill":
+            job.handoff = True
         self.touched.append(job)
 
     def _retire(self):
@@ -285,7 +348,7 @@ class Engine:
             if job.finish is None and not job.cancelled:
                 keep.append(job)
                 continue
-            self.reserved -= job.blocks
+            self.release(job.blocks)
             try:
                 self.client.free(job.seq)
             except (DevioError, ConnectionLost) as e:
@@ -293,7 +356,14 @@ class Engine:
         self.running = keep
 
     def _admit(self):
-        """Waiting jobs join the batch, oldest first, while rows and KV blocks allow."""
+        """Adopted jobs join the batch, then waiting ones, oldest first, while rows and KV blocks
+        allow."""
+        while len(self.running) < self.max_running:
+            with self._cond:
+                if not self.adopted:
+                    break
+                job = self.adopted.popleft()
+            self.running.append(job)
         while len(self.running) < self.max_running:
             with self._cond:
                 if not self.waiting:
@@ -302,11 +372,12 @@ class Engine:
             if job.cancelled:
                 continue
             need = self.blocks_for(len(job.prompt), job.max_tokens)
-            if self.reserved + need > self.kv_blocks:
+            if not self.try_reserve(need):
                 self._requeue(job)
                 return
             try:   # the same key on every try: a create whose answer was lost counts once
-                job.seq = self.client.create_sequence(key=job.seq_key)
+                if not self._fork_shared(job):
+                    job.seq = self.client.create_sequence(key=job.seq_key)
             except DevioError as e:
                 if e.code == "out_of_seqs":   # held by another client of devio: wait in line
                     self._requeue(job)
@@ -314,17 +385,58 @@ class Engine:
                 now = time.monotonic()
                 if job.refused_since is None:
                     job.refused_since = now
+                self.release(need)
                 if e.code in TRANSIENT and now - job.refused_since < self.retry_s:
                     self._requeue(job)   # tried again at the next pass, as for out_of_seqs
                     return
                 self._fail([job], "devio-server: %s" % e, user_status(e))
                 continue
             except ConnectionLost as e:
-                self._fail([job], "devio-server: %s" % e, 503)
-                continue
+                self.release(need)
+                self._requeue(job)
+                self._lost("devio-server: %s" % e)
+                return
             job.blocks = need
-            self.reserved += need
             self.running.append(job)
+
+    def _shared(self, job):
+        """The running job whose computed prompt shares the most whole KV blocks with job's
+        feed (leaving at least its last token to prefill), and the tokens shared."""
+        bs, best, best_n = self.block_size, None, 0
+        cap = (len(job.feed) - 1) // bs * bs
+        for r in self.running:
+            if r.seq is None or r.handoff:
+                continue
+            n, top = 0, min(cap, r.fed // bs * bs, len(r.feed) // bs * bs)
+            while n < top and r.feed[n:n + bs] == job.feed[n:n + bs]:
+                n += bs
+            if n > best_n:
+                best, best_n = r, n
+        return best, best_n
+
+    def _fork_shared(self, job):
+        """Start job's sequence as a fork of a running one that holds its prompt's first blocks,
+        cut back to them (blocks shared, not computed again; in strict numerics the same bits as
+        a prefill). False when there is none, or the fork is refused."""
+        if not self.share:
+            return False
+        src, n = self._shared(job)
+        if src is None:
+            return False
+        try:
+            seq = self.client.fork(src.seq)
+        except DevioError as e:
+            log.info("forking sequence %s: %s", src.seq, e)
+            return False
+        try:
+            self.client.truncate(seq, n)
+        except DevioError as e:
+            log.info("cutting fork %s of %s back to %d tokens: %s", seq, src.seq, n, e)
+            self.client.free(seq)
+            return False
+        job.seq, job.fed = seq, n
+        self.shared_tokens += n
+        return True
 
     def _requeue(self, job):
         with self._cond:
@@ -334,16 +446,16 @@ class Engine:
         """(rows, [(job, sampled)]): decode rows first, then prompt chunks within the budget."""
         rows, jobs, budget = [], [], self.step_tokens
         for job in self.running:
-            if job.pending is not None:
+            if job.pending is not None and not job.handoff:
                 rows.append({"seq": job.seq, "tokens": [job.pending], "sample": job.sample})
                 jobs.append((job, True))
                 budget -= 1
         for job in self.running:
-            left = len(job.prompt) - job.fed
+            left = len(job.feed) - job.fed
             if left <= 0 or budget <= 0 or len(rows) >= self.max_rows:
                 continue
             n = min(left, budget)
-            row = {"seq": job.seq, "tokens": job.prompt[job.fed:job.fed + n]}
+            row = {"seq": job.seq, "tokens": job.feed[job.fed:job.fed + n]}
             if n == left:
                 row["sample"] = job.sample
             rows.append(row)
@@ -368,7 +480,7 @@ class Engine:
             ticket = self.client.launch({"rows": rows}, key=key)
         except ConnectionLost as e:
             self.refused = None
-            self._fail(self.running, "devio-server: %s" % e, 503)
+            self._lost("devio-server: %s" % e)
             return None
         except DevioError as e:
             now = time.monotonic()
@@ -391,11 +503,53 @@ class Engine:
             return None
         self.refused = None
         for (job, _), row in zip(jobs, rows):
-            if job.fed == len(job.prompt):   # a decode row: its pending token is in
+            if job.fed == len(job.feed):   # a decode row: its pending token is in
                 job.pending = None
             else:
                 job.fed += len(row["tokens"])
         return ticket, jobs
+
+    def _handoffs(self):
+        """Hand the router the jobs this prefill engine has prefilled (their first token
+        published, their sequence in no ticket): their state moves to a decode engine, which
+        frees them here."""
+        if self.on_handoff is None:
+            return
+        keep = []
+        for job in self.running:
+            if job.handoff and job.finish is None and not job.cancelled:
+                self.release(job.blocks)
+                job.blocks = 0
+                self.on_handoff(job, self)
+            else:
+                keep.append(job)
+        self.running = keep
+
+    def _lost(self, reason):
+        """The connection to devio-server broke. Without a router, the jobs it held fail (503);
+        with one, they go on elsewhere: the router prefills each job's prompt and the tokens it
+        has already produced on another devio-server (Job.resume_feed)."""
+        if self.on_lost is None:
+            self._fail(self.running, reason, 503)
+            return
+        log.warning("%s is lost (%s): its requests go on elsewhere", self.url, reason)
+        self.alive, self.lost_at = False, time.monotonic()
+        self._publish()   # what this server sampled reaches its clients before the jobs move
+        with self._cond:
+            moving = list(self.adopted) + list(self.waiting)
+            self.adopted.clear()
+            self.waiting.clear()
+        keep = []
+        for job in self.running:
+            (keep if job.finish is not None or job.cancelled else moving).append(job)
+        self.running = keep   # ended: freed (or found gone) by _retire
+        for job in moving:
+            self.release(job.blocks)
+            job.seq, job.blocks, job.fed, job.pending, job.handoff = None, 0, 0, None, False
+            job.feed, job.refused_since = job.resume_feed(), None
+            if job.tokens:
+                job.resumes += 1
+        self.on_lost(moving, self)
 
     def _fail(self, jobs, reason, status=500):
         for job in jobs:
@@ -405,6 +559,10 @@ class Engine:
 
     def _publish(self):
         """Turn new tokens into text and hand each touched job its event."""
+        with self._cond:
+            aborts, self.aborts = self.aborts, []
+        for job, reason, status in aborts:
+            self._fail([job], reason, status)
         touched, self.touched = self.touched, []
         for job in touched:
             if job.done or job.cancelled:
@@ -432,7 +590,9 @@ class Engine:
     def _shutdown(self):
         with self._cond:
             left = list(self.waiting)
+            self.running += list(self.adopted)   # their sequences are here: _retire frees them
             self.waiting.clear()
+            self.adopted.clear()
         self._fail(self.running + left, "the server is shutting down", 503)
         self._publish()
         self._retire()

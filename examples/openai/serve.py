@@ -24,9 +24,19 @@ DEFAULT_MODEL = HERE.parents[1] / ".devio" / "models" / "SmolLM2-135M-Instruct.Q
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0].split(" - ", 1)[1])
-    ap.add_argument("--devio", default="http://127.0.0.1:8080", metavar="URL",
+    ap.add_argument("--devio", action="append", default=[], metavar="URL",
                     help="devio-server to drive: http://HOST:PORT, https://HOST:PORT or "
-                    "unix:///PATH [http://127.0.0.1:8080]")
+                    "unix:///PATH; more than once, requests are placed on them by prefix and "
+                    "load [http://127.0.0.1:8080]")
+    ap.add_argument("--prefill", action="append", default=[], metavar="URL",
+                    help="with --decode: a devio-server that prefills prompts and samples their "
+                    "first token; each request's state then moves to a --decode server")
+    ap.add_argument("--decode", action="append", default=[], metavar="URL",
+                    help="with --prefill: a devio-server that decodes the requests moved to it")
+    ap.add_argument("--prefix-slack", type=int, default=4, metavar="N",
+                    help="with several servers: a request goes where the longest run of its "
+                    "prompt's leading KV blocks is stored unless that server has more than N "
+                    "requests over the least loaded one [4]")
     ap.add_argument("--devio-token-file", metavar="FILE",
                     help="file holding devio-server's bearer token, when it has one")
     ap.add_argument("--listen", default="127.0.0.1:8000", metavar="HOST:PORT",
@@ -57,6 +67,10 @@ def parse_args(argv):
                     help="least level logged on standard error; debug adds an access line per "
                     "request [info]")
     a = ap.parse_args(argv)
+    if bool(a.prefill) != bool(a.decode) or (a.prefill and a.devio):
+        ap.error("--prefill and --decode go together, and without --devio")
+    if not a.devio and not a.prefill:
+        a.devio = ["http://127.0.0.1:8080"]
     if a.step_tokens < 1 or a.max_running < 0 or a.default_max_tokens < 1 or \
             not 0 <= a.devio_retry_s <= 3600:
         ap.error("--step-tokens and --default-max-tokens must be positive, --max-running >= 0, "
@@ -90,17 +104,24 @@ def main(argv):
 
     from api import Api
     from engine import Engine
+    from router import Router
     from text import Vocabulary
 
     token = None
     if a.devio_token_file:
         with open(a.devio_token_file, encoding="utf-8") as f:
             token = f.read().strip()
-    try:
-        engine = Engine(a.devio, token=token, step_tokens=a.step_tokens, max_running=a.max_running,
-                        retry_s=a.devio_retry_s)
-    except Exception as e:  # the client's ConnectionLost or DevioError, or a limit that does not fit
-        raise ValueError("cannot drive devio-server at %s: %s" % (a.devio, e)) from None
+    kw = dict(step_tokens=a.step_tokens, max_running=a.max_running, retry_s=a.devio_retry_s)
+    if len(a.devio) == 1:   # one server: one engine, no router
+        try:
+            engine = Engine(a.devio[0], token=token, **kw)
+        except Exception as e:  # ConnectionLost, DevioError, or a limit that does not fit
+            raise ValueError("cannot drive devio-server at %s: %s" % (a.devio[0], e)) from None
+    else:
+        engine = Router(a.devio, a.prefill, a.decode, token=token, prefix_slack=a.prefix_slack,
+                        **kw)
+    servers = ", ".join(a.devio) or "prefill %s, decode %s" % (" ".join(a.prefill),
+                                                             " ".join(a.decode))
     template = engine.model["chat_template"]
     if a.chat_template:
         with open(a.chat_template, encoding="utf-8") as f:
@@ -117,7 +138,7 @@ def main(argv):
         engine.start()
         logging.getLogger("devio.openai").info(
             "serving %s from %s: up to %d requests a step, %d tokens a step",
-            name, a.devio, engine.max_running, engine.step_tokens)
+            name, servers, engine.max_running, engine.step_tokens)
         print("listening %d" % sock.getsockname()[1], flush=True)
         yield
         engine.stop()

@@ -8,45 +8,16 @@ import json
 import struct
 import time
 
+from client import devio_client
 from history import wait_until
 
-M = (1 << 64) - 1
-K0, K1, K2 = 0x9E3779B97F4A7C15, 0xD6E8FEB86659FD93, 0xA0761D6478BD642F
 TOKENS = [(5 * i + 11) % 200 + 1 for i in range(10)]
 
 
-def rotl(x, r):
-    return ((x << r) | (x >> (64 - r))) & M
-
-
-def step(lane, w):
-    return rotl((lane + w * K1) & M, 31) * K0 & M
-
-
-def sum64(seed, data):
-    """common/sum64.c: devio_sum64_init(seed), update(data), final."""
-    lanes = [(K2 * (i + 1) + seed * K0) & M for i in range(4)]
-    full = len(data) // 32 * 32
-    for p in range(0, full, 32):
-        for i in range(4):
-            lanes[i] = step(lanes[i], struct.unpack_from("<Q", data, p + 8 * i)[0])
-    tail = data[full:]
-    h = (rotl(lanes[0], 1) + rotl(lanes[1], 7) + rotl(lanes[2], 12) + rotl(lanes[3], 18)) & M
-    h = (h ^ len(data)) * K0 & M
-    padded = tail + bytes(32 - len(tail))
-    for i in range((len(tail) + 7) // 8):
-        w = struct.unpack_from("<Q", padded, 8 * i)[0]
-        h = (rotl(h ^ step(0, w), 27) * K1 + K2) & M
-    h ^= h >> 33
-    h = h * K1 & M
-    h ^= h >> 29
-    h = h * K2 & M
-    return h ^ (h >> 32)
-
-
 def prefix_hash(prev, tokens):
-    """devio_prefix_hash: each token as 4 little-endian bytes, seeded by the previous hash."""
-    return sum64(prev, b"".join(struct.pack("<I", t & 0xFFFFFFFF) for t in tokens))
+    """devio_prefix_hash, as the Python client computes it (devio_client.prefix): each token as
+    4 little-endian bytes, summed by common/sum64.h's checksum seeded with the previous hash."""
+    return devio_client.sum64(b"".join(struct.pack("<I", t & 0xFFFFFFFF) for t in tokens), prev)
 
 
 class Events:
@@ -186,3 +157,30 @@ def test_subscriber_limit_and_stop(servers, tiny_model):
     assert time.monotonic() - t0 < 5.0
     b.close()
     e.close()
+
+
+def test_client_follows_events_and_hashes_prompts(servers, tiny_model):
+    """devio_client's events() reads the stream (and resumes it after the last id it saw), and
+    its prefix_hashes() gives the hashes the server's block_stored events carry."""
+    sv = servers.start(tiny_model, ["--block-size", "4"])
+    c = sv.client()
+    stream = devio_client.Client("http://127.0.0.1:%d" % sv.port).events(timeout=5.0)
+    ident, kind, data = next(stream)
+    assert kind == "hello" and ident == data["last_id"]
+    with devio_client.Client("http://127.0.0.1:%d" % sv.port) as dc:
+        s = dc.create_sequence()
+        dc.step({"rows": [{"seq": s, "tokens": TOKENS}]})
+        got = [next(stream) for _ in range(3)]
+        assert [k for _, k, _ in got] == ["seq_created", "block_stored", "block_stored"]
+        want = [devio_client.hex_of(h) for h in devio_client.prefix_hashes(TOKENS, 4)]
+        assert [d["prefix_hash"] for _, _, d in got[1:]] == want == \
+            [devio_client.hex_of(prefix_hash(0, TOKENS[:4])),
+             devio_client.hex_of(prefix_hash(prefix_hash(0, TOKENS[:4]), TOKENS[4:8]))]
+        stream.close()
+        dc.free(s)
+        again = devio_client.Client("http://127.0.0.1:%d" % sv.port).events(
+            last_event_id=got[-1][0], epoch=data["epoch"], timeout=5.0)
+        kinds = [next(again)[1] for _ in range(4)]
+        assert kinds == ["hello", "block_removed", "block_removed", "seq_freed"], kinds
+        again.close()
+    c.close()

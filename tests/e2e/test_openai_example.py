@@ -72,12 +72,14 @@ def devio(module_servers, smollm2):
 
 @contextlib.contextmanager
 def run_example(devio_port, smollm2, log, *args):
-    """examples/openai/serve.py on a free loopback port, driving the devio-server on devio_port;
-    (process, port), the process stopped (and checked to end cleanly) on leaving."""
+    """examples/openai/serve.py on a free loopback port, driving the devio-server on devio_port
+    (or, given a list, with those arguments naming its servers); (process, port), the process
+    stopped (and checked to end cleanly) on leaving."""
+    servers = (["--devio", "http://127.0.0.1:%d" % devio_port] if isinstance(devio_port, int)
+               else list(devio_port))
     with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, str(REPO / "examples" / "openai" / "serve.py"),
-                                 "--devio", "http://127.0.0.1:%d" % devio_port,
-                                 "--listen", "127.0.0.1:0", "--model", str(smollm2),
+        proc = subprocess.Popen([sys.executable, str(REPO / "examples" / "openai" / "serve.py")]
+                                + servers + ["--listen", "127.0.0.1:0", "--model", str(smollm2),
                                  "--served-model-name", "smollm2", "--log-level", "warning",
                                  "--step-tokens", str(STEP_TOKENS), "--max-running", "16"]
                                 + list(args),

@@ -6,7 +6,7 @@ import socket
 import ssl
 import time
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 from urllib.parse import quote, urlencode, urlsplit
 
 from .types import (AdapterRecord, Device, Facts, LogitsHandle, LogitsTop, Model, Outcome, Plan,
@@ -109,6 +109,7 @@ class Client:
                  timeout: float = 60.0, tls_context: Optional[ssl.SSLContext] = None,
                  source_address: Optional[str] = None, retries: int = 3,
                  retry_delay: float = 0.1):
+        self._url = url
         u = urlsplit(url)
         self.unix_path = u.path if u.scheme == "unix" and not u.netloc and u.path else None
         if self.unix_path is None and (u.scheme not in ("http", "https") or not u.hostname):
@@ -294,6 +295,40 @@ class Client:
                            raw=bytes(data), content_type="application/octet-stream")
         return r.json()["seq"]
 
+    # ---- events -------------------------------------------------------------
+
+    def events(self, last_event_id: Optional[int] = None, epoch: Optional[int] = None,
+               timeout: float = 30.0) -> Iterator[Tuple[int, str, Dict[str, Any]]]:
+        """GET /v1/events: yields (id, kind, data) for each event as it comes, starting with
+        ("hello", {"epoch", "last_id"}) and, when some asked for are no longer kept,
+        ("missed", {"missed", "from"}). With `last_event_id` (and the `epoch` it came from) the
+        stream resumes after that event. It runs on a connection of its own, not the client's;
+        a stream that ends or breaks, or is silent past `timeout` seconds (the server sends a
+        keep-alive every 15 s), raises ConnectionLost: resume with the last id seen. A refusal
+        (503 too_many_connections, ...) raises DevioError."""
+        path = "/v1/events"
+        if epoch is not None:
+            path += "?epoch=%d" % epoch
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = str(last_event_id)
+        if self.token:
+            headers["Authorization"] = "Bearer " + self.token
+        stream = Client(self._url, self.token, timeout, self.tls_context,
+                        self.source[0] if self.source else None)
+        conn = stream._connection()
+        try:
+            try:
+                conn.request("GET", path, headers=headers)
+                resp = conn.getresponse()
+            except (ConnectionError, http.client.HTTPException, OSError) as e:
+                raise ConnectionLost("GET /v1/events: %s: %s" % (type(e).__name__, e)) from None
+            if resp.status != 200:
+                raise _error_of(Response(resp.status, dict(resp.getheaders()), resp.read()))
+            yield from _sse(resp)
+        finally:
+            stream.close()
+
     # ---- steps --------------------------------------------------------------
 
     def launch(self, plan: Plan, key: Optional[str] = None) -> int:
@@ -394,3 +429,31 @@ class Client:
 
     def unpin_adapter(self, name: str) -> AdapterRecord:
         return self._json("POST", "/v1/adapters/%s/unpin" % quote(name, safe=""))
+
+
+def _sse(resp: http.client.HTTPResponse) -> Iterator[Tuple[int, str, Dict[str, Any]]]:
+    """The events of a server-sent-event stream, until it ends (ConnectionLost)."""
+    ident, kind, data = 0, "message", []
+    while True:
+        try:
+            line = resp.readline()
+        except (ConnectionError, http.client.HTTPException, OSError) as e:
+            raise ConnectionLost("GET /v1/events: %s: %s" % (type(e).__name__, e)) from None
+        if not line:
+            raise ConnectionLost("GET /v1/events: the stream ended")
+        text = line.decode("utf-8").rstrip("\r\n")
+        if text == "":
+            if data:
+                yield ident, kind, json.loads("\n".join(data))
+            kind, data = "message", []
+        elif text.startswith(":"):
+            continue
+        else:
+            name, _, value = text.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "id" and value.isdigit():
+                ident = int(value)
+            elif name == "event":
+                kind = value
+            elif name == "data":
+                data.append(value)
