@@ -123,6 +123,7 @@ SCRIPTS = [
     ["python3", "kernels/gpu_check.py"],
     ["python3", "examples/openai/serve.py"],
     ["python3", "tests/bench/openai_example_bench.py"],
+    ["python3", "tests/bench/openai_cluster_bench.py"],
     ["python3", "tests/bench/depth_bench.py"],
     ["python3", "tests/python/fast_numerics_check.py"],
     ["python3", "tools/perplexity/perplexity.py"],
