@@ -13,6 +13,10 @@ launches the same plan again, with the same Idempotency-Key, after a growing pau
 `retry_s` seconds; only then are the step's requests failed, with 503 for their clients. A
 devio that is going away (503 not_ready while it drains, torn_down) fails them with 503 at
 once: waiting would not bring it back.
+
+Over several servers (router.py) each has its engine, and the router gets what one engine cannot
+finish: the jobs of a server whose connection broke (on_lost), and on a prefill server the jobs
+whose prompt is in (on_handoff), whose state moves to a decode server's engine (adopt).
 """
 import collections
 import logging
@@ -549,7 +553,7 @@ class Engine:
             job.feed, job.refused_since = job.resume_feed(), None
             if job.tokens:
                 job.resumes += 1
-        self.on_lost(moving, self)
+        self._fail(self.on_lost(moving, self), reason, 503)   # those no other server can take
 
     def _fail(self, jobs, reason, status=500):
         for job in jobs:
