@@ -253,6 +253,7 @@ class Engine:
             try:
                 if step is not None:
                     self._await(step)
+                    self._handoffs()   # nothing in flight: their states leave at once
                 if stopping:
                     break
                 if self.refused is None:   # else its plan stands as it was: change nothing
@@ -261,7 +262,6 @@ class Engine:
                 step = self._launch()
                 busy = bool(self.touched or self.aborts) or step is not None
                 self._publish()
-                self._handoffs()
             except Exception as e:  # keep serving: fail what was running, start afresh
                 log.exception("scheduler")
                 self.refused = None
@@ -514,20 +514,31 @@ class Engine:
         return ticket, jobs
 
     def _handoffs(self):
-        """Hand the router the jobs this prefill engine has prefilled (their first token
-        published, their sequence in no ticket): their state moves to a decode engine, which
-        frees them here."""
-        if self.on_handoff is None:
+        """On a prefill engine, between a step's await and the next launch: the jobs whose prompt
+        is in (their first token just sampled) leave. Their first token goes to their clients,
+        their state is exported and their sequence freed here while no step holds the device,
+        and the router imports the state on a decode server (on_handoff)."""
+        moving = [j for j in self.running if j.handoff and j.finish is None and not j.cancelled]
+        if not moving or self.on_handoff is None:
             return
-        keep = []
-        for job in self.running:
-            if job.handoff and job.finish is None and not job.cancelled:
-                self.release(job.blocks)
-                job.blocks = 0
-                self.on_handoff(job, self)
-            else:
-                keep.append(job)
-        self.running = keep
+        self._publish()   # the first tokens reach their clients before the jobs move
+        for job in moving:
+            try:
+                data = self.client.export_state(job.seq)
+            except ConnectionLost as e:
+                self._lost("devio-server: %s" % e)
+                return
+            except DevioError as e:
+                self._fail([job], "exporting the request's state: %s" % e, user_status(e))
+                continue
+            try:
+                self.client.free(job.seq)
+            except (DevioError, ConnectionLost) as e:
+                log.warning("freeing sequence %s: %s", job.seq, e)
+            self.running.remove(job)
+            self.release(job.blocks)
+            job.seq, job.blocks = None, 0
+            self.on_handoff(job, self, data)
 
     def _lost(self, reason):
         """The connection to devio-server broke. Without a router, the jobs it held fail (503);

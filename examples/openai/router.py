@@ -6,9 +6,9 @@ the router that places each request on one of them.
   server by a Watcher), unless that server has more requests than the least loaded one plus
   `prefix_slack`; otherwise, and on a tie, to the least loaded server.
 - Disaggregation (`prefill` and `decode` servers): a request is prefilled on a prefill server,
-  which samples its first token; its state is then exported there, imported on the least loaded
-  decode server (KV blocks reserved there first), freed on the prefill server, and the request
-  decodes on. A move that fails (a server lost meanwhile) falls back to prefilling the request
+  which samples its first token; its state is then exported and freed there (by that server's
+  engine, before its next step), imported on the least loaded decode server (KV blocks reserved
+  there first), and the request decodes on. A move that fails (a server lost meanwhile) falls back to prefilling the request
   again on the decode server.
 - A lost server: the requests it held go on elsewhere, each prefilled again with its prompt and
   the tokens it has produced (engine.Job.resume_feed); under strict numerics every following
@@ -225,9 +225,10 @@ class Router:
             to.submit(job)
         return left
 
-    def _handoff(self, job, engine):
-        """On a prefill engine's thread: a prefilled job whose state is to move."""
-        self.moves.put((job, engine))
+    def _handoff(self, job, engine, data):
+        """On a prefill engine's thread: a prefilled job, its state exported (and its sequence
+        freed there), to be imported on a decode server."""
+        self.moves.put((job, engine, data))
 
     def _client(self, engine):
         c = self.movers.get(engine.url)
@@ -237,54 +238,42 @@ class Router:
 
     def _move_all(self):
         while True:
-            job, src = self.moves.get()
+            job, src, data = self.moves.get()
             try:
-                self._move(job, src)
+                self._move(job, src, data)
             except Exception:   # keep moving the others; this one fails
                 log.exception("moving a request from %s", src.url)
                 src.abort(job, "moving the request's state failed", 500)
 
-    def _free(self, engine, seq):
-        try:
-            self._client(engine).free(seq)
-        except (DevioError, ConnectionLost) as e:
-            log.warning("freeing sequence %s on %s: %s", seq, engine.url, e)
-
-    def _move(self, job, src):
-        """Export job's state from `src`, import it on a decode server, free it on `src`."""
+    def _move(self, job, src, data):
+        """Import job's state (exported from `src`) on a decode server; the job decodes there."""
         if job.cancelled:
-            self._free(src, job.seq)
             return
         dst = self._place(job, self.back)
         if dst is None:
-            self._free(src, job.seq)
             src.abort(job, "no decode devio-server is reachable", 503)
             return
         need = dst.blocks_for(len(job.prompt), job.max_tokens)
         deadline = time.monotonic() + RESERVE_WAIT_S
         while not dst.try_reserve(need):
             if time.monotonic() > deadline or job.cancelled:
-                self._free(src, job.seq)
                 src.abort(job, "no room on the decode devio-servers", 503)
                 return
             time.sleep(0.005)
         t0 = time.monotonic()
         try:
-            data = self._client(src).export_state(job.seq)
             seq = self._client(dst).import_state(data)
         except (DevioError, ConnectionLost) as e:
             dst.release(need)
-            log.warning("moving sequence %s from %s to %s: %s; prefilling it again there",
-                        job.seq, src.url, dst.url, e)
-            self._free(src, job.seq)
-            job.seq, job.fed, job.pending, job.handoff = None, 0, None, False
+            log.warning("importing a state from %s on %s: %s; prefilling it again there",
+                        src.url, dst.url, e)
+            job.fed, job.pending, job.handoff = 0, None, False
             job.feed = job.resume_feed()
             job.resumes += 1
             with self.lock:
                 self.counts["move_failed"] += 1
             dst.submit(job)
             return
-        self._free(src, job.seq)
         job.seq, job.blocks, job.handoff = seq, need, False
         job.moves += 1
         with self.lock:
