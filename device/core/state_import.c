@@ -182,13 +182,19 @@ devio_status st_import_feed(devio_import *m, const void *buf, size_t n, devio_er
         *e = m->why;
         return m->failed;
     }
+    /* The units these bytes complete are taken in under one hold of the lock, with at most one
+     * wait for the steps in flight (before the first that writes through the backend): a launch
+     * that comes meanwhile waits for the whole piece, rather than every unit for a step. */
+    devio_device *d = m->d;
+    bool held = false, drained = false;
+    devio_status s = DEVIO_OK;
     const uint8_t *in = buf;
     while (n > 0) {
-        if (m->c.kind == U_END)
-            return import_fail(m, devio_fail(e, DEVIO_E_INVALID,
-                                             "bytes past the end of the state (%llu bytes)",
-                                             (unsigned long long)m->h.total),
-                               e);
+        if (m->c.kind == U_END) {
+            s = devio_fail(e, DEVIO_E_INVALID, "bytes past the end of the state (%llu bytes)",
+                           (unsigned long long)m->h.total);
+            break;
+        }
         uint64_t need = st_unit_bytes(&m->p, &m->c);
         size_t k = (size_t)(need - m->n) < n ? (size_t)(need - m->n) : n;
         memcpy(m->rows + m->n, in, k);
@@ -199,25 +205,28 @@ devio_status st_import_feed(devio_import *m, const void *buf, size_t n, devio_er
             break;
         if (m->c.kind != U_SUM)
             devio_sum64_update(&m->sum, m->rows, (size_t)need);
-        devio_device *d = m->d;
-        if (!m->locked)
+        if (!m->locked && !held) {
             dv_lock(d);
-        devio_status s = d->torn_down ? devio_fail(e, DEVIO_E_TORN_DOWN, "device torn down")
-                                      : DEVIO_OK;
-        if (s == DEVIO_OK) {
-            bool backend = m->c.kind != U_HEADER && m->c.kind != U_TOKENS && m->c.kind != U_SUM;
-            if (backend && !m->locked)
-                dv_drain(d);
-            s = import_unit(m, e);
+            held = true;
         }
-        if (!m->locked)
-            dv_unlock(d);
+        if (d->torn_down) {
+            s = devio_fail(e, DEVIO_E_TORN_DOWN, "device torn down");
+            break;
+        }
+        bool backend = m->c.kind != U_HEADER && m->c.kind != U_TOKENS && m->c.kind != U_SUM;
+        if (backend && held && !drained) {
+            dv_drain(d);
+            drained = true;
+        }
+        s = import_unit(m, e);
         if (s != DEVIO_OK)
-            return import_fail(m, s, e);
+            break;
         m->n = 0;
         st_next_unit(&m->p, &m->c);
     }
-    return DEVIO_OK;
+    if (held)
+        dv_unlock(d);
+    return s != DEVIO_OK ? import_fail(m, s, e) : DEVIO_OK;
 }
 
 devio_status devio_import_finish(devio_import *m, uint64_t *seq, devio_error *err)

@@ -159,7 +159,8 @@ class Engine:
             raise ValueError("--step-tokens %d is below the %d decode rows a step may carry"
                              % (self.step_tokens, self.max_running))
         self.waiting = collections.deque()
-        self.adopted = collections.deque()   # jobs whose sequence was imported here, reserved
+        self.adopted = collections.deque()   # (job, state) moved here from a prefill server
+        self.moves = collections.Counter()   # states imported here: moved, bytes, ms, failed
         self.running: List[Job] = []
         self.reserved = 0
         self.touched: List[Job] = []    # jobs with something to tell their client
@@ -194,12 +195,13 @@ class Engine:
             self._woken = True
             self._cond.notify()
 
-    def adopt(self, job):
-        """A job whose sequence (job.seq) is already on this engine's devio-server, its KV blocks
-        reserved with try_reserve(): it joins the batch with its next decode row."""
+    def adopt(self, job, state):
+        """A job prefilled on another server, with its sequence's exported state: imported here
+        between two steps (no step waits for it, and it waits for none), then it joins the batch
+        with its next decode row."""
         job.engine = self
         with self._cond:
-            self.adopted.append(job)
+            self.adopted.append((job, state))
             self._woken = True
             self._cond.notify()
 
@@ -359,15 +361,55 @@ class Engine:
                 log.warning("freeing sequence %s: %s", job.seq, e)
         self.running = keep
 
+    def _import(self, job, state):
+        """Import an adopted job's state (its KV blocks reserved): True when it joined the batch,
+        False when it must wait (no room yet); a refused state is prefilled here again."""
+        need = self.blocks_for(len(job.prompt), job.max_tokens)
+        if not self.try_reserve(need):
+            return False
+        t0 = time.monotonic()
+        try:
+            seq = self.client.import_state(state, keyed=False)   # lost: the job moves on
+        except DevioError as e:
+            self.release(need)
+            if e.code in TRANSIENT:   # another client's blocks or slots: wait for them
+                return False
+            log.warning("importing a state on %s: %s; prefilling it here again", self.url, e)
+            self.moves["move_failed"] += 1
+            job.fed, job.pending, job.handoff = 0, None, False
+            job.feed = job.resume_feed()
+            job.resumes += 1
+            self._requeue(job)
+            return True
+        job.seq, job.blocks, job.handoff = seq, need, False
+        job.moves += 1
+        self.moves["moved"] += 1
+        self.moves["moved_bytes"] += len(state)
+        self.moves["move_ms"] += (time.monotonic() - t0) * 1000
+        self.running.append(job)
+        return True
+
     def _admit(self):
-        """Adopted jobs join the batch, then waiting ones, oldest first, while rows and KV blocks
-        allow."""
+        """Adopted jobs join the batch (their states imported), then waiting ones, oldest first,
+        while rows and KV blocks allow."""
         while len(self.running) < self.max_running:
             with self._cond:
                 if not self.adopted:
                     break
-                job = self.adopted.popleft()
-            self.running.append(job)
+                job, state = self.adopted.popleft()
+            if job.cancelled:
+                continue
+            try:
+                joined = self._import(job, state)
+            except ConnectionLost as e:
+                with self._cond:
+                    self.adopted.appendleft((job, state))
+                self._lost("devio-server: %s" % e)
+                return
+            if not joined:
+                with self._cond:
+                    self.adopted.appendleft((job, state))
+                break
         while len(self.running) < self.max_running:
             with self._cond:
                 if not self.waiting:
@@ -551,7 +593,7 @@ class Engine:
         self.alive, self.lost_at = False, time.monotonic()
         self._publish()   # what this server sampled reaches its clients before the jobs move
         with self._cond:
-            moving = list(self.adopted) + list(self.waiting)
+            moving = [job for job, _ in self.adopted] + list(self.waiting)
             self.adopted.clear()
             self.waiting.clear()
         keep = []
@@ -604,8 +646,7 @@ class Engine:
 
     def _shutdown(self):
         with self._cond:
-            left = list(self.waiting)
-            self.running += list(self.adopted)   # their sequences are here: _retire frees them
+            left = list(self.waiting) + [job for job, _ in self.adopted]
             self.waiting.clear()
             self.adopted.clear()
         self._fail(self.running + left, "the server is shutting down", 503)

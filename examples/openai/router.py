@@ -6,10 +6,10 @@ the router that places each request on one of them.
   server by a Watcher), unless that server has more requests than the least loaded one plus
   `prefix_slack`; otherwise, and on a tie, to the least loaded server.
 - Disaggregation (`prefill` and `decode` servers): a request is prefilled on a prefill server,
-  which samples its first token; its state is then exported and freed there (by that server's
-  engine, before its next step), imported on the least loaded decode server (KV blocks reserved
-  there first), and the request decodes on. A move that fails (a server lost meanwhile) falls back to prefilling the request
-  again on the decode server.
+  which samples its first token; that server's engine exports its state and frees it there
+  before its next step, and the least loaded decode server's engine imports it before its own
+  next step (KV blocks reserved first), so neither waits behind a step; the request decodes on.
+  A state the decode server refuses is prefilled there again instead.
 - A lost server: the requests it held go on elsewhere, each prefilled again with its prompt and
   the tokens it has produced (engine.Job.resume_feed); under strict numerics every following
   token is the one the lost server would have sampled.
@@ -17,7 +17,6 @@ The router offers the engine's face to api.py (submit, cancel, check, start, sto
 limits), so the OpenAI routes are the same over one server or many."""
 import collections
 import logging
-import queue
 import threading
 import time
 
@@ -29,7 +28,6 @@ log = logging.getLogger("devio.openai")
 PREFIX_SLACK = 4       # a server holding a prompt's prefix may have this many more requests
 WATCH_RETRY_S = 0.5    # pause before a watcher connects again to a server it lost
 START_WAIT_S = 5.0     # how long start() waits for every watcher's first event
-RESERVE_WAIT_S = 30.0  # how long a move waits for KV blocks on its decode server
 
 
 class Watcher:
@@ -129,11 +127,8 @@ class Router:
         self.max_running = sum(e.max_running for e in self.front)
         self.step_tokens = first.step_tokens
         self.watchers = {id(e): Watcher(e, token) for e in self.engines}
-        self.moves = queue.Queue()
-        self.movers = {}   # url -> the mover thread's Client of that server
         self.counts = collections.Counter()
         self.lock = threading.Lock()
-        self._mover = threading.Thread(target=self._move_all, name="mover", daemon=True)
 
     # ---- the engine's face, for api.py --------------------------------------------------------
 
@@ -161,7 +156,6 @@ class Router:
             w.opened.wait(max(0.0, deadline - time.monotonic()))
         for e in self.engines:
             e.start()
-        self._mover.start()
 
     def stop(self, timeout=30.0):
         for e in self.engines:
@@ -170,11 +164,14 @@ class Router:
     def stats(self):
         """Each server's role, state and load, and the router's counts, for GET /health."""
         with self.lock:
-            counts = dict(self.counts)
+            counts = self.counts.copy()
+        for e in self.engines:
+            counts.update(e.moves)
+        counts["move_ms"] = round(counts.get("move_ms", 0))
         return {"devio": [{"url": e.url, "role": e.role, "up": self._usable(e),
                            "requests": e.load(), "steps": e.steps,
                            "shared_prompt_tokens": e.shared_tokens} for e in self.engines],
-                "router": counts}
+                "router": {k: v for k, v in counts.items() if v}}
 
     # ---- placement ----------------------------------------------------------------------------
 
@@ -225,62 +222,14 @@ class Router:
             to.submit(job)
         return left
 
-    def _handoff(self, job, engine, data):
+    def _handoff(self, job, engine, state):
         """On a prefill engine's thread: a prefilled job, its state exported (and its sequence
-        freed there), to be imported on a decode server."""
-        self.moves.put((job, engine, data))
-
-    def _client(self, engine):
-        c = self.movers.get(engine.url)
-        if c is None:
-            c = self.movers[engine.url] = Client(engine.url, token=self.token, timeout=60.0)
-        return c
-
-    def _move_all(self):
-        while True:
-            job, src, data = self.moves.get()
-            try:
-                self._move(job, src, data)
-            except Exception:   # keep moving the others; this one fails
-                log.exception("moving a request from %s", src.url)
-                src.abort(job, "moving the request's state failed", 500)
-
-    def _move(self, job, src, data):
-        """Import job's state (exported from `src`) on a decode server; the job decodes there."""
-        if job.cancelled:
+        freed there), for the least loaded decode server to import between its steps."""
+        to = self._place(job, self.back)
+        if to is None:
+            engine._fail([job], "no decode devio-server is reachable", 503)
             return
-        dst = self._place(job, self.back)
-        if dst is None:
-            src.abort(job, "no decode devio-server is reachable", 503)
-            return
-        need = dst.blocks_for(len(job.prompt), job.max_tokens)
-        deadline = time.monotonic() + RESERVE_WAIT_S
-        while not dst.try_reserve(need):
-            if time.monotonic() > deadline or job.cancelled:
-                src.abort(job, "no room on the decode devio-servers", 503)
-                return
-            time.sleep(0.005)
-        t0 = time.monotonic()
-        try:
-            seq = self._client(dst).import_state(data)
-        except (DevioError, ConnectionLost) as e:
-            dst.release(need)
-            log.warning("importing a state from %s on %s: %s; prefilling it again there",
-                        src.url, dst.url, e)
-            job.fed, job.pending, job.handoff = 0, None, False
-            job.feed = job.resume_feed()
-            job.resumes += 1
-            with self.lock:
-                self.counts["move_failed"] += 1
-            dst.submit(job)
-            return
-        job.seq, job.blocks, job.handoff = seq, need, False
-        job.moves += 1
-        with self.lock:
-            self.counts["moved"] += 1
-            self.counts["moved_bytes"] += len(data)
-            self.counts["move_ms"] += int((time.monotonic() - t0) * 1000)
-        dst.adopt(job)
+        to.adopt(job, state)
 
 
 __all__ = ["Router", "Watcher", "Job"]

@@ -15,8 +15,10 @@
 #include "device/devio.h"
 #include "service/http/offload.h"
 
-/* Bytes gathered before a chunk goes to a worker. */
-#define DEVIO_BODY_IN_CHUNK ((size_t)256 * 1024)
+/* Bytes gathered before a chunk goes to a worker. A state import takes each chunk in under one
+ * hold of the device lock, with at most one wait for the steps in flight
+ * (device/core/state_import.c): bigger chunks, fewer waits behind a busy device's steps. */
+#define DEVIO_BODY_IN_CHUNK ((size_t)4 << 20)
 
 /* Take the next n bytes of the body, in order, on a worker (it may wait on the device).
  * DEVIO_OK, or a refusal: no byte is written to the sink after one. */

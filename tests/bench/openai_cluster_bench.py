@@ -21,6 +21,7 @@ time to first token (the first chunk with text) and the gaps between chunks (int
 at the 50th and 90th percentile and their maximum, and tokens/s: every generated token over the
 wall time from the first request to the last answer."""
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -84,6 +86,12 @@ def drive(port, name, n, interval, words, tokens, eos):
     return out
 
 
+def health(port):
+    """The router's counts (GET /health), or {} over one server."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=30) as r:
+        return json.load(r).get("router", {})
+
+
 def run_layout(layout, a, bin_dir, model, tmp, env, eos):
     servers, procs = (1 if layout == "one" else 2), []
     threads = max(1, a.cpus // servers)
@@ -106,7 +114,9 @@ def run_layout(layout, a, bin_dir, model, tmp, env, eos):
                            "warning", "--served-model-name", "m"], tmp / (layout + ".log"), env)
         procs.append(ex)
         drive(eport, "m", 2, 0.0, a.prompt_words, 2, eos)   # untimed: first steps, first moves
+        before = health(eport)
         runs = drive(eport, "m", a.requests, a.interval_ms / 1000.0, a.prompt_words, a.tokens, eos)
+        after = health(eport)
     finally:
         for p in reversed(procs):
             stop(p)
@@ -115,11 +125,12 @@ def run_layout(layout, a, bin_dir, model, tmp, env, eos):
     ttft = [r[1][0] - r[0] for r in runs]
     gaps = [b - a_ for r in runs for a_, b in zip(r[1], r[1][1:])]
     chunks = sum(len(r[1]) for r in runs)
+    moved = {k: after.get(k, 0) - before.get(k, 0) for k in ("moved", "moved_bytes", "move_ms")}
     return {"layout": layout, "servers": servers, "threads": threads,
             "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9), "ttft_mean":
             statistics.mean(ttft), "itl_p50": pct(gaps, 0.5), "itl_p90": pct(gaps, 0.9),
             "itl_max": max(gaps), "tokens_per_s": a.requests * a.tokens / (end_t - start_t),
-            "chunks": chunks}
+            "chunks": chunks, **moved}
 
 
 def main(argv):
@@ -160,6 +171,11 @@ def main(argv):
             r["layout"], r["servers"], r["threads"], 1000 * r["ttft_p50"], 1000 * r["ttft_p90"],
             1000 * r["ttft_mean"], 1000 * r["itl_p50"], 1000 * r["itl_p90"], 1000 * r["itl_max"],
             r["tokens_per_s"]))
+    for r in results:
+        if r["moved"]:
+            print("%s: %d states moved, %.1f MB each, imported in %.0f ms each" % (
+                r["layout"], r["moved"], r["moved_bytes"] / r["moved"] / 1e6,
+                r["move_ms"] / r["moved"]))
     return 0
 
 

@@ -341,9 +341,13 @@ def test_python_client(servers, tiny_model):
         t = cb.import_state(data)
         assert cb.sequence(t)["len"] == len(PROMPT)
         assert cb.import_state(data, key="k") == cb.import_state(data, key="k") != t
-        with pytest.raises(devio_client.DevioError) as e:
-            cb.import_state(data[:100])
-        assert (e.value.status, e.value.code) == (400, "invalid_input")
+        once = cb.import_state(data, keyed=False)   # no key: a new sequence each time
+        assert once not in (t, cb.import_state(data, keyed=False))
+        assert cb.export_state(once) == data
+        for keyed in (True, False):
+            with pytest.raises(devio_client.DevioError) as e:
+                cb.import_state(data[:100], keyed=keyed)
+            assert (e.value.status, e.value.code) == (400, "invalid_input")
         with pytest.raises(devio_client.DevioError) as e:
             ca.export_state(12345)
         assert (e.value.status, e.value.code, e.value.details) == (404, "unknown_seq",

@@ -286,11 +286,20 @@ class Client:
         q = "true" if snapshots else "false"
         return self._call("GET", "/v1/sequences/%d/state?snapshots=%s" % (seq, q)).body
 
-    def import_state(self, data: bytes, key: Optional[str] = None) -> int:
+    def import_state(self, data: bytes, key: Optional[str] = None, keyed: bool = True) -> int:
         """A state export_state gave, made a new sequence of this server; returns its id.
         Keyed and retried as create_sequence is. A state of another model or numerics, or
         altered or cut short, is 400 invalid_input; one over --max-state-bytes 413 too_large;
-        no room for it 409 (out_of_kv_blocks, out_of_seqs, ...). A refused import holds nothing."""
+        no room for it 409 (out_of_kv_blocks, out_of_seqs, ...). A refused import holds nothing.
+        With keyed=False it is sent once, without an Idempotency-Key: the server neither hashes
+        the body nor records the key (a large state goes in several times faster), and a
+        connection lost before the answer leaves it unknown whether the sequence was made."""
+        if not keyed:
+            r = self.request("POST", "/v1/sequences", bytes(data),
+                             content_type="application/octet-stream")
+            if r.status != 201:
+                raise _error_of(r)
+            return r.json()["seq"]
         r = self._retrying("POST", "/v1/sequences", expect=(201,), key=key or uuid.uuid4().hex,
                            raw=bytes(data), content_type="application/octet-stream")
         return r.json()["seq"]
