@@ -19,9 +19,11 @@
 # cuda-emu, the backend on the SIMT emulator, with no GPU: steps that need
 # hardware (compute-sanitizer, bandwidth, ncu) are skipped, the bench runs
 # the tiny model and its figures say "emulated", conformance runs a few
-# suites, the unit tests only cuda_fast_kernels_emu_test and the features
-# only the tiny models (the suite runs all of those on cuda-emu apart). The suite runs this, so
-# the check's logic, pass criteria and report are tested on every commit.
+# suites, the unit tests only cuda_fast_kernels_emu_test, the features
+# only the tiny models, the GGUF weights Q8_0 and Q4_K_M and SmolLM2's fast
+# numerics one decode position (the suite runs all of those on cuda-emu
+# apart). The suite runs this, so the check's logic, pass criteria and
+# report are tested on every commit.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 EMULATE=()

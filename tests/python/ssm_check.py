@@ -15,18 +15,27 @@ weights that the forward is chunk-invariant (running [0, n) equals running
 [0, k) and then [k, n) from the carried state, which must matter), and the
 recurrence against the scan's closed (SSD) form, and prints ok.
 
+Variants run side by side in --jobs processes (one BLAS and one devio-ref thread each); the
+lines print in order.
+
 usage: ssm_check.py --bin DIR [--archs bamba,mamba2] [--presets tiny,small] [--tokens N]
+                    [--jobs N]
        ssm_check.py --self-test
 Needs only numpy.
 """
 import argparse
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
 
-import numpy as np
+if __name__ == "__main__":
+    # One BLAS thread per process: --jobs runs the variants side by side.
+    for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_v, "1")
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_check import load, merge_adapter  # noqa: E402  (safetensors into float64; PEFT's merge)
@@ -458,12 +467,34 @@ def self_test():
     return ok
 
 
+def task(t):
+    """One variant or adapter (a tuple of tasks()) in its own folder under t's tmp: its line
+    and whether it failed."""
+    kind, b, arch, preset, n, tmp, what = t
+    tmp = tempfile.mkdtemp(dir=tmp)
+    if kind == "lora":
+        err, why = run_adapter(b, arch, preset, what, 64, tmp)
+        ok = err is not None and err < LIMIT
+        return (f"ssm_check {arch} {preset} LoRA {what}: "
+                + (f"relative error {err:.3e}" if err is not None else why)
+                + f" ({'ok' if ok else 'FAIL'}, limit {LIMIT:g})"), not ok
+    label, extra, cuts = what
+    err, why, hint = run(b, arch, preset, extra, n, cuts, tmp, COMPARED.get(preset))
+    if err is None:
+        return f"ssm_check {arch} {preset} {label}: devio-ref refused the model (FAIL): {why}", True
+    ok = err < LIMIT
+    return (f"ssm_check {arch} {preset} {label}: relative error {err:.3e} "
+            f"({'ok' if ok else 'FAIL'}, limit {LIMIT:g})" + (f"; {hint}" if hint else "")), not ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", help="bazel-bin directory")
     ap.add_argument("--archs", default="bamba,mamba2")
     ap.add_argument("--presets", default="tiny,small")
     ap.add_argument("--tokens", type=int, help="prompt length [300 for tiny, 96 for small]")
+    ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                    help="variants run side by side [the cores, at most 4]")
     ap.add_argument("--self-test", action="store_true",
                     help="check the numpy forward's chunk invariance; needs no devio")
     a = ap.parse_args()
@@ -473,32 +504,25 @@ def main():
         ap.error("--bin is required (or --self-test)")
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
+        # Every variant and adapter a task, a.jobs at a time (one devio-ref and one numpy
+        # each), their lines printed in this order.
+        tasks, heads = [], {}
         for preset in a.presets.split(","):
             n = a.tokens or DEFAULT_TOKENS.get(preset, 96)
             tail = COMPARED.get(preset)
-            print(f"ssm_check {preset}: {n} tokens per prompt, logits of "
-                  + (f"the last {tail} positions" if tail else "every position") + " compared")
+            heads[len(tasks)] = (f"ssm_check {preset}: {n} tokens per prompt, logits of "
+                                 + (f"the last {tail} positions" if tail else "every position")
+                                 + " compared")
             for arch in a.archs.split(","):
-                for label, extra, cuts in variants(preset, n):
-                    err, why, hint = run(a.bin, arch, preset, extra, n, cuts, tmp,
-                                         COMPARED.get(preset))
-                    if err is None:
-                        failed += 1
-                        print(f"ssm_check {arch} {preset} {label}: devio-ref refused the model "
-                              f"(FAIL): {why}")
-                        continue
-                    ok = err < LIMIT
-                    failed += not ok
-                    print(f"ssm_check {arch} {preset} {label}: relative error {err:.3e} "
-                          f"({'ok' if ok else 'FAIL'}, limit {LIMIT:g})"
-                          + (f"; {hint}" if hint else ""))
-                for targets in LORA_TARGETS[arch] if preset == "tiny" else []:
-                    err, why = run_adapter(a.bin, arch, preset, targets, 64, tmp)
-                    ok = err is not None and err < LIMIT
-                    failed += not ok
-                    print(f"ssm_check {arch} {preset} LoRA {targets}: "
-                          + (f"relative error {err:.3e}" if err is not None else why)
-                          + f" ({'ok' if ok else 'FAIL'}, limit {LIMIT:g})")
+                tasks += [("variant", a.bin, arch, preset, n, tmp, v) for v in variants(preset, n)]
+                tasks += [("lora", a.bin, arch, preset, n, tmp, targets)
+                          for targets in (LORA_TARGETS[arch] if preset == "tiny" else [])]
+        with multiprocessing.get_context("fork").Pool(max(1, a.jobs)) as pool:
+            for i, (line, bad) in enumerate(pool.imap(task, tasks)):
+                if i in heads:
+                    print(heads[i])
+                print(line, flush=True)
+                failed += bad
     sys.exit(1 if failed else 0)
 
 
