@@ -291,10 +291,12 @@ class Client:
         Keyed and retried as create_sequence is. A state of another model or numerics, or
         altered or cut short, is 400 invalid_input; one over --max-state-bytes 413 too_large;
         no room for it 409 (out_of_kv_blocks, out_of_seqs, ...). A refused import holds nothing.
-        With keyed=False it is sent once, without an Idempotency-Key: the server neither hashes
-        the body nor records the key (a large state goes in several times faster), and a
-        connection lost before the answer leaves it unknown whether the sequence was made."""
+        With keyed=False it is sent once, without an Idempotency-Key, on a new connection (a
+        kept-alive one that the server closed meanwhile cannot fail it): the server neither
+        hashes the body nor records the key (a large state goes in several times faster), and
+        a connection lost before the answer leaves it unknown whether the sequence was made."""
         if not keyed:
+            self.close()
             r = self.request("POST", "/v1/sequences", bytes(data),
                              content_type="application/octet-stream")
             if r.status != 201:
